@@ -1,0 +1,90 @@
+"""The one record writer.
+
+A record is ``<dir>/<slug>-<host>-<YYYY-MM-DD>[-N].md`` plus
+``<dir>/data/<same name>/`` holding ``identity.json``, per-arm JSONL and any
+other files. The name is claimed atomically (O_EXCL) so two runs never write
+the same record, JSONL lines are flushed as they come (a crash loses no
+finished arm), and nothing that exists is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+from specparity.errors import UsageError
+
+
+def _slugify(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "record"
+
+
+class RecordWriter:
+    """Claims a fresh record name in ``record_dir`` and writes into it.
+
+    md_path: the markdown file (written by :meth:`finish`; a placeholder until then).
+    data_dir: ``data/<name>/`` beside it.
+    """
+
+    def __init__(self, record_dir: str | os.PathLike, slug: str, identity: dict[str, Any]):
+        root = Path(record_dir).expanduser()
+        if root.exists() and not root.is_dir():
+            raise UsageError(f"--record-dir {record_dir}: exists and is not a directory")
+        try:
+            (root / "data").mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageError(f"--record-dir {record_dir}: cannot create ({err.strerror})") from err
+        host = _slugify(socket.gethostname().split(".")[0])
+        date = _dt.date.today().isoformat()
+        base = f"{_slugify(slug)}-{host}-{date}"
+        n = 1
+        while True:
+            name = base if n == 1 else f"{base}-{n}"
+            md = root / f"{name}.md"
+            data = root / "data" / name
+            try:
+                fd = os.open(md, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                n += 1
+                continue
+            if data.exists():
+                os.close(fd)
+                os.unlink(md)
+                n += 1
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(f"# {slug}\n\n(in progress)\n")
+            data.mkdir(parents=True)
+            break
+        self.name = name
+        self.md_path = md
+        self.data_dir = data
+        self.write_json("identity.json", identity)
+
+    def append(self, arm: str, obj: dict[str, Any]) -> None:
+        """Append one JSON line to ``data/<name>/<arm>.jsonl`` and flush it."""
+        path = self.data_dir / f"{_slugify(arm)}.jsonl"
+        with open(path, "a") as f:
+            f.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
+            f.flush()
+
+    def write_json(self, filename: str, obj: Any) -> Path:
+        return self.write_bytes(filename, json.dumps(obj, indent=2, default=str).encode())
+
+    def write_bytes(self, filename: str, data: bytes) -> Path:
+        path = self.data_dir / filename
+        with open(path, "xb") as f:  # never overwrite
+            f.write(data)
+        return path
+
+    def finish(self, markdown: str) -> Path:
+        """Write the markdown (this record's own placeholder is the only thing replaced)."""
+        tmp = self.md_path.with_suffix(".md.tmp")
+        tmp.write_text(markdown)
+        os.replace(tmp, self.md_path)
+        return self.md_path

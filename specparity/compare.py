@@ -1,0 +1,183 @@
+"""The one comparison of the project: raw bytes in the computed dtype, no tolerance.
+
+Everything that decides a verdict goes through :func:`compare_arrays`; the
+float statistics it adds (max abs diff, ulp distance, argmax, margins) only
+describe a difference, never decide one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+_UINT_FOR_ITEMSIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_INT_FOR_ITEMSIZE = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+@dataclass
+class Diff:
+    """How two arrays of one shape and dtype differ.
+
+    equal: every byte identical.
+    dtype: the dtype both arms computed in (e.g. ``bfloat16``).
+    shape: the compared shape.
+    differing_bytes / total_bytes: bytes that differ, out of all bytes.
+    differing_elements / total_elements: same, counted in elements.
+    first_row: index along ``row_axis`` of the first differing element (None if equal).
+    max_abs_diff: largest |a - b| in float64 over all elements (0.0 if equal).
+    max_ulp: largest distance in units in the last place, in the array's own dtype.
+    argmax_agree: for logits, whether both arms' argmax agree at ``first_row``.
+    argmax_a / argmax_b: those argmaxes.
+    margin_a / margin_b: top-1 minus top-2 logit at ``first_row`` in each arm.
+    """
+
+    equal: bool
+    dtype: str
+    shape: tuple[int, ...]
+    differing_bytes: int
+    total_bytes: int
+    differing_elements: int
+    total_elements: int
+    first_row: int | None = None
+    max_abs_diff: float = 0.0
+    max_ulp: int = 0
+    argmax_agree: bool | None = None
+    argmax_a: int | None = None
+    argmax_b: int | None = None
+    margin_a: float | None = None
+    margin_b: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        return d
+
+    def summary(self, what: str = "bytes") -> str:
+        if self.equal:
+            return f"all {self.total_bytes} {what} equal"
+        s = (
+            f"{self.differing_bytes} of {self.total_bytes} {what} differ"
+            f" (first at row {self.first_row}, max abs diff {self.max_abs_diff:.3g},"
+            f" max {self.max_ulp} ulp"
+        )
+        if self.argmax_agree is not None:
+            s += f", argmax {'agrees' if self.argmax_agree else 'flips'}"
+            if self.margin_a is not None:
+                s += f", top-2 margins {self.margin_a:.3g} vs {self.margin_b:.3g}"
+        return s + ")"
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """An mx.array or numpy array as numpy, keeping the exact bits.
+
+    bfloat16 has no numpy dtype: it comes back as a ``uint16`` view carrying the
+    bits, with the original dtype name available from :func:`dtype_name`.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    import mlx.core as mx
+
+    if x.dtype == mx.bfloat16:
+        return np.array(x.view(mx.uint16))
+    return np.array(x)
+
+
+def dtype_name(x: Any) -> str:
+    if isinstance(x, np.ndarray):
+        return str(x.dtype)
+    return str(x.dtype).replace("mlx.core.", "")
+
+
+def _as_float64(x: Any, bits: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if bits.dtype.kind in "fiub":
+        return bits.astype(np.float64)
+    return bits.astype(np.float64)
+
+
+def _ordered_ints(bits: np.ndarray, itemsize: int) -> np.ndarray:
+    """Map float bit patterns to integers whose difference counts ulps."""
+    signed = bits.view(_INT_FOR_ITEMSIZE[itemsize]).astype(np.int64)
+    sign_mask = np.int64(1) << (8 * itemsize - 1)
+    magnitude = signed & (sign_mask - 1)
+    return np.where(signed < 0, -magnitude, magnitude)
+
+
+def compare_arrays(a: Any, b: Any, row_axis: int = 0, logits: bool = False) -> Diff:
+    """Compare two arrays byte for byte.
+
+    ``row_axis`` names the axis whose index is reported as ``first_row`` (for
+    logits of shape (rows, vocab) that is 0). With ``logits=True`` the last axis
+    is the vocabulary: argmax agreement and top-2 margins are reported at the
+    first differing row.
+    """
+    dtype_a, dtype_b = dtype_name(a), dtype_name(b)
+    na, nb = to_numpy(a), to_numpy(b)
+    if na.shape != nb.shape or dtype_a != dtype_b:
+        raise ValueError(
+            f"cannot compare {dtype_a}{list(na.shape)} with {dtype_b}{list(nb.shape)}"
+        )
+    na = np.ascontiguousarray(na)
+    nb = np.ascontiguousarray(nb)
+    itemsize = na.dtype.itemsize
+    ba = na.reshape(-1).view(np.uint8)
+    bb = nb.reshape(-1).view(np.uint8)
+    differing_bytes = int(np.count_nonzero(ba != bb))
+    total_bytes = int(ba.size)
+    if differing_bytes == 0:
+        return Diff(True, dtype_a, tuple(na.shape), 0, total_bytes, 0, int(na.size))
+
+    ua = na.view(_UINT_FOR_ITEMSIZE[itemsize])
+    ub = nb.view(_UINT_FOR_ITEMSIZE[itemsize])
+    elem_diff = ua != ub
+    idx = np.argwhere(elem_diff)
+    first_row = int(idx[0][row_axis]) if na.ndim else 0
+    fa = _as_float64(a, na, dtype_a)
+    fb = _as_float64(b, nb, dtype_b)
+    with np.errstate(invalid="ignore"):
+        abs_diff = np.abs(fa - fb)
+    max_abs = float(np.nanmax(abs_diff)) if abs_diff.size else 0.0
+    is_float = dtype_a in ("bfloat16", "float16", "float32", "float64")
+    max_ulp = 0
+    if is_float and itemsize in _INT_FOR_ITEMSIZE:
+        oa, ob = _ordered_ints(ua, itemsize), _ordered_ints(ub, itemsize)
+        max_ulp = int(np.max(np.abs(oa - ob)))
+    diff = Diff(
+        False,
+        dtype_a,
+        tuple(na.shape),
+        differing_bytes,
+        total_bytes,
+        int(np.count_nonzero(elem_diff)),
+        int(na.size),
+        first_row=first_row,
+        max_abs_diff=max_abs,
+        max_ulp=max_ulp,
+    )
+    if logits and na.ndim >= 1:
+        ra = np.take(fa, first_row, axis=row_axis).reshape(-1, fa.shape[-1])[0]
+        rb = np.take(fb, first_row, axis=row_axis).reshape(-1, fb.shape[-1])[0]
+        diff.argmax_a, diff.argmax_b = int(np.argmax(ra)), int(np.argmax(rb))
+        diff.argmax_agree = diff.argmax_a == diff.argmax_b
+        diff.margin_a, diff.margin_b = top2_margin(ra), top2_margin(rb)
+    return diff
+
+
+def top2_margin(row: np.ndarray) -> float:
+    """Top-1 minus top-2 value of a 1-D row (0.0 for a row of fewer than 2)."""
+    if row.size < 2:
+        return 0.0
+    top = np.partition(row, -2)[-2:]
+    return float(top[1] - top[0])
+
+
+def sha256_of(x: Any) -> str:
+    """sha256 of an array's raw bytes (shape and dtype included)."""
+    n = np.ascontiguousarray(to_numpy(x))
+    h = hashlib.sha256(f"{dtype_name(x)}{list(n.shape)}".encode())
+    h.update(n.reshape(-1).view(np.uint8).tobytes())
+    return h.hexdigest()

@@ -1,0 +1,190 @@
+"""Classic decode's building blocks, shared by every probe.
+
+A :class:`Decoder` prefills the way mlx-lm's ``generate_step`` does (the prompt
+minus its last token in ``prefill_step_size`` chunks, each evaluated, then the
+last token as the first decode step), applies the same KV-cache quantization
+after every call, and exposes single steps and W-row blocks over one cache.
+Caches can be copied exactly, snapshotted to arrays, and trimmed with a check
+that the trim took effect.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEFAULT_PREFILL_STEP = 2048  # mlx-lm generate_step's default
+DEFAULT_QUANTIZED_KV_START = 5000
+
+
+@dataclass
+class CacheOptions:
+    """The cache configuration a server runs, applied exactly as mlx-lm does.
+
+    kv_bits / kv_group_size / quantized_kv_start: mlx-lm's quantized KV cache
+      (None bits = not quantized); quantization starts once a layer holds
+      ``quantized_kv_start`` positions.
+    max_kv_size: a rotating KV cache of this many positions (models without
+      their own ``make_cache``), None = unbounded.
+    prefill_step_size: prompt chunk size of classic prefill.
+    """
+
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START
+    max_kv_size: int | None = None
+    prefill_step_size: int = DEFAULT_PREFILL_STEP
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        parts = [f"prefill_step_size={self.prefill_step_size}"]
+        if self.kv_bits is not None:
+            parts.append(
+                f"kv_bits={self.kv_bits} kv_group_size={self.kv_group_size}"
+                f" quantized_kv_start={self.quantized_kv_start}"
+            )
+        if self.max_kv_size is not None:
+            parts.append(f"max_kv_size={self.max_kv_size}")
+        return " ".join(parts)
+
+
+def make_cache(model: Any, opts: CacheOptions) -> list[Any]:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(model, max_kv_size=opts.max_kv_size)
+
+
+def quantize_if_due(cache: list[Any], opts: CacheOptions) -> None:
+    from mlx_lm.generate import maybe_quantize_kv_cache
+
+    maybe_quantize_kv_cache(cache, opts.quantized_kv_start, opts.kv_group_size, opts.kv_bits)
+
+
+def cache_arrays(cache: list[Any]) -> list[Any]:
+    """Every array a cache list holds (for mx.eval)."""
+    from mlx.utils import tree_flatten
+
+    out = []
+    for c in cache:
+        out.extend(v for _, v in tree_flatten(c.state) if hasattr(v, "shape"))
+    return out
+
+
+def copy_cache(cache: list[Any]) -> list[Any]:
+    """An exact, independent copy of a cache list (evaluated first)."""
+    import mlx.core as mx
+
+    mx.eval(cache_arrays(cache))
+    return copy.deepcopy(cache)
+
+
+def layer_kind(c: Any) -> str:
+    return type(c).__name__
+
+
+def cache_offset(c: Any) -> int | None:
+    off = getattr(c, "offset", None)
+    return int(off) if isinstance(off, int) else None
+
+
+@dataclass
+class LayerState:
+    """One layer's cache contents, logically (valid positions only).
+
+    kind: the cache class (KVCache, RotatingKVCache, QuantizedKVCache, ArraysCache...).
+    offset: positions the layer has seen (None for caches without one).
+    arrays: name -> array (``keys``, ``values``; ``keys.scales``; ``state.0`` ...).
+    """
+
+    kind: str
+    offset: int | None
+    arrays: dict[str, Any] = field(default_factory=dict)
+
+
+def snapshot(cache: list[Any]) -> list[LayerState]:
+    """Each layer's valid cache contents, for byte comparison."""
+    import mlx.core as mx
+
+    out = []
+    for c in cache:
+        kind, off = layer_kind(c), cache_offset(c)
+        arrays: dict[str, Any] = {}
+        if hasattr(c, "keys") and hasattr(c, "values") and not callable(getattr(c, "cache", None)):
+            k, v = c.keys, c.values
+            if kind == "RotatingKVCache" and k is not None:
+                k, v = c._temporal_order(k), c._temporal_order(v)
+            for name, arr in (("keys", k), ("values", v)):
+                if arr is None:
+                    continue
+                parts = arr if isinstance(arr, (tuple, list)) else (arr,)
+                for i, a in enumerate(parts):
+                    n = a.shape[2] if kind == "RotatingKVCache" or off is None else min(off, a.shape[2])
+                    arrays[name if len(parts) == 1 else f"{name}.{i}"] = a[..., :n, :]
+        elif hasattr(c, "cache") and isinstance(getattr(c, "cache"), list):
+            for i, a in enumerate(c.cache):
+                if a is not None:
+                    arrays[f"state.{i}"] = a
+        else:
+            from mlx.utils import tree_flatten
+
+            for name, a in tree_flatten(c.state):
+                if hasattr(a, "shape"):
+                    arrays[name or "state"] = a
+        mx.eval(list(arrays.values()))
+        out.append(LayerState(kind, off, arrays))
+    return out
+
+
+def trimmable(cache: list[Any]) -> bool:
+    return all(c.is_trimmable() for c in cache)
+
+
+class Decoder:
+    """Forwards over one model and one cache list, the way classic decode runs them."""
+
+    def __init__(self, model: Any, opts: CacheOptions | None = None):
+        self.model = model
+        self.opts = opts or CacheOptions()
+        self.cache: list[Any] = make_cache(model, self.opts)
+
+    def forward(self, tokens: list[int]) -> Any:
+        """One model call over ``tokens`` (len = rows); returns logits (rows, vocab), evaluated."""
+        import mlx.core as mx
+
+        logits = self.model(mx.array(tokens, dtype=mx.uint32)[None], cache=self.cache)[0]
+        quantize_if_due(self.cache, self.opts)
+        mx.eval(logits, cache_arrays(self.cache))
+        return logits
+
+    def prefill(self, prompt: list[int]) -> int:
+        """Classic prefill of all but the last prompt token; returns that last token."""
+        if not prompt:
+            from specparity.errors import UsageError
+
+            raise UsageError("empty prompt")
+        rest = list(prompt)
+        step = max(1, int(self.opts.prefill_step_size))
+        while len(rest) > 1:
+            n = min(step, len(rest) - 1)
+            self.forward(rest[:n])
+            rest = rest[n:]
+        return rest[0]
+
+    def fork(self) -> "Decoder":
+        """A decoder over an exact copy of this cache."""
+        other = Decoder.__new__(Decoder)
+        other.model, other.opts = self.model, self.opts
+        other.cache = copy_cache(self.cache)
+        return other
+
+    def offsets(self) -> list[int | None]:
+        return [cache_offset(c) for c in self.cache]
+
+
+def argmax_row(logits_row: Any) -> int:
+    import mlx.core as mx
+
+    return int(mx.argmax(logits_row).item())

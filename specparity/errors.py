@@ -1,0 +1,41 @@
+"""Known errors and the exit codes they map to (DESIGN.md).
+
+    SpecparityError              base; exit_code 2 unless a subclass says otherwise
+    +-- UsageError               2  bad flag, value, path or input file
+    +-- Inconclusive             3  not run, not engaged, underpowered
+    +-- InfrastructureError      4  a checkpoint would not load, a server would not start
+        +-- CheckpointError      4  the checkpoint exists but mlx-lm cannot load it
+
+The CLI prints ``Error: <message>`` on one line and exits with ``exit_code``;
+anything else is a bug and keeps its traceback behind ``--debug``.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_DIVERGENT = 1
+EXIT_USAGE = 2
+EXIT_INCONCLUSIVE = 3
+EXIT_INFRA = 4
+
+
+class SpecparityError(Exception):
+    """A failure the user can act on; ``str(err)`` is the one-line message."""
+
+    exit_code = EXIT_USAGE
+
+
+class UsageError(SpecparityError):
+    exit_code = EXIT_USAGE
+
+
+class Inconclusive(SpecparityError):
+    exit_code = EXIT_INCONCLUSIVE
+
+
+class InfrastructureError(SpecparityError):
+    exit_code = EXIT_INFRA
+
+
+class CheckpointError(InfrastructureError):
+    exit_code = EXIT_INFRA

@@ -1,0 +1,149 @@
+"""A checkpoint's ``model_file`` that injects known behaviour into a stock mlx-lm model.
+
+The checkpoint's config.json carries a ``specparity`` section::
+
+    {"base": "llama",                      # the mlx-lm module the weights belong to
+     "faults": [                            # each fault multiplies an output by (1 + 2**-6)
+        {"kind": "rows",  "layer": 3, "subop": "mlp", "min_rows": 4},
+        {"kind": "depth", "layer": 1, "subop": "self_attn", "min_offset": 40, "min_rows": 2},
+        {"kind": "stale_trim"}],            # cache trim(n) keeps one stale row
+     "constant_logits": [..]}               # optional: logits that ignore the input
+
+``rows``: fires when the call has at least ``min_rows`` rows (a verify-width kernel).
+``depth``: fires when the call has at least ``min_rows`` rows and the cache already
+holds at least ``min_offset`` positions (a kernel that changes past a depth).
+``subop`` is an attribute of the decoder layer (``self_attn``, ``mlp``,
+``linear_attn``, ``input_layernorm``...) or null for the layer's own output.
+
+Weights and parameter names are the base model's: the faults swap the class of
+one submodule for a subclass with a different ``__call__``, nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+FAULT_SCALE = 1.0 + 2.0**-6
+
+
+@dataclass
+class ModelArgs:
+    config: dict
+
+    @classmethod
+    def from_dict(cls, params: dict) -> "ModelArgs":
+        return cls(config=dict(params))
+
+
+class _CallState:
+    """Rows and starting cache offset of the model call in progress."""
+
+    rows = 0
+    offset = 0
+
+
+def _cache_offset(cache: Any) -> int:
+    if not cache:
+        return 0
+    for c in cache:
+        off = getattr(c, "offset", None)
+        if isinstance(off, int):
+            return off
+    return 0
+
+
+def _swap_call(module: nn.Module, make_call) -> None:
+    cls = type(module)
+    orig = cls.__call__
+    module.__class__ = type(cls.__name__, (cls,), {"__call__": make_call(orig)})
+
+
+def _fires(fault: dict) -> bool:
+    if _CallState.rows < int(fault.get("min_rows", 2)):
+        return False
+    if fault["kind"] == "depth":
+        return _CallState.offset >= int(fault["min_offset"])
+    return True
+
+
+def _perturb(out: Any) -> Any:
+    if isinstance(out, tuple):
+        return (out[0] * FAULT_SCALE,) + out[1:]
+    return out * FAULT_SCALE
+
+
+def _install_fault(layers: list, fault: dict) -> None:
+    layer = layers[int(fault["layer"])]
+    target = layer if fault.get("subop") in (None, "") else getattr(layer, fault["subop"])
+
+    def make_call(orig):
+        def __call__(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            return _perturb(out) if _fires(fault) else out
+
+        return __call__
+
+    _swap_call(target, make_call)
+
+
+def _stale_trim_cache(cache: Any) -> Any:
+    """Make ``trim(n)`` drop only n - 1 rows while claiming n (a silent stale row)."""
+
+    def make_call(orig):
+        def trim(self, n):
+            kept = orig(self, max(n - 1, 0))
+            return n if n > 0 else kept
+
+        return trim
+
+    cls = type(cache)
+    cache.__class__ = type(cls.__name__, (cls,), {"trim": make_call(cls.trim)})
+    return cache
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        config = dict(args.config)
+        spec = config.get("specparity") or {}
+        base = importlib.import_module(f"mlx_lm.models.{spec.get('base', 'llama')}")
+        base_config = {k: v for k, v in config.items() if k not in ("model_file", "specparity")}
+        self.inner = base.Model(base.ModelArgs.from_dict(base_config))
+        self.model_type = getattr(self.inner, "model_type", config.get("model_type"))
+        self._faults = list(spec.get("faults") or [])
+        self._constant = spec.get("constant_logits")
+        for fault in self._faults:
+            if fault["kind"] in ("rows", "depth"):
+                _install_fault(self.inner.layers, fault)
+
+    @property
+    def layers(self):
+        return self.inner.layers
+
+    def __call__(self, inputs, cache=None, **kwargs):
+        _CallState.rows = int(inputs.shape[1])
+        _CallState.offset = _cache_offset(cache)
+        out = self.inner(inputs, cache=cache, **kwargs)
+        if self._constant is not None:
+            logits = mx.array(self._constant, dtype=out.dtype)
+            out = mx.broadcast_to(logits, out.shape[:-1] + logits.shape)
+        return out
+
+    def make_cache(self):
+        from mlx_lm.models.cache import make_prompt_cache
+
+        caches = make_prompt_cache(self.inner)
+        if any(f["kind"] == "stale_trim" for f in self._faults):
+            caches = [_stale_trim_cache(c) for c in caches]
+        return caches
+
+    def sanitize(self, weights):
+        inner = {k[len("inner."):] if k.startswith("inner.") else k: v for k, v in weights.items()}
+        if hasattr(self.inner, "sanitize"):
+            inner = self.inner.sanitize(inner)
+        return {f"inner.{k}": v for k, v in inner.items()}

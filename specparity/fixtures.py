@@ -1,0 +1,332 @@
+"""The embedded checkpoints: real mlx-lm models built deterministically from a seed.
+
+No model hub is reachable in CI, so the project builds its own tiny target and
+drafter pairs, in every architecture family the probes must handle, loadable
+offline by ``mlx_lm.load``. Fault fixtures add a ``model_file`` (mlx-lm's
+trust_remote_code path) that injects a known defect; see
+``fixture_models/specparity_fixture.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specparity.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+ARCHS = ("llama", "qwen3_5", "gemma3_text", "qwen3_moe")
+DTYPES = ("float32", "bfloat16", "float16")
+VOCAB_SIZE = 512
+EOS_TOKEN = "<|endoftext|>"
+FIXTURE_MODULE = "specparity_fixture.py"
+
+_COMMON: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+}
+
+ARCH_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama", "num_hidden_layers": 6},
+    "qwen3_5": {
+        "model_type": "qwen3_5",
+        "num_hidden_layers": 4,
+        "full_attention_interval": 2,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "rope_parameters": {
+            "type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    },
+    "gemma3_text": {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 6,
+        "sliding_window": 32,
+        "sliding_window_pattern": 3,
+        "query_pre_attn_scalar": 16,
+        "rope_local_base_freq": 10000.0,
+    },
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": 4,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+    },
+}
+
+_CORPUS = """\
+Speculative decoding drafts several tokens with a small model and verifies them
+with the large one in a single forward pass. When the verify block is computed
+by a different kernel than single token decode, the logits can differ in their
+last bits, and a greedy argmax can flip. The quick brown fox jumps over the lazy
+dog. Pack my box with five dozen liquor jugs. How vexingly quick daft zebras
+jump! Sphinx of black quartz, judge my vow. 0123456789 + - * / = ( ) [ ] { } .
+def add(a, b):\n    return a + b\nfor i in range(10):\n    print(i * i)\n
+The cache holds keys and values for every position; a rewind trims the rejected
+rows. A recurrent state cannot be trimmed and must be snapshotted instead.
+"""
+
+
+@dataclass
+class FixtureInfo:
+    """What ``build_pair`` made.
+
+    target / draft: checkpoint directories loadable by ``mlx_lm.load``.
+    arch, dtype, bits, seed: how they were built (bits None = not quantized).
+    agreement: fraction of positions where the drafter's greedy token equals
+      the target's along the target's greedy trajectory (teacher forced).
+    noise: relative weight noise that separates the drafter from the target.
+    faults: injected behaviours (see specparity_fixture.py); empty for clean.
+    """
+
+    target: str
+    draft: str | None
+    arch: str
+    dtype: str
+    bits: int | None
+    seed: int
+    agreement: float | None
+    noise: float | None
+    faults: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fixtures_home() -> Path:
+    """Where built fixtures live: $SPECPARITY_HOME/fixtures, else the user cache dir."""
+    from specparity.paths import home
+
+    return home() / "fixtures"
+
+
+def build_tokenizer(out_dir: Path) -> None:
+    """A byte-level BPE tokenizer trained on a fixed corpus (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.save(str(out_dir / "tokenizer.json"))
+    eos_id = tok.token_to_id(EOS_TOKEN)
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": EOS_TOKEN,
+                "model_max_length": 4096,
+                "clean_up_tokenization_spaces": False,
+            },
+            indent=2,
+        )
+    )
+    (out_dir / "special_tokens_map.json").write_text(json.dumps({"eos_token": EOS_TOKEN}))
+    return eos_id
+
+
+def _config_for(arch: str, dtype: str) -> dict[str, Any]:
+    if arch not in ARCH_CONFIGS:
+        raise UsageError(f"unknown architecture {arch!r}: choose from {', '.join(ARCHS)}")
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPES)}")
+    cfg = dict(_COMMON)
+    cfg.update(ARCH_CONFIGS[arch])
+    cfg["torch_dtype"] = dtype
+    return cfg
+
+
+def _instantiate(config: dict[str, Any]):
+    import mlx.core as mx
+    from mlx_lm.utils import _get_classes as get_model_classes
+
+    model_class, args_class = get_model_classes(config=config)
+    model = model_class(args_class.from_dict(dict(config)))
+    dtype = getattr(mx, config["torch_dtype"])
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def _params(model) -> dict[str, Any]:
+    from mlx.utils import tree_flatten
+
+    return dict(tree_flatten(model.parameters()))
+
+
+def _agreement(target, draft, prompt_ids: list[int], n: int) -> float:
+    """Teacher-forced agreement of greedy tokens along the target's trajectory."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(target)
+    logits = target(mx.array(prompt_ids)[None], cache=cache)
+    tokens = []
+    y = mx.argmax(logits[0, -1]).item()
+    for _ in range(n):
+        tokens.append(y)
+        logits = target(mx.array([[y]]), cache=cache)
+        y = mx.argmax(logits[0, -1]).item()
+    seq = mx.array(prompt_ids + tokens)[None]
+    t_arg = mx.argmax(target(seq), axis=-1)[0, len(prompt_ids) - 1 : -1]
+    d_arg = mx.argmax(draft(seq), axis=-1)[0, len(prompt_ids) - 1 : -1]
+    return float(mx.mean((t_arg == d_arg).astype(mx.float32)).item())
+
+
+def _perturbed(params: dict[str, Any], scale: float, seed: int) -> dict[str, Any]:
+    import mlx.core as mx
+
+    key = mx.random.key(seed)
+    out = {}
+    for i, (name, w) in enumerate(sorted(params.items())):
+        if not mx.issubdtype(w.dtype, mx.floating) or w.ndim < 2:
+            out[name] = w
+            continue
+        k = mx.random.split(mx.random.fold_in(key, i) if hasattr(mx.random, "fold_in") else key)[0]
+        key = mx.random.split(key)[1]
+        std = mx.sqrt(mx.mean(w.astype(mx.float32) ** 2))
+        noise = mx.random.normal(w.shape, key=k) * std * scale
+        out[name] = (w.astype(mx.float32) + noise).astype(w.dtype)
+    return out
+
+
+def _save(out_dir: Path, config: dict[str, Any], params: dict[str, Any], model=None,
+          bits: int | None = None) -> None:
+    import mlx.core as mx
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if bits is not None and model is not None:
+        from mlx_lm.utils import quantize_model
+
+        model.load_weights(list(params.items()))
+        model, config = quantize_model(model, config, group_size=32, bits=bits)
+        params = _params(model)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), params, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    build_tokenizer(out_dir)
+
+
+def build_pair(
+    out: str | os.PathLike,
+    arch: str = "llama",
+    dtype: str = "float32",
+    bits: int | None = None,
+    seed: int = 0,
+    faults: list[dict] | None = None,
+    constant_logits: list[float] | None = None,
+    with_draft: bool = True,
+    overwrite: bool = False,
+) -> FixtureInfo:
+    """Build ``out/target`` (and ``out/draft``) deterministically from ``seed``.
+
+    A non-empty ``faults`` (or ``constant_logits``) writes the target with
+    ``model_file`` = specparity_fixture.py: loading it needs trust_remote_code.
+    The build is atomic: it happens in a sibling temp dir that is renamed into
+    place, so a crash leaves no half-built fixture and an existing one is kept
+    unless ``overwrite``.
+    """
+    import mlx.core as mx
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        info = out / "fixture.json"
+        if info.exists():
+            return FixtureInfo(**json.loads(info.read_text()))
+        raise UsageError(f"{out} exists and is not a specparity fixture: choose another DIR")
+    config = _config_for(arch, dtype)
+    mx.random.seed(seed)
+    target = _instantiate(config)
+    params = _params(target)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        target_config = dict(config)
+        injected = bool(faults) or constant_logits is not None
+        if injected:
+            target_config["model_file"] = FIXTURE_MODULE
+            target_config["specparity"] = {
+                "base": target_config["model_type"],
+                "faults": list(faults or []),
+            }
+            if constant_logits is not None:
+                target_config["specparity"]["constant_logits"] = list(constant_logits)
+        _save(tmp / "target", target_config, params, target if bits else None, bits)
+        if injected:
+            shutil.copy(Path(__file__).parent / "fixture_models" / FIXTURE_MODULE, tmp / "target")
+        agreement = noise = None
+        if with_draft:
+            draft = _instantiate(config)
+            prompt = list(range(7, 7 + 12))
+            noise, agreement = _tune_draft(target, draft, params, prompt, seed)
+            draft_params = _params(draft)
+            _save(tmp / "draft", config, draft_params, draft if bits else None, bits)
+        info = FixtureInfo(
+            target=str(out / "target"),
+            draft=str(out / "draft") if with_draft else None,
+            arch=arch,
+            dtype=dtype,
+            bits=bits,
+            seed=seed,
+            agreement=agreement,
+            noise=noise,
+            faults=list(faults or []),
+        )
+        (tmp / "fixture.json").write_text(json.dumps(info.to_dict(), indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("built %s %s fixture in %s (agreement %s)", arch, dtype, out, agreement)
+    return info
+
+
+def _tune_draft(target, draft, params, prompt, seed) -> tuple[float, float]:
+    """Pick the smallest weight noise whose agreement falls in [0.3, 0.8]."""
+    best: tuple[float, float] | None = None
+    for scale in (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2):
+        draft.load_weights(list(_perturbed(params, scale, seed + 1).items()))
+        agreement = _agreement(target, draft, prompt, 48)
+        if best is None or abs(agreement - 0.55) < abs(best[1] - 0.55):
+            best = (scale, agreement)
+        if 0.3 <= agreement <= 0.8:
+            return scale, agreement
+    assert best is not None
+    draft.load_weights(list(_perturbed(params, best[0], seed + 1).items()))
+    return best
+
+
+def default_pair() -> FixtureInfo:
+    """The embedded default (6-layer llama, float32), built on first use."""
+    return build_pair(fixtures_home() / "default-llama-float32")

@@ -1,0 +1,80 @@
+"""Who, where and with what a result was measured."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from specparity import __version__
+
+DEFAULT_ENV_PREFIXES = ("MLX_",)
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+@functools.lru_cache(maxsize=1)
+def device() -> str:
+    """The mlx default device, e.g. ``gpu`` or ``cpu``."""
+    import mlx.core as mx
+
+    return str(mx.default_device()).replace("Device(", "").split(",")[0].strip(")")
+
+
+def kernel_env(prefixes: tuple[str, ...] | list[str] = DEFAULT_ENV_PREFIXES) -> dict[str, str]:
+    """Environment variables that can change kernels (default: the ``MLX_`` ones)."""
+    return {k: v for k, v in sorted(os.environ.items()) if any(k.startswith(p) for p in prefixes)}
+
+
+@functools.lru_cache(maxsize=1)
+def backend() -> dict[str, Any]:
+    return {
+        "device": device(),
+        "mlx": _version("mlx"),
+        "mlx_lm": _version("mlx-lm"),
+        "platform": f"{platform.system()}-{platform.machine()}",
+    }
+
+
+def identity(**extra: Any) -> dict[str, Any]:
+    """Host, OS, CPU, Python, mlx / mlx-lm / toolkit versions, git commit, plus ``extra``."""
+    ident = {
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "specparity": __version__,
+        "git_commit": git_commit(),
+        "env": kernel_env(),
+    }
+    ident.update(backend())
+    ident.update(extra)
+    return ident
