@@ -188,3 +188,36 @@ def argmax_row(logits_row: Any) -> int:
     import mlx.core as mx
 
     return int(mx.argmax(logits_row).item())
+
+
+def advance_to_depth(model: Any, prompt: list[int], depth: int,
+                     opts: CacheOptions | None = None) -> tuple[Decoder, int, list[int]]:
+    """Prefill ``prompt`` as classic decode does, then decode ``depth`` tokens greedily.
+
+    Returns the decoder (its cache holds prompt[:-1] + the fed tokens), the next
+    token to feed, and the ``depth`` tokens emitted so far.
+    """
+    dec = Decoder(model, opts)
+    y = dec.prefill(prompt)
+    emitted: list[int] = []
+    for _ in range(depth):
+        y = argmax_row(dec.forward([y])[-1])
+        emitted.append(y)
+    return dec, y, emitted
+
+
+def greedy_chain(dec: Decoder, first: int, n: int) -> tuple[list[int], Any]:
+    """``n`` single-token steps from ``first``, each feeding the previous argmax.
+
+    Returns the ``n`` fed tokens (first, then argmaxes) and the (n, vocab) logits:
+    exactly what a full-accept W-row verify block must reproduce.
+    """
+    import mlx.core as mx
+
+    tokens, rows = [first], []
+    for i in range(n):
+        row = dec.forward([tokens[-1]])[-1]
+        rows.append(row)
+        if i < n - 1:
+            tokens.append(argmax_row(row))
+    return tokens, mx.stack(rows)
