@@ -1,0 +1,257 @@
+"""Block-vs-chain probe and the long walk.
+
+For each depth D and width W: from the state classic decode reaches after the
+prompt and D greedy tokens, compare W single-token forwards (the chain) with
+one W-row forward of the same tokens (the block, a full-accept verify). Logits
+are compared as raw bytes in the model's dtype (specparity.compare).
+
+Work is shared, never changed: one greedy chain per prompt serves every depth
+and width (the chain from depth D is the continuation of classic decode), and
+the block for (W, D) starts from an exact copy of the cache at depth D.
+
+The long walk feeds consecutive full-accept blocks from the post-prefill
+state, so the block arm's cache is written only by blocks, and compares every
+row with the chain: it finds divergences that start dozens of tokens in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specparity.compare import Diff, compare_arrays
+from specparity.decode import CacheOptions, Decoder, argmax_row
+
+log = logging.getLogger(__name__)
+
+EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
+
+
+@dataclass
+class Cell:
+    """The verdict for one (width, depth).
+
+    width: verify rows W. depth: tokens decoded past the prompt before the block.
+    verdict: equal | divergent | not_run.
+    prompts_tested: prompts compared (stops at the first divergence).
+    prompt_index: the prompt that diverged (None unless divergent).
+    first_row: first differing row inside the block (0-based).
+    absolute_position: cache position of that row (prompt length - 1 + depth + row).
+    diff: the logits comparison at the diverging prompt (None unless divergent).
+    reason: why a cell did not run.
+    """
+
+    width: int
+    depth: int
+    verdict: str
+    prompts_tested: int = 0
+    prompt_index: int | None = None
+    first_row: int | None = None
+    absolute_position: int | None = None
+    diff: Diff | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["diff"] = self.diff.to_dict() if self.diff else None
+        return d
+
+
+@dataclass
+class WalkResult:
+    """Consecutive full-accept blocks vs the chain over ``positions`` positions.
+
+    width: rows per block. positions: rows compared. blocks: blocks run.
+    verdict: equal | divergent | not_run.
+    first_step: index past the prompt of the first differing row (None if equal).
+    first_position: its absolute cache position. block_index / row: where in the walk.
+    diff: comparison of the block holding it with the chain rows.
+    """
+
+    width: int
+    positions: int
+    blocks: int
+    verdict: str
+    prompt_index: int = 0
+    first_step: int | None = None
+    first_position: int | None = None
+    block_index: int | None = None
+    row: int | None = None
+    diff: Diff | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["diff"] = self.diff.to_dict() if self.diff else None
+        return d
+
+
+@dataclass
+class ProbeReport:
+    """Everything one probe run found.
+
+    cells: one per (width, depth), widths ascending within each depth.
+    walks: one long walk per walked width.
+    prompts: the prompt lengths (tokens). opts: the cache configuration used.
+    dtype: the dtype logits were compared in. seconds: wall time of the probe.
+    """
+
+    cells: list[Cell]
+    walks: list[WalkResult] = field(default_factory=list)
+    prompts: list[int] = field(default_factory=list)
+    opts: dict[str, Any] = field(default_factory=dict)
+    dtype: str = ""
+    seconds: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        verdicts = [c.verdict for c in self.cells] + [w.verdict for w in self.walks]
+        if DIVERGENT in verdicts:
+            return DIVERGENT
+        if NOT_RUN in verdicts or not verdicts:
+            return NOT_RUN
+        return EQUAL
+
+    @property
+    def exit_code(self) -> int:
+        return {EQUAL: 0, DIVERGENT: 1, NOT_RUN: 3}[self.verdict]
+
+    def cell(self, width: int, depth: int) -> Cell:
+        for c in self.cells:
+            if c.width == width and c.depth == depth:
+                return c
+        raise KeyError((width, depth))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "cells": [c.to_dict() for c in self.cells],
+            "walks": [w.to_dict() for w in self.walks],
+            "prompts": self.prompts,
+            "opts": self.opts,
+            "dtype": self.dtype,
+            "seconds": self.seconds,
+        }
+
+
+def _chain_with_states(model: Any, prompt: list[int], n_steps: int, keep: set[int],
+                       opts: CacheOptions) -> tuple[list[int], list[Any], dict[int, Decoder]]:
+    """Classic greedy decode for ``n_steps`` steps, forking the cache before each step in keep."""
+    dec = Decoder(model, opts)
+    y = dec.prefill(prompt)
+    tokens, rows, states = [], [], {}
+    for s in range(n_steps):
+        if s in keep:
+            states[s] = dec.fork()
+        tokens.append(y)
+        row = dec.forward([y])[-1]
+        rows.append(row)
+        y = argmax_row(row)
+    return tokens, rows, states
+
+
+def probe_block_vs_chain(
+    model: Any,
+    widths: list[int],
+    depths: list[int],
+    prompts: list[list[int]],
+    opts: CacheOptions | None = None,
+    walk_positions: int = 0,
+    walk_widths: list[int] | None = None,
+) -> ProbeReport:
+    """Run the probe for every (width, depth) over ``prompts``; optionally the long walk.
+
+    A cell stops at its first divergent prompt. Width < 2 is ``not_run`` (no
+    block to compare). A cache that cannot be copied or a forward that raises
+    makes the affected cells ``not_run`` with the reason.
+    """
+    import mlx.core as mx
+
+    opts = opts or CacheOptions()
+    t0 = time.perf_counter()
+    cells = {(w, d): Cell(w, d, EQUAL) for d in depths for w in widths}
+    for w in widths:
+        if w < 2:
+            for d in depths:
+                cells[(w, d)] = Cell(w, d, NOT_RUN, reason=f"width {w} has no block to compare (W < 2)")
+    live_widths = [w for w in widths if w >= 2]
+    walk_widths = [w for w in (walk_widths if walk_widths is not None else live_widths) if w >= 2]
+    walks: list[WalkResult] = []
+    dtype = ""
+    for pi, prompt in enumerate(prompts):
+        pending = [(w, d) for (w, d), c in cells.items() if c.verdict == EQUAL and w >= 2]
+        do_walk = walk_positions > 0 and pi == 0 and walk_widths
+        if not pending and not do_walk:
+            break
+        need = max([d + w for w, d in pending] + ([walk_positions] if do_walk else []))
+        keep = {d for _, d in pending} | ({0} if do_walk else set())
+        try:
+            tokens, rows, states = _chain_with_states(model, prompt, need, keep, opts)
+        except Exception as err:  # unsupported cache or model: not run, with the reason
+            reason = f"chain failed: {type(err).__name__}: {err}"
+            log.warning("%s", reason)
+            for key in pending:
+                cells[key] = Cell(key[0], key[1], NOT_RUN, prompts_tested=pi, reason=reason)
+            break
+        base = len(prompt) - 1
+        for w, d in sorted(pending, key=lambda k: (k[1], k[0])):
+            cell = cells[(w, d)]
+            try:
+                block = states[d].fork().forward(tokens[d : d + w])
+            except Exception as err:
+                cells[(w, d)] = Cell(w, d, NOT_RUN, prompts_tested=pi,
+                                     reason=f"block failed: {type(err).__name__}: {err}")
+                continue
+            chain = mx.stack(rows[d : d + w])
+            dtype = str(block.dtype).replace("mlx.core.", "")
+            diff = compare_arrays(chain, block, logits=True)
+            cell.prompts_tested = pi + 1
+            if not diff.equal:
+                cell.verdict = DIVERGENT
+                cell.prompt_index = pi
+                cell.first_row = diff.first_row
+                cell.absolute_position = base + d + (diff.first_row or 0)
+                cell.diff = diff
+        if do_walk:
+            for w in walk_widths:
+                walks.append(_walk(states[0], tokens, rows, w, walk_positions, base, pi))
+        del states
+    ordered = [cells[(w, d)] for d in depths for w in widths]
+    return ProbeReport(
+        cells=ordered,
+        walks=walks,
+        prompts=[len(p) for p in prompts],
+        opts=opts.to_dict(),
+        dtype=dtype,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _walk(start: Decoder, tokens: list[int], rows: list[Any], width: int, positions: int,
+          base: int, prompt_index: int) -> WalkResult:
+    import mlx.core as mx
+
+    dec = start.fork()
+    n_blocks = positions // width
+    result = WalkResult(width, n_blocks * width, n_blocks, EQUAL, prompt_index=prompt_index)
+    if n_blocks == 0:
+        result.verdict, result.reason = NOT_RUN, f"walk of {positions} positions holds no block of {width}"
+        return result
+    for b in range(n_blocks):
+        lo = b * width
+        try:
+            block = dec.forward(tokens[lo : lo + width])
+        except Exception as err:
+            result.verdict, result.reason = NOT_RUN, f"block failed: {type(err).__name__}: {err}"
+            return result
+        diff = compare_arrays(mx.stack(rows[lo : lo + width]), block, logits=True)
+        if not diff.equal:
+            row = diff.first_row or 0
+            result.verdict = DIVERGENT
+            result.first_step = lo + row
+            result.first_position = base + lo + row
+            result.block_index, result.row, result.diff = b, row, diff
+            return result
+    return result

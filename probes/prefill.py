@@ -1,0 +1,129 @@
+"""Prefill parity: one-shot vs chunked vs token-by-token prefill.
+
+Servers prefill prompts in whatever chunks their scheduler picks; classic
+decode uses ``prefill_step_size``. All three ways must leave the same last-row
+logits and the same cache state in every layer (KV bytes, conv/recurrent
+state, offsets). Each arm is compared with the one-shot arm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specparity.compare import Diff, compare_arrays
+from specparity.decode import CacheOptions, Decoder, snapshot
+
+EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
+
+
+@dataclass
+class StateDiff:
+    """One differing cache array: layer index, cache kind, array name, and the diff."""
+
+    layer: int
+    kind: str
+    name: str
+    diff: Diff | None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "kind": self.kind, "name": self.name,
+                "diff": self.diff.to_dict() if self.diff else None, "note": self.note}
+
+
+@dataclass
+class PrefillArm:
+    """One prefill arm compared with one-shot.
+
+    name: ``chunked`` or ``token_by_token``. chunk: rows per call.
+    verdict: equal | divergent | not_run. logits: last-row logits diff.
+    states: cache arrays that differ (first 20), offsets included as notes.
+    layers_differing: layer indices with any differing state.
+    """
+
+    name: str
+    chunk: int
+    verdict: str
+    logits: Diff | None = None
+    states: list[StateDiff] = field(default_factory=list)
+    layers_differing: list[int] = field(default_factory=list)
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "chunk": self.chunk, "verdict": self.verdict,
+                "logits": self.logits.to_dict() if self.logits else None,
+                "states": [s.to_dict() for s in self.states],
+                "layers_differing": self.layers_differing, "reason": self.reason}
+
+
+@dataclass
+class PrefillReport:
+    """Prefill parity for one prompt: its length and the non-reference arms."""
+
+    prompt_index: int
+    prompt_len: int
+    arms: list[PrefillArm]
+
+    @property
+    def verdict(self) -> str:
+        vs = [a.verdict for a in self.arms]
+        return DIVERGENT if DIVERGENT in vs else NOT_RUN if NOT_RUN in vs else EQUAL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt_index": self.prompt_index, "prompt_len": self.prompt_len,
+                "verdict": self.verdict, "arms": [a.to_dict() for a in self.arms]}
+
+
+def _run(model: Any, prompt: list[int], chunk: int, opts: CacheOptions):
+    dec = Decoder(model, opts)
+    last = None
+    for i in range(0, len(prompt), chunk):
+        last = dec.forward(prompt[i : i + chunk])[-1]
+    return last, snapshot(dec.cache)
+
+
+def compare_states(a: list, b: list) -> list[StateDiff]:
+    """Every differing array or offset between two snapshots, layer by layer."""
+    out = []
+    for i, (sa, sb) in enumerate(zip(a, b)):
+        if sa.offset != sb.offset:
+            out.append(StateDiff(i, sa.kind, "offset", None, f"offset {sa.offset} vs {sb.offset}"))
+        for name in sorted(set(sa.arrays) | set(sb.arrays)):
+            xa, xb = sa.arrays.get(name), sb.arrays.get(name)
+            if xa is None or xb is None or xa.shape != xb.shape or xa.dtype != xb.dtype:
+                out.append(StateDiff(i, sa.kind, name, None, "present or shaped differently"))
+                continue
+            d = compare_arrays(xa, xb, row_axis=min(2, xa.ndim - 1))
+            if not d.equal:
+                out.append(StateDiff(i, sa.kind, name, d))
+    return out
+
+
+def prefill_parity(model: Any, prompts: list[list[int]], opts: CacheOptions | None = None,
+                   chunk: int | None = None) -> list[PrefillReport]:
+    """Compare chunked and token-by-token prefill with one-shot prefill, per prompt.
+
+    ``chunk`` defaults to ``opts.prefill_step_size`` when that splits the
+    prompt, else half the prompt (so the chunked arm really has several calls).
+    """
+    opts = opts or CacheOptions()
+    reports = []
+    for pi, prompt in enumerate(prompts):
+        n = len(prompt)
+        c = chunk or (opts.prefill_step_size if opts.prefill_step_size < n else max(1, n // 2))
+        ref_logits, ref_state = _run(model, prompt, n, opts)
+        arms = []
+        for name, size in (("chunked", c), ("token_by_token", 1)):
+            try:
+                logits, state = _run(model, prompt, size, opts)
+            except Exception as err:
+                arms.append(PrefillArm(name, size, NOT_RUN, reason=f"{type(err).__name__}: {err}"))
+                continue
+            ld = compare_arrays(ref_logits[None], logits[None], logits=True)
+            sd = compare_states(ref_state, state)
+            arm = PrefillArm(name, size, EQUAL if ld.equal and not sd else DIVERGENT, ld,
+                             sd[:20], sorted({s.layer for s in sd}))
+            arms.append(arm)
+        reports.append(PrefillReport(pi, n, arms))
+    return reports

@@ -1,0 +1,67 @@
+"""Text and markdown renderings of probe, walk and prefill results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def cell_detail(c: Any) -> str:
+    if c.verdict == "equal":
+        return f"{c.prompts_tested} prompt(s), all logit bytes equal"
+    if c.verdict == "not_run":
+        return c.reason or ""
+    return (f"prompt {c.prompt_index}, first at row {c.first_row} (position {c.absolute_position}):"
+            f" {c.diff.summary('logit bytes')}")
+
+
+def walk_line(w: Any) -> str:
+    if w.verdict == "equal":
+        return (f"long walk width {w.width}: equal over {w.positions} positions"
+                f" ({w.blocks} consecutive blocks)")
+    if w.verdict == "not_run":
+        return f"long walk width {w.width}: not_run ({w.reason})"
+    return (f"long walk width {w.width}: divergent at step {w.first_step} past the prompt"
+            f" (position {w.first_position}, block {w.block_index} row {w.row}):"
+            f" {w.diff.summary('logit bytes')}")
+
+
+def prefill_line(r: Any) -> str:
+    parts = []
+    for a in r.arms:
+        if a.verdict == "equal":
+            parts.append(f"{a.name}({a.chunk}) equal")
+        elif a.verdict == "not_run":
+            parts.append(f"{a.name}({a.chunk}) not_run: {a.reason}")
+        else:
+            what = a.logits.summary("last-row logit bytes") if a.logits and not a.logits.equal \
+                else "last-row logits equal"
+            first = a.states[0] if a.states else None
+            state = (f"; cache differs in layers {a.layers_differing}"
+                     f" (first: layer {first.layer} {first.kind} {first.name}"
+                     f"{': ' + first.diff.summary() if first and first.diff else ' ' + first.note if first else ''})"
+                     if first else "")
+            parts.append(f"{a.name}({a.chunk}) divergent: {what}{state}")
+    return f"prefill parity, prompt {r.prompt_index} ({r.prompt_len} tokens): " + "; ".join(parts)
+
+
+def probe_text(report: Any, header: str, prefill: list | None = None) -> str:
+    lines = [header, f"{'width':>5} {'depth':>5}  {'verdict':<9} detail"]
+    for c in report.cells:
+        lines.append(f"{c.width:>5} {c.depth:>5}  {c.verdict:<9} {cell_detail(c)}")
+    lines += [walk_line(w) for w in report.walks]
+    lines += [prefill_line(r) for r in (prefill or [])]
+    return "\n".join(lines)
+
+
+def probe_markdown(report: Any, title: str, meta: dict[str, Any], prefill: list | None = None) -> str:
+    out = [f"# {title}", ""]
+    out += [f"- **{k}**: {v}" for k, v in meta.items()]
+    out += ["", "## Block vs chain", "", "| width | depth | verdict | detail |", "|---|---|---|---|"]
+    for c in report.cells:
+        out.append(f"| {c.width} | {c.depth} | {c.verdict} | {cell_detail(c)} |")
+    if report.walks:
+        out += ["", "## Long walk", ""] + [f"- {walk_line(w)}" for w in report.walks]
+    if prefill:
+        out += ["", "## Prefill parity", ""] + [f"- {prefill_line(r)}" for r in prefill]
+    out += ["", f"Overall verdict: **{report.verdict}**", ""]
+    return "\n".join(out)

@@ -1,0 +1,425 @@
+"""Rollback replay: a served run's verify rounds, rebuilt in process, against classic decode.
+
+Given a prompt and a per-round accept vector, the replay prefills as classic
+decode does (:meth:`Decoder.prefill`) and, for each round with accept ``a`` and
+width ``W``, runs one target forward over the verify block::
+
+    [last emitted token, a accepted proposals, W - 1 - a rejected rows]
+
+takes the argmax of every row, and rewinds the cache by the ``W - 1 - a``
+rejected rows with mlx-lm's ``trim_prompt_cache``. After every round each
+layer's cache offset must equal the expected length (prompt - 1 + tokens
+emitted so far): a rewind that silently did nothing, or left a stale row, is a
+finding reported with its round, and the replay stops there.
+
+Inputs are the classic greedy chain's own tokens (a full accept of ``a`` means
+the drafter proposed the target's tokens), so every position is compared on
+the history classic decode had and a flip does not cascade. Rejected rows
+carry a fixed wrong id (the next id where it equals the right token, so the
+first rejected proposal really is wrong) or the right token, per ``policy``.
+Each kept row's logits (rows ``0..a``) are compared as bytes with the chain's
+row for the same position (:func:`specparity.compare.compare_arrays`), and
+each emitted token with the chain's token.
+
+Caches that cannot be trimmed (linear-attention / SSM ``ArraysCache``) are
+replayed by snapshot-and-recompute: an exact copy of the cache is taken before
+a round with rejected rows, and afterwards restored and fed only the kept rows.
+The report says which rewind it used.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specparity.compare import Diff, compare_arrays
+from specparity.decode import CacheOptions, Decoder, argmax_row, greedy_chain, trimmable
+from specparity.errors import Inconclusive, UsageError
+
+log = logging.getLogger(__name__)
+
+EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
+POLICY_WRONG, POLICY_CORRECT = "wrong-id", "correct-token"
+POLICIES = (POLICY_WRONG, POLICY_CORRECT)
+MODE_TRIM = "trim"
+MODE_SNAPSHOT = "snapshot-and-recompute"
+
+
+@dataclass
+class Disagreement:
+    """The first position where the target's verify row left the classic chain.
+
+    round / row: the verify round (0-based) and the row inside its block.
+    emitted_index: index of the token that row emits, over the whole output.
+    position: that token's absolute position (prompt length + emitted_index).
+    token_classic / token_target: the chain's token and the verify row's argmax.
+    diff: the row's logits, chain vs verify (bytes, max abs diff, ulp, margins).
+    """
+
+    round: int
+    row: int
+    emitted_index: int
+    position: int
+    token_classic: int
+    token_target: int
+    diff: Diff
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["diff"] = self.diff.to_dict()
+        return d
+
+
+@dataclass
+class RewindFinding:
+    """A rewind that did not take effect.
+
+    round: the round whose rewind failed. rows: rejected rows it had to drop.
+    trimmed: what ``trim_prompt_cache`` reported it dropped.
+    expected_offset: the length every layer should hold after it.
+    offsets: each layer's offset after it (None: a layer without one).
+    layers: the layers whose offset is wrong.
+    """
+
+    round: int
+    rows: int
+    trimmed: int
+    expected_offset: int
+    offsets: list[int | None]
+    layers: list[int]
+
+    def describe(self) -> str:
+        wrong = sorted({self.offsets[i] for i in self.layers}, key=lambda o: o or 0)
+        stale = ", ".join(
+            f"{o} ({'+' if (o or 0) > self.expected_offset else ''}"
+            f"{(o or 0) - self.expected_offset} rows)" for o in wrong
+        )
+        return (
+            f"rewind failed at round {self.round}: trimming {self.rows} rejected rows"
+            f" (trim reported {self.trimmed}) left {len(self.layers)} of {len(self.offsets)}"
+            f" layers at offset {stale} where {self.expected_offset} was expected"
+            f" (layers {_ranges(self.layers)}); replay stopped"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ReplayReport:
+    """One request replayed.
+
+    rounds: rounds replayed (fewer than ``rounds_total`` when a rewind finding stopped it).
+    rounds_total: rounds in the accept vector.
+    rewinds: rounds that rewound rejected rows. positions: emitted tokens compared.
+    disagreements: positions whose verify row differs from the chain (logit bytes or token).
+    first: the first of them (None if none).
+    rewind_finding: a rewind that did not take effect (None if every one did).
+    mode: ``trim`` or ``snapshot-and-recompute``; mode_reason: why.
+    widths: rows per round. policy / wrong_id: what the rejected rows carried.
+    prompt_len: prompt tokens. dtype: dtype the logits were compared in.
+    opts: the cache configuration. forwards: target verify forwards run.
+    target_tokens: tokens the verify rows emitted. classic_tokens: the chain's tokens.
+    served_checked / served_first_mismatch: the server's logged tokens compared
+      with classic decode (None when the log carried none / when they agree).
+    seconds: wall time.
+    """
+
+    rounds: int
+    rounds_total: int
+    rewinds: int
+    positions: int
+    disagreements: int
+    first: Disagreement | None
+    rewind_finding: RewindFinding | None
+    mode: str
+    mode_reason: str
+    widths: list[int]
+    policy: str
+    wrong_id: int
+    prompt_len: int
+    dtype: str = ""
+    opts: dict[str, Any] = field(default_factory=dict)
+    forwards: int = 0
+    target_tokens: list[int] = field(default_factory=list)
+    classic_tokens: list[int] = field(default_factory=list)
+    served_checked: int | None = None
+    served_first_mismatch: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        if self.rewind_finding is not None or self.disagreements:
+            return DIVERGENT
+        if self.served_first_mismatch is not None:
+            return DIVERGENT
+        if self.positions == 0:
+            return NOT_RUN
+        return EQUAL
+
+    @property
+    def exit_code(self) -> int:
+        return {EQUAL: 0, DIVERGENT: 1, NOT_RUN: 3}[self.verdict]
+
+    def summary(self) -> str:
+        """The one-line result."""
+        head = f"{self.rounds} rounds, {self.rewinds} rewinds, {self.positions} positions: "
+        if not self.disagreements:
+            return head + f"target agrees with classic at all {self.positions}"
+        f = self.first
+        assert f is not None
+        return head + (
+            f"target disagrees with classic at {self.disagreements} (first at round {f.round},"
+            f" row {f.row}, emitted index {f.emitted_index}, absolute position {f.position}:"
+            f" {f.diff.differing_bytes} of {f.diff.total_bytes} logit bytes)"
+        )
+
+    def lines(self) -> list[str]:
+        """The summary, then the details a reader needs."""
+        out = [self.summary()]
+        widths = sorted(set(self.widths))
+        out.append(
+            f"rewind: {self.mode} ({self.mode_reason}); width {'/'.join(map(str, widths))} rows;"
+            f" rejected rows carry {self._policy_words()}"
+        )
+        if self.first is not None:
+            f = self.first
+            out.append(
+                f"first disagreement: classic token {f.token_classic}, target token"
+                f" {f.token_target}; {f.diff.summary('logit bytes')}"
+            )
+        if self.rewind_finding is not None:
+            out.append(self.rewind_finding.describe())
+        if self.served_checked is not None:
+            if self.served_first_mismatch is None:
+                out.append(f"served tokens: identical to classic over {self.served_checked}")
+            else:
+                out.append(
+                    f"served tokens: differ from classic first at emitted index"
+                    f" {self.served_first_mismatch} (of {self.served_checked} compared)"
+                )
+        return out
+
+    def _policy_words(self) -> str:
+        if self.policy == POLICY_CORRECT:
+            return "the correct token"
+        return f"wrong id {self.wrong_id}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["first"] = self.first.to_dict() if self.first else None
+        d["verdict"] = self.verdict
+        d["summary"] = self.summary()
+        return d
+
+
+def _ranges(idx: list[int]) -> str:
+    parts: list[str] = []
+    for i in sorted(idx):
+        if parts and parts[-1][1] == i - 1:
+            parts[-1] = (parts[-1][0], i)
+        else:
+            parts.append((i, i))  # type: ignore[arg-type]
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)  # type: ignore[misc]
+
+
+def round_widths(accepts: list[int], width: int | None, widths: list[int] | None) -> list[int]:
+    """Rows per round, checked against the accepts (UsageError naming the round)."""
+    if widths is None:
+        if width is None:
+            raise UsageError("no width: pass --width (verify rows per round)")
+        widths = [width] * len(accepts)
+    if len(widths) != len(accepts):
+        raise UsageError(f"{len(widths)} widths for {len(accepts)} rounds")
+    for r, (a, w) in enumerate(zip(accepts, widths)):
+        if w < 1:
+            raise UsageError(f"round {r}: width {w} is below 1")
+        if not 0 <= a <= w - 1:
+            raise UsageError(
+                f"round {r}: accept {a} does not fit width {w} (at most {w - 1} proposals)"
+            )
+    return list(widths)
+
+
+class _Chain:
+    """The classic greedy chain, extended on demand, old rows dropped."""
+
+    def __init__(self, model: Any, prompt: list[int], opts: CacheOptions,
+                 trace: list | None):
+        self.dec = Decoder(model, opts)
+        self.tokens = [self.dec.prefill(prompt)]  # c_j: the token fed at step j
+        self.rows: dict[int, Any] = {}  # j -> logits after feeding c_j
+        self.trace = trace
+
+    def ensure(self, n: int) -> None:
+        """Compute rows up to index n - 1 (and so tokens up to n)."""
+        have = len(self.tokens) - 1
+        if n <= have:
+            return
+        if self.trace is not None:
+            self.trace.append(("chain", self.tokens[have], n - have))
+        fed, logits = greedy_chain(self.dec, self.tokens[have], n - have)
+        for i in range(n - have):
+            self.rows[have + i] = logits[i]
+        self.tokens.extend(fed[1:])
+        self.tokens.append(argmax_row(logits[-1]))
+
+    def drop_before(self, j: int) -> None:
+        for k in [k for k in self.rows if k < j]:
+            del self.rows[k]
+
+
+def replay(
+    model: Any,
+    prompt: list[int],
+    accepts: list[int],
+    width: int | None = None,
+    widths: list[int] | None = None,
+    policy: str = POLICY_WRONG,
+    wrong_id: int = 0,
+    opts: CacheOptions | None = None,
+    served_tokens: list[int] | None = None,
+    trace: list | None = None,
+) -> ReplayReport:
+    """Replay ``accepts`` on ``model`` from ``prompt`` and compare with classic decode.
+
+    ``trace``, when a list, receives every forward and rewind in order
+    (``("chain", first, n)``, ``("block", tokens)``, ``("trim", n)``,
+    ``("fork",)``, ``("restore", kept_tokens)``) so a benchmark can time the
+    same forwards bare. Raises Inconclusive for an empty accept vector and
+    UsageError for an accept that does not fit its width.
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import trim_prompt_cache
+
+    if policy not in POLICIES:
+        raise UsageError(f"--policy {policy!r}: choose from {', '.join(POLICIES)}")
+    if not accepts:
+        raise Inconclusive("the accept vector is empty: no round to replay")
+    if not prompt:
+        raise UsageError("empty prompt")
+    widths = round_widths(accepts, width, widths)
+    opts = opts or CacheOptions()
+    t0 = time.perf_counter()
+
+    chain = _Chain(model, prompt, opts, trace)
+    target = Decoder(model, opts)
+    last = target.prefill(prompt)
+    if last != chain.tokens[0]:  # both prefilled the same prompt
+        raise AssertionError("prefill returned different last tokens")
+    if trimmable(target.cache):
+        mode, reason = MODE_TRIM, "mlx-lm trim_prompt_cache"
+    else:
+        kinds = sorted({type(c).__name__ for c in target.cache if not c.is_trimmable()})
+        mode, reason = MODE_SNAPSHOT, f"{', '.join(kinds)} cannot be trimmed"
+        log.info("replay by snapshot-and-recompute: %s", reason)
+
+    expected = len(prompt) - 1
+    emitted = 0
+    rewinds = forwards = disagreements = 0
+    first: Disagreement | None = None
+    finding: RewindFinding | None = None
+    target_tokens: list[int] = []
+    dtype = ""
+    rounds_done = 0
+    for r, (a, w) in enumerate(zip(accepts, widths)):
+        chain.ensure(emitted + w)
+        vocab = int(chain.rows[emitted].shape[-1])
+        if not 0 <= wrong_id < vocab:
+            raise UsageError(f"--wrong-id {wrong_id}: outside the vocabulary (0..{vocab - 1})")
+        block = chain.tokens[emitted: emitted + a + 1]
+        rejected = w - 1 - a
+        for i in range(rejected):
+            right = chain.tokens[emitted + a + 1 + i]
+            if policy == POLICY_CORRECT:
+                block.append(right)
+            else:
+                block.append(wrong_id if wrong_id != right else (wrong_id + 1) % vocab)
+        saved = None
+        if mode == MODE_SNAPSHOT and rejected:
+            saved = target.fork()
+            if trace is not None:
+                trace.append(("fork",))
+        if trace is not None:
+            trace.append(("block", list(block)))
+        logits = target.forward(block)
+        forwards += 1
+        kept = logits[: a + 1]
+        got = kept.argmax(axis=-1).tolist()
+        target_tokens.extend(got)
+        dtype = str(logits.dtype).replace("mlx.core.", "")
+
+        trimmed = 0
+        if rejected:
+            rewinds += 1
+            if mode == MODE_TRIM:
+                trimmed = int(trim_prompt_cache(target.cache, rejected))
+                if trace is not None:
+                    trace.append(("trim", rejected))
+            else:
+                assert saved is not None
+                target = saved
+                target.forward(block[: a + 1])
+                trimmed = rejected
+                if trace is not None:
+                    trace.append(("restore", list(block[: a + 1])))
+        expected += a + 1
+
+        want = chain.tokens[emitted + 1: emitted + a + 2]
+        ref = mx.stack([chain.rows[emitted + k] for k in range(a + 1)])
+        whole = compare_arrays(ref, kept, logits=True)
+        if not whole.equal or got != want:
+            for k in range(a + 1):
+                d = compare_arrays(ref[k: k + 1], kept[k: k + 1], logits=True)
+                if d.equal and got[k] == want[k]:
+                    continue
+                disagreements += 1
+                if first is None:
+                    first = Disagreement(r, k, emitted + k, len(prompt) + emitted + k,
+                                         want[k], got[k], d)
+                    log.info("first disagreement at round %d row %d", r, k)
+        emitted += a + 1
+        chain.drop_before(emitted)
+        rounds_done = r + 1
+
+        offsets = target.offsets()
+        bad = [i for i, o in enumerate(offsets) if o is not None and o != expected]
+        if bad:
+            finding = RewindFinding(r, rejected, trimmed, expected, offsets, bad)
+            log.info("%s", finding.describe())
+            break
+
+    classic = chain.tokens[1: emitted + 1]
+    served_checked = served_mismatch = None
+    if served_tokens is not None and finding is None:
+        n = min(len(served_tokens), len(classic))
+        served_checked = n
+        for i in range(n):
+            if served_tokens[i] != classic[i]:
+                served_mismatch = i
+                break
+    return ReplayReport(
+        rounds=rounds_done,
+        rounds_total=len(accepts),
+        rewinds=rewinds,
+        positions=emitted,
+        disagreements=disagreements,
+        first=first,
+        rewind_finding=finding,
+        mode=mode,
+        mode_reason=reason,
+        widths=widths,
+        policy=policy,
+        wrong_id=wrong_id,
+        prompt_len=len(prompt),
+        dtype=dtype,
+        opts=opts.to_dict(),
+        forwards=forwards,
+        target_tokens=target_tokens,
+        classic_tokens=classic,
+        served_checked=served_checked,
+        served_first_mismatch=served_mismatch,
+        seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,61 @@
+"""``specparity fixtures``: build the embedded checkpoints."""
+
+from __future__ import annotations
+
+import click
+
+from specparity.commands._common import emit_json, json_option
+
+
+@click.group()
+def fixtures():
+    """Build real mlx-lm checkpoints deterministically from a seed (no hub needed)."""
+
+
+@fixtures.command("make")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--arch", default="llama", show_default=True,
+              help="llama | qwen3_5 | gemma3_text | qwen3_moe")
+@click.option("--dtype", default="float32", show_default=True, help="float32 | bfloat16 | float16")
+@click.option("--bits", type=click.Choice(["4", "8"]), default=None, help="Quantize weights (mlx-lm).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--fault", "faults", multiple=True,
+              help='Inject a fault (JSON), e.g. \'{"kind":"rows","layer":2,"subop":"mlp","min_rows":4}\'.')
+@click.option("--no-draft", is_flag=True, help="Build the target only.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing fixture at OUT_DIR.")
+@json_option
+def make(out_dir, arch, dtype, bits, seed, faults, no_draft, overwrite, as_json):
+    """Build OUT_DIR/target and OUT_DIR/draft.
+
+    \b
+    Examples:
+        specparity fixtures make ./fx/llama
+        specparity fixtures make ./fx/hybrid --arch qwen3_5 --dtype bfloat16
+        specparity fixtures make ./fx/bad --fault '{"kind":"rows","layer":3,"min_rows":4}'
+    """
+    import json
+
+    from specparity.errors import UsageError
+    from specparity.fixtures import build_pair
+
+    parsed = []
+    for f in faults:
+        try:
+            item = json.loads(f)
+        except ValueError as err:
+            raise UsageError(f"--fault {f!r}: not JSON ({err})") from None
+        if not isinstance(item, dict) or item.get("kind") not in ("rows", "depth", "stale_trim"):
+            raise UsageError(f"--fault {f!r}: kind must be rows, depth or stale_trim")
+        parsed.append(item)
+    info = build_pair(out_dir, arch=arch, dtype=dtype, bits=int(bits) if bits else None,
+                      seed=seed, faults=parsed, with_draft=not no_draft, overwrite=overwrite)
+    if as_json:
+        emit_json(info.to_dict())
+    else:
+        click.echo(f"target: {info.target}")
+        if info.draft:
+            agree = "not measurable here" if info.agreement is None else f"{info.agreement:.2f}"
+            click.echo(f"draft:  {info.draft} (per-position greedy agreement {agree})")
+        if info.faults:
+            click.echo(f"faults: {json.dumps(info.faults)} (load with --trust-remote-code)")
+    return 0

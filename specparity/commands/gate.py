@@ -1,0 +1,66 @@
+"""``specparity gate``: the memoized allow/decline verdict."""
+
+from __future__ import annotations
+
+import click
+
+from specparity.commands._common import cache_options, cache_options_from, emit_json, json_option
+
+
+@click.group()
+def gate():
+    """Memoized verdict: may this checkpoint verify W rows at once, here?"""
+
+
+@gate.command("check")
+@click.option("--model", default=None, metavar="DIR",
+              help="Checkpoint directory (default: the embedded fixture target).")
+@click.option("--trust-remote-code", is_flag=True)
+@click.option("--width", type=click.IntRange(min=1), required=True, help="Verify rows W.")
+@click.option("--env-prefix", "env_prefixes", multiple=True,
+              help="Env var prefixes that change kernels (default: MLX_).")
+@cache_options
+@json_option
+def check(model, trust_remote_code, width, env_prefixes, as_json, **cache_kwargs):
+    """Exit 0 (allow) or 1 (decline); a probe that did not run declines.
+
+    The verdict is memoized per checkpoint fingerprint, width, cache options,
+    backend and kernel env vars; a hit answers without loading the model.
+    SPECPARITY_ALLOW_INEXACT=1 allows anyway and logs a FORFEIT line.
+
+    \b
+    Example:
+        specparity gate check --model ./mlx-model --width 4
+    """
+    from specparity.identity import DEFAULT_ENV_PREFIXES
+    from specparity.probes.gate import gate_check
+
+    if model is None:
+        from specparity.fixtures import default_pair
+
+        model = default_pair().target
+    opts = cache_options_from(cache_kwargs)
+    decision = gate_check(model, width, opts, env_prefixes=env_prefixes or DEFAULT_ENV_PREFIXES,
+                          trust_remote_code=trust_remote_code)
+    click.echo(decision.line, err=True)
+    if as_json:
+        emit_json(decision.to_dict())
+    else:
+        click.echo("allow" if decision.allow else "decline")
+    return decision.exit_code
+
+
+@gate.command("list")
+@json_option
+def list_(as_json):
+    """Show the memoized verdicts."""
+    from specparity.probes.gate import GateStore
+
+    entries = GateStore().entries()
+    if as_json:
+        emit_json(entries)
+        return 0
+    for key, e in sorted(entries.items()):
+        f = e.get("fields", {})
+        click.echo(f"{key[:12]}  width={f.get('width')}  {e['verdict']:<9} {e['reason']}")
+    return 0
