@@ -33,7 +33,7 @@ _COMMON: dict[str, Any] = {
     "intermediate_size": 128,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
+    "head_dim": 32,
     "rms_norm_eps": 1e-5,
     "vocab_size": VOCAB_SIZE,
     "max_position_embeddings": 4096,
@@ -49,8 +49,8 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
         "full_attention_interval": 2,
         "linear_num_value_heads": 4,
         "linear_num_key_heads": 2,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
         "linear_conv_kernel_dim": 4,
         "rope_parameters": {
             "type": "default",
@@ -63,7 +63,7 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 6,
         "sliding_window": 32,
         "sliding_window_pattern": 3,
-        "query_pre_attn_scalar": 16,
+        "query_pre_attn_scalar": 32,
         "rope_local_base_freq": 10000.0,
     },
     "qwen3_moe": {

@@ -19,10 +19,7 @@ Weights and parameter names are the base model's: the faults swap the class of
 one submodule for a subclass with a different ``__call__``, nothing else.
 """
 
-from __future__ import annotations
-
 import importlib
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -31,9 +28,10 @@ import mlx.nn as nn
 FAULT_SCALE = 1.0 + 2.0**-6
 
 
-@dataclass
+# mlx-lm loads this file without registering it in sys.modules, so no dataclasses here.
 class ModelArgs:
-    config: dict
+    def __init__(self, config: dict):
+        self.config = config
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":

@@ -1,0 +1,282 @@
+"""``specparity replay``: a served run's accept lengths, replayed in process."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from specparity.commands._common import (
+    cache_options, cache_options_from, emit_json, json_option, model_options, record_option,
+    resolve_model,
+)
+from specparity.errors import Inconclusive, UsageError
+from specparity.probes.replay_logs import FORMATS
+
+POLICIES = ("wrong-id", "correct-token")
+
+
+@click.command()
+@model_options
+@click.option("--accepts", "accepts_text", metavar="LIST",
+              help="Accept vector: accepted proposals per round, e.g. 2,2,3,1.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A log or record holding accept vectors (see --format).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
+              help="How to read --log.")
+@click.option("--regex", default=None, metavar="PATTERN",
+              help="Read --log with this pattern (group 'accepts' or 1: an int per round or a list).")
+@click.option("--request", "request_index", type=click.IntRange(min=0), default=None,
+              help="Replay only this request (0-based) of --log.")
+@click.option("--draft-model", default=None, metavar="DIR",
+              help="Record an accept vector with mlx-lm's speculative decoding, then replay it.")
+@click.option("--num-draft-tokens", type=click.IntRange(min=1), default=3, show_default=True,
+              help="With --draft-model: proposals per round (width = this + 1).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="With --draft-model: tokens to generate.")
+@click.option("--save-log", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="With --draft-model: also write the recorded vector here (specparity JSONL).")
+@click.option("--prompt", "prompt_text", default=None, help="Prompt text.")
+@click.option("--prompt-ids", default=None, help="Prompt as token ids, e.g. 1,2,3.")
+@click.option("--width", type=click.IntRange(min=1), default=None,
+              help="Verify rows per round (when the log does not say).")
+@click.option("--policy", type=click.Choice(POLICIES), default="wrong-id", show_default=True,
+              help="What rejected rows carry: a fixed wrong id, or the correct token.")
+@click.option("--wrong-id", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The wrong id rejected rows carry (the next id where it is the right token).")
+@click.option("--algebra-only", is_flag=True,
+              help="Check a transcript's round algebra without a model.")
+@click.option("--locate", type=click.IntRange(min=0), default=None, metavar="E",
+              help="Print the round and row that emitted token index E, then exit.")
+@cache_options
+@json_option
+@record_option
+def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request_index,
+           draft_model, num_draft_tokens, max_tokens, save_log, prompt_text, prompt_ids, width,
+           policy, wrong_id, algebra_only, locate, as_json, record_dir, **cache_kwargs):
+    """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
+
+    Prefill as classic decode does, then for each round run the target over
+    the verify block [last emitted token, accepted proposals, rejected rows],
+    rewind the rejected rows with mlx-lm's trim, and compare every emitted
+    token and kept row's logit bytes with the classic greedy chain. A rewind
+    that leaves a layer at the wrong offset is reported with its round.
+    Caches that cannot be trimmed are replayed by snapshot-and-recompute.
+    Transcripts (mlxcel-transcript) also get the offline round-algebra checks.
+
+    \b
+    Exit codes: 0 agrees, 1 disagreement or finding, 2 usage,
+    3 inconclusive (empty vector), 4 load failure.
+
+    \b
+    Examples:
+        specparity replay --accepts 2,2,3,1,0,3 --width 4
+        specparity replay --log server.log --format mlxcel-accept-lens --width 4
+        specparity replay --log server.log --format mlxcel-transcript --algebra-only
+        specparity replay --log run.log --regex 'accepted=(\\d+)' --width 5
+        specparity replay --draft-model ./draft --num-draft-tokens 3 --save-log run.jsonl
+    """
+    from specparity.probes import replay_logs as logs
+
+    sources = [s for s in (accepts_text, log_path, draft_model) if s is not None]
+    if len(sources) != 1:
+        raise UsageError("give exactly one of --accepts, --log or --draft-model")
+    if (fmt != "auto" or regex) and log_path is None:
+        raise UsageError("--format and --regex read a --log FILE")
+    if request_index is not None and log_path is None:
+        raise UsageError("--request picks a request of a --log FILE")
+    if save_log and draft_model is None:
+        raise UsageError("--save-log writes what --draft-model records")
+    opts = cache_options_from(cache_kwargs)
+    cli_ids = _prompt_ids(prompt_ids)
+
+    requests: list[logs.AcceptLog] = []
+    if accepts_text is not None:
+        requests = [logs.AcceptLog(logs.parse_accept_list(accepts_text), source="--accepts")]
+    elif log_path is not None:
+        requests = logs.read_log(log_path, fmt, regex)
+        if not requests:
+            raise Inconclusive(f"--log {log_path}: no accept vector found")
+        if request_index is not None:
+            if request_index >= len(requests):
+                raise UsageError(
+                    f"--request {request_index}: {log_path} holds {len(requests)} requests")
+            requests = [requests[request_index]]
+
+    findings = []
+    for i, req in enumerate(requests):
+        if req.rounds:
+            findings.extend(logs.check_rounds(req.rounds, request=i))
+    if algebra_only:
+        return _algebra_only(requests, findings, as_json)
+    if locate is not None:
+        return _locate(requests, locate, as_json)
+
+    loaded = resolve_model(model, trust_remote_code)
+    if draft_model is not None:
+        requests = [_record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text,
+                            num_draft_tokens, max_tokens, opts, save_log)]
+    return _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
+                       wrong_id, opts, as_json, record_dir)
+
+
+def _prompt_ids(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    from specparity.prompts import parse_prompt_ids
+
+    return parse_prompt_ids([value])[0]
+
+
+def _prompt_for(req: Any, loaded: Any, cli_ids: list[int] | None,
+                prompt_text: str | None) -> list[int]:
+    """--prompt-ids, else --prompt, else the log's prompt ids, else the first default prompt."""
+    from specparity.prompts import DEFAULT_PROMPTS, encode_prompts
+
+    if cli_ids is not None:
+        if req.prompt_ids is not None and req.prompt_ids != cli_ids:
+            click.echo(f"{req.source}: --prompt-ids replaces the logged prompt", err=True)
+        return cli_ids
+    if prompt_text is not None:
+        if req.prompt_ids is not None:
+            click.echo(f"{req.source}: --prompt replaces the logged prompt", err=True)
+        return encode_prompts(loaded.tokenizer, [prompt_text])[0]
+    if req.prompt_ids is not None:
+        return req.prompt_ids
+    return encode_prompts(loaded.tokenizer, [DEFAULT_PROMPTS[0]])[0]
+
+
+def _widths_for(req: Any, width: int | None) -> tuple[int | None, list[int] | None]:
+    """The log's width(s), else --width; a --width that contradicts the log is an error."""
+    if req.width is None and req.widths is None:
+        if width is None:
+            raise UsageError(f"{req.source}: the log gives no width; pass --width (verify rows)")
+        return width, None
+    if width is not None and width != req.width:
+        said = f"width {req.width}" if req.width is not None else "a width per round"
+        raise UsageError(f"--width {width}: {req.source} says {said}")
+    return req.width, req.widths
+
+
+def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, num_draft_tokens,
+            max_tokens, opts, save_log):
+    from specparity.checkpoint import load_checkpoint
+    from specparity.probes.replay_logs import AcceptLog
+    from specparity.probes.replay_record import record_speculative, write_requests
+
+    draft = load_checkpoint(draft_model, trust_remote_code=trust_remote_code)
+    prompt = _prompt_for(AcceptLog([]), loaded, cli_ids, prompt_text)
+    click.echo(f"recording: mlx-lm speculative decoding, {num_draft_tokens} proposals per round,"
+               f" {max_tokens} tokens", err=True)
+    req = record_speculative(loaded.model, draft.model, prompt, num_draft_tokens, max_tokens, opts)
+    req.meta["model"] = loaded.fingerprint.short
+    req.meta["draft_model"] = draft.fingerprint.short
+    if save_log:
+        path = write_requests(save_log, [req])
+        click.echo(f"accept vector written: {path}", err=True)
+    return req
+
+
+def _algebra_only(requests, findings, as_json) -> int:
+    rounds = sum(len(r.rounds or []) for r in requests)
+    if rounds == 0:
+        raise UsageError("--algebra-only needs a transcript (--format mlxcel-transcript)")
+    if as_json:
+        emit_json({"requests": len(requests), "rounds": rounds,
+                   "findings": [f.to_dict() for f in findings]})
+    else:
+        click.echo(f"{len(requests)} requests, {rounds} rounds: "
+                   + (f"{len(findings)} round-algebra findings" if findings
+                      else "round algebra holds"))
+        for f in findings:
+            click.echo(f"  line {f.line} (request {f.request}, round {f.round}): {f.check}: {f.message}")
+    return 1 if findings else 0
+
+
+def _locate(requests, index, as_json) -> int:
+    from specparity.probes.replay_logs import emitted_counts, locate
+
+    out = []
+    for i, req in enumerate(requests):
+        counts = ([len(r.new_tokens) for r in req.rounds] if req.rounds
+                  else emitted_counts(req.accepts))
+        r, k = locate(counts, index)
+        out.append({"request": i, "source": req.source, "emitted_index": index, "round": r,
+                    "row": k})
+    if as_json:
+        emit_json(out)
+    else:
+        for o in out:
+            click.echo(f"{o['source']}: emitted index {index} is round {o['round']}, row {o['row']}")
+    return 0
+
+
+def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy, wrong_id,
+                opts, as_json, record_dir) -> int:
+    from specparity.checkpoint import model_dtype
+    from specparity.probes.replay import replay as run_replay
+
+    fp = loaded.fingerprint
+    header = (f"model {fp.path} ({fp.model_type}, {model_dtype(loaded.model)},"
+              f" fingerprint {fp.short}); cache: {opts.describe()}")
+    results: list[dict[str, Any]] = []
+    texts: list[str] = []
+    codes: list[int] = []
+    rec = None
+    if record_dir:
+        from specparity.identity import identity
+        from specparity.records.writer import RecordWriter
+
+        rec = RecordWriter(record_dir, f"replay-{fp.model_type}",
+                           identity(model=fp.to_dict(), cache=opts.to_dict()))
+        if any(r.source == "mlx_lm.generate.speculative_generate_step" for r in requests):
+            from specparity.probes.replay_record import request_object
+
+            rec.write_bytes("accepts.jsonl", "".join(
+                json.dumps(request_object(r)) + "\n" for r in requests).encode())
+    for i, req in enumerate(requests):
+        prompt = _prompt_for(req, loaded, cli_ids, prompt_text)
+        w, ws = _widths_for(req, width)
+        click.echo(f"replaying {req.source}: {len(req.accepts)} rounds", err=True)
+        try:
+            report = run_replay(loaded.model, prompt, req.accepts, width=w, widths=ws,
+                                policy=policy, wrong_id=wrong_id, opts=opts,
+                                served_tokens=req.tokens)
+        except Inconclusive as err:
+            codes.append(3)
+            res = {"request": i, "source": req.source, "verdict": "not_run", "reason": str(err)}
+            results.append(res)
+            texts.append(f"{req.source}: not run: {err}")
+            if rec:
+                rec.append("replay", res)
+            continue
+        codes.append(report.exit_code)
+        res = {"request": i, "source": req.source, **report.to_dict()}
+        results.append(res)
+        prefix = f"{req.source}: " if len(requests) > 1 else ""
+        texts.append("\n".join(prefix + line if j == 0 else "  " + line
+                               for j, line in enumerate(report.lines())))
+        if rec:
+            rec.append("replay", res)
+    if findings:
+        codes.append(1)
+        for f in findings:
+            texts.append(f"round algebra: line {f.line} (request {f.request}, round {f.round}):"
+                         f" {f.check}: {f.message}")
+    exit_code = 1 if 1 in codes else (3 if 3 in codes else 0)
+    verdict = {0: "equal", 1: "divergent", 3: "not_run"}[exit_code]
+    if rec:
+        for f in findings:
+            rec.append("algebra", f.to_dict())
+        md = rec.finish("\n".join([f"# replay: {fp.model_type}", "", header, "", "```",
+                                   *texts, "```", "", f"verdict: {verdict}", ""]))
+        click.echo(f"record written: {md}", err=True)
+    if as_json:
+        emit_json({"verdict": verdict, "model": fp.to_dict(), "cache": opts.to_dict(),
+                   "requests": results, "algebra": [f.to_dict() for f in findings]})
+    else:
+        click.echo(header)
+        click.echo("\n".join(texts))
+        click.echo(f"verdict: {verdict}")
+    return exit_code
