@@ -1,0 +1,156 @@
+"""The probe's two arms, run once each with every layer captured.
+
+From the state after prefill and ``depth`` decoded tokens, the chain arm feeds
+``width`` single tokens (greedy), and the block arm feeds the same ``width``
+tokens in one call, exactly as the probe does. The chain's per-step captures
+(one row each) are stacked along their row axis so they line up with the
+block's ``width`` rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from specparity.bisect.capture import CaptureMap, capture, layer_kind, model_layers
+from specparity.decode import CacheOptions, LayerState
+
+log = logging.getLogger(__name__)
+
+ARMS = ("chain", "block")
+
+
+@dataclass
+class ArmCapture:
+    """Everything one arm computed, rows stacked.
+
+    arm: ``chain`` (W single steps) or ``block`` (one W-row call).
+    order: capture names in execution pre-order (``embed``, ``layers.0``,
+      ``layers.0.input_layernorm``, ..., ``final_norm``, ``logits``).
+    arrays: name -> array holding all W rows.
+    row_axes: name -> the axis that indexes rows (None: the output does not grow with rows).
+    cache: every layer's cache after the arm (``specparity.decode.snapshot``).
+    """
+
+    arm: str
+    order: list[str]
+    arrays: dict[str, Any]
+    row_axes: dict[str, int | None]
+    cache: list[LayerState]
+
+    @property
+    def logits(self) -> Any:
+        return self.arrays["logits"]
+
+    def nbytes(self) -> int:
+        arrays = list(self.arrays.values()) + [a for s in self.cache for a in s.arrays.values()]
+        return int(sum(a.nbytes for a in arrays))
+
+
+@dataclass
+class BisectCapture:
+    """Both arms of one bisect, plus what they ran on.
+
+    width / depth / prompt: the probe coordinates; tokens: the W tokens both arms fed.
+    layer_kinds: per decoder layer, a name from the layer-type table.
+    arms: ``chain`` and/or ``block`` -> ArmCapture.
+    capture_map: which modules were wrapped.
+    seconds: wall time of each arm (``advance`` = prefill + depth, uncaptured).
+    capture_bytes: bytes held by all captures and cache snapshots.
+    """
+
+    width: int
+    depth: int
+    prompt: list[int]
+    tokens: list[int]
+    layer_kinds: list[str]
+    arms: dict[str, ArmCapture]
+    capture_map: CaptureMap
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def capture_bytes(self) -> int:
+        return sum(a.nbytes() for a in self.arms.values())
+
+
+def row_axis(step_shape: tuple[int, ...], block_shape: tuple[int, ...], width: int) -> int | None:
+    """The axis that is 1 in a single step and ``width`` in the block."""
+    if len(step_shape) != len(block_shape):
+        return None
+    if width == 1:
+        if step_shape != block_shape:
+            return None
+        ones = [i for i, n in enumerate(step_shape) if n == 1]
+        # (batch, rows, ...) is the common layout: the second unit axis is the row axis
+        return ones[1] if len(ones) > 1 else (ones[0] if ones else None)
+    axes = [i for i, (s, b) in enumerate(zip(step_shape, block_shape)) if s != b]
+    if len(axes) == 1 and step_shape[axes[0]] == 1 and block_shape[axes[0]] == width:
+        return axes[0]
+    return None
+
+
+def _stack_chain(calls: list[list[tuple[str, Any]]], block: dict[str, Any],
+                 width: int) -> tuple[dict[str, Any], dict[str, int | None]]:
+    import mlx.core as mx
+
+    steps = [dict(c) for c in calls]
+    arrays: dict[str, Any] = {}
+    axes: dict[str, int | None] = {}
+    for name, barr in block.items():
+        parts = [s.get(name) for s in steps]
+        if any(p is None for p in parts):
+            log.warning("capture %s is missing from some chain steps; skipped", name)
+            continue
+        shapes = {tuple(p.shape) for p in parts}
+        axis = row_axis(tuple(parts[0].shape), tuple(barr.shape), width) if len(shapes) == 1 else None
+        axes[name] = axis
+        arrays[name] = mx.concatenate(parts, axis=axis) if axis is not None else parts[-1]
+    return arrays, axes
+
+
+def run_arms(model: Any, prompt: list[int], width: int, depth: int,
+             opts: CacheOptions | None = None, arms: tuple[str, ...] = ARMS,
+             subop_depth: int = 2) -> BisectCapture:
+    """Prefill, decode ``depth`` tokens, then run the chain and block arms with capture on.
+
+    The chain arm always runs (it decides the tokens both arms feed); ``arms``
+    says which captures are kept.
+    """
+    import mlx.core as mx
+
+    from specparity.decode import advance_to_depth, greedy_chain, snapshot
+
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    dec, first, _ = advance_to_depth(model, prompt, depth, opts)
+    seconds["advance"] = time.perf_counter() - t0
+    with capture(model, subop_depth=subop_depth) as (rec, cmap):
+        t0 = time.perf_counter()
+        chain_dec = dec.fork()
+        tokens, _ = greedy_chain(chain_dec, first, width)
+        chain_calls = rec.pop_calls()
+        seconds["chain"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        block_dec = dec.fork()
+        block_dec.forward(tokens)
+        block_calls = rec.pop_calls()
+        seconds["block"] = time.perf_counter() - t0
+    if len(chain_calls) != width or len(block_calls) != 1:
+        raise RuntimeError(f"expected {width} chain calls and 1 block call, recorded"
+                           f" {len(chain_calls)} and {len(block_calls)}")
+    block_order = [n for n, _ in block_calls[0]]
+    block = dict(block_calls[0])
+    chain_arrays, axes = _stack_chain(chain_calls, block, width)
+    order = [n for n in block_order if n in chain_arrays]
+    mx.eval(list(chain_arrays.values()), list(block.values()))
+    chain_cache, block_cache = snapshot(chain_dec.cache), snapshot(block_dec.cache)
+    kinds = [layer_kind(layer, chain_cache[i].kind if i < len(chain_cache) else None)
+             for i, layer in enumerate(model_layers(model))]
+    out: dict[str, ArmCapture] = {}
+    if "chain" in arms:
+        out["chain"] = ArmCapture("chain", order, chain_arrays, axes, chain_cache)
+    if "block" in arms:
+        out["block"] = ArmCapture("block", order, {n: block[n] for n in order}, axes, block_cache)
+    return BisectCapture(width, depth, list(prompt), list(tokens), kinds, out, cmap, seconds)

@@ -1,0 +1,261 @@
+"""``specparity bisect``: the first divergent layer and sub-op, in process or across dumps."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from specparity.commands._common import (
+    cache_options,
+    cache_options_from,
+    emit_json,
+    json_option,
+    model_options,
+    record_option,
+    resolve_model,
+)
+from specparity.errors import EXIT_DIVERGENT, EXIT_OK, UsageError
+
+log = logging.getLogger(__name__)
+
+
+def _prompt_options(f: Any) -> Any:
+    f = click.option("--prompt-ids", default=None, metavar="IDS",
+                     help="The prompt as comma-separated token ids (wins over --prompt).")(f)
+    f = click.option("--prompt", default=None, metavar="TEXT",
+                     help="Prompt text (default: the first built-in probe prompt).")(f)
+    return f
+
+
+def _coords_options(f: Any) -> Any:
+    f = click.option("--depth", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Tokens decoded past the prompt before the arms.")(f)
+    f = click.option("--width", type=click.IntRange(min=1), default=None,
+                     help="Verify block rows W (required).")(f)
+    return f
+
+
+def _prompt(loaded: Any, prompt: str | None, prompt_ids: str | None) -> list[int]:
+    from specparity.prompts import DEFAULT_PROMPTS, encode_prompts, parse_prompt_ids
+
+    if prompt_ids:
+        ids = parse_prompt_ids([prompt_ids])[0]
+        vocab = int(loaded.config.get("vocab_size") or 0)
+        bad = [i for i in ids if i < 0 or (vocab and i >= vocab)]
+        if bad:
+            raise UsageError(f"--prompt-ids: token {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        return ids
+    return encode_prompts(loaded.tokenizer, [prompt if prompt is not None else DEFAULT_PROMPTS[0]])[0]
+
+
+def _need_width(width: int | None) -> int:
+    if width is None:
+        raise UsageError("--width is required (the verify block's row count, e.g. --width 4)")
+    return width
+
+
+def _dump_args(loaded: Any, trust: bool, width: int, depth: int, ids: list[int],
+               opts: Any) -> list[str]:
+    args = ["--model", str(loaded.path), "--width", str(width), "--depth", str(depth),
+            "--prompt-ids", ",".join(map(str, ids)),
+            "--prefill-step-size", str(opts.prefill_step_size),
+            "--quantized-kv-start", str(opts.quantized_kv_start),
+            "--kv-group-size", str(opts.kv_group_size)]
+    if opts.kv_bits is not None:
+        args += ["--kv-bits", str(opts.kv_bits)]
+    if opts.max_kv_size is not None:
+        args += ["--max-kv-size", str(opts.max_kv_size)]
+    if trust:
+        args.append("--trust-remote-code")
+    return args
+
+
+def _emit(report: Any, as_json: bool, record_dir: str | None, slug: str,
+          ident_extra: dict[str, Any], controls: Any = None) -> int:
+    from specparity.bisect.chart import svg, terminal_bars
+    from specparity.bisect.render import render_markdown, render_text
+
+    payload = report.to_dict()
+    if controls is not None:
+        payload["controls"] = controls.to_dict()
+    record_path = None
+    if record_dir:
+        from specparity.identity import identity
+        from specparity.records.writer import RecordWriter
+
+        writer = RecordWriter(record_dir, slug, identity(**ident_extra))
+        for row in payload["rows"]:
+            writer.append("layers", row)
+        writer.write_json("report.json", payload)
+        chart = writer.write_bytes("layers.svg", svg(report).encode())
+        extra = controls.lines() if controls is not None else []
+        record_path = writer.finish(render_markdown(
+            report, f"data/{writer.name}/{chart.name}", [f"    {x}" for x in extra]))
+        payload["record"] = str(record_path)
+    if as_json:
+        emit_json(payload)
+    else:
+        click.echo(render_text(report), nl=False)
+        click.echo("")
+        click.echo("differing output bytes per row:")
+        for line in terminal_bars(report):
+            click.echo("  " + line)
+        if controls is not None:
+            click.echo("")
+            for line in controls.lines():
+                click.echo(line)
+        if record_path:
+            click.echo(f"record: {record_path}", err=True)
+    return EXIT_DIVERGENT if report.verdict == "divergent" else EXIT_OK
+
+
+@click.group(invoke_without_command=True)
+@_coords_options
+@_prompt_options
+@model_options
+@cache_options
+@click.option("--control", "controls", multiple=True, metavar="NAME=VALUE",
+              help="Rerun both arms in a fresh process with this environment variable"
+                   " set (repeatable), plus one process without; group arms by logits sha256.")
+@json_option
+@record_option
+@click.pass_context
+def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None,
+           prompt_ids: str | None, model: str | None, trust_remote_code: bool,
+           controls: tuple[str, ...], as_json: bool, record_dir: str | None,
+           **kwargs: Any) -> int | None:
+    """Locate the first divergent layer and sub-op between W single steps and one W-row block.
+
+    From the state after prefill and --depth decoded tokens, runs the chain
+    (W greedy single-token steps) and the block (the same W tokens in one
+    call) once each, capturing the embeddings, every decoder layer's output
+    and sub-ops, the final norm, the logits and every layer's cache. Prints
+    per layer: type, differing/total bytes, max abs diff, first differing row;
+    names the first divergent layer and the first differing sub-op in it.
+
+    Exit codes: 0 no divergent layer, 1 a divergent layer was found,
+    2 usage error, 4 the checkpoint would not load or a control arm failed.
+
+    \b
+    Examples:
+        specparity bisect --model ./ckpt --width 4 --depth 32
+        specparity bisect --model ./ckpt --width 4 --control MLX_X=1 --record-dir results
+        specparity bisect dump --model ./ckpt --width 4 --arm block --out cpu.safetensors
+        specparity bisect diff cpu.safetensors metal.safetensors
+    """
+    if ctx.invoked_subcommand is not None:
+        return None
+    from specparity.bisect.controls import parse_control, run_controls
+    from specparity.bisect.run import bisect_model
+
+    w = _need_width(width)
+    parsed = [parse_control(c) for c in controls]
+    opts = cache_options_from(kwargs)
+    loaded = resolve_model(model, trust_remote_code)
+    ids = _prompt(loaded, prompt, prompt_ids)
+    click.echo(f"bisect: width {w}, depth {depth}, {len(ids)} prompt tokens", err=True)
+    _, report = bisect_model(loaded, ids, w, depth, opts)
+    ctrl = None
+    if parsed:
+        with tempfile.TemporaryDirectory(prefix="specparity-controls-") as tmp:
+            click.echo(f"bisect: running {len(parsed) + 1} control processes", err=True)
+            ctrl = run_controls(parsed, _dump_args(loaded, trust_remote_code, w, depth, ids, opts),
+                                Path(tmp), w)
+    return _emit(report, as_json, record_dir, "bisect",
+                 {"model": loaded.fingerprint.to_dict(), "width": w, "depth": depth}, ctrl)
+
+
+@bisect.command("dump")
+@_coords_options
+@_prompt_options
+@model_options
+@cache_options
+@click.option("--arm", type=click.Choice(["chain", "block", "both"]), default="both",
+              show_default=True, help="Which arm's captures to write.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), metavar="FILE",
+              help="Safetensors file to write (its manifest goes to FILE with .json).")
+@json_option
+def dump(width: int | None, depth: int, prompt: str | None, prompt_ids: str | None,
+         model: str | None, trust_remote_code: bool, arm: str, out: str, as_json: bool,
+         **kwargs: Any) -> int:
+    """Write every capture of one arm (or both) to safetensors plus a JSON manifest.
+
+    Run it under each environment, backend or mlx version to compare, then
+    `specparity bisect diff` the files anywhere.
+
+    \b
+    Example:
+        specparity bisect dump --model ./ckpt --width 4 --arm block --out a.safetensors
+    """
+    from specparity.bisect.arms import run_arms
+    from specparity.bisect.dump import manifest_path, write_dump
+    from specparity.bisect.run import model_meta
+    from specparity.identity import identity, kernel_env
+
+    w = _need_width(width)
+    opts = cache_options_from(kwargs)
+    loaded = resolve_model(model, trust_remote_code)
+    ids = _prompt(loaded, prompt, prompt_ids)
+    arms = ("chain", "block") if arm == "both" else (arm,)
+    bc = run_arms(loaded.model, ids, w, depth, opts, arms=arms)
+    manifest = write_dump(out, bc, arms, {
+        "model": model_meta(loaded), "env": kernel_env(), "cache_options": opts.to_dict(),
+        "identity": identity(model=loaded.fingerprint.to_dict()),
+    })
+    summary = {"out": out, "manifest": str(manifest_path(out)), "arms": list(arms),
+               "width": w, "depth": depth, "logits_sha256": manifest["logits_sha256"],
+               "capture_bytes": manifest["capture_bytes"]}
+    if as_json:
+        emit_json(summary)
+    else:
+        click.echo(f"wrote {', '.join(arms)} captures ({manifest['capture_bytes']} bytes) to {out}")
+        for a, h in manifest["logits_sha256"].items():
+            click.echo(f"  {a} logits sha256 {h}")
+    return EXIT_OK
+
+
+@bisect.command("diff")
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@click.option("--a-arm", type=click.Choice(["chain", "block"]), default=None,
+              help="Arm of A to compare (needed when A holds both).")
+@click.option("--b-arm", type=click.Choice(["chain", "block"]), default=None,
+              help="Arm of B to compare (needed when B holds both).")
+@json_option
+@record_option
+def diff(a: str, b: str, a_arm: str | None, b_arm: str | None, as_json: bool,
+         record_dir: str | None) -> int:
+    """Compare two dumps with the same per-layer report as the in-process bisect.
+
+    Both dumps must come from the same model (fingerprint), width, depth and
+    prompt; anything else is refused (exit 2) rather than diffed.
+
+    \b
+    Example:
+        specparity bisect diff cpu.safetensors metal.safetensors
+    """
+    from specparity.bisect.dump import check_partners, read_dump
+    from specparity.bisect.report import compare_arms
+
+    da, db = read_dump(a), read_dump(b)
+    check_partners(da, db)
+    arm_a, arm_b = da.arm(a_arm, "--a-arm"), db.arm(b_arm, "--b-arm")
+    meta = dict(da.manifest["model"])
+    meta["a_env"] = da.manifest.get("env", {})
+    meta["b_env"] = db.manifest.get("env", {})
+    if da.manifest["tokens"] != db.manifest["tokens"]:
+        meta["note"] = ("the dumps fed different tokens (their chains' greedy picks differ):"
+                        " rows after the first different token differ by construction")
+    report = compare_arms(arm_a, arm_b, da.width, da.depth, da.layer_kinds,
+                          a_label=f"{Path(a).name}:{arm_a.arm}",
+                          b_label=f"{Path(b).name}:{arm_b.arm}", meta=meta)
+    if not as_json:
+        print(f"diff {a} ({arm_a.arm}) vs {b} ({arm_b.arm})", file=sys.stderr)
+    return _emit(report, as_json, record_dir, "bisect-diff",
+                 {"model": da.manifest["model"], "width": da.width, "depth": da.depth,
+                  "a": str(a), "b": str(b)})
