@@ -155,7 +155,7 @@ def parse_int_items(text: str, what: str) -> list[int]:
 def parse_accept_list(value: str, flag: str = "--accepts") -> list[int]:
     """``"2,2,3,1"`` -> [2, 2, 3, 1]; a bad or negative item names the flag."""
     try:
-        out = parse_int_items(value, flag)
+        out = parse_int_items(value, "accept length")
     except ValueError as err:
         raise UsageError(f"{flag} {value!r}: {err}") from None
     neg = [a for a in out if a < 0]

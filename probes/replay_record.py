@@ -1,0 +1,124 @@
+"""Record an accept vector by running mlx-lm's speculative decoding in process.
+
+:func:`record_speculative` runs ``mlx_lm.generate.speculative_generate_step``
+greedily (its default sampler) and turns the per-token ``from_draft`` flags it
+yields into per-round accept counts: a round yields its accepted proposals
+(flag True), then the target's own token (flag False). A round cut by
+``max_tokens`` yields no False token; it is kept as a full accept of what it
+yielded. mlx-lm verifies ``min(num_draft_tokens, max_tokens - emitted) + 1``
+rows per round, so the widths are recorded per round.
+
+:func:`write_requests` writes the result in the specparity JSONL format
+(``probes/replay_logs.py``), which :func:`specparity.probes.replay_logs.read_log`
+reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from specparity.decode import CacheOptions
+from specparity.errors import UsageError
+from specparity.probes.replay_logs import SPECPARITY_FORMAT, AcceptLog
+
+log = logging.getLogger(__name__)
+
+
+def accepts_from_flags(flags: list[bool], num_draft_tokens: int,
+                       max_tokens: int) -> tuple[list[int], list[int]]:
+    """(accepts, widths) per round from speculative_generate_step's from_draft flags."""
+    accepts: list[int] = []
+    widths: list[int] = []
+    emitted = run = 0
+    for flag in flags:
+        if flag:
+            run += 1
+            continue
+        widths.append(min(num_draft_tokens, max_tokens - emitted) + 1)
+        accepts.append(run)
+        emitted += run + 1
+        run = 0
+    if run:  # the budget ran out inside a fully accepted round
+        widths.append(min(num_draft_tokens, max_tokens - emitted) + 1)
+        accepts.append(run)
+    return accepts, widths
+
+
+def record_speculative(model: Any, draft_model: Any, prompt: list[int],
+                       num_draft_tokens: int, max_tokens: int,
+                       opts: CacheOptions | None = None) -> AcceptLog:
+    """Run greedy speculative decoding in process; return its accept vector and tokens."""
+    import mlx.core as mx
+    from mlx_lm.generate import speculative_generate_step
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if num_draft_tokens < 1:
+        raise UsageError(f"--num-draft-tokens {num_draft_tokens}: must be at least 1")
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens {max_tokens}: must be at least 1")
+    opts = opts or CacheOptions()
+    prompt_cache = None
+    if opts.max_kv_size is not None:
+        prompt_cache = (make_prompt_cache(model, max_kv_size=opts.max_kv_size)
+                        + make_prompt_cache(draft_model, max_kv_size=opts.max_kv_size))
+    tokens: list[int] = []
+    flags: list[bool] = []
+    try:
+        for tok, _, from_draft in speculative_generate_step(
+            mx.array(prompt, dtype=mx.uint32), model, draft_model,
+            num_draft_tokens=num_draft_tokens, max_tokens=max_tokens,
+            prompt_cache=prompt_cache, prefill_step_size=opts.prefill_step_size,
+            kv_bits=opts.kv_bits, kv_group_size=opts.kv_group_size,
+            quantized_kv_start=opts.quantized_kv_start,
+        ):
+            tokens.append(int(tok))
+            flags.append(bool(from_draft))
+    except ValueError as err:  # mlx-lm refuses a cache it cannot trim
+        raise UsageError(f"--draft-model: mlx-lm speculative decoding refused: {err}") from None
+    accepts, widths = accepts_from_flags(flags, num_draft_tokens, max_tokens)
+    log.info("recorded %d rounds, %d tokens", len(accepts), len(tokens))
+    return AcceptLog(
+        accepts=accepts,
+        width=num_draft_tokens + 1,
+        widths=widths,
+        prompt_ids=list(prompt),
+        tokens=tokens,
+        source="mlx_lm.generate.speculative_generate_step",
+        meta={"num_draft_tokens": num_draft_tokens, "max_tokens": max_tokens,
+              "cache": opts.to_dict()},
+    )
+
+
+def request_object(req: AcceptLog, **extra: Any) -> dict[str, Any]:
+    """One request as a specparity JSONL object."""
+    obj: dict[str, Any] = {"format": SPECPARITY_FORMAT}
+    if req.prompt_ids is not None:
+        obj["prompt_ids"] = req.prompt_ids
+    obj["width"] = req.width
+    if req.widths is not None:
+        obj["widths"] = req.widths
+    obj["accepts"] = req.accepts
+    if req.tokens is not None:
+        obj["tokens"] = req.tokens
+    obj["source"] = req.source
+    obj.update(req.meta)
+    obj.update(extra)
+    return obj
+
+
+def write_requests(path: str | os.PathLike, requests: list[AcceptLog], **extra: Any) -> Path:
+    """Write ``requests`` as specparity JSONL (refuses to overwrite an existing file)."""
+    p = Path(path)
+    try:
+        with open(p, "x") as f:
+            for req in requests:
+                f.write(json.dumps(request_object(req, **extra)) + "\n")
+    except FileExistsError:
+        raise UsageError(f"{p}: exists; choose another file (records are never overwritten)") from None
+    except OSError as err:
+        raise UsageError(f"{p}: cannot write ({err.strerror})") from None
+    return p
