@@ -166,15 +166,18 @@ class ReplayReport:
     def summary(self) -> str:
         """The one-line result."""
         head = f"{self.rounds} rounds, {self.rewinds} rewinds, {self.positions} positions: "
+        tail = ""
+        if self.rewind_finding is not None:
+            tail = f"; rewind failed at round {self.rewind_finding.round} (replay stopped)"
         if not self.disagreements:
-            return head + f"target agrees with classic at all {self.positions}"
+            return head + f"target agrees with classic at all {self.positions}" + tail
         f = self.first
         assert f is not None
         return head + (
             f"target disagrees with classic at {self.disagreements} (first at round {f.round},"
             f" row {f.row}, emitted index {f.emitted_index}, absolute position {f.position}:"
             f" {f.diff.differing_bytes} of {f.diff.total_bytes} logit bytes)"
-        )
+        ) + tail
 
     def lines(self) -> list[str]:
         """The summary, then the details a reader needs."""
