@@ -1,0 +1,798 @@
+"""Distributional exactness of an acceptance rule at temperature > 0.
+
+A rule is lossless when every emitted token is a draw from the target's
+distribution p, whatever mix of accepted drafts, resamples and bonus tokens
+produced it. This module draws many rounds of one rule by Monte Carlo (numpy,
+vectorized for the built-ins) and tests the emitted tokens against p:
+
+- Pearson chi-square goodness of fit against p, threshold the exact chi-square
+  quantile at ``alpha`` (scipy); cells whose expected count is below 5 are pooled
+  into one bin. Total variation beside its Monte-Carlo noise floor.
+- The known-wrong controls (probes.rules.CONTROLS) run beside the rule at the
+  same sample size; when one of them is not rejected the run is underpowered:
+  ``inconclusive``, never a pass.
+- Zero-tolerance checks a goodness-of-fit test cannot see: no emitted token
+  outside p's support (top-k / top-p / min-p), also in a sweep that forces every
+  vocabulary token as the draft (a q that underflowed to 0 still gets drafted);
+  and, for residual rules, no resample of a token with p <= q.
+- Chains (num_draft = k > 1): a toy target and drafter whose conditionals depend
+  on the previous token (the logits rolled by that token id, a Markov chain from
+  context token 0); rounds of k drafts run until k tokens are emitted, and the
+  emitted k-prefix is tested as one joint categorical against the product of the
+  target's conditionals.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specparity.errors import UsageError
+from specparity.probes.rules import CONTROLS, Rule, sample_rows
+
+log = logging.getLogger(__name__)
+
+PASS, DIVERGENT, INCONCLUSIVE = "pass", "divergent", "inconclusive"
+REJECTED, NOT_REJECTED = "rejected", "not_rejected"
+MIN_EXPECTED = 5.0
+CHUNK = 1 << 16
+
+# The default single-position problem: 8 tokens, the target keeps its top 6 (so
+# p = 0 at tokens 6 and 7), the drafter's logits there are so low that its float32
+# q underflows to exactly 0. dof = 5.
+DEFAULT_TARGET_LOGITS = (2.0, 1.4, 1.0, 0.6, 0.1, -0.3, -0.6, -1.0)
+DEFAULT_DRAFT_LOGITS = (0.8, 2.0, 0.2, 1.2, -0.6, 0.6, -1.0e4, -1.0e4)
+DEFAULT_TOP_K = 6
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_SAMPLES = 200_000
+DEFAULT_ALPHA = 1e-4
+DEFAULT_SWEEP_DRAWS = 256
+
+
+# ---------------------------------------------------------------- distributions
+
+
+def softmax64(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """Exact-ish reference softmax in float64; temperature 0 = one-hot argmax."""
+    x = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        out = np.zeros_like(x)
+        out[..., :] = 0.0
+        idx = np.argmax(x, axis=-1)
+        np.put_along_axis(out, np.expand_dims(idx, -1), 1.0, axis=-1)
+        return out
+    z = x / temperature
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax32(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """What an engine computes: float32 softmax (tiny probabilities underflow to 0)."""
+    if temperature == 0:
+        return softmax64(logits, 0)
+    z = (np.asarray(logits, dtype=np.float32) / np.float32(temperature)).astype(np.float32)
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z, dtype=np.float32)
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float64)
+
+
+def apply_filters(p: np.ndarray, top_k: int = 0, top_p: float = 0.0,
+                  min_p: float = 0.0) -> np.ndarray:
+    """top-k, top-p (nucleus) and min-p on (..., V) probabilities, renormalised."""
+    p = np.array(p, dtype=np.float64, copy=True)
+    flat = p.reshape(-1, p.shape[-1])
+    for row in flat:
+        keep = row > 0
+        if top_k and top_k < row.size:
+            order = np.argsort(-row, kind="stable")
+            mask = np.zeros(row.size, dtype=bool)
+            mask[order[:top_k]] = True
+            keep &= mask
+        if 0 < top_p < 1:
+            order = np.argsort(-row, kind="stable")
+            csum = np.cumsum(row[order])
+            n_keep = int(np.searchsorted(csum, top_p, side="left")) + 1
+            mask = np.zeros(row.size, dtype=bool)
+            mask[order[:n_keep]] = True
+            keep &= mask
+        if min_p > 0:
+            keep &= row >= min_p * row.max()
+        row[~keep] = 0.0
+        row /= row.sum()
+    return p
+
+
+@dataclass
+class Problem:
+    """The target and drafter a dist run draws from.
+
+    target_logits / draft_logits: (V,) as given.
+    temperature, top_k, top_p, min_p: the target's sampler (filters apply to p only;
+      the drafter samples its unfiltered float32 softmax q).
+    num_draft: k drafted tokens per round (1 = single position).
+    p_table / q_table: (V, V) row c = the conditional after previous token c (the
+      logits rolled by c); the single-position problem is row 0 (context token 0).
+    """
+
+    target_logits: np.ndarray
+    draft_logits: np.ndarray
+    temperature: float
+    top_k: int = 0
+    top_p: float = 0.0
+    min_p: float = 0.0
+    num_draft: int = 1
+    p_table: np.ndarray = field(init=False, repr=False)
+    q_table: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        v = self.vocab
+        tl = np.stack([np.roll(self.target_logits, c) for c in range(v)])
+        dl = np.stack([np.roll(self.draft_logits, c) for c in range(v)])
+        self.p_table = apply_filters(softmax64(tl, self.temperature), self.top_k, self.top_p,
+                                     self.min_p)
+        self.q_table = softmax32(dl, self.temperature)
+
+    @property
+    def vocab(self) -> int:
+        return int(len(self.target_logits))
+
+    @property
+    def p(self) -> np.ndarray:
+        return self.p_table[0]
+
+    @property
+    def q(self) -> np.ndarray:
+        return self.q_table[0]
+
+    def joint(self) -> np.ndarray:
+        """The exact law of the first ``num_draft`` emitted tokens, flattened (V**k,)."""
+        v = self.vocab
+        j = self.p_table[0].copy()
+        for _ in range(1, self.num_draft):
+            j = (j[:, None] * self.p_table[np.arange(j.size) % v]).reshape(-1)
+        return j
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "vocab": self.vocab,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "num_draft": self.num_draft,
+            "target_logits": [float(x) for x in self.target_logits],
+            "draft_logits": [float(x) for x in self.draft_logits],
+            "p": [float(x) for x in self.p],
+            "q": [float(x) for x in self.q],
+        }
+
+
+def parse_logits(value: str | None, flag: str) -> np.ndarray | None:
+    """``"2,1.5,-inf"`` -> float64 array; a bad item names the flag and item."""
+    if value is None:
+        return None
+    items = [s.strip() for s in str(value).split(",") if s.strip()]
+    try:
+        arr = np.array([float(s) for s in items], dtype=np.float64)
+    except ValueError:
+        bad = next(s for s in items if not _is_float(s))
+        raise UsageError(f"{flag} {value!r}: {bad!r} is not a number") from None
+    if arr.size < 2:
+        raise UsageError(f"{flag} {value!r}: need at least 2 logits")
+    if np.isnan(arr).any() or np.isposinf(arr).any():
+        raise UsageError(f"{flag} {value!r}: NaN or +inf logit")
+    if np.isneginf(arr).all():
+        raise UsageError(f"{flag} {value!r}: every logit is -inf")
+    return arr
+
+
+def _is_float(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def check_temperature(t: float, flag: str = "--temperature") -> float:
+    if t is None or not math.isfinite(t) or t < 0:
+        raise UsageError(f"{flag} {t}: must be a finite number >= 0")
+    return float(t)
+
+
+def make_problem(target_logits=None, draft_logits=None, temperature: float = DEFAULT_TEMPERATURE,
+                 top_k: int | None = None, top_p: float = 0.0, min_p: float = 0.0,
+                 num_draft: int = 1) -> Problem:
+    """Validated Problem; defaults are the documented 8-token problem."""
+    temperature = check_temperature(temperature)
+    tl = np.asarray(DEFAULT_TARGET_LOGITS if target_logits is None else target_logits,
+                    dtype=np.float64)
+    dl = np.asarray(DEFAULT_DRAFT_LOGITS if draft_logits is None else draft_logits,
+                    dtype=np.float64)
+    if tl.shape != dl.shape:
+        raise UsageError(
+            f"--target-logits has {tl.size} entries but --draft-logits has {dl.size}")
+    if top_k is None:
+        top_k = DEFAULT_TOP_K if target_logits is None else 0
+    if top_k < 0:
+        raise UsageError(f"--top-k {top_k}: must be >= 0")
+    if not 0 <= top_p <= 1:
+        raise UsageError(f"--top-p {top_p}: must be in [0, 1]")
+    if not 0 <= min_p <= 1:
+        raise UsageError(f"--min-p {min_p}: must be in [0, 1]")
+    if num_draft < 1:
+        raise UsageError(f"--num-draft {num_draft}: must be >= 1")
+    if tl.size ** num_draft > 200_000:
+        raise UsageError(f"--num-draft {num_draft}: {tl.size}**{num_draft} joint cells is too"
+                         " many for a chi-square; use fewer tokens or a shorter chain")
+    return Problem(tl, dl, temperature, top_k, top_p, min_p, num_draft)
+
+
+# ---------------------------------------------------------------- statistics
+
+
+@dataclass
+class ChiSquare:
+    """Pearson goodness of fit of emitted tokens against the target law.
+
+    statistic: sum (observed - expected)^2 / expected over the bins.
+    dof: bins - 1 (0 when the law has one token: then no statistic decides).
+    threshold: chi2.ppf(1 - alpha, dof), the exact quantile (None when dof = 0).
+    alpha: the false-rejection probability of a lossless rule.
+    samples: emitted tokens (or k-prefixes) tested.
+    p_value: chi2.sf(statistic, dof).
+    bins: bins used; pooled_cells: support cells with expected count < 5, pooled
+      into one bin.
+    rejected: statistic > threshold.
+    tv: total variation between the empirical law and the target law.
+    tv_floor: the expected total variation of an exact sampler at this many
+      samples (normal approximation), the Monte-Carlo noise floor.
+    """
+
+    statistic: float
+    dof: int
+    threshold: float | None
+    alpha: float
+    samples: int
+    p_value: float
+    bins: int
+    pooled_cells: int
+    rejected: bool
+    tv: float
+    tv_floor: float
+
+
+def chi_square(counts: np.ndarray, law: np.ndarray, alpha: float) -> ChiSquare:
+    """Chi-square of ``counts`` (over all cells) against ``law`` (same cells)."""
+    from scipy.stats import chi2
+
+    counts = np.asarray(counts, dtype=np.float64)
+    n = float(counts.sum())
+    expected = law * n
+    support = law > 0
+    big = support & (expected >= MIN_EXPECTED)
+    small = support & ~big
+    obs = list(counts[big])
+    exp = list(expected[big])
+    pooled = int(small.sum())
+    if pooled:
+        if expected[small].sum() >= MIN_EXPECTED or not exp:
+            obs.append(counts[small].sum())
+            exp.append(expected[small].sum())
+        else:  # the pool itself is rare: fold it into the smallest kept bin
+            i = int(np.argmin(exp))
+            obs[i] += counts[small].sum()
+            exp[i] += expected[small].sum()
+    o, e = np.array(obs), np.array(exp)
+    dof = len(e) - 1
+    stat = float(((o - e) ** 2 / e).sum()) if dof > 0 else 0.0
+    threshold = float(chi2.ppf(1.0 - alpha, dof)) if dof > 0 else None
+    p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
+    tv = 0.5 * float(np.abs(counts / max(n, 1.0) - law).sum())
+    tv_floor = 0.5 * float(np.sqrt(2.0 * law * (1.0 - law) / (math.pi * max(n, 1.0))).sum())
+    return ChiSquare(
+        statistic=stat, dof=dof, threshold=threshold, alpha=alpha, samples=int(n),
+        p_value=p_value, bins=len(e), pooled_cells=pooled,
+        rejected=bool(threshold is not None and stat > threshold), tv=tv, tv_floor=tv_floor,
+    )
+
+
+# ---------------------------------------------------------------- Monte Carlo
+
+
+@dataclass
+class Violation:
+    """The first draw that broke a zero-tolerance check.
+
+    check: ``support`` (emitted token with p = 0) or ``residual`` (a resample with p <= q).
+    phase: ``monte_carlo`` (drafts drawn from q) or ``sweep`` (draft forced).
+    draw: index of the draw (sample) in that phase, 0-based.
+    round / position: the round of that sample and the position inside it (0-based).
+    token: the emitted token; draft: the draft at that position (None past the drafts).
+    p / q: the target's and the rule's drafter probability of ``token`` there.
+    """
+
+    check: str
+    phase: str
+    draw: int
+    round: int
+    position: int
+    token: int
+    draft: int | None
+    p: float
+    q: float
+
+    def describe(self) -> str:
+        what = ("outside the target's filtered support" if self.check == "support"
+                else "resampled although p <= q")
+        where = (f"sweep draw {self.draw} (forced draft token {self.draft})"
+                 if self.phase == "sweep" else f"Monte-Carlo draw {self.draw}")
+        return (f"{where}, round {self.round} position {self.position}: emitted token"
+                f" {self.token} with p={self.p:.3g} q={self.q:.3g}, {what}")
+
+
+class _Checker:
+    """Keeps the first support / residual violation (lowest draw index)."""
+
+    def __init__(self, rule: Rule, phase: str):
+        self.rule, self.phase = rule, phase
+        self.support: Violation | None = None
+        self.residual: Violation | None = None
+
+    def check(self, base: int, rnd: int, pos: int, rows: np.ndarray, tokens: np.ndarray,
+              p_rows: np.ndarray, q_rows: np.ndarray, drafts: np.ndarray | None,
+              resampled: np.ndarray) -> None:
+        """tokens emitted at ``pos`` by sample rows ``rows`` (indices inside the chunk)."""
+        if len(rows) == 0:
+            return
+        v = p_rows.shape[-1]
+        safe = np.clip(tokens, 0, v - 1)
+        pt = _pick(p_rows, safe)
+        qt = _pick(q_rows, safe) if q_rows is not None else np.zeros(len(rows))
+        bad = (tokens < 0) | (tokens >= v) | (pt <= 0)
+        if bad.any() and self.support is None:
+            i = int(np.nonzero(bad)[0][0])
+            self.support = self._violation("support", base, rnd, pos, rows, i, tokens, drafts,
+                                           pt, qt)
+        if self.rule.residual and self.residual is None and resampled.any():
+            q_eff = np.zeros_like(qt) if self.rule.onehot_q else qt
+            rbad = resampled & ~bad & (pt <= q_eff)
+            if rbad.any():
+                i = int(np.nonzero(rbad)[0][0])
+                self.residual = self._violation("residual", base, rnd, pos, rows, i, tokens,
+                                                drafts, pt, q_eff)
+
+    def _violation(self, check, base, rnd, pos, rows, i, tokens, drafts, pt, qt) -> Violation:
+        return Violation(check=check, phase=self.phase, draw=int(base + rows[i]), round=rnd,
+                         position=pos, token=int(tokens[i]),
+                         draft=None if drafts is None else int(drafts[i]),
+                         p=float(pt[i]), q=float(qt[i]))
+
+    def merge(self, other: "_Checker") -> None:
+        self.support = self.support or other.support
+        self.residual = self.residual or other.residual
+
+
+def _pick(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    if rows.ndim == 1:
+        return rows[tokens]
+    return np.take_along_axis(rows, tokens[:, None], axis=1)[:, 0]
+
+
+def _user_token(value: Any, rule: Rule, draw: int) -> int:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        if len(value) == 0:
+            raise UsageError(f"--rule {rule.name}: returned no token at draw {draw}")
+        value = value[0]
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"--rule {rule.name}: returned {value!r} at draw {draw},"
+                         " not a token id") from None
+
+
+def _call_user(rule: Rule, draw: int, *args: Any) -> Any:
+    assert rule.per_sample is not None
+    try:
+        return rule.per_sample(*args)
+    except UsageError:
+        raise
+    except Exception as err:
+        raise UsageError(f"--rule {rule.name}: raised {type(err).__name__} at draw {draw}:"
+                         f" {err}") from err
+
+
+def _single_step(rule: Rule, p: np.ndarray, q: np.ndarray, drafts: np.ndarray,
+                 rng: np.random.Generator, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """(emitted, accepted) at one position for a batch of drafts; p, q (V,) or (N, V)."""
+    if rule.step is not None:
+        return rule.step(p, q, drafts, rng)
+    n = len(drafts)
+    if rule.vectorized:
+        pp = np.broadcast_to(p, (n, p.shape[-1])) if p.ndim == 1 else p
+        qq = np.broadcast_to(q, (n, q.shape[-1])) if q.ndim == 1 else q
+        out = _call_user(rule, base, pp, qq, drafts, rng)
+        out = np.asarray(out)
+        if out.shape != (n,):
+            raise UsageError(f"--rule {rule.name}: a vectorized rule returned shape"
+                             f" {out.shape}, expected ({n},)")
+        out = out.astype(np.int64)
+    else:
+        out = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            pi = p if p.ndim == 1 else p[i]
+            qi = q if q.ndim == 1 else q[i]
+            out[i] = _user_token(_call_user(rule, base + i, pi, qi, int(drafts[i]), rng), rule,
+                                 base + i)
+    return out, out == drafts
+
+
+def _drafts(rule: Rule, q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    if rule.greedy_draft:
+        return np.argmax(q, axis=-1).astype(np.int64) if q.ndim == 2 else np.full(
+            n, int(np.argmax(q)), dtype=np.int64)
+    return sample_rows(q, rng, n) if q.ndim == 1 else sample_rows(q, rng)
+
+
+@dataclass
+class MonteCarlo:
+    """What one rule emitted over ``samples`` draws.
+
+    counts: emitted tokens per cell (single position: per token; chain: per
+      flattened k-prefix), length V or V**k.
+    accepted / proposed: drafts accepted and drafts proposed, over all rounds.
+    rounds: rounds run (single position: = samples).
+    seconds: wall time of the draws.
+    """
+
+    counts: np.ndarray
+    accepted: int
+    proposed: int
+    rounds: int
+    seconds: float
+
+
+def simulate(rule: Rule, prob: Problem, samples: int, rng: np.random.Generator,
+             checker: _Checker | None = None, forced: int | None = None) -> MonteCarlo:
+    """Run ``samples`` draws of ``rule`` on ``prob``; ``forced`` fixes the first draft."""
+    t0 = time.perf_counter()
+    if prob.num_draft == 1:
+        mc = _simulate_single(rule, prob, samples, rng, checker, forced)
+    else:
+        mc = _simulate_chain(rule, prob, samples, rng, checker, forced)
+    mc.seconds = time.perf_counter() - t0
+    return mc
+
+
+def _simulate_single(rule, prob, samples, rng, checker, forced) -> MonteCarlo:
+    p, q, v = prob.p, prob.q, prob.vocab
+    counts = np.zeros(v, dtype=np.int64)
+    accepted = 0
+    chunk = samples if rule.builtin else min(samples, CHUNK)
+    chunk = max(1, min(chunk, 1 << 22))
+    base = 0
+    while base < samples:
+        n = min(chunk, samples - base)
+        d = np.full(n, forced, dtype=np.int64) if forced is not None else _drafts(rule, q, n, rng)
+        out, acc = _single_step(rule, p, q, d, rng, base)
+        inside = (out >= 0) & (out < v)
+        counts += np.bincount(out[inside], minlength=v)
+        accepted += int(acc.sum())
+        if checker is not None:
+            # a one-hot-q rule sees q = 0 at every token but the draft
+            checker.check(base, 0, 0, np.arange(n), out, p, None if rule.onehot_q else q, d,
+                          ~acc)
+        base += n
+    return MonteCarlo(counts=counts, accepted=accepted, proposed=samples, rounds=samples,
+                      seconds=0.0)
+
+
+def _chain_emit(rule: Rule, P: np.ndarray, Q: np.ndarray, D: np.ndarray,
+                rng: np.random.Generator, base: int) -> np.ndarray:
+    """(m, k+1) emitted tokens, -1 after the last, for one round of every sample."""
+    m, k = D.shape
+    if rule.step is not None:
+        em = np.full((m, k + 1), -1, dtype=np.int64)
+        alive = np.ones(m, dtype=bool)
+        for j in range(k):
+            idx = np.nonzero(alive)[0]
+            if idx.size == 0:
+                break
+            e, a = rule.step(P[idx, j], Q[idx, j], D[idx, j], rng)
+            em[idx, j] = e
+            alive[idx[~a]] = False
+        idx = np.nonzero(alive)[0]
+        if idx.size:
+            em[idx, k] = sample_rows(P[idx, k], rng)
+        return em
+    if rule.vectorized:
+        out = np.asarray(_call_user(rule, base, P, Q, D, rng))
+        if out.shape != (m, k + 1):
+            raise UsageError(f"--rule {rule.name}: a vectorized chain rule returned shape"
+                             f" {out.shape}, expected ({m}, {k + 1})")
+        return out.astype(np.int64)
+    em = np.full((m, k + 1), -1, dtype=np.int64)
+    for i in range(m):
+        res = _call_user(rule, base + i, P[i], Q[i], D[i].copy(), rng)
+        res = list(np.atleast_1d(np.asarray(res)))
+        if not 1 <= len(res) <= k + 1:
+            raise UsageError(f"--rule {rule.name}: returned {len(res)} tokens at draw"
+                             f" {base + i}, expected 1..{k + 1}")
+        em[i, : len(res)] = [_user_token(t, rule, base + i) for t in res]
+    return em
+
+
+def _simulate_chain(rule, prob, samples, rng, checker, forced) -> MonteCarlo:
+    v, k = prob.vocab, prob.num_draft
+    pt, qt = prob.p_table, prob.q_table
+    counts = np.zeros(v**k, dtype=np.int64)
+    accepted = proposed = rounds = 0
+    chunk = CHUNK if rule.builtin or rule.vectorized else 4096
+    base = 0
+    while base < samples:
+        n = min(chunk, samples - base)
+        out = np.full((n, k), -1, dtype=np.int64)
+        got = np.zeros(n, dtype=np.int64)
+        last = np.zeros(n, dtype=np.int64)
+        rnd = 0
+        while (got < k).any():
+            act = np.nonzero(got < k)[0]
+            m = act.size
+            P = np.empty((m, k + 1, v))
+            Q = np.empty((m, k, v))
+            D = np.empty((m, k), dtype=np.int64)
+            prev = last[act]
+            for j in range(k):
+                P[:, j], Q[:, j] = pt[prev], qt[prev]
+                d = _drafts(rule, Q[:, j], m, rng)
+                if forced is not None and rnd == 0 and j == 0:
+                    d[:] = forced
+                D[:, j] = d
+                prev = d
+            P[:, k] = pt[prev]
+            em = _chain_emit(rule, P, Q, D, rng, base)
+            n_em = (em >= 0).sum(axis=1)
+            if (n_em == 0).any():
+                i = int(np.nonzero(n_em == 0)[0][0])
+                raise UsageError(f"--rule {rule.name}: emitted no token at draw {base + act[i]}")
+            n_acc = np.cumprod(em[:, :k] == D, axis=1).sum(axis=1)
+            accepted += int(n_acc.sum())
+            proposed += m * k
+            rounds += m
+            for j in range(k + 1):
+                has = n_em > j
+                if not has.any():
+                    break
+                rows = np.nonzero(has)[0]
+                tok = em[rows, j]
+                if checker is not None:
+                    resampled = (j < k) & (j == n_acc[rows])
+                    qrows = Q[rows, j] if j < k else np.zeros((rows.size, v))
+                    if rule.onehot_q:
+                        qrows = np.zeros((rows.size, v))
+                    checker.check(base, rnd, j, act[rows], tok, P[rows, j], qrows,
+                                  D[rows, j] if j < k else None,
+                                  np.broadcast_to(resampled, rows.shape))
+                # append to the k-prefix of samples that still need tokens
+                dest = act[rows]
+                need = got[dest] < k
+                dest, tok = dest[need], tok[need]
+                out[dest, got[dest]] = np.clip(tok, 0, v - 1)
+                got[dest] += 1
+            last[act] = em[np.arange(m), n_em - 1].clip(0, v - 1)
+            rnd += 1
+        codes = np.zeros(n, dtype=np.int64)
+        for j in range(k):
+            codes = codes * v + out[:, j]
+        counts += np.bincount(codes, minlength=v**k)
+        base += n
+    return MonteCarlo(counts=counts, accepted=accepted, proposed=proposed, rounds=rounds,
+                      seconds=0.0)
+
+
+# ---------------------------------------------------------------- one run
+
+
+@dataclass
+class Arm:
+    """One rule's result in a dist run.
+
+    name / description: the rule.
+    role: ``rule`` (the rule under test) or ``control`` (a known-wrong control).
+    verdict: ``pass`` / ``divergent`` for the rule, ``rejected`` / ``not_rejected``
+      for a control.
+    chi: the goodness of fit (ChiSquare).
+    acceptance: accepted / proposed drafts in the Monte Carlo.
+    sum_min / sum_prod: the closed forms sum_x min(p, q) and sum_x p q at the first
+      position, with the q this rule sees.
+    support_violation / residual_violation: the first failing draw (rule only).
+    seconds: wall time of its draws; draws_per_second: samples / seconds.
+    """
+
+    name: str
+    description: str
+    role: str
+    verdict: str
+    chi: ChiSquare
+    acceptance: float
+    sum_min: float
+    sum_prod: float
+    support_violation: Violation | None = None
+    residual_violation: Violation | None = None
+    seconds: float = 0.0
+    draws_per_second: float = 0.0
+
+
+@dataclass
+class DistReport:
+    """A dist run: the rule under test beside the known-wrong controls.
+
+    rule: the rule under test's name. problem: Problem.describe().
+    samples / alpha / seed: the run's settings (every arm uses seed's own stream).
+    sweep_draws: draws per forced draft token in the support sweep.
+    law: ``token`` (single position) or ``joint k-prefix``.
+    arms: the rule first, then the controls.
+    controls_run: False at temperature 0 (the law is one token; the exact
+      support check decides and there is nothing for a control to get wrong).
+    verdict: ``pass``, ``divergent`` (the rule failed a check) or ``inconclusive``
+      (a control was not rejected: the run had too little power to pass anything).
+    reason: one line saying why.
+    seconds: wall time of the whole run.
+    """
+
+    rule: str
+    problem: dict[str, Any]
+    samples: int
+    alpha: float
+    seed: int
+    sweep_draws: int
+    law: str
+    arms: list[Arm]
+    controls_run: bool
+    verdict: str
+    reason: str
+    seconds: float
+
+    @property
+    def exit_code(self) -> int:
+        return {PASS: 0, DIVERGENT: 1, INCONCLUSIVE: 3}[self.verdict]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["exit_code"] = self.exit_code
+        return d
+
+
+def closed_forms(p: np.ndarray, q: np.ndarray) -> tuple[float, float]:
+    """(sum_x min(p, q), sum_x p q) over the last axis (mean over leading ones)."""
+    return float(np.minimum(p, q).sum(-1).mean()), float((p * q).sum(-1).mean())
+
+
+def _rule_q(rule: Rule, q: np.ndarray) -> np.ndarray:
+    if rule.onehot_q or rule.greedy_draft:
+        e = np.zeros_like(q)
+        e[int(np.argmax(q))] = 1.0
+        return e
+    return q
+
+
+def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.random.Generator,
+            role: str, sweep_draws: int = 0) -> Arm:
+    """Draw ``samples`` rounds of one rule and test them (checks for role ``rule``)."""
+    law = prob.joint() if prob.num_draft > 1 else prob.p
+    checker = _Checker(rule, "monte_carlo") if role == "rule" else None
+    mc = simulate(rule, prob, samples, rng, checker)
+    chi = chi_square(mc.counts, law, alpha)
+    if checker is not None and sweep_draws > 0:
+        # Force every token as the draft, including those q gives 0 (an underflowed q).
+        sweep = _Checker(rule, "sweep")
+        for tok in range(prob.vocab):
+            before = (sweep.support, sweep.residual)
+            sub = _Checker(rule, "sweep")
+            simulate(rule, prob, sweep_draws, rng, sub, forced=tok)
+            for v in (sub.support, sub.residual):
+                if v is not None:
+                    v.draw += tok * sweep_draws
+            sweep.support = before[0] or sub.support
+            sweep.residual = before[1] or sub.residual
+        checker.merge(sweep)
+    smin, sprod = closed_forms(prob.p, _rule_q(rule, prob.q))
+    if role == "rule":
+        failed = chi.rejected or checker.support is not None or checker.residual is not None
+        verdict = DIVERGENT if failed else PASS
+    else:
+        verdict = REJECTED if chi.rejected else NOT_REJECTED
+    return Arm(
+        name=rule.name, description=rule.description, role=role, verdict=verdict, chi=chi,
+        acceptance=mc.accepted / max(mc.proposed, 1), sum_min=smin, sum_prod=sprod,
+        support_violation=checker.support if checker else None,
+        residual_violation=checker.residual if checker else None,
+        seconds=mc.seconds, draws_per_second=samples / mc.seconds if mc.seconds > 0 else 0.0,
+    )
+
+
+def run_dist(rule: Rule, prob: Problem, samples: int = DEFAULT_SAMPLES,
+             alpha: float = DEFAULT_ALPHA, seed: int = 0,
+             sweep_draws: int = DEFAULT_SWEEP_DRAWS,
+             controls: list[Rule] | None = None) -> DistReport:
+    """Test ``rule`` on ``prob`` beside the known-wrong controls, at one sample size."""
+    if samples < 100:
+        raise UsageError(f"--samples {samples}: need at least 100")
+    if not 0 < alpha < 1:
+        raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
+    t0 = time.perf_counter()
+    controls = list(CONTROLS.values()) if controls is None else controls
+    ss = np.random.SeedSequence(seed)
+    streams = ss.spawn(1 + len(controls))
+    log.info("dist: %s, %d samples, seed %d", rule.name, samples, seed)
+    arms = [run_arm(rule, prob, samples, alpha, np.random.default_rng(streams[0]), "rule",
+                    sweep_draws)]
+    controls_run = prob.temperature > 0 and arms[0].chi.dof > 0
+    if controls_run:
+        for ctl, s in zip(controls, streams[1:]):
+            log.info("dist: control %s", ctl.name)
+            arms.append(run_arm(ctl, prob, samples, alpha, np.random.default_rng(s), "control"))
+    verdict, reason = _verdict(arms, controls_run)
+    return DistReport(
+        rule=rule.name, problem=prob.describe(), samples=samples, alpha=alpha, seed=seed,
+        sweep_draws=sweep_draws,
+        law="token" if prob.num_draft == 1 else f"joint {prob.num_draft}-prefix",
+        arms=arms, controls_run=controls_run, verdict=verdict, reason=reason,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _verdict(arms: list[Arm], controls_run: bool) -> tuple[str, str]:
+    rule = arms[0]
+    if rule.support_violation is not None:
+        return DIVERGENT, f"{rule.name}: {rule.support_violation.describe()}"
+    if rule.residual_violation is not None:
+        return DIVERGENT, f"{rule.name}: {rule.residual_violation.describe()}"
+    if rule.chi.rejected:
+        return DIVERGENT, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} > threshold"
+                           f" {rule.chi.threshold:.1f} at dof {rule.chi.dof}")
+    weak = [a.name for a in arms[1:] if a.verdict == NOT_REJECTED]
+    if weak:
+        return INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not rejected at"
+                              f" {rule.chi.samples} samples")
+    if not controls_run:
+        return PASS, (f"{rule.name}: temperature 0 law is one token; every emitted token"
+                      " was it")
+    return PASS, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} <= {rule.chi.threshold:.1f}"
+                  f" at dof {rule.chi.dof}, and every control rejected")
+
+
+def render_text(rep: DistReport) -> str:
+    """The human report (stdout)."""
+    pr = rep.problem
+    lines = [
+        f"dist: rule {rep.rule}, law {rep.law}, {rep.samples} samples, alpha {rep.alpha:g},"
+        f" seed {rep.seed}",
+        f"  target: {pr['vocab']} tokens, temperature {pr['temperature']:g}, top_k"
+        f" {pr['top_k']}, top_p {pr['top_p']:g}, min_p {pr['min_p']:g};"
+        f" p = [{', '.join(f'{x:.4f}' for x in pr['p'])}]",
+        f"  drafter q (float32) = [{', '.join(f'{x:.4g}' for x in pr['q'])}]",
+    ]
+    for a in rep.arms:
+        c = a.chi
+        thr = f"{c.threshold:.1f}" if c.threshold is not None else "n/a"
+        lines.append(
+            f"  {a.role:7s} {a.name:22s} {a.verdict:12s} chi2 {c.statistic:12.1f}  threshold"
+            f" {thr} (dof {c.dof}, n {c.samples}, bins {c.bins}, pooled {c.pooled_cells})"
+            f"  TV {c.tv:.5f} (noise floor {c.tv_floor:.5f})"
+            f"  acceptance {a.acceptance:.4f} (sum_min {a.sum_min:.4f}, sum_prod"
+            f" {a.sum_prod:.4f})"
+        )
+        for v in (a.support_violation, a.residual_violation):
+            if v is not None:
+                lines.append(f"      {v.check} violation: {v.describe()}")
+    if not rep.controls_run:
+        lines.append("  controls: not run (temperature 0: one-token law, the exact check decides)")
+    lines.append(f"verdict: {rep.verdict}: {rep.reason}  ({rep.seconds:.2f} s)")
+    return "\n".join(lines)
