@@ -116,11 +116,19 @@ def run_controls(controls: list[tuple[str, str]], dump_args: list[str], workdir:
     plan: list[tuple[str, dict[str, str | None]]] = [(BASELINE, {n: None for n in names})]
     for n, v in controls:
         plan.append((f"{n}={v}", {**{m: None for m in names}, n: v}))
-    reports: list[tuple[str, dict[str, str | None], BisectReport, Any]] = []
+    entries = []
     for i, (name, env) in enumerate(plan):
         out = workdir / f"control-{i}.safetensors"
         _run_arm(name, env, dump_args, out)
-        dump = read_dump(out)
+        entries.append((name, env, read_dump(out)))
+    return summarize_controls(entries, width)
+
+
+def summarize_controls(entries: list[tuple[str, dict[str, str | None], Any]],
+                       width: int) -> ControlsReport:
+    """Group (name, env, both-arm dump) entries by logits sha256; the first is the baseline."""
+    reports = []
+    for name, env, dump in entries:
         rep = compare_arms(dump.arms["chain"], dump.arms["block"], dump.width, dump.depth,
                            dump.layer_kinds)
         reports.append((name, env, rep, dump))

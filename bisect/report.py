@@ -261,8 +261,13 @@ def _drill(row: LayerReport) -> Drill:
             child = next((c for c in kids if c.differs), None)
             names = [c.name[len(prefix):] for c in kids]
             if child is not None:
-                sentence = (f"first differing sub-op: {s.name}, starting at its"
-                            f" {child.name[len(prefix):]}")
+                cname = child.name[len(prefix):]
+                before = names[: names.index(cname)]
+                sentence = (f"first differing sub-op: {s.name}; inside it the first differing"
+                            f" call is {cname}")
+                if before:
+                    sentence += (f", after {', '.join(before)}, which are equal (the difference"
+                                 " arises between them)")
             elif kids:
                 sentence = (f"first differing sub-op: {s.name} (its own computation: its"
                             f" {len(kids)} sub-calls {', '.join(names)} are equal)")
