@@ -1,0 +1,113 @@
+"""The memoized gate: memo, override, decline on not_run, concurrency, corruption."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+
+import pytest
+
+from conftest import build, run_cli
+from specparity.probes.gate import GateStore, gate_check, gate_key, store_path
+
+
+def _refuse(*_a, **_k):
+    raise AssertionError("a store hit must not probe or load the model")
+
+
+def test_miss_probes_the_real_model_then_hit_answers_from_the_store(fixture_root, caplog):
+    info = build(fixture_root, "llama-float32", arch="llama")
+    caplog.set_level("INFO", logger="specparity.gate")
+    first = gate_check(info.target, 4, depths=(0,), walk=16)
+    assert first.allow and not first.hit and first.verdict == "equal"
+    assert first.line.startswith("specparity-gate: ALLOW width=4 key=")
+    second = gate_check(info.target, 4, depths=(0,), walk=16, probe=_refuse)
+    assert second.hit and second.allow and second.key == first.key
+    assert any("specparity-gate: ALLOW" in r.message for r in caplog.records)
+
+
+def test_key_changes_with_width_env_and_cache_options(fixture_root, monkeypatch):
+    from specparity.decode import CacheOptions
+
+    info = build(fixture_root, "llama-float32", arch="llama")
+    k4, _ = gate_key(info.target, 4)
+    assert gate_key(info.target, 4)[0] == k4
+    assert gate_key(info.target, 8)[0] != k4
+    assert gate_key(info.target, 4, CacheOptions(kv_bits=8))[0] != k4
+    monkeypatch.setenv("MLX_SOME_KERNEL_SWITCH", "1")
+    assert gate_key(info.target, 4)[0] != k4
+    assert gate_key(info.target, 4, env_prefixes=("NOT_MLX_",))[0] == k4  # the list is configurable
+
+
+def test_divergent_declines_and_allow_inexact_forfeits(fixture_root, monkeypatch, caplog):
+    info = build(fixture_root, "llama-rows4", arch="llama",
+                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
+    d = gate_check(info.target, 4, trust_remote_code=True, depths=(0,), walk=0)
+    assert not d.allow and d.verdict == "divergent" and not d.forfeit
+    assert d.line.startswith("specparity-gate: DECLINE width=4")
+    assert "row 0" in d.reason
+    monkeypatch.setenv("SPECPARITY_ALLOW_INEXACT", "1")
+    caplog.set_level("WARNING", logger="specparity.gate")
+    f = gate_check(info.target, 4, trust_remote_code=True, depths=(0,), walk=0, probe=_refuse)
+    assert f.allow and f.forfeit and f.hit
+    assert any(r.message.startswith("specparity-gate: FORFEIT width=4") for r in caplog.records)
+
+
+def test_not_run_declines(fixture_root):
+    info = build(fixture_root, "llama-float32", arch="llama")
+    d = gate_check(info.target, 1, depths=(0,), walk=0)
+    assert d.verdict == "not_run" and not d.allow and "W < 2" in d.reason
+
+
+def _writer(args):
+    home, i = args
+    import os
+
+    os.environ["SPECPARITY_HOME"] = home
+    store = GateStore()
+    for j in range(10):
+        store.put(f"key-{i}-{j}", {"verdict": "equal", "reason": "test", "fields": {}})
+    return i
+
+
+def test_concurrent_writers_lose_nothing(isolated_home):
+    with mp.get_context("spawn").Pool(4) as pool:
+        done = pool.map(_writer, [(str(isolated_home), i) for i in range(8)])
+    assert sorted(done) == list(range(8))
+    entries = GateStore().entries()
+    assert len(entries) == 80
+    assert all(f"key-{i}-{j}" in entries for i in range(8) for j in range(10))
+
+
+def test_corrupt_store_is_reported_and_rebuilt(fixture_root, caplog):
+    info = build(fixture_root, "llama-float32", arch="llama")
+    path = store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"version": 1, "entries": {"trunc')
+    caplog.set_level("WARNING", logger="specparity.gate")
+    d = gate_check(info.target, 2, depths=(0,), walk=0)
+    assert d.allow and not d.hit
+    assert any("STORE-CORRUPT" in r.message for r in caplog.records)
+    assert list(path.parent.glob("store.json.corrupt-*"))  # kept aside, not lost
+    assert json.loads(path.read_text())["entries"]
+
+
+def test_cli_gate_exit_codes_and_lines(cli_bin, fixture_root, isolated_home):
+    info = build(fixture_root, "llama-rows4", arch="llama",
+                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
+    env = {"SPECPARITY_HOME": str(isolated_home)}
+    ok = run_cli(cli_bin, "gate", "check", "--model", info.target, "--trust-remote-code",
+                 "--width", "2", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "specparity-gate: ALLOW width=2" in ok.stderr
+    bad = run_cli(cli_bin, "gate", "check", "--model", info.target, "--trust-remote-code",
+                  "--width", "4", env=env)
+    assert bad.returncode == 1 and "specparity-gate: DECLINE width=4" in bad.stderr
+    t0 = time.perf_counter()
+    hit = run_cli(cli_bin, "gate", "check", "--model", info.target, "--width", "4", "--json",
+                  env=env)  # no --trust-remote-code needed: a hit never loads the model
+    assert hit.returncode == 1 and json.loads(hit.stdout)["hit"] is True
+    assert time.perf_counter() - t0 < 30
+    missing = run_cli(cli_bin, "gate", "check", "--model", "/nope", "--width", "4", env=env)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
