@@ -53,7 +53,8 @@ class Disagreement:
 
     round / row: the verify round (0-based) and the row inside its block.
     emitted_index: index of the token that row emits, over the whole output.
-    position: that token's absolute position (prompt length + emitted_index).
+    position: the absolute cache position of the row that emitted it
+      (prompt length - 1 + emitted_index, as the block-vs-chain probe counts).
     token_classic / token_target: the chain's token and the verify row's argmax.
     diff: the row's logits, chain vs verify (bytes, max abs diff, ulp, margins).
     """
@@ -380,7 +381,7 @@ def replay(
                     continue
                 disagreements += 1
                 if first is None:
-                    first = Disagreement(r, k, emitted + k, len(prompt) + emitted + k,
+                    first = Disagreement(r, k, emitted + k, len(prompt) - 1 + emitted + k,
                                          want[k], got[k], d)
                     log.info("first disagreement at round %d row %d", r, k)
         emitted += a + 1
