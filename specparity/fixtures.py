@@ -228,8 +228,12 @@ def _save(out_dir: Path, config: dict[str, Any], params: dict[str, Any], model=N
     if bits is not None and model is not None:
         from mlx_lm.utils import quantize_model
 
+        import contextlib
+        import sys
+
         model.load_weights(list(params.items()))
-        model, config = quantize_model(model, config, group_size=32, bits=bits)
+        with contextlib.redirect_stdout(sys.stderr):  # mlx-lm prints its bits-per-weight
+            model, config = quantize_model(model, config, group_size=32, bits=bits)
         params = _params(model)
     mx.save_safetensors(str(out_dir / "model.safetensors"), params, metadata={"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
