@@ -44,9 +44,16 @@ class ArmCapture:
     def logits(self) -> Any:
         return self.arrays["logits"]
 
+    def activation_bytes(self) -> int:
+        """Bytes of the captured outputs (W rows each; the logits included)."""
+        return int(sum(a.nbytes for a in self.arrays.values()))
+
+    def cache_bytes(self) -> int:
+        """Bytes of the cache snapshot (all positions, like the cache itself)."""
+        return int(sum(a.nbytes for s in self.cache for a in s.arrays.values()))
+
     def nbytes(self) -> int:
-        arrays = list(self.arrays.values()) + [a for s in self.cache for a in s.arrays.values()]
-        return int(sum(a.nbytes for a in arrays))
+        return self.activation_bytes() + self.cache_bytes()
 
 
 @dataclass
@@ -104,7 +111,8 @@ def _stack_chain(calls: list[list[tuple[str, Any]]], block: dict[str, Any],
             log.warning("capture %s is missing from some chain steps; skipped", name)
             continue
         shapes = {tuple(p.shape) for p in parts}
-        axis = row_axis(tuple(parts[0].shape), tuple(barr.shape), width) if len(shapes) == 1 else None
+        axis = (row_axis(tuple(parts[0].shape), tuple(barr.shape), width)
+                if len(shapes) == 1 else None)
         axes[name] = axis
         arrays[name] = mx.concatenate(parts, axis=axis) if axis is not None else parts[-1]
     return arrays, axes

@@ -194,7 +194,8 @@ def _compare(name: str, a: Any, b: Any, axis: int | None, logits: bool = False) 
 
 def _compare_cache(i: int, name: str, a: Any, b: Any, kind: str) -> Component:
     full = f"cache.{i}.{name}"
-    seq_axis = a.ndim - 2 if a.ndim >= 3 and (name.startswith("keys") or name.startswith("values")) else None
+    is_kv = name.startswith(("keys", "values"))
+    seq_axis = a.ndim - 2 if a.ndim >= 3 and is_kv else None
     if (seq_axis is not None and kind == "RotatingKVCache" and a.shape != b.shape
             and a.shape[:seq_axis] == b.shape[:seq_axis]):
         # a multi-row update keeps window + rows - 1 positions; compare the common tail
@@ -228,7 +229,8 @@ def compare_arms(a: ArmCapture, b: ArmCapture, width: int, depth: int,
             row.cache_kind, row.offsets = ca.kind, (ca.offset, cb.offset)
             for key in ca.arrays:
                 if key in cb.arrays:
-                    row.cache.append(_compare_cache(i, key, ca.arrays[key], cb.arrays[key], ca.kind))
+                    row.cache.append(
+                        _compare_cache(i, key, ca.arrays[key], cb.arrays[key], ca.kind))
                 else:
                     row.cache.append(Component(f"cache.{i}.{key}", None, None,
                                                f"only in {a_label or a.arm}"))

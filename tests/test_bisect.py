@@ -11,7 +11,7 @@ import pytest
 
 from conftest import build
 
-# prompt of 8 tokens: after prefill the cache holds 7 positions, so the block runs at offset 7 + depth
+# 8 prompt tokens: prefill leaves 7 positions in the cache, so the block runs at offset 7 + depth
 PROMPT = [11, 42, 7, 99, 3, 250, 17, 64]
 DEPTH_FAULT_OFFSET = 12  # fires once 7 + depth >= 12, i.e. from depth 5
 

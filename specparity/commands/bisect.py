@@ -48,9 +48,11 @@ def _prompt(loaded: Any, prompt: str | None, prompt_ids: str | None) -> list[int
         vocab = int(loaded.config.get("vocab_size") or 0)
         bad = [i for i in ids if i < 0 or (vocab and i >= vocab)]
         if bad:
-            raise UsageError(f"--prompt-ids: token {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+            raise UsageError(
+                f"--prompt-ids: token {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         return ids
-    return encode_prompts(loaded.tokenizer, [prompt if prompt is not None else DEFAULT_PROMPTS[0]])[0]
+    text = prompt if prompt is not None else DEFAULT_PROMPTS[0]
+    return encode_prompts(loaded.tokenizer, [text])[0]
 
 
 def _need_width(width: int | None) -> int:
