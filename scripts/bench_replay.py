@@ -3,8 +3,9 @@
 
 The replay runs with a trace of every forward and rewind it makes (both
 prefills, the classic chain's single steps, the verify blocks, the trims);
-the bare arm runs exactly those calls on fresh decoders, without comparisons,
-argmax bookkeeping or offset checks. Best of ``--repeat`` runs each, after a
+the bare arm runs exactly those model calls and trims as plain mlx-lm calls on
+fresh caches (the chain's argmax included, as classic decode needs it), without
+the replay's comparisons, bookkeeping or offset checks. Best of ``--repeat`` runs each, after a
 warm-up. Goal: ratio <= 1.3.
 
 Usage: .venv/bin/python -P scripts/bench_replay.py [--model DIR] [--rounds 140] [--width 4]
@@ -23,30 +24,43 @@ GOAL = 1.3
 
 
 def bare(model: Any, prompt: list[int], trace: list, opts: Any) -> float:
-    """Run the traced forwards and rewinds alone; returns seconds."""
-    from mlx_lm.models.cache import trim_prompt_cache
+    """Run the traced forwards and rewinds as plain mlx-lm calls; returns seconds."""
+    import copy
 
-    from specparity.decode import Decoder, greedy_chain
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    def fwd(cache: list, tokens: list[int]) -> Any:
+        logits = model(mx.array(tokens, dtype=mx.uint32)[None], cache=cache)[0]
+        mx.eval(logits, [c.state for c in cache])
+        return logits
 
     t0 = time.perf_counter()
-    chain, target = Decoder(model, opts), Decoder(model, opts)
-    chain.prefill(prompt)
-    target.prefill(prompt)
+    chain, target = make_prompt_cache(model), make_prompt_cache(model)
+    step = opts.prefill_step_size
+    for cache in (chain, target):
+        rest = prompt
+        while len(rest) > 1:
+            n = min(step, len(rest) - 1)
+            fwd(cache, rest[:n])
+            rest = rest[n:]
     saved = None
     for op in trace:
         kind = op[0]
         if kind == "chain":
-            greedy_chain(chain, op[1], op[2])
+            y = op[1]
+            for _ in range(op[2]):
+                y = int(mx.argmax(fwd(chain, [y])[-1]).item())
         elif kind == "block":
-            target.forward(op[1])
+            fwd(target, op[1])
         elif kind == "trim":
-            trim_prompt_cache(target.cache, op[1])
+            trim_prompt_cache(target, op[1])
         elif kind == "fork":
-            saved = target.fork()
+            saved = copy.deepcopy(target)
         elif kind == "restore":
             assert saved is not None
             target = saved
-            target.forward(op[1])
+            fwd(target, op[1])
     return time.perf_counter() - t0
 
 
