@@ -1,0 +1,611 @@
+"""Measured acceptance on real models, against its closed forms.
+
+For a target and a drafter at temperature T, a lossless rule's per-position
+acceptance probability has a closed form: sum_x min(p, q) for modified
+rejection sampling (the ceiling, 1 - TV), sum_x p(x) q(x) for sampler-match
+(accept when the draft equals a fresh draw from the target: mlx-lm's rule).
+
+``run_accept`` runs mlx-lm's own speculative generation
+(``mlx_lm.generate.speculative_generate_step`` with a temperature sampler) from a
+prompt, reconstructs its rounds from the ``from_draft`` flags, recomputes p and
+q at every tested position by teacher forcing the emitted sequence through both
+models, and tests the accepted count against each closed form. Each tested
+position's acceptance is a Bernoulli of probability alpha_t given the history,
+so (accepted - sum alpha_t) / sqrt(sum alpha_t (1 - alpha_t)) is a martingale z
+score; the measurement *sits on* a form when |z| <= the two-sided normal
+quantile at ``alpha``. The same tested positions also drive a Monte-Carlo
+measurement of each ``--rule`` (built-in or user) so a rule can be placed on a
+form, or flagged when it sits on neither.
+
+``run_end_to_end`` makes mlx-lm's speculative path testable against a known p:
+a fixture target whose logits ignore its input (``constant_logits``) makes
+every emitted token an i.i.d. draw from softmax(logits / T), whatever the
+drafter (a second constant-logits fixture) proposes. The emitted stream is then
+tested like ``specparity dist`` tests a rule: chi-square and TV against p, the
+support check, and the known-wrong controls simulated at the same sample size.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specparity.errors import UsageError
+from specparity.probes.rules import BUILTIN, SUM_MIN, SUM_PROD, Rule, sample_rows
+
+log = logging.getLogger(__name__)
+
+OK, DIVERGENT = "ok", "divergent"
+PASS, INCONCLUSIVE = "pass", "inconclusive"
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_POSITIONS = 192
+DEFAULT_NUM_DRAFT = 2
+DEFAULT_DRAWS = 1000
+DEFAULT_ALPHA = 1e-4
+MLX_LM = "mlx-lm speculative_generate_step"
+
+# End to end: six live tokens (ids 10..15), everything else -1e4 (exp underflows to
+# exactly 0 in float32 at T = 0.7, so p has six cells and chi-square dof 5). The
+# drafter's q is chosen far from p so every known-wrong control is rejected at a
+# few hundred tokens.
+E2E_FIRST_TOKEN = 10
+E2E_TARGET = (1.0, 0.6, 0.3, 0.0, -0.4, -0.8)
+E2E_DRAFT = (1.9, -3.0, -1.9, 1.1, 0.1, 1.9)
+E2E_TOKENS = 600
+E2E_OFF = -1.0e4
+
+
+# ---------------------------------------------------------------- closed forms
+
+
+def closed_forms(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: (sum_x min(p, q), sum_x p q)."""
+    return np.minimum(p, q).sum(-1), (p * q).sum(-1)
+
+
+def onehot_argmax(q: np.ndarray) -> np.ndarray:
+    e = np.zeros_like(q)
+    np.put_along_axis(e, np.argmax(q, axis=-1)[..., None], 1.0, axis=-1)
+    return e
+
+
+def inconsistent_positions(sum_min: np.ndarray, sum_prod: np.ndarray,
+                           tol: float = 1e-9) -> list[int]:
+    """Positions where sum min(p, q) < sum p q: impossible for two distributions."""
+    return [int(i) for i in np.nonzero(sum_min + tol < sum_prod)[0]]
+
+
+@dataclass
+class Measurement:
+    """One measured acceptance beside both closed forms at the same positions.
+
+    source: ``mlx-lm speculative_generate_step`` or ``simulated``.
+    rule: the rule measured (mlx-lm's is sampler-match).
+    expected: the closed form the rule should sit on (None: no claim).
+    accepted: drafts accepted. tested: positions tested (a position is tested when
+      its draft was compared: accepted ones plus the rejected one of each round).
+    proposed: drafts proposed. rounds: verify rounds (simulated: draws).
+    per_position_acceptance: accepted / tested. acceptance_rate: accepted / proposed.
+    mean_accepted_len: accepted / rounds.
+    mean_sum_min / mean_sum_prod: the closed forms' mean over the tested positions
+      (with the q the rule sees: one-hot at argmax q for greedy drafters).
+    z_min / z_prod: martingale z score of accepted against each form.
+    z_crit: the two-sided normal quantile at alpha.
+    sits_on: ``sum_min``, ``sum_prod``, ``both`` (the forms are too close to tell
+      apart here) or ``neither``.
+    verdict: ``ok`` or ``divergent`` (on neither, or not on the expected form).
+    """
+
+    source: str
+    rule: str
+    expected: str | None
+    accepted: int
+    tested: int
+    proposed: int
+    rounds: int
+    per_position_acceptance: float
+    acceptance_rate: float
+    mean_accepted_len: float
+    mean_sum_min: float
+    mean_sum_prod: float
+    z_min: float
+    z_prod: float
+    z_crit: float
+    sits_on: str
+    verdict: str
+
+
+def _z(accepted: float, alphas: np.ndarray, weight: float = 1.0) -> float:
+    mean = float(alphas.sum()) * weight
+    var = float((alphas * (1.0 - alphas)).sum()) * weight
+    if var <= 0:
+        return 0.0 if abs(accepted - mean) < 1e-9 else math.copysign(math.inf, accepted - mean)
+    return (accepted - mean) / math.sqrt(var)
+
+
+def measure(source: str, rule: str, expected: str | None, accepted: int, tested: int,
+            proposed: int, rounds: int, a_min: np.ndarray, a_prod: np.ndarray,
+            alpha: float, weight: float = 1.0) -> Measurement:
+    """Place ``accepted`` on the closed forms; ``weight`` = draws per tested position."""
+    from scipy.stats import norm
+
+    z_crit = float(norm.isf(alpha / 2.0))
+    z_min = _z(accepted, a_min, weight)
+    z_prod = _z(accepted, a_prod, weight)
+    on_min, on_prod = abs(z_min) <= z_crit, abs(z_prod) <= z_crit
+    sits = "both" if on_min and on_prod else SUM_MIN if on_min else SUM_PROD if on_prod else (
+        "neither")
+    bad = sits == "neither" or (expected is not None and sits not in (expected, "both"))
+    return Measurement(
+        source=source, rule=rule, expected=expected, accepted=accepted, tested=tested,
+        proposed=proposed, rounds=rounds,
+        per_position_acceptance=accepted / max(tested, 1),
+        acceptance_rate=accepted / max(proposed, 1),
+        mean_accepted_len=accepted / max(rounds, 1),
+        mean_sum_min=float(a_min.mean()) if a_min.size else 0.0,
+        mean_sum_prod=float(a_prod.mean()) if a_prod.size else 0.0,
+        z_min=z_min, z_prod=z_prod, z_crit=z_crit, sits_on=sits,
+        verdict=DIVERGENT if bad else OK,
+    )
+
+
+# ---------------------------------------------------------------- mlx-lm's speculative path
+
+
+@dataclass
+class SpecRun:
+    """What mlx-lm's speculative generation emitted.
+
+    tokens: emitted token ids. from_draft: mlx-lm's flag per token (an accepted draft).
+    rounds: per round, the number of drafts accepted.
+    tested: stream indices of the tested positions (accepted drafts, and the
+      target's token where a draft was rejected; a bonus token is not tested).
+    seconds: wall time of the generation.
+    """
+
+    tokens: list[int]
+    from_draft: list[bool]
+    rounds: list[int]
+    tested: list[int]
+    seconds: float
+
+
+def speculative_run(target: Any, draft: Any, prompt: list[int], temperature: float,
+                    num_draft: int, stop_after_tested: int | None = None,
+                    max_tokens: int = 100_000, seed: int = 0) -> SpecRun:
+    """Run mlx-lm's speculative_generate_step with make_sampler(temp=temperature).
+
+    Stops at a round boundary once ``stop_after_tested`` positions were tested
+    (or after ``max_tokens`` emitted tokens, at a round boundary).
+    """
+    import mlx.core as mx
+    from mlx_lm.generate import speculative_generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    mx.random.seed(seed)
+    sampler = make_sampler(temp=temperature)
+    tokens: list[int] = []
+    flags: list[bool] = []
+    rounds: list[int] = []
+    tested: list[int] = []
+    run_acc = 0
+    t0 = time.perf_counter()
+    gen = speculative_generate_step(
+        mx.array(prompt, dtype=mx.uint32), target, draft, num_draft_tokens=num_draft,
+        max_tokens=max_tokens + num_draft + 1, sampler=sampler,
+    )
+    try:
+        for tok, _, from_draft in gen:
+            idx = len(tokens)
+            tokens.append(int(tok))
+            flags.append(bool(from_draft))
+            if from_draft:
+                run_acc += 1
+                tested.append(idx)
+                continue
+            if run_acc < num_draft:
+                tested.append(idx)  # the target's token where the draft was rejected
+            rounds.append(run_acc)
+            run_acc = 0
+            if stop_after_tested is not None and len(tested) >= stop_after_tested:
+                break
+            if len(tokens) >= max_tokens:
+                break
+    finally:
+        gen.close()
+    return SpecRun(tokens=tokens, from_draft=flags, rounds=rounds, tested=tested,
+                   seconds=time.perf_counter() - t0)
+
+
+def teacher_forced_probs(model: Any, prompt: list[int], tokens: list[int],
+                         temperature: float) -> np.ndarray:
+    """(len(tokens), V) float64: the distribution each emitted token was drawn from."""
+    import mlx.core as mx
+
+    seq = mx.array(list(prompt) + list(tokens), dtype=mx.uint32)[None]
+    logits = model(seq)[0, len(prompt) - 1: len(prompt) - 1 + len(tokens)]
+    mx.eval(logits)
+    x = np.array(logits.astype(mx.float32), dtype=np.float64) / temperature
+    x -= x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+# ---------------------------------------------------------------- accept on real models
+
+
+@dataclass
+class AcceptReport:
+    """Measured acceptance against its closed forms on a real target/drafter pair.
+
+    target / draft: checkpoint paths; target_digest / draft_digest: fingerprints.
+    temperature, num_draft, seed, alpha, draws: the run's settings (draws =
+      Monte-Carlo draws per tested position for the simulated rules).
+    prompt: the prompt's token ids. emitted: tokens mlx-lm generated.
+    positions_tested: tested positions (closed forms are averaged over these).
+    mean_sum_min / mean_sum_prod: the closed forms' mean over the tested positions.
+    per_position: [{index, round, accepted, sum_min, sum_prod}] per tested position.
+    inconsistent: tested positions where sum_min < sum_prod (p or q is wrong).
+    measurements: mlx-lm's own first, then one per simulated rule.
+    verdict: ``pass`` or ``divergent``; reason: one line.
+    seconds: wall time.
+    """
+
+    target: str
+    draft: str
+    target_digest: str
+    draft_digest: str
+    temperature: float
+    num_draft: int
+    seed: int
+    alpha: float
+    draws: int
+    prompt: list[int]
+    emitted: list[int]
+    positions_tested: int
+    mean_sum_min: float
+    mean_sum_prod: float
+    per_position: list[dict[str, Any]]
+    inconsistent: list[int]
+    measurements: list[Measurement]
+    verdict: str
+    reason: str
+    seconds: float
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict == PASS else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["exit_code"] = self.exit_code
+        return d
+
+
+def _rule_q(rule: Rule, q: np.ndarray) -> np.ndarray:
+    return onehot_argmax(q) if (rule.greedy_draft or rule.onehot_q) else q
+
+
+def simulate_at_positions(rule: Rule, P: np.ndarray, Q: np.ndarray, draws: int,
+                          rng: np.random.Generator) -> int:
+    """Accepted drafts of ``rule`` over ``draws`` drafts at each position (P, Q rows)."""
+    from specparity.probes.dist import _drafts, _single_step
+
+    accepted = 0
+    for i in range(P.shape[0]):
+        d = _drafts(rule, Q[i], draws, rng)
+        _, acc = _single_step(rule, P[i], Q[i], d, rng, i * draws)
+        accepted += int(acc.sum())
+    return accepted
+
+
+def run_accept(target_dir: str, draft_dir: str, temperature: float = DEFAULT_TEMPERATURE,
+               positions: int = DEFAULT_POSITIONS, num_draft: int = DEFAULT_NUM_DRAFT,
+               rules: list[Rule] | None = None, draws: int = DEFAULT_DRAWS,
+               alpha: float = DEFAULT_ALPHA, seed: int = 0, prompt: list[int] | None = None,
+               trust_remote_code: bool = False) -> AcceptReport:
+    """mlx-lm's speculative acceptance and each rule's, placed on the closed forms."""
+    from specparity.checkpoint import load_checkpoint
+    from specparity.prompts import DEFAULT_PROMPTS, encode_prompts
+
+    check_args(temperature, positions, num_draft, draws, alpha)
+    t0 = time.perf_counter()
+    tgt = load_checkpoint(target_dir, trust_remote_code=trust_remote_code)
+    drf = load_checkpoint(draft_dir, trust_remote_code=trust_remote_code)
+    _check_trimmable(tgt.model, target_dir)
+    if prompt is None:
+        prompt = encode_prompts(tgt.tokenizer, [DEFAULT_PROMPTS[0]])[0]
+    log.info("accept: mlx-lm speculative generation until %d positions are tested", positions)
+    run = speculative_run(tgt.model, drf.model, prompt, temperature, num_draft,
+                          stop_after_tested=positions, max_tokens=positions * (num_draft + 1),
+                          seed=seed)
+    P_all = teacher_forced_probs(tgt.model, prompt, run.tokens, temperature)
+    Q_all = teacher_forced_probs(drf.model, prompt, run.tokens, temperature)
+    if P_all.shape[-1] != Q_all.shape[-1]:
+        raise UsageError(f"--model has {P_all.shape[-1]} logits but --draft-model has"
+                         f" {Q_all.shape[-1]}: a drafter must share the target's vocabulary")
+    idx = np.array(run.tested, dtype=np.int64)
+    P, Q = P_all[idx], Q_all[idx]
+    a_min, a_prod = closed_forms(P, Q)
+    accepted_flags = [run.from_draft[i] for i in run.tested]
+    round_of = _round_index(run)
+    per_position = [
+        {"index": int(i), "round": round_of[int(i)], "accepted": bool(a),
+         "sum_min": float(m), "sum_prod": float(pq)}
+        for i, a, m, pq in zip(idx, accepted_flags, a_min, a_prod)
+    ]
+    accepted = int(sum(run.rounds))
+    meas = [measure(MLX_LM, "sampler-match", SUM_PROD, accepted, len(idx),
+                    num_draft * len(run.rounds), len(run.rounds), a_min, a_prod, alpha)]
+    rules = [BUILTIN["sampler-match"], BUILTIN["mrs"]] if rules is None else rules
+    streams = np.random.SeedSequence(seed).spawn(len(rules))
+    for rule, ss in zip(rules, streams):
+        rq = _rule_q(rule, Q)
+        r_min, r_prod = closed_forms(P, rq)
+        acc = simulate_at_positions(rule, P, Q, draws, np.random.default_rng(ss))
+        n = draws * len(idx)
+        meas.append(measure("simulated", rule.name, rule.closed_form, acc, n, n, n, r_min,
+                            r_prod, alpha, weight=float(draws)))
+    bad_pos = inconsistent_positions(a_min, a_prod)
+    verdict, reason = _accept_verdict(meas, bad_pos)
+    return AcceptReport(
+        target=str(tgt.path), draft=str(drf.path), target_digest=tgt.fingerprint.short,
+        draft_digest=drf.fingerprint.short, temperature=temperature, num_draft=num_draft,
+        seed=seed, alpha=alpha, draws=draws, prompt=list(prompt), emitted=run.tokens,
+        positions_tested=len(idx), mean_sum_min=float(a_min.mean()),
+        mean_sum_prod=float(a_prod.mean()), per_position=per_position, inconsistent=bad_pos,
+        measurements=meas, verdict=verdict, reason=reason, seconds=time.perf_counter() - t0,
+    )
+
+
+def _round_index(run: SpecRun) -> dict[int, int]:
+    out, r = {}, 0
+    for i, fd in enumerate(run.from_draft):
+        out[i] = r
+        if not fd:
+            r += 1
+    return out
+
+
+def _accept_verdict(meas: list[Measurement], bad_pos: list[int]) -> tuple[str, str]:
+    if bad_pos:
+        return DIVERGENT, (f"sum_min < sum_prod at {len(bad_pos)} tested position(s), first"
+                           f" {bad_pos[0]}: p or q is not a distribution")
+    bad = [m for m in meas if m.verdict == DIVERGENT]
+    if bad:
+        m = bad[0]
+        want = f", expected {m.expected}" if m.expected else ""
+        return DIVERGENT, (f"{m.rule} ({m.source}) sits on {m.sits_on}{want}: z_min"
+                           f" {m.z_min:.1f}, z_prod {m.z_prod:.1f}, |z| limit {m.z_crit:.2f}")
+    return PASS, "every measurement sits on its closed form"
+
+
+def check_args(temperature: float, positions: int, num_draft: int, draws: int,
+                alpha: float) -> None:
+    if temperature is None or not math.isfinite(temperature) or temperature <= 0:
+        raise UsageError(f"--temperature {temperature}: must be a finite number > 0"
+                         " (acceptance at temperature 0 is exact agreement, see probe)")
+    if positions < 1:
+        raise UsageError(f"--positions {positions}: must be >= 1")
+    if num_draft < 1:
+        raise UsageError(f"--num-draft {num_draft}: must be >= 1")
+    if draws < 1:
+        raise UsageError(f"--draws {draws}: must be >= 1")
+    if not 0 < alpha < 1:
+        raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
+
+
+def _check_trimmable(model: Any, path: str) -> None:
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+    if not can_trim_prompt_cache(make_prompt_cache(model)):
+        raise UsageError(f"--model {path}: its cache cannot be trimmed, and mlx-lm's"
+                         " speculative generation needs a trimmable cache")
+
+
+def render_accept(rep: AcceptReport) -> str:
+    lines = [
+        f"accept: target {rep.target} ({rep.target_digest}), drafter {rep.draft}"
+        f" ({rep.draft_digest})",
+        f"  temperature {rep.temperature:g}, num_draft {rep.num_draft}, seed {rep.seed},"
+        f" {len(rep.emitted)} tokens emitted, {rep.positions_tested} positions tested",
+        f"  closed forms over the tested positions: mean sum_min {rep.mean_sum_min:.4f},"
+        f" mean sum_prod {rep.mean_sum_prod:.4f}",
+    ]
+    for m in rep.measurements:
+        lines.append(
+            f"  {m.source:33s} {m.rule:16s} {m.verdict:9s} sits on {m.sits_on:8s}"
+            f" (expected {m.expected or 'n/a'}): per_position_acceptance"
+            f" {m.per_position_acceptance:.4f} ({m.accepted}/{m.tested}), acceptance_rate"
+            f" {m.acceptance_rate:.4f}, mean_accepted_len {m.mean_accepted_len:.3f};"
+            f" sum_min {m.mean_sum_min:.4f} (z {m.z_min:+.1f}), sum_prod {m.mean_sum_prod:.4f}"
+            f" (z {m.z_prod:+.1f}), |z| limit {m.z_crit:.2f}"
+        )
+    if rep.inconsistent:
+        lines.append(f"  sum_min < sum_prod at tested positions {rep.inconsistent[:10]}")
+    lines.append(f"verdict: {rep.verdict}: {rep.reason}  ({rep.seconds:.1f} s)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@dataclass
+class EndToEndReport:
+    """mlx-lm's speculative stream at temperature T against a known p.
+
+    target / draft: the constant-logits fixtures (their logits ignore the input).
+    temperature, num_draft, seed, alpha: settings. tokens: emitted tokens tested.
+    live_tokens: the token ids p gives mass to (every other id has p = 0).
+    p / q: the target's and drafter's distributions over ``live_tokens``.
+    counts: emitted count per live token.
+    outside_support: [stream index, token] of the first emitted token with p = 0, or None.
+    arms: the mlx-lm stream's Arm (role ``rule``) then the simulated controls' Arms.
+    acceptance: mlx-lm's measured acceptance placed on the closed forms.
+    verdict: ``pass``, ``divergent`` or ``inconclusive`` (a control not rejected).
+    reason: one line. seconds: wall time (generation_seconds: the mlx-lm part).
+    """
+
+    target: str
+    draft: str
+    temperature: float
+    num_draft: int
+    seed: int
+    alpha: float
+    tokens: int
+    live_tokens: list[int]
+    p: list[float]
+    q: list[float]
+    counts: list[int]
+    outside_support: list[int] | None
+    arms: list[Any]
+    acceptance: Measurement
+    verdict: str
+    reason: str
+    seconds: float
+    generation_seconds: float
+
+    @property
+    def exit_code(self) -> int:
+        return {PASS: 0, DIVERGENT: 1, INCONCLUSIVE: 3}[self.verdict]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["exit_code"] = self.exit_code
+        return d
+
+
+def constant_logits(live: tuple[float, ...], vocab: int, first: int = E2E_FIRST_TOKEN,
+                    off: float = E2E_OFF) -> list[float]:
+    out = [off] * vocab
+    out[first:first + len(live)] = list(live)
+    return out
+
+
+def build_constant_pair(root: Path, target_live: tuple[float, ...] = E2E_TARGET,
+                        draft_live: tuple[float, ...] = E2E_DRAFT) -> tuple[str, str]:
+    """Two constant-logits llama fixtures (target, drafter) under ``root``."""
+    from specparity.fixtures import VOCAB_SIZE, build_pair
+
+    tag = "-".join(f"{x:g}" for x in target_live) + "_" + "-".join(f"{x:g}" for x in draft_live)
+    tag = tag.replace(".", "p")
+    t = build_pair(root / f"const-target-{tag}", seed=0, with_draft=False,
+                   constant_logits=constant_logits(target_live, VOCAB_SIZE))
+    d = build_pair(root / f"const-draft-{tag}", seed=1, with_draft=False,
+                   constant_logits=constant_logits(draft_live, VOCAB_SIZE))
+    return t.target, d.target
+
+
+def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_TOKENS,
+                   num_draft: int = DEFAULT_NUM_DRAFT, alpha: float = DEFAULT_ALPHA,
+                   seed: int = 0, root: Path | None = None,
+                   target_live: tuple[float, ...] = E2E_TARGET,
+                   draft_live: tuple[float, ...] = E2E_DRAFT) -> EndToEndReport:
+    """Test mlx-lm's speculative stream at ``temperature`` against the fixture's p."""
+    from specparity.checkpoint import load_checkpoint
+    from specparity.fixtures import VOCAB_SIZE, fixtures_home
+    from specparity.probes import dist as dm
+    from specparity.probes.rules import CONTROLS
+
+    check_args(temperature, 1, num_draft, 1, alpha)
+    if tokens < 50:
+        raise UsageError(f"--tokens {tokens}: need at least 50")
+    t0 = time.perf_counter()
+    tdir, ddir = build_constant_pair(root or fixtures_home(), target_live, draft_live)
+    tgt = load_checkpoint(tdir, trust_remote_code=True)
+    drf = load_checkpoint(ddir, trust_remote_code=True)
+    prompt = encode_prompts_default(tgt.tokenizer)
+    run = speculative_run(tgt.model, drf.model, prompt, temperature, num_draft,
+                          max_tokens=tokens, seed=seed)
+    stream = np.array(run.tokens[:tokens], dtype=np.int64)
+    vocab = VOCAB_SIZE
+    p_full = dm.softmax32(np.array(constant_logits(target_live, vocab)), temperature)
+    q_full = dm.softmax32(np.array(constant_logits(draft_live, vocab)), temperature)
+    live = [int(i) for i in np.nonzero(p_full > 0)[0]]
+    counts_full = np.bincount(stream, minlength=vocab)
+    off = np.nonzero(p_full[stream] <= 0)[0]
+    outside = [int(off[0]), int(stream[off[0]])] if off.size else None
+    chi = dm.chi_square(counts_full, p_full, alpha)
+    a_min, a_prod = closed_forms(p_full, q_full)
+    arm_stream = dm.Arm(
+        name=MLX_LM, description="mlx-lm's speculative stream (sampler-match)", role="rule",
+        verdict=dm.DIVERGENT if (chi.rejected or outside) else dm.PASS, chi=chi,
+        acceptance=sum(run.rounds) / max(num_draft * len(run.rounds), 1),
+        sum_min=float(a_min), sum_prod=float(a_prod), seconds=run.seconds,
+        draws_per_second=len(stream) / run.seconds if run.seconds > 0 else 0.0,
+    )
+    # Controls: the same p and q over the live tokens, at the same sample size.
+    prob = dm.make_problem(target_logits=np.array(target_live), draft_logits=np.array(draft_live),
+                           temperature=temperature, top_k=0)
+    streams = np.random.SeedSequence(seed).spawn(len(CONTROLS))
+    arms: list[Any] = [arm_stream]
+    for ctl, ss in zip(CONTROLS.values(), streams):
+        arms.append(dm.run_arm(ctl, prob, len(stream), alpha, np.random.default_rng(ss),
+                               "control"))
+    n_tested = len(run.tested)
+    acc_meas = measure(MLX_LM, "sampler-match", SUM_PROD, int(sum(run.rounds)), n_tested,
+                       num_draft * len(run.rounds), len(run.rounds),
+                       np.full(n_tested, float(a_min)), np.full(n_tested, float(a_prod)), alpha)
+    if outside:
+        verdict, reason = DIVERGENT, (f"emitted token {outside[1]} at stream index"
+                                      f" {outside[0]} has p = 0")
+    elif chi.rejected:
+        verdict, reason = DIVERGENT, (f"chi-square {chi.statistic:.1f} > threshold"
+                                      f" {chi.threshold:.1f} at dof {chi.dof}")
+    elif any(a.verdict == dm.NOT_REJECTED for a in arms[1:]):
+        weak = [a.name for a in arms[1:] if a.verdict == dm.NOT_REJECTED]
+        verdict, reason = INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not"
+                                         f" rejected at {len(stream)} tokens")
+    elif acc_meas.verdict == DIVERGENT:
+        verdict, reason = DIVERGENT, (f"acceptance sits on {acc_meas.sits_on}, expected"
+                                      f" sum_prod (z_prod {acc_meas.z_prod:.1f})")
+    else:
+        verdict, reason = PASS, (f"chi-square {chi.statistic:.1f} <= {chi.threshold:.1f} at"
+                                 f" dof {chi.dof}, every control rejected, acceptance on"
+                                 " sum_prod")
+    return EndToEndReport(
+        target=tdir, draft=ddir, temperature=temperature, num_draft=num_draft, seed=seed,
+        alpha=alpha, tokens=len(stream), live_tokens=live, p=[float(p_full[i]) for i in live],
+        q=[float(q_full[i]) for i in live], counts=[int(counts_full[i]) for i in live],
+        outside_support=outside, arms=arms, acceptance=acc_meas, verdict=verdict,
+        reason=reason, seconds=time.perf_counter() - t0, generation_seconds=run.seconds,
+    )
+
+
+def encode_prompts_default(tokenizer: Any) -> list[int]:
+    from specparity.prompts import DEFAULT_PROMPTS, encode_prompts
+
+    return encode_prompts(tokenizer, [DEFAULT_PROMPTS[0]])[0]
+
+
+def render_end_to_end(rep: EndToEndReport) -> str:
+    lines = [
+        f"accept --end-to-end: mlx-lm speculative_generate_step at temperature"
+        f" {rep.temperature:g}, num_draft {rep.num_draft}, seed {rep.seed}, {rep.tokens} tokens",
+        f"  target {rep.target} (constant logits), drafter {rep.draft} (constant logits)",
+        f"  live tokens {rep.live_tokens}: p = [{', '.join(f'{x:.4f}' for x in rep.p)}],"
+        f" q = [{', '.join(f'{x:.4f}' for x in rep.q)}]",
+        f"  emitted counts {rep.counts}"
+        + (f"; OUTSIDE SUPPORT at {rep.outside_support}" if rep.outside_support else ""),
+    ]
+    for a in rep.arms:
+        c = a.chi
+        thr = f"{c.threshold:.1f}" if c.threshold is not None else "n/a"
+        lines.append(
+            f"  {a.role:7s} {a.name:33s} {a.verdict:12s} chi2 {c.statistic:10.1f}  threshold"
+            f" {thr} (dof {c.dof}, n {c.samples})  TV {c.tv:.4f} (noise floor {c.tv_floor:.4f})")
+    m = rep.acceptance
+    lines.append(
+        f"  acceptance: per_position {m.per_position_acceptance:.4f} ({m.accepted}/{m.tested}),"
+        f" acceptance_rate {m.acceptance_rate:.4f}, mean_accepted_len {m.mean_accepted_len:.3f};"
+        f" sum_prod {m.mean_sum_prod:.4f} (z {m.z_prod:+.1f}), sum_min {m.mean_sum_min:.4f}"
+        f" (z {m.z_min:+.1f}): sits on {m.sits_on}")
+    lines.append(f"verdict: {rep.verdict}: {rep.reason}  ({rep.seconds:.1f} s,"
+                 f" generation {rep.generation_seconds:.1f} s)")
+    return "\n".join(lines)
