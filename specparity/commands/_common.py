@@ -43,8 +43,8 @@ def cache_options(f: Callable) -> Callable:
                      help="Rotating KV cache of this many positions.")(f)
     f = click.option("--quantized-kv-start", type=click.IntRange(min=0), default=5000,
                      show_default=True, help="Quantize the KV cache past this many positions.")(f)
-    f = click.option("--kv-group-size", type=click.IntRange(min=1), default=64,
-                     show_default=True, help="KV cache quantization group size.")(f)
+    f = click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default="64",
+                     show_default=True, help="KV cache quantization group size (mx.quantize's).")(f)
     f = click.option("--kv-bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), default=None,
                      help="Quantize the KV cache to this many bits (mlx-lm's kv_bits).")(f)
     return f
@@ -56,7 +56,7 @@ def cache_options_from(kwargs: dict[str, Any]):
     bits = kwargs.pop("kv_bits")
     return CacheOptions(
         kv_bits=int(bits) if bits is not None else None,
-        kv_group_size=kwargs.pop("kv_group_size"),
+        kv_group_size=int(kwargs.pop("kv_group_size")),
         quantized_kv_start=kwargs.pop("quantized_kv_start"),
         max_kv_size=kwargs.pop("max_kv_size"),
         prefill_step_size=kwargs.pop("prefill_step_size"),
