@@ -220,13 +220,14 @@ class ReplayReport:
 
 
 def _ranges(idx: list[int]) -> str:
-    parts: list[str] = []
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    parts: list[tuple[int, int]] = []
     for i in sorted(idx):
         if parts and parts[-1][1] == i - 1:
             parts[-1] = (parts[-1][0], i)
         else:
-            parts.append((i, i))  # type: ignore[arg-type]
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)  # type: ignore[misc]
+            parts.append((i, i))
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
 
 
 def round_widths(accepts: list[int], width: int | None, widths: list[int] | None) -> list[int]:

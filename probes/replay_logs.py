@@ -254,7 +254,7 @@ def _read_specparity(path: Path, lines: list[str]) -> list[AcceptLog]:
         where = f"{path}:{n}"
         try:
             obj = json.loads(text)
-        except ValueError as err:
+        except json.JSONDecodeError as err:
             raise UsageError(f"{where}: not a JSON object (truncated?): {err.msg}") from None
         if not isinstance(obj, dict):
             raise UsageError(f"{where}: not a JSON object")

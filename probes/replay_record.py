@@ -115,10 +115,9 @@ def write_requests(path: str | os.PathLike, requests: list[AcceptLog], **extra: 
     p = Path(path)
     try:
         with open(p, "x") as f:
-            for req in requests:
-                f.write(json.dumps(request_object(req, **extra)) + "\n")
+            f.writelines(json.dumps(request_object(req, **extra)) + "\n" for req in requests)
     except FileExistsError:
-        raise UsageError(f"{p}: exists; choose another file (records are never overwritten)") from None
+        raise UsageError(f"{p}: exists; choose another file (logs are never overwritten)") from None
     except OSError as err:
         raise UsageError(f"{p}: cannot write ({err.strerror})") from None
     return p

@@ -1,4 +1,4 @@
-"""Rollback replay on real fixtures: clean paths agree, injected faults are caught where they are."""
+"""Rollback replay on real fixtures: clean paths agree, injected faults are caught in place."""
 
 from __future__ import annotations
 

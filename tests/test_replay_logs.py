@@ -1,4 +1,5 @@
 """Accept-vector sources and the offline round algebra (no model needed)."""
+# ruff: noqa: E501  (sample log lines are as long as the servers write them)
 
 from __future__ import annotations
 
@@ -6,14 +7,13 @@ import json
 
 import pytest
 
+from conftest import run_cli
 from specparity.errors import UsageError
 from specparity.probes.replay_logs import (
     SPECPARITY_FORMAT, AcceptLog, check_rounds, detect_format, emitted_counts, locate,
     parse_accept_list, read_log,
 )
 from specparity.probes.replay_record import accepts_from_flags, write_requests
-
-from conftest import run_cli
 
 # A served burst, written the way mlxcel logs it: round r's bonus is round r-1's
 # last new token; accepted = LCP(draft, target); new = draft[:a] + [target[a]].

@@ -26,7 +26,8 @@ POLICIES = ("wrong-id", "correct-token")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
               help="How to read --log.")
 @click.option("--regex", default=None, metavar="PATTERN",
-              help="Read --log with this pattern (group 'accepts' or 1: an int per round or a list).")
+              help="Read --log with this pattern (group 'accepts' or 1: an int per round,"
+                   " or a list per request).")
 @click.option("--request", "request_index", type=click.IntRange(min=0), default=None,
               help="Replay only this request (0-based) of --log.")
 @click.option("--draft-model", default=None, metavar="DIR",
@@ -190,7 +191,8 @@ def _algebra_only(requests, findings, as_json) -> int:
                    + (f"{len(findings)} round-algebra findings" if findings
                       else "round algebra holds"))
         for f in findings:
-            click.echo(f"  line {f.line} (request {f.request}, round {f.round}): {f.check}: {f.message}")
+            click.echo(f"  line {f.line} (request {f.request}, round {f.round}):"
+                       f" {f.check}: {f.message}")
     return 1 if findings else 0
 
 
@@ -208,7 +210,8 @@ def _locate(requests, index, as_json) -> int:
         emit_json(out)
     else:
         for o in out:
-            click.echo(f"{o['source']}: emitted index {index} is round {o['round']}, row {o['row']}")
+            click.echo(f"{o['source']}: emitted index {index} is round {o['round']},"
+                       f" row {o['row']}")
     return 0
 
 
