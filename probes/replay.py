@@ -51,7 +51,8 @@ MODE_SNAPSHOT = "snapshot-and-recompute"
 class Disagreement:
     """The first position where the target's verify row left the classic chain.
 
-    round / row: the verify round (0-based) and the row inside its block.
+    round / row: the verify round (0-based) and the row inside its block; round -1
+      is the prefill's single step (when the server emits its first token there).
     emitted_index: index of the token that row emits, over the whole output.
     position: the absolute cache position of the row that emitted it
       (prompt length - 1 + emitted_index, as the block-vs-chain probe counts).
@@ -114,6 +115,7 @@ class ReplayReport:
 
     rounds: rounds replayed (fewer than ``rounds_total`` when a rewind finding stopped it).
     rounds_total: rounds in the accept vector.
+    prefill_emits: the first token came from the prefill's step, before round 0.
     rewinds: rounds that rewound rejected rows. positions: emitted tokens compared.
     disagreements: positions whose verify row differs from the chain (logit bytes or token).
     first: the first of them (None if none).
@@ -124,7 +126,8 @@ class ReplayReport:
     opts: the cache configuration. forwards: target verify forwards run.
     target_tokens: tokens the verify rows emitted. classic_tokens: the chain's tokens.
     served_checked / served_first_mismatch: the server's logged tokens compared
-      with classic decode (None when the log carried none / when they agree).
+      with classic decode (None when the log carried none / when they agree);
+      served_mismatch_at: that index's (round, row), round -1 = the prefill step.
     seconds: wall time.
     """
 
@@ -141,6 +144,7 @@ class ReplayReport:
     policy: str
     wrong_id: int
     prompt_len: int
+    prefill_emits: bool = False
     dtype: str = ""
     opts: dict[str, Any] = field(default_factory=dict)
     forwards: int = 0
@@ -148,6 +152,7 @@ class ReplayReport:
     classic_tokens: list[int] = field(default_factory=list)
     served_checked: int | None = None
     served_first_mismatch: int | None = None
+    served_mismatch_at: tuple[int, int] | None = None
     seconds: float = 0.0
 
     @property
@@ -170,13 +175,17 @@ class ReplayReport:
         tail = ""
         if self.rewind_finding is not None:
             tail = f"; rewind failed at round {self.rewind_finding.round} (replay stopped)"
+        if self.served_first_mismatch is not None:
+            tail += (f"; served tokens differ from classic at emitted index"
+                     f" {self.served_first_mismatch}")
         if not self.disagreements:
             return head + f"target agrees with classic at all {self.positions}" + tail
         f = self.first
         assert f is not None
+        where = f"round {f.round}, row {f.row}" if f.round >= 0 else "the prefill step"
         return head + (
-            f"target disagrees with classic at {self.disagreements} (first at round {f.round},"
-            f" row {f.row}, emitted index {f.emitted_index}, absolute position {f.position}:"
+            f"target disagrees with classic at {self.disagreements} (first at {where},"
+            f" emitted index {f.emitted_index}, absolute position {f.position}:"
             f" {f.diff.differing_bytes} of {f.diff.total_bytes} logit bytes)"
         ) + tail
 
@@ -187,6 +196,7 @@ class ReplayReport:
         out.append(
             f"rewind: {self.mode} ({self.mode_reason}); width {'/'.join(map(str, widths))} rows;"
             f" rejected rows carry {self._policy_words()}"
+            + ("; the first token came from the prefill step" if self.prefill_emits else "")
         )
         if self.first is not None:
             f = self.first
@@ -200,9 +210,11 @@ class ReplayReport:
             if self.served_first_mismatch is None:
                 out.append(f"served tokens: identical to classic over {self.served_checked}")
             else:
+                r, k = self.served_mismatch_at or (-1, 0)
+                where = f"round {r}, row {k}" if r >= 0 else "the prefill step"
                 out.append(
                     f"served tokens: differ from classic first at emitted index"
-                    f" {self.served_first_mismatch} (of {self.served_checked} compared)"
+                    f" {self.served_first_mismatch} ({where}; {self.served_checked} compared)"
                 )
         return out
 
@@ -287,13 +299,18 @@ def replay(
     opts: CacheOptions | None = None,
     served_tokens: list[int] | None = None,
     trace: list | None = None,
+    prefill_emits: bool = False,
 ) -> ReplayReport:
     """Replay ``accepts`` on ``model`` from ``prompt`` and compare with classic decode.
 
     ``trace``, when a list, receives every forward and rewind in order
     (``("chain", first, n)``, ``("block", tokens)``, ``("trim", n)``,
     ``("fork",)``, ``("restore", kept_tokens)``) so a benchmark can time the
-    same forwards bare. Raises Inconclusive for an empty accept vector and
+    same forwards bare. ``prefill_emits``: the server emits its first token
+    from the prefill (mlxcel's DFlash: round 0's bonus), so the replay runs
+    classic decode's first single step before round 0 and counts that token
+    as emitted index 0; otherwise (mlx-lm) round 0's block starts with the
+    last prompt token. Raises Inconclusive for an empty accept vector and
     UsageError for an accept that does not fit its width.
     """
     import mlx.core as mx
@@ -329,6 +346,19 @@ def replay(
     target_tokens: list[int] = []
     dtype = ""
     rounds_done = 0
+    if prefill_emits:
+        # classic decode's first step over the last prompt token emits the first bonus
+        chain.ensure(1)
+        if trace is not None:
+            trace.append(("block", [last]))
+        row = target.forward([last])
+        forwards += 1
+        target_tokens.append(argmax_row(row[-1]))
+        d = compare_arrays(chain.rows[0][None], row[-1:], logits=True)
+        if not d.equal or target_tokens[0] != chain.tokens[1]:
+            disagreements += 1
+            first = Disagreement(-1, 0, 0, len(prompt) - 1, chain.tokens[1], target_tokens[0], d)
+        emitted, expected = 1, len(prompt)
     for r, (a, w) in enumerate(zip(accepts, widths)):
         chain.ensure(emitted + w)
         vocab = int(chain.rows[emitted].shape[-1])
@@ -398,6 +428,7 @@ def replay(
 
     classic = chain.tokens[1: emitted + 1]
     served_checked = served_mismatch = None
+    served_at: tuple[int, int] | None = None
     if served_tokens is not None and finding is None:
         n = min(len(served_tokens), len(classic))
         served_checked = n
@@ -405,6 +436,12 @@ def replay(
             if served_tokens[i] != classic[i]:
                 served_mismatch = i
                 break
+        if served_mismatch is not None:
+            from specparity.probes.replay_logs import emitted_counts, locate
+
+            lead = 1 if prefill_emits else 0
+            served_at = (-1, 0) if served_mismatch < lead else locate(
+                emitted_counts(accepts), served_mismatch - lead)
     return ReplayReport(
         rounds=rounds_done,
         rounds_total=len(accepts),
@@ -419,6 +456,7 @@ def replay(
         policy=policy,
         wrong_id=wrong_id,
         prompt_len=len(prompt),
+        prefill_emits=prefill_emits,
         dtype=dtype,
         opts=opts.to_dict(),
         forwards=forwards,
@@ -426,5 +464,6 @@ def replay(
         classic_tokens=classic,
         served_checked=served_checked,
         served_first_mismatch=served_mismatch,
+        served_mismatch_at=served_at,
         seconds=time.perf_counter() - t0,
     )

@@ -15,17 +15,22 @@ proposals, then the target's own token). Sources:
        "widths": [4, 4, 3],                   # optional: rows per round when they vary
        "accepts": [3, 1, 2],                  # accepted proposals per round
        "tokens": [5, 8, ...],                 # optional: the tokens the server emitted
+       "prefill_emits": false,                # optional: true when the first token came
+                                              # from the prefill, before round 0
        "max_tokens": 8, "num_draft_tokens": 3, "source": "...", "model": "..."}
 
     ``width`` or ``widths`` is required; every other key is optional and kept
     in ``AcceptLog.meta``. ``specparity replay --draft-model`` writes it, and a
     server can log it.
   ``mlxcel-accept-lens``  mlxcel's ``DFlash accept lengths accept_lens=[1, 1, 2, 0]``:
-    one request per line; the width comes from ``--width``.
+    one request per line; the width comes from ``--width``. DFlash emits its
+    first token from the prefill (round 0's bonus), so these requests replay
+    with ``prefill_emits``.
   ``mlxcel-transcript``  mlxcel's per-round ``DFlash round transcript round=0 bs=4
     bonus=285 draft_tokens=[...] target_tokens=[...] accepted=1 new_tokens=[...]``:
     ``round=0`` starts a new request (burst); ``bs`` is the width; the rounds keep
-    their tokens for :func:`check_rounds`.
+    their tokens for :func:`check_rounds`; the served tokens are round 0's
+    bonus, then every round's ``new_tokens``.
   ``regex``  a user pattern: its group ``accepts`` (else group 1) captures either
     one integer (one round per matching line, an optional group ``round`` equal
     to 0 starting a new request) or a list ``[1, 2]`` / ``1,2`` (one request per line).
@@ -97,6 +102,9 @@ class AcceptLog:
     source: ``FILE:LINE`` (or ``list``) where the request starts.
     line: that line number (None for a plain list).
     rounds: the transcript rounds (mlxcel-transcript only).
+    prefill_emits: the server emitted its first token from the prefill, before
+      round 0 (mlxcel's DFlash: round 0's bonus); False: round 0's block starts
+      with the last prompt token (mlx-lm).
     meta: any other keys of a specparity JSONL object.
     """
 
@@ -108,6 +116,7 @@ class AcceptLog:
     source: str = "list"
     line: int | None = None
     rounds: list[Round] | None = None
+    prefill_emits: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -273,10 +282,14 @@ def _read_specparity(path: Path, lines: list[str]) -> list[AcceptLog]:
                 f"{where}: 'widths' has {len(widths)} entries, 'accepts' {len(accepts)}"
             )
         prompt = _int_list_field(obj, "prompt_ids", where) if obj.get("prompt_ids") else None
+        prefill_emits = obj.get("prefill_emits", False)
+        if not isinstance(prefill_emits, bool):
+            raise UsageError(f"{where}: 'prefill_emits' must be true or false")
         tokens = _int_list_field(obj, "tokens", where) if obj.get("tokens") is not None else None
-        meta = {k: v for k, v in obj.items()
-                if k not in ("format", "accepts", "width", "widths", "prompt_ids", "tokens")}
-        out.append(AcceptLog(accepts, width, widths, prompt, tokens, where, n, meta=meta))
+        meta = {k: v for k, v in obj.items() if k not in (
+            "format", "accepts", "width", "widths", "prompt_ids", "tokens", "prefill_emits")}
+        out.append(AcceptLog(accepts, width, widths, prompt, tokens, where, n,
+                             prefill_emits=prefill_emits, meta=meta))
     return out
 
 
@@ -298,7 +311,7 @@ def _read_accept_lens(path: Path, lines: list[str]) -> list[AcceptLog]:
             raise UsageError(f"{where}: malformed {ACCEPT_LENS_MARKER!r} line: {err}") from None
         if any(a < 0 for a in accepts):
             raise UsageError(f"{where}: accept_lens holds a negative length")
-        out.append(AcceptLog(accepts, source=where, line=n))
+        out.append(AcceptLog(accepts, source=where, line=n, prefill_emits=True))
     return out
 
 
@@ -352,10 +365,11 @@ def _read_transcript(path: Path, lines: list[str]) -> list[AcceptLog]:
             accepts=[r.accepted for r in rounds],
             width=widths[0] if same else None,
             widths=None if same else widths,
-            tokens=[t for r in rounds for t in r.new_tokens],
+            tokens=[rounds[0].bonus] + [t for r in rounds for t in r.new_tokens],
             source=f"{path}:{rounds[0].line}",
             line=rounds[0].line,
             rounds=rounds,
+            prefill_emits=True,
         ))
     return out
 

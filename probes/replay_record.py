@@ -104,6 +104,8 @@ def request_object(req: AcceptLog, **extra: Any) -> dict[str, Any]:
     obj["accepts"] = req.accepts
     if req.tokens is not None:
         obj["tokens"] = req.tokens
+    if req.prefill_emits:
+        obj["prefill_emits"] = True
     obj["source"] = req.source
     obj.update(req.meta)
     obj.update(extra)

@@ -191,3 +191,46 @@ def test_cli_exit_codes(fixture_root, tmp_path, cli_bin):
     (broken / "model.safetensors").write_bytes(b"not safetensors")
     r = run_cli(cli_bin, "replay", "--model", str(broken), "--accepts", "1", "--width", "2")
     assert r.returncode == 4 and "would not load" in r.stderr
+
+
+def _dflash_transcript(emitted: list[int], accepts: list[int], bs: int) -> str:
+    """mlxcel-style transcript lines for a served run that matched classic decode."""
+    lines, s = [], 0  # s: index in ``emitted`` of the round's bonus
+    for r, a in enumerate(accepts):
+        nxt = emitted[s + 1: s + bs + 1]
+        wrong = [(t + 1) % 512 for t in nxt]
+        draft = nxt[:a] + wrong[a: bs - 1]
+        target = nxt[: a + 1] + wrong[a + 1: bs]
+        lines.append(f"DEBUG DFlash round transcript round={r} bs={bs} bonus={emitted[s]}"
+                     f" draft_tokens={draft} target_tokens={target} accepted={a}"
+                     f" new_tokens={nxt[: a + 1]}")
+        s += a + 1
+    return "\n".join(lines) + "\n"
+
+
+@cpu_only
+def test_dflash_transcript_replays_with_first_token_from_prefill(llama, tmp_path):
+    from specparity.probes.replay_logs import check_rounds
+
+    accepts = [1, 3, 0, 2, 0, 1, 3, 2]
+    _, _, emitted = advance_to_depth(llama, PROMPT, 1 + sum(a + 1 for a in accepts) + 4)
+    log = tmp_path / "server.log"
+    log.write_text(_dflash_transcript(emitted, accepts, 4))
+    (req,) = read_log(log)
+    assert req.prefill_emits and check_rounds(req.rounds) == []
+    report = replay(llama, PROMPT, req.accepts, width=req.width, served_tokens=req.tokens,
+                    prefill_emits=True)
+    assert report.positions == 1 + sum(a + 1 for a in accepts) == report.served_checked
+    assert report.disagreements == 0 and report.served_first_mismatch is None
+    assert report.classic_tokens == emitted[: report.positions] and report.exit_code == 0
+
+    served = list(req.tokens)
+    served[6] += 1  # a serving loop that emitted another token than its target computed
+    report = replay(llama, PROMPT, req.accepts, width=4, served_tokens=served,
+                    prefill_emits=True)
+    assert report.disagreements == 0 and report.served_first_mismatch == 6
+    assert report.exit_code == 1
+    assert report.served_mismatch_at == (1, 3)  # tokens 0 | 1, 2 | 3, 4, 5, 6: round 1, row 3
+    assert "served tokens: differ from classic first at emitted index 6 (round 1, row 3;" in (
+        report.lines()[-1])
+    assert report.summary().endswith("; served tokens differ from classic at emitted index 6")

@@ -76,7 +76,7 @@ def test_transcript_preset_and_algebra_holds(tmp_path):
     assert len(reqs) == 2  # round=0 starts a new burst
     a, b = reqs
     assert a.accepts == [1, 3, 0, 2] and a.width == 4 and a.line == 2
-    assert a.tokens == [11, 40, 7, 8, 9, 10, 3, 21]
+    assert a.tokens == [285, 11, 40, 7, 8, 9, 10, 3, 21] and a.prefill_emits
     assert b.accepts == [0, 3] and b.source.endswith(":7")
     assert [r.line for r in a.rounds] == [2, 4, 5, 6]
     # round 3 emits 1 of its 3 tokens: budget truncation, allowed on the last round
@@ -202,9 +202,9 @@ def test_cli_algebra_only_and_locate(tmp_path, cli_bin):
     r = run_cli(cli_bin, "replay", "--log", str(bad), "--algebra-only", "--json")
     assert r.returncode == 1, r.stderr
     assert json.loads(r.stdout)["findings"][0]["check"] == "bonus_chain"
-    r = run_cli(cli_bin, "replay", "--log", str(good), "--request", "0", "--locate", "6")
+    r = run_cli(cli_bin, "replay", "--log", str(good), "--request", "0", "--locate", "7")
     assert r.returncode == 0, r.stderr
-    assert "emitted index 6 is round 2, row 0" in r.stdout
+    assert "emitted index 7 is round 2, row 0" in r.stdout
 
 
 def test_cli_malformed_log_is_usage_error(tmp_path, cli_bin):

@@ -46,6 +46,9 @@ POLICIES = ("wrong-id", "correct-token")
               help="What rejected rows carry: a fixed wrong id, or the correct token.")
 @click.option("--wrong-id", type=click.IntRange(min=0), default=0, show_default=True,
               help="The wrong id rejected rows carry (the next id where it is the right token).")
+@click.option("--prefill-emits/--no-prefill-emits", default=None,
+              help="Whether the server emitted its first token from the prefill, before round 0"
+                   " (default: from the log; mlxcel presets yes, mlx-lm no).")
 @click.option("--algebra-only", is_flag=True,
               help="Check a transcript's round algebra without a model.")
 @click.option("--locate", type=click.IntRange(min=0), default=None, metavar="E",
@@ -55,7 +58,8 @@ POLICIES = ("wrong-id", "correct-token")
 @record_option
 def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request_index,
            draft_model, num_draft_tokens, max_tokens, save_log, prompt_text, prompt_ids, width,
-           policy, wrong_id, algebra_only, locate, as_json, record_dir, **cache_kwargs):
+           policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir,
+           **cache_kwargs):
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
 
     Prefill as classic decode does, then for each round run the target over
@@ -105,6 +109,9 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
                     f"--request {request_index}: {log_path} holds {len(requests)} requests")
             requests = [requests[request_index]]
 
+    if prefill_emits is not None:
+        for req in requests:
+            req.prefill_emits = prefill_emits
     findings = []
     for i, req in enumerate(requests):
         if req.rounds:
@@ -203,15 +210,19 @@ def _locate(requests, index, as_json) -> int:
     for i, req in enumerate(requests):
         counts = ([len(r.new_tokens) for r in req.rounds] if req.rounds
                   else emitted_counts(req.accepts))
-        r, k = locate(counts, index)
+        if req.prefill_emits and index == 0:
+            r, k = -1, 0
+        else:
+            r, k = locate(counts, index - 1 if req.prefill_emits else index)
         out.append({"request": i, "source": req.source, "emitted_index": index, "round": r,
                     "row": k})
     if as_json:
         emit_json(out)
     else:
         for o in out:
-            click.echo(f"{o['source']}: emitted index {index} is round {o['round']},"
-                       f" row {o['row']}")
+            where = (f"round {o['round']}, row {o['row']}" if o["round"] >= 0
+                     else "the prefill step (round 0's bonus)")
+            click.echo(f"{o['source']}: emitted index {index} is {where}")
     return 0
 
 
@@ -245,7 +256,7 @@ def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
         try:
             report = run_replay(loaded.model, prompt, req.accepts, width=w, widths=ws,
                                 policy=policy, wrong_id=wrong_id, opts=opts,
-                                served_tokens=req.tokens)
+                                served_tokens=req.tokens, prefill_emits=req.prefill_emits)
         except Inconclusive as err:
             codes.append(3)
             res = {"request": i, "source": req.source, "verdict": "not_run", "reason": str(err)}
