@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from specparity.errors import UsageError
-from specparity.probes.rules import BUILTIN, SUM_MIN, SUM_PROD, Rule, sample_rows
+from specparity.probes.rules import BUILTIN, SUM_MIN, SUM_PROD, Rule
 
 log = logging.getLogger(__name__)
 
@@ -493,8 +493,9 @@ def build_constant_pair(root: Path, target_live: tuple[float, ...] = E2E_TARGET,
     """Two constant-logits llama fixtures (target, drafter) under ``root``."""
     from specparity.fixtures import VOCAB_SIZE, build_pair
 
-    tag = "-".join(f"{x:g}" for x in target_live) + "_" + "-".join(f"{x:g}" for x in draft_live)
-    tag = tag.replace(".", "p")
+    import hashlib
+
+    tag = hashlib.sha256(repr((tuple(target_live), tuple(draft_live))).encode()).hexdigest()[:10]
     t = build_pair(root / f"const-target-{tag}", seed=0, with_draft=False,
                    constant_logits=constant_logits(target_live, VOCAB_SIZE))
     d = build_pair(root / f"const-draft-{tag}", seed=1, with_draft=False,

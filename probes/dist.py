@@ -140,7 +140,7 @@ class Problem:
 
     @property
     def vocab(self) -> int:
-        return int(len(self.target_logits))
+        return len(self.target_logits)
 
     @property
     def p(self) -> np.ndarray:
@@ -374,7 +374,7 @@ class _Checker:
                          draft=None if drafts is None else int(drafts[i]),
                          p=float(pt[i]), q=float(qt[i]))
 
-    def merge(self, other: "_Checker") -> None:
+    def merge(self, other: _Checker) -> None:
         self.support = self.support or other.support
         self.residual = self.residual or other.residual
 
@@ -693,17 +693,15 @@ def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.rando
         # Force every token as the draft, including those q gives 0 (an underflowed q).
         sweep = _Checker(rule, "sweep")
         for tok in range(prob.vocab):
-            before = (sweep.support, sweep.residual)
             sub = _Checker(rule, "sweep")
             simulate(rule, prob, sweep_draws, rng, sub, forced=tok)
             for v in (sub.support, sub.residual):
                 if v is not None:
-                    v.draw += tok * sweep_draws
-            sweep.support = before[0] or sub.support
-            sweep.residual = before[1] or sub.residual
+                    v.draw += tok * sweep_draws  # sweep draws are numbered across tokens
+            sweep.merge(sub)
         checker.merge(sweep)
     smin, sprod = closed_forms(prob.p, _rule_q(rule, prob.q))
-    if role == "rule":
+    if checker is not None:
         failed = chi.rejected or checker.support is not None or checker.residual is not None
         verdict = DIVERGENT if failed else PASS
     else:

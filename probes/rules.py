@@ -38,8 +38,9 @@ import importlib.util
 import logging
 import sys
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
