@@ -404,8 +404,9 @@ def _call_user(rule: Rule, draw: int, *args: Any) -> Any:
     except UsageError:
         raise
     except Exception as err:
-        raise UsageError(f"--rule {rule.name}: raised {type(err).__name__} at draw {draw}:"
-                         f" {err}") from err
+        shapes = " ".join(f"{getattr(a, 'shape', None) or type(a).__name__}" for a in args[:3])
+        raise UsageError(f"--rule {rule.name}: raised {type(err).__name__} at draw {draw}"
+                         f" (called with p, q, draft(s) of shapes {shapes}): {err}") from err
 
 
 def _single_step(rule: Rule, p: np.ndarray, q: np.ndarray, drafts: np.ndarray,
