@@ -6,7 +6,6 @@ import json
 import multiprocessing as mp
 import time
 
-import pytest
 
 from conftest import build, run_cli
 from specparity.probes.gate import GateStore, gate_check, gate_key, store_path
