@@ -157,14 +157,14 @@ class BisectReport:
 
     def headline(self) -> str:
         if self.first_divergent is None:
-            return (f"no divergent layer: all {len(self.rows)} rows ({self.a} vs {self.b},"
+            return (f"no divergent layer: all {len(self.rows)} captures ({self.a} vs {self.b},"
                     f" width {self.width}, depth {self.depth}) are byte-identical")
         row = self.first_row()
         assert row is not None
         where = f"layer {row.label} ({row.kind})" if row.index is not None else row.label
-        before = self.rows.index(row)
+        before = [r.label for r in self.rows[: self.rows.index(row)]]
         s = (f"first divergent layer: {where}, {', '.join(self.first_components)};"
-             f" the {before} row(s) before it are byte-identical")
+             f" everything before it ({', '.join(before) or 'nothing'}) is byte-identical")
         return s
 
     def to_dict(self) -> dict[str, Any]:

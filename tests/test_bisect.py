@@ -121,7 +121,7 @@ def test_depth_fault_located_only_past_its_threshold(bisect_models):
     idx = past.rows.index(past.first_row())
     assert [r.label for r in past.rows[:idx]] == ["embed", "0", "1"]
     assert not any(r.divergent for r in past.rows[:idx])
-    assert "the 3 row(s) before it are byte-identical" in past.headline()
+    assert "everything before it (embed, 0, 1) is byte-identical" in past.headline()
 
 
 @pytest.mark.parametrize("name", ["clean-llama", "qwen-linear-2", "clean-gemma3_text",
