@@ -203,3 +203,16 @@ def test_cli_not_a_checkpoint_and_malformed_config(cli_bin, tmp_path, fixture_ro
     out = run_cli(cli_bin, "probe", "--model", str(broken))
     assert out.returncode == 4 and "malformed config" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_without_model_the_embedded_default_is_built_once_then_reused(cli_bin, isolated_home):
+    env = {"SPECPARITY_HOME": str(isolated_home)}
+    args = ("probe", "--widths", "2", "--depths", "0", "--walk", "0", "--no-prefill", "--json")
+    first = run_cli(cli_bin, *args, env=env)
+    assert first.returncode == 0, first.stderr
+    target = isolated_home / "fixtures" / "default-llama-float32" / "target"
+    assert json.loads(first.stdout)["model"]["path"] == str(target.resolve())
+    stamp = (target / "model.safetensors").stat().st_mtime_ns
+    second = run_cli(cli_bin, *args, env=env)
+    assert second.returncode == 0
+    assert (target / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
