@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 
 from specparity.errors import UsageError
+from specparity.probes.dist import DIVERGENT, INCONCLUSIVE, PASS
 from specparity.probes.rules import BUILTIN, SUM_MIN, SUM_PROD, Rule
 
 log = logging.getLogger(__name__)
 
-OK, DIVERGENT = "ok", "divergent"
-PASS, INCONCLUSIVE = "pass", "inconclusive"
+OK = "ok"
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_POSITIONS = 192
 DEFAULT_NUM_DRAFT = 2

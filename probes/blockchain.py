@@ -29,6 +29,12 @@ log = logging.getLogger(__name__)
 EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
 
 
+def _with_diff(result: Any) -> dict[str, Any]:
+    d = asdict(result)
+    d["diff"] = result.diff.to_dict() if result.diff else None
+    return d
+
+
 @dataclass
 class Cell:
     """The verdict for one (width, depth).
@@ -54,9 +60,7 @@ class Cell:
     reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["diff"] = self.diff.to_dict() if self.diff else None
-        return d
+        return _with_diff(self)
 
 
 @dataclass
@@ -83,9 +87,7 @@ class WalkResult:
     reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["diff"] = self.diff.to_dict() if self.diff else None
-        return d
+        return _with_diff(self)
 
 
 @dataclass

@@ -155,7 +155,7 @@ def _default_probe(model_dir: str, width: int, opts: CacheOptions, trust_remote_
     loaded = load_checkpoint(model_dir, trust_remote_code=trust_remote_code)
     prompts = encode_prompts(loaded.tokenizer)
     report = probe_block_vs_chain(loaded.model, [width], list(depths), prompts, opts,
-                                  walk_positions=walk if width >= 2 else 0)
+                                  walk_positions=walk)
     return report.verdict, summarize(report)
 
 

@@ -112,7 +112,7 @@ def snapshot(cache: list[Any]) -> list[LayerState]:
     for c in cache:
         kind, off = layer_kind(c), cache_offset(c)
         arrays: dict[str, Any] = {}
-        if hasattr(c, "keys") and hasattr(c, "values") and not callable(getattr(c, "cache", None)):
+        if hasattr(c, "keys") and hasattr(c, "values"):
             k, v = c.keys, c.values
             if kind == "RotatingKVCache" and k is not None:
                 k, v = c._temporal_order(k), c._temporal_order(v)

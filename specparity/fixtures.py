@@ -139,7 +139,6 @@ def build_tokenizer(out_dir: Path) -> None:
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     tok.save(str(out_dir / "tokenizer.json"))
-    eos_id = tok.token_to_id(EOS_TOKEN)
     (out_dir / "tokenizer_config.json").write_text(
         json.dumps(
             {
@@ -152,7 +151,6 @@ def build_tokenizer(out_dir: Path) -> None:
         )
     )
     (out_dir / "special_tokens_map.json").write_text(json.dumps({"eos_token": EOS_TOKEN}))
-    return eos_id
 
 
 def _config_for(arch: str, dtype: str) -> dict[str, Any]:
@@ -208,12 +206,11 @@ def _perturbed(params: dict[str, Any], scale: float, seed: int) -> dict[str, Any
 
     key = mx.random.key(seed)
     out = {}
-    for i, (name, w) in enumerate(sorted(params.items())):
+    for name, w in sorted(params.items()):
         if not mx.issubdtype(w.dtype, mx.floating) or w.ndim < 2:
             out[name] = w
             continue
-        k = mx.random.split(mx.random.fold_in(key, i) if hasattr(mx.random, "fold_in") else key)[0]
-        key = mx.random.split(key)[1]
+        key, k = mx.random.split(key)
         std = mx.sqrt(mx.mean(w.astype(mx.float32) ** 2))
         noise = mx.random.normal(w.shape, key=k) * std * scale
         out[name] = (w.astype(mx.float32) + noise).astype(w.dtype)
