@@ -14,7 +14,7 @@ import sys
 import click
 
 from specparity import __version__
-from specparity.errors import SpecparityError
+from specparity.errors import EXIT_BUG, EXIT_USAGE, SpecparityError
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -62,7 +62,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 
     \b
     Exit codes: 0 all pass, 1 divergence found, 2 usage or configuration
-    error, 3 inconclusive, 4 infrastructure error.
+    error, 3 inconclusive, 4 infrastructure error, 70 unexpected error (a bug).
 
     \b
     Example:
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.ClickException as err:
         err.show()
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
             f"Error: unexpected {type(err).__name__}: {err} (rerun with --debug for the traceback)",
             err=True,
         )
-        sys.exit(4)
+        sys.exit(EXIT_BUG)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -7,7 +7,8 @@
         +-- CheckpointError      4  the checkpoint exists but mlx-lm cannot load it
 
 The CLI prints ``Error: <message>`` on one line and exits with ``exit_code``;
-anything else is a bug and keeps its traceback behind ``--debug``.
+anything else is a bug: one line, exit 70 (``EXIT_BUG``, sysexits' EX_SOFTWARE,
+never a verdict's code), and its traceback behind ``--debug``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ EXIT_DIVERGENT = 1
 EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
 EXIT_INFRA = 4
+EXIT_BUG = 70
 
 
 class SpecparityError(Exception):

@@ -1,0 +1,245 @@
+"""One record type every command writes the same way, and the sink long runs append to.
+
+A record on disk (DESIGN.md, "Records"):
+
+    <dir>/<name>.md                      the markdown (shared frame + the command's body)
+    <dir>/data/<name>/report.json        the Record below: always present
+    <dir>/data/<name>/identity.json      host, versions, fingerprints
+    <dir>/data/<name>/<arm>.jsonl        one line per finished cell / arm / request
+
+``report.json`` is written when the run starts (status ``running``) and
+replaced when it ends (``complete``, ``interrupted`` or ``failed``); every
+finished part is appended to its JSONL the moment it finishes. A run killed
+outright leaves ``running``: readers present that as incomplete, never as a
+verdict.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from specparity.records.writer import RecordWriter
+from specparity.verdicts import Report
+
+REPORT_FILE = "report.json"
+IDENTITY_FILE = "identity.json"
+
+RUNNING, COMPLETE, INTERRUPTED, FAILED = "running", "complete", "interrupted", "failed"
+STATUSES = (RUNNING, COMPLETE, INTERRUPTED, FAILED)
+SCHEMA = 1
+
+
+@dataclass
+class Record:
+    """What ``report.json`` holds.
+
+    schema: format version of this file.
+    kind: the command that wrote it (probe, bisect, replay, dist, accept, served, ...).
+    title: one line naming what was measured.
+    argv: the command line, as typed.
+    status: running | complete | interrupted | failed (only ``complete`` carries a final verdict).
+    verdict: the run's verdict word (verdicts.Verdict), None while running.
+    exit_code: the exit code the run returned, None while running.
+    started, finished: ISO-8601 local times (finished None while running).
+    timings: seconds per part of the run (e.g. {"cells": 3.2, "walk": 1.1, "total": 4.5}).
+    arms: JSONL file stem -> lines written so far (each line a finished part).
+    summary: the report's ``to_dict()`` (None unless complete).
+    error: what stopped an interrupted or failed run.
+    name, path: where the record lives (filled when read).
+    """
+
+    kind: str
+    title: str
+    argv: list[str]
+    status: str = RUNNING
+    verdict: str | None = None
+    exit_code: int | None = None
+    started: str = ""
+    finished: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    arms: dict[str, int] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    schema: int = SCHEMA
+    name: str = ""
+    path: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def is_complete(self) -> bool:
+        return self.status == COMPLETE
+
+
+def _now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def frame_markdown(record: Record, identity: dict[str, Any], body: list[str]) -> str:
+    """The markdown every record shares: title, verdict, status, command, identity, then the body."""
+    status = ("" if record.is_complete
+              else f"\n**INCOMPLETE ({record.status})**: only the parts listed below finished."
+              + (f" Stopped by: {record.error}." if record.error else "") + "\n")
+    model = identity.get("model") or {}
+    lines = [
+        f"# {record.title}",
+        "",
+        f"verdict: **{record.verdict or 'none'}** (exit {record.exit_code})" if record.is_complete
+        else f"verdict: none (run {record.status})",
+        status,
+        f"- command: `{' '.join(record.argv)}`",
+        f"- started {record.started}, finished {record.finished or '-'}",
+        f"- host {identity.get('host')}, {identity.get('os')}, device {identity.get('device')},"
+        f" mlx {identity.get('mlx')}, mlx-lm {identity.get('mlx_lm')},"
+        f" specparity {identity.get('specparity')} ({identity.get('git_commit') or 'no git'})",
+    ]
+    if isinstance(model, dict) and model:
+        lines.append(f"- model {model.get('path')} ({model.get('model_type')},"
+                     f" fingerprint {model.get('short') or str(model.get('digest', ''))[:12]})")
+    if record.timings:
+        lines.append("- seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in record.timings.items()))
+    lines += ["", *body, ""]
+    return "\n".join(lines)
+
+
+class RecordSink:
+    """Owns one record from the start of a run to its end.
+
+    Use as a context manager around the run::
+
+        with RecordSink(dir, "probe", "probe: llama float32", identity) as sink:
+            for cell in run(on_cell=lambda c: sink.append("cells", c.to_dict())):
+                ...
+            sink.finish(report, body_lines)
+
+    Leaving the block without ``finish`` (an exception, Ctrl-C) writes the
+    record as ``interrupted`` / ``failed`` with every part appended so far,
+    and re-raises. ``record_dir=None`` gives a sink that writes nothing, so
+    commands do not branch on whether a record was asked for.
+    """
+
+    def __init__(self, record_dir: str | os.PathLike | None, kind: str, title: str,
+                 identity: dict[str, Any], argv: list[str] | None = None, slug: str | None = None):
+        self.identity = identity
+        self.record = Record(kind=kind, title=title, argv=list(argv if argv is not None else sys.argv),
+                             started=_now())
+        self._t0 = time.perf_counter()
+        self._parts: dict[str, float] = {}
+        self.writer: RecordWriter | None = None
+        if record_dir is not None:
+            self.writer = RecordWriter(record_dir, slug or kind, identity)
+            self.record.name = self.writer.name
+            self.record.path = str(self.writer.md_path)
+            self._write_report()
+
+    # -- writing -----------------------------------------------------------------------------
+    def append(self, arm: str, obj: dict[str, Any]) -> None:
+        """One finished part: a JSONL line now, and its count in report.json."""
+        self.record.arms[arm] = self.record.arms.get(arm, 0) + 1
+        if self.writer is not None:
+            self.writer.append(arm, obj)
+            self._write_report()
+
+    def timing(self, part: str, seconds: float) -> None:
+        self._parts[part] = self._parts.get(part, 0.0) + seconds
+
+    def write_bytes(self, filename: str, data: bytes) -> Path | None:
+        return self.writer.write_bytes(filename, data) if self.writer is not None else None
+
+    def finish(self, report: Report, body: list[str]) -> Path | None:
+        """The run ended with ``report``: final verdict, summary and markdown."""
+        self.record.verdict = str(report.verdict)
+        self.record.exit_code = report.exit_code
+        self.record.summary = report.to_dict()
+        return self._close(COMPLETE, body)
+
+    def _close(self, status: str, body: list[str], error: str | None = None) -> Path | None:
+        self.record.status = status
+        self.record.error = error
+        self.record.finished = _now()
+        self.record.timings = {**{k: round(v, 4) for k, v in self._parts.items()},
+                               "total": round(time.perf_counter() - self._t0, 4)}
+        if self.writer is None:
+            return None
+        self._write_report()
+        return self.writer.finish(frame_markdown(self.record, self.identity, body))
+
+    def _write_report(self) -> None:
+        assert self.writer is not None
+        path = self.writer.data_dir / REPORT_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.record.to_dict(), indent=2, default=str))
+        os.replace(tmp, path)  # our own file: readers never see half of it
+
+    # -- context manager ---------------------------------------------------------------------
+    def __enter__(self) -> RecordSink:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if et is None or self.record.status != RUNNING:
+            return
+        interrupted = issubclass(et, KeyboardInterrupt)
+        what = "Ctrl-C (SIGINT)" if interrupted else f"{et.__name__}: {ev}"
+        done = ", ".join(f"{n} {k}" for k, n in self.record.arms.items()) or "nothing"
+        self._close(INTERRUPTED if interrupted else FAILED,
+                    [f"Finished before it stopped: {done}. Per-part results are in data/{self.record.name}/."],
+                    error=what)
+
+
+def read_record(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Read a record: a ``.md`` path, its ``data/<name>`` directory, or its report.json.
+
+    Returns (record, identity, arms: stem -> parsed JSONL lines). A line cut
+    short by a crash is skipped (it never finished). A missing report.json
+    (a record from before this format) is read as status unknown.
+    """
+    data = _data_dir(Path(path))
+    report = data / REPORT_FILE
+    if report.exists():
+        raw = json.loads(report.read_text())
+        known = {k: v for k, v in raw.items() if k in Record.__dataclass_fields__}
+        rec = Record(**known)
+    else:
+        rec = Record(kind="unknown", title=data.name, argv=[], status="unknown")
+    rec.name = data.name
+    rec.path = str(data.parent.parent / f"{data.name}.md")
+    ident_path = data / IDENTITY_FILE
+    identity = json.loads(ident_path.read_text()) if ident_path.exists() else {}
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for f in sorted(data.glob("*.jsonl")):
+        rows = []
+        for line in f.read_text().splitlines():
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                rows.append(obj)
+        arms[f.stem] = rows
+    return rec, identity, arms
+
+
+def _data_dir(p: Path) -> Path:
+    if p.name == REPORT_FILE:
+        return p.parent
+    if p.suffix == ".md":
+        return p.parent / "data" / p.stem
+    if p.is_dir() and ((p / REPORT_FILE).exists() or (p / IDENTITY_FILE).exists()):
+        return p
+    raise FileNotFoundError(p)
+
+
+def list_records(root: str | os.PathLike) -> list[Path]:
+    """Every record's markdown path under ``root`` (a records directory), oldest name first."""
+    r = Path(root)
+    return sorted(md for md in r.glob("*.md") if (r / "data" / md.stem).is_dir())
