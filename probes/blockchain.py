@@ -23,6 +23,7 @@ from typing import Any
 
 from specparity.compare import Diff, compare_arrays
 from specparity.decode import CacheOptions, Decoder, argmax_row
+from specparity.progress import NULL, Observer
 
 log = logging.getLogger(__name__)
 
@@ -162,12 +163,16 @@ def probe_block_vs_chain(
     opts: CacheOptions | None = None,
     walk_positions: int = 0,
     walk_widths: list[int] | None = None,
+    observer: Observer = NULL,
 ) -> ProbeReport:
     """Run the probe for every (width, depth) over ``prompts``; optionally the long walk.
 
     A cell stops at its first divergent prompt. Width < 2 is ``not_run`` (no
     block to compare). A cache that cannot be copied or a forward that raises
-    makes the affected cells ``not_run`` with the reason.
+    makes the affected cells ``not_run`` with the reason. ``observer`` gets
+    progress (parts ``cells`` and ``walk``), every comparison as it finishes
+    (arm ``comparisons``: one line per cell and prompt), every cell once its
+    verdict is final (arm ``cells``) and every walk (arm ``walks``).
     """
     import mlx.core as mx
 
@@ -182,6 +187,7 @@ def probe_block_vs_chain(
     walk_widths = [w for w in (walk_widths if walk_widths is not None else live_widths) if w >= 2]
     walks: list[WalkResult] = []
     dtype = ""
+    observer.begin("cells", total=len(live_widths) * len(depths) * len(prompts))
     for pi, prompt in enumerate(prompts):
         pending = [(w, d) for (w, d), c in cells.items() if c.verdict == EQUAL and w >= 2]
         do_walk = walk_positions > 0 and pi == 0 and walk_widths
@@ -196,6 +202,7 @@ def probe_block_vs_chain(
             log.warning("%s", reason)
             for key in pending:
                 cells[key] = Cell(key[0], key[1], NOT_RUN, prompts_tested=pi, reason=reason)
+                observer.result("cells", cells[key].to_dict())
             break
         base = len(prompt) - 1
         for w, d in sorted(pending, key=lambda k: (k[1], k[0])):
@@ -205,6 +212,7 @@ def probe_block_vs_chain(
             except Exception as err:
                 cells[(w, d)] = Cell(w, d, NOT_RUN, prompts_tested=pi,
                                      reason=f"block failed: {type(err).__name__}: {err}")
+                _finished(observer, cells[(w, d)], pi, final=True)
                 continue
             chain = mx.stack(rows[d : d + w])
             dtype = str(block.dtype).replace("mlx.core.", "")
@@ -216,10 +224,16 @@ def probe_block_vs_chain(
                 cell.first_row = diff.first_row
                 cell.absolute_position = base + d + (diff.first_row or 0)
                 cell.diff = diff
+            _finished(observer, cell, pi, final=cell.verdict != EQUAL or pi == len(prompts) - 1)
         if do_walk:
-            for w in walk_widths:
-                walks.append(_walk(states[0], tokens, rows, w, walk_positions, base, pi))
+            observer.end("cells")
+            with observer.part("walk", total=sum(walk_positions // w for w in walk_widths)):
+                for w in walk_widths:
+                    walks.append(_walk(states[0], tokens, rows, w, walk_positions, base, pi, observer))
+                    observer.result("walks", walks[-1].to_dict())
+            observer.begin("cells", total=len(live_widths) * len(depths) * (len(prompts) - pi - 1))
         del states
+    observer.end("cells")
     ordered = [cells[(w, d)] for d in depths for w in widths]
     return ProbeReport(
         cells=ordered,
@@ -231,8 +245,17 @@ def probe_block_vs_chain(
     )
 
 
+def _finished(observer: Observer, cell: Cell, prompt_index: int, final: bool) -> None:
+    """One (cell, prompt) comparison is done: progress, its line, and the cell once final."""
+    observer.item("cells")
+    observer.result("comparisons", {"width": cell.width, "depth": cell.depth, "prompt": prompt_index,
+                                    "verdict": cell.verdict, "first_row": cell.first_row})
+    if final:
+        observer.result("cells", cell.to_dict())
+
+
 def _walk(start: Decoder, tokens: list[int], rows: list[Any], width: int, positions: int,
-          base: int, prompt_index: int) -> WalkResult:
+          base: int, prompt_index: int, observer: Observer = NULL) -> WalkResult:
     import mlx.core as mx
 
     dec = start.fork()
@@ -249,6 +272,7 @@ def _walk(start: Decoder, tokens: list[int], rows: list[Any], width: int, positi
             result.verdict, result.reason = NOT_RUN, f"block failed: {type(err).__name__}: {err}"
             return result
         diff = compare_arrays(mx.stack(rows[lo : lo + width]), block, logits=True)
+        observer.item("walk")
         if not diff.equal:
             row = diff.first_row or 0
             result.verdict = DIVERGENT

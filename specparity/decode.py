@@ -39,6 +39,17 @@ class CacheOptions:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_argv(self) -> list[str]:
+        """The command-line flags that rebuild exactly these options (``cache_options`` parses them)."""
+        argv = ["--prefill-step-size", str(self.prefill_step_size),
+                "--quantized-kv-start", str(self.quantized_kv_start),
+                "--kv-group-size", str(self.kv_group_size)]
+        if self.kv_bits is not None:
+            argv += ["--kv-bits", str(self.kv_bits)]
+        if self.max_kv_size is not None:
+            argv += ["--max-kv-size", str(self.max_kv_size)]
+        return argv
+
     def describe(self) -> str:
         parts = [f"prefill_step_size={self.prefill_step_size}"]
         if self.kv_bits is not None:

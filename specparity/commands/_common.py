@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from specparity.errors import UsageError
+from specparity.errors import SpecparityError, UsageError
 
 
 def json_option(f: Callable) -> Callable:
@@ -16,11 +16,13 @@ def json_option(f: Callable) -> Callable:
 
 
 def record_option(f: Callable) -> Callable:
+    f = click.option("-q", "--quiet", is_flag=True,
+                     help="No progress on stderr (progress shows only on a terminal anyway).")(f)
     return click.option(
         "--record-dir",
         type=click.Path(file_okay=False),
         default=None,
-        help="Write a record (markdown + data/) into this directory.",
+        help="Write a record (markdown + data/) into this directory, part by part as the run goes.",
     )(f)
 
 
@@ -87,16 +89,79 @@ def parse_int_list(value: str | None, flag: str, minimum: int = 0) -> list[int]:
     return sorted(out)
 
 
-def resolve_model(model: str | None, trust_remote_code: bool):
-    """Load ``--model``, or the embedded default target (built on first use)."""
+def resolve_path(spec: str | None, role: str = "target"):
+    """``--model`` / ``--draft-model`` as a local directory: a path, a hub id, or the embedded default."""
+    from specparity.resolve import resolve_checkpoint
+
+    flag = "--model" if role == "target" else "--draft-model"
+    try:
+        return resolve_checkpoint(spec, role=role)
+    except SpecparityError as err:
+        raise type(err)(str(err).replace("checkpoint ", f"{flag} ", 1)) from err
+
+
+def resolve_model(model: str | None, trust_remote_code: bool, role: str = "target"):
+    """Load ``--model`` (or ``--draft-model``): a directory, a hub id, or the embedded default pair."""
     from specparity.checkpoint import load_checkpoint
 
+    path = resolve_path(model, role)
     if model is None:
-        from specparity.fixtures import default_pair
+        click.echo(f"using the embedded default {role} checkpoint {path}", err=True)
+    return load_checkpoint(path, trust_remote_code=trust_remote_code)
 
-        model = default_pair().target
-        click.echo(f"using the embedded default checkpoint {model}", err=True)
-    return load_checkpoint(model, trust_remote_code=trust_remote_code)
+
+class CommandRun:
+    """One command's run: its record sink, its progress observer, its output.
+
+    Every command finishes through :meth:`finish`, so each writes its record
+    the same way (report.json always, the shared markdown frame), prints
+    ``verdict: WORD`` last in text mode, and carries ``verdict`` and
+    ``exit_code`` at the top of its ``--json``. Use as a context manager around
+    the work: Ctrl-C or an error inside leaves an interrupted record of the
+    parts that finished.
+    """
+
+    def __init__(self, kind: str, title: str, identity_extra: dict[str, Any], record_dir: str | None,
+                 as_json: bool, quiet: bool, slug: str | None = None):
+        from specparity.identity import identity
+        from specparity.progress import CliObserver
+        from specparity.records.record import RecordSink
+
+        self.as_json = as_json
+        self.sink = RecordSink(record_dir, kind, title, identity(**identity_extra), slug=slug)
+        self.observer = CliObserver(self.sink, show=not (quiet or as_json) and sys.stderr.isatty())
+
+    def __enter__(self) -> "CommandRun":
+        self.sink.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.sink.__exit__(*exc)
+
+    def finish(self, report: Any, text: list[str] | None = None, markdown: list[str] | None = None,
+               extra: dict[str, Any] | None = None) -> int:
+        """Close the record with ``report``, print it, return its exit code.
+
+        text: the human lines (default ``report.lines()``); markdown: the
+        record's body (default: the text in a code block); extra: more keys
+        for ``--json`` (the record path is added when there is one).
+        """
+        lines = list(report.lines()) if text is None else text
+        path = self.sink.finish(report, markdown if markdown is not None else ["```", *lines, "```"])
+        if self.as_json:
+            payload = {"verdict": str(report.verdict), "exit_code": report.exit_code,
+                       **report.to_dict(), **(extra or {})}
+            payload["verdict"], payload["exit_code"] = str(report.verdict), report.exit_code
+            if path is not None:
+                payload["record"] = str(path)
+            emit_json(payload)
+        else:
+            for line in lines:
+                click.echo(line)
+            click.echo(f"verdict: {report.verdict}")
+        if path is not None:
+            click.echo(f"record written: {path}", err=True)
+        return int(report.exit_code)
 
 
 def emit_json(obj: Any) -> None:

@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from specparity.commands._common import emit_json, json_option, model_options, record_option
+from specparity.commands._common import CommandRun, json_option, model_options, record_option, resolve_path
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
            temperature: float | None, positions: int | None, num_draft: int | None,
            rule_specs: tuple[str, ...], draws: int | None, alpha: float | None, seed: int,
            prompt_ids: tuple[str, ...], end_to_end: bool, tokens: int | None, as_json: bool,
-           record_dir: str | None) -> int:
+           record_dir: str | None, quiet: bool) -> int:
     """Measured acceptance against its closed forms, on real models.
 
     Runs mlx-lm's own speculative generation (speculative_generate_step with a
@@ -89,12 +89,9 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
             raise UsageError("--model needs --draft-model (the drafter whose acceptance is"
                              " measured)")
         if model is None:
-            from specparity.fixtures import default_pair
-
-            pair = default_pair()
-            model = pair.target
-            draft_model = draft_model or pair.draft
-            click.echo(f"using the embedded default pair {model} / {draft_model}", err=True)
+            click.echo("using the embedded default pair", err=True)
+        model = str(resolve_path(model, "target"))
+        draft_model = str(resolve_path(draft_model, "draft"))
         prompt = None
         if prompt_ids:
             from specparity.prompts import parse_prompt_ids
@@ -109,19 +106,12 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
         )
         text = am.render_accept(rep)
         slug = "accept"
-    if record_dir:
-        from specparity.identity import identity
-        from specparity.records.writer import RecordWriter
-
-        w = RecordWriter(record_dir, slug, identity(command="accept", seed=seed))
+    run = CommandRun("accept", f"accept: {slug}", {"command": "accept", "seed": seed}, record_dir,
+                     as_json, quiet, slug=slug)
+    with run:
         d = rep.to_dict()
-        for arm in d.get("measurements") or d.get("arms") or []:
-            w.append("measurements" if "measurements" in d else "arms", arm)
-        w.write_json("report.json", d)
-        w.finish(f"# specparity {slug}\n\n```\n{text}\n```\n")
-        click.echo(f"record: {w.md_path}", err=True)
-    if as_json:
-        emit_json(rep.to_dict())
-    else:
-        click.echo(text)
-    return rep.exit_code
+        arm = "measurements" if "measurements" in d else "arms"
+        for obj in d.get(arm) or []:
+            run.observer.result(arm, obj)
+        return run.finish(rep, text=text.splitlines())
+

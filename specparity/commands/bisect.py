@@ -64,14 +64,7 @@ def _need_width(width: int | None) -> int:
 def _dump_args(loaded: Any, trust: bool, width: int, depth: int, ids: list[int],
                opts: Any) -> list[str]:
     args = ["--model", str(loaded.path), "--width", str(width), "--depth", str(depth),
-            "--prompt-ids", ",".join(map(str, ids)),
-            "--prefill-step-size", str(opts.prefill_step_size),
-            "--quantized-kv-start", str(opts.quantized_kv_start),
-            "--kv-group-size", str(opts.kv_group_size)]
-    if opts.kv_bits is not None:
-        args += ["--kv-bits", str(opts.kv_bits)]
-    if opts.max_kv_size is not None:
-        args += ["--max-kv-size", str(opts.max_kv_size)]
+            "--prompt-ids", ",".join(map(str, ids)), *opts.to_argv()]
     if trust:
         args.append("--trust-remote-code")
     return args

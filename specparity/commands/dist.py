@@ -6,7 +6,9 @@ import logging
 
 import click
 
-from specparity.commands._common import emit_json, json_option, record_option
+from dataclasses import asdict
+
+from specparity.commands._common import CommandRun, json_option, record_option
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | None, seed: int,
          temperature: float | None, target_logits: str | None, draft_logits: str | None,
          top_k: int | None, top_p: float, min_p: float, sweep_draws: int | None,
-         as_json: bool, record_dir: str | None) -> int:
+         as_json: bool, record_dir: str | None, quiet: bool) -> int:
     """Test an acceptance rule for distributional exactness.
 
     Draws rounds of the rule by Monte Carlo and tests the emitted tokens against
@@ -76,35 +78,16 @@ def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | Non
     )
     click.echo(f"dist: testing {rule.name} ({rule.description}) beside"
                f" {3 if prob.temperature > 0 else 0} controls", err=True)
-    rep = dm.run_dist(
-        rule, prob,
-        samples=dm.DEFAULT_SAMPLES if samples is None else samples,
-        alpha=dm.DEFAULT_ALPHA if alpha is None else alpha,
-        seed=seed,
-        sweep_draws=dm.DEFAULT_SWEEP_DRAWS if sweep_draws is None else sweep_draws,
-    )
-    if record_dir:
-        path = write_record(record_dir, rep)
-        click.echo(f"record: {path}", err=True)
-    if as_json:
-        emit_json(rep.to_dict())
-    else:
-        click.echo(dm.render_text(rep))
-    return rep.exit_code
-
-
-def write_record(record_dir: str, rep) -> str:
-    """One record: per-arm JSONL, report.json, and the text report as markdown."""
-    from dataclasses import asdict
-
-    from specparity.identity import identity
-    from specparity.probes.dist import render_text
-    from specparity.records.writer import RecordWriter
-
-    w = RecordWriter(record_dir, f"dist-{rep.rule.split(':')[-1]}",
-                     identity(command="dist", rule=rep.rule, seed=rep.seed))
-    for arm in rep.arms:
-        w.append(arm.role, asdict(arm))
-    w.write_json("report.json", rep.to_dict())
-    w.finish(f"# specparity dist: {rep.rule}\n\n```\n{render_text(rep)}\n```\n")
-    return str(w.md_path)
+    run = CommandRun("dist", f"dist: {rule.name}", {"command": "dist", "rule": rule.name, "seed": seed},
+                     record_dir, as_json, quiet, slug=f"dist-{rule.name.split(':')[-1]}")
+    with run:
+        rep = dm.run_dist(
+            rule, prob,
+            samples=dm.DEFAULT_SAMPLES if samples is None else samples,
+            alpha=dm.DEFAULT_ALPHA if alpha is None else alpha,
+            seed=seed,
+            sweep_draws=dm.DEFAULT_SWEEP_DRAWS if sweep_draws is None else sweep_draws,
+        )
+        for arm in rep.arms:
+            run.observer.result(arm.role, asdict(arm))
+        return run.finish(rep, text=dm.render_text(rep).splitlines())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from specparity.commands._common import (
-    cache_options, cache_options_from, emit_json, json_option, model_options,
-    parse_int_list, record_option, resolve_model,
+    CommandRun, cache_options, cache_options_from, json_option,
+    model_options, parse_int_list, record_option, resolve_model,
 )
 from specparity.errors import UsageError
 
@@ -30,7 +30,7 @@ MAX_WIDTH = 1024
 @json_option
 @record_option
 def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, walk_widths,
-          prefill, as_json, record_dir, **cache_kwargs):
+          prefill, as_json, record_dir, quiet, **cache_kwargs):
     """Compare W single-token steps with one W-row block, byte for byte.
 
     For each width W and depth D: prefill as classic decode does, decode D
@@ -49,10 +49,7 @@ def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, w
         specparity probe --model ./mlx-model --widths 2-16 --depths 0,32,128
         specparity probe --kv-bits 8 --quantized-kv-start 0 --json
     """
-    from specparity.checkpoint import model_dtype
-    from specparity.probes.blockchain import probe_block_vs_chain
-    from specparity.probes.prefill import prefill_parity
-    from specparity.probes.render import probe_markdown, probe_text
+    from specparity.probes.probe import run_probe
     from specparity.prompts import encode_prompts, parse_prompt_ids
 
     w_list = parse_int_list(widths, "--widths", minimum=1)
@@ -69,46 +66,11 @@ def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, w
 
     loaded = resolve_model(model, trust_remote_code)
     prompt_list = encode_prompts(loaded.tokenizer, list(prompts) or None, ids or None)
-    report = probe_block_vs_chain(loaded.model, w_list, d_list, prompt_list, opts,
-                                  walk_positions=walk, walk_widths=ww)
-    pre = prefill_parity(loaded.model, prompt_list, opts) if prefill else []
-    verdict = report.verdict
-    if verdict == "equal" and any(r.verdict == "divergent" for r in pre):
-        verdict = "divergent"
-    exit_code = {"equal": 0, "divergent": 1, "not_run": 3}[verdict]
-
     fp = loaded.fingerprint
-    meta = {
-        "model": fp.path,
-        "model_type": fp.model_type,
-        "dtype": model_dtype(loaded.model),
-        "fingerprint": fp.short,
-        "cache": opts.describe(),
-        "prompts": ", ".join(f"{n} tokens" for n in report.prompts),
-    }
-    header = (f"model {fp.path} ({fp.model_type}, {meta['dtype']}, fingerprint {fp.short})"
-              f"\ncache: {opts.describe()}; prompts: {meta['prompts']}")
-    result = {**report.to_dict(), "verdict": verdict, "prefill": [r.to_dict() for r in pre],
-              "model": fp.to_dict()}
-
-    if record_dir:
-        from specparity.identity import identity
-        from specparity.records.writer import RecordWriter
-
-        rec = RecordWriter(record_dir, f"probe-{fp.model_type}",
-                           identity(model=fp.to_dict(), cache=opts.to_dict()))
-        for c in report.cells:
-            rec.append("cells", c.to_dict())
-        for w in report.walks:
-            rec.append("walks", w.to_dict())
-        for r in pre:
-            rec.append("prefill", r.to_dict())
-        md = rec.finish(probe_markdown(report, f"probe: {fp.model_type} {meta['dtype']}", meta, pre))
-        click.echo(f"record written: {md}", err=True)
-
-    if as_json:
-        emit_json(result)
-    else:
-        click.echo(probe_text(report, header, pre))
-        click.echo(f"verdict: {verdict}")
-    return exit_code
+    run = CommandRun("probe", f"probe: {fp.model_type} {fp.short}",
+                     {"model": fp.to_dict(), "cache": opts.to_dict()}, record_dir, as_json, quiet,
+                     slug=f"probe-{fp.model_type}")
+    with run:
+        result = run_probe(loaded, w_list, d_list, prompt_list, opts, walk_positions=walk,
+                           walk_widths=ww, prefill=prefill, observer=run.observer)
+        return run.finish(result, markdown=result.markdown(), extra={"model": fp.to_dict()})

@@ -1,0 +1,149 @@
+"""``specparity records``: read any record any command wrote (no mlx import: instant)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from specparity.commands._common import emit_json, json_option
+from specparity.errors import UsageError
+
+# columns that say which part a JSONL line is, in the order a reader wants them
+_ID_KEYS = ("request", "source", "arm", "role", "rule", "width", "depth", "walk_width", "arm_name",
+            "layer", "kind", "prompt_index", "first_row", "absolute_position", "position")
+_DETAIL_KEYS = ("reason", "summary", "message", "detail")
+
+
+@click.group()
+def records() -> None:
+    """Read records written with --record-dir by any command.
+
+    \b
+    Examples:
+        specparity records list results/
+        specparity records show results/probe-llama-host-2026-11-30.md
+        specparity records show results/ --json      # the newest record in results/
+    """
+
+
+def _open(path: str) -> tuple[Any, dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    from specparity.records.record import list_records, read_record
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    try:
+        return read_record(p)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, TypeError) as err:
+        raise UsageError(f"{path}: not a readable record ({type(err).__name__}: {err})") from None
+    found = list_records(p) if p.is_dir() else []
+    if not found:
+        raise UsageError(f"{path}: not a record (no report.json or identity.json) and holds none")
+    newest = max(found, key=lambda md: (md.stat().st_mtime, md.name))
+    return _open(str(newest))
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (dict, list)):
+        return f"({len(v)} items)"
+    return str(v)
+
+
+def arm_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per finished part: its identifying keys, its verdict, its detail."""
+    if not rows:
+        return ["  (none finished)"]
+    keys = [k for k in _ID_KEYS if any(k in r for r in rows)]
+    has_verdict = any("verdict" in r for r in rows)
+    head = keys + (["verdict"] if has_verdict else [])
+    table = [[_cell(r.get(k)) for k in head] + [next((str(r[d]) for d in _DETAIL_KEYS if r.get(d)), "")]
+             for r in rows]
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
+    out = ["  " + "  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    for t in table:
+        out.append("  " + "  ".join(c.ljust(w) for c, w in zip(t, widths)) + ("  " + t[-1] if t[-1] else ""))
+    return out
+
+
+def show_lines(rec: Any, identity: dict[str, Any], arms: dict[str, list[dict[str, Any]]]) -> list[str]:
+    lines = [f"{rec.title}  [{rec.kind}]  {rec.path}"]
+    if rec.status == "complete":
+        lines.append(f"verdict: {rec.verdict} (exit {rec.exit_code})")
+    else:
+        lines.append(f"verdict: none: INCOMPLETE record ({rec.status})"
+                     + (f", stopped by {rec.error}" if rec.error else "")
+                     + "; the parts below finished, nothing else is claimed")
+    if rec.argv:
+        lines.append("command: " + " ".join(rec.argv))
+    lines.append(f"started {rec.started or '-'}, finished {rec.finished or '-'}"
+                 + (", seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in rec.timings.items())
+                    if rec.timings else ""))
+    lines.append(f"host {identity.get('host')}, device {identity.get('device')}, mlx {identity.get('mlx')},"
+                 f" mlx-lm {identity.get('mlx_lm')}, specparity {identity.get('specparity')}")
+    for name, rows in arms.items():
+        counts: dict[str, int] = {}
+        for r in rows:
+            if "verdict" in r:
+                counts[str(r["verdict"])] = counts.get(str(r["verdict"]), 0) + 1
+        tally = ", ".join(f"{n} {v}" for v, n in counts.items())
+        lines.append("")
+        lines.append(f"{name}: {len(rows)} finished" + (f" ({tally})" if tally else ""))
+        lines.extend(arm_table(rows))
+    return lines
+
+
+@records.command("show")
+@click.argument("path", metavar="RECORD|DIR")
+@json_option
+def show(path: str, as_json: bool) -> int:
+    """Print a record's verdict, reach and per-part table.
+
+    RECORD is a record's .md file, its data/<name>/ directory or its
+    report.json; a records directory shows its newest record. An incomplete
+    record (interrupted, failed, or still running / killed) says so and
+    claims no verdict.
+    """
+    rec, identity, arms = _open(path)
+    if as_json:
+        emit_json({**rec.to_dict(), "identity": identity, "results": arms})
+    else:
+        click.echo("\n".join(show_lines(rec, identity, arms)))
+    return 0
+
+
+@records.command("list")
+@click.argument("directory", type=click.Path(file_okay=False), metavar="DIR")
+@json_option
+def list_(directory: str, as_json: bool) -> int:
+    """One line per record in DIR: name, kind, status, verdict, started."""
+    from specparity.records.record import list_records, read_record
+
+    d = Path(directory).expanduser()
+    if not d.is_dir():
+        raise UsageError(f"{directory}: not a directory")
+    rows = []
+    for md in list_records(d):
+        try:
+            rec, _, _ = read_record(md)
+        except (OSError, ValueError, TypeError) as err:
+            rows.append({"name": md.stem, "status": f"unreadable ({type(err).__name__})"})
+            continue
+        rows.append({"name": rec.name, "kind": rec.kind, "status": rec.status, "verdict": rec.verdict,
+                     "exit_code": rec.exit_code, "started": rec.started, "title": rec.title})
+    if as_json:
+        emit_json(rows)
+        return 0
+    if not rows:
+        click.echo(f"no records in {directory}")
+    for r in rows:
+        click.echo(f"{r['name']}  {r.get('kind', '-')}  {r['status']}  {r.get('verdict') or '-'}"
+                   f"  {r.get('started') or '-'}  {r.get('title') or ''}")
+    return 0
