@@ -1,12 +1,17 @@
-"""The in-process bisect: both arms captured once each, then the per-layer report."""
+"""The in-process bisect: both arms captured once each, the per-layer report, the control arms."""
 
 from __future__ import annotations
 
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specparity.bisect.arms import BisectCapture, run_arms
 from specparity.bisect.report import BisectReport, compare_arms
 from specparity.decode import CacheOptions
+from specparity.progress import NULL, Observer
+from specparity.verdicts import ReportMixin, Verdict
 
 
 def model_meta(loaded: Any) -> dict[str, Any]:
@@ -29,3 +34,68 @@ def bisect_model(loaded: Any, prompt: list[int], width: int, depth: int,
     report = compare_arms(bc.arms["chain"], bc.arms["block"], width, depth, bc.layer_kinds,
                           meta=meta)
     return bc, report
+
+
+@dataclass
+class BisectRun(ReportMixin):
+    """One ``specparity bisect``: the per-layer report, plus the control arms when asked.
+
+    report: chain vs block (BisectReport). controls: ControlsReport, or None.
+    """
+
+    report: BisectReport
+    controls: Any = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.report.verdict
+
+    def lines(self) -> list[str]:
+        from specparity.bisect.chart import terminal_bars
+        from specparity.bisect.render import render_text
+
+        out = render_text(self.report).rstrip("\n").splitlines()
+        out += ["", "differing output bytes per row:"] + ["  " + b for b in terminal_bars(self.report)]
+        if self.controls is not None:
+            out += ["", *self.controls.lines()]
+        return out
+
+    def markdown(self, chart_path: str | None) -> list[str]:
+        from specparity.bisect.render import render_markdown
+
+        extra = [f"    {x}" for x in self.controls.lines()] if self.controls is not None else []
+        return render_markdown(self.report, chart_path, extra).splitlines()[2:]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {**self.report.to_dict(), "exit_code": self.exit_code}
+        if self.controls is not None:
+            d["controls"] = self.controls.to_dict()
+        return d
+
+
+def dump_args(path: str, trust_remote_code: bool, width: int, depth: int, prompt: list[int],
+              opts: CacheOptions) -> list[str]:
+    """The ``bisect dump`` arguments that rerun exactly these arms in another process."""
+    args = ["--model", path, "--width", str(width), "--depth", str(depth),
+            "--prompt-ids", ",".join(map(str, prompt)), *opts.to_argv()]
+    return args + (["--trust-remote-code"] if trust_remote_code else [])
+
+
+def run_bisect(loaded: Any, prompt: list[int], width: int, depth: int, opts: CacheOptions,
+               controls: list[tuple[str, str]] | None = None, trust_remote_code: bool = False,
+               observer: Observer = NULL) -> BisectRun:
+    """Bisect in process; with ``controls`` (NAME, VALUE), rerun both arms per environment."""
+    with observer.part("arms", total=2):
+        _, report = bisect_model(loaded, prompt, width, depth, opts)
+        observer.item("arms", 2)
+    for row in report.to_dict()["rows"]:
+        observer.result("layers", row)
+    ctrl = None
+    if controls:
+        from specparity.bisect.controls import run_controls
+
+        observer.note(f"bisect: running {len(controls) + 1} control processes")
+        with tempfile.TemporaryDirectory(prefix="specparity-controls-") as tmp:
+            ctrl = run_controls(controls, dump_args(str(loaded.path), trust_remote_code, width, depth,
+                                                    prompt, opts), Path(tmp), width)
+    return BisectRun(report, ctrl)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 
 from specparity.commands._common import (
+    CommandRun,
     cache_options,
     cache_options_from,
     emit_json,
@@ -19,7 +19,7 @@ from specparity.commands._common import (
     record_option,
     resolve_model,
 )
-from specparity.errors import EXIT_DIVERGENT, EXIT_OK, UsageError
+from specparity.errors import EXIT_OK, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -61,52 +61,13 @@ def _need_width(width: int | None) -> int:
     return width
 
 
-def _dump_args(loaded: Any, trust: bool, width: int, depth: int, ids: list[int],
-               opts: Any) -> list[str]:
-    args = ["--model", str(loaded.path), "--width", str(width), "--depth", str(depth),
-            "--prompt-ids", ",".join(map(str, ids)), *opts.to_argv()]
-    if trust:
-        args.append("--trust-remote-code")
-    return args
+def _emit(run: CommandRun, result: Any) -> int:
+    """Record the layers chart beside the record, print, and return the exit code."""
+    from specparity.bisect.chart import svg
 
-
-def _emit(report: Any, as_json: bool, record_dir: str | None, slug: str,
-          ident_extra: dict[str, Any], controls: Any = None) -> int:
-    from specparity.bisect.chart import svg, terminal_bars
-    from specparity.bisect.render import render_markdown, render_text
-
-    payload = report.to_dict()
-    if controls is not None:
-        payload["controls"] = controls.to_dict()
-    record_path = None
-    if record_dir:
-        from specparity.identity import identity
-        from specparity.records.writer import RecordWriter
-
-        writer = RecordWriter(record_dir, slug, identity(**ident_extra))
-        for row in payload["rows"]:
-            writer.append("layers", row)
-        writer.write_json("report.json", payload)
-        chart = writer.write_bytes("layers.svg", svg(report).encode())
-        extra = controls.lines() if controls is not None else []
-        record_path = writer.finish(render_markdown(
-            report, f"data/{writer.name}/{chart.name}", [f"    {x}" for x in extra]))
-        payload["record"] = str(record_path)
-    if as_json:
-        emit_json(payload)
-    else:
-        click.echo(render_text(report), nl=False)
-        click.echo("")
-        click.echo("differing output bytes per row:")
-        for line in terminal_bars(report):
-            click.echo("  " + line)
-        if controls is not None:
-            click.echo("")
-            for line in controls.lines():
-                click.echo(line)
-        if record_path:
-            click.echo(f"record: {record_path}", err=True)
-    return EXIT_DIVERGENT if report.verdict == "divergent" else EXIT_OK
+    chart = run.sink.write_bytes("layers.svg", svg(result.report).encode())
+    rel = f"data/{run.sink.record.name}/{chart.name}" if chart is not None else None
+    return run.finish(result, markdown=result.markdown(rel))
 
 
 @click.group(invoke_without_command=True)
@@ -122,7 +83,7 @@ def _emit(report: Any, as_json: bool, record_dir: str | None, slug: str,
 @click.pass_context
 def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None,
            prompt_ids: str | None, model: str | None, trust_remote_code: bool,
-           controls: tuple[str, ...], as_json: bool, record_dir: str | None,
+           controls: tuple[str, ...], as_json: bool, record_dir: str | None, quiet: bool,
            **kwargs: Any) -> int | None:
     """Locate the first divergent layer and sub-op between W single steps and one W-row block.
 
@@ -145,8 +106,8 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
     """
     if ctx.invoked_subcommand is not None:
         return None
-    from specparity.bisect.controls import parse_control, run_controls
-    from specparity.bisect.run import bisect_model
+    from specparity.bisect.controls import parse_control
+    from specparity.bisect.run import run_bisect
 
     w = _need_width(width)
     parsed = [parse_control(c) for c in controls]
@@ -154,15 +115,12 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
     loaded = resolve_model(model, trust_remote_code)
     ids = _prompt(loaded, prompt, prompt_ids)
     click.echo(f"bisect: width {w}, depth {depth}, {len(ids)} prompt tokens", err=True)
-    _, report = bisect_model(loaded, ids, w, depth, opts)
-    ctrl = None
-    if parsed:
-        with tempfile.TemporaryDirectory(prefix="specparity-controls-") as tmp:
-            click.echo(f"bisect: running {len(parsed) + 1} control processes", err=True)
-            ctrl = run_controls(parsed, _dump_args(loaded, trust_remote_code, w, depth, ids, opts),
-                                Path(tmp), w)
-    return _emit(report, as_json, record_dir, "bisect",
-                 {"model": loaded.fingerprint.to_dict(), "width": w, "depth": depth}, ctrl)
+    fp = loaded.fingerprint
+    run = CommandRun("bisect", f"bisect: {fp.model_type} {fp.short} width {w} depth {depth}",
+                     {"model": fp.to_dict(), "width": w, "depth": depth}, record_dir, as_json, quiet)
+    with run:
+        return _emit(run, run_bisect(loaded, ids, w, depth, opts, parsed, trust_remote_code,
+                                     observer=run.observer))
 
 
 @bisect.command("dump")
@@ -224,7 +182,7 @@ def dump(width: int | None, depth: int, prompt: str | None, prompt_ids: str | No
 @json_option
 @record_option
 def diff(a: str, b: str, a_arm: str | None, b_arm: str | None, as_json: bool,
-         record_dir: str | None) -> int:
+         record_dir: str | None, quiet: bool) -> int:
     """Compare two dumps with the same per-layer report as the in-process bisect.
 
     Both dumps must come from the same model (fingerprint), width, depth and
@@ -251,6 +209,13 @@ def diff(a: str, b: str, a_arm: str | None, b_arm: str | None, as_json: bool,
                           b_label=f"{Path(b).name}:{arm_b.arm}", meta=meta)
     if not as_json:
         print(f"diff {a} ({arm_a.arm}) vs {b} ({arm_b.arm})", file=sys.stderr)
-    return _emit(report, as_json, record_dir, "bisect-diff",
-                 {"model": da.manifest["model"], "width": da.width, "depth": da.depth,
-                  "a": str(a), "b": str(b)})
+    from specparity.bisect.run import BisectRun
+
+    m = da.manifest["model"]
+    run = CommandRun("bisect", f"bisect diff: {Path(a).name} vs {Path(b).name}",
+                     {"model": m, "width": da.width, "depth": da.depth, "a": str(a), "b": str(b)},
+                     record_dir, as_json, quiet, slug="bisect-diff")
+    with run:
+        for row in report.to_dict()["rows"]:
+            run.observer.result("layers", row)
+        return _emit(run, BisectRun(report))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from specparity.commands._common import cache_options, cache_options_from, emit_json, json_option
+from specparity.commands._common import cache_options, cache_options_from, emit_json, json_option, resolve_path
 
 
 @click.group()
@@ -35,16 +35,13 @@ def check(model, trust_remote_code, width, env_prefixes, as_json, **cache_kwargs
     from specparity.identity import DEFAULT_ENV_PREFIXES
     from specparity.probes.gate import gate_check
 
-    if model is None:
-        from specparity.fixtures import default_pair
-
-        model = default_pair().target
+    model = str(resolve_path(model, "target"))
     opts = cache_options_from(cache_kwargs)
     decision = gate_check(model, width, opts, env_prefixes=env_prefixes or DEFAULT_ENV_PREFIXES,
                           trust_remote_code=trust_remote_code)
     click.echo(decision.line, err=True)
     if as_json:
-        emit_json(decision.to_dict())
+        emit_json({**decision.to_dict(), "exit_code": decision.exit_code})
     else:
         click.echo("allow" if decision.allow else "decline")
     return decision.exit_code
