@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 
 from specparity.commands._common import (
-    cache_options, cache_options_from, emit_json, json_option, model_options, record_option,
+    CommandRun, cache_options, cache_options_from, emit_json, json_option, model_options, record_option,
     resolve_model,
 )
 from specparity.errors import Inconclusive, UsageError
@@ -58,7 +57,7 @@ POLICIES = ("wrong-id", "correct-token")
 @record_option
 def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request_index,
            draft_model, num_draft_tokens, max_tokens, save_log, prompt_text, prompt_ids, width,
-           policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir,
+           policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir, quiet,
            **cache_kwargs):
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
 
@@ -126,7 +125,7 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         requests = [_record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text,
                             num_draft_tokens, max_tokens, opts, save_log)]
     return _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
-                       wrong_id, opts, as_json, record_dir)
+                       wrong_id, opts, as_json, record_dir, quiet)
 
 
 def _prompt_ids(value: str | None) -> list[int] | None:
@@ -137,44 +136,14 @@ def _prompt_ids(value: str | None) -> list[int] | None:
     return parse_prompt_ids([value])[0]
 
 
-def _prompt_for(req: Any, loaded: Any, cli_ids: list[int] | None,
-                prompt_text: str | None) -> list[int]:
-    """--prompt-ids, else --prompt, else the log's prompt ids, else the first default prompt."""
-    from specparity.prompts import DEFAULT_PROMPTS, encode_prompts
-
-    if cli_ids is not None:
-        if req.prompt_ids is not None and req.prompt_ids != cli_ids:
-            click.echo(f"{req.source}: --prompt-ids replaces the logged prompt", err=True)
-        return cli_ids
-    if prompt_text is not None:
-        if req.prompt_ids is not None:
-            click.echo(f"{req.source}: --prompt replaces the logged prompt", err=True)
-        return encode_prompts(loaded.tokenizer, [prompt_text])[0]
-    if req.prompt_ids is not None:
-        return req.prompt_ids
-    return encode_prompts(loaded.tokenizer, [DEFAULT_PROMPTS[0]])[0]
-
-
-def _widths_for(req: Any, width: int | None) -> tuple[int | None, list[int] | None]:
-    """The log's width(s), else --width; a --width that contradicts the log is an error."""
-    if req.width is None and req.widths is None:
-        if width is None:
-            raise UsageError(f"{req.source}: the log gives no width; pass --width (verify rows)")
-        return width, None
-    if width is not None and width != req.width:
-        said = f"width {req.width}" if req.width is not None else "a width per round"
-        raise UsageError(f"--width {width}: {req.source} says {said}")
-    return req.width, req.widths
-
-
 def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, num_draft_tokens,
             max_tokens, opts, save_log):
-    from specparity.checkpoint import load_checkpoint
     from specparity.probes.replay_logs import AcceptLog
     from specparity.probes.replay_record import record_speculative, write_requests
+    from specparity.probes.replay_run import prompt_for
 
-    draft = load_checkpoint(draft_model, trust_remote_code=trust_remote_code)
-    prompt = _prompt_for(AcceptLog([]), loaded, cli_ids, prompt_text)
+    draft = resolve_model(draft_model, trust_remote_code, role="draft")
+    prompt = prompt_for(AcceptLog([]), loaded.tokenizer, cli_ids, prompt_text)
     click.echo(f"recording: mlx-lm speculative decoding, {num_draft_tokens} proposals per round,"
                f" {max_tokens} tokens", err=True)
     req = record_speculative(loaded.model, draft.model, prompt, num_draft_tokens, max_tokens, opts)
@@ -227,70 +196,19 @@ def _locate(requests, index, as_json) -> int:
 
 
 def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy, wrong_id,
-                opts, as_json, record_dir) -> int:
-    from specparity.checkpoint import model_dtype
-    from specparity.probes.replay import replay as run_replay
+                opts, as_json, record_dir, quiet) -> int:
+    from specparity.probes.replay_run import run_replays
 
     fp = loaded.fingerprint
-    header = (f"model {fp.path} ({fp.model_type}, {model_dtype(loaded.model)},"
-              f" fingerprint {fp.short}); cache: {opts.describe()}")
-    results: list[dict[str, Any]] = []
-    texts: list[str] = []
-    codes: list[int] = []
-    rec = None
-    if record_dir:
-        from specparity.identity import identity
-        from specparity.records.writer import RecordWriter
-
-        rec = RecordWriter(record_dir, f"replay-{fp.model_type}",
-                           identity(model=fp.to_dict(), cache=opts.to_dict()))
+    run = CommandRun("replay", f"replay: {fp.model_type} {fp.short}",
+                     {"model": fp.to_dict(), "cache": opts.to_dict()}, record_dir, as_json, quiet,
+                     slug=f"replay-{fp.model_type}")
+    with run:
         if any(r.source == "mlx_lm.generate.speculative_generate_step" for r in requests):
             from specparity.probes.replay_record import request_object
 
-            rec.write_bytes("accepts.jsonl", "".join(
+            run.sink.write_bytes("accepts.jsonl", "".join(
                 json.dumps(request_object(r)) + "\n" for r in requests).encode())
-    for i, req in enumerate(requests):
-        prompt = _prompt_for(req, loaded, cli_ids, prompt_text)
-        w, ws = _widths_for(req, width)
-        click.echo(f"replaying {req.source}: {len(req.accepts)} rounds", err=True)
-        try:
-            report = run_replay(loaded.model, prompt, req.accepts, width=w, widths=ws,
-                                policy=policy, wrong_id=wrong_id, opts=opts,
-                                served_tokens=req.tokens, prefill_emits=req.prefill_emits)
-        except Inconclusive as err:
-            codes.append(3)
-            res = {"request": i, "source": req.source, "verdict": "not_run", "reason": str(err)}
-            results.append(res)
-            texts.append(f"{req.source}: not run: {err}")
-            if rec:
-                rec.append("replay", res)
-            continue
-        codes.append(report.exit_code)
-        res = {"request": i, "source": req.source, **report.to_dict()}
-        results.append(res)
-        prefix = f"{req.source}: " if len(requests) > 1 else ""
-        texts.append("\n".join(prefix + line if j == 0 else "  " + line
-                               for j, line in enumerate(report.lines())))
-        if rec:
-            rec.append("replay", res)
-    if findings:
-        codes.append(1)
-        for f in findings:
-            texts.append(f"round algebra: line {f.line} (request {f.request}, round {f.round}):"
-                         f" {f.check}: {f.message}")
-    exit_code = 1 if 1 in codes else (3 if 3 in codes else 0)
-    verdict = {0: "equal", 1: "divergent", 3: "not_run"}[exit_code]
-    if rec:
-        for f in findings:
-            rec.append("algebra", f.to_dict())
-        md = rec.finish("\n".join([f"# replay: {fp.model_type}", "", header, "", "```",
-                                   *texts, "```", "", f"verdict: {verdict}", ""]))
-        click.echo(f"record written: {md}", err=True)
-    if as_json:
-        emit_json({"verdict": verdict, "model": fp.to_dict(), "cache": opts.to_dict(),
-                   "requests": results, "algebra": [f.to_dict() for f in findings]})
-    else:
-        click.echo(header)
-        click.echo("\n".join(texts))
-        click.echo(f"verdict: {verdict}")
-    return exit_code
+        result = run_replays(loaded, requests, findings, opts, cli_ids, prompt_text, width, policy,
+                             wrong_id, observer=run.observer)
+        return run.finish(result)

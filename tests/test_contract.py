@@ -1,0 +1,58 @@
+"""The verdict contract: one vocabulary, one exit-code map, one combine()."""
+
+from __future__ import annotations
+
+import pytest
+
+from specparity.errors import EXIT_BUG, EXIT_DIVERGENT, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK
+from specparity.verdicts import Decision, Verdict, combine, decision_exit_code, exit_code, verdict
+
+
+def test_every_verdict_has_the_design_exit_code():
+    assert {v: exit_code(v) for v in Verdict} == {
+        Verdict.EQUAL: EXIT_OK, Verdict.MATCH: EXIT_OK, Verdict.PASS: EXIT_OK,
+        Verdict.DIVERGENT: EXIT_DIVERGENT, Verdict.DIVERGED: EXIT_DIVERGENT,
+        Verdict.NOT_RUN: EXIT_INCONCLUSIVE, Verdict.INCONCLUSIVE: EXIT_INCONCLUSIVE,
+        Verdict.NOT_ENGAGED: EXIT_INCONCLUSIVE, Verdict.DECLINED: EXIT_INCONCLUSIVE,
+        Verdict.ERROR: EXIT_INFRA,
+    }
+    assert EXIT_BUG not in {exit_code(v) for v in Verdict}
+    assert [decision_exit_code(d) for d in Decision] == [0, 1, 0]
+
+
+def test_combine_most_serious_wins_and_nothing_run_is_not_a_pass():
+    assert combine(["equal", "equal"]) == Verdict.EQUAL
+    assert combine(["equal", "not_run"]) == Verdict.NOT_RUN
+    assert combine(["not_run", "divergent", "equal"]) == Verdict.DIVERGENT
+    assert combine(["match", "declined"]) == Verdict.DECLINED
+    assert combine(["match", "error", "not_engaged"]) == Verdict.ERROR
+    assert combine(["error", "diverged"]) == Verdict.DIVERGED
+    assert combine([]) == Verdict.NOT_RUN
+    assert exit_code(combine([])) == EXIT_INCONCLUSIVE
+
+
+def test_verdicts_are_their_words_in_json_and_unknown_words_are_named():
+    import json
+
+    assert json.dumps({"v": Verdict.NOT_ENGAGED}) == '{"v": "not_engaged"}'
+    assert Verdict.EQUAL == "equal"
+    with pytest.raises(ValueError, match="'same'"):
+        verdict("same")
+
+
+def test_cache_options_round_trip_through_argv():
+    import click
+
+    from specparity.commands._common import cache_options, cache_options_from
+    from specparity.decode import CacheOptions
+
+    @click.command()
+    @cache_options
+    def cmd(**kw):
+        return cache_options_from(kw)
+
+    for opts in (CacheOptions(), CacheOptions(kv_bits=4, kv_group_size=32, quantized_kv_start=25,
+                                              max_kv_size=96, prefill_step_size=7),
+                 CacheOptions(kv_bits=8, quantized_kv_start=0)):
+        back = cmd.main(args=opts.to_argv(), standalone_mode=False)
+        assert back == opts
