@@ -149,7 +149,7 @@ def _line(action: str, width: int, key: str, reason: str) -> str:
 def _default_probe(model_dir: str, width: int, opts: CacheOptions, trust_remote_code: bool,
                    depths: tuple[int, ...], walk: int) -> tuple[str, str]:
     from specparity.checkpoint import load_checkpoint
-    from specparity.probes.blockchain import probe_block_vs_chain
+    from specparity.probes.forward.blockchain import probe_block_vs_chain
     from specparity.prompts import encode_prompts
 
     loaded = load_checkpoint(model_dir, trust_remote_code=trust_remote_code)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specparity.probes import dist
-from specparity.probes.rules import BUILTIN
+from specparity.probes.sampling import dist, montecarlo
+from specparity.probes.sampling.rules import BUILTIN
 
 DRAWS = 5_000_000
 
@@ -32,7 +32,7 @@ def main() -> None:
         for rep in range(3):
             rng = np.random.default_rng(rep)
             t0 = time.perf_counter()
-            dist.simulate(BUILTIN[name], prob, DRAWS, rng)
+            montecarlo.simulate(BUILTIN[name], prob, DRAWS, rng)
             best = min(best, time.perf_counter() - t0)
         print(f"mc_draws_per_second_{name.replace('-', '_')}: {DRAWS / best:.3g} draws/s")
     dist.run_dist(BUILTIN["mrs"], prob, samples=1000)  # warm imports (scipy)

@@ -76,7 +76,7 @@ def main() -> int:
     from specparity.checkpoint import load_checkpoint
     from specparity.decode import CacheOptions
     from specparity.fixtures import default_pair
-    from specparity.probes.replay import replay
+    from specparity.probes.replay.core import replay
 
     model = load_checkpoint(args.model or default_pair().target).model
     rng = random.Random(args.seed)

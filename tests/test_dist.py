@@ -11,8 +11,8 @@ from scipy.stats import chi2
 
 from conftest import run_cli
 from specparity.errors import UsageError
-from specparity.probes import dist
-from specparity.probes.rules import ALL_NAMED, BUILTIN, CONTROLS, Rule, reference, resolve_rule
+from specparity.probes.sampling import dist, montecarlo, stats
+from specparity.probes.sampling.rules import ALL_NAMED, BUILTIN, CONTROLS, Rule, reference, resolve_rule
 
 TESTS = Path(__file__).resolve().parent
 SAMPLE_RULES = TESTS / "sample_rules.py"
@@ -100,12 +100,12 @@ def test_support_check_names_the_first_offending_monte_carlo_draw():
 
     rule = Rule("accept-all", "accepts every draft", lossless=True, per_sample=accept_all)
     rng = np.random.default_rng(0)
-    checker = dist._Checker(rule, "monte_carlo")
-    dist.simulate(rule, prob, 2000, rng, checker)
+    checker = montecarlo.Checker(rule, "monte_carlo")
+    montecarlo.simulate(rule, prob, 2000, rng, checker)
     v = checker.support
     assert v is not None
     # recompute the same drafts: the violation is the first draw that drafted a p = 0 token
-    drafts = dist._drafts(rule, prob.q, 2000, np.random.default_rng(0))
+    drafts = montecarlo.draw_drafts(rule, prob.q, 2000, np.random.default_rng(0))
     first = int(np.nonzero(prob.p[drafts] == 0)[0][0])
     assert (v.draw, v.token) == (first, int(drafts[first]))
 
@@ -123,9 +123,9 @@ def test_joint_test_of_a_chain_sees_what_the_first_token_cannot(monkeypatch):
     assert bad.verdict == dist.DIVERGENT
     # its first emitted token alone is exact: only the joint law exposes it
     rng = np.random.default_rng(1)
-    mc = dist.simulate(resolve_rule("sample_rules:first_position_only_chain"), prob, 20_000, rng)
+    mc = montecarlo.simulate(resolve_rule("sample_rules:first_position_only_chain"), prob, 20_000, rng)
     first = mc.counts.reshape(prob.vocab, prob.vocab).sum(axis=1)
-    assert not dist.chi_square(first, prob.p, 1e-4).rejected
+    assert not stats.chi_square(first, prob.p, 1e-4).rejected
 
 
 def test_user_rule_by_module_path_in_process(monkeypatch, prob):
@@ -141,9 +141,9 @@ def test_user_rule_by_module_path_in_process(monkeypatch, prob):
 def test_reference_per_sample_form_matches_the_vectorized_law(prob):
     one = reference(BUILTIN["mrs"])
     rng = np.random.default_rng(3)
-    drafts = dist._drafts(BUILTIN["mrs"], prob.q, 4000, rng)
+    drafts = montecarlo.draw_drafts(BUILTIN["mrs"], prob.q, 4000, rng)
     out = [one(prob.p, prob.q, int(d), rng) for d in drafts]
-    assert not dist.chi_square(np.bincount(out, minlength=prob.vocab), prob.p, 1e-4).rejected
+    assert not stats.chi_square(np.bincount(out, minlength=prob.vocab), prob.p, 1e-4).rejected
 
 
 def test_underpowered_run_is_inconclusive_never_a_pass(prob):
@@ -163,7 +163,7 @@ def test_temperature_zero_is_the_exact_check():
 def test_chi_square_pools_rare_cells():
     law = np.array([0.5, 0.49, 0.004, 0.004, 0.002, 0.0])
     counts = np.array([500, 490, 4, 4, 2, 0])
-    c = dist.chi_square(counts, law, 1e-4)
+    c = stats.chi_square(counts, law, 1e-4)
     assert c.pooled_cells == 3 and c.bins == 3 and c.dof == 2
     assert c.statistic == pytest.approx(0.0)
 

@@ -10,8 +10,8 @@ from conftest import build, run_cli
 from specparity.checkpoint import load_checkpoint
 from specparity.decode import CacheOptions
 from specparity.identity import device
-from specparity.probes.blockchain import probe_block_vs_chain
-from specparity.probes.prefill import prefill_parity
+from specparity.probes.forward.blockchain import probe_block_vs_chain
+from specparity.probes.forward.prefill import prefill_parity
 
 # Fixed prompt ids make absolute positions exact: the cache holds 15 positions after prefill.
 PROMPTS = [list(range(20, 36)), list(range(100, 140, 2)), [7, 300, 41, 9, 77, 250, 3, 19, 480, 66]]

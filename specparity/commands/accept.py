@@ -67,9 +67,10 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
         specparity accept --end-to-end --temperature 0.7
     """
     from specparity.errors import UsageError
-    from specparity.probes import accept as am
-    from specparity.probes.dist import check_temperature
-    from specparity.probes.rules import resolve_rule
+    from specparity.probes.sampling import accept as am
+    from specparity.probes.sampling import e2e
+    from specparity.probes.sampling.dist import check_temperature
+    from specparity.probes.sampling.rules import resolve_rule
 
     temperature = check_temperature(
         am.DEFAULT_TEMPERATURE if temperature is None else temperature)
@@ -78,10 +79,10 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
     am.check_args(temperature, 1 if positions is None else positions, num_draft,
                   1 if draws is None else draws, alpha)
     if end_to_end:
-        rep = am.run_end_to_end(temperature=temperature,
-                                tokens=am.E2E_TOKENS if tokens is None else tokens,
-                                num_draft=num_draft, alpha=alpha, seed=seed)
-        text = am.render_end_to_end(rep)
+        rep = e2e.run_end_to_end(temperature=temperature,
+                                 tokens=e2e.E2E_TOKENS if tokens is None else tokens,
+                                 num_draft=num_draft, alpha=alpha, seed=seed)
+        text = e2e.render_end_to_end(rep)
         slug = "accept-end-to-end"
     else:
         rules = [resolve_rule(s) for s in rule_specs] or None

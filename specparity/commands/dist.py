@@ -61,8 +61,8 @@ def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | Non
         specparity dist --rule sampler-match --num-draft 3
         specparity dist --rule my_engine.rules:accept --temperature 1.0
     """
-    from specparity.probes import dist as dm
-    from specparity.probes.rules import resolve_rule
+    from specparity.probes.sampling import dist as dm
+    from specparity.probes.sampling.rules import resolve_rule
 
     temperature = dm.check_temperature(
         dm.DEFAULT_TEMPERATURE if temperature is None else temperature)

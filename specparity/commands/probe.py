@@ -49,7 +49,7 @@ def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, w
         specparity probe --model ./mlx-model --widths 2-16 --depths 0,32,128
         specparity probe --kv-bits 8 --quantized-kv-start 0 --json
     """
-    from specparity.probes.probe import run_probe
+    from specparity.probes.forward.probe import run_probe
     from specparity.prompts import encode_prompts, parse_prompt_ids
 
     w_list = parse_int_list(widths, "--widths", minimum=1)

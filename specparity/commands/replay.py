@@ -11,7 +11,7 @@ from specparity.commands._common import (
     resolve_model,
 )
 from specparity.errors import Inconclusive, UsageError
-from specparity.probes.replay_logs import FORMATS
+from specparity.probes.replay.logs import FORMATS
 
 POLICIES = ("wrong-id", "correct-token")
 
@@ -81,7 +81,7 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         specparity replay --log run.log --regex 'accepted=(\\d+)' --width 5
         specparity replay --draft-model ./draft --num-draft-tokens 3 --save-log run.jsonl
     """
-    from specparity.probes import replay_logs as logs
+    from specparity.probes.replay import algebra, logs
 
     sources = [s for s in (accepts_text, log_path, draft_model) if s is not None]
     if len(sources) != 1:
@@ -114,7 +114,7 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
     findings = []
     for i, req in enumerate(requests):
         if req.rounds:
-            findings.extend(logs.check_rounds(req.rounds, request=i))
+            findings.extend(algebra.check_rounds(req.rounds, request=i))
     if algebra_only:
         return _algebra_only(requests, findings, as_json)
     if locate is not None:
@@ -138,9 +138,9 @@ def _prompt_ids(value: str | None) -> list[int] | None:
 
 def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, num_draft_tokens,
             max_tokens, opts, save_log):
-    from specparity.probes.replay_logs import AcceptLog
-    from specparity.probes.replay_record import record_speculative, write_requests
-    from specparity.probes.replay_run import prompt_for
+    from specparity.probes.replay.logs import AcceptLog, write_requests
+    from specparity.probes.replay.recorder import record_speculative
+    from specparity.probes.replay.run import prompt_for
 
     draft = resolve_model(draft_model, trust_remote_code, role="draft")
     prompt = prompt_for(AcceptLog([]), loaded.tokenizer, cli_ids, prompt_text)
@@ -173,7 +173,7 @@ def _algebra_only(requests, findings, as_json) -> int:
 
 
 def _locate(requests, index, as_json) -> int:
-    from specparity.probes.replay_logs import emitted_counts, locate
+    from specparity.probes.replay.algebra import emitted_counts, locate
 
     out = []
     for i, req in enumerate(requests):
@@ -197,7 +197,7 @@ def _locate(requests, index, as_json) -> int:
 
 def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy, wrong_id,
                 opts, as_json, record_dir, quiet) -> int:
-    from specparity.probes.replay_run import run_replays
+    from specparity.probes.replay.run import run_replays
 
     fp = loaded.fingerprint
     run = CommandRun("replay", f"replay: {fp.model_type} {fp.short}",
@@ -205,7 +205,7 @@ def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
                      slug=f"replay-{fp.model_type}")
     with run:
         if any(r.source == "mlx_lm.generate.speculative_generate_step" for r in requests):
-            from specparity.probes.replay_record import request_object
+            from specparity.probes.replay.logs import request_object
 
             run.sink.write_bytes("accepts.jsonl", "".join(
                 json.dumps(request_object(r)) + "\n" for r in requests).encode())

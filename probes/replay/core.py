@@ -37,6 +37,7 @@ from typing import Any
 from specparity.compare import Diff, compare_arrays
 from specparity.decode import CacheOptions, Decoder, argmax_row, greedy_chain, trimmable
 from specparity.errors import Inconclusive, UsageError
+from specparity.probes.replay.algebra import emitted_counts, locate
 
 log = logging.getLogger(__name__)
 
@@ -437,8 +438,6 @@ def replay(
                 served_mismatch = i
                 break
         if served_mismatch is not None:
-            from specparity.probes.replay_logs import emitted_counts, locate
-
             lead = 1 if prefill_emits else 0
             served_at = (-1, 0) if served_mismatch < lead else locate(
                 emitted_counts(accepts), served_mismatch - lead)

@@ -27,7 +27,7 @@ class ReplayRun(ReportMixin):
 
     header: model, dtype, fingerprint and cache options, one line.
     results: one dict per request (its replay report's to_dict, or not_run with the reason).
-    texts: the human lines per request. findings: round-algebra findings (replay_logs.AlgebraFinding).
+    texts: the human lines per request. findings: round-algebra findings (replay.algebra.AlgebraFinding).
     """
 
     header: str
@@ -88,7 +88,7 @@ def run_replays(loaded: Any, requests: list[Any], findings: list[Any], opts: Cac
                 observer: Observer = NULL) -> ReplayRun:
     """Replay each request against classic decode; one ReplayRun for them all."""
     from specparity.checkpoint import model_dtype
-    from specparity.probes.replay import replay
+    from specparity.probes.replay.core import replay
 
     fp = loaded.fingerprint
     run = ReplayRun(header=(f"model {fp.path} ({fp.model_type}, {model_dtype(loaded.model)},"

@@ -2,13 +2,14 @@
 
 A rule is lossless when every emitted token is a draw from the target's
 distribution p, whatever mix of accepted drafts, resamples and bonus tokens
-produced it. This module draws many rounds of one rule by Monte Carlo (numpy,
-vectorized for the built-ins) and tests the emitted tokens against p:
+produced it. This module holds the problem (p and q from logits, temperature
+and filters) and the run: it draws many rounds of one rule (``montecarlo``) and
+tests the emitted tokens against p (``stats``):
 
 - Pearson chi-square goodness of fit against p, threshold the exact chi-square
   quantile at ``alpha`` (scipy); cells whose expected count is below 5 are pooled
   into one bin. Total variation beside its Monte-Carlo noise floor.
-- The known-wrong controls (probes.rules.CONTROLS) run beside the rule at the
+- The known-wrong controls (``rules.CONTROLS``) run beside the rule at the
   same sample size; when one of them is not rejected the run is underpowered:
   ``inconclusive``, never a pass.
 - Zero-tolerance checks a goodness-of-fit test cannot see: no emitted token
@@ -33,14 +34,14 @@ from typing import Any
 import numpy as np
 
 from specparity.errors import UsageError
-from specparity.probes.rules import CONTROLS, Rule, sample_rows
+from specparity.probes.sampling.montecarlo import Checker, Violation, simulate
+from specparity.probes.sampling.rules import CONTROLS, Rule, closed_forms, rule_q
+from specparity.probes.sampling.stats import ChiSquare, chi_square
 
 log = logging.getLogger(__name__)
 
 PASS, DIVERGENT, INCONCLUSIVE = "pass", "divergent", "inconclusive"
 REJECTED, NOT_REJECTED = "rejected", "not_rejected"
-MIN_EXPECTED = 5.0
-CHUNK = 1 << 16
 
 # The default single-position problem: 8 tokens, the target keeps its top 6 (so
 # p = 0 at tokens 6 and 7), the drafter's logits there are so low that its float32
@@ -234,369 +235,6 @@ def make_problem(target_logits=None, draft_logits=None, temperature: float = DEF
     return Problem(tl, dl, temperature, top_k, top_p, min_p, num_draft)
 
 
-# ---------------------------------------------------------------- statistics
-
-
-@dataclass
-class ChiSquare:
-    """Pearson goodness of fit of emitted tokens against the target law.
-
-    statistic: sum (observed - expected)^2 / expected over the bins.
-    dof: bins - 1 (0 when the law has one token: then no statistic decides).
-    threshold: chi2.ppf(1 - alpha, dof), the exact quantile (None when dof = 0).
-    alpha: the false-rejection probability of a lossless rule.
-    samples: emitted tokens (or k-prefixes) tested.
-    p_value: chi2.sf(statistic, dof).
-    bins: bins used; pooled_cells: support cells with expected count < 5, pooled
-      into one bin.
-    rejected: statistic > threshold.
-    tv: total variation between the empirical law and the target law.
-    tv_floor: the expected total variation of an exact sampler at this many
-      samples (normal approximation), the Monte-Carlo noise floor.
-    """
-
-    statistic: float
-    dof: int
-    threshold: float | None
-    alpha: float
-    samples: int
-    p_value: float
-    bins: int
-    pooled_cells: int
-    rejected: bool
-    tv: float
-    tv_floor: float
-
-
-def chi_square(counts: np.ndarray, law: np.ndarray, alpha: float) -> ChiSquare:
-    """Chi-square of ``counts`` (over all cells) against ``law`` (same cells)."""
-    from scipy.stats import chi2
-
-    counts = np.asarray(counts, dtype=np.float64)
-    n = float(counts.sum())
-    expected = law * n
-    support = law > 0
-    big = support & (expected >= MIN_EXPECTED)
-    small = support & ~big
-    obs = list(counts[big])
-    exp = list(expected[big])
-    pooled = int(small.sum())
-    if pooled:
-        if expected[small].sum() >= MIN_EXPECTED or not exp:
-            obs.append(counts[small].sum())
-            exp.append(expected[small].sum())
-        else:  # the pool itself is rare: fold it into the smallest kept bin
-            i = int(np.argmin(exp))
-            obs[i] += counts[small].sum()
-            exp[i] += expected[small].sum()
-    o, e = np.array(obs), np.array(exp)
-    dof = len(e) - 1
-    stat = float(((o - e) ** 2 / e).sum()) if dof > 0 else 0.0
-    threshold = float(chi2.ppf(1.0 - alpha, dof)) if dof > 0 else None
-    p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
-    tv = 0.5 * float(np.abs(counts / max(n, 1.0) - law).sum())
-    tv_floor = 0.5 * float(np.sqrt(2.0 * law * (1.0 - law) / (math.pi * max(n, 1.0))).sum())
-    return ChiSquare(
-        statistic=stat, dof=dof, threshold=threshold, alpha=alpha, samples=int(n),
-        p_value=p_value, bins=len(e), pooled_cells=pooled,
-        rejected=bool(threshold is not None and stat > threshold), tv=tv, tv_floor=tv_floor,
-    )
-
-
-# ---------------------------------------------------------------- Monte Carlo
-
-
-@dataclass
-class Violation:
-    """The first draw that broke a zero-tolerance check.
-
-    check: ``support`` (emitted token with p = 0) or ``residual`` (a resample with p <= q).
-    phase: ``monte_carlo`` (drafts drawn from q) or ``sweep`` (draft forced).
-    draw: index of the draw (sample) in that phase, 0-based.
-    round / position: the round of that sample and the position inside it (0-based).
-    token: the emitted token; draft: the draft at that position (None past the drafts).
-    p / q: the target's and the rule's drafter probability of ``token`` there.
-    """
-
-    check: str
-    phase: str
-    draw: int
-    round: int
-    position: int
-    token: int
-    draft: int | None
-    p: float
-    q: float
-
-    def describe(self) -> str:
-        what = ("outside the target's filtered support" if self.check == "support"
-                else "resampled although p <= q")
-        where = (f"sweep draw {self.draw} (forced draft token {self.draft})"
-                 if self.phase == "sweep" else f"Monte-Carlo draw {self.draw}")
-        return (f"{where}, round {self.round} position {self.position}: emitted token"
-                f" {self.token} with p={self.p:.3g} q={self.q:.3g}, {what}")
-
-
-class _Checker:
-    """Keeps the first support / residual violation (lowest draw index)."""
-
-    def __init__(self, rule: Rule, phase: str):
-        self.rule, self.phase = rule, phase
-        self.support: Violation | None = None
-        self.residual: Violation | None = None
-
-    def check(self, base: int, rnd: int, pos: int, rows: np.ndarray, tokens: np.ndarray,
-              p_rows: np.ndarray, q_rows: np.ndarray, drafts: np.ndarray | None,
-              resampled: np.ndarray) -> None:
-        """tokens emitted at ``pos`` by sample rows ``rows`` (indices inside the chunk)."""
-        if len(rows) == 0:
-            return
-        v = p_rows.shape[-1]
-        safe = np.clip(tokens, 0, v - 1)
-        pt = _pick(p_rows, safe)
-        qt = _pick(q_rows, safe) if q_rows is not None else np.zeros(len(rows))
-        bad = (tokens < 0) | (tokens >= v) | (pt <= 0)
-        if bad.any() and self.support is None:
-            i = int(np.nonzero(bad)[0][0])
-            self.support = self._violation("support", base, rnd, pos, rows, i, tokens, drafts,
-                                           pt, qt)
-        if self.rule.residual and self.residual is None and resampled.any():
-            q_eff = np.zeros_like(qt) if self.rule.onehot_q else qt
-            rbad = resampled & ~bad & (pt <= q_eff)
-            if rbad.any():
-                i = int(np.nonzero(rbad)[0][0])
-                self.residual = self._violation("residual", base, rnd, pos, rows, i, tokens,
-                                                drafts, pt, q_eff)
-
-    def _violation(self, check, base, rnd, pos, rows, i, tokens, drafts, pt, qt) -> Violation:
-        return Violation(check=check, phase=self.phase, draw=int(base + rows[i]), round=rnd,
-                         position=pos, token=int(tokens[i]),
-                         draft=None if drafts is None else int(drafts[i]),
-                         p=float(pt[i]), q=float(qt[i]))
-
-    def merge(self, other: _Checker) -> None:
-        self.support = self.support or other.support
-        self.residual = self.residual or other.residual
-
-
-def _pick(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    if rows.ndim == 1:
-        return rows[tokens]
-    return np.take_along_axis(rows, tokens[:, None], axis=1)[:, 0]
-
-
-def _user_token(value: Any, rule: Rule, draw: int) -> int:
-    if isinstance(value, (list, tuple, np.ndarray)):
-        if len(value) == 0:
-            raise UsageError(f"--rule {rule.name}: returned no token at draw {draw}")
-        value = value[0]
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"--rule {rule.name}: returned {value!r} at draw {draw},"
-                         " not a token id") from None
-
-
-def _call_user(rule: Rule, draw: int, *args: Any) -> Any:
-    assert rule.per_sample is not None
-    try:
-        return rule.per_sample(*args)
-    except UsageError:
-        raise
-    except Exception as err:
-        shapes = " ".join(f"{getattr(a, 'shape', None) or type(a).__name__}" for a in args[:3])
-        raise UsageError(f"--rule {rule.name}: raised {type(err).__name__} at draw {draw}"
-                         f" (called with p, q, draft(s) of shapes {shapes}): {err}") from err
-
-
-def _single_step(rule: Rule, p: np.ndarray, q: np.ndarray, drafts: np.ndarray,
-                 rng: np.random.Generator, base: int) -> tuple[np.ndarray, np.ndarray]:
-    """(emitted, accepted) at one position for a batch of drafts; p, q (V,) or (N, V)."""
-    if rule.step is not None:
-        return rule.step(p, q, drafts, rng)
-    n = len(drafts)
-    if rule.vectorized:
-        pp = np.broadcast_to(p, (n, p.shape[-1])) if p.ndim == 1 else p
-        qq = np.broadcast_to(q, (n, q.shape[-1])) if q.ndim == 1 else q
-        out = _call_user(rule, base, pp, qq, drafts, rng)
-        out = np.asarray(out)
-        if out.shape != (n,):
-            raise UsageError(f"--rule {rule.name}: a vectorized rule returned shape"
-                             f" {out.shape}, expected ({n},)")
-        out = out.astype(np.int64)
-    else:
-        out = np.empty(n, dtype=np.int64)
-        for i in range(n):
-            pi = p if p.ndim == 1 else p[i]
-            qi = q if q.ndim == 1 else q[i]
-            out[i] = _user_token(_call_user(rule, base + i, pi, qi, int(drafts[i]), rng), rule,
-                                 base + i)
-    return out, out == drafts
-
-
-def _drafts(rule: Rule, q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    if rule.greedy_draft:
-        return np.argmax(q, axis=-1).astype(np.int64) if q.ndim == 2 else np.full(
-            n, int(np.argmax(q)), dtype=np.int64)
-    return sample_rows(q, rng, n) if q.ndim == 1 else sample_rows(q, rng)
-
-
-@dataclass
-class MonteCarlo:
-    """What one rule emitted over ``samples`` draws.
-
-    counts: emitted tokens per cell (single position: per token; chain: per
-      flattened k-prefix), length V or V**k.
-    accepted / proposed: drafts accepted and drafts proposed, over all rounds.
-    rounds: rounds run (single position: = samples).
-    seconds: wall time of the draws.
-    """
-
-    counts: np.ndarray
-    accepted: int
-    proposed: int
-    rounds: int
-    seconds: float
-
-
-def simulate(rule: Rule, prob: Problem, samples: int, rng: np.random.Generator,
-             checker: _Checker | None = None, forced: int | None = None) -> MonteCarlo:
-    """Run ``samples`` draws of ``rule`` on ``prob``; ``forced`` fixes the first draft."""
-    t0 = time.perf_counter()
-    if prob.num_draft == 1:
-        mc = _simulate_single(rule, prob, samples, rng, checker, forced)
-    else:
-        mc = _simulate_chain(rule, prob, samples, rng, checker, forced)
-    mc.seconds = time.perf_counter() - t0
-    return mc
-
-
-def _simulate_single(rule, prob, samples, rng, checker, forced) -> MonteCarlo:
-    p, q, v = prob.p, prob.q, prob.vocab
-    counts = np.zeros(v, dtype=np.int64)
-    accepted = 0
-    chunk = samples if rule.builtin else min(samples, CHUNK)
-    chunk = max(1, min(chunk, 1 << 22))
-    base = 0
-    while base < samples:
-        n = min(chunk, samples - base)
-        d = np.full(n, forced, dtype=np.int64) if forced is not None else _drafts(rule, q, n, rng)
-        out, acc = _single_step(rule, p, q, d, rng, base)
-        inside = (out >= 0) & (out < v)
-        counts += np.bincount(out[inside], minlength=v)
-        accepted += int(acc.sum())
-        if checker is not None:
-            # a one-hot-q rule sees q = 0 at every token but the draft
-            checker.check(base, 0, 0, np.arange(n), out, p, None if rule.onehot_q else q, d,
-                          ~acc)
-        base += n
-    return MonteCarlo(counts=counts, accepted=accepted, proposed=samples, rounds=samples,
-                      seconds=0.0)
-
-
-def _chain_emit(rule: Rule, P: np.ndarray, Q: np.ndarray, D: np.ndarray,
-                rng: np.random.Generator, base: int) -> np.ndarray:
-    """(m, k+1) emitted tokens, -1 after the last, for one round of every sample."""
-    m, k = D.shape
-    if rule.step is not None:
-        em = np.full((m, k + 1), -1, dtype=np.int64)
-        alive = np.ones(m, dtype=bool)
-        for j in range(k):
-            idx = np.nonzero(alive)[0]
-            if idx.size == 0:
-                break
-            e, a = rule.step(P[idx, j], Q[idx, j], D[idx, j], rng)
-            em[idx, j] = e
-            alive[idx[~a]] = False
-        idx = np.nonzero(alive)[0]
-        if idx.size:
-            em[idx, k] = sample_rows(P[idx, k], rng)
-        return em
-    if rule.vectorized:
-        out = np.asarray(_call_user(rule, base, P, Q, D, rng))
-        if out.shape != (m, k + 1):
-            raise UsageError(f"--rule {rule.name}: a vectorized chain rule returned shape"
-                             f" {out.shape}, expected ({m}, {k + 1})")
-        return out.astype(np.int64)
-    em = np.full((m, k + 1), -1, dtype=np.int64)
-    for i in range(m):
-        res = _call_user(rule, base + i, P[i], Q[i], D[i].copy(), rng)
-        res = list(np.atleast_1d(np.asarray(res)))
-        if not 1 <= len(res) <= k + 1:
-            raise UsageError(f"--rule {rule.name}: returned {len(res)} tokens at draw"
-                             f" {base + i}, expected 1..{k + 1}")
-        em[i, : len(res)] = [_user_token(t, rule, base + i) for t in res]
-    return em
-
-
-def _simulate_chain(rule, prob, samples, rng, checker, forced) -> MonteCarlo:
-    v, k = prob.vocab, prob.num_draft
-    pt, qt = prob.p_table, prob.q_table
-    counts = np.zeros(v**k, dtype=np.int64)
-    accepted = proposed = rounds = 0
-    chunk = CHUNK if rule.builtin or rule.vectorized else 4096
-    base = 0
-    while base < samples:
-        n = min(chunk, samples - base)
-        out = np.full((n, k), -1, dtype=np.int64)
-        got = np.zeros(n, dtype=np.int64)
-        last = np.zeros(n, dtype=np.int64)
-        rnd = 0
-        while (got < k).any():
-            act = np.nonzero(got < k)[0]
-            m = act.size
-            P = np.empty((m, k + 1, v))
-            Q = np.empty((m, k, v))
-            D = np.empty((m, k), dtype=np.int64)
-            prev = last[act]
-            for j in range(k):
-                P[:, j], Q[:, j] = pt[prev], qt[prev]
-                d = _drafts(rule, Q[:, j], m, rng)
-                if forced is not None and rnd == 0 and j == 0:
-                    d[:] = forced
-                D[:, j] = d
-                prev = d
-            P[:, k] = pt[prev]
-            em = _chain_emit(rule, P, Q, D, rng, base)
-            n_em = (em >= 0).sum(axis=1)
-            if (n_em == 0).any():
-                i = int(np.nonzero(n_em == 0)[0][0])
-                raise UsageError(f"--rule {rule.name}: emitted no token at draw {base + act[i]}")
-            n_acc = np.cumprod(em[:, :k] == D, axis=1).sum(axis=1)
-            accepted += int(n_acc.sum())
-            proposed += m * k
-            rounds += m
-            for j in range(k + 1):
-                has = n_em > j
-                if not has.any():
-                    break
-                rows = np.nonzero(has)[0]
-                tok = em[rows, j]
-                if checker is not None:
-                    resampled = (j < k) & (j == n_acc[rows])
-                    qrows = Q[rows, j] if j < k else np.zeros((rows.size, v))
-                    if rule.onehot_q:
-                        qrows = np.zeros((rows.size, v))
-                    checker.check(base, rnd, j, act[rows], tok, P[rows, j], qrows,
-                                  D[rows, j] if j < k else None,
-                                  np.broadcast_to(resampled, rows.shape))
-                # append to the k-prefix of samples that still need tokens
-                dest = act[rows]
-                need = got[dest] < k
-                dest, tok = dest[need], tok[need]
-                out[dest, got[dest]] = np.clip(tok, 0, v - 1)
-                got[dest] += 1
-            last[act] = em[np.arange(m), n_em - 1].clip(0, v - 1)
-            rnd += 1
-        codes = np.zeros(n, dtype=np.int64)
-        for j in range(k):
-            codes = codes * v + out[:, j]
-        counts += np.bincount(codes, minlength=v**k)
-        base += n
-    return MonteCarlo(counts=counts, accepted=accepted, proposed=proposed, rounds=rounds,
-                      seconds=0.0)
-
-
 # ---------------------------------------------------------------- one run
 
 
@@ -670,38 +308,25 @@ class DistReport:
         return d
 
 
-def closed_forms(p: np.ndarray, q: np.ndarray) -> tuple[float, float]:
-    """(sum_x min(p, q), sum_x p q) over the last axis (mean over leading ones)."""
-    return float(np.minimum(p, q).sum(-1).mean()), float((p * q).sum(-1).mean())
-
-
-def _rule_q(rule: Rule, q: np.ndarray) -> np.ndarray:
-    if rule.onehot_q or rule.greedy_draft:
-        e = np.zeros_like(q)
-        e[int(np.argmax(q))] = 1.0
-        return e
-    return q
-
-
 def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.random.Generator,
             role: str, sweep_draws: int = 0) -> Arm:
     """Draw ``samples`` rounds of one rule and test them (checks for role ``rule``)."""
     law = prob.joint() if prob.num_draft > 1 else prob.p
-    checker = _Checker(rule, "monte_carlo") if role == "rule" else None
+    checker = Checker(rule, "monte_carlo") if role == "rule" else None
     mc = simulate(rule, prob, samples, rng, checker)
     chi = chi_square(mc.counts, law, alpha)
     if checker is not None and sweep_draws > 0:
         # Force every token as the draft, including those q gives 0 (an underflowed q).
-        sweep = _Checker(rule, "sweep")
+        sweep = Checker(rule, "sweep")
         for tok in range(prob.vocab):
-            sub = _Checker(rule, "sweep")
+            sub = Checker(rule, "sweep")
             simulate(rule, prob, sweep_draws, rng, sub, forced=tok)
             for v in (sub.support, sub.residual):
                 if v is not None:
                     v.draw += tok * sweep_draws  # sweep draws are numbered across tokens
             sweep.merge(sub)
         checker.merge(sweep)
-    smin, sprod = closed_forms(prob.p, _rule_q(rule, prob.q))
+    smin, sprod = closed_forms(prob.p, rule_q(rule, prob.q))
     if checker is not None:
         failed = chi.rejected or checker.support is not None or checker.residual is not None
         verdict = DIVERGENT if failed else PASS
@@ -709,7 +334,7 @@ def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.rando
         verdict = REJECTED if chi.rejected else NOT_REJECTED
     return Arm(
         name=rule.name, description=rule.description, role=role, verdict=verdict, chi=chi,
-        acceptance=mc.accepted / max(mc.proposed, 1), sum_min=smin, sum_prod=sprod,
+        acceptance=mc.accepted / max(mc.proposed, 1), sum_min=float(smin), sum_prod=float(sprod),
         support_violation=checker.support if checker else None,
         residual_violation=checker.residual if checker else None,
         seconds=mc.seconds, draws_per_second=samples / mc.seconds if mc.seconds > 0 else 0.0,

@@ -39,12 +39,12 @@ class ProbeRun(ReportMixin):
                 f" {m.get('fingerprint')})\ncache: {m.get('cache')}; prompts: {m.get('prompts')}")
 
     def lines(self) -> list[str]:
-        from specparity.probes.render import probe_text
+        from specparity.probes.forward.render import probe_text
 
         return probe_text(self.probe, self.header(), self.prefill).splitlines()
 
     def markdown(self) -> list[str]:
-        from specparity.probes.render import probe_markdown
+        from specparity.probes.forward.render import probe_markdown
 
         body = probe_markdown(self.probe, "body", self.meta, self.prefill).splitlines()
         return body[2:]  # the record's frame carries the title
@@ -59,8 +59,8 @@ def run_probe(loaded: Any, widths: list[int], depths: list[int], prompts: list[l
               prefill: bool = True, observer: Observer = NULL) -> ProbeRun:
     """Probe ``loaded`` (checkpoint.Loaded) at every (width, depth), walk, and prefill parity."""
     from specparity.checkpoint import model_dtype
-    from specparity.probes.blockchain import probe_block_vs_chain
-    from specparity.probes.prefill import prefill_parity
+    from specparity.probes.forward.blockchain import probe_block_vs_chain
+    from specparity.probes.forward.prefill import prefill_parity
 
     report = probe_block_vs_chain(loaded.model, widths, depths, prompts, opts,
                                   walk_positions=walk_positions, walk_widths=walk_widths,
