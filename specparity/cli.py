@@ -14,7 +14,7 @@ import sys
 import click
 
 from specparity import __version__
-from specparity.errors import EXIT_BUG, EXIT_USAGE, SpecparityError
+from specparity.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SpecparityError
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -91,13 +91,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(err.exit_code)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as err:
         err.show()
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
     except Exception as err:  # an unknown error is a bug: one line, traceback behind --debug

@@ -19,6 +19,7 @@ EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
 EXIT_INFRA = 4
 EXIT_BUG = 70
+EXIT_INTERRUPTED = 130  # Ctrl-C: the shell's 128 + SIGINT
 
 
 class SpecparityError(Exception):

@@ -119,3 +119,29 @@ def run_replays(loaded: Any, requests: list[Any], findings: list[Any], opts: Cac
                          f" {f.check}: {f.message}")
         observer.result("algebra", f.to_dict())
     return run
+
+
+@dataclass
+class AlgebraRun(ReportMixin):
+    """``replay --algebra-only``: the offline round-algebra checks of transcripts, no model.
+
+    requests / rounds: what was checked. findings: replay.algebra.AlgebraFinding, one per broken rule.
+    """
+
+    requests: int
+    rounds: int
+    findings: list[Any] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.DIVERGENT if self.findings else Verdict.EQUAL
+
+    def lines(self) -> list[str]:
+        head = (f"{self.requests} requests, {self.rounds} rounds: "
+                + (f"{len(self.findings)} round-algebra findings" if self.findings else "round algebra holds"))
+        return [head] + [f"  line {f.line} (request {f.request}, round {f.round}): {f.check}: {f.message}"
+                         for f in self.findings]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "exit_code": self.exit_code, "requests": self.requests,
+                "rounds": self.rounds, "findings": [f.to_dict() for f in self.findings]}

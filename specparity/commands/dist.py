@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 
 import click
-
-from dataclasses import asdict
 
 from specparity.commands._common import CommandRun, json_option, record_option
 

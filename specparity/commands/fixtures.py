@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from specparity.commands._common import emit_json, json_option
+from specparity.errors import EXIT_OK
 
 
 @click.group()
@@ -58,4 +59,4 @@ def make(out_dir, arch, dtype, bits, seed, faults, no_draft, overwrite, as_json)
             click.echo(f"draft:  {info.draft} (per-position greedy agreement {agree})")
         if info.faults:
             click.echo(f"faults: {json.dumps(info.faults)} (load with --trust-remote-code)")
-    return 0
+    return EXIT_OK

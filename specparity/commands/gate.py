@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from specparity.commands._common import cache_options, cache_options_from, emit_json, json_option, resolve_path
+from specparity.errors import EXIT_OK
 
 
 @click.group()
@@ -56,8 +57,8 @@ def list_(as_json):
     entries = GateStore().entries()
     if as_json:
         emit_json(entries)
-        return 0
+        return EXIT_OK
     for key, e in sorted(entries.items()):
         f = e.get("fields", {})
         click.echo(f"{key[:12]}  width={f.get('width')}  {e['verdict']:<9} {e['reason']}")
-    return 0
+    return EXIT_OK

@@ -5,8 +5,14 @@ from __future__ import annotations
 import click
 
 from specparity.commands._common import (
-    CommandRun, cache_options, cache_options_from, json_option,
-    model_options, parse_int_list, record_option, resolve_model,
+    CommandRun,
+    cache_options,
+    cache_options_from,
+    json_option,
+    model_options,
+    parse_int_list,
+    record_option,
+    resolve_model,
 )
 from specparity.errors import UsageError
 

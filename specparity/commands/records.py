@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from specparity.commands._common import emit_json, json_option
-from specparity.errors import UsageError
+from specparity.errors import EXIT_OK, UsageError
 
 # columns that say which part a JSONL line is, in the order a reader wants them
 _ID_KEYS = ("request", "source", "arm", "role", "rule", "width", "depth", "walk_width", "arm_name",
@@ -116,7 +116,7 @@ def show(path: str, as_json: bool) -> int:
         emit_json({**rec.to_dict(), "identity": identity, "results": arms})
     else:
         click.echo("\n".join(show_lines(rec, identity, arms)))
-    return 0
+    return EXIT_OK
 
 
 @records.command("list")
@@ -140,10 +140,10 @@ def list_(directory: str, as_json: bool) -> int:
                      "exit_code": rec.exit_code, "started": rec.started, "title": rec.title})
     if as_json:
         emit_json(rows)
-        return 0
+        return EXIT_OK
     if not rows:
         click.echo(f"no records in {directory}")
     for r in rows:
         click.echo(f"{r['name']}  {r.get('kind', '-')}  {r['status']}  {r.get('verdict') or '-'}"
                    f"  {r.get('started') or '-'}  {r.get('title') or ''}")
-    return 0
+    return EXIT_OK

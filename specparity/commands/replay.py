@@ -7,10 +7,16 @@ import json
 import click
 
 from specparity.commands._common import (
-    CommandRun, cache_options, cache_options_from, emit_json, json_option, model_options, record_option,
+    CommandRun,
+    cache_options,
+    cache_options_from,
+    emit_json,
+    json_option,
+    model_options,
+    record_option,
     resolve_model,
 )
-from specparity.errors import Inconclusive, UsageError
+from specparity.errors import EXIT_OK, Inconclusive, UsageError
 from specparity.probes.replay.logs import FORMATS
 
 POLICIES = ("wrong-id", "correct-token")
@@ -116,7 +122,7 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         if req.rounds:
             findings.extend(algebra.check_rounds(req.rounds, request=i))
     if algebra_only:
-        return _algebra_only(requests, findings, as_json)
+        return _algebra_only(requests, findings, as_json, record_dir, quiet)
     if locate is not None:
         return _locate(requests, locate, as_json)
 
@@ -155,21 +161,18 @@ def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, num_dr
     return req
 
 
-def _algebra_only(requests, findings, as_json) -> int:
+def _algebra_only(requests, findings, as_json, record_dir, quiet) -> int:
+    from specparity.probes.replay.run import AlgebraRun
+
     rounds = sum(len(r.rounds or []) for r in requests)
     if rounds == 0:
         raise UsageError("--algebra-only needs a transcript (--format mlxcel-transcript)")
-    if as_json:
-        emit_json({"requests": len(requests), "rounds": rounds,
-                   "findings": [f.to_dict() for f in findings]})
-    else:
-        click.echo(f"{len(requests)} requests, {rounds} rounds: "
-                   + (f"{len(findings)} round-algebra findings" if findings
-                      else "round algebra holds"))
+    run = CommandRun("replay", "replay: round algebra", {}, record_dir, as_json, quiet,
+                     slug="replay-algebra")
+    with run:
         for f in findings:
-            click.echo(f"  line {f.line} (request {f.request}, round {f.round}):"
-                       f" {f.check}: {f.message}")
-    return 1 if findings else 0
+            run.observer.result("algebra", f.to_dict())
+        return run.finish(AlgebraRun(len(requests), rounds, findings))
 
 
 def _locate(requests, index, as_json) -> int:
@@ -192,7 +195,7 @@ def _locate(requests, index, as_json) -> int:
             where = (f"round {o['round']}, row {o['row']}" if o["round"] >= 0
                      else "the prefill step (round 0's bonus)")
             click.echo(f"{o['source']}: emitted index {index} is {where}")
-    return 0
+    return EXIT_OK
 
 
 def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy, wrong_id,
