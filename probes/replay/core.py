@@ -38,6 +38,7 @@ from specparity.compare import Diff, compare_arrays
 from specparity.decode import CacheOptions, Decoder, argmax_row, greedy_chain, trimmable
 from specparity.errors import Inconclusive, UsageError
 from specparity.probes.replay.algebra import emitted_counts, locate
+from specparity.progress import NULL, Observer
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +302,7 @@ def replay(
     served_tokens: list[int] | None = None,
     trace: list | None = None,
     prefill_emits: bool = False,
+    observer: Observer = NULL,
 ) -> ReplayReport:
     """Replay ``accepts`` on ``model`` from ``prompt`` and compare with classic decode.
 
@@ -312,7 +314,8 @@ def replay(
     classic decode's first single step before round 0 and counts that token
     as emitted index 0; otherwise (mlx-lm) round 0's block starts with the
     last prompt token. Raises Inconclusive for an empty accept vector and
-    UsageError for an accept that does not fit its width.
+    UsageError for an accept that does not fit its width. ``observer`` gets
+    progress per round (part ``rounds``).
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
@@ -360,7 +363,7 @@ def replay(
             disagreements += 1
             first = Disagreement(-1, 0, 0, len(prompt) - 1, chain.tokens[1], target_tokens[0], d)
         emitted, expected = 1, len(prompt)
-    for r, (a, w) in enumerate(zip(accepts, widths)):
+    for r, (a, w) in enumerate(observer.iterate("rounds", zip(accepts, widths), len(accepts))):
         chain.ensure(emitted + w)
         vocab = int(chain.rows[emitted].shape[-1])
         if not 0 <= wrong_id < vocab:
