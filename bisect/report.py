@@ -2,7 +2,8 @@
 
 Both the in-process bisect (chain against block) and ``bisect diff`` (any two
 dumps) end here, so they print the same report. Every comparison goes through
-:func:`specparity.compare.compare_arrays`.
+:func:`specparity.compare.compare_arrays`; cache states through
+:func:`specparity.compare.compare_states`, as prefill parity compares them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from specparity.bisect.arms import ArmCapture
 from specparity.bisect.capture import EMBED, FINAL_NORM, LOGITS
-from specparity.compare import Diff, compare_arrays, sha256_of
+from specparity.compare import Diff, compare_arrays, compare_states, sha256_of
 
 _LAYER_RE = re.compile(r"^layers\.(\d+)(?:\.(.+))?$")
 
@@ -192,20 +193,6 @@ def _compare(name: str, a: Any, b: Any, axis: int | None, logits: bool = False) 
     return Component(name, compare_arrays(a, b, row_axis=axis, logits=logits), axis)
 
 
-def _compare_cache(i: int, name: str, a: Any, b: Any, kind: str) -> Component:
-    full = f"cache.{i}.{name}"
-    is_kv = name.startswith(("keys", "values"))
-    seq_axis = a.ndim - 2 if a.ndim >= 3 and is_kv else None
-    if (seq_axis is not None and kind == "RotatingKVCache" and a.shape != b.shape
-            and a.shape[:seq_axis] == b.shape[:seq_axis]):
-        # a multi-row update keeps window + rows - 1 positions; compare the common tail
-        n = min(a.shape[seq_axis], b.shape[seq_axis])
-        c = _compare(full, a[..., -n:, :], b[..., -n:, :], seq_axis)
-        c.note = f"last {n} positions compared ({a.shape[seq_axis]} vs {b.shape[seq_axis]} held)"
-        return c
-    return _compare(full, a, b, seq_axis if seq_axis is not None else 0)
-
-
 def compare_arms(a: ArmCapture, b: ArmCapture, width: int, depth: int,
                  layer_kinds: list[str], a_label: str | None = None,
                  b_label: str | None = None, meta: dict[str, Any] | None = None) -> BisectReport:
@@ -215,6 +202,7 @@ def compare_arms(a: ArmCapture, b: ArmCapture, width: int, depth: int,
     for n in names:
         axis = a.row_axes.get(n)
         comps[n] = _compare(n, a.arrays[n], b.arrays[n], axis, logits=(n == LOGITS))
+    states = compare_states(a.cache, b.cache, (a_label or a.arm, b_label or b.arm))
     rows: list[LayerReport] = []
     if EMBED in comps:
         rows.append(LayerReport(EMBED, None, "embedding", comps[EMBED]))
@@ -225,15 +213,9 @@ def compare_arms(a: ArmCapture, b: ArmCapture, width: int, depth: int,
             s.name = s.name.split(".", 2)[2]
         row = LayerReport(str(i), i, kind, comps.get(f"layers.{i}"), subops)
         if i < len(a.cache) and i < len(b.cache):
-            ca, cb = a.cache[i], b.cache[i]
-            row.cache_kind, row.offsets = ca.kind, (ca.offset, cb.offset)
-            for key in ca.arrays:
-                if key in cb.arrays:
-                    row.cache.append(
-                        _compare_cache(i, key, ca.arrays[key], cb.arrays[key], ca.kind))
-                else:
-                    row.cache.append(Component(f"cache.{i}.{key}", None, None,
-                                               f"only in {a_label or a.arm}"))
+            row.cache_kind, row.offsets = a.cache[i].kind, (a.cache[i].offset, b.cache[i].offset)
+            row.cache = [Component(f"cache.{i}.{d.name}", d.diff, d.row_axis, d.note)
+                         for d in states if d.layer == i and d.name != "offset"]
         rows.append(row)
     if FINAL_NORM in comps:
         rows.append(LayerReport(FINAL_NORM, None, "final norm", comps[FINAL_NORM]))

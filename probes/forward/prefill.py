@@ -11,25 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specparity.compare import Diff, compare_arrays
+from specparity.compare import Diff, StateDiff, compare_arrays, compare_states
 from specparity.decode import CacheOptions, Decoder, snapshot
 
 EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
-
-
-@dataclass
-class StateDiff:
-    """One differing cache array: layer index, cache kind, array name, and the diff."""
-
-    layer: int
-    kind: str
-    name: str
-    diff: Diff | None
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer, "kind": self.kind, "name": self.name,
-                "diff": self.diff.to_dict() if self.diff else None, "note": self.note}
 
 
 @dataclass
@@ -83,23 +68,6 @@ def _run(model: Any, prompt: list[int], chunk: int, opts: CacheOptions):
     return last, snapshot(dec.cache)
 
 
-def compare_states(a: list, b: list) -> list[StateDiff]:
-    """Every differing array or offset between two snapshots, layer by layer."""
-    out = []
-    for i, (sa, sb) in enumerate(zip(a, b)):
-        if sa.offset != sb.offset:
-            out.append(StateDiff(i, sa.kind, "offset", None, f"offset {sa.offset} vs {sb.offset}"))
-        for name in sorted(set(sa.arrays) | set(sb.arrays)):
-            xa, xb = sa.arrays.get(name), sb.arrays.get(name)
-            if xa is None or xb is None or xa.shape != xb.shape or xa.dtype != xb.dtype:
-                out.append(StateDiff(i, sa.kind, name, None, "present or shaped differently"))
-                continue
-            d = compare_arrays(xa, xb, row_axis=min(2, xa.ndim - 1))
-            if not d.equal:
-                out.append(StateDiff(i, sa.kind, name, d))
-    return out
-
-
 def prefill_parity(model: Any, prompts: list[list[int]], opts: CacheOptions | None = None,
                    chunk: int | None = None) -> list[PrefillReport]:
     """Compare chunked and token-by-token prefill with one-shot prefill, per prompt.
@@ -121,7 +89,7 @@ def prefill_parity(model: Any, prompts: list[list[int]], opts: CacheOptions | No
                 arms.append(PrefillArm(name, size, NOT_RUN, reason=f"{type(err).__name__}: {err}"))
                 continue
             ld = compare_arrays(ref_logits[None], logits[None], logits=True)
-            sd = compare_states(ref_state, state)
+            sd = [d for d in compare_states(ref_state, state, ("one_shot", name)) if d.differs]
             arm = PrefillArm(name, size, EQUAL if ld.equal and not sd else DIVERGENT, ld,
                              sd[:20], sorted({s.layer for s in sd}))
             arms.append(arm)
