@@ -15,6 +15,7 @@ from typing import Any
 from specparity.bisect.arms import ArmCapture
 from specparity.bisect.capture import EMBED, FINAL_NORM, LOGITS
 from specparity.compare import Diff, compare_arrays, compare_states, sha256_of
+from specparity.verdicts import ReportMixin, Verdict
 
 _LAYER_RE = re.compile(r"^layers\.(\d+)(?:\.(.+))?$")
 
@@ -123,7 +124,7 @@ class Drill:
 
 
 @dataclass
-class BisectReport:
+class BisectReport(ReportMixin):
     """Which layer, component and sub-op first differ between two arms.
 
     a / b: the two arms' labels (``chain`` / ``block``, or dump names).
@@ -150,8 +151,17 @@ class BisectReport:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def verdict(self) -> str:
-        return "divergent" if self.first_divergent is not None else "equal"
+    def verdict(self) -> Verdict:
+        return Verdict.DIVERGENT if self.first_divergent is not None else Verdict.EQUAL
+
+    def lines(self) -> list[str]:
+        """The headline, the sub-op drill-down and the logits outcome, one sentence each."""
+        out = [self.headline()]
+        if self.drill is not None:
+            out.append(self.drill.sentence)
+        if self.logits is not None and self.logits.diff is not None:
+            out.append(f"logits: {self.logits.diff.summary('logit bytes')}")
+        return out
 
     def first_row(self) -> LayerReport | None:
         return next((r for r in self.rows if r.label == self.first_divergent), None)
@@ -170,7 +180,7 @@ class BisectReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "verdict": self.verdict, "a": self.a, "b": self.b,
+            "verdict": self.verdict, "exit_code": self.exit_code, "a": self.a, "b": self.b,
             "width": self.width, "depth": self.depth,
             "first_divergent": self.first_divergent,
             "first_components": self.first_components,
