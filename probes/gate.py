@@ -29,7 +29,8 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from specparity.decode import CacheOptions
 from specparity.identity import DEFAULT_ENV_PREFIXES, backend, kernel_env
@@ -100,13 +101,14 @@ class GateStore:
             return data["entries"]
         except ValueError as err:
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            moved_to: Path | None = aside
             try:
                 os.replace(self.path, aside)
             except OSError:
-                aside = None
+                moved_to = None
             log.warning(
                 "specparity-gate: STORE-CORRUPT path=%s moved_to=%s (%s); rebuilding",
-                self.path, aside, err,
+                self.path, moved_to, err,
             )
             return {}
 

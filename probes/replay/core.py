@@ -391,7 +391,8 @@ def replay(
         if rejected:
             rewinds += 1
             if mode == MODE_TRIM:
-                trimmed = int(trim_prompt_cache(target.cache, rejected))
+                # mlx-lm annotates trim_prompt_cache -> List but returns the count it trimmed
+                trimmed = int(trim_prompt_cache(target.cache, rejected))  # type: ignore[call-overload]
                 if trace is not None:
                     trace.append(("trim", rejected))
             else:

@@ -327,6 +327,7 @@ def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.rando
             sweep.merge(sub)
         checker.merge(sweep)
     smin, sprod = closed_forms(prob.p, rule_q(rule, prob.q))
+    verdict: str  # the rule's Verdict, or a control's REJECTED / NOT_REJECTED
     if checker is not None:
         failed = chi.rejected or checker.support is not None or checker.residual is not None
         verdict = Verdict.DIVERGENT if failed else Verdict.PASS
