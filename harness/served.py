@@ -386,7 +386,8 @@ class ServedRun:
         arms, res.width_mode = plan_arms(self.job, pairing, profile, draft, self_draft)
         endpoint = self.job.endpoint or profile.endpoint
         history: dict[str, str] = {}
-        self._replay_model = (pairing.target, pairing.trust_remote_code)
+        needs_code = "model_file" in (Path(pairing.target) / "config.json").read_text()
+        self._replay_model = (pairing.target, pairing.trust_remote_code or needs_code)
         sessions: dict[str, _Session] = {}
         baseline: dict[str, Completion] = {}
         try:
