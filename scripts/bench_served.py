@@ -27,9 +27,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     args = ap.parse_args()
 
-    from specparity.fixtures import default_pair
     from specparity.harness.config import Job, Pairing
     from specparity.harness.served import ServedRun
+
+    from specparity.fixtures import default_pair
 
     pair = default_pair()
     job = Job(pairings=[Pairing("bench", pair.target, pair.draft)],
