@@ -38,6 +38,7 @@ from specparity.compare import Diff, compare_arrays
 from specparity.decode import CacheOptions, Decoder, argmax_row, greedy_chain, trimmable
 from specparity.errors import Inconclusive, UsageError
 from specparity.probes.replay.algebra import emitted_counts, locate
+from specparity.processors import process_row
 
 log = logging.getLogger(__name__)
 
@@ -262,14 +263,30 @@ def round_widths(accepts: list[int], width: int | None, widths: list[int] | None
 
 
 class _Chain:
-    """The classic greedy chain, extended on demand, old rows dropped."""
+    """The classic greedy chain, extended on demand, old rows dropped.
+
+    With logits processors each step's row is processed as ``generate_step``
+    processes it (history = the prompt + every token emitted before the row)
+    before the greedy pick; ``rows`` keep the raw logits, which are what a
+    verify row must reproduce byte for byte.
+    """
 
     def __init__(self, model: Any, prompt: list[int], opts: CacheOptions,
-                 trace: list | None):
+                 trace: list | None, processors: list[Any] | None = None):
         self.dec = Decoder(model, opts)
+        self.prompt = list(prompt)
         self.tokens = [self.dec.prefill(prompt)]  # c_j: the token fed at step j
         self.rows: dict[int, Any] = {}  # j -> logits after feeding c_j
         self.trace = trace
+        self.processors = processors or []
+
+    def history(self, j: int) -> list[int]:
+        """What classic decode's processors see at the row after feeding c_j."""
+        return self.prompt + self.tokens[1: j + 1]
+
+    def pick(self, j: int, row: Any) -> int:
+        """The token classic decode emits from row ``j`` (processors, then the greedy pick)."""
+        return argmax_row(process_row(self.processors, self.history(j), row))
 
     def ensure(self, n: int) -> None:
         """Compute rows up to index n - 1 (and so tokens up to n)."""
@@ -278,11 +295,17 @@ class _Chain:
             return
         if self.trace is not None:
             self.trace.append(("chain", self.tokens[have], n - have))
-        fed, logits = greedy_chain(self.dec, self.tokens[have], n - have)
-        for i in range(n - have):
-            self.rows[have + i] = logits[i]
-        self.tokens.extend(fed[1:])
-        self.tokens.append(argmax_row(logits[-1]))
+        if not self.processors:
+            fed, logits = greedy_chain(self.dec, self.tokens[have], n - have)
+            for i in range(n - have):
+                self.rows[have + i] = logits[i]
+            self.tokens.extend(fed[1:])
+            self.tokens.append(argmax_row(logits[-1]))
+            return
+        for j in range(have, n):
+            row = self.dec.forward([self.tokens[j]])[-1]
+            self.rows[j] = row
+            self.tokens.append(self.pick(j, row))
 
     def drop_before(self, j: int) -> None:
         for k in [k for k in self.rows if k < j]:
@@ -301,6 +324,7 @@ def replay(
     served_tokens: list[int] | None = None,
     trace: list | None = None,
     prefill_emits: bool = False,
+    processors: list[Any] | None = None,
 ) -> ReplayReport:
     """Replay ``accepts`` on ``model`` from ``prompt`` and compare with classic decode.
 
@@ -327,7 +351,7 @@ def replay(
     opts = opts or CacheOptions()
     t0 = time.perf_counter()
 
-    chain = _Chain(model, prompt, opts, trace)
+    chain = _Chain(model, prompt, opts, trace, processors)
     target = Decoder(model, opts)
     last = target.prefill(prompt)
     if last != chain.tokens[0]:  # both prefilled the same prompt
@@ -354,7 +378,7 @@ def replay(
             trace.append(("block", [last]))
         row = target.forward([last])
         forwards += 1
-        target_tokens.append(argmax_row(row[-1]))
+        target_tokens.append(chain.pick(0, row[-1]))
         d = compare_arrays(chain.rows[0][None], row[-1:], logits=True)
         if not d.equal or target_tokens[0] != chain.tokens[1]:
             disagreements += 1
@@ -383,7 +407,8 @@ def replay(
         logits = target.forward(block)
         forwards += 1
         kept = logits[: a + 1]
-        got = kept.argmax(axis=-1).tolist()
+        # each kept row sees classic decode's history: its inputs are the chain's own tokens
+        got = [chain.pick(emitted + k, kept[k]) for k in range(a + 1)]
         target_tokens.extend(got)
         dtype = str(logits.dtype).replace("mlx.core.", "")
 
@@ -430,11 +455,16 @@ def replay(
     classic = chain.tokens[1: emitted + 1]
     served_checked = served_mismatch = None
     served_at: tuple[int, int] | None = None
-    if served_tokens is not None and finding is None:
-        n = min(len(served_tokens), len(classic))
-        served_checked = n
-        for i in range(n):
-            if served_tokens[i] != classic[i]:
+    if served_tokens is not None:
+        # Even after a rewind finding stopped the replay, the served tokens are compared
+        # with the classic reference over their whole length: where the engine's own
+        # output first left classic decode is the user's symptom.
+        chain.ensure(len(served_tokens))
+        chain.drop_before(len(chain.tokens))
+        reference = chain.tokens[1: len(served_tokens) + 1]
+        served_checked = len(served_tokens)
+        for i, tok in enumerate(served_tokens):
+            if tok != reference[i]:
                 served_mismatch = i
                 break
         if served_mismatch is not None:
