@@ -34,10 +34,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from specparity.probes.replay.algebra import emitted_counts, locate
+
 from specparity.compare import Diff, compare_arrays
 from specparity.decode import CacheOptions, Decoder, argmax_row, greedy_chain, trimmable
 from specparity.errors import Inconclusive, UsageError
-from specparity.probes.replay.algebra import emitted_counts, locate
 from specparity.processors import process_row
 
 log = logging.getLogger(__name__)
