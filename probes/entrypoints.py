@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from specparity.errors import UsageError
 from specparity.processors import ProcessorOptions
@@ -130,13 +130,13 @@ class Spy:
     ``drafted`` (yielded tokens flagged from_draft).
     """
 
-    SKIP = {"prompt", "model", "draft_model", "stream"}
+    SKIP: ClassVar[frozenset[str]] = frozenset({"prompt", "model", "draft_model", "stream"})
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
         self._saved: dict[str, Any] = {}
 
-    def __enter__(self) -> Spy:
+    def __enter__(self) -> Self:
         g = _generate_module()
 
         for name in STEPS:
@@ -298,7 +298,7 @@ def run_cli_arm(target: str, draft: str | None, prompt_text: str, options: E2EOp
         work.mkdir()
         try:
             proc = subprocess.run(arm.argv, cwd=work, env=env, capture_output=True, text=True,
-                                  timeout=CLI_TIMEOUT_S)
+                                  timeout=CLI_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
             arm.error = f"mlx_lm.generate did not finish in {CLI_TIMEOUT_S} s"
             return arm
@@ -306,7 +306,7 @@ def run_cli_arm(target: str, draft: str | None, prompt_text: str, options: E2EOp
             last = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
             arm.error = f"mlx_lm.generate exited {proc.returncode}: {last}"
         else:
-            arm.text = proc.stdout[:-1] if proc.stdout.endswith("\n") else proc.stdout
+            arm.text = proc.stdout.removesuffix("\n")
         if spy_out.exists():
             arm.absorb(json.loads(spy_out.read_text()))
     arm.seconds = time.perf_counter() - t0

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli
-from specparity.checkpoint import load_checkpoint
 from specparity.probes.entrypoints import E2EOptions, first_text_difference, first_token_difference, run_e2e
+
+from specparity.checkpoint import load_checkpoint
 from specparity.processors import ProcessorOptions
 from specparity.verdicts import Verdict
 
