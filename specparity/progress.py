@@ -21,10 +21,12 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, TypeVar
 
 if TYPE_CHECKING:
     from specparity.records.record import RecordSink
+
+T = TypeVar("T")
 
 
 class Observer:
@@ -52,6 +54,13 @@ class Observer:
             yield
         finally:
             self.end(part)
+
+    def iterate(self, part: str, items: Iterable[T], total: int | None = None) -> Iterator[T]:
+        """Yield ``items``, counting each one done when the loop comes back for the next."""
+        with self.part(part, total):
+            for x in items:
+                yield x
+                self.item(part)
 
 
 NULL = Observer()

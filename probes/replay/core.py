@@ -34,16 +34,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specparity.probes.replay.algebra import emitted_counts, locate
-
 from specparity.compare import Diff, compare_arrays
 from specparity.decode import CacheOptions, Decoder, argmax_row, greedy_chain, trimmable
 from specparity.errors import Inconclusive, UsageError
+from specparity.probes.replay.algebra import emitted_counts, locate
 from specparity.processors import process_row
+from specparity.progress import NULL, Observer
+from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
 
-EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
 POLICY_WRONG, POLICY_CORRECT = "wrong-id", "correct-token"
 POLICIES = (POLICY_WRONG, POLICY_CORRECT)
 MODE_TRIM = "trim"
@@ -113,7 +113,7 @@ class RewindFinding:
 
 
 @dataclass
-class ReplayReport:
+class ReplayReport(ReportMixin):
     """One request replayed.
 
     rounds: rounds replayed (fewer than ``rounds_total`` when a rewind finding stopped it).
@@ -159,18 +159,14 @@ class ReplayReport:
     seconds: float = 0.0
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         if self.rewind_finding is not None or self.disagreements:
-            return DIVERGENT
+            return Verdict.DIVERGENT
         if self.served_first_mismatch is not None:
-            return DIVERGENT
+            return Verdict.DIVERGENT
         if self.positions == 0:
-            return NOT_RUN
-        return EQUAL
-
-    @property
-    def exit_code(self) -> int:
-        return {EQUAL: 0, DIVERGENT: 1, NOT_RUN: 3}[self.verdict]
+            return Verdict.NOT_RUN
+        return Verdict.EQUAL
 
     def summary(self) -> str:
         """The one-line result."""
@@ -230,6 +226,7 @@ class ReplayReport:
         d = asdict(self)
         d["first"] = self.first.to_dict() if self.first else None
         d["verdict"] = self.verdict
+        d["exit_code"] = self.exit_code
         d["summary"] = self.summary()
         return d
 
@@ -325,6 +322,7 @@ def replay(
     served_tokens: list[int] | None = None,
     trace: list | None = None,
     prefill_emits: bool = False,
+    observer: Observer = NULL,
     processors: list[Any] | None = None,
 ) -> ReplayReport:
     """Replay ``accepts`` on ``model`` from ``prompt`` and compare with classic decode.
@@ -337,7 +335,8 @@ def replay(
     classic decode's first single step before round 0 and counts that token
     as emitted index 0; otherwise (mlx-lm) round 0's block starts with the
     last prompt token. Raises Inconclusive for an empty accept vector and
-    UsageError for an accept that does not fit its width.
+    UsageError for an accept that does not fit its width. ``observer`` gets
+    progress per round (part ``rounds``).
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
@@ -385,7 +384,7 @@ def replay(
             disagreements += 1
             first = Disagreement(-1, 0, 0, len(prompt) - 1, chain.tokens[1], target_tokens[0], d)
         emitted, expected = 1, len(prompt)
-    for r, (a, w) in enumerate(zip(accepts, widths)):
+    for r, (a, w) in enumerate(observer.iterate("rounds", zip(accepts, widths), len(accepts))):
         chain.ensure(emitted + w)
         vocab = int(chain.rows[emitted].shape[-1])
         if not 0 <= wrong_id < vocab:
@@ -417,7 +416,8 @@ def replay(
         if rejected:
             rewinds += 1
             if mode == MODE_TRIM:
-                trimmed = int(trim_prompt_cache(target.cache, rejected))
+                # mlx-lm annotates trim_prompt_cache -> List but returns the count it trimmed
+                trimmed = int(trim_prompt_cache(target.cache, rejected))  # type: ignore[call-overload]
                 if trace is not None:
                     trace.append(("trim", rejected))
             else:

@@ -116,7 +116,7 @@ def run_replays(loaded: Any, requests: list[Any], findings: list[Any], opts: Cac
             try:
                 report = replay(loaded.model, prompt, req.accepts, width=w, widths=ws, policy=policy,
                                 wrong_id=wrong_id, opts=opts, served_tokens=req.tokens,
-                                prefill_emits=req.prefill_emits, processors=made)
+                                prefill_emits=req.prefill_emits, observer=observer, processors=made)
             except Inconclusive as err:
                 res = {"request": i, "source": req.source, "verdict": Verdict.NOT_RUN, "reason": str(err)}
                 run.texts.append(f"{req.source}: not run: {err}")

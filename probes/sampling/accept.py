@@ -30,15 +30,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from specparity.probes.sampling.dist import DIVERGENT, PASS
+
+from specparity.errors import UsageError
 from specparity.probes.sampling.montecarlo import draw_drafts, single_step
 from specparity.probes.sampling.rules import BUILTIN, SUM_MIN, SUM_PROD, Rule, closed_forms, rule_q
 from specparity.probes.sampling.stats import min_detectable_shift
-
-from specparity.errors import UsageError
+from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
 
+# a measurement that sits on the form it should (a measurement outcome, not a run verdict)
 OK = "ok"
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_POSITIONS = 192
@@ -132,7 +133,7 @@ def measure(source: str, rule: str, expected: str | None, accepted: int, tested:
         mean_sum_min=float(a_min.mean()) if a_min.size else 0.0,
         mean_sum_prod=float(a_prod.mean()) if a_prod.size else 0.0,
         z_min=z_min, z_prod=z_prod, z_crit=z_crit, sits_on=sits,
-        verdict=DIVERGENT if bad else OK,
+        verdict=Verdict.DIVERGENT if bad else OK,
         min_shift=min_detectable_shift(float((ref * (1.0 - ref)).sum()) * weight, ref.size * weight, alpha),
     )
 
@@ -223,7 +224,7 @@ def teacher_forced_probs(model: Any, prompt: list[int], tokens: list[int],
 
 
 @dataclass
-class AcceptReport:
+class AcceptReport(ReportMixin):
     """Measured acceptance against its closed forms on a real target/drafter pair.
 
     target / draft: checkpoint paths; target_digest / draft_digest: fingerprints.
@@ -256,18 +257,17 @@ class AcceptReport:
     per_position: list[dict[str, Any]]
     inconsistent: list[int]
     measurements: list[Measurement]
-    verdict: str
+    verdict: Verdict
     reason: str
     seconds: float
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.verdict == PASS else 1
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["exit_code"] = self.exit_code
         return d
+
+    def lines(self) -> list[str]:
+        return render_accept(self).splitlines()
 
 
 def simulate_at_positions(rule: Rule, P: np.ndarray, Q: np.ndarray, draws: int,
@@ -349,19 +349,19 @@ def _round_index(run: SpecRun) -> dict[int, int]:
     return out
 
 
-def _accept_verdict(meas: list[Measurement], bad_pos: list[int]) -> tuple[str, str]:
+def _accept_verdict(meas: list[Measurement], bad_pos: list[int]) -> tuple[Verdict, str]:
     if bad_pos:
-        return DIVERGENT, (f"sum_min < sum_prod at {len(bad_pos)} tested position(s), first"
+        return Verdict.DIVERGENT, (f"sum_min < sum_prod at {len(bad_pos)} tested position(s), first"
                            f" {bad_pos[0]}: p or q is not a distribution")
-    bad = [m for m in meas if m.verdict == DIVERGENT]
+    bad = [m for m in meas if m.verdict == Verdict.DIVERGENT]
     if bad:
         m = bad[0]
         want = f", expected {m.expected}" if m.expected else ""
-        return DIVERGENT, (f"{m.rule} ({m.source}) sits on {m.sits_on}{want}: z_min"
+        return Verdict.DIVERGENT, (f"{m.rule} ({m.source}) sits on {m.sits_on}{want}: z_min"
                            f" {m.z_min:.1f}, z_prod {m.z_prod:.1f}, |z| limit {m.z_crit:.2f}")
     reach = max(m.min_shift for m in meas) if meas else math.inf
-    return PASS, (f"every measurement sits on its closed form; each detects a shift >= {reach:.3g}"
-                  " of per-position acceptance off its form with 99% power")
+    return Verdict.PASS, (f"every measurement sits on its closed form; each detects a shift >= {reach:.3g}"
+                          " of per-position acceptance off its form with 99% power")
 
 
 def check_args(temperature: float, positions: int, num_draft: int, draws: int,

@@ -16,30 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from specparity.probes.sampling.accept import (
-    DEFAULT_ALPHA,
-    DEFAULT_NUM_DRAFT,
-    DEFAULT_TEMPERATURE,
-    MLX_LM,
-    Measurement,
-    check_args,
-    measure,
-    speculative_run,
-)
-from specparity.probes.sampling.dist import (
-    DIVERGENT,
-    INCONCLUSIVE,
-    NOT_REJECTED,
-    PASS,
-    Arm,
-    make_problem,
-    run_arm,
-    softmax32,
-)
-from specparity.probes.sampling.rules import CONTROLS, SUM_PROD, closed_forms
-from specparity.probes.sampling.stats import NearMiss, Power, chi_square, near_miss_control, power_statement
 
 from specparity.errors import UsageError
+from specparity.probes.sampling.accept import (
+    DEFAULT_ALPHA, DEFAULT_NUM_DRAFT, DEFAULT_TEMPERATURE, MLX_LM, Measurement, check_args, measure,
+    speculative_run,
+)
+from specparity.probes.sampling.dist import NOT_REJECTED, Arm, make_problem, run_arm, softmax32
+from specparity.probes.sampling.rules import CONTROLS, SUM_PROD, closed_forms
+from specparity.probes.sampling.stats import NearMiss, Power, chi_square, near_miss_control, power_statement
+from specparity.verdicts import ReportMixin, Verdict
+
 
 # End to end: six live tokens (ids 10..15), everything else -1e4 (exp underflows to
 # exactly 0 in float32 at T = 0.7, so p has six cells and chi-square dof 5). The
@@ -51,7 +38,7 @@ E2E_TOKENS = 600
 
 
 @dataclass
-class EndToEndReport:
+class EndToEndReport(ReportMixin):
     """mlx-lm's speculative stream at temperature T against a known p.
 
     target / draft: the constant-logits fixtures (their logits ignore the input).
@@ -82,21 +69,20 @@ class EndToEndReport:
     outside_support: list[int] | None
     arms: list[Any]
     acceptance: Measurement
-    verdict: str
+    verdict: Verdict
     reason: str
     seconds: float
     generation_seconds: float
     power: Power | None = None
     near_miss: NearMiss | None = None
 
-    @property
-    def exit_code(self) -> int:
-        return {PASS: 0, DIVERGENT: 1, INCONCLUSIVE: 3}[self.verdict]
-
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["exit_code"] = self.exit_code
         return d
+
+    def lines(self) -> list[str]:
+        return render_end_to_end(self).splitlines()
 
 
 def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_TOKENS,
@@ -131,7 +117,7 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
     a_min, a_prod = closed_forms(p_full, q_full)
     arm_stream = Arm(
         name=MLX_LM, description="mlx-lm's speculative stream (sampler-match)", role="rule",
-        verdict=DIVERGENT if (chi.rejected or outside) else PASS, chi=chi,
+        verdict=Verdict.DIVERGENT if (chi.rejected or outside) else Verdict.PASS, chi=chi,
         acceptance=sum(run.rounds) / max(num_draft * len(run.rounds), 1),
         sum_min=float(a_min), sum_prod=float(a_prod), seconds=run.seconds,
         draws_per_second=len(stream) / run.seconds if run.seconds > 0 else 0.0,
@@ -151,23 +137,23 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
     near = (near_miss_control(p_full, len(stream), alpha, power, np.random.default_rng(streams[-1]))
             if power is not None else None)
     if outside:
-        verdict, reason = DIVERGENT, (f"emitted token {outside[1]} at stream index"
+        verdict, reason = Verdict.DIVERGENT, (f"emitted token {outside[1]} at stream index"
                                       f" {outside[0]} has p = 0")
     elif chi.rejected:
-        verdict, reason = DIVERGENT, (f"chi-square {chi.statistic:.1f} > threshold"
+        verdict, reason = Verdict.DIVERGENT, (f"chi-square {chi.statistic:.1f} > threshold"
                                       f" {chi.threshold:.1f} at dof {chi.dof}")
     elif any(a.verdict == NOT_REJECTED for a in arms[1:]):
         weak = [a.name for a in arms[1:] if a.verdict == NOT_REJECTED]
-        verdict, reason = INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not"
+        verdict, reason = Verdict.INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not"
                                          f" rejected at {len(stream)} tokens")
     elif near is not None and not near.rejected:
-        verdict, reason = INCONCLUSIVE, (f"the near-miss control at TV {near.tv:.4g} was not"
-                                         " rejected: the power statement does not hold")
-    elif acc_meas.verdict == DIVERGENT:
-        verdict, reason = DIVERGENT, (f"acceptance sits on {acc_meas.sits_on}, expected"
+        verdict, reason = Verdict.INCONCLUSIVE, (f"the near-miss control at TV {near.tv:.4g} was not"
+                                                 " rejected: the power statement does not hold")
+    elif acc_meas.verdict == Verdict.DIVERGENT:
+        verdict, reason = Verdict.DIVERGENT, (f"acceptance sits on {acc_meas.sits_on}, expected"
                                       f" sum_prod (z_prod {acc_meas.z_prod:.1f})")
     else:
-        verdict, reason = PASS, (f"chi-square {chi.statistic:.1f} <= {chi.threshold:.1f} at"
+        verdict, reason = Verdict.PASS, (f"chi-square {chi.statistic:.1f} <= {chi.threshold:.1f} at"
                                  f" dof {chi.dof}, every control rejected, acceptance on"
                                  " sum_prod" + (f"; {power.describe()}" if power is not None else ""))
     return EndToEndReport(
