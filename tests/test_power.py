@@ -12,6 +12,7 @@ from conftest import run_cli
 from specparity.probes.sampling import dist, stats
 from specparity.probes.sampling.accept import measure
 from specparity.probes.sampling.rules import resolve_rule
+from specparity.verdicts import Verdict
 
 TESTS = Path(__file__).resolve().parent
 
@@ -69,14 +70,14 @@ def test_subtle_rule_passes_only_below_the_stated_reach_and_detect_tv_catches_it
     assert 1.4 * floor < tv < 1.6 * floor  # 1.5x the default run's noise floor
 
     rep = dist.run_dist(rule, prob)  # default size: the bare pass the issue reports ...
-    assert rep.verdict == dist.PASS, rep.reason
+    assert rep.verdict == Verdict.PASS, rep.reason
     # ... now states that it could not have seen this rule
     assert rep.power.min_tv > tv and f"TV >= {rep.power.min_tv:.4g}" in rep.reason
     assert rep.near_miss.rejected
 
     n = dist.samples_to_detect(prob, tv)
     rep = dist.run_dist(rule, prob, samples=n, controls=[], detect_tv=tv)
-    assert rep.verdict == dist.DIVERGENT and rep.arms[0].chi.rejected
+    assert rep.verdict == Verdict.DIVERGENT and rep.arms[0].chi.rejected
     assert f"sized by --detect-tv {tv:g}: {n} samples per arm" in dist.render_text(rep)
 
 
