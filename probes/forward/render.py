@@ -44,11 +44,41 @@ def prefill_line(r: Any) -> str:
     return f"prefill parity, prompt {r.prompt_index} ({r.prompt_len} tokens): " + "; ".join(parts)
 
 
+def aimed_line(a: Any) -> str:
+    b = a.boundary
+    head = (f"aimed at {b['kind']} {b['position']} ({b['source']}): width {a.width}, prompt {a.prompt_len}"
+            f" tokens, depth {a.depth}, block at positions {a.start}-{a.start + a.width - 1}: ")
+    if a.verdict == "not_run":
+        body = f"not_run ({a.reason})"
+    elif a.verdict == "equal":
+        body = "equal"
+    else:
+        body = (f"divergent at row {a.first_row} (position {a.absolute_position}):"
+                f" {a.diff.summary('logit bytes')}")
+    if a.walk is not None:
+        w = a.walk
+        body += (f"; walk of {w.blocks} blocks equal" if w.verdict == "equal"
+                 else f"; walk {w.verdict} at position {w.first_position}" if w.verdict == "divergent"
+                 else f"; walk not_run ({w.reason})")
+    return head + body
+
+
+def reach_lines(report: Any) -> list[str]:
+    """The bracket, the boundaries aimed at and the options this architecture ignores."""
+    out = []
+    if report.bracket is not None:
+        out.append(report.bracket.line())
+    out += [f"note: {n}" for n in report.notes]
+    out += [aimed_line(a) for a in report.aimed]
+    return out
+
+
 def probe_text(report: Any, header: str, prefill: list | None = None) -> str:
     lines = [header, f"{'width':>5} {'depth':>5}  {'verdict':<9} detail"]
     for c in report.cells:
         lines.append(f"{c.width:>5} {c.depth:>5}  {c.verdict:<9} {cell_detail(c)}")
     lines += [walk_line(w) for w in report.walks]
+    lines += reach_lines(report)
     lines += [prefill_line(r) for r in (prefill or [])]
     return "\n".join(lines)
 
@@ -61,6 +91,9 @@ def probe_markdown(report: Any, title: str, meta: dict[str, Any], prefill: list 
         out.append(f"| {c.width} | {c.depth} | {c.verdict} | {cell_detail(c)} |")
     if report.walks:
         out += ["", "## Long walk", ""] + [f"- {walk_line(w)}" for w in report.walks]
+    reach = reach_lines(report)
+    if reach:
+        out += ["", "## Reproducibility and cache boundaries", ""] + [f"- {x}" for x in reach]
     if prefill:
         out += ["", "## Prefill parity", ""] + [f"- {prefill_line(r)}" for r in prefill]
     out += ["", f"Overall verdict: **{report.verdict}**", ""]
