@@ -257,7 +257,7 @@ class ReplayReport:
             t = self.tie_breaks[0]
             out.append(
                 f"classic decode broke {self.tie_breaks_total} exact logprob tie(s) toward the lower id"
-                f" (first at emitted index {t['emitted_index']}: {GreedyPick(**t['pick']).describe()});"
+                f" (first at emitted index {t['emitted_index']}: {t['words']});"
                 " the reference follows them, so they raise no false alarm")
         return out
 
@@ -342,7 +342,8 @@ class _Chain:
             if pick.tie_flip:
                 self.tie_breaks_total += 1
                 if len(self.tie_breaks) < 20:
-                    self.tie_breaks.append({"emitted_index": have + i, "pick": pick.to_dict()})
+                    self.tie_breaks.append({"emitted_index": have + i, "pick": pick.to_dict(),
+                                            "words": pick.describe()})
         self.tokens.extend(fed[1:])
         self.tokens.append(greedy_token(logits[-1]))
 
