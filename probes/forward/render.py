@@ -4,21 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from specparity.verdicts import Verdict
+
 
 def cell_detail(c: Any) -> str:
-    if c.verdict == "equal":
+    if c.verdict == Verdict.EQUAL:
         return f"{c.prompts_tested} prompt(s), all logit bytes equal"
-    if c.verdict == "not_run":
+    if c.verdict == Verdict.NOT_RUN:
         return c.reason or ""
     return (f"prompt {c.prompt_index}, first at row {c.first_row} (position {c.absolute_position}):"
             f" {c.diff.summary('logit bytes')}")
 
 
+def cell_line(c: Any) -> str:
+    """One row of the (width, depth) table."""
+    return f"{c.width:>5} {c.depth:>5}  {c.verdict:<9} {cell_detail(c)}"
+
+
 def walk_line(w: Any) -> str:
-    if w.verdict == "equal":
+    if w.verdict == Verdict.EQUAL:
         return (f"long walk width {w.width}: equal over {w.positions} positions"
                 f" ({w.blocks} consecutive blocks)")
-    if w.verdict == "not_run":
+    if w.verdict == Verdict.NOT_RUN:
         return f"long walk width {w.width}: not_run ({w.reason})"
     return (f"long walk width {w.width}: divergent at step {w.first_step} past the prompt"
             f" (position {w.first_position}, block {w.block_index} row {w.row}):"
@@ -28,9 +35,9 @@ def walk_line(w: Any) -> str:
 def prefill_line(r: Any) -> str:
     parts = []
     for a in r.arms:
-        if a.verdict == "equal":
+        if a.verdict == Verdict.EQUAL:
             parts.append(f"{a.name}({a.chunk}) equal")
-        elif a.verdict == "not_run":
+        elif a.verdict == Verdict.NOT_RUN:
             parts.append(f"{a.name}({a.chunk}) not_run: {a.reason}")
         else:
             what = a.logits.summary("last-row logit bytes") if a.logits and not a.logits.equal \
@@ -48,18 +55,18 @@ def aimed_line(a: Any) -> str:
     b = a.boundary
     head = (f"aimed at {b['kind']} {b['position']} ({b['source']}): width {a.width}, prompt {a.prompt_len}"
             f" tokens, depth {a.depth}, block at positions {a.start}-{a.start + a.width - 1}: ")
-    if a.verdict == "not_run":
-        body = f"not_run ({a.reason})"
-    elif a.verdict == "equal":
-        body = "equal"
+    if a.verdict == Verdict.NOT_RUN:
+        body = f"{a.verdict} ({a.reason})"
+    elif a.verdict == Verdict.EQUAL:
+        body = str(a.verdict)
     else:
-        body = (f"divergent at row {a.first_row} (position {a.absolute_position}):"
+        body = (f"{a.verdict} at row {a.first_row} (position {a.absolute_position}):"
                 f" {a.diff.summary('logit bytes')}")
     if a.walk is not None:
         w = a.walk
-        body += (f"; walk of {w.blocks} blocks equal" if w.verdict == "equal"
-                 else f"; walk {w.verdict} at position {w.first_position}" if w.verdict == "divergent"
-                 else f"; walk not_run ({w.reason})")
+        body += (f"; walk of {w.blocks} blocks {w.verdict}" if w.verdict == Verdict.EQUAL
+                 else f"; walk {w.verdict} at position {w.first_position}" if w.verdict == Verdict.DIVERGENT
+                 else f"; walk {w.verdict} ({w.reason})")
     return head + body
 
 
@@ -74,12 +81,9 @@ def reach_lines(report: Any) -> list[str]:
 
 
 def probe_text(report: Any, header: str, prefill: list | None = None) -> str:
-    lines = [header, f"{'width':>5} {'depth':>5}  {'verdict':<9} detail"]
-    for c in report.cells:
-        lines.append(f"{c.width:>5} {c.depth:>5}  {c.verdict:<9} {cell_detail(c)}")
-    lines += [walk_line(w) for w in report.walks]
-    lines += reach_lines(report)
-    lines += [prefill_line(r) for r in (prefill or [])]
+    lines = [header, *report.lines()]
+    for r in prefill or []:
+        lines += r.lines()
     return "\n".join(lines)
 
 

@@ -43,11 +43,10 @@ from specparity.errors import Inconclusive, UsageError
 from specparity.probes.replay.algebra import emitted_counts, locate
 from specparity.progress import NULL, Observer
 from specparity.reproducibility import Bracket, repeat_chain
-from specparity.verdicts import Verdict
+from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
 
-EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
 POLICY_WRONG, POLICY_CORRECT = "wrong-id", "correct-token"
 POLICIES = (POLICY_WRONG, POLICY_CORRECT)
 MODE_TRIM = "trim"
@@ -121,7 +120,7 @@ class RewindFinding:
 
 
 @dataclass
-class ReplayReport:
+class ReplayReport(ReportMixin):
     """One request replayed.
 
     rounds: rounds replayed (fewer than ``rounds_total`` when a rewind finding stopped it).
@@ -181,22 +180,16 @@ class ReplayReport:
     seconds: float = 0.0
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         if self.bracket is not None and not self.bracket.reproducible:
             return Verdict.INCONCLUSIVE
         if self.rewind_finding is not None or self.disagreements:
-            return DIVERGENT
+            return Verdict.DIVERGENT
         if self.served_first_mismatch is not None:
-            return DIVERGENT
+            return Verdict.DIVERGENT
         if self.positions == 0:
-            return NOT_RUN
-        return EQUAL
-
-    @property
-    def exit_code(self) -> int:
-        from specparity.verdicts import exit_code
-
-        return exit_code(self.verdict)
+            return Verdict.NOT_RUN
+        return Verdict.EQUAL
 
     def summary(self) -> str:
         """The one-line result."""
@@ -282,6 +275,7 @@ class ReplayReport:
         d["served_pick"] = self.served_pick.to_dict() if self.served_pick else None
         d["bracket"] = self.bracket.to_dict() if self.bracket else None
         d["verdict"] = self.verdict
+        d["exit_code"] = self.exit_code
         d["summary"] = self.summary()
         return d
 
@@ -475,7 +469,8 @@ def replay(
         if rejected:
             rewinds += 1
             if mode == MODE_TRIM:
-                trimmed = int(trim_prompt_cache(target.cache, rejected))
+                # mlx-lm annotates trim_prompt_cache -> List but returns the count it trimmed
+                trimmed = int(trim_prompt_cache(target.cache, rejected))  # type: ignore[call-overload]
                 if trace is not None:
                     trace.append(("trim", rejected))
             else:
