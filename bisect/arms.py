@@ -162,10 +162,10 @@ def run_arms(model: Any, prompt: list[int], width: int, depth: int,
     chain_arrays, axes = _stack_chain(chain_calls, block, width)
     if not bracket.reproducible:
         repeat_arrays, _ = _stack_chain(repeat_calls, block, width)
-        first = next((n for n in block_order if n in chain_arrays and n in repeat_arrays
-                      and not compare_arrays(chain_arrays[n], repeat_arrays[n]).equal), None)
-        if first is not None:
-            bracket.where += f"; first differing capture: {first}"
+        differing = next((n for n in block_order if n in chain_arrays and n in repeat_arrays
+                          and not compare_arrays(chain_arrays[n], repeat_arrays[n]).equal), None)
+        if differing is not None:
+            bracket.where += f"; first differing capture: {differing}"
     order = [n for n in block_order if n in chain_arrays]
     mx.eval(list(chain_arrays.values()), list(block.values()))
     chain_cache, block_cache = snapshot(chain_dec.cache), snapshot(block_dec.cache)

@@ -101,9 +101,11 @@ def run_bisect(loaded: Any, prompt: list[int], width: int, depth: int, opts: Cac
     with observer.part("arms", total=2):
         bc, report = bisect_model(loaded, prompt, width, depth, opts)
         observer.item("arms", 2)
-    observer.result("bracket", bc.bracket.to_dict())
-    if not bc.bracket.reproducible:
-        return BisectRun(report, None, bc.bracket)
+    bracket = bc.bracket
+    assert bracket is not None  # run_arms always repeats the chain
+    observer.result("bracket", bracket.to_dict())
+    if not bracket.reproducible:
+        return BisectRun(report, None, bracket)
     for row in report.to_dict()["rows"]:
         observer.result("layers", row)
     ctrl = None
@@ -114,4 +116,4 @@ def run_bisect(loaded: Any, prompt: list[int], width: int, depth: int, opts: Cac
         with tempfile.TemporaryDirectory(prefix="specparity-controls-") as tmp:
             ctrl = run_controls(controls, dump_args(str(loaded.path), trust_remote_code, width, depth,
                                                     prompt, opts), Path(tmp), width)
-    return BisectRun(report, ctrl, bc.bracket)
+    return BisectRun(report, ctrl, bracket)

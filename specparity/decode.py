@@ -223,7 +223,7 @@ def greedy_token(logits_row: Any) -> int:
     """
     from mlx_lm.sample_utils import greedy_sampler
 
-    return int(greedy_sampler(classic_logprobs(logits_row)).reshape(-1)[0].item())
+    return int(greedy_sampler(classic_logprobs(logits_row)).reshape(-1)[0].item())  # type: ignore[arg-type]
 
 
 def greedy_tokens(logits: Any) -> list[int]:
@@ -277,7 +277,8 @@ def greedy_pick(logits_row: Any) -> GreedyPick:
     others = values.copy()
     others[token] = -np.inf
     runner = int(np.argmax(others))
-    return GreedyPick(token, int(mx.argmax(logits_row.reshape(-1)).item()), runner,
+    raw = int(mx.argmax(logits_row.reshape(-1)).item())  # type: ignore[arg-type]  # item() is int | float | complex
+    return GreedyPick(token, raw, runner,
                       float(values[token] - values[runner]), float(values[token]))
 
 
