@@ -42,6 +42,7 @@ log = logging.getLogger("specparity.gate")
 STORE_VERSION = 1
 DEFAULT_GATE_DEPTHS = (0, 32)
 DEFAULT_GATE_WALK = 128
+DEFAULT_GATE_AIM_LIMIT = 1024  # blocks aimed at every cache boundary up to this position
 
 
 @dataclass
@@ -142,10 +143,16 @@ def gate_key(model_dir: str | os.PathLike, width: int, opts: CacheOptions | None
         "cache": (opts or CacheOptions()).to_dict(),
         "backend": backend(),
         "env": kernel_env(tuple(env_prefixes)),
-        "probe": probe_spec or {"depths": list(DEFAULT_GATE_DEPTHS), "walk": DEFAULT_GATE_WALK},
+        "probe": probe_spec or _spec(DEFAULT_GATE_DEPTHS, DEFAULT_GATE_WALK),
     }
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     return key, fields
+
+
+def _spec(depths: tuple[int, ...] | list[int], walk: int) -> dict[str, Any]:
+    """What the gate's probe covers (part of the key: a wider probe never reuses a narrower verdict)."""
+    return {"depths": list(depths), "walk": walk, "aim_limit": DEFAULT_GATE_AIM_LIMIT,
+            "prefill": True, "bracket": True}
 
 
 def _line(action: str, width: int, key: str, reason: str) -> str:
@@ -156,18 +163,20 @@ def _line(action: str, width: int, key: str, reason: str) -> str:
 def _default_probe(model_dir: str, width: int, opts: CacheOptions, trust_remote_code: bool,
                    depths: tuple[int, ...], walk: int) -> tuple[str, str]:
     from specparity.checkpoint import load_checkpoint
-    from specparity.probes.forward.blockchain import probe_block_vs_chain
+    from specparity.probes.forward.probe import run_probe
     from specparity.prompts import encode_prompts
 
     loaded = load_checkpoint(model_dir, trust_remote_code=trust_remote_code)
     prompts = encode_prompts(loaded.tokenizer)
-    report = probe_block_vs_chain(loaded.model, [width], list(depths), prompts, opts,
-                                  walk_positions=walk)
-    return report.verdict, summarize(report)
+    run = run_probe(loaded, [width], list(depths), prompts, opts, walk_positions=walk,
+                    prefill=True, aim=True, aim_limit=DEFAULT_GATE_AIM_LIMIT)
+    return run.verdict, summarize(run.probe, run.prefill)
 
 
-def summarize(report: Any) -> str:
-    """One line of evidence from a ProbeReport."""
+def summarize(report: Any, prefill: list[Any] | None = None) -> str:
+    """One line of evidence from a ProbeReport (and its prefill parity): the finding, else the reach."""
+    if not report.reproducible:
+        return report.bracket.line()
     for c in report.cells:
         if c.verdict == Verdict.DIVERGENT:
             return (f"divergent at width {c.width} depth {c.depth} prompt {c.prompt_index}"
@@ -176,13 +185,36 @@ def summarize(report: Any) -> str:
         if w.verdict == Verdict.DIVERGENT:
             return (f"long walk at width {w.width} diverges at step {w.first_step}"
                     f" (position {w.first_position}): {w.diff.summary('logit bytes')}")
+    for a in report.aimed:
+        if a.verdict == Verdict.DIVERGENT:
+            return (f"divergent at width {a.width} across {a.boundary['kind']} {a.boundary['position']}"
+                    f" (block at positions {a.start}-{a.start + a.width - 1}, first at position"
+                    f" {a.absolute_position}): {a.diff.summary('logit bytes')}")
+        if a.walk is not None and a.walk.verdict == Verdict.DIVERGENT:
+            return (f"aimed walk at width {a.width} across {a.boundary['kind']} {a.boundary['position']}"
+                    f" diverges at position {a.walk.first_position}: {a.walk.diff.summary('logit bytes')}")
+    for r in prefill or []:
+        if r.verdict == Verdict.DIVERGENT:
+            from specparity.probes.forward.render import prefill_line
+
+            return prefill_line(r)
     for c in report.cells:
         if c.verdict == Verdict.NOT_RUN:
             return f"not run at width {c.width} depth {c.depth}: {c.reason}"
+    for a in report.aimed:
+        if a.verdict == Verdict.NOT_RUN:
+            return f"not run at width {a.width} across {a.boundary['kind']} {a.boundary['position']}: {a.reason}"
+    for r in prefill or []:
+        if r.verdict == Verdict.NOT_RUN:
+            return f"prefill parity not run on prompt {r.prompt_index}"
     depths = sorted({c.depth for c in report.cells})
     walked = f", long walk {report.walks[0].positions} positions" if report.walks else ""
+    aimed = sorted({f"{a.boundary['kind']} {a.boundary['position']}" for a in report.aimed})
+    reach = f"; blocks across {', '.join(aimed)}" if aimed else "; no cache boundary within reach"
+    pre = f"; prefill parity on {len(prefill)} prompts" if prefill else ""
+    notes = "".join(f"; {n}" for n in report.notes)
     return (f"equal at depths {','.join(map(str, depths))} over {len(report.prompts)} prompts"
-            f"{walked}")
+            f"{walked}{reach}{pre}{notes}")
 
 
 def gate_check(
@@ -200,7 +232,7 @@ def gate_check(
     """Allow or decline verifying ``width`` rows; memoized, probing on a miss."""
     opts = opts or CacheOptions()
     store = store or GateStore()
-    spec = {"depths": list(depths), "walk": walk}
+    spec = _spec(depths, walk)
     key, fields = gate_key(model_dir, width, opts, env_prefixes, spec)
     entry = store.get(key)
     hit = entry is not None

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "replay": ("specparity.commands.replay", "replay", "Replay a served run's accept lengths in process."),
     "dist": ("specparity.commands.dist", "dist", "Test an acceptance rule for distributional exactness."),
     "accept": ("specparity.commands.accept", "accept", "Measured acceptance against its closed forms."),
+    "e2e": ("specparity.commands.e2e", "e2e", "mlx-lm's own entry points with vs without the drafter."),
     "records": ("specparity.commands.records", "records", "Show and list records any command wrote."),
     "served": ("specparity.commands.served", "served", "Served greedy parity: servers with and without a drafter."),
 }

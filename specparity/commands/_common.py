@@ -53,6 +53,32 @@ def cache_options(f: Callable) -> Callable:
     return f
 
 
+def processor_options(f: Callable) -> Callable:
+    """Logits processors as mlx-lm's make_logits_processors takes them (specparity.processors)."""
+    f = click.option("--logit-bias", default=None, metavar="ID:BIAS,...",
+                     help="Additive logit bias per token id, e.g. 5:2.5,17:-100.")(f)
+    for name in ("frequency", "presence", "repetition"):
+        f = click.option(f"--{name}-context-size", type=click.IntRange(min=1), default=20, show_default=True,
+                         help=f"History tokens the {name} penalty sees.")(f)
+        f = click.option(f"--{name}-penalty", type=float, default=None,
+                         help=f"mlx-lm's {name} penalty (a logits processor; off by default).")(f)
+    return f
+
+
+def processor_options_from(kwargs: dict[str, Any]):
+    from specparity.processors import ProcessorOptions, parse_logit_bias
+
+    return ProcessorOptions(
+        repetition_penalty=kwargs.pop("repetition_penalty"),
+        repetition_context_size=kwargs.pop("repetition_context_size"),
+        presence_penalty=kwargs.pop("presence_penalty"),
+        presence_context_size=kwargs.pop("presence_context_size"),
+        frequency_penalty=kwargs.pop("frequency_penalty"),
+        frequency_context_size=kwargs.pop("frequency_context_size"),
+        logit_bias=parse_logit_bias(kwargs.pop("logit_bias")),
+    )
+
+
 def cache_options_from(kwargs: dict[str, Any]):
     from specparity.decode import CacheOptions
 

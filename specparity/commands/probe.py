@@ -32,11 +32,16 @@ MAX_WIDTH = 1024
 @click.option("--walk-widths", default=None, help="Widths to walk (default: every width).")
 @click.option("--prefill/--no-prefill", default=True, show_default=True,
               help="Also compare one-shot, chunked and token-by-token prefill.")
+@click.option("--aim/--no-aim", default=True, show_default=True,
+              help="Also run blocks and walks placed to straddle every cache boundary"
+                   " (quantized-KV start, rotating size, sliding windows, prefill step).")
+@click.option("--aim-limit", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Aim only at boundaries up to this many positions; further ones are named in the report.")
 @cache_options
 @json_option
 @record_option
 def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, walk_widths,
-          prefill, as_json, record_dir, quiet, **cache_kwargs):
+          prefill, aim, aim_limit, as_json, record_dir, quiet, **cache_kwargs):
     """Compare W single-token steps with one W-row block, byte for byte.
 
     For each width W and depth D: prefill as classic decode does, decode D
@@ -45,9 +50,14 @@ def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, w
     raw bytes in the model's dtype. Several prompts per cell; the long walk
     feeds consecutive full-accept blocks and reports the first divergent
     position; prefill parity compares one-shot, chunked and token-by-token.
+    Before any of it counts, the chain arm is repeated once from the same
+    state (reproducibility bracket): a repeat that differs is inconclusive.
+    Every cache boundary (quantized-KV start, rotating size, sliding windows,
+    prefill step) gets blocks placed to straddle it, whatever the prompts.
 
     \b
-    Exit codes: 0 all equal, 1 divergent, 2 usage, 3 not run, 4 load failure.
+    Exit codes: 0 all equal, 1 divergent, 2 usage, 3 not run or not
+    reproducible, 4 load failure.
 
     \b
     Examples:
@@ -78,5 +88,6 @@ def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, w
                      slug=f"probe-{fp.model_type}")
     with run:
         result = run_probe(loaded, w_list, d_list, prompt_list, opts, walk_positions=walk,
-                           walk_widths=ww, prefill=prefill, observer=run.observer)
+                           walk_widths=ww, prefill=prefill, observer=run.observer, aim=aim,
+                           aim_limit=aim_limit)
         return run.finish(result, markdown=result.markdown(), extra={"model": fp.to_dict()})

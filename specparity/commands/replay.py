@@ -13,6 +13,8 @@ from specparity.commands._common import (
     emit_json,
     json_option,
     model_options,
+    processor_options,
+    processor_options_from,
     record_option,
     resolve_model,
 )
@@ -59,6 +61,7 @@ POLICIES = ("wrong-id", "correct-token")
 @click.option("--locate", type=click.IntRange(min=0), default=None, metavar="E",
               help="Print the round and row that emitted token index E, then exit.")
 @cache_options
+@processor_options
 @json_option
 @record_option
 def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request_index,
@@ -74,6 +77,12 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
     that leaves a layer at the wrong offset is reported with its round.
     Caches that cannot be trimmed are replayed by snapshot-and-recompute.
     Transcripts (mlxcel-transcript) also get the offline round-algebra checks.
+    Logits processors (--repetition-penalty, --presence-penalty,
+    --frequency-penalty, --logit-bias) are applied to the classic reference
+    and every verify row as classic decode applies them (history = prompt +
+    emitted tokens), and handed to mlx-lm's speculative path by --draft-model;
+    the tokens it emitted are compared with the reference even after a rewind
+    finding.
 
     \b
     Exit codes: 0 agrees, 1 disagreement or finding, 2 usage,
@@ -86,6 +95,7 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         specparity replay --log server.log --format mlxcel-transcript --algebra-only
         specparity replay --log run.log --regex 'accepted=(\\d+)' --width 5
         specparity replay --draft-model ./draft --num-draft-tokens 3 --save-log run.jsonl
+        specparity replay --draft-model ./draft --repetition-penalty 1.3
     """
     from specparity.probes.replay import algebra, logs
 
@@ -99,6 +109,7 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
     if save_log and draft_model is None:
         raise UsageError("--save-log writes what --draft-model records")
     opts = cache_options_from(cache_kwargs)
+    procs = processor_options_from(cache_kwargs)
     cli_ids = _prompt_ids(prompt_ids)
 
     requests: list[logs.AcceptLog] = []
@@ -128,10 +139,10 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
 
     loaded = resolve_model(model, trust_remote_code)
     if draft_model is not None:
-        requests = [_record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text,
+        requests = [_record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs,
                             num_draft_tokens, max_tokens, opts, save_log)]
     return _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
-                       wrong_id, opts, as_json, record_dir, quiet)
+                       wrong_id, opts, procs, as_json, record_dir, quiet)
 
 
 def _prompt_ids(value: str | None) -> list[int] | None:
@@ -142,7 +153,7 @@ def _prompt_ids(value: str | None) -> list[int] | None:
     return parse_prompt_ids([value])[0]
 
 
-def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, num_draft_tokens,
+def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs, num_draft_tokens,
             max_tokens, opts, save_log):
     from specparity.probes.replay.logs import AcceptLog, write_requests
     from specparity.probes.replay.recorder import record_speculative
@@ -152,7 +163,8 @@ def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, num_dr
     prompt = prompt_for(AcceptLog([]), loaded.tokenizer, cli_ids, prompt_text)
     click.echo(f"recording: mlx-lm speculative decoding, {num_draft_tokens} proposals per round,"
                f" {max_tokens} tokens", err=True)
-    req = record_speculative(loaded.model, draft.model, prompt, num_draft_tokens, max_tokens, opts)
+    req = record_speculative(loaded.model, draft.model, prompt, num_draft_tokens, max_tokens, opts,
+                             processors=procs)
     req.meta["model"] = loaded.fingerprint.short
     req.meta["draft_model"] = draft.fingerprint.short
     if save_log:
@@ -199,13 +211,13 @@ def _locate(requests, index, as_json) -> int:
 
 
 def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy, wrong_id,
-                opts, as_json, record_dir, quiet) -> int:
+                opts, procs, as_json, record_dir, quiet) -> int:
     from specparity.probes.replay.run import run_replays
 
     fp = loaded.fingerprint
     run = CommandRun("replay", f"replay: {fp.model_type} {fp.short}",
-                     {"model": fp.to_dict(), "cache": opts.to_dict()}, record_dir, as_json, quiet,
-                     slug=f"replay-{fp.model_type}")
+                     {"model": fp.to_dict(), "cache": opts.to_dict(), "processors": procs.to_dict()},
+                     record_dir, as_json, quiet, slug=f"replay-{fp.model_type}")
     with run:
         if any(r.source == "mlx_lm.generate.speculative_generate_step" for r in requests):
             from specparity.probes.replay.logs import request_object
@@ -213,5 +225,5 @@ def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
             run.sink.write_bytes("accepts.jsonl", "".join(
                 json.dumps(request_object(r)) + "\n" for r in requests).encode())
         result = run_replays(loaded, requests, findings, opts, cli_ids, prompt_text, width, policy,
-                             wrong_id, observer=run.observer)
+                             wrong_id, observer=run.observer, processors=procs)
         return run.finish(result)
