@@ -8,7 +8,8 @@ The checkpoint's config.json carries a ``specparity`` section::
         {"kind": "depth", "layer": 1, "subop": "self_attn", "min_offset": 40, "min_rows": 2},
         {"kind": "stale_trim"},             # cache trim(n) keeps one stale row
         {"kind": "noise", "layer": 2, "subop": "mlp"}],  # not reproducible call to call
-     "constant_logits": [..]}               # optional: logits that ignore the input
+     "constant_logits": [..],               # optional: logits that ignore the input
+     "witness": "target"}                   # optional: log every forward (see below)
 
 ``rows``: fires when the call has at least ``min_rows`` rows (a verify-width kernel).
 ``depth``: fires when the call has at least ``min_rows`` rows and the cache already
@@ -16,6 +17,14 @@ holds at least ``min_offset`` positions (a kernel that changes past a depth).
 ``noise``: adds 2**-8 * N(0, 1) noise drawn from a key that counts the model's
 calls, so the same input gives other bytes on every call (a forward that is not
 reproducible); ``layer`` null puts it on the logits.
+``process_noise``: ``{"kind": "process_noise", "scale": 4.0}`` adds to the logits a
+bias drawn once per process from the OS's entropy: reproducible within a process,
+not across processes (a served baseline that disagrees with itself).
+``witness``: when the environment names a file in ``SPECPARITY_WITNESS_FILE``,
+every forward appends ``<pid> <role> <rows> <cache offset>`` to it (the served
+harness's engine-agnostic evidence of verify blocks and drafter calls).
+An optional ``"scale"`` replaces the factor (1 + 2**-6 flips no greedy token on most
+prompts; a served test that needs a flip uses e.g. 1.5).
 ``subop`` is an attribute of the decoder layer (``self_attn``, ``mlp``,
 ``linear_attn``, ``input_layernorm``...) or null for the layer's own output.
 
@@ -24,6 +33,7 @@ one submodule for a subclass with a different ``__call__``, nothing else.
 """
 
 import importlib
+import os
 from typing import Any
 
 import mlx.core as mx
@@ -53,7 +63,7 @@ class _CallState:
 NOISE_SCALE = 2.0**-8
 
 
-def _noise(out: Any) -> Any:
+def _call_noise(out: Any) -> Any:
     """Noise keyed by the call counter: the same input differs from call to call."""
     x = out[0] if isinstance(out, tuple) else out
     noise = mx.random.normal(x.shape, key=mx.random.key(_CallState.calls)) * NOISE_SCALE
@@ -85,10 +95,10 @@ def _fires(fault: dict) -> bool:
     return True
 
 
-def _perturb(out: Any) -> Any:
+def _perturb(out: Any, scale: float = FAULT_SCALE) -> Any:
     if isinstance(out, tuple):
-        return (out[0] * FAULT_SCALE,) + out[1:]
-    return out * FAULT_SCALE
+        return (out[0] * scale,) + out[1:]
+    return out * scale
 
 
 def _install_fault(layers: list, fault: dict) -> None:
@@ -99,8 +109,8 @@ def _install_fault(layers: list, fault: dict) -> None:
         def __call__(self, *args, **kwargs):
             out = orig(self, *args, **kwargs)
             if fault["kind"] == "noise":
-                return _noise(out)
-            return _perturb(out) if _fires(fault) else out
+                return _call_noise(out)
+            return _perturb(out, float(fault.get("scale", FAULT_SCALE))) if _fires(fault) else out
 
         return __call__
 
@@ -122,6 +132,13 @@ def _stale_trim_cache(cache: Any) -> Any:
     return cache
 
 
+def _witness_line(role: str, rows: int, offset: int) -> None:
+    path = os.environ.get("SPECPARITY_WITNESS_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {role} {rows} {offset}\n")
+
+
 class Model(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -134,6 +151,9 @@ class Model(nn.Module):
         self._faults = list(spec.get("faults") or [])
         self._constant = spec.get("constant_logits")
         self._logit_noise = False
+        self._witness = spec.get("witness")
+        self._noise = next((float(f.get("scale", 4.0)) for f in self._faults if f["kind"] == "process_noise"), None)
+        self._bias = None
         for fault in self._faults:
             if fault["kind"] in ("rows", "depth") or (fault["kind"] == "noise" and fault.get("layer") is not None):
                 _install_fault(self.inner.layers, fault)
@@ -148,9 +168,16 @@ class Model(nn.Module):
         _CallState.rows = int(inputs.shape[1])
         _CallState.offset = _cache_offset(cache)
         _CallState.calls += 1
+        if self._witness:
+            _witness_line(self._witness, _CallState.rows, _CallState.offset)
         out = self.inner(inputs, cache=cache, **kwargs)
         if self._logit_noise:
-            out = _noise(out)
+            out = _call_noise(out)
+        if self._noise is not None:
+            if self._bias is None:
+                key = mx.random.key(int.from_bytes(os.urandom(4), "little"))
+                self._bias = mx.random.normal((out.shape[-1],), key=key) * self._noise
+            out = out + self._bias.astype(out.dtype)
         if self._constant is not None:
             logits = mx.array(self._constant, dtype=out.dtype)
             out = mx.broadcast_to(logits, out.shape[:-1] + logits.shape)
