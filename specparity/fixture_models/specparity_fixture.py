@@ -63,7 +63,7 @@ class _CallState:
 NOISE_SCALE = 2.0**-8
 
 
-def _noise(out: Any) -> Any:
+def _call_noise(out: Any) -> Any:
     """Noise keyed by the call counter: the same input differs from call to call."""
     x = out[0] if isinstance(out, tuple) else out
     noise = mx.random.normal(x.shape, key=mx.random.key(_CallState.calls)) * NOISE_SCALE
@@ -109,7 +109,7 @@ def _install_fault(layers: list, fault: dict) -> None:
         def __call__(self, *args, **kwargs):
             out = orig(self, *args, **kwargs)
             if fault["kind"] == "noise":
-                return _noise(out)
+                return _call_noise(out)
             return _perturb(out, float(fault.get("scale", FAULT_SCALE))) if _fires(fault) else out
 
         return __call__
@@ -150,10 +150,10 @@ class Model(nn.Module):
         self.model_type = getattr(self.inner, "model_type", config.get("model_type"))
         self._faults = list(spec.get("faults") or [])
         self._constant = spec.get("constant_logits")
+        self._logit_noise = False
         self._witness = spec.get("witness")
         self._noise = next((float(f.get("scale", 4.0)) for f in self._faults if f["kind"] == "process_noise"), None)
         self._bias = None
-        self._logit_noise = False
         for fault in self._faults:
             if fault["kind"] in ("rows", "depth") or (fault["kind"] == "noise" and fault.get("layer") is not None):
                 _install_fault(self.inner.layers, fault)
@@ -172,7 +172,7 @@ class Model(nn.Module):
             _witness_line(self._witness, _CallState.rows, _CallState.offset)
         out = self.inner(inputs, cache=cache, **kwargs)
         if self._logit_noise:
-            out = _noise(out)
+            out = _call_noise(out)
         if self._noise is not None:
             if self._bias is None:
                 key = mx.random.key(int.from_bytes(os.urandom(4), "little"))
