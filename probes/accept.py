@@ -317,8 +317,13 @@ def run_accept(target_dir: str, draft_dir: str, temperature: float = DEFAULT_TEM
     check_args(temperature, positions, num_draft, draws, alpha)
     t0 = time.perf_counter()
     tgt = load_checkpoint(target_dir, trust_remote_code=trust_remote_code)
-    drf = load_checkpoint(draft_dir, trust_remote_code=trust_remote_code)
+    drf = load_checkpoint(draft_dir, trust_remote_code=trust_remote_code, flag="--draft-model")
     _check_trimmable(tgt.model, target_dir)
+    if prompt is not None:
+        from specparity.inputs import check_prompts
+
+        check_prompts([prompt], tgt)
+        check_prompts([prompt], drf, "--prompt-ids (--draft-model's vocabulary)")
     if prompt is None:
         prompt = encode_prompts(tgt.tokenizer, [DEFAULT_PROMPTS[0]])[0]
     log.info("accept: mlx-lm speculative generation until %d positions are tested", positions)
@@ -399,6 +404,11 @@ def check_args(temperature: float, positions: int, num_draft: int, draws: int,
         raise UsageError(f"--draws {draws}: must be >= 1")
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
+    from specparity.inputs import check_limit, check_positions, check_width
+
+    check_positions(positions, "--positions")
+    check_width(num_draft + 1, "--num-draft + 1 (verify rows)")
+    check_limit(draws, "--draws", "max_samples")
 
 
 def _check_trimmable(model: Any, path: str) -> None:
@@ -517,6 +527,9 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
     check_args(temperature, 1, num_draft, 1, alpha)
     if tokens < 50:
         raise UsageError(f"--tokens {tokens}: need at least 50")
+    from specparity.inputs import check_positions
+
+    check_positions(tokens, "--tokens")
     t0 = time.perf_counter()
     tdir, ddir = build_constant_pair(root or fixtures_home(), target_live, draft_live)
     tgt = load_checkpoint(tdir, trust_remote_code=True)

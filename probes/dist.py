@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from specparity.errors import UsageError
-from specparity.probes.rules import CONTROLS, Rule, sample_rows
+from specparity.probes.rules import CONTROLS, Rule, check_tokens, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ def make_problem(target_logits=None, draft_logits=None, temperature: float = DEF
         raise UsageError(f"--min-p {min_p}: must be in [0, 1]")
     if num_draft < 1:
         raise UsageError(f"--num-draft {num_draft}: must be >= 1")
-    if tl.size ** num_draft > 200_000:
+    if num_draft * math.log(max(tl.size, 2)) > math.log(200_000):
         raise UsageError(f"--num-draft {num_draft}: {tl.size}**{num_draft} joint cells is too"
                          " many for a chi-square; use fewer tokens or a shorter chain")
     return Problem(tl, dl, temperature, top_k, top_p, min_p, num_draft)
@@ -385,16 +385,12 @@ def _pick(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return np.take_along_axis(rows, tokens[:, None], axis=1)[:, 0]
 
 
-def _user_token(value: Any, rule: Rule, draw: int) -> int:
+def _user_token(value: Any, rule: Rule, draw: int, vocab: int) -> int:
     if isinstance(value, (list, tuple, np.ndarray)):
         if len(value) == 0:
             raise UsageError(f"--rule {rule.name}: returned no token at draw {draw}")
         value = value[0]
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"--rule {rule.name}: returned {value!r} at draw {draw},"
-                         " not a token id") from None
+    return int(check_tokens(rule.name, value, vocab, draw))
 
 
 def _call_user(rule: Rule, draw: int, *args: Any) -> Any:
@@ -419,18 +415,17 @@ def _single_step(rule: Rule, p: np.ndarray, q: np.ndarray, drafts: np.ndarray,
         pp = np.broadcast_to(p, (n, p.shape[-1])) if p.ndim == 1 else p
         qq = np.broadcast_to(q, (n, q.shape[-1])) if q.ndim == 1 else q
         out = _call_user(rule, base, pp, qq, drafts, rng)
-        out = np.asarray(out)
+        out = check_tokens(rule.name, out, p.shape[-1], base)
         if out.shape != (n,):
             raise UsageError(f"--rule {rule.name}: a vectorized rule returned shape"
                              f" {out.shape}, expected ({n},)")
-        out = out.astype(np.int64)
     else:
         out = np.empty(n, dtype=np.int64)
         for i in range(n):
             pi = p if p.ndim == 1 else p[i]
             qi = q if q.ndim == 1 else q[i]
             out[i] = _user_token(_call_user(rule, base + i, pi, qi, int(drafts[i]), rng), rule,
-                                 base + i)
+                                 base + i, p.shape[-1])
     return out, out == drafts
 
 
@@ -513,19 +508,20 @@ def _chain_emit(rule: Rule, P: np.ndarray, Q: np.ndarray, D: np.ndarray,
             em[idx, k] = sample_rows(P[idx, k], rng)
         return em
     if rule.vectorized:
-        out = np.asarray(_call_user(rule, base, P, Q, D, rng))
+        out = check_tokens(rule.name, _call_user(rule, base, P, Q, D, rng), P.shape[-1], base,
+                           padded=True)
         if out.shape != (m, k + 1):
             raise UsageError(f"--rule {rule.name}: a vectorized chain rule returned shape"
                              f" {out.shape}, expected ({m}, {k + 1})")
-        return out.astype(np.int64)
+        return out
     em = np.full((m, k + 1), -1, dtype=np.int64)
     for i in range(m):
         res = _call_user(rule, base + i, P[i], Q[i], D[i].copy(), rng)
-        res = list(np.atleast_1d(np.asarray(res)))
-        if not 1 <= len(res) <= k + 1:
-            raise UsageError(f"--rule {rule.name}: returned {len(res)} tokens at draw"
+        toks = np.atleast_1d(check_tokens(rule.name, res, P.shape[-1], base + i)).reshape(-1)
+        if np.ndim(res) > 1 or not 1 <= len(toks) <= k + 1:
+            raise UsageError(f"--rule {rule.name}: returned {len(toks)} tokens at draw"
                              f" {base + i}, expected 1..{k + 1}")
-        em[i, : len(res)] = [_user_token(t, rule, base + i) for t in res]
+        em[i, : len(toks)] = toks
     return em
 
 
@@ -639,8 +635,9 @@ class DistReport:
     sweep_draws: draws per forced draft token in the support sweep.
     law: ``token`` (single position) or ``joint k-prefix``.
     arms: the rule first, then the controls.
-    controls_run: False at temperature 0 (the law is one token; the exact
-      support check decides and there is nothing for a control to get wrong).
+    controls_run: False when the law is one token (temperature 0, or filters that
+      leave one token): the exact support check decides and there is nothing for a
+      control to get wrong.
     verdict: ``pass``, ``divergent`` (the rule failed a check) or ``inconclusive``
       (a control was not rejected: the run had too little power to pass anything).
     reason: one line saying why.
@@ -723,6 +720,10 @@ def run_dist(rule: Rule, prob: Problem, samples: int = DEFAULT_SAMPLES,
     """Test ``rule`` on ``prob`` beside the known-wrong controls, at one sample size."""
     if samples < 100:
         raise UsageError(f"--samples {samples}: need at least 100")
+    from specparity.inputs import check_limit
+
+    check_limit(samples, "--samples", "max_samples")
+    check_limit(sweep_draws, "--sweep-draws", "max_samples")
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
     t0 = time.perf_counter()
@@ -761,7 +762,7 @@ def _verdict(arms: list[Arm], controls_run: bool) -> tuple[str, str]:
         return INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not rejected at"
                               f" {rule.chi.samples} samples")
     if not controls_run:
-        return PASS, (f"{rule.name}: temperature 0 law is one token; every emitted token"
+        return PASS, (f"{rule.name}: the target's law is one token; every emitted token"
                       " was it")
     return PASS, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} <= {rule.chi.threshold:.1f}"
                   f" at dof {rule.chi.dof}, and every control rejected")
@@ -792,6 +793,8 @@ def render_text(rep: DistReport) -> str:
             if v is not None:
                 lines.append(f"      {v.check} violation: {v.describe()}")
     if not rep.controls_run:
-        lines.append("  controls: not run (temperature 0: one-token law, the exact check decides)")
+        why = ("temperature 0" if pr["temperature"] == 0
+               else f"temperature {pr['temperature']:g} but the filters leave one token")
+        lines.append(f"  controls: not run ({why}: one-token law, the exact check decides)")
     lines.append(f"verdict: {rep.verdict}: {rep.reason}  ({rep.seconds:.2f} s)")
     return "\n".join(lines)

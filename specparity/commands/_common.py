@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 import click
 
-from specparity.errors import UsageError
+from specparity.inputs import parse_int_list  # noqa: F401  (moved; kept for importers)
+from specparity.outputs import record_dir_callback
 
 
 def json_option(f: Callable) -> Callable:
@@ -20,6 +21,7 @@ def record_option(f: Callable) -> Callable:
         "--record-dir",
         type=click.Path(file_okay=False),
         default=None,
+        callback=record_dir_callback,
         help="Write a record (markdown + data/) into this directory.",
     )(f)
 
@@ -61,30 +63,6 @@ def cache_options_from(kwargs: dict[str, Any]):
         max_kv_size=kwargs.pop("max_kv_size"),
         prefill_step_size=kwargs.pop("prefill_step_size"),
     )
-
-
-def parse_int_list(value: str | None, flag: str, minimum: int = 0) -> list[int]:
-    """``"2,4,8"`` or ``"2-16"`` -> sorted unique ints; a bad item names the flag."""
-    if value is None or value == "":
-        return []
-    out: set[int] = set()
-    for item in str(value).split(","):
-        item = item.strip()
-        try:
-            if "-" in item[1:]:
-                lo, hi = item.split("-", 1)
-                rng = range(int(lo), int(hi) + 1)
-                if not rng:
-                    raise ValueError
-                out.update(rng)
-            else:
-                out.add(int(item))
-        except ValueError:
-            raise UsageError(f"{flag} {value!r}: {item!r} is not an integer or range") from None
-    bad = [v for v in out if v < minimum]
-    if bad:
-        raise UsageError(f"{flag} {value!r}: {bad[0]} is below the minimum {minimum}")
-    return sorted(out)
 
 
 def resolve_model(model: str | None, trust_remote_code: bool):

@@ -8,10 +8,24 @@ from typing import Any
 import click
 
 from specparity.commands._common import (
-    cache_options, cache_options_from, emit_json, json_option, model_options, record_option,
+    cache_options,
+    cache_options_from,
+    emit_json,
+    json_option,
+    model_options,
+    record_option,
     resolve_model,
 )
 from specparity.errors import Inconclusive, UsageError
+from specparity.inputs import (
+    check_accept_log,
+    check_accept_widths,
+    check_positions,
+    check_token_ids,
+    check_width,
+    vocab_size,
+)
+from specparity.outputs import check_new_file, force_option
 from specparity.probes.replay_logs import FORMATS
 
 POLICIES = ("wrong-id", "correct-token")
@@ -56,9 +70,10 @@ POLICIES = ("wrong-id", "correct-token")
 @cache_options
 @json_option
 @record_option
+@force_option
 def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request_index,
            draft_model, num_draft_tokens, max_tokens, save_log, prompt_text, prompt_ids, width,
-           policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir,
+           policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir, force,
            **cache_kwargs):
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
 
@@ -93,6 +108,12 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         raise UsageError("--request picks a request of a --log FILE")
     if save_log and draft_model is None:
         raise UsageError("--save-log writes what --draft-model records")
+    check_new_file(save_log, "--save-log", force)
+    if width is not None:
+        check_width(width)
+    if draft_model is not None:
+        check_width(num_draft_tokens + 1, "--num-draft-tokens + 1 (verify rows)")
+        check_positions(max_tokens, "--max-tokens")
     opts = cache_options_from(cache_kwargs)
     cli_ids = _prompt_ids(prompt_ids)
 
@@ -109,6 +130,8 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
                     f"--request {request_index}: {log_path} holds {len(requests)} requests")
             requests = [requests[request_index]]
 
+    for req in requests:
+        check_accept_widths(req)
     if prefill_emits is not None:
         for req in requests:
             req.prefill_emits = prefill_emits
@@ -122,9 +145,15 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         return _locate(requests, locate, as_json)
 
     loaded = resolve_model(model, trust_remote_code)
+    vocab = vocab_size(loaded)
+    check_token_ids([wrong_id], vocab, "--wrong-id")
+    if cli_ids is not None:
+        check_token_ids(cli_ids, vocab, f"--prompt-ids {prompt_ids!r}")
+    for req in requests:
+        check_accept_log(req, vocab)
     if draft_model is not None:
         requests = [_record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text,
-                            num_draft_tokens, max_tokens, opts, save_log)]
+                            num_draft_tokens, max_tokens, opts, save_log, force)]
     return _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
                        wrong_id, opts, as_json, record_dir)
 
@@ -168,20 +197,21 @@ def _widths_for(req: Any, width: int | None) -> tuple[int | None, list[int] | No
 
 
 def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, num_draft_tokens,
-            max_tokens, opts, save_log):
+            max_tokens, opts, save_log, force=False):
     from specparity.checkpoint import load_checkpoint
     from specparity.probes.replay_logs import AcceptLog
     from specparity.probes.replay_record import record_speculative, write_requests
 
-    draft = load_checkpoint(draft_model, trust_remote_code=trust_remote_code)
+    draft = load_checkpoint(draft_model, trust_remote_code=trust_remote_code, flag="--draft-model")
     prompt = _prompt_for(AcceptLog([]), loaded, cli_ids, prompt_text)
+    check_token_ids(prompt, vocab_size(draft), "the prompt (--draft-model's vocabulary)")
     click.echo(f"recording: mlx-lm speculative decoding, {num_draft_tokens} proposals per round,"
                f" {max_tokens} tokens", err=True)
     req = record_speculative(loaded.model, draft.model, prompt, num_draft_tokens, max_tokens, opts)
     req.meta["model"] = loaded.fingerprint.short
     req.meta["draft_model"] = draft.fingerprint.short
     if save_log:
-        path = write_requests(save_log, [req])
+        path = write_requests(save_log, [req], overwrite=force)
         click.echo(f"accept vector written: {path}", err=True)
     return req
 
