@@ -220,14 +220,14 @@ def check_accept_log(req: Any, vocab: int) -> None:
     src = getattr(req, "source", "log")
     if getattr(req, "prompt_ids", None) is not None:
         check_token_ids(req.prompt_ids, vocab, f"{src} 'prompt_ids'")
-    if getattr(req, "tokens", None) is not None:
-        check_token_ids(req.tokens, vocab, f"{src} 'tokens'")
-    for rnd in getattr(req, "rounds", None) or []:
+    for rnd in getattr(req, "rounds", None) or []:  # first: they name the exact line and field
         where = f"{src.rsplit(':', 1)[0]}:{rnd.line}"
         check_token_ids([rnd.bonus], vocab, f"{where} 'bonus'")
         check_token_ids(rnd.draft, vocab, f"{where} 'draft_tokens'")
         check_token_ids(rnd.target, vocab, f"{where} 'target_tokens'")
         check_token_ids(rnd.new_tokens, vocab, f"{where} 'new_tokens'")
+    if getattr(req, "tokens", None) is not None:
+        check_token_ids(req.tokens, vocab, f"{src} 'tokens'")
 
 
 def check_accept_widths(req: Any) -> None:

@@ -74,6 +74,10 @@ def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | Non
         draft_logits=dm.parse_logits(draft_logits, "--draft-logits"),
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, num_draft=num_draft,
     )
+    from specparity.inputs import check_limit
+
+    check_limit(samples or 0, "--samples", "max_samples")
+    check_limit(sweep_draws or 0, "--sweep-draws", "max_samples")
     click.echo(f"dist: testing {rule.name} ({rule.description}) beside"
                f" {3 if prob.temperature > 0 else 0} controls", err=True)
     rep = dm.run_dist(
