@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import build, run_cli
 
 FAST = ("--widths", "2", "--depths", "0", "--walk", "0", "--no-prefill")

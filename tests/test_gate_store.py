@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli
 from specparity.probes.gate import GateStore, gate_check, gate_key, store_path
 

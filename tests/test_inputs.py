@@ -10,12 +10,18 @@ import json
 import time
 
 import pytest
-
 from conftest import run_cli
+
 from specparity import inputs
 from specparity.errors import UsageError
 from specparity.inputs import (
-    Limits, check_token_ids, check_width, parse_fault, parse_int_list, set_limits, vocab_size,
+    Limits,
+    check_token_ids,
+    check_width,
+    parse_fault,
+    parse_int_list,
+    set_limits,
+    vocab_size,
 )
 
 VOCAB = 512  # the embedded fixtures' vocabulary

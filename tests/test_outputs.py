@@ -10,8 +10,8 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from specparity.errors import UsageError
 from specparity.outputs import check_new_file, check_record_dir
 

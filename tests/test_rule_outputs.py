@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
-from specparity.errors import UsageError
 from specparity.probes.rules import check_tokens
+
+from specparity.errors import UsageError
 
 RULES = '''
 import numpy as np
@@ -57,7 +57,7 @@ def test_check_tokens_both_ways():
                        (float("inf"), "returned inf at draw 5"),
                        ("3", "not token ids"), (True, "not token ids"), (None, "not token ids"),
                        ([1, [2]], "not token ids")):
-        with pytest.raises(UsageError, match=f"--rule r: {msg}"):
+        with pytest.raises(UsageError, match=msg):
             check_tokens("r", value, 8, 5)
     with pytest.raises(UsageError, match="at draw 7: emitted|emitted token 9 at draw 7"):
         check_tokens("r", np.array([0, 0, 9]), 8, 5)
@@ -70,7 +70,7 @@ def test_check_tokens_both_ways():
     ("minus1", "emitted token -1 at draw 0, outside the vocabulary", ()),
     ("frac", "returned 2.7 at draw 0, not an integer token id", ()),
     ("nan", "returned nan at draw 0, not an integer token id", ()),
-    ("text", "not token ids", ()),
+    ("text", "returned '3' at draw 0, not token ids", ()),
     ("vec_big", "emitted token 8 at draw 5, outside the vocabulary", ()),
     ("chain_after_pad", "at draw 3 a token follows the -1 padding", ("--num-draft", "2")),
 ])
@@ -80,7 +80,7 @@ def test_dist_reports_impossible_outputs_as_usage_errors(cli_bin, tmp_path, name
     r = run_cli(cli_bin, "dist", "--rule", f"{rules}:{name}", "--samples", "200",
                 "--sweep-draws", "0", *extra)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    assert r.stderr.strip().splitlines()[-1] == f"Error: --rule {rules}:{name}: {msg}"
+    assert r.stderr.strip().splitlines()[-1].startswith(f"Error: --rule {rules}:{name}: {msg}")
 
 
 def test_dist_still_judges_a_possible_rule(cli_bin, tmp_path):
