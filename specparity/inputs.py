@@ -168,7 +168,8 @@ def vocab_size(loaded: Any) -> int:
     try:
         from mlx.utils import tree_flatten
 
-        for name, v in tree_flatten(model.parameters()):
+        params: dict[str, Any] = dict(tree_flatten(model.parameters()))
+        for name, v in params.items():
             if name.endswith(("embed_tokens.weight", "wte.weight")):
                 return int(v.shape[0])
     except (AttributeError, ImportError, TypeError):
