@@ -44,9 +44,8 @@ def _exiting_checkpoint(fixture_root: Path, tmp_path: Path, code: int) -> Path:
     return ck
 
 
-@pytest.mark.parametrize("code", [0, 1])
-def test_a_model_file_raising_systemexit_is_a_bug_not_a_verdict(cli_bin, fixture_root, tmp_path,
-                                                                 code):
+def test_a_model_file_raising_systemexit_is_a_bug_not_a_verdict(cli_bin, fixture_root, tmp_path):
+    code = 0  # the worst case: it used to read as "all pass"
     ck = _exiting_checkpoint(fixture_root, tmp_path, code)
     for debug in ((), ("--debug",)):
         r = run_cli(cli_bin, *debug, "probe", "--model", str(ck), "--trust-remote-code", *FAST)
