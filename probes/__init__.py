@@ -1,1 +1,23 @@
+"""The probes, in three families that share little: find one by what it checks.
 
+forward/    forward-pass checks at temperature 0 (specparity.probes.forward)
+    blockchain.py  block vs chain for every (width, depth), and the long walk
+    prefill.py     one-shot vs chunked vs token-by-token prefill, logits and cache state
+    render.py      probe, walk and prefill results as terminal text and record markdown
+gate.py     the memoized verdict a server asks before it speculates (``gate_check``)
+replay/     a served run's rounds rebuilt in process (specparity.probes.replay)
+    logs.py        accept vectors from every log format; the specparity JSONL read and written
+    algebra.py     round algebra without a model: emitted counts, locate, transcript checks
+    recorder.py    record an accept vector by running mlx-lm's speculative decoding
+    core.py        the replay: verify blocks and rewinds against the classic chain
+sampling/   exactness at temperature > 0 (specparity.probes.sampling)
+    rules.py       acceptance rules: lossless references, known-wrong controls, user rules,
+                   and their closed-form acceptance
+    stats.py       chi-square goodness of fit, total variation and its noise floor
+    montecarlo.py  vectorized draws of a rule, with the zero-tolerance checks
+    dist.py        the problem (p, q), one dist run beside its controls, its report
+    accept.py      measured acceptance of mlx-lm (and rules) on real models vs closed forms
+    e2e.py         mlx-lm's emitted stream against a known p (constant-logits fixtures)
+
+Nothing here imports mlx at import time.
+"""

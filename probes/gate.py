@@ -29,12 +29,13 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from specparity.decode import CacheOptions
 from specparity.identity import DEFAULT_ENV_PREFIXES, backend, kernel_env
 from specparity.store import atomic_write_text, locked
-from specparity.verdicts import PROBE_VERDICTS
+from specparity.verdicts import PROBE_VERDICTS, Decision, Verdict, decision_exit_code
 
 log = logging.getLogger("specparity.gate")
 
@@ -56,7 +57,7 @@ class GateDecision:
     """
 
     allow: bool
-    verdict: str
+    verdict: str | Verdict
     forfeit: bool
     hit: bool
     key: str
@@ -68,8 +69,12 @@ class GateDecision:
         return asdict(self)
 
     @property
+    def decision(self) -> Decision:
+        return Decision.FORFEIT if self.forfeit else Decision.ALLOW if self.allow else Decision.DECLINE
+
+    @property
     def exit_code(self) -> int:
-        return 0 if self.allow else 1
+        return decision_exit_code(self.decision)
 
 
 def store_path() -> Path:
@@ -204,7 +209,7 @@ def _line(action: str, width: int, key: str, reason: str) -> str:
 def _default_probe(model_dir: str, width: int, opts: CacheOptions, trust_remote_code: bool,
                    depths: tuple[int, ...], walk: int) -> tuple[str, str]:
     from specparity.checkpoint import load_checkpoint
-    from specparity.probes.blockchain import probe_block_vs_chain
+    from specparity.probes.forward.blockchain import probe_block_vs_chain
     from specparity.prompts import encode_prompts
 
     loaded = load_checkpoint(model_dir, trust_remote_code=trust_remote_code)
@@ -217,15 +222,15 @@ def _default_probe(model_dir: str, width: int, opts: CacheOptions, trust_remote_
 def summarize(report: Any) -> str:
     """One line of evidence from a ProbeReport."""
     for c in report.cells:
-        if c.verdict == "divergent":
+        if c.verdict == Verdict.DIVERGENT:
             return (f"divergent at width {c.width} depth {c.depth} prompt {c.prompt_index}"
                     f" row {c.first_row}: {c.diff.summary('logit bytes')}")
     for w in report.walks:
-        if w.verdict == "divergent":
+        if w.verdict == Verdict.DIVERGENT:
             return (f"long walk at width {w.width} diverges at step {w.first_step}"
                     f" (position {w.first_position}): {w.diff.summary('logit bytes')}")
     for c in report.cells:
-        if c.verdict == "not_run":
+        if c.verdict == Verdict.NOT_RUN:
             return f"not run at width {c.width} depth {c.depth}: {c.reason}"
     depths = sorted({c.depth for c in report.cells})
     walked = f", long walk {report.walks[0].positions} positions" if report.walks else ""
@@ -269,12 +274,12 @@ def gate_check(
         entry = {"verdict": verdict, "reason": reason, "fields": fields, "at": time.time()}
         store.put(key, entry)
     verdict, reason = entry["verdict"], entry["reason"]
-    allow = verdict == "equal"
+    allow = verdict == Verdict.EQUAL  # not_run, inconclusive and anything unknown decline
     forfeit = False
     if not allow and os.environ.get("SPECPARITY_ALLOW_INEXACT") == "1":
         allow, forfeit = True, True
-    action = "FORFEIT" if forfeit else "ALLOW" if allow else "DECLINE"
+    action = Decision.FORFEIT if forfeit else Decision.ALLOW if allow else Decision.DECLINE
     line = _line(action, width, key, f"{verdict}: {reason}")
     if log_line:
-        (log.warning if action != "ALLOW" else log.info)("%s", line)
+        (log.warning if action != Decision.ALLOW else log.info)("%s", line)
     return GateDecision(allow, verdict, forfeit, hit, key, int(width), reason, line)

@@ -28,7 +28,7 @@ def bench(arch: str, width: int, depth: int, reps: int) -> None:
     from specparity.bisect.run import bisect_model
     from specparity.checkpoint import load_checkpoint
     from specparity.fixtures import build_pair
-    from specparity.probes.blockchain import probe_block_vs_chain
+    from specparity.probes.forward.blockchain import probe_block_vs_chain
 
     home = Path(os.environ["SPECPARITY_HOME"])
     info = build_pair(home / f"bench-{arch}", arch=arch, with_draft=False)

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specparity.probes import dist
-from specparity.probes.rules import BUILTIN
+from specparity.probes.sampling import dist, montecarlo
+from specparity.probes.sampling.rules import BUILTIN
+from specparity.verdicts import Verdict
 
 DRAWS = 5_000_000
 
@@ -32,14 +33,14 @@ def main() -> None:
         for rep in range(3):
             rng = np.random.default_rng(rep)
             t0 = time.perf_counter()
-            dist.simulate(BUILTIN[name], prob, DRAWS, rng)
+            montecarlo.simulate(BUILTIN[name], prob, DRAWS, rng)
             best = min(best, time.perf_counter() - t0)
         print(f"mc_draws_per_second_{name.replace('-', '_')}: {DRAWS / best:.3g} draws/s")
     dist.run_dist(BUILTIN["mrs"], prob, samples=1000)  # warm imports (scipy)
     t0 = time.perf_counter()
     report = dist.run_dist(BUILTIN["mrs"], prob)
     wall = time.perf_counter() - t0
-    assert report.verdict == dist.PASS, report.reason
+    assert report.verdict == Verdict.PASS, report.reason
     print(f"dist_default_wall: {wall:.3f} s")
     exe = Path(sys.executable).parent / "specparity"
     t0 = time.perf_counter()

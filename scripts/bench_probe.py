@@ -39,7 +39,7 @@ def main() -> None:
     os.environ.setdefault("SPECPARITY_HOME", tempfile.mkdtemp(prefix="specparity-bench-"))
     from specparity.checkpoint import load_checkpoint
     from specparity.fixtures import build_pair
-    from specparity.probes.blockchain import probe_block_vs_chain
+    from specparity.probes.forward.blockchain import probe_block_vs_chain
     from specparity.probes.gate import gate_check
 
     home = Path(os.environ["SPECPARITY_HOME"])

@@ -9,6 +9,7 @@ trust_remote_code path) that injects a known defect; see
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -27,6 +28,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 VOCAB_SIZE = 512
 EOS_TOKEN = "<|endoftext|>"
 FIXTURE_MODULE = "specparity_fixture.py"
+# constant-logits fixtures: the live logits start at this token id; every other id
+# gets CONSTANT_OFF, whose float32 exp underflows to exactly 0 at any T <= 1
+CONSTANT_FIRST_TOKEN = 10
+CONSTANT_OFF = -1.0e4
 
 _COMMON: dict[str, Any] = {
     "hidden_size": 64,
@@ -198,7 +203,7 @@ def _agreement(target, draft, prompt_ids: list[int], n: int) -> float:
     seq = mx.array(prompt_ids + tokens)[None]
     t_arg = mx.argmax(target(seq), axis=-1)[0, len(prompt_ids) - 1 : -1]
     d_arg = mx.argmax(draft(seq), axis=-1)[0, len(prompt_ids) - 1 : -1]
-    return float(mx.mean((t_arg == d_arg).astype(mx.float32)).item())
+    return float(mx.mean((t_arg == d_arg).astype(mx.float32)).item())  # type: ignore[arg-type]  # int | float | complex
 
 
 def _perturbed(params: dict[str, Any], scale: float, seed: int) -> dict[str, Any]:
@@ -260,9 +265,9 @@ def build_pair(
 
     out = Path(out)
     if out.exists() and not overwrite:
-        info = out / "fixture.json"
-        if info.exists():
-            return FixtureInfo(**json.loads(info.read_text()))
+        marker = out / "fixture.json"
+        if marker.exists():
+            return FixtureInfo(**json.loads(marker.read_text()))
         raise UsageError(f"{out} exists and is not a specparity fixture: choose another DIR")
     config = _config_for(arch, dtype)
     mx.random.seed(seed)
@@ -337,3 +342,22 @@ def _tune_draft(target, draft, params, prompt, seed) -> tuple[float, float]:
 def default_pair() -> FixtureInfo:
     """The embedded default (6-layer llama, float32), built on first use."""
     return build_pair(fixtures_home() / "default-llama-float32")
+
+
+def constant_logits(live: tuple[float, ...], vocab: int = VOCAB_SIZE,
+                    first: int = CONSTANT_FIRST_TOKEN, off: float = CONSTANT_OFF) -> list[float]:
+    """A full logits row: ``live`` at ids ``first..``, ``off`` everywhere else."""
+    out = [off] * vocab
+    out[first:first + len(live)] = list(live)
+    return out
+
+
+def build_constant_pair(root: Path, target_live: tuple[float, ...],
+                        draft_live: tuple[float, ...]) -> tuple[str, str]:
+    """Two constant-logits llama fixtures (target, drafter) under ``root``: logits that ignore the input."""
+    tag = hashlib.sha256(repr((tuple(target_live), tuple(draft_live))).encode()).hexdigest()[:10]
+    t = build_pair(root / f"const-target-{tag}", seed=0, with_draft=False,
+                   constant_logits=constant_logits(target_live))
+    d = build_pair(root / f"const-draft-{tag}", seed=1, with_draft=False,
+                   constant_logits=constant_logits(draft_live))
+    return t.target, d.target

@@ -1,6 +1,6 @@
 """User acceptance rules for ``specparity dist --rule tests/sample_rules.py:NAME`` tests.
 
-Each follows the documented per-sample signature (probes/rules.py): written the
+Each follows the documented per-sample signature (probes/sampling/rules.py): written the
 way an engine author would, with no help from the toolkit.
 """
 

@@ -7,23 +7,26 @@ import json
 import numpy as np
 import pytest
 
-from conftest import run_cli
-from specparity.probes import accept as am
-from specparity.probes import dist
-from specparity.probes.rules import ALL_NAMED, BUILTIN
+from conftest import assert_report, run_cli
+from specparity.probes.sampling import accept as am
+from specparity.probes.sampling import dist, stats
+from specparity.probes.sampling import e2e as ee
+from specparity.probes.sampling.rules import ALL_NAMED, BUILTIN, closed_forms
+from specparity.verdicts import Verdict
 
 
 @pytest.fixture(scope="module")
-def e2e(fixture_root) -> am.EndToEndReport:
+def e2e(fixture_root) -> ee.EndToEndReport:
     """mlx-lm's speculative_generate_step at T = 0.7 on the constant-logits pair, in process."""
-    return am.run_end_to_end(temperature=0.7, root=fixture_root)
+    return ee.run_end_to_end(temperature=0.7, root=fixture_root)
 
 
 def test_mlx_lm_speculative_stream_at_t07_is_exact(e2e):
-    text = am.render_end_to_end(e2e)
+    text = ee.render_end_to_end(e2e)
     print(text)
-    assert e2e.verdict == am.PASS and e2e.exit_code == 0, e2e.reason
-    assert e2e.tokens == am.E2E_TOKENS and sum(e2e.counts) == e2e.tokens
+    assert e2e.verdict == Verdict.PASS and e2e.exit_code == 0, e2e.reason
+    assert_report(e2e)
+    assert e2e.tokens == ee.E2E_TOKENS and sum(e2e.counts) == e2e.tokens
     assert e2e.live_tokens == list(range(10, 16)) and e2e.outside_support is None
     stream, *controls = e2e.arms
     assert stream.chi.dof == 5 and not stream.chi.rejected
@@ -39,11 +42,11 @@ def test_mlx_lm_speculative_stream_at_t07_is_exact(e2e):
 def test_end_to_end_stream_test_would_notice_a_wrong_p(e2e):
     # The same emitted stream against the law mlx-lm would sample at T = 1.0 instead
     # of 0.7, and against p with two tokens swapped: both rejected.
-    live = np.array(am.E2E_TARGET)
+    live = np.array(ee.E2E_TARGET)
     p_t1 = np.exp(live) / np.exp(live).sum()
-    assert dist.chi_square(np.array(e2e.counts), p_t1, 1e-4).rejected
+    assert stats.chi_square(np.array(e2e.counts), p_t1, 1e-4).rejected
     swapped = np.array(e2e.p)[[1, 0, 2, 3, 4, 5]]
-    assert dist.chi_square(np.array(e2e.counts), swapped, 1e-4).rejected
+    assert stats.chi_square(np.array(e2e.counts), swapped, 1e-4).rejected
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +79,9 @@ def test_simulated_rules_sit_on_their_forms_and_a_wrong_one_is_flagged(real):
     assert by["greedy-delta"].verdict == am.OK  # one-hot q: both forms are p(argmax q)
     # resample-from-p accepts like mrs: acceptance cannot see its bias (dist can)
     assert by["resample-from-p"].sits_on == "sum_min"
-    assert by["greedy"].sits_on == "neither" and by["greedy"].verdict == am.DIVERGENT
-    assert real.verdict == am.DIVERGENT and real.exit_code == 1
+    assert by["greedy"].sits_on == "neither" and by["greedy"].verdict == Verdict.DIVERGENT
+    assert real.verdict == Verdict.DIVERGENT and real.exit_code == 1
+    assert_report(real)
     assert real.reason.startswith("greedy (simulated) sits on neither")
 
 
@@ -85,8 +89,8 @@ def test_inconsistent_pair_is_flagged():
     p = np.array([[0.5, 0.5], [0.9, 0.1]])
     q_ok = np.array([[0.2, 0.8], [0.5, 0.5]])
     q_bad = np.array([[1.5, 1.5], [0.5, 0.5]])  # not a distribution
-    assert am.inconsistent_positions(*am.closed_forms(p, q_ok)) == []
-    assert am.inconsistent_positions(*am.closed_forms(p, q_bad)) == [0]
+    assert am.inconsistent_positions(*closed_forms(p, q_ok)) == []
+    assert am.inconsistent_positions(*closed_forms(p, q_bad)) == [0]
 
 
 def test_cli_accept_default_rules_pass_with_record(cli_bin, llama_pair, tmp_path):

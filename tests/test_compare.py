@@ -49,3 +49,79 @@ def test_sha256_depends_on_bytes_and_dtype():
     a = mx.zeros((4,), dtype=mx.float32)
     assert sha256_of(a) == sha256_of(mx.zeros((4,), dtype=mx.float32))
     assert sha256_of(a) != sha256_of(mx.zeros((4,), dtype=mx.float16))
+
+
+# ---------------------------------------------------------------- cache states
+
+def _kv(seed: int, positions: int, dim: int = 64) -> mx.array:
+    return mx.random.normal((1, 2, positions, dim), key=mx.random.key(seed))
+
+
+def _caches(bump_position: int | None = None, rotating_rows: int = 1) -> list:
+    """Real mlx-lm caches, one of each kind, fed 12 positions (one bumped, optionally)."""
+    from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
+
+    keys, values = _kv(1, 12), _kv(2, 12)
+    if bump_position is not None:
+        keys = keys.at[:, :, bump_position, :].add(1.0)
+    kv, rot, quant = KVCache(), RotatingKVCache(max_size=8), QuantizedKVCache(group_size=64, bits=4)
+    kv.update_and_fetch(keys, values)
+    quant.update_and_fetch(keys, values)
+    for i in range(0, 12, rotating_rows):
+        rot.update_and_fetch(keys[:, :, i : i + rotating_rows], values[:, :, i : i + rotating_rows])
+    arrays = ArraysCache(size=2)
+    arrays[0] = mx.random.normal((1, 3, 16), key=mx.random.key(3))  # conv state
+    recurrent = mx.random.normal((1, 2, 4, 4), key=mx.random.key(4))
+    arrays[1] = recurrent if bump_position is None else recurrent + 1.0
+    return [kv, rot, quant, arrays]
+
+
+def test_cache_states_of_every_kind_compare_equal_with_their_sequence_axis():
+    from specparity.compare import compare_states
+    from specparity.decode import snapshot
+
+    diffs = compare_states(snapshot(_caches()), snapshot(_caches()))
+    assert diffs and not any(d.differs for d in diffs)
+    axes = {(d.kind, d.name): d.row_axis for d in diffs}
+    assert axes[("KVCache", "keys")] == axes[("RotatingKVCache", "values")] == 2
+    assert axes[("QuantizedKVCache", "keys.0")] == axes[("QuantizedKVCache", "values.2")] == 2
+    # conv and recurrent state summarise every position: no axis of them is a position
+    assert axes[("ArraysCache", "state.0")] is None and axes[("ArraysCache", "state.1")] is None
+
+
+def test_cache_state_difference_is_placed_at_its_position_or_compared_whole():
+    from specparity.compare import compare_states
+    from specparity.decode import snapshot
+
+    diffs = compare_states(snapshot(_caches()), snapshot(_caches(bump_position=5)))
+    bad = {(d.kind, d.name): d for d in diffs if d.differs}
+    assert bad[("KVCache", "keys")].diff.first_row == 5
+    assert bad[("QuantizedKVCache", "keys.0")].diff.first_row == 5
+    # the rotating window (8 of 12) holds positions 4..11: position 5 is its row 1
+    assert bad[("RotatingKVCache", "keys")].diff.first_row == 1
+    assert ("KVCache", "values") not in bad  # only the keys were bumped
+    state = bad[("ArraysCache", "state.1")]
+    assert state.row_axis is None and "compared whole" in state.note
+    assert ("ArraysCache", "state.0") not in bad
+
+
+def test_rotating_caches_fed_in_different_row_counts_compare_their_common_window():
+    from specparity.compare import compare_states
+    from specparity.decode import snapshot
+
+    # one 12-row update keeps all 12 positions; 12 single steps keep the window of 8
+    diffs = compare_states(snapshot(_caches(rotating_rows=1)), snapshot(_caches(rotating_rows=12)))
+    rot = [d for d in diffs if d.kind == "RotatingKVCache"]
+    assert rot and not any(d.differs for d in rot)
+    assert rot[0].note == "last 8 positions compared (8 vs 12 held)"
+
+
+def test_cache_offsets_and_missing_arrays_are_reported():
+    from specparity.compare import compare_states
+    from specparity.decode import LayerState
+
+    a = [LayerState("KVCache", 4, {"keys": mx.zeros((1, 1, 4, 2))})]
+    b = [LayerState("KVCache", 5, {"keys": mx.zeros((1, 1, 4, 2)), "values": mx.zeros((1, 1, 4, 2))})]
+    diffs = compare_states(a, b, ("chain", "block"))
+    assert [(d.name, d.differs, d.note) for d in diffs] == [
+        ("offset", True, "offset 4 vs 5"), ("keys", False, ""), ("values", True, "only in block")]

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from specparity.probes.dist import make_problem, parse_logits
-from specparity.probes.replay_logs import (
+from specparity.probes.sampling.dist import make_problem, parse_logits
+from specparity.probes.replay.logs import (
     FORMATS,
     parse_accept_list,
     parse_transcript_line,
     read_log,
 )
-from specparity.probes.rules import check_tokens
+from specparity.probes.sampling.rules import check_tokens
 
 from specparity.errors import UsageError
 from specparity.inputs import Limits, check_token_ids, parse_fault, parse_int_list, set_limits

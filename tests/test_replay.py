@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from conftest import build, run_cli
+from conftest import assert_report, build, run_cli
 from specparity.checkpoint import load_checkpoint
 from specparity.decode import CacheOptions, advance_to_depth
 from specparity.errors import Inconclusive, UsageError
 from specparity.identity import device
-from specparity.probes.replay import MODE_SNAPSHOT, MODE_TRIM, replay
-from specparity.probes.replay_logs import read_log
+from specparity.probes.replay.core import MODE_SNAPSHOT, MODE_TRIM, replay
+from specparity.probes.replay.logs import read_log
 
 PROMPT = list(range(20, 36))  # 16 tokens: the cache holds 15 positions after prefill
 # width 4: 140 rounds, 120 of them rewind (only the full accepts of 3 do not)
@@ -39,6 +39,7 @@ def test_clean_fixture_agrees_over_100_rewinds(llama, policy):
     assert report.disagreements == 0 and report.first is None
     assert report.rewind_finding is None and report.mode == MODE_TRIM
     assert report.verdict == "equal" and report.exit_code == 0
+    assert_report(report)
     assert report.target_tokens == report.classic_tokens
     assert report.summary() == (
         "140 rounds, 120 rewinds, 320 positions: target agrees with classic at all 320")
@@ -67,7 +68,7 @@ def test_depth_fault_caught_at_its_round_and_row(fixture_root):
 
 @cpu_only
 def test_stale_trim_caught_at_first_rewind_while_block_vs_chain_is_equal(fixture_root):
-    from specparity.probes.blockchain import probe_block_vs_chain
+    from specparity.probes.forward.blockchain import probe_block_vs_chain
 
     info = build(fixture_root, "llama-stale-trim", arch="llama",
                  faults=[{"kind": "stale_trim"}], with_draft=False)
@@ -137,7 +138,7 @@ def test_bad_inputs(llama):
 
 @cpu_only
 def test_draft_model_record_then_replay(fixture_root):
-    from specparity.probes.replay_record import record_speculative
+    from specparity.probes.replay.recorder import record_speculative
 
     info = build(fixture_root, "llama-float32", arch="llama")
     target, draft = _model(info), load_checkpoint(info.draft).model
@@ -210,7 +211,7 @@ def _dflash_transcript(emitted: list[int], accepts: list[int], bs: int) -> str:
 
 @cpu_only
 def test_dflash_transcript_replays_with_first_token_from_prefill(llama, tmp_path):
-    from specparity.probes.replay_logs import check_rounds
+    from specparity.probes.replay.algebra import check_rounds
 
     accepts = [1, 3, 0, 2, 0, 1, 3, 2]
     _, _, emitted = advance_to_depth(llama, PROMPT, 1 + sum(a + 1 for a in accepts) + 4)

@@ -9,11 +9,11 @@ import pytest
 
 from conftest import run_cli
 from specparity.errors import UsageError
-from specparity.probes.replay_logs import (
-    SPECPARITY_FORMAT, AcceptLog, check_rounds, detect_format, emitted_counts, locate,
-    parse_accept_list, read_log,
+from specparity.probes.replay.algebra import check_rounds, emitted_counts, locate
+from specparity.probes.replay.logs import (
+    SPECPARITY_FORMAT, AcceptLog, detect_format, parse_accept_list, read_log, write_requests,
 )
-from specparity.probes.replay_record import accepts_from_flags, write_requests
+from specparity.probes.replay.recorder import accepts_from_flags
 
 # A served burst, written the way mlxcel logs it: round r's bonus is round r-1's
 # last new token; accepted = LCP(draft, target); new = draft[:a] + [target[a]].

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import run_cli
-from specparity.probes.rules import check_tokens
+from specparity.probes.sampling.rules import check_tokens
 
 from specparity.errors import UsageError
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import click
 
@@ -67,9 +68,10 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
         specparity accept --end-to-end --temperature 0.7
     """
     from specparity.errors import UsageError
-    from specparity.probes import accept as am
-    from specparity.probes.dist import check_temperature
-    from specparity.probes.rules import resolve_rule
+    from specparity.probes.sampling import accept as am
+    from specparity.probes.sampling import e2e
+    from specparity.probes.sampling.dist import check_temperature
+    from specparity.probes.sampling.rules import resolve_rule
 
     temperature = check_temperature(
         am.DEFAULT_TEMPERATURE if temperature is None else temperature)
@@ -77,11 +79,12 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
     alpha = am.DEFAULT_ALPHA if alpha is None else alpha
     am.check_args(temperature, 1 if positions is None else positions, num_draft,
                   1 if draws is None else draws, alpha)
+    rep: Any  # an EndToEndReport or an AcceptReport
     if end_to_end:
-        rep = am.run_end_to_end(temperature=temperature,
-                                tokens=am.E2E_TOKENS if tokens is None else tokens,
-                                num_draft=num_draft, alpha=alpha, seed=seed)
-        text = am.render_end_to_end(rep)
+        rep = e2e.run_end_to_end(temperature=temperature,
+                                 tokens=e2e.E2E_TOKENS if tokens is None else tokens,
+                                 num_draft=num_draft, alpha=alpha, seed=seed)
+        text = e2e.render_end_to_end(rep)
         slug = "accept-end-to-end"
     else:
         rules = [resolve_rule(s) for s in rule_specs] or None
@@ -100,6 +103,7 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
             from specparity.prompts import parse_prompt_ids
 
             prompt = parse_prompt_ids(prompt_ids)[0]
+        assert draft_model is not None  # given with --model, or the default pair's drafter
         rep = am.run_accept(
             model, draft_model, temperature=temperature,
             positions=am.DEFAULT_POSITIONS if positions is None else positions,

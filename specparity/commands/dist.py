@@ -51,7 +51,7 @@ def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | Non
     \b
     A user rule is a function (p, q, draft, rng) -> token (single position) or
     (p[k+1,V], q[k,V], drafts[k], rng) -> emitted tokens (--num-draft k); see
-    specparity/probes/rules.py for the contract and the `vectorized` flag.
+    specparity/probes/sampling/rules.py for the contract and the `vectorized` flag.
 
     \b
     Examples:
@@ -59,8 +59,8 @@ def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | Non
         specparity dist --rule sampler-match --num-draft 3
         specparity dist --rule my_engine.rules:accept --temperature 1.0
     """
-    from specparity.probes import dist as dm
-    from specparity.probes.rules import resolve_rule
+    from specparity.probes.sampling import dist as dm
+    from specparity.probes.sampling.rules import resolve_rule
 
     temperature = dm.check_temperature(
         dm.DEFAULT_TEMPERATURE if temperature is None else temperature)
@@ -102,7 +102,7 @@ def write_record(record_dir: str, rep) -> str:
     from dataclasses import asdict
 
     from specparity.identity import identity
-    from specparity.probes.dist import render_text
+    from specparity.probes.sampling.dist import render_text
     from specparity.records.writer import RecordWriter
 
     w = RecordWriter(record_dir, f"dist-{rep.rule.split(':')[-1]}",

@@ -55,9 +55,9 @@ def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, w
     """
     from specparity.checkpoint import model_dtype
     from specparity.inputs import check_positions, check_prompts
-    from specparity.probes.blockchain import probe_block_vs_chain
-    from specparity.probes.prefill import prefill_parity
-    from specparity.probes.render import probe_markdown, probe_text
+    from specparity.probes.forward.blockchain import probe_block_vs_chain
+    from specparity.probes.forward.prefill import prefill_parity
+    from specparity.probes.forward.render import probe_markdown, probe_text
     from specparity.prompts import encode_prompts, parse_prompt_ids
 
     w_list = parse_int_list(widths, "--widths", minimum=1, limit="max_width")

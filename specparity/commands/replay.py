@@ -26,7 +26,7 @@ from specparity.inputs import (
     vocab_size,
 )
 from specparity.outputs import check_new_file, force_option
-from specparity.probes.replay_logs import FORMATS
+from specparity.probes.replay.logs import FORMATS
 
 POLICIES = ("wrong-id", "correct-token")
 
@@ -97,7 +97,7 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         specparity replay --log run.log --regex 'accepted=(\\d+)' --width 5
         specparity replay --draft-model ./draft --num-draft-tokens 3 --save-log run.jsonl
     """
-    from specparity.probes import replay_logs as logs
+    from specparity.probes.replay import algebra, logs
 
     sources = [s for s in (accepts_text, log_path, draft_model) if s is not None]
     if len(sources) != 1:
@@ -138,7 +138,7 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
     findings = []
     for i, req in enumerate(requests):
         if req.rounds:
-            findings.extend(logs.check_rounds(req.rounds, request=i))
+            findings.extend(algebra.check_rounds(req.rounds, request=i))
     if algebra_only:
         return _algebra_only(requests, findings, as_json)
     if locate is not None:
@@ -199,8 +199,8 @@ def _widths_for(req: Any, width: int | None) -> tuple[int | None, list[int] | No
 def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, num_draft_tokens,
             max_tokens, opts, save_log, force=False):
     from specparity.checkpoint import load_checkpoint
-    from specparity.probes.replay_logs import AcceptLog
-    from specparity.probes.replay_record import record_speculative, write_requests
+    from specparity.probes.replay.logs import AcceptLog, write_requests
+    from specparity.probes.replay.recorder import record_speculative
 
     draft = load_checkpoint(draft_model, trust_remote_code=trust_remote_code, flag="--draft-model")
     prompt = _prompt_for(AcceptLog([]), loaded, cli_ids, prompt_text)
@@ -234,7 +234,7 @@ def _algebra_only(requests, findings, as_json) -> int:
 
 
 def _locate(requests, index, as_json) -> int:
-    from specparity.probes.replay_logs import emitted_counts, locate
+    from specparity.probes.replay.algebra import emitted_counts, locate
 
     out = []
     for i, req in enumerate(requests):
@@ -259,7 +259,7 @@ def _locate(requests, index, as_json) -> int:
 def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy, wrong_id,
                 opts, as_json, record_dir) -> int:
     from specparity.checkpoint import model_dtype
-    from specparity.probes.replay import replay as run_replay
+    from specparity.probes.replay.core import replay as run_replay
 
     fp = loaded.fingerprint
     header = (f"model {fp.path} ({fp.model_type}, {model_dtype(loaded.model)},"
@@ -275,7 +275,7 @@ def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
         rec = RecordWriter(record_dir, f"replay-{fp.model_type}",
                            identity(model=fp.to_dict(), cache=opts.to_dict()))
         if any(r.source == "mlx_lm.generate.speculative_generate_step" for r in requests):
-            from specparity.probes.replay_record import request_object
+            from specparity.probes.replay.logs import request_object
 
             rec.write_bytes("accepts.jsonl", "".join(
                 json.dumps(request_object(r)) + "\n" for r in requests).encode())

@@ -1,4 +1,5 @@
-"""Where accept-length vectors come from, and the offline round algebra.
+"""Where accept-length vectors come from: every log format, read here; the specparity
+JSONL format also written here (:func:`write_requests`).
 
 An accept vector lists, per verify round, how many draft proposals the target
 accepted; a round that accepts ``a`` emits ``a + 1`` tokens (the accepted
@@ -29,7 +30,7 @@ proposals, then the target's own token). Sources:
   ``mlxcel-transcript``  mlxcel's per-round ``DFlash round transcript round=0 bs=4
     bonus=285 draft_tokens=[...] target_tokens=[...] accepted=1 new_tokens=[...]``:
     ``round=0`` starts a new request (burst); ``bs`` is the width; the rounds keep
-    their tokens for :func:`check_rounds`; the served tokens are round 0's
+    their tokens for ``algebra.check_rounds``; the served tokens are round 0's
     bonus, then every round's ``new_tokens``.
   ``regex``  a user pattern: its group ``accepts`` (else group 1) captures either
     one integer (one round per matching line, an optional group ``round`` equal
@@ -39,17 +40,14 @@ Lines a format does not recognise are ignored (server logs carry other lines);
 a line that carries a format's marker but cannot be parsed is an error that
 names the file and line number.
 
-Round algebra (:func:`check_rounds`, no model needed): each bonus equals the
-previous round's last emitted token; ``accepted`` equals the longest common
-prefix of draft and target tokens; ``new_tokens == draft[:a] + [target[a]]``,
-shorter only on a burst's last round (budget truncation). :func:`locate` maps
-an emitted index back to its round and row.
+The round algebra over transcript rounds lives in ``algebra.py``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,25 +121,6 @@ class AcceptLog:
         return asdict(self)
 
 
-@dataclass
-class AlgebraFinding:
-    """A round whose logged tokens break the round algebra.
-
-    check: ``bonus_chain`` | ``accepted_lcp`` | ``new_tokens`` | ``truncation``.
-    request / round: where (0-based request, the round index the log gave).
-    line: the log line. message: what was expected and what was logged.
-    """
-
-    check: str
-    request: int
-    round: int
-    line: int
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def parse_int_items(text: str, what: str) -> list[int]:
     """``"[1, 2, 3]"`` or ``"1,2,3"`` -> [1, 2, 3]; ``"[]"`` -> []."""
     body = text.strip()
@@ -171,28 +150,6 @@ def parse_accept_list(value: str, flag: str = "--accepts") -> list[int]:
     if neg:
         raise UsageError(f"{flag} {value!r}: accept length {neg[0]} is negative")
     return out
-
-
-def emitted_counts(accepts: list[int]) -> list[int]:
-    """Tokens each round emits: ``a + 1``."""
-    return [a + 1 for a in accepts]
-
-
-def locate(emitted_per_round: list[int], index: int) -> tuple[int, int]:
-    """The (round, row) that emitted token ``index`` (0-based over the whole output).
-
-    Row k of a round's verify block emits that round's k-th token.
-    """
-    if index < 0:
-        raise UsageError(f"emitted index {index} is negative")
-    start = 0
-    for r, n in enumerate(emitted_per_round):
-        if index < start + n:
-            return r, index - start
-        start += n
-    raise UsageError(
-        f"emitted index {index} is past the end: the rounds emit {start} tokens (0..{start - 1})"
-    )
 
 
 def _lines(path: Path) -> list[str]:
@@ -414,51 +371,34 @@ def _read_regex(path: Path, lines: list[str], pattern: str) -> list[AcceptLog]:
     return out
 
 
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+def request_object(req: AcceptLog, **extra: Any) -> dict[str, Any]:
+    """One request as a specparity JSONL object."""
+    obj: dict[str, Any] = {"format": SPECPARITY_FORMAT}
+    if req.prompt_ids is not None:
+        obj["prompt_ids"] = req.prompt_ids
+    obj["width"] = req.width
+    if req.widths is not None:
+        obj["widths"] = req.widths
+    obj["accepts"] = req.accepts
+    if req.tokens is not None:
+        obj["tokens"] = req.tokens
+    if req.prefill_emits:
+        obj["prefill_emits"] = True
+    obj["source"] = req.source
+    obj.update(req.meta)
+    obj.update(extra)
+    return obj
 
 
-def check_rounds(rounds: list[Round], request: int = 0) -> list[AlgebraFinding]:
-    """The round algebra of one burst; an empty list when every round holds."""
-    found: list[AlgebraFinding] = []
-
-    def add(check: str, rnd: Round, msg: str) -> None:
-        found.append(AlgebraFinding(check, request, rnd.round, rnd.line, msg))
-
-    for i, rnd in enumerate(rounds):
-        last = i == len(rounds) - 1
-        if i > 0:
-            prev = rounds[i - 1].new_tokens
-            if not prev:
-                add("bonus_chain", rnd, "the previous round emitted no token to start from")
-            elif rnd.bonus != prev[-1]:
-                add("bonus_chain", rnd,
-                    f"bonus {rnd.bonus} is not the previous round's last emitted token {prev[-1]}")
-        lcp = _lcp(rnd.draft, rnd.target)
-        if rnd.accepted != lcp:
-            add("accepted_lcp", rnd,
-                f"accepted={rnd.accepted} but draft and target tokens share a prefix of {lcp}")
-        a = rnd.accepted
-        if a >= len(rnd.target) or a > len(rnd.draft):
-            add("new_tokens", rnd,
-                f"accepted={a} leaves no target token to emit (draft {len(rnd.draft)},"
-                f" target {len(rnd.target)} tokens)")
-            continue
-        expected = rnd.draft[:a] + [rnd.target[a]]
-        got = rnd.new_tokens
-        if got == expected:
-            continue
-        if last and 0 < len(got) < len(expected) and got == expected[: len(got)]:
-            continue  # the budget ran out inside the burst's last round
-        if not last and 0 < len(got) < len(expected) and got == expected[: len(got)]:
-            add("truncation", rnd,
-                f"new_tokens truncated to {len(got)} of {len(expected)} on a round that is not"
-                " the burst's last")
-            continue
-        add("new_tokens", rnd, f"new_tokens {got} != draft[:{a}] + [target[{a}]] = {expected}")
-    return found
+def write_requests(path: str | os.PathLike, requests: list[AcceptLog], overwrite: bool = False,
+                   **extra: Any) -> Path:
+    """Write ``requests`` as specparity JSONL (an existing file only with ``overwrite``)."""
+    p = Path(path)
+    try:
+        with open(p, "w" if overwrite else "x") as f:
+            f.writelines(json.dumps(request_object(req, **extra)) + "\n" for req in requests)
+    except FileExistsError:
+        raise UsageError(f"{p}: exists; choose another file or pass --force") from None
+    except OSError as err:
+        raise UsageError(f"{p}: cannot write ({err.strerror})") from None
+    return p

@@ -322,6 +322,27 @@ def _import_rule_module(spec: str, mod_name: str):
                          f" ({type(err).__name__}: {err})") from err
 
 
+def closed_forms(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The lossless rules' acceptance probabilities, per row: (sum_x min(p, q), sum_x p q).
+
+    ``SUM_MIN`` is modified rejection sampling's (the ceiling, 1 - TV);
+    ``SUM_PROD`` is sampler-match's (the draft equals a fresh draw from p).
+    """
+    return np.minimum(p, q).sum(-1), (p * q).sum(-1)
+
+
+def onehot_argmax(q: np.ndarray) -> np.ndarray:
+    """One-hot at argmax over the last axis (what a greedy drafter's q is)."""
+    e = np.zeros_like(q)
+    np.put_along_axis(e, np.argmax(q, axis=-1)[..., None], 1.0, axis=-1)
+    return e
+
+
+def rule_q(rule: Rule, q: np.ndarray) -> np.ndarray:
+    """The drafter distribution ``rule`` sees: one-hot at argmax q for greedy drafters."""
+    return onehot_argmax(q) if (rule.greedy_draft or rule.onehot_q) else q
+
+
 # ---------------------------------------------------------------- what a user rule returns
 
 

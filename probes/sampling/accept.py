@@ -17,13 +17,9 @@ quantile at ``alpha``. The same tested positions also drive a Monte-Carlo
 measurement of each ``--rule`` (built-in or user) so a rule can be placed on a
 form, or flagged when it sits on neither.
 
-``run_end_to_end`` makes mlx-lm's speculative path testable against a known p:
-a fixture target whose logits ignore its input (``constant_logits``) makes
-every emitted token an i.i.d. draw from softmax(logits / T), whatever the
-drafter (a second constant-logits fixture) proposes. The emitted stream is then
-tested like ``specparity dist`` tests a rule: chi-square and TV against p, the
-support check, and the known-wrong controls simulated at the same sample size.
+The end-to-end test of mlx-lm's emitted stream against a known p is ``e2e.py``.
 """
+
 
 from __future__ import annotations
 
@@ -31,17 +27,18 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specparity.errors import UsageError
-from specparity.probes.dist import DIVERGENT, INCONCLUSIVE, PASS
-from specparity.probes.rules import BUILTIN, SUM_MIN, SUM_PROD, Rule
+from specparity.probes.sampling.montecarlo import draw_drafts, single_step
+from specparity.probes.sampling.rules import BUILTIN, SUM_MIN, SUM_PROD, Rule, closed_forms, rule_q
+from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
 
+# a measurement that sits on the form it should (a measurement outcome, not a run verdict)
 OK = "ok"
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_POSITIONS = 192
@@ -50,29 +47,8 @@ DEFAULT_DRAWS = 1000
 DEFAULT_ALPHA = 1e-4
 MLX_LM = "mlx-lm speculative_generate_step"
 
-# End to end: six live tokens (ids 10..15), everything else -1e4 (exp underflows to
-# exactly 0 in float32 at T = 0.7, so p has six cells and chi-square dof 5). The
-# drafter's q is chosen far from p so every known-wrong control is rejected at a
-# few hundred tokens.
-E2E_FIRST_TOKEN = 10
-E2E_TARGET = (1.0, 0.6, 0.3, 0.0, -0.4, -0.8)
-E2E_DRAFT = (1.9, -3.0, -1.9, 1.1, 0.1, 1.9)
-E2E_TOKENS = 600
-E2E_OFF = -1.0e4
-
 
 # ---------------------------------------------------------------- closed forms
-
-
-def closed_forms(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: (sum_x min(p, q), sum_x p q)."""
-    return np.minimum(p, q).sum(-1), (p * q).sum(-1)
-
-
-def onehot_argmax(q: np.ndarray) -> np.ndarray:
-    e = np.zeros_like(q)
-    np.put_along_axis(e, np.argmax(q, axis=-1)[..., None], 1.0, axis=-1)
-    return e
 
 
 def inconsistent_positions(sum_min: np.ndarray, sum_prod: np.ndarray,
@@ -151,7 +127,7 @@ def measure(source: str, rule: str, expected: str | None, accepted: int, tested:
         mean_sum_min=float(a_min.mean()) if a_min.size else 0.0,
         mean_sum_prod=float(a_prod.mean()) if a_prod.size else 0.0,
         z_min=z_min, z_prod=z_prod, z_crit=z_crit, sits_on=sits,
-        verdict=DIVERGENT if bad else OK,
+        verdict=Verdict.DIVERGENT if bad else OK,
     )
 
 
@@ -241,7 +217,7 @@ def teacher_forced_probs(model: Any, prompt: list[int], tokens: list[int],
 
 
 @dataclass
-class AcceptReport:
+class AcceptReport(ReportMixin):
     """Measured acceptance against its closed forms on a real target/drafter pair.
 
     target / draft: checkpoint paths; target_digest / draft_digest: fingerprints.
@@ -274,33 +250,26 @@ class AcceptReport:
     per_position: list[dict[str, Any]]
     inconsistent: list[int]
     measurements: list[Measurement]
-    verdict: str
+    verdict: Verdict
     reason: str
     seconds: float
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.verdict == PASS else 1
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["exit_code"] = self.exit_code
         return d
 
-
-def _rule_q(rule: Rule, q: np.ndarray) -> np.ndarray:
-    return onehot_argmax(q) if (rule.greedy_draft or rule.onehot_q) else q
+    def lines(self) -> list[str]:
+        return render_accept(self).splitlines()
 
 
 def simulate_at_positions(rule: Rule, P: np.ndarray, Q: np.ndarray, draws: int,
                           rng: np.random.Generator) -> int:
     """Accepted drafts of ``rule`` over ``draws`` drafts at each position (P, Q rows)."""
-    from specparity.probes.dist import _drafts, _single_step
-
     accepted = 0
     for i in range(P.shape[0]):
-        d = _drafts(rule, Q[i], draws, rng)
-        _, acc = _single_step(rule, P[i], Q[i], d, rng, i * draws)
+        d = draw_drafts(rule, Q[i], draws, rng)
+        _, acc = single_step(rule, P[i], Q[i], d, rng, i * draws)
         accepted += int(acc.sum())
     return accepted
 
@@ -351,7 +320,7 @@ def run_accept(target_dir: str, draft_dir: str, temperature: float = DEFAULT_TEM
     rules = [BUILTIN["sampler-match"], BUILTIN["mrs"]] if rules is None else rules
     streams = np.random.SeedSequence(seed).spawn(len(rules))
     for rule, ss in zip(rules, streams):
-        rq = _rule_q(rule, Q)
+        rq = rule_q(rule, Q)
         r_min, r_prod = closed_forms(P, rq)
         acc = simulate_at_positions(rule, P, Q, draws, np.random.default_rng(ss))
         n = draws * len(idx)
@@ -378,17 +347,17 @@ def _round_index(run: SpecRun) -> dict[int, int]:
     return out
 
 
-def _accept_verdict(meas: list[Measurement], bad_pos: list[int]) -> tuple[str, str]:
+def _accept_verdict(meas: list[Measurement], bad_pos: list[int]) -> tuple[Verdict, str]:
     if bad_pos:
-        return DIVERGENT, (f"sum_min < sum_prod at {len(bad_pos)} tested position(s), first"
+        return Verdict.DIVERGENT, (f"sum_min < sum_prod at {len(bad_pos)} tested position(s), first"
                            f" {bad_pos[0]}: p or q is not a distribution")
-    bad = [m for m in meas if m.verdict == DIVERGENT]
+    bad = [m for m in meas if m.verdict == Verdict.DIVERGENT]
     if bad:
         m = bad[0]
         want = f", expected {m.expected}" if m.expected else ""
-        return DIVERGENT, (f"{m.rule} ({m.source}) sits on {m.sits_on}{want}: z_min"
+        return Verdict.DIVERGENT, (f"{m.rule} ({m.source}) sits on {m.sits_on}{want}: z_min"
                            f" {m.z_min:.1f}, z_prod {m.z_prod:.1f}, |z| limit {m.z_crit:.2f}")
-    return PASS, "every measurement sits on its closed form"
+    return Verdict.PASS, "every measurement sits on its closed form"
 
 
 def check_args(temperature: float, positions: int, num_draft: int, draws: int,
@@ -440,186 +409,4 @@ def render_accept(rep: AcceptReport) -> str:
     if rep.inconsistent:
         lines.append(f"  sum_min < sum_prod at tested positions {rep.inconsistent[:10]}")
     lines.append(f"verdict: {rep.verdict}: {rep.reason}  ({rep.seconds:.1f} s)")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- end to end
-
-
-@dataclass
-class EndToEndReport:
-    """mlx-lm's speculative stream at temperature T against a known p.
-
-    target / draft: the constant-logits fixtures (their logits ignore the input).
-    temperature, num_draft, seed, alpha: settings. tokens: emitted tokens tested.
-    live_tokens: the token ids p gives mass to (every other id has p = 0).
-    p / q: the target's and drafter's distributions over ``live_tokens``.
-    counts: emitted count per live token.
-    outside_support: [stream index, token] of the first emitted token with p = 0, or None.
-    arms: the mlx-lm stream's Arm (role ``rule``) then the simulated controls' Arms.
-    acceptance: mlx-lm's measured acceptance placed on the closed forms.
-    verdict: ``pass``, ``divergent`` or ``inconclusive`` (a control not rejected).
-    reason: one line. seconds: wall time (generation_seconds: the mlx-lm part).
-    """
-
-    target: str
-    draft: str
-    temperature: float
-    num_draft: int
-    seed: int
-    alpha: float
-    tokens: int
-    live_tokens: list[int]
-    p: list[float]
-    q: list[float]
-    counts: list[int]
-    outside_support: list[int] | None
-    arms: list[Any]
-    acceptance: Measurement
-    verdict: str
-    reason: str
-    seconds: float
-    generation_seconds: float
-
-    @property
-    def exit_code(self) -> int:
-        return {PASS: 0, DIVERGENT: 1, INCONCLUSIVE: 3}[self.verdict]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["exit_code"] = self.exit_code
-        return d
-
-
-def constant_logits(live: tuple[float, ...], vocab: int, first: int = E2E_FIRST_TOKEN,
-                    off: float = E2E_OFF) -> list[float]:
-    out = [off] * vocab
-    out[first:first + len(live)] = list(live)
-    return out
-
-
-def build_constant_pair(root: Path, target_live: tuple[float, ...] = E2E_TARGET,
-                        draft_live: tuple[float, ...] = E2E_DRAFT) -> tuple[str, str]:
-    """Two constant-logits llama fixtures (target, drafter) under ``root``."""
-    from specparity.fixtures import VOCAB_SIZE, build_pair
-
-    import hashlib
-
-    tag = hashlib.sha256(repr((tuple(target_live), tuple(draft_live))).encode()).hexdigest()[:10]
-    t = build_pair(root / f"const-target-{tag}", seed=0, with_draft=False,
-                   constant_logits=constant_logits(target_live, VOCAB_SIZE))
-    d = build_pair(root / f"const-draft-{tag}", seed=1, with_draft=False,
-                   constant_logits=constant_logits(draft_live, VOCAB_SIZE))
-    return t.target, d.target
-
-
-def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_TOKENS,
-                   num_draft: int = DEFAULT_NUM_DRAFT, alpha: float = DEFAULT_ALPHA,
-                   seed: int = 0, root: Path | None = None,
-                   target_live: tuple[float, ...] = E2E_TARGET,
-                   draft_live: tuple[float, ...] = E2E_DRAFT) -> EndToEndReport:
-    """Test mlx-lm's speculative stream at ``temperature`` against the fixture's p."""
-    from specparity.checkpoint import load_checkpoint
-    from specparity.fixtures import VOCAB_SIZE, fixtures_home
-    from specparity.probes import dist as dm
-    from specparity.probes.rules import CONTROLS
-
-    check_args(temperature, 1, num_draft, 1, alpha)
-    if tokens < 50:
-        raise UsageError(f"--tokens {tokens}: need at least 50")
-    from specparity.inputs import check_positions
-
-    check_positions(tokens, "--tokens")
-    t0 = time.perf_counter()
-    tdir, ddir = build_constant_pair(root or fixtures_home(), target_live, draft_live)
-    tgt = load_checkpoint(tdir, trust_remote_code=True)
-    drf = load_checkpoint(ddir, trust_remote_code=True)
-    prompt = encode_prompts_default(tgt.tokenizer)
-    run = speculative_run(tgt.model, drf.model, prompt, temperature, num_draft,
-                          max_tokens=tokens, seed=seed)
-    stream = np.array(run.tokens[:tokens], dtype=np.int64)
-    vocab = VOCAB_SIZE
-    p_full = dm.softmax32(np.array(constant_logits(target_live, vocab)), temperature)
-    q_full = dm.softmax32(np.array(constant_logits(draft_live, vocab)), temperature)
-    live = [int(i) for i in np.nonzero(p_full > 0)[0]]
-    counts_full = np.bincount(stream, minlength=vocab)
-    off = np.nonzero(p_full[stream] <= 0)[0]
-    outside = [int(off[0]), int(stream[off[0]])] if off.size else None
-    chi = dm.chi_square(counts_full, p_full, alpha)
-    a_min, a_prod = closed_forms(p_full, q_full)
-    arm_stream = dm.Arm(
-        name=MLX_LM, description="mlx-lm's speculative stream (sampler-match)", role="rule",
-        verdict=dm.DIVERGENT if (chi.rejected or outside) else dm.PASS, chi=chi,
-        acceptance=sum(run.rounds) / max(num_draft * len(run.rounds), 1),
-        sum_min=float(a_min), sum_prod=float(a_prod), seconds=run.seconds,
-        draws_per_second=len(stream) / run.seconds if run.seconds > 0 else 0.0,
-    )
-    # Controls: the same p and q over the live tokens, at the same sample size.
-    prob = dm.make_problem(target_logits=np.array(target_live), draft_logits=np.array(draft_live),
-                           temperature=temperature, top_k=0)
-    streams = np.random.SeedSequence(seed).spawn(len(CONTROLS))
-    arms: list[Any] = [arm_stream]
-    for ctl, ss in zip(CONTROLS.values(), streams):
-        arms.append(dm.run_arm(ctl, prob, len(stream), alpha, np.random.default_rng(ss),
-                               "control"))
-    n_tested = len(run.tested)
-    acc_meas = measure(MLX_LM, "sampler-match", SUM_PROD, int(sum(run.rounds)), n_tested,
-                       num_draft * len(run.rounds), len(run.rounds),
-                       np.full(n_tested, float(a_min)), np.full(n_tested, float(a_prod)), alpha)
-    if outside:
-        verdict, reason = DIVERGENT, (f"emitted token {outside[1]} at stream index"
-                                      f" {outside[0]} has p = 0")
-    elif chi.rejected:
-        verdict, reason = DIVERGENT, (f"chi-square {chi.statistic:.1f} > threshold"
-                                      f" {chi.threshold:.1f} at dof {chi.dof}")
-    elif any(a.verdict == dm.NOT_REJECTED for a in arms[1:]):
-        weak = [a.name for a in arms[1:] if a.verdict == dm.NOT_REJECTED]
-        verdict, reason = INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not"
-                                         f" rejected at {len(stream)} tokens")
-    elif acc_meas.verdict == DIVERGENT:
-        verdict, reason = DIVERGENT, (f"acceptance sits on {acc_meas.sits_on}, expected"
-                                      f" sum_prod (z_prod {acc_meas.z_prod:.1f})")
-    else:
-        verdict, reason = PASS, (f"chi-square {chi.statistic:.1f} <= {chi.threshold:.1f} at"
-                                 f" dof {chi.dof}, every control rejected, acceptance on"
-                                 " sum_prod")
-    return EndToEndReport(
-        target=tdir, draft=ddir, temperature=temperature, num_draft=num_draft, seed=seed,
-        alpha=alpha, tokens=len(stream), live_tokens=live, p=[float(p_full[i]) for i in live],
-        q=[float(q_full[i]) for i in live], counts=[int(counts_full[i]) for i in live],
-        outside_support=outside, arms=arms, acceptance=acc_meas, verdict=verdict,
-        reason=reason, seconds=time.perf_counter() - t0, generation_seconds=run.seconds,
-    )
-
-
-def encode_prompts_default(tokenizer: Any) -> list[int]:
-    from specparity.prompts import DEFAULT_PROMPTS, encode_prompts
-
-    return encode_prompts(tokenizer, [DEFAULT_PROMPTS[0]])[0]
-
-
-def render_end_to_end(rep: EndToEndReport) -> str:
-    lines = [
-        f"accept --end-to-end: mlx-lm speculative_generate_step at temperature"
-        f" {rep.temperature:g}, num_draft {rep.num_draft}, seed {rep.seed}, {rep.tokens} tokens",
-        f"  target {rep.target} (constant logits), drafter {rep.draft} (constant logits)",
-        f"  live tokens {rep.live_tokens}: p = [{', '.join(f'{x:.4f}' for x in rep.p)}],"
-        f" q = [{', '.join(f'{x:.4f}' for x in rep.q)}]",
-        f"  emitted counts {rep.counts}"
-        + (f"; OUTSIDE SUPPORT at {rep.outside_support}" if rep.outside_support else ""),
-    ]
-    for a in rep.arms:
-        c = a.chi
-        thr = f"{c.threshold:.1f}" if c.threshold is not None else "n/a"
-        lines.append(
-            f"  {a.role:7s} {a.name:33s} {a.verdict:12s} chi2 {c.statistic:10.1f}  threshold"
-            f" {thr} (dof {c.dof}, n {c.samples})  TV {c.tv:.4f} (noise floor {c.tv_floor:.4f})")
-    m = rep.acceptance
-    lines.append(
-        f"  acceptance: per_position {m.per_position_acceptance:.4f} ({m.accepted}/{m.tested}),"
-        f" acceptance_rate {m.acceptance_rate:.4f}, mean_accepted_len {m.mean_accepted_len:.3f};"
-        f" sum_prod {m.mean_sum_prod:.4f} (z {m.z_prod:+.1f}), sum_min {m.mean_sum_min:.4f}"
-        f" (z {m.z_min:+.1f}): sits on {m.sits_on}")
-    lines.append(f"verdict: {rep.verdict}: {rep.reason}  ({rep.seconds:.1f} s,"
-                 f" generation {rep.generation_seconds:.1f} s)")
     return "\n".join(lines)

@@ -8,22 +8,19 @@ yields into per-round accept counts: a round yields its accepted proposals
 yielded. mlx-lm verifies ``min(num_draft_tokens, max_tokens - emitted) + 1``
 rows per round, so the widths are recorded per round.
 
-:func:`write_requests` writes the result in the specparity JSONL format
-(``probes/replay_logs.py``), which :func:`specparity.probes.replay_logs.read_log`
+:func:`specparity.probes.replay.logs.write_requests` writes the result in the
+specparity JSONL format, which :func:`specparity.probes.replay.logs.read_log`
 reads back.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
 from specparity.decode import CacheOptions
 from specparity.errors import UsageError
-from specparity.probes.replay_logs import SPECPARITY_FORMAT, AcceptLog
+from specparity.probes.replay.logs import AcceptLog
 
 log = logging.getLogger(__name__)
 
@@ -91,36 +88,3 @@ def record_speculative(model: Any, draft_model: Any, prompt: list[int],
         meta={"num_draft_tokens": num_draft_tokens, "max_tokens": max_tokens,
               "cache": opts.to_dict()},
     )
-
-
-def request_object(req: AcceptLog, **extra: Any) -> dict[str, Any]:
-    """One request as a specparity JSONL object."""
-    obj: dict[str, Any] = {"format": SPECPARITY_FORMAT}
-    if req.prompt_ids is not None:
-        obj["prompt_ids"] = req.prompt_ids
-    obj["width"] = req.width
-    if req.widths is not None:
-        obj["widths"] = req.widths
-    obj["accepts"] = req.accepts
-    if req.tokens is not None:
-        obj["tokens"] = req.tokens
-    if req.prefill_emits:
-        obj["prefill_emits"] = True
-    obj["source"] = req.source
-    obj.update(req.meta)
-    obj.update(extra)
-    return obj
-
-
-def write_requests(path: str | os.PathLike, requests: list[AcceptLog], overwrite: bool = False,
-                   **extra: Any) -> Path:
-    """Write ``requests`` as specparity JSONL (an existing file only with ``overwrite``)."""
-    p = Path(path)
-    try:
-        with open(p, "w" if overwrite else "x") as f:
-            f.writelines(json.dumps(request_object(req, **extra)) + "\n" for req in requests)
-    except FileExistsError:
-        raise UsageError(f"{p}: exists; choose another file or pass --force") from None
-    except OSError as err:
-        raise UsageError(f"{p}: cannot write ({err.strerror})") from None
-    return p

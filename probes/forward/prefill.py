@@ -11,25 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specparity.compare import Diff, compare_arrays
+from specparity.compare import Diff, StateDiff, compare_arrays, compare_states
 from specparity.decode import CacheOptions, Decoder, snapshot
-
-EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
-
-
-@dataclass
-class StateDiff:
-    """One differing cache array: layer index, cache kind, array name, and the diff."""
-
-    layer: int
-    kind: str
-    name: str
-    diff: Diff | None
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer, "kind": self.kind, "name": self.name,
-                "diff": self.diff.to_dict() if self.diff else None, "note": self.note}
+from specparity.probes.forward.render import prefill_line
+from specparity.verdicts import ReportMixin, Verdict, combine
 
 
 @dataclass
@@ -44,7 +29,7 @@ class PrefillArm:
 
     name: str
     chunk: int
-    verdict: str
+    verdict: Verdict
     logits: Diff | None = None
     states: list[StateDiff] = field(default_factory=list)
     layers_differing: list[int] = field(default_factory=list)
@@ -58,7 +43,7 @@ class PrefillArm:
 
 
 @dataclass
-class PrefillReport:
+class PrefillReport(ReportMixin):
     """Prefill parity for one prompt: its length and the non-reference arms."""
 
     prompt_index: int
@@ -66,13 +51,16 @@ class PrefillReport:
     arms: list[PrefillArm]
 
     @property
-    def verdict(self) -> str:
-        vs = [a.verdict for a in self.arms]
-        return DIVERGENT if DIVERGENT in vs else NOT_RUN if NOT_RUN in vs else EQUAL
+    def verdict(self) -> Verdict:
+        return combine(a.verdict for a in self.arms)
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompt_index": self.prompt_index, "prompt_len": self.prompt_len,
-                "verdict": self.verdict, "arms": [a.to_dict() for a in self.arms]}
+                "verdict": self.verdict, "exit_code": self.exit_code,
+                "arms": [a.to_dict() for a in self.arms]}
+
+    def lines(self) -> list[str]:
+        return [prefill_line(self)]
 
 
 def _run(model: Any, prompt: list[int], chunk: int, opts: CacheOptions):
@@ -81,23 +69,6 @@ def _run(model: Any, prompt: list[int], chunk: int, opts: CacheOptions):
     for i in range(0, len(prompt), chunk):
         last = dec.forward(prompt[i : i + chunk])[-1]
     return last, snapshot(dec.cache)
-
-
-def compare_states(a: list, b: list) -> list[StateDiff]:
-    """Every differing array or offset between two snapshots, layer by layer."""
-    out = []
-    for i, (sa, sb) in enumerate(zip(a, b)):
-        if sa.offset != sb.offset:
-            out.append(StateDiff(i, sa.kind, "offset", None, f"offset {sa.offset} vs {sb.offset}"))
-        for name in sorted(set(sa.arrays) | set(sb.arrays)):
-            xa, xb = sa.arrays.get(name), sb.arrays.get(name)
-            if xa is None or xb is None or xa.shape != xb.shape or xa.dtype != xb.dtype:
-                out.append(StateDiff(i, sa.kind, name, None, "present or shaped differently"))
-                continue
-            d = compare_arrays(xa, xb, row_axis=min(2, xa.ndim - 1))
-            if not d.equal:
-                out.append(StateDiff(i, sa.kind, name, d))
-    return out
 
 
 def prefill_parity(model: Any, prompts: list[list[int]], opts: CacheOptions | None = None,
@@ -118,11 +89,11 @@ def prefill_parity(model: Any, prompts: list[list[int]], opts: CacheOptions | No
             try:
                 logits, state = _run(model, prompt, size, opts)
             except Exception as err:
-                arms.append(PrefillArm(name, size, NOT_RUN, reason=f"{type(err).__name__}: {err}"))
+                arms.append(PrefillArm(name, size, Verdict.NOT_RUN, reason=f"{type(err).__name__}: {err}"))
                 continue
             ld = compare_arrays(ref_logits[None], logits[None], logits=True)
-            sd = compare_states(ref_state, state)
-            arm = PrefillArm(name, size, EQUAL if ld.equal and not sd else DIVERGENT, ld,
+            sd = [d for d in compare_states(ref_state, state, ("one_shot", name)) if d.differs]
+            arm = PrefillArm(name, size, Verdict.EQUAL if ld.equal and not sd else Verdict.DIVERGENT, ld,
                              sd[:20], sorted({s.layer for s in sd}))
             arms.append(arm)
         reports.append(PrefillReport(pi, n, arms))

@@ -1,0 +1,430 @@
+"""Distributional exactness of an acceptance rule at temperature > 0.
+
+A rule is lossless when every emitted token is a draw from the target's
+distribution p, whatever mix of accepted drafts, resamples and bonus tokens
+produced it. This module holds the problem (p and q from logits, temperature
+and filters) and the run: it draws many rounds of one rule (``montecarlo``) and
+tests the emitted tokens against p (``stats``):
+
+- Pearson chi-square goodness of fit against p, threshold the exact chi-square
+  quantile at ``alpha`` (scipy); cells whose expected count is below 5 are pooled
+  into one bin. Total variation beside its Monte-Carlo noise floor.
+- The known-wrong controls (``rules.CONTROLS``) run beside the rule at the
+  same sample size; when one of them is not rejected the run is underpowered:
+  ``inconclusive``, never a pass.
+- Zero-tolerance checks a goodness-of-fit test cannot see: no emitted token
+  outside p's support (top-k / top-p / min-p), also in a sweep that forces every
+  vocabulary token as the draft (a q that underflowed to 0 still gets drafted);
+  and, for residual rules, no resample of a token with p <= q.
+- Chains (num_draft = k > 1): a toy target and drafter whose conditionals depend
+  on the previous token (the logits rolled by that token id, a Markov chain from
+  context token 0); rounds of k drafts run until k tokens are emitted, and the
+  emitted k-prefix is tested as one joint categorical against the product of the
+  target's conditionals.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specparity.errors import UsageError
+from specparity.probes.sampling.montecarlo import Checker, Violation, simulate
+from specparity.probes.sampling.rules import CONTROLS, Rule, closed_forms, rule_q
+from specparity.probes.sampling.stats import ChiSquare, chi_square
+from specparity.verdicts import ReportMixin, Verdict
+
+log = logging.getLogger(__name__)
+
+# a control arm's outcome (not a run verdict): the test rejected it, as it must, or not
+REJECTED, NOT_REJECTED = "rejected", "not_rejected"
+
+# The default single-position problem: 8 tokens, the target keeps its top 6 (so
+# p = 0 at tokens 6 and 7), the drafter's logits there are so low that its float32
+# q underflows to exactly 0. dof = 5.
+DEFAULT_TARGET_LOGITS = (2.0, 1.4, 1.0, 0.6, 0.1, -0.3, -0.6, -1.0)
+DEFAULT_DRAFT_LOGITS = (0.8, 2.0, 0.2, 1.2, -0.6, 0.6, -1.0e4, -1.0e4)
+DEFAULT_TOP_K = 6
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_SAMPLES = 200_000
+DEFAULT_ALPHA = 1e-4
+DEFAULT_SWEEP_DRAWS = 256
+
+
+# ---------------------------------------------------------------- distributions
+
+
+def softmax64(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """Exact-ish reference softmax in float64; temperature 0 = one-hot argmax."""
+    x = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        out = np.zeros_like(x)
+        out[..., :] = 0.0
+        idx = np.argmax(x, axis=-1)
+        np.put_along_axis(out, np.expand_dims(idx, -1), 1.0, axis=-1)
+        return out
+    z = x / temperature
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax32(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """What an engine computes: float32 softmax (tiny probabilities underflow to 0)."""
+    if temperature == 0:
+        return softmax64(logits, 0)
+    z = (np.asarray(logits, dtype=np.float32) / np.float32(temperature)).astype(np.float32)
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z, dtype=np.float32)
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float64)
+
+
+def apply_filters(p: np.ndarray, top_k: int = 0, top_p: float = 0.0,
+                  min_p: float = 0.0) -> np.ndarray:
+    """top-k, top-p (nucleus) and min-p on (..., V) probabilities, renormalised."""
+    p = np.array(p, dtype=np.float64, copy=True)
+    flat = p.reshape(-1, p.shape[-1])
+    for row in flat:
+        keep = row > 0
+        if top_k and top_k < row.size:
+            order = np.argsort(-row, kind="stable")
+            mask = np.zeros(row.size, dtype=bool)
+            mask[order[:top_k]] = True
+            keep &= mask
+        if 0 < top_p < 1:
+            order = np.argsort(-row, kind="stable")
+            csum = np.cumsum(row[order])
+            n_keep = int(np.searchsorted(csum, top_p, side="left")) + 1
+            mask = np.zeros(row.size, dtype=bool)
+            mask[order[:n_keep]] = True
+            keep &= mask
+        if min_p > 0:
+            keep &= row >= min_p * row.max()
+        row[~keep] = 0.0
+        row /= row.sum()
+    return p
+
+
+@dataclass
+class Problem:
+    """The target and drafter a dist run draws from.
+
+    target_logits / draft_logits: (V,) as given.
+    temperature, top_k, top_p, min_p: the target's sampler (filters apply to p only;
+      the drafter samples its unfiltered float32 softmax q).
+    num_draft: k drafted tokens per round (1 = single position).
+    p_table / q_table: (V, V) row c = the conditional after previous token c (the
+      logits rolled by c); the single-position problem is row 0 (context token 0).
+    """
+
+    target_logits: np.ndarray
+    draft_logits: np.ndarray
+    temperature: float
+    top_k: int = 0
+    top_p: float = 0.0
+    min_p: float = 0.0
+    num_draft: int = 1
+    p_table: np.ndarray = field(init=False, repr=False)
+    q_table: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        v = self.vocab
+        tl = np.stack([np.roll(self.target_logits, c) for c in range(v)])
+        dl = np.stack([np.roll(self.draft_logits, c) for c in range(v)])
+        self.p_table = apply_filters(softmax64(tl, self.temperature), self.top_k, self.top_p,
+                                     self.min_p)
+        self.q_table = softmax32(dl, self.temperature)
+
+    @property
+    def vocab(self) -> int:
+        return len(self.target_logits)
+
+    @property
+    def p(self) -> np.ndarray:
+        return self.p_table[0]
+
+    @property
+    def q(self) -> np.ndarray:
+        return self.q_table[0]
+
+    def joint(self) -> np.ndarray:
+        """The exact law of the first ``num_draft`` emitted tokens, flattened (V**k,)."""
+        v = self.vocab
+        j = self.p_table[0].copy()
+        for _ in range(1, self.num_draft):
+            j = (j[:, None] * self.p_table[np.arange(j.size) % v]).reshape(-1)
+        return j
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "vocab": self.vocab,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "num_draft": self.num_draft,
+            "target_logits": [float(x) for x in self.target_logits],
+            "draft_logits": [float(x) for x in self.draft_logits],
+            "p": [float(x) for x in self.p],
+            "q": [float(x) for x in self.q],
+        }
+
+
+def parse_logits(value: str | None, flag: str) -> np.ndarray | None:
+    """``"2,1.5,-inf"`` -> float64 array; a bad item names the flag and item."""
+    if value is None:
+        return None
+    items = [s.strip() for s in str(value).split(",") if s.strip()]
+    try:
+        arr = np.array([float(s) for s in items], dtype=np.float64)
+    except ValueError:
+        bad = next(s for s in items if not _is_float(s))
+        raise UsageError(f"{flag} {value!r}: {bad!r} is not a number") from None
+    if arr.size < 2:
+        raise UsageError(f"{flag} {value!r}: need at least 2 logits")
+    if np.isnan(arr).any() or np.isposinf(arr).any():
+        raise UsageError(f"{flag} {value!r}: NaN or +inf logit")
+    if np.isneginf(arr).all():
+        raise UsageError(f"{flag} {value!r}: every logit is -inf")
+    return arr
+
+
+def _is_float(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def check_temperature(t: float, flag: str = "--temperature") -> float:
+    if t is None or not math.isfinite(t) or t < 0:
+        raise UsageError(f"{flag} {t}: must be a finite number >= 0")
+    return float(t)
+
+
+def make_problem(target_logits=None, draft_logits=None, temperature: float = DEFAULT_TEMPERATURE,
+                 top_k: int | None = None, top_p: float = 0.0, min_p: float = 0.0,
+                 num_draft: int = 1) -> Problem:
+    """Validated Problem; defaults are the documented 8-token problem."""
+    temperature = check_temperature(temperature)
+    tl = np.asarray(DEFAULT_TARGET_LOGITS if target_logits is None else target_logits,
+                    dtype=np.float64)
+    dl = np.asarray(DEFAULT_DRAFT_LOGITS if draft_logits is None else draft_logits,
+                    dtype=np.float64)
+    if tl.shape != dl.shape:
+        raise UsageError(
+            f"--target-logits has {tl.size} entries but --draft-logits has {dl.size}")
+    if top_k is None:
+        top_k = DEFAULT_TOP_K if target_logits is None else 0
+    if top_k < 0:
+        raise UsageError(f"--top-k {top_k}: must be >= 0")
+    if not 0 <= top_p <= 1:
+        raise UsageError(f"--top-p {top_p}: must be in [0, 1]")
+    if not 0 <= min_p <= 1:
+        raise UsageError(f"--min-p {min_p}: must be in [0, 1]")
+    if num_draft < 1:
+        raise UsageError(f"--num-draft {num_draft}: must be >= 1")
+    if num_draft * math.log(max(tl.size, 2)) > math.log(200_000):
+        raise UsageError(f"--num-draft {num_draft}: {tl.size}**{num_draft} joint cells is too"
+                         " many for a chi-square; use fewer tokens or a shorter chain")
+    return Problem(tl, dl, temperature, top_k, top_p, min_p, num_draft)
+
+
+# ---------------------------------------------------------------- one run
+
+
+@dataclass
+class Arm:
+    """One rule's result in a dist run.
+
+    name / description: the rule.
+    role: ``rule`` (the rule under test) or ``control`` (a known-wrong control).
+    verdict: ``pass`` / ``divergent`` for the rule, ``rejected`` / ``not_rejected``
+      for a control.
+    chi: the goodness of fit (ChiSquare).
+    acceptance: accepted / proposed drafts in the Monte Carlo.
+    sum_min / sum_prod: the closed forms sum_x min(p, q) and sum_x p q at the first
+      position, with the q this rule sees.
+    support_violation / residual_violation: the first failing draw (rule only).
+    seconds: wall time of its draws; draws_per_second: samples / seconds.
+    """
+
+    name: str
+    description: str
+    role: str
+    verdict: str
+    chi: ChiSquare
+    acceptance: float
+    sum_min: float
+    sum_prod: float
+    support_violation: Violation | None = None
+    residual_violation: Violation | None = None
+    seconds: float = 0.0
+    draws_per_second: float = 0.0
+
+
+@dataclass
+class DistReport(ReportMixin):
+    """A dist run: the rule under test beside the known-wrong controls.
+
+    rule: the rule under test's name. problem: Problem.describe().
+    samples / alpha / seed: the run's settings (every arm uses seed's own stream).
+    sweep_draws: draws per forced draft token in the support sweep.
+    law: ``token`` (single position) or ``joint k-prefix``.
+    arms: the rule first, then the controls.
+    controls_run: False when the law is one token (temperature 0, or filters that
+      leave one token): the exact support check decides and there is nothing for a
+      control to get wrong.
+    verdict: ``pass``, ``divergent`` (the rule failed a check) or ``inconclusive``
+      (a control was not rejected: the run had too little power to pass anything).
+    reason: one line saying why.
+    seconds: wall time of the whole run.
+    """
+
+    rule: str
+    problem: dict[str, Any]
+    samples: int
+    alpha: float
+    seed: int
+    sweep_draws: int
+    law: str
+    arms: list[Arm]
+    controls_run: bool
+    verdict: Verdict
+    reason: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["exit_code"] = self.exit_code
+        return d
+
+    def lines(self) -> list[str]:
+        return render_text(self).splitlines()
+
+
+def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.random.Generator,
+            role: str, sweep_draws: int = 0) -> Arm:
+    """Draw ``samples`` rounds of one rule and test them (checks for role ``rule``)."""
+    law = prob.joint() if prob.num_draft > 1 else prob.p
+    checker = Checker(rule, "monte_carlo") if role == "rule" else None
+    mc = simulate(rule, prob, samples, rng, checker)
+    chi = chi_square(mc.counts, law, alpha)
+    if checker is not None and sweep_draws > 0:
+        # Force every token as the draft, including those q gives 0 (an underflowed q).
+        sweep = Checker(rule, "sweep")
+        for tok in range(prob.vocab):
+            sub = Checker(rule, "sweep")
+            simulate(rule, prob, sweep_draws, rng, sub, forced=tok)
+            for v in (sub.support, sub.residual):
+                if v is not None:
+                    v.draw += tok * sweep_draws  # sweep draws are numbered across tokens
+            sweep.merge(sub)
+        checker.merge(sweep)
+    smin, sprod = closed_forms(prob.p, rule_q(rule, prob.q))
+    verdict: str  # the rule's Verdict, or a control's REJECTED / NOT_REJECTED
+    if checker is not None:
+        failed = chi.rejected or checker.support is not None or checker.residual is not None
+        verdict = Verdict.DIVERGENT if failed else Verdict.PASS
+    else:
+        verdict = REJECTED if chi.rejected else NOT_REJECTED
+    return Arm(
+        name=rule.name, description=rule.description, role=role, verdict=verdict, chi=chi,
+        acceptance=mc.accepted / max(mc.proposed, 1), sum_min=float(smin), sum_prod=float(sprod),
+        support_violation=checker.support if checker else None,
+        residual_violation=checker.residual if checker else None,
+        seconds=mc.seconds, draws_per_second=samples / mc.seconds if mc.seconds > 0 else 0.0,
+    )
+
+
+def run_dist(rule: Rule, prob: Problem, samples: int = DEFAULT_SAMPLES,
+             alpha: float = DEFAULT_ALPHA, seed: int = 0,
+             sweep_draws: int = DEFAULT_SWEEP_DRAWS,
+             controls: list[Rule] | None = None) -> DistReport:
+    """Test ``rule`` on ``prob`` beside the known-wrong controls, at one sample size."""
+    if samples < 100:
+        raise UsageError(f"--samples {samples}: need at least 100")
+    from specparity.inputs import check_limit
+
+    check_limit(samples, "--samples", "max_samples")
+    check_limit(sweep_draws, "--sweep-draws", "max_samples")
+    if not 0 < alpha < 1:
+        raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
+    t0 = time.perf_counter()
+    controls = list(CONTROLS.values()) if controls is None else controls
+    ss = np.random.SeedSequence(seed)
+    streams = ss.spawn(1 + len(controls))
+    log.info("dist: %s, %d samples, seed %d", rule.name, samples, seed)
+    arms = [run_arm(rule, prob, samples, alpha, np.random.default_rng(streams[0]), "rule",
+                    sweep_draws)]
+    controls_run = prob.temperature > 0 and arms[0].chi.dof > 0
+    if controls_run:
+        for ctl, s in zip(controls, streams[1:]):
+            log.info("dist: control %s", ctl.name)
+            arms.append(run_arm(ctl, prob, samples, alpha, np.random.default_rng(s), "control"))
+    verdict, reason = _verdict(arms, controls_run)
+    return DistReport(
+        rule=rule.name, problem=prob.describe(), samples=samples, alpha=alpha, seed=seed,
+        sweep_draws=sweep_draws,
+        law="token" if prob.num_draft == 1 else f"joint {prob.num_draft}-prefix",
+        arms=arms, controls_run=controls_run, verdict=verdict, reason=reason,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _verdict(arms: list[Arm], controls_run: bool) -> tuple[Verdict, str]:
+    rule = arms[0]
+    if rule.support_violation is not None:
+        return Verdict.DIVERGENT, f"{rule.name}: {rule.support_violation.describe()}"
+    if rule.residual_violation is not None:
+        return Verdict.DIVERGENT, f"{rule.name}: {rule.residual_violation.describe()}"
+    if rule.chi.rejected:
+        return Verdict.DIVERGENT, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} > threshold"
+                           f" {rule.chi.threshold:.1f} at dof {rule.chi.dof}")
+    weak = [a.name for a in arms[1:] if a.verdict == NOT_REJECTED]
+    if weak:
+        return Verdict.INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not rejected at"
+                              f" {rule.chi.samples} samples")
+    if not controls_run:
+        return Verdict.PASS, (f"{rule.name}: the target's law is one token; every emitted token"
+                              " was it")
+    return Verdict.PASS, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} <= {rule.chi.threshold:.1f}"
+                  f" at dof {rule.chi.dof}, and every control rejected")
+
+
+def render_text(rep: DistReport) -> str:
+    """The human report (stdout)."""
+    pr = rep.problem
+    lines = [
+        f"dist: rule {rep.rule}, law {rep.law}, {rep.samples} samples, alpha {rep.alpha:g},"
+        f" seed {rep.seed}",
+        f"  target: {pr['vocab']} tokens, temperature {pr['temperature']:g}, top_k"
+        f" {pr['top_k']}, top_p {pr['top_p']:g}, min_p {pr['min_p']:g};"
+        f" p = [{', '.join(f'{x:.4f}' for x in pr['p'])}]",
+        f"  drafter q (float32) = [{', '.join(f'{x:.4g}' for x in pr['q'])}]",
+    ]
+    for a in rep.arms:
+        c = a.chi
+        thr = f"{c.threshold:.1f}" if c.threshold is not None else "n/a"
+        lines.append(
+            f"  {a.role:7s} {a.name:22s} {a.verdict:12s} chi2 {c.statistic:12.1f}  threshold"
+            f" {thr} (dof {c.dof}, n {c.samples}, bins {c.bins}, pooled {c.pooled_cells})"
+            f"  TV {c.tv:.5f} (noise floor {c.tv_floor:.5f})"
+            f"  acceptance {a.acceptance:.4f} (sum_min {a.sum_min:.4f}, sum_prod"
+            f" {a.sum_prod:.4f})"
+        )
+        for v in (a.support_violation, a.residual_violation):
+            if v is not None:
+                lines.append(f"      {v.check} violation: {v.describe()}")
+    if not rep.controls_run:
+        why = ("temperature 0" if pr["temperature"] == 0
+               else f"temperature {pr['temperature']:g} but the filters leave one token")
+        lines.append(f"  controls: not run ({why}: one-token law, the exact check decides)")
+    lines.append(f"verdict: {rep.verdict}: {rep.reason}  ({rep.seconds:.2f} s)")
+    return "\n".join(lines)
