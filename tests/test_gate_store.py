@@ -22,8 +22,9 @@ BROKEN = {
 
 
 def _store_bytes(kind: str, key: str) -> bytes:
-    if BROKEN[kind] is not None:
-        return BROKEN[kind]
+    raw = BROKEN[kind]
+    if raw is not None:
+        return raw
     entry = {"string-entry": "not an entry", "no-verdict": {"reason": "x"},
              "unknown-verdict": {"verdict": "maybe", "reason": "x"}}[kind]
     return json.dumps({"version": 1, "entries": {key: entry, "other": GOOD}}).encode()

@@ -101,3 +101,12 @@ def test_dump_never_overwrites_a_checkpoint_file(cli_bin, llama_pair, tmp_path):
                 str(out), "--force")
     assert r.returncode == 0, r.stderr
     assert out.exists()
+
+
+def test_fixtures_make_checks_its_out_dir_first(cli_bin, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = run_cli(cli_bin, "fixtures", "make", str(f / "fx"))
+    assert r.returncode == 2 and "is not a directory" in r.stderr and r.stderr.count("\n") == 1
+    r = run_cli(cli_bin, "fixtures", "make", "/proc/specparity-fx")
+    assert r.returncode == 2 and r.stderr.startswith("Error: OUT_DIR's parent /proc: cannot write")
