@@ -35,7 +35,7 @@ from collections.abc import Callable
 from specparity.decode import CacheOptions
 from specparity.identity import DEFAULT_ENV_PREFIXES, backend, kernel_env
 from specparity.store import atomic_write_text, locked
-from specparity.verdicts import Decision, Verdict, decision_exit_code
+from specparity.verdicts import PROBE_VERDICTS, Decision, Verdict, decision_exit_code
 
 log = logging.getLogger("specparity.gate")
 
@@ -90,42 +90,95 @@ class GateStore:
     def __init__(self, path: Path | None = None):
         self.path = path or store_path()
 
-    def _read(self) -> dict[str, Any]:
+    def _load(self) -> tuple[dict[str, Any], str | None]:
+        """(the readable entries, why the store is unreadable or None when it is whole)."""
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
+            return {}, None
+        except OSError as err:
+            return {}, f"cannot read: {err.strerror}"
         try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-                raise ValueError("not a gate store")
-            return data["entries"]
-        except ValueError as err:
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            moved_to: Path | None = aside
-            try:
-                os.replace(self.path, aside)
-            except OSError:
-                moved_to = None
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            return {}, "not UTF-8"
+        except (ValueError, RecursionError) as err:
+            return {}, f"not JSON: {str(err).splitlines()[0]}"
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+            return {}, "not a gate store (no 'entries' object)"
+        good = {k: e for k, e in data["entries"].items() if valid_entry(e)}
+        bad = [k for k in data["entries"] if k not in good]
+        if bad:
+            return good, f"{len(bad)} malformed entr{'y' if len(bad) == 1 else 'ies'} (first {bad[0][:12]!r})"
+        return good, None
+
+    def _read(self) -> dict[str, Any]:
+        """The entries; an unreadable store is moved aside, reported once and rebuilt."""
+        entries, problem = self._load()
+        if problem is None:
+            return entries
+        with locked(self.path):
+            entries, problem = self._load()  # another process may have repaired it meanwhile
+            if problem is None:
+                return entries
+            aside = self._set_aside()
             log.warning(
-                "specparity-gate: STORE-CORRUPT path=%s moved_to=%s (%s); rebuilding",
-                self.path, moved_to, err,
+                "specparity-gate: STORE-CORRUPT path=%s moved_to=%s (%s); rebuilding with %d"
+                " readable entries", self.path, aside, problem, len(entries),
             )
-            return {}
+            if entries:
+                self._write(entries)
+        return entries
+
+    def _set_aside(self) -> Path | None:
+        """Move the store to ``store.json.corrupt-<time>[-n]``, never over an earlier copy.
+
+        Called with the store's lock held, so no other specparity process races the rename.
+        """
+        stamp = int(time.time())
+        for n in range(1000):
+            aside = self.path.with_name(
+                f"{self.path.name}.corrupt-{stamp}" + (f"-{n}" if n else ""))
+            if aside.exists() or aside.is_symlink():
+                continue
+            try:
+                os.rename(self.path, aside)
+            except OSError:
+                return None
+            return aside
+        return None
+
+    def _write(self, entries: dict[str, Any]) -> None:
+        atomic_write_text(
+            self.path, json.dumps({"version": STORE_VERSION, "entries": entries}, indent=1)
+        )
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self._read().get(key)
 
     def put(self, key: str, entry: dict[str, Any]) -> None:
         with locked(self.path):
-            entries = self._read()
+            entries, problem = self._load()
+            if problem is not None:
+                aside = self._set_aside()
+                log.warning("specparity-gate: STORE-CORRUPT path=%s moved_to=%s (%s); rebuilding",
+                            self.path, aside, problem)
             entries[key] = entry
-            atomic_write_text(
-                self.path, json.dumps({"version": STORE_VERSION, "entries": entries}, indent=1)
-            )
+            self._write(entries)
 
     def entries(self) -> dict[str, Any]:
         return self._read()
+
+    def read_only(self) -> tuple[dict[str, Any], str | None]:
+        """The readable entries and the store's problem, moving nothing (``gate list``)."""
+        return self._load()
+
+
+def valid_entry(entry: Any) -> bool:
+    """A stored verdict: an object with a known probe verdict and a string reason."""
+    return (isinstance(entry, dict) and entry.get("verdict") in PROBE_VERDICTS
+            and isinstance(entry.get("reason"), str)
+            and isinstance(entry.get("fields", {}), dict))
 
 
 def gate_key(model_dir: str | os.PathLike, width: int, opts: CacheOptions | None = None,
@@ -228,8 +281,19 @@ def gate_check(
     walk: int = DEFAULT_GATE_WALK,
     store: GateStore | None = None,
     probe: Callable[..., tuple[str, str]] | None = None,
+    log_line: bool = True,
 ) -> GateDecision:
-    """Allow or decline verifying ``width`` rows; memoized, probing on a miss."""
+    """Allow or decline verifying ``width`` rows; memoized, probing on a miss.
+
+    ``log_line=False``: the caller prints ``decision.line`` itself (the CLI), so it
+    appears once.
+    """
+    from specparity.inputs import check_positions, check_width
+
+    check_width(width)
+    for d in depths:
+        check_positions(d, "depth")
+    check_positions(walk, "walk")
     opts = opts or CacheOptions()
     store = store or GateStore()
     spec = _spec(depths, walk)
@@ -248,5 +312,6 @@ def gate_check(
         allow, forfeit = True, True
     action = Decision.FORFEIT if forfeit else Decision.ALLOW if allow else Decision.DECLINE
     line = _line(action, width, key, f"{verdict}: {reason}")
-    (log.warning if action != Decision.ALLOW else log.info)("%s", line)
+    if log_line:
+        (log.warning if action != Decision.ALLOW else log.info)("%s", line)
     return GateDecision(allow, verdict, forfeit, hit, key, int(width), reason, line)

@@ -300,9 +300,11 @@ def round_widths(accepts: list[int], width: int | None, widths: list[int] | None
         widths = [width] * len(accepts)
     if len(widths) != len(accepts):
         raise UsageError(f"{len(widths)} widths for {len(accepts)} rounds")
+    from specparity.inputs import check_limit, check_width
+
+    check_limit(sum(a + 1 for a in accepts), "the accept vector's emitted tokens", "max_positions")
     for r, (a, w) in enumerate(zip(accepts, widths)):
-        if w < 1:
-            raise UsageError(f"round {r}: width {w} is below 1")
+        check_width(w, f"round {r}: width")
         if not 0 <= a <= w - 1:
             raise UsageError(
                 f"round {r}: accept {a} does not fit width {w} (at most {w - 1} proposals)"
@@ -421,6 +423,9 @@ def replay(
     if not prompt:
         raise UsageError("empty prompt")
     widths = round_widths(accepts, width, widths)
+    from specparity.inputs import check_token_ids, vocab_size
+
+    check_token_ids(prompt, vocab_size(model), "prompt")
     opts = opts or CacheOptions()
     t0 = time.perf_counter()
 

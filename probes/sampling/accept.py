@@ -293,8 +293,13 @@ def run_accept(target_dir: str, draft_dir: str, temperature: float = DEFAULT_TEM
     check_args(temperature, positions, num_draft, draws, alpha)
     t0 = time.perf_counter()
     tgt = load_checkpoint(target_dir, trust_remote_code=trust_remote_code)
-    drf = load_checkpoint(draft_dir, trust_remote_code=trust_remote_code)
+    drf = load_checkpoint(draft_dir, trust_remote_code=trust_remote_code, flag="--draft-model")
     _check_trimmable(tgt.model, target_dir)
+    if prompt is not None:
+        from specparity.inputs import check_prompts
+
+        check_prompts([prompt], tgt)
+        check_prompts([prompt], drf, "--prompt-ids (--draft-model's vocabulary)")
     if prompt is None:
         prompt = encode_prompts(tgt.tokenizer, [DEFAULT_PROMPTS[0]])[0]
     log.info("accept: mlx-lm speculative generation until %d positions are tested", positions)
@@ -377,6 +382,11 @@ def check_args(temperature: float, positions: int, num_draft: int, draws: int,
         raise UsageError(f"--draws {draws}: must be >= 1")
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
+    from specparity.inputs import check_limit, check_positions, check_width
+
+    check_positions(positions, "--positions")
+    check_width(num_draft + 1, "--num-draft + 1 (verify rows)")
+    check_limit(draws, "--draws", "max_samples")
 
 
 def _check_trimmable(model: Any, path: str) -> None:

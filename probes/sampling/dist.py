@@ -238,7 +238,7 @@ def make_problem(target_logits=None, draft_logits=None, temperature: float = DEF
         raise UsageError(f"--min-p {min_p}: must be in [0, 1]")
     if num_draft < 1:
         raise UsageError(f"--num-draft {num_draft}: must be >= 1")
-    if tl.size ** num_draft > 200_000:
+    if num_draft * math.log(max(tl.size, 2)) > math.log(200_000):
         raise UsageError(f"--num-draft {num_draft}: {tl.size}**{num_draft} joint cells is too"
                          " many for a chi-square; use fewer tokens or a shorter chain")
     return Problem(tl, dl, temperature, top_k, top_p, min_p, num_draft)
@@ -286,8 +286,9 @@ class DistReport(ReportMixin):
     sweep_draws: draws per forced draft token in the support sweep.
     law: ``token`` (single position) or ``joint k-prefix``.
     arms: the rule first, then the controls.
-    controls_run: False at temperature 0 (the law is one token; the exact
-      support check decides and there is nothing for a control to get wrong).
+    controls_run: False when the law is one token (temperature 0, or filters that
+      leave one token): the exact support check decides and there is nothing for a
+      control to get wrong.
     verdict: ``pass``, ``divergent`` (the rule failed a check) or ``inconclusive``
       (a control was not rejected: the run had too little power to pass anything).
     reason: one line saying why.
@@ -384,6 +385,10 @@ def run_dist(rule: Rule, prob: Problem, samples: int = DEFAULT_SAMPLES,
     """
     if samples < 100:
         raise UsageError(f"--samples {samples}: need at least 100")
+    from specparity.inputs import check_limit
+
+    check_limit(samples, "--samples", "max_samples")
+    check_limit(sweep_draws, "--sweep-draws", "max_samples")
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
     t0 = time.perf_counter()
@@ -432,8 +437,8 @@ def _verdict(arms: list[Arm], controls_run: bool, power: Power | None = None,
                               f" {near.chi.statistic:.1f} <= {near.chi.threshold:.1f}): this run's"
                               " power statement does not hold")
     if not controls_run:
-        return Verdict.PASS, (f"{rule.name}: temperature 0 law is one token; every emitted token"
-                      " was it")
+        return Verdict.PASS, (f"{rule.name}: the target's law is one token; every emitted token"
+                              " was it")
     reach = f"; {power.describe()}" if power is not None else ""
     return Verdict.PASS, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} <= {rule.chi.threshold:.1f}"
                           f" at dof {rule.chi.dof}, every control rejected{reach}")
@@ -464,7 +469,9 @@ def render_text(rep: DistReport) -> str:
             if v is not None:
                 lines.append(f"      {v.check} violation: {v.describe()}")
     if not rep.controls_run:
-        lines.append("  controls: not run (temperature 0: one-token law, the exact check decides)")
+        why = ("temperature 0" if pr["temperature"] == 0
+               else f"temperature {pr['temperature']:g} but the filters leave one token")
+        lines.append(f"  controls: not run ({why}: one-token law, the exact check decides)")
     if rep.power is not None:
         lines.append(f"  power: {rep.power.describe()}")
     if rep.near_miss is not None:

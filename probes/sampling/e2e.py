@@ -98,6 +98,9 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
     check_args(temperature, 1, num_draft, 1, alpha)
     if tokens < 50:
         raise UsageError(f"--tokens {tokens}: need at least 50")
+    from specparity.inputs import check_positions
+
+    check_positions(tokens, "--tokens")
     t0 = time.perf_counter()
     tdir, ddir = build_constant_pair(root or fixtures_home(), target_live, draft_live)
     tgt = load_checkpoint(tdir, trust_remote_code=True)

@@ -9,7 +9,9 @@ from collections.abc import Callable
 
 import click
 
-from specparity.errors import SpecparityError, UsageError
+from specparity.errors import SpecparityError
+from specparity.inputs import parse_int_list  # noqa: F401  (moved; kept for importers)
+from specparity.outputs import record_dir_callback
 
 
 def json_option(f: Callable) -> Callable:
@@ -23,6 +25,7 @@ def record_option(f: Callable) -> Callable:
         "--record-dir",
         type=click.Path(file_okay=False),
         default=None,
+        callback=record_dir_callback,
         help="Write a record (markdown + data/) into this directory, part by part as the run goes.",
     )(f)
 
@@ -92,30 +95,6 @@ def cache_options_from(kwargs: dict[str, Any]):
     )
 
 
-def parse_int_list(value: str | None, flag: str, minimum: int = 0) -> list[int]:
-    """``"2,4,8"`` or ``"2-16"`` -> sorted unique ints; a bad item names the flag."""
-    if value is None or value == "":
-        return []
-    out: set[int] = set()
-    for item in str(value).split(","):
-        item = item.strip()
-        try:
-            if "-" in item[1:]:
-                lo, hi = item.split("-", 1)
-                rng = range(int(lo), int(hi) + 1)
-                if not rng:
-                    raise ValueError
-                out.update(rng)
-            else:
-                out.add(int(item))
-        except ValueError:
-            raise UsageError(f"{flag} {value!r}: {item!r} is not an integer or range") from None
-    bad = [v for v in out if v < minimum]
-    if bad:
-        raise UsageError(f"{flag} {value!r}: {bad[0]} is below the minimum {minimum}")
-    return sorted(out)
-
-
 def resolve_path(spec: str | None, role: str = "target"):
     """``--model`` / ``--draft-model`` as a local directory: a path, a hub id, or the embedded default."""
     from specparity.resolve import resolve_checkpoint
@@ -134,7 +113,8 @@ def resolve_model(model: str | None, trust_remote_code: bool, role: str = "targe
     path = resolve_path(model, role)
     if model is None:
         click.echo(f"using the embedded default {role} checkpoint {path}", err=True)
-    return load_checkpoint(path, trust_remote_code=trust_remote_code)
+    flag = "--model" if role == "target" else "--draft-model"
+    return load_checkpoint(path, trust_remote_code=trust_remote_code, flag=flag)
 
 
 class CommandRun:

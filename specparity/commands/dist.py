@@ -83,6 +83,10 @@ def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | Non
         draft_logits=dm.parse_logits(draft_logits, "--draft-logits"),
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, num_draft=num_draft,
     )
+    from specparity.inputs import check_limit
+
+    check_limit(samples or 0, "--samples", "max_samples")
+    check_limit(sweep_draws or 0, "--sweep-draws", "max_samples")
     alpha = dm.DEFAULT_ALPHA if alpha is None else alpha
     if detect_tv is not None:
         if samples is not None:

@@ -16,8 +16,6 @@ from specparity.commands._common import (
 )
 from specparity.errors import UsageError
 
-MAX_WIDTH = 1024
-
 
 @click.command()
 @model_options
@@ -66,21 +64,23 @@ def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, w
         specparity probe --kv-bits 8 --quantized-kv-start 0 --json
     """
     from specparity.probes.forward.probe import run_probe
+    from specparity.inputs import check_positions, check_prompts
     from specparity.prompts import encode_prompts, parse_prompt_ids
 
-    w_list = parse_int_list(widths, "--widths", minimum=1)
-    d_list = parse_int_list(depths, "--depths", minimum=0)
+    w_list = parse_int_list(widths, "--widths", minimum=1, limit="max_width")
+    d_list = parse_int_list(depths, "--depths", minimum=0, limit="max_positions")
+    check_positions(walk, "--walk")
     if not w_list:
         raise UsageError("--widths: give at least one width")
     if not d_list:
         raise UsageError("--depths: give at least one depth")
-    if max(w_list) > MAX_WIDTH:
-        raise UsageError(f"--widths {widths!r}: {max(w_list)} is above the maximum {MAX_WIDTH}")
-    ww = parse_int_list(walk_widths, "--walk-widths", minimum=2) if walk_widths else None
+    ww = (parse_int_list(walk_widths, "--walk-widths", minimum=2, limit="max_width")
+          if walk_widths else None)
     ids = parse_prompt_ids(prompt_ids)
     opts = cache_options_from(cache_kwargs)
 
     loaded = resolve_model(model, trust_remote_code)
+    check_prompts(ids, loaded)
     prompt_list = encode_prompts(loaded.tokenizer, list(prompts) or None, ids or None)
     fp = loaded.fingerprint
     run = CommandRun("probe", f"probe: {fp.model_type} {fp.short}",

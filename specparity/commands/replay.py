@@ -19,6 +19,15 @@ from specparity.commands._common import (
     resolve_model,
 )
 from specparity.errors import EXIT_OK, Inconclusive, UsageError
+from specparity.inputs import (
+    check_accept_log,
+    check_accept_widths,
+    check_positions,
+    check_token_ids,
+    check_width,
+    vocab_size,
+)
+from specparity.outputs import check_new_file, force_option
 from specparity.probes.replay.logs import FORMATS
 
 POLICIES = ("wrong-id", "correct-token")
@@ -64,9 +73,10 @@ POLICIES = ("wrong-id", "correct-token")
 @processor_options
 @json_option
 @record_option
+@force_option
 def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request_index,
            draft_model, num_draft_tokens, max_tokens, save_log, prompt_text, prompt_ids, width,
-           policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir, quiet,
+           policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir, quiet, force,
            **cache_kwargs):
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
 
@@ -108,6 +118,12 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         raise UsageError("--request picks a request of a --log FILE")
     if save_log and draft_model is None:
         raise UsageError("--save-log writes what --draft-model records")
+    check_new_file(save_log, "--save-log", force)
+    if width is not None:
+        check_width(width)
+    if draft_model is not None:
+        check_width(num_draft_tokens + 1, "--num-draft-tokens + 1 (verify rows)")
+        check_positions(max_tokens, "--max-tokens")
     opts = cache_options_from(cache_kwargs)
     procs = processor_options_from(cache_kwargs)
     cli_ids = _prompt_ids(prompt_ids)
@@ -125,6 +141,8 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
                     f"--request {request_index}: {log_path} holds {len(requests)} requests")
             requests = [requests[request_index]]
 
+    for req in requests:
+        check_accept_widths(req)
     if prefill_emits is not None:
         for req in requests:
             req.prefill_emits = prefill_emits
@@ -138,9 +156,15 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         return _locate(requests, locate, as_json)
 
     loaded = resolve_model(model, trust_remote_code)
+    vocab = vocab_size(loaded)
+    check_token_ids([wrong_id], vocab, "--wrong-id")
+    if cli_ids is not None:
+        check_token_ids(cli_ids, vocab, f"--prompt-ids {prompt_ids!r}")
+    for req in requests:
+        check_accept_log(req, vocab)
     if draft_model is not None:
         requests = [_record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs,
-                            num_draft_tokens, max_tokens, opts, save_log)]
+                            num_draft_tokens, max_tokens, opts, save_log, force)]
     return _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
                        wrong_id, opts, procs, as_json, record_dir, quiet)
 
@@ -154,13 +178,14 @@ def _prompt_ids(value: str | None) -> list[int] | None:
 
 
 def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs, num_draft_tokens,
-            max_tokens, opts, save_log):
+            max_tokens, opts, save_log, force=False):
     from specparity.probes.replay.logs import AcceptLog, write_requests
     from specparity.probes.replay.recorder import record_speculative
     from specparity.probes.replay.run import prompt_for
 
     draft = resolve_model(draft_model, trust_remote_code, role="draft")
     prompt = prompt_for(AcceptLog([]), loaded.tokenizer, cli_ids, prompt_text)
+    check_token_ids(prompt, vocab_size(draft), "the prompt (--draft-model's vocabulary)")
     click.echo(f"recording: mlx-lm speculative decoding, {num_draft_tokens} proposals per round,"
                f" {max_tokens} tokens", err=True)
     req = record_speculative(loaded.model, draft.model, prompt, num_draft_tokens, max_tokens, opts,
@@ -168,7 +193,7 @@ def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs,
     req.meta["model"] = loaded.fingerprint.short
     req.meta["draft_model"] = draft.fingerprint.short
     if save_log:
-        path = write_requests(save_log, [req])
+        path = write_requests(save_log, [req], overwrite=force)
         click.echo(f"accept vector written: {path}", err=True)
     return req
 
