@@ -196,13 +196,13 @@ def gate_key(model_dir: str | os.PathLike, width: int, opts: CacheOptions | None
         "cache": (opts or CacheOptions()).to_dict(),
         "backend": backend(),
         "env": kernel_env(tuple(env_prefixes)),
-        "probe": probe_spec or _spec(DEFAULT_GATE_DEPTHS, DEFAULT_GATE_WALK),
+        "probe": probe_spec or gate_probe_spec(DEFAULT_GATE_DEPTHS, DEFAULT_GATE_WALK),
     }
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     return key, fields
 
 
-def _spec(depths: tuple[int, ...] | list[int], walk: int) -> dict[str, Any]:
+def gate_probe_spec(depths: tuple[int, ...] | list[int], walk: int) -> dict[str, Any]:
     """What the gate's probe covers (part of the key: a wider probe never reuses a narrower verdict)."""
     return {"depths": list(depths), "walk": walk, "aim_limit": DEFAULT_GATE_AIM_LIMIT,
             "prefill": True, "bracket": True}
@@ -296,7 +296,7 @@ def gate_check(
     check_positions(walk, "walk")
     opts = opts or CacheOptions()
     store = store or GateStore()
-    spec = _spec(depths, walk)
+    spec = gate_probe_spec(depths, walk)
     key, fields = gate_key(model_dir, width, opts, env_prefixes, spec)
     entry = store.get(key)
     hit = entry is not None

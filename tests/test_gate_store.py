@@ -7,7 +7,7 @@ import json
 
 import pytest
 from conftest import run_cli
-from specparity.probes.gate import GateStore, gate_check, gate_key, store_path
+from specparity.probes.gate import GateStore, gate_check, gate_key, gate_probe_spec, store_path
 
 GOOD = {"verdict": "equal", "reason": "r", "fields": {}}
 
@@ -36,7 +36,7 @@ def _fake_probe(*_a, **_k):
 
 @pytest.mark.parametrize("kind", sorted(BROKEN))
 def test_a_broken_store_is_set_aside_reported_once_and_rebuilt(llama_pair, caplog, kind):
-    key, _ = gate_key(llama_pair.target, 2, probe_spec={"depths": [0], "walk": 0})
+    key, _ = gate_key(llama_pair.target, 2, probe_spec=gate_probe_spec((0,), 0))
     path = store_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     original = _store_bytes(kind, key)
