@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "replay": ("specparity.commands.replay", "replay", "Replay a served run's accept lengths in process."),
     "dist": ("specparity.commands.dist", "dist", "Test an acceptance rule for distributional exactness."),
     "accept": ("specparity.commands.accept", "accept", "Measured acceptance against its closed forms."),
+    "serve": ("specparity.commands.serve", "serve", "mlx-lm's server with the exactness gate and counts."),
 }
 
 
