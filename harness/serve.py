@@ -27,10 +27,12 @@ import argparse
 import logging
 import sys
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
+
+from specparity.harness.serve_stats import ServeMetrics, SpecStats, rule_for
 
 from specparity.errors import UsageError
-from specparity.harness.serve_stats import ServeMetrics, SpecStats, rule_for
 from specparity.verdicts import Decision
 
 log = logging.getLogger("specparity.serve")
@@ -70,7 +72,6 @@ class ServeConfig:
 def _classes(config: ServeConfig) -> tuple[type, type, type]:
     """The subclasses, built on first use so importing this module does not import mlx."""
     import mlx_lm.server as up
-
     from specparity.harness.serve_cache import SplitCache, catch_up, offsets
 
     upstream_stream_generate = up.stream_generate
@@ -122,9 +123,9 @@ def _classes(config: ServeConfig) -> tuple[type, type, type]:
         def decide(self, provider: GatedProvider, width: int) -> Any:
             """The gate's decision for ``width`` rows on the loaded target (memoized here)."""
             from mlx_lm.utils import _download
+            from specparity.probes.gate import gate_check
 
             from specparity.decode import CacheOptions
-            from specparity.probes.gate import gate_check
 
             model_path = str(provider.model_key[0])
             memo = (model_path, width)

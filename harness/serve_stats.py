@@ -141,14 +141,15 @@ class SpecStats:
     # -- the three readers -------------------------------------------------------------------
     def to_response(self) -> dict[str, Any]:
         """The ``speculative`` extension field of a response."""
-        out: dict[str, Any] = {}
         accepts, widths = self.rounds_view
+        out: dict[str, Any] = {}
         if self.engaged:
             # a specparity.accepts/1 object: `specparity replay` reads it as it is
-            out.update({"format": SPECPARITY_FORMAT, "prompt_ids": list(self.prompt_ids),
-                        "width": self.width, "widths": widths, "accepts": accepts,
-                        "tokens": list(self.tokens)})
+            out.update({"format": SPECPARITY_FORMAT, "widths": widths, "accepts": accepts})
         out.update({
+            "prompt_ids": list(self.prompt_ids),
+            "tokens": list(self.tokens),
+            "width": self.width,
             "engaged": self.engaged,
             "declined": self.declined,
             "forfeit": self.forfeit,
@@ -160,8 +161,6 @@ class SpecStats:
             "source": "specparity serve",
             "request_id": self.request_id,
         })
-        if not self.engaged:
-            out["width"] = self.width
         out.update(self.summary())
         return out
 
