@@ -69,7 +69,7 @@ class ServeConfig:
         self.env_prefixes = tuple(env_prefixes or DEFAULT_ENV_PREFIXES)
 
 
-def _classes(config: ServeConfig) -> tuple[type, type, type]:
+def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
     """The subclasses, built on first use so importing this module does not import mlx."""
     import mlx_lm.server as up
     from specparity.harness.serve_cache import SplitCache, catch_up, offsets
@@ -127,6 +127,7 @@ def _classes(config: ServeConfig) -> tuple[type, type, type]:
 
             from specparity.decode import CacheOptions
 
+            assert provider.model_key is not None  # called once a model is loaded
             model_path = str(provider.model_key[0])
             memo = (model_path, width)
             if memo not in self._decisions:
@@ -178,7 +179,7 @@ def _classes(config: ServeConfig) -> tuple[type, type, type]:
                                                     draft_model=draft_model, **kwargs)
                 return
             stats, args = self._active
-            provider = self.model_provider
+            provider: Any = self.model_provider
             cache = kwargs.pop("prompt_cache", None)
             k = kwargs.get("num_draft_tokens", 0)
             stats.max_tokens = max_tokens
@@ -327,8 +328,8 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
     for h in list(logging.root.handlers):
         logging.root.removeHandler(h)
     up.argparse = _ArgparseShim()  # type: ignore[assignment]
-    up.ModelProvider = provider_cls
-    up.run = run
+    up.ModelProvider = provider_cls  # type: ignore[misc]
+    up.run = run  # type: ignore[assignment]
     old_argv = sys.argv
     sys.argv = ["specparity serve", *argv]
     try:

@@ -225,8 +225,9 @@ def test_quantized_kv_cache_reuse_equals_a_fresh_process(fixture_root, logs, hom
 
 
 def test_fault_declined_at_exactly_the_divergent_widths(fault, home):
-    from specparity.decode import CacheOptions
     from specparity.probes.gate import GateStore, gate_key
+
+    from specparity.decode import CacheOptions
 
     info, base, ours = fault
     store = GateStore(home / "gate" / "store.json")
