@@ -189,17 +189,17 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             engage = draft_model is not None and self._engage(stats, provider, cache, model,
                                                                kwargs)
             n_target = len(model.layers)
+            start = offsets(cache[:n_target]) if cache is not None else None
+            fed = [int(t) for t in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
             split = SplitCache(cache if cache is not None else [])
             if engage:
                 gen = upstream_stream_generate(model, tokenizer, prompt, max_tokens,
                                                draft_model=draft_model, prompt_cache=split,
                                                **kwargs)
-            else:
+            else:  # classic decode on the target's layers only
                 target = split[:n_target] if cache is not None else None
                 gen = upstream_stream_generate(model, tokenizer, prompt, max_tokens,
                                                prompt_cache=target, **kwargs)
-            start = offsets(cache[:n_target]) if cache is not None else None
-            fed = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
             try:
                 for resp in gen:
                     stats.add(resp.token, resp.from_draft)
@@ -212,10 +212,8 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                     self.finish(stats)
                 if cache is not None:
                     cache[:] = list(split)
-                    if (draft_model is not None or provider.draft_model is not None) \
-                            and not engage and len(cache) > n_target:
-                        self._catch_up_drafter(cache, n_target, start, fed + stats.tokens,
-                                               kwargs)
+                    if not engage and len(cache) > n_target:
+                        self._catch_up_drafter(cache, n_target, start, fed + stats.tokens)
 
         def _engage(self, stats: SpecStats, provider: GatedProvider, cache: Any, model: Any,
                     kwargs: dict[str, Any]) -> bool:
@@ -246,14 +244,14 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             return decision.allow
 
         def _catch_up_drafter(self, cache: list[Any], n_target: int, start: list[int] | None,
-                              new_tokens: list[int], kwargs: dict[str, Any]) -> None:
+                              new_tokens: list[int]) -> None:
             """After classic decode, run the drafter over what the target ran since ``start``."""
             draft_model = self.model_provider.draft_model
             if draft_model is None or start is None:
                 return
             target_now = offsets(cache[:n_target])
-            draft = SplitCache(cache[n_target:])
-            draft_now = offsets(list(draft))
+            draft = list(cache[n_target:])
+            draft_now = offsets(draft)
             if target_now is None or draft_now is None or not draft_now:
                 return
             t0, t1, d = min(start), min(target_now), min(draft_now)
