@@ -33,7 +33,7 @@ from typing import Any
 from specparity.harness.serve_stats import ServeMetrics, SpecStats, rule_for
 
 from specparity.errors import UsageError
-from specparity.verdicts import Decision
+from specparity.verdicts import Decision, Verdict
 
 log = logging.getLogger("specparity.serve")
 
@@ -69,6 +69,44 @@ class ServeConfig:
         self.env_prefixes = tuple(env_prefixes or DEFAULT_ENV_PREFIXES)
 
 
+class GateMemo:
+    """The gate's decisions for this process, one per (checkpoint, width).
+
+    ``gate_check`` logs its ALLOW / DECLINE / FORFEIT line on each call, so
+    asking once per width here logs it once per width per process.
+    """
+
+    def __init__(self, config: ServeConfig, cli_args: argparse.Namespace):
+        from specparity.decode import CacheOptions
+
+        self.config = config
+        self.trust_remote_code = bool(cli_args.trust_remote_code)
+        self.opts = CacheOptions(kv_bits=cli_args.kv_bits, kv_group_size=cli_args.kv_group_size,
+                                 quantized_kv_start=cli_args.quantized_kv_start,
+                                 prefill_step_size=cli_args.prefill_step_size)
+        self._memo: dict[tuple[str, int], Any] = {}
+
+    def decide(self, model_path: str, width: int) -> Any:
+        """The GateDecision for ``width`` rows on ``model_path``; a gate that cannot run declines."""
+        from mlx_lm.utils import _download
+        from specparity.probes.gate import GateDecision, gate_check
+
+        memo = (model_path, width)
+        if memo not in self._memo:
+            try:
+                self._memo[memo] = gate_check(
+                    _download(model_path), width, self.opts,
+                    env_prefixes=self.config.env_prefixes,
+                    trust_remote_code=self.trust_remote_code)
+            except Exception as err:  # noqa: BLE001 (any gate failure declines: never a pass)
+                reason = f"the gate could not run: {type(err).__name__}: {err}".replace('"', "'")
+                line = f'specparity-gate: DECLINE width={width} key=- reason="{reason}"'
+                log.warning("%s", line)
+                self._memo[memo] = GateDecision(False, Verdict.NOT_RUN.value, False, False, "",
+                                                width, reason, line)
+        return self._memo[memo]
+
+
 def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
     """The subclasses, built on first use so importing this module does not import mlx."""
     import mlx_lm.server as up
@@ -82,7 +120,6 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
         def __init__(self, cli_args: argparse.Namespace):
             super().__init__(cli_args)
             self.draft_error: str | None = None
-            self.on_load: Any = None
 
         def _load(self, model_path, adapter_path=None, draft_model_path=None):
             self.draft_error = None
@@ -96,50 +133,18 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                           self.draft_error)
                 super()._load(model_path, adapter_path, None)
                 self.model_key = (model_path, adapter_path, draft_model_path)
-            if self.on_load is not None:
-                self.on_load(self)
 
     class GatedGenerator(up.ResponseGenerator):
         """mlx-lm's generation loop with the gate in its speculative path."""
 
         def __init__(self, model_provider: GatedProvider, prompt_cache: Any,
-                     metrics: ServeMetrics):
+                     metrics: ServeMetrics, gate: GateMemo):
             self.config = config
             self.metrics = metrics
-            self._decisions: dict[tuple[str, int], Any] = {}
+            self.gate = gate
             self._active: tuple[SpecStats, Any] | None = None
             self._finish_lock = threading.Lock()
-            model_provider.on_load = self._on_load
             super().__init__(model_provider, prompt_cache)
-
-        # -- the gate ------------------------------------------------------------------------
-        def _on_load(self, provider: GatedProvider) -> None:
-            """At load: say what the gate answers for the server's default width."""
-            if provider.draft_model is None or not self.config.gate:
-                return
-            k = provider.cli_args.num_draft_tokens
-            self.decide(provider, k + 1)
-
-        def decide(self, provider: GatedProvider, width: int) -> Any:
-            """The gate's decision for ``width`` rows on the loaded target (memoized here)."""
-            from mlx_lm.utils import _download
-            from specparity.probes.gate import gate_check
-
-            from specparity.decode import CacheOptions
-
-            assert provider.model_key is not None  # called once a model is loaded
-            model_path = str(provider.model_key[0])
-            memo = (model_path, width)
-            if memo not in self._decisions:
-                a = provider.cli_args
-                opts = CacheOptions(kv_bits=a.kv_bits, kv_group_size=a.kv_group_size,
-                                    quantized_kv_start=a.quantized_kv_start,
-                                    prefill_step_size=a.prefill_step_size)
-                # logs the gate's ALLOW / DECLINE / FORFEIT line: once per width per process
-                self._decisions[memo] = gate_check(
-                    _download(model_path), width, opts, env_prefixes=self.config.env_prefixes,
-                    trust_remote_code=bool(a.trust_remote_code))
-            return self._decisions[memo]
 
         # -- the request being served (one generation thread) ----------------------------------
         def _serve_single(self, request, stream):
@@ -233,7 +238,8 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 stats.engaged = True
                 stats.reason = "gate off"
                 return True
-            decision = self.decide(provider, stats.width or 1)
+            assert provider.model_key is not None  # a model is loaded
+            decision = self.gate.decide(str(provider.model_key[0]), stats.width or 1)
             stats.gate_key = decision.key[:12]
             stats.reason = f"{decision.verdict}: {decision.reason}"
             stats.forfeit = decision.forfeit
@@ -317,8 +323,14 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
 
         if not config.gate:
             log.warning("%s", GATE_OFF_LINE)
-        prompt_cache = ExactPromptCache(model_provider.cli_args.prompt_cache_size)
-        generator = generator_cls(model_provider, prompt_cache, metrics)
+        cli = model_provider.cli_args
+        gate = GateMemo(config, cli)
+        if config.gate and cli.model and cli.draft_model:
+            # before the server answers: the first request does not wait for a probe, and
+            # the start-up decision is not logged in the middle of a request
+            gate.decide(cli.model, cli.num_draft_tokens + 1)
+        prompt_cache = ExactPromptCache(cli.prompt_cache_size)
+        generator = generator_cls(model_provider, prompt_cache, metrics, gate)
         up.stream_generate = generator.stream_generate
         up._run_http_server(host, port, generator, handler_class=handler_cls)
 

@@ -152,3 +152,19 @@ def test_split_cache_keeps_quantized_layers_that_mlx_lm_assigns_into_a_slice(fix
     _speculate(model, draft, tok, split, prompt, **kw)
     assert all(isinstance(c, QuantizedKVCache) for c in split)
     assert len(set(offsets(list(split)[: len(model.layers)]))) == 1
+
+
+def test_a_gate_that_cannot_run_declines_with_its_reason(tmp_path, caplog):
+    import argparse
+
+    from specparity.harness.serve import GateMemo, ServeConfig
+
+    cli = argparse.Namespace(trust_remote_code=False, kv_bits=None, kv_group_size=64,
+                             quantized_kv_start=5000, prefill_step_size=2048)
+    memo = GateMemo(ServeConfig(), cli)
+    caplog.set_level("WARNING", logger="specparity.serve")
+    d = memo.decide(str(tmp_path), 4)  # a directory that is not a checkpoint
+    assert not d.allow and d.verdict == "not_run" and "the gate could not run" in d.reason
+    assert memo.decide(str(tmp_path), 4) is d  # asked once per width
+    lines = [r.message for r in caplog.records if "specparity-gate: DECLINE width=4" in r.message]
+    assert len(lines) == 1
