@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "accept": ("specparity.commands.accept", "accept", "Measured acceptance against its closed forms."),
     "e2e": ("specparity.commands.e2e", "e2e", "mlx-lm's own entry points with vs without the drafter."),
     "records": ("specparity.commands.records", "records", "Show and list records any command wrote."),
+    "serve": ("specparity.commands.serve", "serve", "mlx-lm's server with the exactness gate and counts."),
     "served": ("specparity.commands.served", "served", "Served greedy parity: servers with and without a drafter."),
 }
 

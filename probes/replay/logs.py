@@ -23,6 +23,13 @@ proposals, then the target's own token). Sources:
     ``width`` or ``widths`` is required; every other key is optional and kept
     in ``AcceptLog.meta``. ``specparity replay --draft-model`` writes it, and a
     server can log it.
+  ``specparity-serve``  ``specparity serve``'s per-request line (any prefix before it)::
+
+      specparity-serve: SPEC request=cmpl-1 ... width=4 ... accepts=[3,1,2] widths=[4,4,3]
+        prompt_ids=[12,7,99] tokens=[5,8,...]
+
+    one request per line; ``width`` and ``accepts`` are required, ``widths``,
+    ``prompt_ids`` and ``tokens`` optional; the other ``key=value`` fields go to ``meta``.
   ``mlxcel-accept-lens``  mlxcel's ``DFlash accept lengths accept_lens=[1, 1, 2, 0]``:
     one request per line; the width comes from ``--width``. DFlash emits its
     first token from the prefill (round 0's bonus), so these requests replay
@@ -58,9 +65,11 @@ from specparity.errors import UsageError
 log = logging.getLogger(__name__)
 
 SPECPARITY_FORMAT = "specparity.accepts/1"
-FORMATS = ("auto", "specparity", "mlxcel-accept-lens", "mlxcel-transcript", "regex")
+FORMATS = ("auto", "specparity", "specparity-serve", "mlxcel-accept-lens", "mlxcel-transcript",
+           "regex")
 
 ACCEPT_LENS_MARKER = "DFlash accept lengths"
+SERVE_MARKER = "specparity-serve: SPEC "
 TRANSCRIPT_MARKER = "DFlash round transcript"
 _ACCEPT_LENS_RE = re.compile(r"DFlash accept lengths\b.*?\baccept_lens=\[(?P<body>[^\]\n]*)\]")
 _FIELD_RE = re.compile(r"\b(?P<key>[a-z_]+)=(?P<value>\[[^\]\n]*\]|-?\d+)")
@@ -166,6 +175,8 @@ def detect_format(lines: list[str]) -> str:
             return "mlxcel-transcript"
         if ACCEPT_LENS_MARKER in text:
             return "mlxcel-accept-lens"
+        if SERVE_MARKER in text:
+            return "specparity-serve"
         if text.lstrip().startswith("{"):
             return "specparity"
     return "specparity"
@@ -189,6 +200,8 @@ def read_log(path: str | Path, fmt: str = "auto", regex: str | None = None) -> l
         log.info("%s: read as %s", p, fmt)
     if fmt == "specparity":
         return _read_specparity(p, lines)
+    if fmt == "specparity-serve":
+        return _read_serve(p, lines)
     if fmt == "mlxcel-accept-lens":
         return _read_accept_lens(p, lines)
     if fmt == "mlxcel-transcript":
@@ -269,6 +282,39 @@ def _read_accept_lens(path: Path, lines: list[str]) -> list[AcceptLog]:
         if any(a < 0 for a in accepts):
             raise UsageError(f"{where}: accept_lens holds a negative length")
         out.append(AcceptLog(accepts, source=where, line=n, prefill_emits=True))
+    return out
+
+
+_SERVE_FIELD_RE = re.compile(r"\b(?P<key>[a-z_]+)=(?P<value>\[[^\]\n]*\]|[^\s\[]\S*)")
+_SERVE_LISTS = ("accepts", "widths", "prompt_ids", "tokens")
+
+
+def _read_serve(path: Path, lines: list[str]) -> list[AcceptLog]:
+    """``specparity serve``'s SPEC lines, one request each."""
+    out = []
+    for n, text in enumerate(lines, 1):
+        if SERVE_MARKER not in text:
+            continue
+        where = f"{path}:{n}"
+        body = text[text.index(SERVE_MARKER) + len(SERVE_MARKER):]
+        fields = {m.group("key"): m.group("value") for m in _SERVE_FIELD_RE.finditer(body)}
+        if "accepts" not in fields or "width" not in fields:
+            raise UsageError(f"{where}: malformed {SERVE_MARKER.strip()!r} line: no complete"
+                             f" {'accepts' if 'accepts' not in fields else 'width'}=... (truncated?)")
+        try:
+            lists = {k: parse_int_items(fields[k], k) for k in _SERVE_LISTS if k in fields}
+            width = int(fields["width"])
+        except ValueError as err:
+            raise UsageError(f"{where}: malformed {SERVE_MARKER.strip()!r} line: {err}") from None
+        if width < 1 or any(v < 0 for v in lists["accepts"]):
+            raise UsageError(f"{where}: width must be >= 1 and accepts non-negative")
+        widths = lists.get("widths")
+        if widths is not None and len(widths) != len(lists["accepts"]):
+            raise UsageError(f"{where}: widths has {len(widths)} entries, accepts"
+                             f" {len(lists['accepts'])}")
+        meta = {k: v for k, v in fields.items() if k not in (*_SERVE_LISTS, "width")}
+        out.append(AcceptLog(lists["accepts"], width, widths, lists.get("prompt_ids"),
+                             lists.get("tokens"), where, n, meta=meta))
     return out
 
 

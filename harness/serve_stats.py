@@ -1,0 +1,254 @@
+"""What one served request did: engaged or declined, and its rounds.
+
+:class:`SpecStats` is filled by ``specparity serve`` as a request runs and
+read three ways, all carrying the same facts:
+
+- one greppable log line per request (:meth:`SpecStats.log_line`)::
+
+    specparity-serve: SPEC request=cmpl-1 rule=greedy-argmax decision=ALLOW width=4
+      num_draft_tokens=3 rounds=5 proposed=15 positions_tested=12 accepted=9
+      per_position_acceptance=0.7500 acceptance_rate=0.6000 mean_accepted_len=1.800
+      accepts=[3,1,2,0,3] widths=[4,4,4,4,4] prompt_ids=[...] tokens=[...]
+    specparity-serve: DECLINED request=cmpl-2 width=4 key=1a2b3c4d5e6f reason="divergent: ..."
+
+  (one line each; ``specparity replay --log server.log`` reads the SPEC lines);
+- the response's ``speculative`` extension field (:meth:`SpecStats.to_response`):
+  when engaged, a ``specparity.accepts/1`` object that ``specparity replay``
+  reads as it is (``jq -c .speculative``);
+- llama.cpp-style ``timings`` (:meth:`SpecStats.timings`): ``draft_n``,
+  ``draft_n_accepted``, ``predicted_n``, ``prompt_n``.
+
+A round proposes ``width - 1`` tokens and tests them in order: it stops at its
+first rejection, so it tests ``accepted + 1`` positions (all of them on a full
+accept, and only the accepted ones on a last round cut by the token budget).
+``per_position_acceptance`` is accepted / positions tested; ``acceptance_rate``
+is accepted / proposed (vLLM's draft acceptance rate); ``mean_accepted_len``
+is accepted / rounds, in the accept vector's units.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from specparity.probes.replay_logs import SPECPARITY_FORMAT
+from specparity.probes.replay_record import accepts_from_flags
+
+SPEC_MARKER = "specparity-serve: SPEC"
+DECLINED_MARKER = "specparity-serve: DECLINED"
+NOT_ENGAGED_MARKER = "specparity-serve: NOT-ENGAGED"
+
+# The acceptance rule mlx-lm's speculative loop runs, by sampling mode.
+RULE_GREEDY = "greedy-argmax"
+RULE_SAMPLED = "sampler-match"
+
+
+def rule_for(temperature: float) -> str:
+    """mlx-lm accepts a proposal when it equals the target's own pick: its argmax at
+    temperature 0, a fresh draw from the target's distribution above it."""
+    return RULE_GREEDY if temperature == 0 else RULE_SAMPLED
+
+
+def _ints(values: list[int]) -> str:
+    return "[" + ",".join(str(int(v)) for v in values) + "]"
+
+
+@dataclass
+class SpecStats:
+    """One request's speculative facts.
+
+    request_id: the response id (``cmpl-...`` / ``chatcmpl-...``).
+    engaged: the drafter ran for this request.
+    declined: the gate sent it to classic decode. forfeit: engaged only because
+      SPECPARITY_ALLOW_INEXACT=1. decision: ALLOW / DECLINE / FORFEIT, None when
+      the gate is off or no drafting was asked for.
+    reason: why it was not engaged, or the gate's evidence. gate_key: the memo key (12 hex).
+    rule: the acceptance rule that ran (``greedy-argmax`` | ``sampler-match``).
+    width: verify rows per round (num_draft_tokens + 1). num_draft_tokens: K asked for.
+    max_tokens: the request's token budget.
+    prompt_ids: the whole prompt as token ids. tokens: the emitted tokens.
+    flags: per emitted token, whether it was an accepted proposal (mlx-lm's from_draft).
+    seconds: wall time from the first to the last token.
+    """
+
+    request_id: str = ""
+    engaged: bool = False
+    declined: bool = False
+    forfeit: bool = False
+    decision: str | None = None
+    reason: str = ""
+    gate_key: str = ""
+    rule: str = RULE_GREEDY
+    width: int | None = None
+    num_draft_tokens: int | None = None
+    max_tokens: int | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    flags: list[bool] = field(default_factory=list)
+    seconds: float = 0.0
+    finished: bool = False
+    _t0: float | None = None
+
+    def add(self, token: int, from_draft: bool) -> None:
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        self.tokens.append(int(token))
+        self.flags.append(bool(from_draft))
+        self.seconds = time.perf_counter() - self._t0
+
+    # -- the round algebra -----------------------------------------------------------------
+    @property
+    def rounds_view(self) -> tuple[list[int], list[int]]:
+        """(accepts, widths) per round."""
+        if not self.engaged or self.num_draft_tokens is None or self.max_tokens is None:
+            return [], []
+        return accepts_from_flags(self.flags, self.num_draft_tokens, self.max_tokens)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and rates of the rounds (all zero when not engaged)."""
+        accepts, widths = self.rounds_view
+        complete = sum(1 for f in self.flags if not f)  # rounds that ended in the target's token
+        tested_at: list[int] = []
+        accepted_at: list[int] = []
+        positions = 0
+        for r, (a, w) in enumerate(zip(accepts, widths)):
+            proposed = w - 1
+            # a round cut by the budget tested only what it accepted; otherwise a
+            # rejection at position a was tested too (unless every proposal was accepted)
+            tested = min(a + 1, proposed) if r < complete else a
+            positions += tested
+            for i in range(tested):
+                while len(tested_at) <= i:
+                    tested_at.append(0)
+                    accepted_at.append(0)
+                tested_at[i] += 1
+                accepted_at[i] += 1 if i < a else 0
+        accepted = sum(accepts)
+        proposed = sum(w - 1 for w in widths)
+        return {
+            "rounds": len(accepts),
+            "proposed": proposed,
+            "positions_tested": positions,
+            "accepted": accepted,
+            "per_position_acceptance": accepted / positions if positions else 0.0,
+            "acceptance_rate": accepted / proposed if proposed else 0.0,
+            "mean_accepted_len": accepted / len(accepts) if accepts else 0.0,
+            "tested_per_position": tested_at,
+            "accepted_per_position": accepted_at,
+        }
+
+    # -- the three readers -------------------------------------------------------------------
+    def to_response(self) -> dict[str, Any]:
+        """The ``speculative`` extension field of a response."""
+        accepts, widths = self.rounds_view
+        out: dict[str, Any] = {}
+        if self.engaged:
+            # a specparity.accepts/1 object: `specparity replay` reads it as it is
+            out.update({"format": SPECPARITY_FORMAT, "widths": widths, "accepts": accepts})
+        out.update({
+            "prompt_ids": list(self.prompt_ids),
+            "tokens": list(self.tokens),
+            "width": self.width,
+            "engaged": self.engaged,
+            "declined": self.declined,
+            "forfeit": self.forfeit,
+            "decision": self.decision,
+            "rule": self.rule if self.engaged else None,
+            "num_draft_tokens": self.num_draft_tokens,
+            "reason": self.reason,
+            "gate_key": self.gate_key,
+            "source": "specparity serve",
+            "request_id": self.request_id,
+        })
+        out.update(self.summary())
+        return out
+
+    def timings(self) -> dict[str, Any]:
+        """llama.cpp's ``timings`` keys (``draft_n``: proposed, ``draft_n_accepted``: accepted)."""
+        s = self.summary()
+        return {
+            "prompt_n": len(self.prompt_ids),
+            "predicted_n": len(self.tokens),
+            "predicted_ms": self.seconds * 1000.0,
+            "predicted_per_second": len(self.tokens) / self.seconds if self.seconds else 0.0,
+            "draft_n": s["proposed"],
+            "draft_n_accepted": s["accepted"],
+        }
+
+    def log_line(self) -> str:
+        """The request's one greppable line."""
+        if self.engaged:
+            s = self.summary()
+            accepts, widths = self.rounds_view
+            return (
+                f"{SPEC_MARKER} request={self.request_id} rule={self.rule}"
+                f" decision={self.decision or 'GATE-OFF'} width={self.width}"
+                f" num_draft_tokens={self.num_draft_tokens} rounds={s['rounds']}"
+                f" proposed={s['proposed']} positions_tested={s['positions_tested']}"
+                f" accepted={s['accepted']}"
+                f" per_position_acceptance={s['per_position_acceptance']:.4f}"
+                f" acceptance_rate={s['acceptance_rate']:.4f}"
+                f" mean_accepted_len={s['mean_accepted_len']:.3f}"
+                f" accepts={_ints(accepts)} widths={_ints(widths)}"
+                f" prompt_ids={_ints(self.prompt_ids)} tokens={_ints(self.tokens)}"
+            )
+        reason = self.reason.replace('"', "'")
+        marker = DECLINED_MARKER if self.declined else NOT_ENGAGED_MARKER
+        return (f"{marker} request={self.request_id} width={self.width}"
+                f" key={self.gate_key or '-'} reason=\"{reason}\"")
+
+
+class ServeMetrics:
+    """Prometheus counters, named as vLLM names them (``/metrics``).
+
+    spec_decode_num_drafts: verify rounds. spec_decode_num_draft_tokens: proposals.
+    spec_decode_num_accepted_tokens: accepted proposals.
+    spec_decode_num_accepted_tokens_per_pos{position}: accepted proposals at each
+    draft position (0-based). specparity_gate_decisions{decision,width}: requests
+    the gate allowed, declined or forfeited. specparity_engaged_requests /
+    specparity_not_engaged_requests: requests the drafter ran for, or did not.
+    """
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.drafts = Counter("spec_decode_num_drafts", "Speculative verify rounds.", registry=r)
+        self.draft_tokens = Counter("spec_decode_num_draft_tokens",
+                                    "Draft tokens proposed.", registry=r)
+        self.accepted = Counter("spec_decode_num_accepted_tokens",
+                                "Draft tokens accepted.", registry=r)
+        self.accepted_per_pos = Counter("spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted, by draft position.",
+                                        ["position"], registry=r)
+        self.decisions = Counter("specparity_gate_decisions",
+                                 "Requests the exactness gate allowed, declined or forfeited.",
+                                 ["decision", "width"], registry=r)
+        self.engaged = Counter("specparity_engaged_requests",
+                               "Requests served with speculative decoding.", registry=r)
+        self.not_engaged = Counter("specparity_not_engaged_requests",
+                                   "Requests that asked for drafting and ran classic decode.",
+                                   registry=r)
+
+    def observe(self, stats: SpecStats) -> None:
+        if stats.decision is not None:
+            self.decisions.labels(decision=stats.decision, width=str(stats.width)).inc()
+        if not stats.engaged:
+            if stats.width is not None:
+                self.not_engaged.inc()
+            return
+        s = stats.summary()
+        self.engaged.inc()
+        self.drafts.inc(s["rounds"])
+        self.draft_tokens.inc(s["proposed"])
+        self.accepted.inc(s["accepted"])
+        for i, n in enumerate(s["accepted_per_position"]):
+            self.accepted_per_pos.labels(position=str(i)).inc(n)
+
+    def exposition(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+

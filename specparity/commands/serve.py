@@ -1,0 +1,46 @@
+"""``specparity serve``: mlx-lm's server, gated and instrumented."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                 "help_option_names": ["-h", "--help"]})
+@click.option("--gate", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="Consult the exactness gate before each drafting request.")
+@click.option("--env-prefix", "env_prefixes", multiple=True,
+              help="Env var prefixes the gate key includes (default: MLX_).")
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+def serve(gate, env_prefixes, server_args):
+    """mlx-lm's OpenAI-compatible server with the exactness gate and per-request counts.
+
+    Every other flag is mlx_lm.server's own (`mlx_lm.server --help`): --model,
+    --draft-model, --num-draft-tokens, --port, --kv-bits, ... Endpoints are
+    mlx-lm's, plus GET /metrics (Prometheus, vLLM's spec_decode_* names).
+
+    A request that would draft (a --draft-model; num_draft_tokens K, per request
+    or from the flag) verifies K + 1 rows: the memoized gate decides for that
+    width. Allow: speculative decoding. Decline: classic decode, the same text a
+    server without a drafter returns, and one DECLINE line per width (plus a
+    DECLINED marker per request). SPECPARITY_ALLOW_INEXACT=1 engages anyway and
+    logs FORFEIT. Each drafting request logs one line:
+
+    \b
+        specparity-serve: SPEC request=cmpl-... rule=greedy-argmax decision=ALLOW
+          width=4 rounds=5 proposed=15 positions_tested=12 accepted=9
+          per_position_acceptance=0.7500 ... accepts=[3,1,2,0,3] ...
+
+    and each response carries `speculative` (a specparity.accepts/1 object when
+    engaged: `specparity replay` reads it, or the log) and llama.cpp's
+    `timings.draft_n` / `timings.draft_n_accepted`.
+
+    \b
+    Example:
+        specparity serve --model ./target --draft-model ./draft --num-draft-tokens 3 --port 8080
+    """
+    from specparity.harness.serve import ServeConfig
+    from specparity.harness.serve import serve as run_server
+
+    run_server(list(server_args), ServeConfig(gate=gate == "on", env_prefixes=env_prefixes or None))
+    return 0
