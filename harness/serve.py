@@ -44,7 +44,7 @@ GATE_OFF_LINE = ("specparity-serve: GATE-OFF the exactness gate is disabled (--g
 class _ArgumentParser(argparse.ArgumentParser):
     """mlx-lm's flags, with a bad one reported as specparity's one-line usage error."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         raise UsageError(message)
 
 

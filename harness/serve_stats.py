@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specparity.probes.replay_logs import SPECPARITY_FORMAT
-from specparity.probes.replay_record import accepts_from_flags
+from specparity.probes.replay.logs import SPECPARITY_FORMAT
+from specparity.probes.replay.recorder import accepts_from_flags
 
 SPEC_MARKER = "specparity-serve: SPEC"
 DECLINED_MARKER = "specparity-serve: DECLINED"

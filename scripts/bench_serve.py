@@ -66,6 +66,7 @@ def main() -> int:
     from specparity.fixtures import default_pair
 
     pair = default_pair()
+    assert pair.draft is not None
     bin_dir = Path(sys.executable).parent
     common = ["--model", pair.target, "--draft-model", pair.draft, "--num-draft-tokens",
               str(args.num_draft_tokens), "--port", "{port}", "--log-level", "WARNING"]

@@ -204,7 +204,7 @@ def _fresh_classic(model_dir: str, **cache_kw):
     from mlx_lm import load
     from mlx_lm.generate import stream_generate
 
-    model, tok = load(model_dir)
+    model, tok = load(model_dir)[:2]
 
     def run(prompt_ids: list[int]) -> list[int]:
         return [r.token for r in stream_generate(model, tok, mx.array(prompt_ids), MAX_TOKENS,

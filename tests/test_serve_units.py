@@ -7,7 +7,7 @@ import pytest
 from conftest import build
 from specparity.harness.serve_cache import ExactPromptCache, SplitCache, exact_entry, offsets
 from specparity.harness.serve_stats import ServeMetrics, SpecStats, rule_for
-from specparity.probes.replay_logs import read_log
+from specparity.probes.replay.logs import read_log
 
 from specparity.errors import UsageError
 
