@@ -18,7 +18,11 @@ from conftest import build, run_cli
 from specparity.harness.lifecycle import Server
 
 BIN = Path(sys.executable).parent
-FAULT = [{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}]  # diverges at widths >= 4
+# A verify-kernel fault: multi-row calls (>= 4 rows) past 12 cached positions. It diverges
+# at widths >= 4 in decode, while prefill (one-shot from 0; the gate's chunked arm starts
+# its second chunk below 12 on the built-in prompts) stays exact, so the gate's prefill
+# parity passes and widths 2 and 3 are allowed.
+FAULT = [{"kind": "depth", "layer": 2, "subop": "mlp", "min_rows": 4, "min_offset": 12}]
 PROMPTS = ["the quick brown fox", "hello world, this is a test of", "once upon a time there"]
 # prompts on which the fault fixture's speculative text leaves classic within MAX_TOKENS
 FAULT_PROMPTS = ["numbers: 1 2 3 4 5", "The quick brown fox jumps over the lazy dog."]
@@ -79,7 +83,7 @@ def clean(fixture_root, logs, home):
 @pytest.fixture(scope="module")
 def fault(fixture_root, logs, home):
     """The rows>=4 fault pair: a drafter-less baseline and specparity serve."""
-    info = build(fixture_root, "llama-rows4", arch="llama", faults=FAULT)
+    info = build(fixture_root, "llama-depth12-rows4", arch="llama", faults=FAULT)
     base = _server("fault-plain", _plain(info.target, "--trust-remote-code"), logs, home).start()
     ours = None
     try:
