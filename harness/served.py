@@ -567,7 +567,7 @@ class ServedRun:
                 if not ev.accepts:
                     ev.accepts = list(val.get("accepts") or [])
                     ev.widths = list(val.get("widths") or [val.get("width")] * len(ev.accepts))
-            elif val not in (None, {}, 0):
+            elif val:  # an empty list, dict, 0 or False is no evidence the drafter ran
                 ev.sources.append("response")
                 ev.lines.append(f"{fld}: {str(val)[:200]}")
         return ev
