@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "dist": ("specparity.commands.dist", "dist", "Test an acceptance rule for distributional exactness."),
     "accept": ("specparity.commands.accept", "accept", "Measured acceptance against its closed forms."),
     "records": ("specparity.commands.records", "records", "Show and list records any command wrote."),
+    "served": ("specparity.commands.served", "served", "Served greedy parity: servers with and without a drafter."),
 }
 
 

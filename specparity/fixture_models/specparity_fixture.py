@@ -7,11 +7,18 @@ The checkpoint's config.json carries a ``specparity`` section::
         {"kind": "rows",  "layer": 3, "subop": "mlp", "min_rows": 4},
         {"kind": "depth", "layer": 1, "subop": "self_attn", "min_offset": 40, "min_rows": 2},
         {"kind": "stale_trim"}],            # cache trim(n) keeps one stale row
-     "constant_logits": [..]}               # optional: logits that ignore the input
+     "constant_logits": [..],               # optional: logits that ignore the input
+     "witness": "target"}                   # optional: log every forward (see below)
 
 ``rows``: fires when the call has at least ``min_rows`` rows (a verify-width kernel).
 ``depth``: fires when the call has at least ``min_rows`` rows and the cache already
 holds at least ``min_offset`` positions (a kernel that changes past a depth).
+``process_noise``: ``{"kind": "process_noise", "scale": 4.0}`` adds to the logits a
+bias drawn once per process from the OS's entropy: reproducible within a process,
+not across processes (a served baseline that disagrees with itself).
+``witness``: when the environment names a file in ``SPECPARITY_WITNESS_FILE``,
+every forward appends ``<pid> <role> <rows> <cache offset>`` to it (the served
+harness's engine-agnostic evidence of verify blocks and drafter calls).
 ``subop`` is an attribute of the decoder layer (``self_attn``, ``mlp``,
 ``linear_attn``, ``input_layernorm``...) or null for the layer's own output.
 
@@ -20,6 +27,7 @@ one submodule for a subclass with a different ``__call__``, nothing else.
 """
 
 import importlib
+import os
 from typing import Any
 
 import mlx.core as mx
@@ -104,6 +112,13 @@ def _stale_trim_cache(cache: Any) -> Any:
     return cache
 
 
+def _witness_line(role: str, rows: int, offset: int) -> None:
+    path = os.environ.get("SPECPARITY_WITNESS_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {role} {rows} {offset}\n")
+
+
 class Model(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -115,6 +130,9 @@ class Model(nn.Module):
         self.model_type = getattr(self.inner, "model_type", config.get("model_type"))
         self._faults = list(spec.get("faults") or [])
         self._constant = spec.get("constant_logits")
+        self._witness = spec.get("witness")
+        self._noise = next((float(f.get("scale", 4.0)) for f in self._faults if f["kind"] == "process_noise"), None)
+        self._bias = None
         for fault in self._faults:
             if fault["kind"] in ("rows", "depth"):
                 _install_fault(self.inner.layers, fault)
@@ -126,7 +144,14 @@ class Model(nn.Module):
     def __call__(self, inputs, cache=None, **kwargs):
         _CallState.rows = int(inputs.shape[1])
         _CallState.offset = _cache_offset(cache)
+        if self._witness:
+            _witness_line(self._witness, _CallState.rows, _CallState.offset)
         out = self.inner(inputs, cache=cache, **kwargs)
+        if self._noise is not None:
+            if self._bias is None:
+                key = mx.random.key(int.from_bytes(os.urandom(4), "little"))
+                self._bias = mx.random.normal((out.shape[-1],), key=key) * self._noise
+            out = out + self._bias.astype(out.dtype)
         if self._constant is not None:
             logits = mx.array(self._constant, dtype=out.dtype)
             out = mx.broadcast_to(logits, out.shape[:-1] + logits.shape)

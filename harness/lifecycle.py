@@ -1,0 +1,348 @@
+"""The one server lifecycle: spawn, wait until ready, stop with the whole process group.
+
+Every server specparity starts (the served job's arms, ``specparity serve`` in
+tests, bisect's control arms) goes through :class:`Server`:
+
+- started from an argv list, never a shell, on 127.0.0.1 and a free port
+  (``{port}`` in the argv is replaced by it);
+- with a working directory outside the repository root (the root ``bisect/``
+  shadows the standard library for ``python -m``, ``mlx_lm.server`` included);
+- in its own process group (``start_new_session=True``), stdout and stderr to a
+  log file that is kept;
+- ready when an HTTP path answers 200 (polled with httpx; a process that has
+  already exited raises at once with its log tail; an explicit deadline);
+- stopped with SIGTERM to the group, a wait, then SIGKILL to the group.
+
+A module registry remembers every live server: :func:`stop_all` stops them,
+and is run at interpreter exit and on SIGINT / SIGTERM (the handlers are
+installed the first time a server starts and chain to the previous ones).
+
+    with Server(["mlx_lm.server", "--model", m, "--port", "{port}"], log_path=log) as srv:
+        httpx.post(srv.url + "/v1/completions", json={...}, timeout=60)
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Self
+
+from specparity.errors import InfrastructureError
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+DEFAULT_READY_PATH = "/health"
+DEFAULT_START_TIMEOUT = 120.0
+DEFAULT_STOP_TIMEOUT = 10.0
+LOG_TAIL_LINES = 30
+
+
+class ServerStartError(InfrastructureError):
+    """A server exited before it was ready, or was not ready by the deadline.
+
+    ``log_tail`` holds the last lines of its log; ``returncode`` is None when
+    it was still running (and has been stopped) at the deadline.
+    """
+
+    def __init__(self, message: str, log_tail: str = "", returncode: int | None = None):
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.returncode = returncode
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: str | os.PathLike | None, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ('' when there is none)."""
+    if path is None or not Path(path).exists():
+        return ""
+    data = Path(path).read_bytes()[-64 * 1024:]
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+@dataclass
+class ServerTimes:
+    """Seconds a server spent, measured by the harness.
+
+    start: from spawn to the first 200 on the ready path.
+    stop: from SIGTERM to the process group's exit.
+    """
+
+    start: float | None = None
+    stop: float | None = None
+
+
+@dataclass
+class Server:
+    """One server process and its group.
+
+    argv: the command; ``{port}`` and ``{host}`` in any item are replaced.
+    log_path: where stdout and stderr go (a temp file when None; kept either way).
+    cwd: working directory (default: a fresh temp directory, never the repo root).
+    env: extra environment variables over ``os.environ`` (None values unset one).
+    ready_path: HTTP GET path that answers 200 when the server can serve.
+    fail_regex: a log pattern that means the server will never be ready although it
+      still runs (mlx_lm.server keeps answering 503 after its model failed to load).
+    start_timeout / stop_timeout: seconds for readiness and for a graceful stop.
+    name: how logs and errors name it.
+    """
+
+    argv: list[str]
+    log_path: str | os.PathLike | None = None
+    cwd: str | os.PathLike | None = None
+    env: dict[str, str | None] | None = None
+    ready_path: str = DEFAULT_READY_PATH
+    fail_regex: str | None = None
+    start_timeout: float = DEFAULT_START_TIMEOUT
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    name: str = "server"
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    times: ServerTimes = field(default_factory=ServerTimes)
+    resolved_argv: list[str] = field(default_factory=list)
+    _log_file: Any = None
+
+    # -- properties --------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def pgid(self) -> int | None:
+        """The process group id (== pid: the server leads its own session)."""
+        return self.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return log_tail(self.log_path, lines)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Server:
+        """Spawn, then wait until ready; raises ServerStartError (and stops the group) if not."""
+        self.spawn()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def spawn(self) -> None:
+        if self.proc is not None:
+            raise RuntimeError(f"{self.name} already started")
+        _install_handlers()
+        self.port = self.port or free_port()
+        self.resolved_argv = [a.replace("{port}", str(self.port)).replace("{host}", HOST) for a in self.argv]
+        if self.cwd is None:
+            self.cwd = tempfile.mkdtemp(prefix="specparity-server-")
+        if self.log_path is None:
+            self.log_path = Path(self.cwd) / f"{self.name}.log"
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        for k, v in (self.env or {}).items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (open for the life of the process)
+        log.info("starting %s on port %d: %s", self.name, self.port, " ".join(self.resolved_argv))
+        self._t0 = time.perf_counter()
+        try:
+            self.proc = subprocess.Popen(
+                self.resolved_argv, cwd=str(self.cwd), env=env, stdin=subprocess.DEVNULL,
+                stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        except OSError as err:
+            self._log_file.close()
+            raise ServerStartError(f"{self.name}: cannot run {self.resolved_argv[0]!r}: {err}") from None
+        _REGISTRY.add(self)
+
+    def wait_ready(self) -> None:
+        """Poll ``ready_path`` until 200; raise at once if the process exits."""
+        import httpx
+
+        assert self.proc is not None
+        deadline = self._t0 + self.start_timeout
+        delay = 0.05
+        with httpx.Client(timeout=httpx.Timeout(2.0)) as client:
+            while True:
+                rc = self.proc.poll()
+                if rc is not None:
+                    raise ServerStartError(
+                        f"{self.name} exited with code {rc} before it was ready; log {self.log_path}",
+                        self.tail(), rc)
+                if self.fail_regex and re.search(self.fail_regex, self.tail(200), re.MULTILINE):
+                    raise ServerStartError(
+                        f"{self.name} failed while starting (its log matches {self.fail_regex!r});"
+                        f" log {self.log_path}", self.tail())
+                try:
+                    r = client.get(self.url + self.ready_path)
+                    if r.status_code == 200:
+                        self.times.start = time.perf_counter() - self._t0
+                        log.info("%s ready in %.2f s", self.name, self.times.start)
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.perf_counter() > deadline:
+                    raise ServerStartError(
+                        f"{self.name} not ready on {self.ready_path} after {self.start_timeout:g} s;"
+                        f" log {self.log_path}", self.tail())
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.25)
+
+    def stop(self) -> int | None:
+        """SIGTERM the group, wait ``stop_timeout``, then SIGKILL it. Returns the exit code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            if proc.poll() is None:
+                _signal_group(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(self.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    log.warning("%s ignored SIGTERM for %g s: SIGKILL", self.name, self.stop_timeout)
+            # the leader may have exited while children of its group live on
+            _signal_group(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                log.error("%s (pid %d) survived SIGKILL", self.name, proc.pid)
+        finally:
+            _REGISTRY.discard(self)
+            if self._log_file is not None and not self._log_file.closed:
+                self._log_file.close()
+            if self.times.stop is None:
+                self.times.stop = time.perf_counter() - t0
+        return proc.returncode
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still exists (zombies not counted)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        # fields after the ")" closing the command name: state ppid pgrp ...
+        rest = stat.rsplit(")", 1)[1].split()
+        if int(rest[2]) == pgid and rest[0] != "Z":
+            return True
+    return False
+
+
+# -- the registry: every live server, stopped at exit and on SIGINT / SIGTERM -------------------
+class _Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._servers: list[Server] = []
+
+    def add(self, s: Server) -> None:
+        with self._lock:
+            self._servers.append(s)
+
+    def discard(self, s: Server) -> None:
+        with self._lock:
+            if s in self._servers:
+                self._servers.remove(s)
+
+    def live(self) -> list[Server]:
+        with self._lock:
+            return list(self._servers)
+
+
+_REGISTRY = _Registry()
+_HANDLERS_INSTALLED = False
+
+
+def live_servers() -> list[Server]:
+    return _REGISTRY.live()
+
+
+def stop_all() -> None:
+    """Stop every server this process started and has not stopped yet."""
+    for s in reversed(_REGISTRY.live()):
+        try:
+            s.stop()
+        except Exception:  # stopping the others matters more than this one's error
+            log.exception("stopping %s", s.name)
+
+
+def _install_handlers() -> None:
+    global _HANDLERS_INSTALLED
+    if _HANDLERS_INSTALLED:
+        return
+    _HANDLERS_INSTALLED = True
+    atexit.register(stop_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        signal.signal(sig, _make_handler(sig, previous))
+
+
+def _make_handler(sig: int, previous: Any) -> Callable[[int, FrameType | None], None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop_all()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_IGN:
+            return
+        elif sig == signal.SIGINT:
+            raise KeyboardInterrupt
+        else:
+            # default SIGTERM: die by it, as the caller expects
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+    return handler

@@ -1,0 +1,201 @@
+"""Server profiles: how to start a server, map a width to it, and read its evidence.
+
+A profile is YAML (``yaml.safe_load``): the packaged ones live in
+``harness/profiles/*.yaml`` (``mlx-lm``, ``specparity-serve``, ``openai``);
+a user file is named by path. ``extends: NAME`` starts from another profile
+and overrides its keys (one level of dict merging). Keys: see
+:class:`Profile` and ``profiles/mlx-lm.yaml``, which documents each.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specparity.errors import UsageError
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+WITNESS_ROLES = ("target", "draft")
+
+
+@dataclass
+class Profile:
+    """One server kind.
+
+    name, description: how reports name it.
+    argv: the server command; placeholders {python} {model} {host} {port}.
+    draft_argv: appended when an arm has a drafter; {draft_model} {num_draft}.
+    trust_remote_code_argv: appended when a checkpoint needs its model_file.
+    width_setting: the server's name for its draft setting (mlx-lm: num_draft_tokens).
+    rows_offset: verify rows = setting + rows_offset (mlx-lm: K drafts verify K + 1 rows).
+    per_request: the request field that sets the width per request (None: per process).
+    ready_path, fail_regex: readiness (see harness.lifecycle.Server).
+    endpoint: completions or chat (the job may override per request).
+    witness: which checkpoints the harness wraps with the witness model_file
+      (target, draft): the server must load them with trust_remote_code.
+    log_engaged / log_declined: regexes over the request's slice of the server log.
+    response_field / usage_field: a response key (dotted) whose presence is evidence.
+    logprobs_request: request fields asking for logprobs; logprobs_path: where they are.
+    flush: a request path that empties the prompt cache (None: cannot flush).
+    version_command: argv printing the server's version (kept in the record).
+    requires_module: a module that must be importable for the profile to run.
+    source: the YAML file it came from.
+    """
+
+    name: str
+    argv: list[str]
+    description: str = ""
+    draft_argv: list[str] = field(default_factory=list)
+    trust_remote_code_argv: list[str] = field(default_factory=list)
+    width_setting: str = "num_draft_tokens"
+    rows_offset: int = 1
+    per_request: str | None = None
+    ready_path: str = "/health"
+    fail_regex: str | None = None
+    endpoint: str = "completions"
+    witness: list[str] = field(default_factory=list)
+    log_engaged: str | None = None
+    log_declined: str | None = None
+    response_field: str | None = None
+    usage_field: str | None = None
+    logprobs_request: dict[str, Any] = field(default_factory=dict)
+    logprobs_path: str = "choices.0.logprobs.content"
+    flush: str | None = None
+    version_command: list[str] | None = None
+    requires_module: str | None = None
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def setting_for(self, width: int) -> int:
+        """The server's setting for ``width`` verify rows."""
+        return width - self.rows_offset
+
+    def render(self, items: list[str], **values: Any) -> list[str]:
+        subs = {"python": sys.executable, **{k: str(v) for k, v in values.items() if v is not None}}
+        out = []
+        for item in items:
+            try:
+                out.append(item.format(**subs))
+            except KeyError as err:
+                raise UsageError(f"profile {self.name} ({self.source}): placeholder {err} in {item!r}"
+                                 f" has no value here") from None
+        return out
+
+    def available(self) -> str | None:
+        """None when the profile can run here, else why not."""
+        if self.requires_module and importlib.util.find_spec(self.requires_module) is None:
+            return f"module {self.requires_module} is not installed"
+        return None
+
+
+def packaged_profiles() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(PROFILE_DIR.glob("*.yaml"))}
+
+
+def _read(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise UsageError(f"profile {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise UsageError(f"profile {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"profile {path}: expected a mapping of keys, got {type(raw).__name__}")
+    return raw
+
+
+def _raw(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict[str, Any], Path]:
+    known = packaged_profiles()
+    if name_or_path in known:
+        path = known[name_or_path]
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise UsageError(f"--profile {name_or_path!r}: neither a file nor a packaged profile"
+                             f" ({', '.join(known)})")
+    raw = _read(path)
+    base = raw.pop("extends", None)
+    if base is not None:
+        if base in seen:
+            raise UsageError(f"profile {path}: extends {base!r} in a loop")
+        parent, _ = _raw(str(base), (*seen, str(base)))
+        merged = dict(parent)
+        for k, v in raw.items():
+            merged[k] = {**parent[k], **v} if isinstance(v, dict) and isinstance(parent.get(k), dict) else v
+        raw = merged
+    return raw, path
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A packaged profile by name, or a YAML file by path; a bad one is a UsageError naming it."""
+    raw, path = _raw(name_or_path)
+    where = f"profile {path}"
+    width = raw.get("width") or {}
+    evidence = raw.get("evidence") or {}
+    logprobs = raw.get("logprobs") or {}
+    if not raw.get("argv"):
+        raise UsageError(f"{where}: argv is empty: give the server command (see {PROFILE_DIR / 'openai.yaml'})")
+    for key in ("argv", "draft_argv", "trust_remote_code_argv"):
+        if not isinstance(raw.get(key) or [], list):
+            raise UsageError(f"{where}: {key} must be a list of strings (no shell)")
+    endpoint = raw.get("endpoint", "completions")
+    if endpoint not in ENDPOINTS:
+        raise UsageError(f"{where}: endpoint {endpoint!r}: choose from {', '.join(ENDPOINTS)}")
+    witness = list(raw.get("witness") or [])
+    if any(w not in WITNESS_ROLES for w in witness):
+        raise UsageError(f"{where}: witness {witness}: roles are {', '.join(WITNESS_ROLES)}")
+    for key in ("log_engaged", "log_declined"):
+        if evidence.get(key):
+            try:
+                re.compile(evidence[key])
+            except re.error as err:
+                raise UsageError(f"{where}: evidence.{key} {evidence[key]!r}: {err}") from None
+    return Profile(
+        name=str(raw.get("name") or path.stem),
+        description=str(raw.get("description") or ""),
+        argv=[str(a) for a in raw["argv"]],
+        draft_argv=[str(a) for a in raw.get("draft_argv") or []],
+        trust_remote_code_argv=[str(a) for a in raw.get("trust_remote_code_argv") or []],
+        width_setting=str(width.get("setting", "num_draft_tokens")),
+        rows_offset=int(width.get("rows_offset", 1)),
+        per_request=width.get("per_request"),
+        ready_path=str(raw.get("ready_path", "/health")),
+        fail_regex=raw.get("fail_regex"),
+        endpoint=endpoint,
+        witness=witness,
+        log_engaged=evidence.get("log_engaged"),
+        log_declined=evidence.get("log_declined"),
+        response_field=evidence.get("response_field"),
+        usage_field=evidence.get("usage_field"),
+        logprobs_request=dict(logprobs.get("request") or {}),
+        logprobs_path=str(logprobs.get("path", "choices.0.logprobs.content")),
+        flush=raw.get("flush"),
+        version_command=raw.get("version_command"),
+        requires_module=raw.get("requires_module"),
+        source=str(path),
+    )
+
+
+def dig(obj: Any, dotted: str) -> Any:
+    """``dig(resp, "choices.0.logprobs.content")``: None where a step is missing."""
+    cur = obj
+    for part in dotted.split("."):
+        if isinstance(cur, list) and part.isdigit():
+            i = int(part)
+            cur = cur[i] if i < len(cur) else None
+        elif isinstance(cur, dict):
+            cur = cur.get(part)
+        else:
+            return None
+        if cur is None:
+            return None
+    return cur
