@@ -119,17 +119,20 @@ def server_version(binary: str | os.PathLike) -> str:
 
 
 def server_argv(binary: str, model: str, draft: str | None = None, n_max: int = 3,
-                ctx: int = 1024, threads: int = 1) -> list[str]:
+                ctx: int = 1024, threads: int = 1, spec_type: str | None = "draft-simple") -> list[str]:
     """argv for one llama-server on ``{host}:{port}`` (placeholders the lifecycle fills in).
 
     With ``draft`` it drafts ``n_max`` tokens per step with ``--spec-type draft-simple``
     and a minimum draft probability of 0 (a tiny drafter is rarely confident, and the
-    default would be free to stop drafting). One slot, no prompt-cache reuse across
+    default would be free to stop drafting). ``spec_type=None`` leaves the type at
+    llama-server's default (``none``): the drafter loads but never drafts. One slot, no prompt-cache reuse across
     slots, and ``threads`` CPU threads: the same computation every run.
     """
     argv = [binary, "-m", model, "--host", "{host}", "--port", "{port}", "-c", str(ctx),
             "-np", "1", "-t", str(threads), "-tb", str(threads), "--no-webui"]
     if draft is not None:
-        argv += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max),
-                 "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+        argv += ["-md", draft]
+        if spec_type is not None:
+            argv += ["--spec-type", spec_type]
+        argv += ["--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
     return argv

@@ -11,7 +11,9 @@ What they prove, on real server processes on 127.0.0.1:
   text of mlx-lm's greedy ``stream_generate`` for the same prompt tokens;
 - with the drafter (``-md``, ``--spec-type draft-simple``) at two widths the
   completion is identical and ``timings.draft_n > 0`` (engagement evidence);
-- a server without a drafter reports no drafting (no ``draft_n``);
+- a server without a drafter, and one given a drafter but not ``--spec-type``
+  (llama.cpp's default type is ``none``), report no drafting (no ``draft_n``):
+  a harness reading ``draft_n`` as evidence calls them not engaged;
 - llama-server tokenizes text the way the fixture's tokenizer does.
 """
 
@@ -86,11 +88,13 @@ def mlx_greedy(llama_pair):
     return run, tokenizer
 
 
-def _start(binary: str, model: str, tmp_path: Path, name: str, draft: str | None = None, n_max: int = 3):
+def _start(binary: str, model: str, tmp_path: Path, name: str, draft: str | None = None, n_max: int = 3,
+           spec_type: str | None = "draft-simple"):
     from specparity.harness.lifecycle import Server
     from specparity.harness.llama import server_argv
 
-    srv = Server(server_argv(binary, model, draft=draft, n_max=n_max), log_path=tmp_path / f"{name}.log",
+    argv = server_argv(binary, model, draft=draft, n_max=n_max, spec_type=spec_type)
+    srv = Server(argv, log_path=tmp_path / f"{name}.log",
                  ready_path="/health", start_timeout=120, name=name)
     return srv.start()
 
@@ -162,6 +166,15 @@ def test_greedy_llama_server_equals_mlx_lm_and_drafting_keeps_it(llama_server_bi
                       f" accepted {timings['draft_n_accepted']}, {len(resp['tokens'])} tokens")
         finally:
             srv.stop()
+
+    # the drafter loaded but --spec-type left at its default (none): same text, and no drafting
+    idle = _start(llama_server_bin, target, tmp_path, "draft-idle", draft=draft, spec_type=None)
+    try:
+        resp = _complete(idle, PROMPTS["ids-a"])
+        assert resp["tokens"] == want["ids-a"][0]
+        assert not resp["timings"].get("draft_n"), resp["timings"]
+    finally:
+        idle.stop()
 
 
 def test_llama_server_tokenizes_like_the_fixture_tokenizer(llama_server_bin, gguf_pair, mlx_greedy, tmp_path):
