@@ -347,6 +347,8 @@ class ServedRun:
         self.request_timeout = request_timeout or job.request_timeout
         self.arm_count = 0
         self._replay_model: tuple[str, bool] = ("", False)
+        self._versions: dict[str, Any] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1)
         self.arm_total = 0
 
     def run(self) -> ServedReport:
@@ -386,7 +388,8 @@ class ServedRun:
         arms, res.width_mode = plan_arms(self.job, pairing, profile, draft, self_draft)
         endpoint = self.job.endpoint or profile.endpoint
         history: dict[str, str] = {}
-        self._replay_model = (pairing.target, pairing.trust_remote_code)
+        needs_code = "model_file" in (Path(pairing.target) / "config.json").read_text()
+        self._replay_model = (pairing.target, pairing.trust_remote_code or needs_code)
         sessions: dict[str, _Session] = {}
         baseline: dict[str, Completion] = {}
         try:
@@ -404,6 +407,12 @@ class ServedRun:
                 s.server.stop()
         _judge_pairing(res)
         return res
+
+    def _version(self, profile: Profile, target: str) -> str | None:
+        """The profile's version line, run once per profile beside the first server's start-up."""
+        if profile.name not in self._versions:
+            self._versions[profile.name] = self._pool.submit(_version, profile, target)
+        return self._versions[profile.name].result()
 
     def _start(self, plan: ArmPlan, profile: Profile, target: str, trust: bool, work: Path,
                setting: int | None) -> _Session:
@@ -441,6 +450,8 @@ class ServedRun:
             session = self._start(plan, profile, target, trust, work, proc_setting)
             sessions[plan.server_key] = session
             self.progress(f"  starting {session.server.name}")
+            if profile.name not in self._versions:
+                self._versions[profile.name] = self._pool.submit(_version, profile, target)
             try:
                 session.server.start()
                 session.info["start_seconds"] = session.server.times.start
@@ -453,7 +464,7 @@ class ServedRun:
                 arm.seconds = time.perf_counter() - t0
                 sessions.pop(plan.server_key, None)
                 return arm
-            session.info["version"] = _version(profile, target)
+            session.info["version"] = self._version(profile, target)
         arm.server = dict(session.info)
         # a shared server's start-up is counted once, by the first arm on it
         arm.server["start_seconds"] = 0.0 if session.start_counted else session.info.get("start_seconds")

@@ -59,8 +59,16 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
         specparity served --config nightly.yaml --record-dir results
     """
     from specparity.harness.config import Pairing, builtin_job, load_job
+    from specparity.harness.profiles import load_profile
     from specparity.harness.served import ServedRun
 
+    w_list = parse_int_list(widths, "--widths", minimum=2) if widths is not None else None
+    if widths is not None and not w_list:
+        raise UsageError("--widths: give at least one width")
+    if profile is not None:
+        load_profile(profile)
+    if draft_model is not None and model is None:
+        raise UsageError("--draft-model needs --model")
     job = load_job(config_path) if config_path else None
     if model is not None:
         pairing = Pairing("cli", model, draft_model, profile or "mlx-lm", trust_remote_code)
@@ -68,8 +76,6 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
             job = replace(builtin_job(), pairings=[pairing], source="command line")
         else:
             job.pairings = [pairing]
-    elif draft_model is not None:
-        raise UsageError("--draft-model needs --model")
     if job is None:
         job = builtin_job()
         if not quiet and not as_json:
@@ -77,10 +83,8 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
     if profile is not None:
         for p in job.pairings:
             p.profile = profile
-    if widths is not None:
-        job.widths = parse_int_list(widths, "--widths", minimum=2)
-        if not job.widths:
-            raise UsageError("--widths: give at least one width")
+    if w_list:
+        job.widths = w_list
     for key, val in (("width_mode", width_mode), ("max_tokens", max_tokens), ("concurrency", concurrency),
                      ("repeats", repeats)):
         if val is not None:
@@ -88,6 +92,8 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
     if trust_remote_code:
         for p in job.pairings:
             p.trust_remote_code = True
+    for p in job.pairings:
+        load_profile(p.profile)
 
     progress, close = _progress(quiet or as_json)
     from specparity.identity import identity

@@ -19,6 +19,8 @@ not across processes (a served baseline that disagrees with itself).
 ``witness``: when the environment names a file in ``SPECPARITY_WITNESS_FILE``,
 every forward appends ``<pid> <role> <rows> <cache offset>`` to it (the served
 harness's engine-agnostic evidence of verify blocks and drafter calls).
+An optional ``"scale"`` replaces the factor (1 + 2**-6 flips no greedy token on most
+prompts; a served test that needs a flip uses e.g. 1.5).
 ``subop`` is an attribute of the decoder layer (``self_attn``, ``mlp``,
 ``linear_attn``, ``input_layernorm``...) or null for the layer's own output.
 
@@ -77,10 +79,10 @@ def _fires(fault: dict) -> bool:
     return True
 
 
-def _perturb(out: Any) -> Any:
+def _perturb(out: Any, scale: float = FAULT_SCALE) -> Any:
     if isinstance(out, tuple):
-        return (out[0] * FAULT_SCALE,) + out[1:]
-    return out * FAULT_SCALE
+        return (out[0] * scale,) + out[1:]
+    return out * scale
 
 
 def _install_fault(layers: list, fault: dict) -> None:
@@ -90,7 +92,7 @@ def _install_fault(layers: list, fault: dict) -> None:
     def make_call(orig):
         def __call__(self, *args, **kwargs):
             out = orig(self, *args, **kwargs)
-            return _perturb(out) if _fires(fault) else out
+            return _perturb(out, float(fault.get("scale", FAULT_SCALE))) if _fires(fault) else out
 
         return __call__
 

@@ -1,0 +1,99 @@
+"""Unit tests of single functions: witness evidence, the completion comparison, profiles, wrapping."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from specparity.harness.client import Completion
+from specparity.harness.profiles import load_profile, packaged_profiles
+from specparity.harness.served import compare, format_groups
+from specparity.harness.witness import WitnessCall, evidence_from_calls, read_calls, wrap_checkpoint
+
+from specparity.errors import UsageError
+
+
+def calls(*rows_offsets, role="target"):
+    return [WitnessCall(role, r, o) for r, o in rows_offsets]
+
+
+def test_verify_blocks_give_the_accept_vector_and_classic_decode_gives_none():
+    # prompt of 17 tokens: prefill 16 rows, then verify blocks of 4 rows accepting 3, 0, then the last round
+    ev = evidence_from_calls(calls((16, 0), (4, 16), (4, 20), (4, 21)), prompt_tokens=17, completion_tokens=7)
+    assert ev.engaged and ev.verify_calls == 3
+    assert ev.accepts == [3, 0, 1] and ev.widths == [4, 4, 4]
+    classic = evidence_from_calls(calls((16, 0), (1, 16), (1, 17), (1, 18)), 17, 3)
+    assert not classic.engaged and classic.accepts == []
+    # a warm prompt cache prefills only the rest: still not a verify block
+    warm = evidence_from_calls(calls((5, 11), (1, 16)), 17, 1)
+    assert not warm.engaged
+
+
+def test_witness_file_slices_by_byte_offset(tmp_path):
+    f = tmp_path / "w.log"
+    f.write_text("1 target 16 0\n1 target 4 16\n")
+    size = f.stat().st_size
+    with f.open("a") as h:
+        h.write("1 draft 1 20\n")
+    assert read_calls(f, size) == [WitnessCall("draft", 1, 20)]
+    assert evidence_from_calls(read_calls(f, size), None, None).engaged
+
+
+def _comp(text, ids=None, lps=None, top=None):
+    import hashlib
+
+    return Completion(text=text, sha256=hashlib.sha256(text.encode()).hexdigest(), token_ids=ids, logprobs=lps,
+                      top=top)
+
+
+def test_compare_names_token_char_logprobs_and_margins():
+    base = _comp("abcdef", [1, 2, 3], [-1.0, -2.0, -0.5], [[(1, -1.0), (9, -3.0)], [(2, -2.0), (5, -2.1)],
+                                                          [(3, -0.5), (4, -0.6)]])
+    same = _comp("abcdef")
+    assert compare(base, same) is None
+    arm = _comp("abcxyz", [1, 2, 4], [-1.0, -2.0000001, -0.6], [[(1, -1.0), (9, -3.0)], [(2, -2.0000001), (5, -2.1)],
+                                                               [(4, -0.6), (3, -0.61)]])
+    d = compare(base, arm)
+    assert d.char_offset == 3 and d.token_index == 2
+    assert d.logprobs_equal_before is False and d.first_logprob_diff == 1
+    assert d.margin_baseline == pytest.approx(0.1) and d.margin_arm == pytest.approx(0.01)
+    assert "token 2, char 3" in d.line() and "logprobs first differ at token 1" in d.line()
+
+
+def test_groups_read_like_the_issue():
+    assert format_groups([["baseline-start", "baseline-end", "w2", "w3"], ["w4", "w8"]]) == \
+        "2 groups: {baseline x2, w2, w3} {w4, w8}"
+
+
+def test_packaged_profiles_load_and_bad_ones_are_usage_errors(tmp_path):
+    assert {"mlx-lm", "specparity-serve", "openai"} <= set(packaged_profiles())
+    mlx = load_profile("mlx-lm")
+    assert mlx.setting_for(4) == 3 and mlx.per_request == "num_draft_tokens" and mlx.witness == ["target"]
+    serve = load_profile("specparity-serve")
+    assert serve.witness == ["target"] and serve.log_declined and serve.width_setting == "num_draft_tokens"
+    with pytest.raises(UsageError, match="argv is empty"):
+        load_profile("openai")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"extends": "mlx-lm", "endpoint": "embeddings"}))
+    with pytest.raises(UsageError, match=r"endpoint 'embeddings'.*bad.yaml|bad.yaml.*endpoint 'embeddings'"):
+        load_profile(str(bad))
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(yaml.safe_dump({"extends": str(loop)}))
+    with pytest.raises(UsageError, match="loop"):
+        load_profile(str(loop))
+
+
+def test_wrap_keeps_faults_links_weights_and_refuses_a_foreign_model_file(tmp_path):
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (src / "model.safetensors").write_bytes(b"w")
+    out = wrap_checkpoint(src, tmp_path / "wrapped", "target")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_file"] == "specparity_fixture.py" and cfg["specparity"] == {
+        "base": "llama", "faults": [], "witness": "target"}
+    assert (out / "model.safetensors").is_symlink() and (out / "specparity_fixture.py").is_file()
+    (src / "config.json").write_text(json.dumps({"model_type": "llama", "model_file": "mine.py"}))
+    with pytest.raises(UsageError, match="own model_file 'mine.py'"):
+        wrap_checkpoint(src, tmp_path / "w2", "target")
