@@ -363,19 +363,15 @@ def build_constant_pair(root: Path, target_live: tuple[float, ...],
     return t.target, d.target
 
 
-# bump when gguf_export changes what it writes, so cached GGUF files are made anew
-GGUF_EXPORT_VERSION = 1
-
-
 def pair_gguf(info: FixtureInfo, outtype: str = "f32") -> tuple[str, str | None]:
     """GGUF files of a built llama pair (target, drafter) for llama.cpp, exported once.
 
     They live next to the pair (``<pair>/gguf-v<N>/target-<outtype>.gguf``); an
     existing file is reused, a missing one is written atomically.
     """
-    from specparity.gguf_export import export_gguf
+    from specparity.gguf_export import EXPORT_VERSION, export_gguf
 
-    root = Path(info.target).parent / f"gguf-v{GGUF_EXPORT_VERSION}"
+    root = Path(info.target).parent / f"gguf-v{EXPORT_VERSION}"
     paths: list[str | None] = []
     for role, src in (("target", info.target), ("draft", info.draft)):
         if src is None:

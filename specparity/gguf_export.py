@@ -235,3 +235,31 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "
     log.info("exported %s to %s (%s, %d tensors)", src, out, outtype, len(weights))
     return GGUFInfo(path=str(out), source=str(src), outtype=outtype, n_tensors=len(weights),
                     vocab_size=vocab_size, eos_id=eos_id, bytes=out.stat().st_size)
+
+
+# bump when export_gguf changes what it writes, so cached files are made anew
+EXPORT_VERSION = 1
+
+
+def cached_gguf(src: str | os.PathLike, outtype: str = "f32") -> str:
+    """``src`` as GGUF, exported once per checkpoint content into ``$SPECPARITY_HOME/gguf/``.
+
+    The file is named after the checkpoint's fingerprint (config and weights) and its
+    tokenizer files, so a changed checkpoint gets a new file and a moved one reuses it.
+    """
+    import hashlib
+
+    from specparity.checkpoint import fingerprint
+    from specparity.paths import home
+
+    src = Path(src)
+    if not (src / "config.json").is_file():
+        raise CheckpointError(f"{src}: no config.json (not an mlx-lm checkpoint directory)")
+    h = hashlib.sha256(fingerprint(src).digest.encode())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (src / name).exists():
+            h.update((src / name).read_bytes())
+    out = home() / "gguf" / f"{h.hexdigest()[:16]}-v{EXPORT_VERSION}-{outtype}.gguf"
+    if not out.exists():
+        export_gguf(src, out, outtype=outtype)
+    return str(out)

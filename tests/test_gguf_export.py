@@ -183,3 +183,17 @@ def test_cli_fixtures_gguf_refuses_bad_input(cli_bin, llama_pair, tmp_path, case
     r = run_cli(cli_bin, "fixtures", "gguf", src, str(tmp_path / "o.gguf"))
     assert r.returncode == code, (r.returncode, r.stderr)
     assert r.stderr.startswith("Error: ") and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cached_gguf_is_keyed_by_checkpoint_content(llama_pair, monkeypatch):
+    from specparity import gguf_export
+
+    t = gguf_export.cached_gguf(llama_pair.target)
+    d = gguf_export.cached_gguf(llama_pair.draft)
+    assert t != d and t.endswith("-f32.gguf")
+
+    def boom(*a, **k):
+        raise AssertionError("exported again")
+
+    monkeypatch.setattr(gguf_export, "export_gguf", boom)
+    assert gguf_export.cached_gguf(llama_pair.target) == t

@@ -241,3 +241,62 @@ def test_ensure_without_toolchain_is_an_infrastructure_error(tmp_path, monkeypat
     assert "cmake" in (llama.missing_toolchain() or "")
     with pytest.raises(InfrastructureError, match="cannot be built"):
         llama.ensure_llama_server()
+
+
+SERVED_PROMPTS = ["Speculative decoding drafts several tokens with a small model and verifies them"]
+
+
+def _served(pair, tmp_path, profile: str, **kw):
+    from specparity.harness.config import Job, Pairing
+    from specparity.harness.served import ServedRun
+
+    job = Job(pairings=[Pairing("llama.cpp", pair.target, pair.draft, profile)], widths=[2, 4],
+              max_tokens=24, prompts=SERVED_PROMPTS, **kw)
+    report = ServedRun(job, workdir=tmp_path / "served").run()
+    return report, {a.name: a for a in report.pairings[0].arms}
+
+
+def test_served_job_runs_on_llama_cpp_with_draft_n_as_evidence(llama_server_bin, llama_pair, tmp_path,
+                                                                monkeypatch):
+    """The served harness, unchanged but for the profile: every drafting arm matches, witnessed by draft_n."""
+    monkeypatch.setenv("SPECPARITY_LLAMA_SERVER", llama_server_bin)
+    report, arms = _served(llama_pair, tmp_path, "llama.cpp", sequence=["fresh", "repeat", "stream"])
+    for name in ("w2", "w4"):
+        assert arms[name].verdict == "match", (name, arms[name].reason)
+        for r in arms[name].requests:
+            if r.kind != "stream":
+                assert any(line.startswith("timings.draft_n: ") for line in r.evidence.lines), r.evidence
+    assert arms["baseline-end"].verdict == "match"
+    assert report.exit_code == 0, "\n".join(report.lines())
+
+
+def test_served_llama_cpp_without_spec_type_is_not_engaged(llama_server_bin, llama_pair, tmp_path, monkeypatch):
+    """The same drafter arms on a profile that forgets --spec-type: same text, no draft_n: not_engaged, exit 3."""
+    import yaml
+
+    monkeypatch.setenv("SPECPARITY_LLAMA_SERVER", llama_server_bin)
+    profile = tmp_path / "llama-no-spec-type.yaml"
+    profile.write_text(yaml.safe_dump({
+        "extends": "llama.cpp", "name": "llama.cpp-no-spec-type",
+        "draft_argv": ["-md", "{draft_model}", "--spec-draft-n-max", "{num_draft}"]}))
+    report, arms = _served(llama_pair, tmp_path, str(profile), sequence=["fresh"], self_draft=False)
+    assert arms["w2"].verdict == "not_engaged" and arms["w4"].verdict == "not_engaged"
+    assert report.exit_code == 3
+
+
+def test_llama_cpp_profile_loads_and_says_when_the_binary_is_missing(tmp_path, monkeypatch):
+    from specparity.errors import InfrastructureError, UsageError
+    from specparity.harness.profiles import load_profile
+
+    p = load_profile("llama.cpp")
+    assert p.model_format == "gguf" and p.response_field == "timings.draft_n" and p.setting_for(4) == 3
+    monkeypatch.setenv("SPECPARITY_LLAMA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECPARITY_LLAMA_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert "scripts/build-llama-server" in (p.available() or "")
+    with pytest.raises(InfrastructureError, match="llama-server not found"):
+        p.render(p.argv, model="m.gguf", host="127.0.0.1", port=1)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("extends: llama.cpp\nmodel_format: onnx\n")
+    with pytest.raises(UsageError, match="model_format 'onnx'"):
+        load_profile(str(bad))
