@@ -285,8 +285,9 @@ def test_served_llama_cpp_without_spec_type_is_not_engaged(llama_server_bin, lla
 
 
 def test_llama_cpp_profile_loads_and_says_when_the_binary_is_missing(tmp_path, monkeypatch):
-    from specparity.errors import InfrastructureError, UsageError
     from specparity.harness.profiles import load_profile
+
+    from specparity.errors import InfrastructureError, UsageError
 
     p = load_profile("llama.cpp")
     assert p.model_format == "gguf" and p.response_field == "timings.draft_n" and p.setting_for(4) == 3
