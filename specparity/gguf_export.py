@@ -133,7 +133,9 @@ def _weights(src: Path) -> dict[str, Any]:
         raise CheckpointError(f"{src}: no *.safetensors file")
     out: dict[str, Any] = {}
     for f in files:
-        for name, arr in mx.load(str(f)).items():
+        loaded = mx.load(str(f))
+        assert isinstance(loaded, dict)  # a .safetensors file loads as {name: array}
+        for name, arr in loaded.items():
             out[name] = np.array(arr.astype(mx.float32))
     return out
 
