@@ -106,8 +106,8 @@ def _stack_chain(calls: list[list[tuple[str, Any]]], block: dict[str, Any],
     arrays: dict[str, Any] = {}
     axes: dict[str, int | None] = {}
     for name, barr in block.items():
-        parts = [s.get(name) for s in steps]
-        if any(p is None for p in parts):
+        parts = [p for s in steps if (p := s.get(name)) is not None]
+        if len(parts) != len(steps):
             log.warning("capture %s is missing from some chain steps; skipped", name)
             continue
         shapes = {tuple(p.shape) for p in parts}

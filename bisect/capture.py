@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -193,8 +194,8 @@ def layer_kind(layer: Any, cache_kind: str | None) -> str:
     if ffn is None:
         return attn
     names = _class_names(ffn)
-    attrs = set(ffn.keys()) if hasattr(ffn, "keys") else set()
-    moe = any(m in c for m in MOE_MARKERS for c in names) or bool(attrs & set(MOE_ATTRS))
+    ffn_attrs = set(ffn.keys()) if hasattr(ffn, "keys") else set()
+    moe = any(m in c for m in MOE_MARKERS for c in names) or bool(ffn_attrs & set(MOE_ATTRS))
     return f"{attn} + {'MoE' if moe else 'dense MLP'}"
 
 

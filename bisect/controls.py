@@ -21,6 +21,7 @@ from typing import Any
 from specparity.bisect.dump import read_dump
 from specparity.bisect.report import BisectReport, compare_arms
 from specparity.errors import InfrastructureError, UsageError
+from specparity.verdicts import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +164,9 @@ def _judge(arm: ControlArm, rep: BisectReport, base: BisectReport, dump: Any,
         changed = compare_arms(base_dump.arms["chain"], dump.arms["chain"], dump.width,
                                dump.depth, dump.layer_kinds)
     arm.first_changed = changed.first_divergent
-    if base.verdict == "divergent" and rep.verdict == "equal":
+    if base.verdict == Verdict.DIVERGENT and rep.verdict == Verdict.EQUAL:
         arm.effect = "removes the divergence"
-    elif base.verdict == "equal" and rep.verdict == "divergent":
+    elif base.verdict == Verdict.EQUAL and rep.verdict == Verdict.DIVERGENT:
         arm.effect = "introduces a divergence"
     else:
         arm.effect = "changes logits"

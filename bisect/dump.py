@@ -13,7 +13,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from specparity.bisect.arms import ArmCapture, BisectCapture
 from specparity.decode import LayerState
@@ -127,7 +127,9 @@ def read_dump(path: str | os.PathLike) -> Dump:
     if not p.is_file():
         raise UsageError(f"{path}: no such dump file")
     try:
-        tensors, meta = mx.load(str(p), return_metadata=True)
+        # return_metadata=True returns (arrays, metadata); the annotation admits every form
+        tensors, meta = cast(tuple[dict[str, Any], dict[str, str]],
+                             mx.load(str(p), return_metadata=True))
     except Exception as err:  # mlx raises RuntimeError/ValueError for foreign files
         raise UsageError(f"{path}: not a safetensors file ({err})") from None
     try:

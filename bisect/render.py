@@ -56,22 +56,12 @@ def _format(rows: list[list[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def findings(report: BisectReport) -> list[str]:
-    """The headline, the sub-op drill-down and the logits outcome, one sentence each."""
-    lines = [report.headline()]
-    if report.drill is not None:
-        lines.append(report.drill.sentence)
-    if report.logits is not None and report.logits.diff is not None:
-        lines.append(f"logits: {report.logits.diff.summary('logit bytes')}")
-    return lines
-
-
 def render_text(report: BisectReport) -> str:
     meta = report.meta
     head = (f"bisect {report.a} vs {report.b}: model {meta.get('model_type', '?')}"
             f" ({meta.get('fingerprint', '')[:12]}), {meta.get('dtype', '?')},"
             f" width {report.width}, depth {report.depth}")
-    lines = [head, ""] + _format(table_rows(report)) + [""] + findings(report)
+    lines = [head, ""] + _format(table_rows(report)) + [""] + report.lines()
     return "\n".join(lines) + "\n"
 
 
@@ -83,7 +73,7 @@ def render_markdown(report: BisectReport, chart_path: str | None,
     md += [f"- {k}: `{v}`" for k, v in meta.items() if not isinstance(v, (dict, list))]
     md += [f"- width: {report.width} rows", f"- depth: {report.depth} tokens",
            f"- arms: {report.a} vs {report.b}", ""]
-    md += [f"**{s}**" if i == 0 else s for i, s in enumerate(findings(report))]
+    md += [f"**{s}**" if i == 0 else s for i, s in enumerate(report.lines())]
     md.append("")
     if chart_path:
         md += [f"![differing output bytes per layer]({chart_path})", ""]

@@ -14,34 +14,10 @@ from typing import Any
 
 from specparity.bisect.arms import ArmCapture
 from specparity.bisect.capture import EMBED, FINAL_NORM, LOGITS
-from specparity.compare import Diff, compare_arrays, compare_states, sha256_of
+from specparity.compare import Compared, compare_named, compare_states, sha256_of
+from specparity.verdicts import ReportMixin, Verdict
 
 _LAYER_RE = re.compile(r"^layers\.(\d+)(?:\.(.+))?$")
-
-
-@dataclass
-class Component:
-    """One compared capture.
-
-    name: capture name (``layers.3.mlp``, ``layers.3.self_attn.rope#1`` for a
-      module's second call, ``cache.3.keys``).
-    diff: the byte comparison (None when the two arms' shapes differ).
-    row_axis: axis reported as ``diff.first_row``.
-    note: why it was not compared, or how (e.g. a rotating cache's common window).
-    """
-
-    name: str
-    diff: Diff | None
-    row_axis: int | None = None
-    note: str = ""
-
-    @property
-    def differs(self) -> bool:
-        return self.diff is None or not self.diff.equal
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "diff": self.diff.to_dict() if self.diff else None,
-                "row_axis": self.row_axis, "note": self.note, "differs": self.differs}
 
 
 @dataclass
@@ -60,9 +36,9 @@ class LayerReport:
     label: str
     index: int | None
     kind: str
-    output: Component | None
-    subops: list[Component] = field(default_factory=list)
-    cache: list[Component] = field(default_factory=list)
+    output: Compared | None
+    subops: list[Compared] = field(default_factory=list)
+    cache: list[Compared] = field(default_factory=list)
     cache_kind: str | None = None
     offsets: tuple[int | None, int | None] = (None, None)
 
@@ -123,7 +99,7 @@ class Drill:
 
 
 @dataclass
-class BisectReport:
+class BisectReport(ReportMixin):
     """Which layer, component and sub-op first differ between two arms.
 
     a / b: the two arms' labels (``chain`` / ``block``, or dump names).
@@ -142,7 +118,7 @@ class BisectReport:
     width: int
     depth: int
     rows: list[LayerReport]
-    logits: Component | None
+    logits: Compared | None
     logits_sha256: tuple[str, str]
     first_divergent: str | None
     first_components: list[str]
@@ -150,8 +126,17 @@ class BisectReport:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def verdict(self) -> str:
-        return "divergent" if self.first_divergent is not None else "equal"
+    def verdict(self) -> Verdict:
+        return Verdict.DIVERGENT if self.first_divergent is not None else Verdict.EQUAL
+
+    def lines(self) -> list[str]:
+        """The headline, the sub-op drill-down and the logits outcome, one sentence each."""
+        out = [self.headline()]
+        if self.drill is not None:
+            out.append(self.drill.sentence)
+        if self.logits is not None and self.logits.diff is not None:
+            out.append(f"logits: {self.logits.diff.summary('logit bytes')}")
+        return out
 
     def first_row(self) -> LayerReport | None:
         return next((r for r in self.rows if r.label == self.first_divergent), None)
@@ -170,7 +155,7 @@ class BisectReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "verdict": self.verdict, "a": self.a, "b": self.b,
+            "verdict": self.verdict, "exit_code": self.exit_code, "a": self.a, "b": self.b,
             "width": self.width, "depth": self.depth,
             "first_divergent": self.first_divergent,
             "first_components": self.first_components,
@@ -183,25 +168,15 @@ class BisectReport:
         }
 
 
-def _compare(name: str, a: Any, b: Any, axis: int | None, logits: bool = False) -> Component:
-    if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
-        return Component(name, None, axis, f"not comparable: {a.dtype}{list(a.shape)}"
-                                           f" vs {b.dtype}{list(b.shape)}")
-    if axis is None:
-        return Component(name, compare_arrays(a, b, row_axis=0), None,
-                         "does not grow with rows: compared whole")
-    return Component(name, compare_arrays(a, b, row_axis=axis, logits=logits), axis)
-
-
 def compare_arms(a: ArmCapture, b: ArmCapture, width: int, depth: int,
                  layer_kinds: list[str], a_label: str | None = None,
                  b_label: str | None = None, meta: dict[str, Any] | None = None) -> BisectReport:
     """Compare every capture and cache array of two arms; name the first divergence."""
     names = [n for n in a.order if n in b.arrays]
-    comps: dict[str, Component] = {}
+    comps: dict[str, Compared] = {}
     for n in names:
         axis = a.row_axes.get(n)
-        comps[n] = _compare(n, a.arrays[n], b.arrays[n], axis, logits=(n == LOGITS))
+        comps[n] = compare_named(n, a.arrays[n], b.arrays[n], axis, logits=(n == LOGITS))
     states = compare_states(a.cache, b.cache, (a_label or a.arm, b_label or b.arm))
     rows: list[LayerReport] = []
     if EMBED in comps:
@@ -214,7 +189,7 @@ def compare_arms(a: ArmCapture, b: ArmCapture, width: int, depth: int,
         row = LayerReport(str(i), i, kind, comps.get(f"layers.{i}"), subops)
         if i < len(a.cache) and i < len(b.cache):
             row.cache_kind, row.offsets = a.cache[i].kind, (a.cache[i].offset, b.cache[i].offset)
-            row.cache = [Component(f"cache.{i}.{d.name}", d.diff, d.row_axis, d.note)
+            row.cache = [Compared(f"cache.{i}.{d.name}", d.diff, d.row_axis, d.note)
                          for d in states if d.layer == i and d.name != "offset"]
         rows.append(row)
     if FINAL_NORM in comps:

@@ -29,11 +29,13 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from specparity.decode import CacheOptions
 from specparity.identity import DEFAULT_ENV_PREFIXES, backend, kernel_env
 from specparity.store import atomic_write_text, locked
+from specparity.verdicts import Decision, Verdict, decision_exit_code
 
 log = logging.getLogger("specparity.gate")
 
@@ -55,7 +57,7 @@ class GateDecision:
     """
 
     allow: bool
-    verdict: str
+    verdict: str | Verdict
     forfeit: bool
     hit: bool
     key: str
@@ -67,8 +69,12 @@ class GateDecision:
         return asdict(self)
 
     @property
+    def decision(self) -> Decision:
+        return Decision.FORFEIT if self.forfeit else Decision.ALLOW if self.allow else Decision.DECLINE
+
+    @property
     def exit_code(self) -> int:
-        return 0 if self.allow else 1
+        return decision_exit_code(self.decision)
 
 
 def store_path() -> Path:
@@ -95,13 +101,14 @@ class GateStore:
             return data["entries"]
         except ValueError as err:
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            moved_to: Path | None = aside
             try:
                 os.replace(self.path, aside)
             except OSError:
-                aside = None
+                moved_to = None
             log.warning(
                 "specparity-gate: STORE-CORRUPT path=%s moved_to=%s (%s); rebuilding",
-                self.path, aside, err,
+                self.path, moved_to, err,
             )
             return {}
 
@@ -162,15 +169,15 @@ def _default_probe(model_dir: str, width: int, opts: CacheOptions, trust_remote_
 def summarize(report: Any) -> str:
     """One line of evidence from a ProbeReport."""
     for c in report.cells:
-        if c.verdict == "divergent":
+        if c.verdict == Verdict.DIVERGENT:
             return (f"divergent at width {c.width} depth {c.depth} prompt {c.prompt_index}"
                     f" row {c.first_row}: {c.diff.summary('logit bytes')}")
     for w in report.walks:
-        if w.verdict == "divergent":
+        if w.verdict == Verdict.DIVERGENT:
             return (f"long walk at width {w.width} diverges at step {w.first_step}"
                     f" (position {w.first_position}): {w.diff.summary('logit bytes')}")
     for c in report.cells:
-        if c.verdict == "not_run":
+        if c.verdict == Verdict.NOT_RUN:
             return f"not run at width {c.width} depth {c.depth}: {c.reason}"
     depths = sorted({c.depth for c in report.cells})
     walked = f", long walk {report.walks[0].positions} positions" if report.walks else ""
@@ -203,11 +210,11 @@ def gate_check(
         entry = {"verdict": verdict, "reason": reason, "fields": fields, "at": time.time()}
         store.put(key, entry)
     verdict, reason = entry["verdict"], entry["reason"]
-    allow = verdict == "equal"
+    allow = verdict == Verdict.EQUAL  # not_run, inconclusive and anything unknown decline
     forfeit = False
     if not allow and os.environ.get("SPECPARITY_ALLOW_INEXACT") == "1":
         allow, forfeit = True, True
-    action = "FORFEIT" if forfeit else "ALLOW" if allow else "DECLINE"
+    action = Decision.FORFEIT if forfeit else Decision.ALLOW if allow else Decision.DECLINE
     line = _line(action, width, key, f"{verdict}: {reason}")
-    (log.warning if action != "ALLOW" else log.info)("%s", line)
+    (log.warning if action != Decision.ALLOW else log.info)("%s", line)
     return GateDecision(allow, verdict, forfeit, hit, key, int(width), reason, line)

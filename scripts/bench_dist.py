@@ -21,6 +21,7 @@ import numpy as np
 
 from specparity.probes.sampling import dist, montecarlo
 from specparity.probes.sampling.rules import BUILTIN
+from specparity.verdicts import Verdict
 
 DRAWS = 5_000_000
 
@@ -39,7 +40,7 @@ def main() -> None:
     t0 = time.perf_counter()
     report = dist.run_dist(BUILTIN["mrs"], prob)
     wall = time.perf_counter() - t0
-    assert report.verdict == dist.PASS, report.reason
+    assert report.verdict == Verdict.PASS, report.reason
     print(f"dist_default_wall: {wall:.3f} s")
     exe = Path(sys.executable).parent / "specparity"
     t0 = time.perf_counter()

@@ -30,6 +30,8 @@ def bare(model: Any, prompt: list[int], trace: list, opts: Any) -> float:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
+    from specparity.decode import argmax_row
+
     def fwd(cache: list, tokens: list[int]) -> Any:
         logits = model(mx.array(tokens, dtype=mx.uint32)[None], cache=cache)[0]
         mx.eval(logits, [c.state for c in cache])
@@ -50,7 +52,7 @@ def bare(model: Any, prompt: list[int], trace: list, opts: Any) -> float:
         if kind == "chain":
             y = op[1]
             for _ in range(op[2]):
-                y = int(mx.argmax(fwd(chain, [y])[-1]).item())
+                y = argmax_row(fwd(chain, [y])[-1])
         elif kind == "block":
             fwd(target, op[1])
         elif kind == "trim":

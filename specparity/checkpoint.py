@@ -150,7 +150,8 @@ def load_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False) ->
     import mlx_lm
 
     try:
-        model, tokenizer, config = mlx_lm.load(
+        # mypy cannot pick the 3-tuple arm of load's Union return from return_config=True
+        model, tokenizer, config = mlx_lm.load(  # type: ignore[misc]
             str(d), return_config=True, trust_remote_code=trust_remote_code
         )
     except Exception as err:  # mlx-lm raises many kinds; all mean "would not load"
@@ -160,11 +161,11 @@ def load_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False) ->
 
 def model_dtype(model: Any) -> str:
     """The dtype the model computes its logits in (its embedding's dtype)."""
-    from mlx.utils import tree_flatten
-
     import mlx.core as mx
 
-    for _, v in tree_flatten(model.parameters()):
+    from specparity.decode import tree_items
+
+    for _, v in tree_items(model.parameters()):
         if mx.issubdtype(v.dtype, mx.floating):
             return str(v.dtype).replace("mlx.core.", "")
     return "unknown"

@@ -188,21 +188,16 @@ _SEQUENCE_ARRAYS = ("keys", "values")
 
 
 @dataclass
-class StateDiff:
-    """One compared cache array (or a differing offset) of one layer.
+class Compared:
+    """One named comparison of two arms' arrays.
 
-    layer: layer index. kind: the cache class (``KVCache``, ``RotatingKVCache``,
-      ``QuantizedKVCache``, ``ArraysCache``...). name: ``keys``, ``values``,
-      ``keys.0`` (a quantized part), ``state.0`` (an ArraysCache entry) or ``offset``.
-    diff: the byte comparison (None: offsets differ, an array is missing on one
-      side, or the shapes/dtypes are not comparable; ``note`` says which).
-    row_axis: the sequence axis reported as ``diff.first_row`` (None: the array
-      does not grow with positions, e.g. conv or recurrent state, compared whole).
+    name: what was compared (``layers.3.mlp``, ``keys``, ``state.0``...).
+    diff: the byte comparison (None: not comparable, or absent on one side; ``note`` says why).
+    row_axis: the axis reported as ``diff.first_row`` (None: the array does not grow with
+      rows or positions, and was compared whole).
     note: how it was compared, or why it was not.
     """
 
-    layer: int
-    kind: str
     name: str
     diff: Diff | None
     row_axis: int | None = None
@@ -213,9 +208,40 @@ class StateDiff:
         return self.diff is None or not self.diff.equal
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer, "kind": self.kind, "name": self.name,
-                "diff": self.diff.to_dict() if self.diff else None, "row_axis": self.row_axis,
-                "note": self.note, "differs": self.differs}
+        return {"name": self.name, "diff": self.diff.to_dict() if self.diff else None,
+                "row_axis": self.row_axis, "note": self.note, "differs": self.differs}
+
+
+@dataclass(kw_only=True)
+class StateDiff(Compared):
+    """One compared cache array (or a differing offset) of one layer.
+
+    layer: layer index. kind: the cache class (``KVCache``, ``RotatingKVCache``,
+      ``QuantizedKVCache``, ``ArraysCache``...). name: ``keys``, ``values``,
+      ``keys.0`` (a quantized part), ``state.0`` (an ArraysCache entry) or ``offset``
+      (then ``diff`` is None and ``note`` gives both offsets).
+    """
+
+    layer: int
+    kind: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "kind": self.kind, **super().to_dict()}
+
+
+def compare_named(name: str, a: Any, b: Any, row_axis: int | None, logits: bool = False) -> Compared:
+    """:func:`compare_arrays` for two arms' arrays that may not be comparable.
+
+    Different shapes or dtypes are reported, not raised; ``row_axis`` None
+    compares the whole array (its rows are not the arms' rows).
+    """
+    sa, sb = tuple(a.shape), tuple(b.shape)
+    if sa != sb or dtype_name(a) != dtype_name(b):
+        return Compared(name, None, row_axis,
+                        f"not comparable: {dtype_name(a)}{list(sa)} vs {dtype_name(b)}{list(sb)}")
+    if row_axis is None:
+        return Compared(name, compare_arrays(a, b, row_axis=0), None, "does not grow with rows: compared whole")
+    return Compared(name, compare_arrays(a, b, row_axis=row_axis, logits=logits), row_axis)
 
 
 def cache_row_axis(name: str, ndim: int) -> int | None:
@@ -240,18 +266,14 @@ def compare_cache_array(layer: int, kind: str, name: str, a: Any, b: Any) -> Sta
     axis = cache_row_axis(name, len(a.shape))
     sa, sb = tuple(a.shape), tuple(b.shape)
     if (axis is not None and kind == "RotatingKVCache" and sa != sb and len(sa) == len(sb)
-            and sa[:axis] == sb[:axis] and sa[axis + 1:] == sb[axis + 1:]
-            and dtype_name(a) == dtype_name(b)):
+            and sa[:axis] == sb[:axis] and sa[axis + 1:] == sb[axis + 1:]):
         n = min(sa[axis], sb[axis])
-        return StateDiff(layer, kind, name, compare_arrays(a[..., -n:, :], b[..., -n:, :], row_axis=axis),
-                         axis, f"last {n} positions compared ({sa[axis]} vs {sb[axis]} held)")
-    if sa != sb or dtype_name(a) != dtype_name(b):
-        return StateDiff(layer, kind, name, None, axis,
-                         f"not comparable: {dtype_name(a)}{list(sa)} vs {dtype_name(b)}{list(sb)}")
-    if axis is None:
-        return StateDiff(layer, kind, name, compare_arrays(a, b, row_axis=0), None,
-                         "does not grow with positions: compared whole")
-    return StateDiff(layer, kind, name, compare_arrays(a, b, row_axis=axis), axis)
+        c = compare_named(name, a[..., -n:, :], b[..., -n:, :], axis)
+        if c.diff is not None:
+            c.note = f"last {n} positions compared ({sa[axis]} vs {sb[axis]} held)"
+    else:
+        c = compare_named(name, a, b, axis)
+    return StateDiff(c.name, c.diff, c.row_axis, c.note, layer=layer, kind=kind)
 
 
 def compare_states(a: list[Any], b: list[Any], labels: tuple[str, str] = ("a", "b")) -> list[StateDiff]:
@@ -263,12 +285,12 @@ def compare_states(a: list[Any], b: list[Any], labels: tuple[str, str] = ("a", "
     out: list[StateDiff] = []
     for i, (la, lb) in enumerate(zip(a, b)):
         if la.offset != lb.offset:
-            out.append(StateDiff(i, la.kind, "offset", None, None, f"offset {la.offset} vs {lb.offset}"))
+            out.append(StateDiff("offset", None, None, f"offset {la.offset} vs {lb.offset}", layer=i, kind=la.kind))
         for name in list(la.arrays) + [n for n in lb.arrays if n not in la.arrays]:
             xa, xb = la.arrays.get(name), lb.arrays.get(name)
             if xa is None or xb is None:
-                out.append(StateDiff(i, la.kind, name, None, None,
-                                     f"only in {labels[0] if xb is None else labels[1]}"))
+                out.append(StateDiff(name, None, None, f"only in {labels[0] if xb is None else labels[1]}",
+                                     layer=i, kind=la.kind))
                 continue
             out.append(compare_cache_array(i, la.kind, name, xa, xb))
     return out

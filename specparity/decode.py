@@ -74,13 +74,20 @@ def quantize_if_due(cache: list[Any], opts: CacheOptions) -> None:
     maybe_quantize_kv_cache(cache, opts.quantized_kv_start, opts.kv_group_size, opts.kv_bits)
 
 
-def cache_arrays(cache: list[Any]) -> list[Any]:
-    """Every array a cache list holds (for mx.eval)."""
+def tree_items(tree: Any) -> list[tuple[str, Any]]:
+    """``mlx.utils.tree_flatten`` as (name, leaf) pairs (its annotation also admits a dict)."""
     from mlx.utils import tree_flatten
 
-    out = []
+    items = tree_flatten(tree)
+    assert isinstance(items, list)
+    return items
+
+
+def cache_arrays(cache: list[Any]) -> list[Any]:
+    """Every array a cache list holds (for mx.eval)."""
+    out: list[Any] = []
     for c in cache:
-        out.extend(v for _, v in tree_flatten(c.state) if hasattr(v, "shape"))
+        out.extend(v for _, v in tree_items(c.state) if hasattr(v, "shape"))
     return out
 
 
@@ -139,9 +146,7 @@ def snapshot(cache: list[Any]) -> list[LayerState]:
                 if a is not None:
                     arrays[f"state.{i}"] = a
         else:
-            from mlx.utils import tree_flatten
-
-            for name, a in tree_flatten(c.state):
+            for name, a in tree_items(c.state):
                 if hasattr(a, "shape"):
                     arrays[name or "state"] = a
         mx.eval(list(arrays.values()))
@@ -184,7 +189,7 @@ class Decoder:
             rest = rest[n:]
         return rest[0]
 
-    def fork(self) -> "Decoder":
+    def fork(self) -> Decoder:
         """A decoder over an exact copy of this cache."""
         other = Decoder.__new__(Decoder)
         other.model, other.opts = self.model, self.opts
@@ -198,7 +203,7 @@ class Decoder:
 def argmax_row(logits_row: Any) -> int:
     import mlx.core as mx
 
-    return int(mx.argmax(logits_row).item())
+    return int(mx.argmax(logits_row).item())  # type: ignore[arg-type]  # item() is typed int | float | complex
 
 
 def advance_to_depth(model: Any, prompt: list[int], depth: int,

@@ -203,7 +203,7 @@ def _agreement(target, draft, prompt_ids: list[int], n: int) -> float:
     seq = mx.array(prompt_ids + tokens)[None]
     t_arg = mx.argmax(target(seq), axis=-1)[0, len(prompt_ids) - 1 : -1]
     d_arg = mx.argmax(draft(seq), axis=-1)[0, len(prompt_ids) - 1 : -1]
-    return float(mx.mean((t_arg == d_arg).astype(mx.float32)).item())
+    return float(mx.mean((t_arg == d_arg).astype(mx.float32)).item())  # type: ignore[arg-type]  # int | float | complex
 
 
 def _perturbed(params: dict[str, Any], scale: float, seed: int) -> dict[str, Any]:
@@ -265,9 +265,9 @@ def build_pair(
 
     out = Path(out)
     if out.exists() and not overwrite:
-        info = out / "fixture.json"
-        if info.exists():
-            return FixtureInfo(**json.loads(info.read_text()))
+        marker = out / "fixture.json"
+        if marker.exists():
+            return FixtureInfo(**json.loads(marker.read_text()))
         raise UsageError(f"{out} exists and is not a specparity fixture: choose another DIR")
     config = _config_for(arch, dtype)
     mx.random.seed(seed)

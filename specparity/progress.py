@@ -21,7 +21,8 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterable, Iterator
 
 if TYPE_CHECKING:
     from specparity.records.record import RecordSink

@@ -43,7 +43,9 @@ def default_target() -> Path:
 def default_drafter() -> Path:
     from specparity.fixtures import default_pair
 
-    return Path(default_pair().draft)
+    draft = default_pair().draft
+    assert draft is not None, "the embedded default pair always has a drafter"
+    return Path(draft)
 
 
 def resolve_checkpoint(spec: str | os.PathLike | None, role: str = "target") -> Path:

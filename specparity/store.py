@@ -6,7 +6,7 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -18,7 +18,8 @@ Exit codes (errors.EXIT_*): 0 all pass, 1 a divergence was found, 2 usage,
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Iterable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable
 
 from specparity.errors import (
     EXIT_DIVERGENT, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK,

@@ -64,3 +64,19 @@ def run_cli(cli_bin: str, *args: str, env: dict | None = None, cwd: str | None =
         full_env.update(env)
     return subprocess.run([cli_bin, *args], capture_output=True, text=True, env=full_env,
                           cwd=cwd, timeout=600)
+
+
+def assert_report(rep) -> dict:
+    """``rep`` follows the verdict contract: Report protocol, to_dict carrying verdict and exit_code."""
+    import json
+
+    from specparity.verdicts import Report, Verdict, exit_code
+
+    assert isinstance(rep, Report), type(rep)
+    assert isinstance(rep.verdict, Verdict)
+    d = rep.to_dict()
+    assert d["verdict"] == rep.verdict and d["exit_code"] == rep.exit_code == exit_code(rep.verdict)
+    assert json.loads(json.dumps(d, default=str))["verdict"] == rep.verdict.value
+    lines = rep.lines()
+    assert lines and all(isinstance(s, str) and "\n" not in s for s in lines)
+    return d

@@ -7,11 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import assert_report, run_cli
 from specparity.probes.sampling import accept as am
 from specparity.probes.sampling import dist, stats
 from specparity.probes.sampling import e2e as ee
 from specparity.probes.sampling.rules import ALL_NAMED, BUILTIN, closed_forms
+from specparity.verdicts import Verdict
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,8 @@ def e2e(fixture_root) -> ee.EndToEndReport:
 def test_mlx_lm_speculative_stream_at_t07_is_exact(e2e):
     text = ee.render_end_to_end(e2e)
     print(text)
-    assert e2e.verdict == am.PASS and e2e.exit_code == 0, e2e.reason
+    assert e2e.verdict == Verdict.PASS and e2e.exit_code == 0, e2e.reason
+    assert_report(e2e)
     assert e2e.tokens == ee.E2E_TOKENS and sum(e2e.counts) == e2e.tokens
     assert e2e.live_tokens == list(range(10, 16)) and e2e.outside_support is None
     stream, *controls = e2e.arms
@@ -77,8 +79,9 @@ def test_simulated_rules_sit_on_their_forms_and_a_wrong_one_is_flagged(real):
     assert by["greedy-delta"].verdict == am.OK  # one-hot q: both forms are p(argmax q)
     # resample-from-p accepts like mrs: acceptance cannot see its bias (dist can)
     assert by["resample-from-p"].sits_on == "sum_min"
-    assert by["greedy"].sits_on == "neither" and by["greedy"].verdict == am.DIVERGENT
-    assert real.verdict == am.DIVERGENT and real.exit_code == 1
+    assert by["greedy"].sits_on == "neither" and by["greedy"].verdict == Verdict.DIVERGENT
+    assert real.verdict == Verdict.DIVERGENT and real.exit_code == 1
+    assert_report(real)
     assert real.reason.startswith("greedy (simulated) sits on neither")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import build
+from conftest import assert_report, build
 
 # 8 prompt tokens: prefill leaves 7 positions in the cache, so the block runs at offset 7 + depth
 PROMPT = [11, 42, 7, 99, 3, 250, 17, 64]
@@ -81,6 +81,7 @@ def test_fault_names_layer_and_subop(bisect_models, name, layer, subop):
     if layer + 1 < len([r for r in report.rows if r.index is not None]):
         assert report.rows[report.rows.index(row) + 1].cache_differs
     assert report.logits.diff is not None and not report.logits.diff.equal
+    assert assert_report(report)["exit_code"] == 1
 
 
 def test_linear_attention_layer_is_typed_and_its_state_compared(bisect_models):
@@ -104,6 +105,7 @@ def test_layer_type_table(bisect_models):
 def test_clean_fixture_reports_no_divergent_layer(bisect_models, name):
     report = _bisect(bisect_models[name], width=4, depth=2)
     assert report.verdict == "equal" and report.first_divergent is None and report.drill is None
+    assert assert_report(report)["exit_code"] == 0
     assert all(not r.divergent for r in report.rows)
     # the comparison really covered every layer's output and cache
     layers = [r for r in report.rows if r.index is not None]

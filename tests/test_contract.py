@@ -56,3 +56,40 @@ def test_cache_options_round_trip_through_argv():
                  CacheOptions(kv_bits=8, quantized_kv_start=0)):
         back = cmd.main(args=opts.to_argv(), standalone_mode=False)
         assert back == opts
+
+
+def _source_files(repo_root):
+    for folder in ("specparity", "probes", "bisect", "harness", "records"):
+        for path in sorted((repo_root / folder).rglob("*.py")):
+            if path.name != "verdicts.py" and "fixture_models" not in path.parts:
+                yield path
+
+
+def test_no_verdict_literal_or_exit_number_outside_the_contract(repo_root):
+    """grep, but exact: a verdict word as a whole string constant (not a dict key), or an
+    exit code as a bare number in return / sys.exit / exit_code=, appears only in verdicts.py
+    and errors.py."""
+    import ast
+
+    from specparity.verdicts import Decision, Verdict
+
+    words = {v.value for v in Verdict} | {d.value for d in Decision}
+    found = []
+    for path in _source_files(repo_root):
+        tree = ast.parse(path.read_text(), str(path))
+        keys = {id(k) for node in ast.walk(tree) if isinstance(node, ast.Dict) for k in node.keys if k}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in words \
+                    and id(node) not in keys:
+                found.append(f"{path.relative_to(repo_root)}:{node.lineno}: {node.value!r}")
+            if path.name == "errors.py":
+                continue
+            exit_number = (
+                (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "exit"
+                 and node.args and isinstance(node.args[0], ast.Constant))
+                or (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                    and type(node.value.value) is int
+                    and any(getattr(t, "id", getattr(t, "attr", "")) == "exit_code" for t in node.targets)))
+            if exit_number:
+                found.append(f"{path.relative_to(repo_root)}:{node.lineno}: exit code as a number")
+    assert not found, "\n".join(found)

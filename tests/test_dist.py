@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from scipy.stats import chi2
 
-from conftest import run_cli
+from conftest import assert_report, run_cli
 from specparity.errors import UsageError
 from specparity.probes.sampling import dist, montecarlo, stats
 from specparity.probes.sampling.rules import ALL_NAMED, BUILTIN, CONTROLS, Rule, reference, resolve_rule
+from specparity.verdicts import Verdict
 
 TESTS = Path(__file__).resolve().parent
 SAMPLE_RULES = TESTS / "sample_rules.py"
@@ -38,7 +39,7 @@ def test_builtin_lossless_rules_pass_and_every_control_is_rejected(prob, name):
     rep = dist.run_dist(BUILTIN[name], prob)
     text = dist.render_text(rep)
     print(text)
-    assert rep.verdict == dist.PASS and rep.exit_code == 0, rep.reason
+    assert rep.verdict == Verdict.PASS and rep.exit_code == 0, rep.reason
     rule, *controls = rep.arms
     assert rule.chi.statistic < rule.chi.threshold
     assert rule.support_violation is None and rule.residual_violation is None
@@ -56,8 +57,8 @@ def test_builtin_lossless_rules_pass_and_every_control_is_rejected(prob, name):
 @pytest.mark.parametrize("name", list(CONTROLS) + ["greedy"])
 def test_known_wrong_rule_under_test_is_divergent(prob, name):
     rep = dist.run_dist(ALL_NAMED[name], prob, samples=50_000)
-    assert rep.verdict == dist.DIVERGENT and rep.exit_code == 1
-    assert rep.arms[0].verdict == dist.DIVERGENT
+    assert rep.verdict == Verdict.DIVERGENT and rep.exit_code == 1
+    assert rep.arms[0].verdict == Verdict.DIVERGENT
     assert "divergent" in dist.render_text(rep)
 
 
@@ -80,12 +81,12 @@ def test_support_violation_fires_on_the_rule_without_the_p_gt_0_conjunct(prob):
     # the first offending draw: the first forced draft with p = q = 0 is token 6,
     # accepted on its first draw, i.e. sweep draw 6 * 256
     assert (v.token, v.draft, v.draw, v.p, v.q) == (6, 6, 6 * dist.DEFAULT_SWEEP_DRAWS, 0.0, 0.0)
-    assert rep.verdict == dist.DIVERGENT
+    assert rep.verdict == Verdict.DIVERGENT
     assert "sweep draw 1536 (forced draft token 6)" in rep.reason
     assert "emitted token 6 with p=0 q=0, outside the target's filtered support" in rep.reason
     # the same sweep is silent on the rule with the conjunct
     ok = dist.run_dist(BUILTIN["mrs"], prob)
-    assert ok.arms[0].support_violation is None and ok.verdict == dist.PASS
+    assert ok.arms[0].support_violation is None and ok.verdict == Verdict.PASS
 
 
 def test_support_check_names_the_first_offending_monte_carlo_draw():
@@ -114,13 +115,13 @@ def test_joint_test_of_a_chain_sees_what_the_first_token_cannot(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     prob = dist.make_problem(num_draft=2)
     good = dist.run_dist(BUILTIN["mrs"], prob)
-    assert good.verdict == dist.PASS and good.law == "joint 2-prefix"
+    assert good.verdict == Verdict.PASS and good.law == "joint 2-prefix"
     assert good.arms[0].chi.dof == 35
     user_good = dist.run_dist(resolve_rule("sample_rules:mrs_chain"), prob, samples=20_000)
-    assert user_good.verdict == dist.PASS, user_good.reason
+    assert user_good.verdict == Verdict.PASS, user_good.reason
     bad = dist.run_dist(resolve_rule("sample_rules:first_position_only_chain"), prob,
                         samples=20_000)
-    assert bad.verdict == dist.DIVERGENT
+    assert bad.verdict == Verdict.DIVERGENT
     # its first emitted token alone is exact: only the joint law exposes it
     rng = np.random.default_rng(1)
     mc = montecarlo.simulate(resolve_rule("sample_rules:first_position_only_chain"), prob, 20_000, rng)
@@ -132,9 +133,9 @@ def test_user_rule_by_module_path_in_process(monkeypatch, prob):
     monkeypatch.syspath_prepend(str(TESTS))
     for spec in ("sample_rules:mrs", "sample_rules:mrs_vectorized"):
         rep = dist.run_dist(resolve_rule(spec), prob, samples=20_000)
-        assert rep.verdict == dist.PASS, rep.reason
+        assert rep.verdict == Verdict.PASS, rep.reason
     bad = dist.run_dist(resolve_rule("sample_rules:resample_from_p"), prob, samples=20_000)
-    assert bad.verdict == dist.DIVERGENT
+    assert bad.verdict == Verdict.DIVERGENT
     assert resolve_rule("sample_rules:mrs_vectorized").vectorized
 
 
@@ -148,16 +149,17 @@ def test_reference_per_sample_form_matches_the_vectorized_law(prob):
 
 def test_underpowered_run_is_inconclusive_never_a_pass(prob):
     rep = dist.run_dist(BUILTIN["mrs"], prob, samples=300)
-    assert rep.verdict == dist.INCONCLUSIVE and rep.exit_code == 3
+    assert rep.verdict == Verdict.INCONCLUSIVE and rep.exit_code == 3
+    assert_report(rep)
     assert "drafted-only-residual" in rep.reason
 
 
 def test_temperature_zero_is_the_exact_check():
     prob = dist.make_problem(temperature=0)
     rep = dist.run_dist(BUILTIN["greedy"], prob, samples=10_000)
-    assert rep.verdict == dist.PASS and not rep.controls_run and len(rep.arms) == 1
+    assert rep.verdict == Verdict.PASS and not rep.controls_run and len(rep.arms) == 1
     bad = dist.run_dist(ALL_NAMED["mrs-no-support-guard"], prob, samples=10_000)
-    assert bad.verdict == dist.DIVERGENT and bad.arms[0].support_violation is not None
+    assert bad.verdict == Verdict.DIVERGENT and bad.arms[0].support_violation is not None
 
 
 def test_chi_square_pools_rare_cells():

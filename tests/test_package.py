@@ -48,3 +48,22 @@ def test_unknown_command_is_a_usage_error(cli_bin):
     assert out.returncode == 2
     assert "No such command" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_readme_install_and_test_line_is_what_ci_runs(repo_root):
+    ci = (repo_root / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert "scripts/check" in ci and ".[dev,test]" in ci
+    assert f"    {ci}\n" in (repo_root / "README.md").read_text()
+
+
+def test_every_folder_package_is_installed(repo_root):
+    """A sub-package missing from [tool.setuptools] packages would import here but not when installed."""
+    import tomllib
+
+    setup = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {
+        ".".join((package, *init.parent.relative_to(repo_root / folder).parts))
+        for package, folder in setup["package-dir"].items()
+        for init in (repo_root / folder).rglob("__init__.py")
+    }
+    assert found == set(setup["packages"])

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import build, run_cli
+from conftest import assert_report, build, run_cli
 from specparity.checkpoint import load_checkpoint
 from specparity.decode import CacheOptions
 from specparity.identity import device
@@ -49,6 +49,7 @@ def test_rows_fault_divergent_exactly_at_widths_past_its_threshold(fixture_root)
     # the same defect is visible to prefill parity (a 16-row prefill runs the faulty kernel)
     pre = prefill_parity(_load(info, True), PROMPTS[:1])
     assert pre[0].verdict == "divergent"
+    assert assert_report(pre[0])["exit_code"] == 1
     tbt = [a for a in pre[0].arms if a.name == "token_by_token"][0]
     assert tbt.layers_differing and min(tbt.layers_differing) == 3  # layer 2's MLP feeds layer 3's KV
 
@@ -67,6 +68,7 @@ def test_depth_fault_missed_at_depth_zero_caught_deeper_and_by_the_walk(fixture_
     # blocks start at cache offsets 15, 19, ... 39, 43: the first past 40 is block 7
     assert walk.verdict == "divergent"
     assert (walk.block_index, walk.row, walk.first_step, walk.first_position) == (7, 0, 28, 43)
+    assert assert_report(report)["exit_code"] == 1 and assert_report(walk)["exit_code"] == 1
 
 
 @cpu_only

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import build, run_cli
+from conftest import assert_report, build, run_cli
 from specparity.checkpoint import load_checkpoint
 from specparity.decode import CacheOptions, advance_to_depth
 from specparity.errors import Inconclusive, UsageError
@@ -39,6 +39,7 @@ def test_clean_fixture_agrees_over_100_rewinds(llama, policy):
     assert report.disagreements == 0 and report.first is None
     assert report.rewind_finding is None and report.mode == MODE_TRIM
     assert report.verdict == "equal" and report.exit_code == 0
+    assert_report(report)
     assert report.target_tokens == report.classic_tokens
     assert report.summary() == (
         "140 rounds, 120 rewinds, 320 positions: target agrees with classic at all 320")

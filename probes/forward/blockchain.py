@@ -24,15 +24,16 @@ from typing import Any
 from specparity.compare import Diff, compare_arrays
 from specparity.decode import CacheOptions, Decoder, argmax_row
 from specparity.progress import NULL, Observer
+from specparity.probes.forward.render import cell_line, walk_line
+from specparity.verdicts import ReportMixin, Verdict, combine
 
 log = logging.getLogger(__name__)
-
-EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
-
 
 def _with_diff(result: Any) -> dict[str, Any]:
     d = asdict(result)
     d["diff"] = result.diff.to_dict() if result.diff else None
+    if isinstance(result, ReportMixin):
+        d["exit_code"] = result.exit_code
     return d
 
 
@@ -52,7 +53,7 @@ class Cell:
 
     width: int
     depth: int
-    verdict: str
+    verdict: Verdict
     prompts_tested: int = 0
     prompt_index: int | None = None
     first_row: int | None = None
@@ -65,7 +66,7 @@ class Cell:
 
 
 @dataclass
-class WalkResult:
+class WalkResult(ReportMixin):
     """Consecutive full-accept blocks vs the chain over ``positions`` positions.
 
     width: rows per block. positions: rows compared. blocks: blocks run.
@@ -78,7 +79,7 @@ class WalkResult:
     width: int
     positions: int
     blocks: int
-    verdict: str
+    verdict: Verdict
     prompt_index: int = 0
     first_step: int | None = None
     first_position: int | None = None
@@ -90,9 +91,12 @@ class WalkResult:
     def to_dict(self) -> dict[str, Any]:
         return _with_diff(self)
 
+    def lines(self) -> list[str]:
+        return [walk_line(self)]
+
 
 @dataclass
-class ProbeReport:
+class ProbeReport(ReportMixin):
     """Everything one probe run found.
 
     cells: one per (width, depth), widths ascending within each depth.
@@ -109,17 +113,14 @@ class ProbeReport:
     seconds: float = 0.0
 
     @property
-    def verdict(self) -> str:
-        verdicts = [c.verdict for c in self.cells] + [w.verdict for w in self.walks]
-        if DIVERGENT in verdicts:
-            return DIVERGENT
-        if NOT_RUN in verdicts or not verdicts:
-            return NOT_RUN
-        return EQUAL
+    def verdict(self) -> Verdict:
+        """Divergent if any cell or walk is, else not_run if any did not run (or none ran), else equal."""
+        return combine([c.verdict for c in self.cells] + [w.verdict for w in self.walks])
 
-    @property
-    def exit_code(self) -> int:
-        return {EQUAL: 0, DIVERGENT: 1, NOT_RUN: 3}[self.verdict]
+    def lines(self) -> list[str]:
+        """The (width, depth) table, then one line per long walk."""
+        return ([f"{'width':>5} {'depth':>5}  {'verdict':<9} detail"]
+                + [cell_line(c) for c in self.cells] + [walk_line(w) for w in self.walks])
 
     def cell(self, width: int, depth: int) -> Cell:
         for c in self.cells:
@@ -130,6 +131,7 @@ class ProbeReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
+            "exit_code": self.exit_code,
             "cells": [c.to_dict() for c in self.cells],
             "walks": [w.to_dict() for w in self.walks],
             "prompts": self.prompts,
@@ -178,18 +180,18 @@ def probe_block_vs_chain(
 
     opts = opts or CacheOptions()
     t0 = time.perf_counter()
-    cells = {(w, d): Cell(w, d, EQUAL) for d in depths for w in widths}
+    cells = {(w, d): Cell(w, d, Verdict.EQUAL) for d in depths for w in widths}
     for w in widths:
         if w < 2:
             for d in depths:
-                cells[(w, d)] = Cell(w, d, NOT_RUN, reason=f"width {w} has no block to compare (W < 2)")
+                cells[(w, d)] = Cell(w, d, Verdict.NOT_RUN, reason=f"width {w} has no block to compare (W < 2)")
     live_widths = [w for w in widths if w >= 2]
     walk_widths = [w for w in (walk_widths if walk_widths is not None else live_widths) if w >= 2]
     walks: list[WalkResult] = []
     dtype = ""
     observer.begin("cells", total=len(live_widths) * len(depths) * len(prompts))
     for pi, prompt in enumerate(prompts):
-        pending = [(w, d) for (w, d), c in cells.items() if c.verdict == EQUAL and w >= 2]
+        pending = [(w, d) for (w, d), c in cells.items() if c.verdict == Verdict.EQUAL and w >= 2]
         do_walk = walk_positions > 0 and pi == 0 and walk_widths
         if not pending and not do_walk:
             break
@@ -201,7 +203,7 @@ def probe_block_vs_chain(
             reason = f"chain failed: {type(err).__name__}: {err}"
             log.warning("%s", reason)
             for key in pending:
-                cells[key] = Cell(key[0], key[1], NOT_RUN, prompts_tested=pi, reason=reason)
+                cells[key] = Cell(key[0], key[1], Verdict.NOT_RUN, prompts_tested=pi, reason=reason)
                 observer.result("cells", cells[key].to_dict())
             break
         base = len(prompt) - 1
@@ -210,7 +212,7 @@ def probe_block_vs_chain(
             try:
                 block = states[d].fork().forward(tokens[d : d + w])
             except Exception as err:
-                cells[(w, d)] = Cell(w, d, NOT_RUN, prompts_tested=pi,
+                cells[(w, d)] = Cell(w, d, Verdict.NOT_RUN, prompts_tested=pi,
                                      reason=f"block failed: {type(err).__name__}: {err}")
                 _finished(observer, cells[(w, d)], pi, final=True)
                 continue
@@ -219,12 +221,12 @@ def probe_block_vs_chain(
             diff = compare_arrays(chain, block, logits=True)
             cell.prompts_tested = pi + 1
             if not diff.equal:
-                cell.verdict = DIVERGENT
+                cell.verdict = Verdict.DIVERGENT
                 cell.prompt_index = pi
                 cell.first_row = diff.first_row
                 cell.absolute_position = base + d + (diff.first_row or 0)
                 cell.diff = diff
-            _finished(observer, cell, pi, final=cell.verdict != EQUAL or pi == len(prompts) - 1)
+            _finished(observer, cell, pi, final=cell.verdict != Verdict.EQUAL or pi == len(prompts) - 1)
         if do_walk:
             observer.end("cells")
             with observer.part("walk", total=sum(walk_positions // w for w in walk_widths)):
@@ -260,22 +262,22 @@ def _walk(start: Decoder, tokens: list[int], rows: list[Any], width: int, positi
 
     dec = start.fork()
     n_blocks = positions // width
-    result = WalkResult(width, n_blocks * width, n_blocks, EQUAL, prompt_index=prompt_index)
+    result = WalkResult(width, n_blocks * width, n_blocks, Verdict.EQUAL, prompt_index=prompt_index)
     if n_blocks == 0:
-        result.verdict, result.reason = NOT_RUN, f"walk of {positions} positions holds no block of {width}"
+        result.verdict, result.reason = Verdict.NOT_RUN, f"walk of {positions} positions holds no block of {width}"
         return result
     for b in range(n_blocks):
         lo = b * width
         try:
             block = dec.forward(tokens[lo : lo + width])
         except Exception as err:
-            result.verdict, result.reason = NOT_RUN, f"block failed: {type(err).__name__}: {err}"
+            result.verdict, result.reason = Verdict.NOT_RUN, f"block failed: {type(err).__name__}: {err}"
             return result
         diff = compare_arrays(mx.stack(rows[lo : lo + width]), block, logits=True)
         observer.item("walk")
         if not diff.equal:
             row = diff.first_row or 0
-            result.verdict = DIVERGENT
+            result.verdict = Verdict.DIVERGENT
             result.first_step = lo + row
             result.first_position = base + lo + row
             result.block_index, result.row, result.diff = b, row, diff

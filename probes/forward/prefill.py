@@ -13,8 +13,8 @@ from typing import Any
 
 from specparity.compare import Diff, StateDiff, compare_arrays, compare_states
 from specparity.decode import CacheOptions, Decoder, snapshot
-
-EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
+from specparity.probes.forward.render import prefill_line
+from specparity.verdicts import ReportMixin, Verdict, combine
 
 
 @dataclass
@@ -29,7 +29,7 @@ class PrefillArm:
 
     name: str
     chunk: int
-    verdict: str
+    verdict: Verdict
     logits: Diff | None = None
     states: list[StateDiff] = field(default_factory=list)
     layers_differing: list[int] = field(default_factory=list)
@@ -43,7 +43,7 @@ class PrefillArm:
 
 
 @dataclass
-class PrefillReport:
+class PrefillReport(ReportMixin):
     """Prefill parity for one prompt: its length and the non-reference arms."""
 
     prompt_index: int
@@ -51,13 +51,16 @@ class PrefillReport:
     arms: list[PrefillArm]
 
     @property
-    def verdict(self) -> str:
-        vs = [a.verdict for a in self.arms]
-        return DIVERGENT if DIVERGENT in vs else NOT_RUN if NOT_RUN in vs else EQUAL
+    def verdict(self) -> Verdict:
+        return combine(a.verdict for a in self.arms)
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompt_index": self.prompt_index, "prompt_len": self.prompt_len,
-                "verdict": self.verdict, "arms": [a.to_dict() for a in self.arms]}
+                "verdict": self.verdict, "exit_code": self.exit_code,
+                "arms": [a.to_dict() for a in self.arms]}
+
+    def lines(self) -> list[str]:
+        return [prefill_line(self)]
 
 
 def _run(model: Any, prompt: list[int], chunk: int, opts: CacheOptions):
@@ -86,11 +89,11 @@ def prefill_parity(model: Any, prompts: list[list[int]], opts: CacheOptions | No
             try:
                 logits, state = _run(model, prompt, size, opts)
             except Exception as err:
-                arms.append(PrefillArm(name, size, NOT_RUN, reason=f"{type(err).__name__}: {err}"))
+                arms.append(PrefillArm(name, size, Verdict.NOT_RUN, reason=f"{type(err).__name__}: {err}"))
                 continue
             ld = compare_arrays(ref_logits[None], logits[None], logits=True)
             sd = [d for d in compare_states(ref_state, state, ("one_shot", name)) if d.differs]
-            arm = PrefillArm(name, size, EQUAL if ld.equal and not sd else DIVERGENT, ld,
+            arm = PrefillArm(name, size, Verdict.EQUAL if ld.equal and not sd else Verdict.DIVERGENT, ld,
                              sd[:20], sorted({s.layer for s in sd}))
             arms.append(arm)
         reports.append(PrefillReport(pi, n, arms))

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from specparity.verdicts import Verdict
+
 
 def cell_detail(c: Any) -> str:
-    if c.verdict == "equal":
+    if c.verdict == Verdict.EQUAL:
         return f"{c.prompts_tested} prompt(s), all logit bytes equal"
-    if c.verdict == "not_run":
+    if c.verdict == Verdict.NOT_RUN:
         return c.reason or ""
     return (f"prompt {c.prompt_index}, first at row {c.first_row} (position {c.absolute_position}):"
             f" {c.diff.summary('logit bytes')}")
 
 
+def cell_line(c: Any) -> str:
+    """One row of the (width, depth) table."""
+    return f"{c.width:>5} {c.depth:>5}  {c.verdict:<9} {cell_detail(c)}"
+
+
 def walk_line(w: Any) -> str:
-    if w.verdict == "equal":
+    if w.verdict == Verdict.EQUAL:
         return (f"long walk width {w.width}: equal over {w.positions} positions"
                 f" ({w.blocks} consecutive blocks)")
-    if w.verdict == "not_run":
+    if w.verdict == Verdict.NOT_RUN:
         return f"long walk width {w.width}: not_run ({w.reason})"
     return (f"long walk width {w.width}: divergent at step {w.first_step} past the prompt"
             f" (position {w.first_position}, block {w.block_index} row {w.row}):"
@@ -28,9 +35,9 @@ def walk_line(w: Any) -> str:
 def prefill_line(r: Any) -> str:
     parts = []
     for a in r.arms:
-        if a.verdict == "equal":
+        if a.verdict == Verdict.EQUAL:
             parts.append(f"{a.name}({a.chunk}) equal")
-        elif a.verdict == "not_run":
+        elif a.verdict == Verdict.NOT_RUN:
             parts.append(f"{a.name}({a.chunk}) not_run: {a.reason}")
         else:
             what = a.logits.summary("last-row logit bytes") if a.logits and not a.logits.equal \
@@ -45,11 +52,9 @@ def prefill_line(r: Any) -> str:
 
 
 def probe_text(report: Any, header: str, prefill: list | None = None) -> str:
-    lines = [header, f"{'width':>5} {'depth':>5}  {'verdict':<9} detail"]
-    for c in report.cells:
-        lines.append(f"{c.width:>5} {c.depth:>5}  {c.verdict:<9} {cell_detail(c)}")
-    lines += [walk_line(w) for w in report.walks]
-    lines += [prefill_line(r) for r in (prefill or [])]
+    lines = [header, *report.lines()]
+    for r in prefill or []:
+        lines += r.lines()
     return "\n".join(lines)
 
 

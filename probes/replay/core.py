@@ -39,10 +39,10 @@ from specparity.decode import CacheOptions, Decoder, argmax_row, greedy_chain, t
 from specparity.errors import Inconclusive, UsageError
 from specparity.probes.replay.algebra import emitted_counts, locate
 from specparity.progress import NULL, Observer
+from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
 
-EQUAL, DIVERGENT, NOT_RUN = "equal", "divergent", "not_run"
 POLICY_WRONG, POLICY_CORRECT = "wrong-id", "correct-token"
 POLICIES = (POLICY_WRONG, POLICY_CORRECT)
 MODE_TRIM = "trim"
@@ -112,7 +112,7 @@ class RewindFinding:
 
 
 @dataclass
-class ReplayReport:
+class ReplayReport(ReportMixin):
     """One request replayed.
 
     rounds: rounds replayed (fewer than ``rounds_total`` when a rewind finding stopped it).
@@ -158,18 +158,14 @@ class ReplayReport:
     seconds: float = 0.0
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         if self.rewind_finding is not None or self.disagreements:
-            return DIVERGENT
+            return Verdict.DIVERGENT
         if self.served_first_mismatch is not None:
-            return DIVERGENT
+            return Verdict.DIVERGENT
         if self.positions == 0:
-            return NOT_RUN
-        return EQUAL
-
-    @property
-    def exit_code(self) -> int:
-        return {EQUAL: 0, DIVERGENT: 1, NOT_RUN: 3}[self.verdict]
+            return Verdict.NOT_RUN
+        return Verdict.EQUAL
 
     def summary(self) -> str:
         """The one-line result."""
@@ -229,6 +225,7 @@ class ReplayReport:
         d = asdict(self)
         d["first"] = self.first.to_dict() if self.first else None
         d["verdict"] = self.verdict
+        d["exit_code"] = self.exit_code
         d["summary"] = self.summary()
         return d
 
@@ -394,7 +391,8 @@ def replay(
         if rejected:
             rewinds += 1
             if mode == MODE_TRIM:
-                trimmed = int(trim_prompt_cache(target.cache, rejected))
+                # mlx-lm annotates trim_prompt_cache -> List but returns the count it trimmed
+                trimmed = int(trim_prompt_cache(target.cache, rejected))  # type: ignore[call-overload]
                 if trace is not None:
                     trace.append(("trim", rejected))
             else:

@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 
 from specparity.errors import UsageError
-from specparity.probes.sampling.dist import DIVERGENT, PASS
 from specparity.probes.sampling.montecarlo import draw_drafts, single_step
 from specparity.probes.sampling.rules import BUILTIN, SUM_MIN, SUM_PROD, Rule, closed_forms, rule_q
+from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
 
+# a measurement that sits on the form it should (a measurement outcome, not a run verdict)
 OK = "ok"
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_POSITIONS = 192
@@ -126,7 +127,7 @@ def measure(source: str, rule: str, expected: str | None, accepted: int, tested:
         mean_sum_min=float(a_min.mean()) if a_min.size else 0.0,
         mean_sum_prod=float(a_prod.mean()) if a_prod.size else 0.0,
         z_min=z_min, z_prod=z_prod, z_crit=z_crit, sits_on=sits,
-        verdict=DIVERGENT if bad else OK,
+        verdict=Verdict.DIVERGENT if bad else OK,
     )
 
 
@@ -216,7 +217,7 @@ def teacher_forced_probs(model: Any, prompt: list[int], tokens: list[int],
 
 
 @dataclass
-class AcceptReport:
+class AcceptReport(ReportMixin):
     """Measured acceptance against its closed forms on a real target/drafter pair.
 
     target / draft: checkpoint paths; target_digest / draft_digest: fingerprints.
@@ -249,18 +250,17 @@ class AcceptReport:
     per_position: list[dict[str, Any]]
     inconsistent: list[int]
     measurements: list[Measurement]
-    verdict: str
+    verdict: Verdict
     reason: str
     seconds: float
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.verdict == PASS else 1
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["exit_code"] = self.exit_code
         return d
+
+    def lines(self) -> list[str]:
+        return render_accept(self).splitlines()
 
 
 def simulate_at_positions(rule: Rule, P: np.ndarray, Q: np.ndarray, draws: int,
@@ -342,17 +342,17 @@ def _round_index(run: SpecRun) -> dict[int, int]:
     return out
 
 
-def _accept_verdict(meas: list[Measurement], bad_pos: list[int]) -> tuple[str, str]:
+def _accept_verdict(meas: list[Measurement], bad_pos: list[int]) -> tuple[Verdict, str]:
     if bad_pos:
-        return DIVERGENT, (f"sum_min < sum_prod at {len(bad_pos)} tested position(s), first"
+        return Verdict.DIVERGENT, (f"sum_min < sum_prod at {len(bad_pos)} tested position(s), first"
                            f" {bad_pos[0]}: p or q is not a distribution")
-    bad = [m for m in meas if m.verdict == DIVERGENT]
+    bad = [m for m in meas if m.verdict == Verdict.DIVERGENT]
     if bad:
         m = bad[0]
         want = f", expected {m.expected}" if m.expected else ""
-        return DIVERGENT, (f"{m.rule} ({m.source}) sits on {m.sits_on}{want}: z_min"
+        return Verdict.DIVERGENT, (f"{m.rule} ({m.source}) sits on {m.sits_on}{want}: z_min"
                            f" {m.z_min:.1f}, z_prod {m.z_prod:.1f}, |z| limit {m.z_crit:.2f}")
-    return PASS, "every measurement sits on its closed form"
+    return Verdict.PASS, "every measurement sits on its closed form"
 
 
 def check_args(temperature: float, positions: int, num_draft: int, draws: int,

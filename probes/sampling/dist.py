@@ -37,10 +37,11 @@ from specparity.errors import UsageError
 from specparity.probes.sampling.montecarlo import Checker, Violation, simulate
 from specparity.probes.sampling.rules import CONTROLS, Rule, closed_forms, rule_q
 from specparity.probes.sampling.stats import ChiSquare, chi_square
+from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
 
-PASS, DIVERGENT, INCONCLUSIVE = "pass", "divergent", "inconclusive"
+# a control arm's outcome (not a run verdict): the test rejected it, as it must, or not
 REJECTED, NOT_REJECTED = "rejected", "not_rejected"
 
 # The default single-position problem: 8 tokens, the target keeps its top 6 (so
@@ -269,7 +270,7 @@ class Arm:
 
 
 @dataclass
-class DistReport:
+class DistReport(ReportMixin):
     """A dist run: the rule under test beside the known-wrong controls.
 
     rule: the rule under test's name. problem: Problem.describe().
@@ -294,18 +295,17 @@ class DistReport:
     law: str
     arms: list[Arm]
     controls_run: bool
-    verdict: str
+    verdict: Verdict
     reason: str
     seconds: float
-
-    @property
-    def exit_code(self) -> int:
-        return {PASS: 0, DIVERGENT: 1, INCONCLUSIVE: 3}[self.verdict]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["exit_code"] = self.exit_code
         return d
+
+    def lines(self) -> list[str]:
+        return render_text(self).splitlines()
 
 
 def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.random.Generator,
@@ -327,9 +327,10 @@ def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.rando
             sweep.merge(sub)
         checker.merge(sweep)
     smin, sprod = closed_forms(prob.p, rule_q(rule, prob.q))
+    verdict: str  # the rule's Verdict, or a control's REJECTED / NOT_REJECTED
     if checker is not None:
         failed = chi.rejected or checker.support is not None or checker.residual is not None
-        verdict = DIVERGENT if failed else PASS
+        verdict = Verdict.DIVERGENT if failed else Verdict.PASS
     else:
         verdict = REJECTED if chi.rejected else NOT_REJECTED
     return Arm(
@@ -372,23 +373,23 @@ def run_dist(rule: Rule, prob: Problem, samples: int = DEFAULT_SAMPLES,
     )
 
 
-def _verdict(arms: list[Arm], controls_run: bool) -> tuple[str, str]:
+def _verdict(arms: list[Arm], controls_run: bool) -> tuple[Verdict, str]:
     rule = arms[0]
     if rule.support_violation is not None:
-        return DIVERGENT, f"{rule.name}: {rule.support_violation.describe()}"
+        return Verdict.DIVERGENT, f"{rule.name}: {rule.support_violation.describe()}"
     if rule.residual_violation is not None:
-        return DIVERGENT, f"{rule.name}: {rule.residual_violation.describe()}"
+        return Verdict.DIVERGENT, f"{rule.name}: {rule.residual_violation.describe()}"
     if rule.chi.rejected:
-        return DIVERGENT, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} > threshold"
+        return Verdict.DIVERGENT, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} > threshold"
                            f" {rule.chi.threshold:.1f} at dof {rule.chi.dof}")
     weak = [a.name for a in arms[1:] if a.verdict == NOT_REJECTED]
     if weak:
-        return INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not rejected at"
+        return Verdict.INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not rejected at"
                               f" {rule.chi.samples} samples")
     if not controls_run:
-        return PASS, (f"{rule.name}: temperature 0 law is one token; every emitted token"
+        return Verdict.PASS, (f"{rule.name}: temperature 0 law is one token; every emitted token"
                       " was it")
-    return PASS, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} <= {rule.chi.threshold:.1f}"
+    return Verdict.PASS, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} <= {rule.chi.threshold:.1f}"
                   f" at dof {rule.chi.dof}, and every control rejected")
 
 

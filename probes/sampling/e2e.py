@@ -22,11 +22,10 @@ from specparity.probes.sampling.accept import (
     DEFAULT_ALPHA, DEFAULT_NUM_DRAFT, DEFAULT_TEMPERATURE, MLX_LM, Measurement, check_args, measure,
     speculative_run,
 )
-from specparity.probes.sampling.dist import (
-    DIVERGENT, INCONCLUSIVE, NOT_REJECTED, PASS, Arm, make_problem, run_arm, softmax32,
-)
+from specparity.probes.sampling.dist import NOT_REJECTED, Arm, make_problem, run_arm, softmax32
 from specparity.probes.sampling.rules import CONTROLS, SUM_PROD, closed_forms
 from specparity.probes.sampling.stats import chi_square
+from specparity.verdicts import ReportMixin, Verdict
 
 
 # End to end: six live tokens (ids 10..15), everything else -1e4 (exp underflows to
@@ -39,7 +38,7 @@ E2E_TOKENS = 600
 
 
 @dataclass
-class EndToEndReport:
+class EndToEndReport(ReportMixin):
     """mlx-lm's speculative stream at temperature T against a known p.
 
     target / draft: the constant-logits fixtures (their logits ignore the input).
@@ -68,19 +67,18 @@ class EndToEndReport:
     outside_support: list[int] | None
     arms: list[Any]
     acceptance: Measurement
-    verdict: str
+    verdict: Verdict
     reason: str
     seconds: float
     generation_seconds: float
-
-    @property
-    def exit_code(self) -> int:
-        return {PASS: 0, DIVERGENT: 1, INCONCLUSIVE: 3}[self.verdict]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["exit_code"] = self.exit_code
         return d
+
+    def lines(self) -> list[str]:
+        return render_end_to_end(self).splitlines()
 
 
 def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_TOKENS,
@@ -115,7 +113,7 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
     a_min, a_prod = closed_forms(p_full, q_full)
     arm_stream = Arm(
         name=MLX_LM, description="mlx-lm's speculative stream (sampler-match)", role="rule",
-        verdict=DIVERGENT if (chi.rejected or outside) else PASS, chi=chi,
+        verdict=Verdict.DIVERGENT if (chi.rejected or outside) else Verdict.PASS, chi=chi,
         acceptance=sum(run.rounds) / max(num_draft * len(run.rounds), 1),
         sum_min=float(a_min), sum_prod=float(a_prod), seconds=run.seconds,
         draws_per_second=len(stream) / run.seconds if run.seconds > 0 else 0.0,
@@ -132,20 +130,20 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
                        num_draft * len(run.rounds), len(run.rounds),
                        np.full(n_tested, float(a_min)), np.full(n_tested, float(a_prod)), alpha)
     if outside:
-        verdict, reason = DIVERGENT, (f"emitted token {outside[1]} at stream index"
+        verdict, reason = Verdict.DIVERGENT, (f"emitted token {outside[1]} at stream index"
                                       f" {outside[0]} has p = 0")
     elif chi.rejected:
-        verdict, reason = DIVERGENT, (f"chi-square {chi.statistic:.1f} > threshold"
+        verdict, reason = Verdict.DIVERGENT, (f"chi-square {chi.statistic:.1f} > threshold"
                                       f" {chi.threshold:.1f} at dof {chi.dof}")
     elif any(a.verdict == NOT_REJECTED for a in arms[1:]):
         weak = [a.name for a in arms[1:] if a.verdict == NOT_REJECTED]
-        verdict, reason = INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not"
+        verdict, reason = Verdict.INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not"
                                          f" rejected at {len(stream)} tokens")
-    elif acc_meas.verdict == DIVERGENT:
-        verdict, reason = DIVERGENT, (f"acceptance sits on {acc_meas.sits_on}, expected"
+    elif acc_meas.verdict == Verdict.DIVERGENT:
+        verdict, reason = Verdict.DIVERGENT, (f"acceptance sits on {acc_meas.sits_on}, expected"
                                       f" sum_prod (z_prod {acc_meas.z_prod:.1f})")
     else:
-        verdict, reason = PASS, (f"chi-square {chi.statistic:.1f} <= {chi.threshold:.1f} at"
+        verdict, reason = Verdict.PASS, (f"chi-square {chi.statistic:.1f} <= {chi.threshold:.1f} at"
                                  f" dof {chi.dof}, every control rejected, acceptance on"
                                  " sum_prod")
     return EndToEndReport(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import click
 
@@ -131,7 +132,7 @@ class CommandRun:
         self.sink = RecordSink(record_dir, kind, title, identity(**identity_extra), slug=slug)
         self.observer = CliObserver(self.sink, show=not (quiet or as_json) and sys.stderr.isatty())
 
-    def __enter__(self) -> "CommandRun":
+    def __enter__(self) -> CommandRun:
         self.sink.__enter__()
         return self
 

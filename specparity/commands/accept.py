@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import click
 
@@ -78,6 +79,7 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
     alpha = am.DEFAULT_ALPHA if alpha is None else alpha
     am.check_args(temperature, 1 if positions is None else positions, num_draft,
                   1 if draws is None else draws, alpha)
+    rep: Any  # an EndToEndReport or an AcceptReport
     if end_to_end:
         rep = e2e.run_end_to_end(temperature=temperature,
                                  tokens=e2e.E2E_TOKENS if tokens is None else tokens,
@@ -98,6 +100,7 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
             from specparity.prompts import parse_prompt_ids
 
             prompt = parse_prompt_ids(prompt_ids)[0]
+        assert draft_model is not None  # given with --model, or the default pair's drafter
         rep = am.run_accept(
             model, draft_model, temperature=temperature,
             positions=am.DEFAULT_POSITIONS if positions is None else positions,

@@ -129,7 +129,7 @@ def list_(directory: str, as_json: bool) -> int:
     d = Path(directory).expanduser()
     if not d.is_dir():
         raise UsageError(f"{directory}: not a directory")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for md in list_records(d):
         try:
             rec, _, _ = read_record(md)
