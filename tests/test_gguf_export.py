@@ -76,7 +76,7 @@ def _mlx_logits(model_dir: str, tokens: list[int]) -> np.ndarray:
     import mlx.core as mx
     from mlx_lm import load
 
-    model, _ = load(model_dir)
+    model = load(model_dir)[0]
     return np.array(model(mx.array(tokens)[None])[0].astype(mx.float32), dtype=np.float64)
 
 

@@ -74,7 +74,8 @@ def mlx_greedy(llama_pair):
     from mlx_lm import load
     from mlx_lm.generate import stream_generate
 
-    model, tokenizer = load(llama_pair.target)
+    loaded = load(llama_pair.target)
+    model, tokenizer = loaded[0], loaded[1]
 
     def run(prompt: list[int]) -> tuple[list[int], str]:
         ids, text = [], ""
