@@ -118,6 +118,13 @@ def server_version(binary: str | os.PathLike) -> str:
     return lines[0] if lines else (r.stdout + r.stderr).strip().splitlines()[0]
 
 
+# By default llama-server keeps its KV cache in float16 and its CPU flash attention
+# computes in float16: a float32 model's logprobs then move by ~2e-4 and near-tie greedy
+# tokens flip against mlx-lm (measured on the embedded pair; with these, ~1e-6)
+FULL_PRECISION_KV = ("-ctk", "f32", "-ctv", "f32", "-fa", "off")
+FULL_PRECISION_KV_DRAFT = ("-ctkd", "f32", "-ctvd", "f32")
+
+
 def server_argv(binary: str, model: str, draft: str | None = None, n_max: int = 3,
                 ctx: int = 1024, threads: int = 1, spec_type: str | None = "draft-simple") -> list[str]:
     """argv for one llama-server on ``{host}:{port}`` (placeholders the lifecycle fills in).
@@ -129,9 +136,9 @@ def server_argv(binary: str, model: str, draft: str | None = None, n_max: int = 
     slots, and ``threads`` CPU threads: the same computation every run.
     """
     argv = [binary, "-m", model, "--host", "{host}", "--port", "{port}", "-c", str(ctx),
-            "-np", "1", "-t", str(threads), "-tb", str(threads), "--no-webui"]
+            "-np", "1", "-t", str(threads), "-tb", str(threads), "--no-webui", *FULL_PRECISION_KV]
     if draft is not None:
-        argv += ["-md", draft]
+        argv += ["-md", draft, *FULL_PRECISION_KV_DRAFT]
         if spec_type is not None:
             argv += ["--spec-type", spec_type]
         argv += ["--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
