@@ -141,7 +141,7 @@ class Server:
         return log_tail(self.log_path, lines)
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> Server:
+    def start(self) -> Self:
         """Spawn, then wait until ready; raises ServerStartError (and stops the group) if not."""
         self.spawn()
         try:

@@ -143,7 +143,7 @@ class ArmResult:
         return h.hexdigest()
 
     def to_dict(self, with_requests: bool = False) -> dict[str, Any]:
-        d = {"name": self.name, "kind": self.kind, "width": self.width, "setting": self.setting,
+        d: dict[str, Any] = {"name": self.name, "kind": self.kind, "width": self.width, "setting": self.setting,
              "verdict": self.verdict, "reason": self.reason, "served_by": self.served_by,
              "server": self.server, "seconds": round(self.seconds, 3),
              "generation_seconds": round(self.generation_seconds, 3), "acceptance": self.acceptance,
