@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specparity.bisect.capture import CaptureMap, capture, layer_kind, model_layers
+from specparity.compare import compare_arrays
 from specparity.decode import CacheOptions, LayerState
+from specparity.reproducibility import Bracket, repeat_chain
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,8 @@ class BisectCapture:
     capture_map: which modules were wrapped.
     seconds: wall time of each arm (``advance`` = prefill + depth, uncaptured).
     capture_bytes: bytes held by all captures and cache snapshots.
+    bracket: the chain arm repeated from the same state (reproducibility.Bracket);
+      its ``where`` names the first capture whose repeat differed.
     """
 
     width: int
@@ -76,6 +80,7 @@ class BisectCapture:
     arms: dict[str, ArmCapture]
     capture_map: CaptureMap
     seconds: dict[str, float] = field(default_factory=dict)
+    bracket: Bracket | None = None
 
     @property
     def capture_bytes(self) -> int:
@@ -124,7 +129,8 @@ def run_arms(model: Any, prompt: list[int], width: int, depth: int,
     """Prefill, decode ``depth`` tokens, then run the chain and block arms with capture on.
 
     The chain arm always runs (it decides the tokens both arms feed); ``arms``
-    says which captures are kept.
+    says which captures are kept. The chain arm is also repeated once from the
+    same state (the reproducibility bracket, ``BisectCapture.bracket``).
     """
     import mlx.core as mx
 
@@ -137,9 +143,12 @@ def run_arms(model: Any, prompt: list[int], width: int, depth: int,
     with capture(model, subop_depth=subop_depth) as (rec, cmap):
         t0 = time.perf_counter()
         chain_dec = dec.fork()
-        tokens, _ = greedy_chain(chain_dec, first, width)
+        tokens, chain_logits = greedy_chain(chain_dec, first, width)
         chain_calls = rec.pop_calls()
         seconds["chain"] = time.perf_counter() - t0
+        start = len(prompt) - 1 + depth
+        bracket = repeat_chain(dec, tokens, chain_logits, start, f"width {width}, depth {depth}")
+        repeat_calls = rec.pop_calls()
         t0 = time.perf_counter()
         block_dec = dec.fork()
         block_dec.forward(tokens)
@@ -151,14 +160,23 @@ def run_arms(model: Any, prompt: list[int], width: int, depth: int,
     block_order = [n for n, _ in block_calls[0]]
     block = dict(block_calls[0])
     chain_arrays, axes = _stack_chain(chain_calls, block, width)
+    if not bracket.reproducible:
+        repeat_arrays, _ = _stack_chain(repeat_calls, block, width)
+        differing = next((n for n in block_order if n in chain_arrays and n in repeat_arrays
+                          and not compare_arrays(chain_arrays[n], repeat_arrays[n]).equal), None)
+        if differing is not None:
+            bracket.where += f"; first differing capture: {differing}"
     order = [n for n in block_order if n in chain_arrays]
     mx.eval(list(chain_arrays.values()), list(block.values()))
     chain_cache, block_cache = snapshot(chain_dec.cache), snapshot(block_dec.cache)
-    kinds = [layer_kind(layer, chain_cache[i].kind if i < len(chain_cache) else None)
-             for i, layer in enumerate(model_layers(model))]
+    layers = model_layers(model)
+    # a cache list shorter than the layers (nemotron_h: no cache for MLP blocks) cannot be
+    # matched to them by index: each block's own modules decide its kind then
+    aligned = len(chain_cache) == len(layers)
+    kinds = [layer_kind(layer, chain_cache[i].kind if aligned else None) for i, layer in enumerate(layers)]
     out: dict[str, ArmCapture] = {}
     if "chain" in arms:
         out["chain"] = ArmCapture("chain", order, chain_arrays, axes, chain_cache)
     if "block" in arms:
         out["block"] = ArmCapture("block", order, {n: block[n] for n in order}, axes, block_cache)
-    return BisectCapture(width, depth, list(prompt), list(tokens), kinds, out, cmap, seconds)
+    return BisectCapture(width, depth, list(prompt), list(tokens), kinds, out, cmap, seconds, bracket)

@@ -5,9 +5,12 @@ embedding, every decoder layer in ``model.layers``, each layer's direct
 submodules (``self_attn``, ``mlp``, ``linear_attn``, the norms... whatever
 exists) and their direct submodules (``q_proj``, ``rope``, ``gate``...), and
 the final norm. Wrapping swaps an instance's class for a subclass whose
-``__call__`` calls the original and keeps a reference to its output; nothing
-is recomputed, so the numbers are the ones the plain forward computes. The
-original classes are restored on exit, also on error.
+``__call__`` calls the original and keeps a frozen copy of its output (a new
+array handle on the same buffer, taken at once: code that later changes the
+output in place, such as mlx-lm's quantized attention scaling ``queries *=
+scale``, rebinds the module's handle, never the copy). Nothing is recomputed,
+so the numbers are the ones the plain forward computes. The original classes
+are restored on exit, also on error.
 
 The only per-architecture knowledge is :data:`LAYER_KINDS` and
 :data:`MOE_MARKERS`, two small tables of names.
@@ -29,14 +32,19 @@ LOGITS = "logits"
 _FINAL_NORM_NAMES = ("norm", "final_layernorm", "final_norm", "norm_f", "ln_f")
 
 # Attention kind of a decoder layer, first match wins: (kind, child attribute names,
-# class-name fragments of the layer's children, cache classes).
+# class-name fragments of the layer's children, cache classes). A generic child
+# name (``mixer``) says nothing alone: its class decides (nemotron_h's blocks hold
+# a Mamba mixer, an attention or an MLP under the same name).
 LAYER_KINDS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
     ("linear attention (gated delta)", ("linear_attn",), ("GatedDelta",), ()),
-    ("linear attention / SSM", ("mamba", "mixer", "ssm"), ("Mamba", "SSM"),
+    ("linear attention / SSM", ("mamba", "ssm"), ("Mamba", "SSM"),
      ("ArraysCache", "MambaCache")),
     ("sliding attention", (), (), ("RotatingKVCache",)),
     ("full attention", (), (), ()),
 )
+# A block whose only mixer is a feed-forward (nemotron_h's "-" and "E" blocks).
+_ATTN_FRAGMENTS = ("Attention", "Attn")
+_MLP_FRAGMENTS = ("MLP", "MoE", "Moe", "FeedForward", "Expert")
 # A layer's feed-forward is a mixture of experts when any module under it has one
 # of these class-name fragments or attribute names.
 MOE_MARKERS = ("SwitchGLU", "SwitchMLP", "SparseMoe", "MoE", "Moe")
@@ -51,12 +59,15 @@ def _is_array(x: Any) -> bool:
 
 
 def _first_array(out: Any) -> Any:
+    """The output's first array, frozen: ``mx.array(x)`` is a new handle that in-place ops on x never reach."""
+    import mlx.core as mx
+
     if _is_array(out):
-        return out
+        return mx.array(out)
     if isinstance(out, (tuple, list)):
         for item in out:
             if _is_array(item):
-                return item
+                return mx.array(item)
     return None
 
 
@@ -182,6 +193,13 @@ def layer_kind(layer: Any, cache_kind: str | None) -> str:
     """``<attention kind> + <feed-forward kind>`` from :data:`LAYER_KINDS` / :data:`MOE_MARKERS`."""
     children = dict(module_children(layer))
     child_classes = [type(m).__name__ for m in children.values()]
+    mixer = children.get("mixer")
+    if mixer is not None:  # one generic slot: its class is the block's kind
+        name = type(mixer).__name__
+        if not any(f in name for f in _ATTN_FRAGMENTS + ("Mamba", "SSM")) \
+                and any(f in name for f in _MLP_FRAGMENTS):
+            moe = any(m in c for m in MOE_MARKERS for c in _class_names(mixer))
+            return "MoE only (no attention)" if moe else "MLP only (no attention)"
     attn = "full attention"
     for kind, attrs, fragments, caches in LAYER_KINDS:
         if (any(a in children for a in attrs)

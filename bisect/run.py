@@ -36,25 +36,35 @@ def bisect_model(loaded: Any, prompt: list[int], width: int, depth: int,
     return bc, report
 
 
+
 @dataclass
 class BisectRun(ReportMixin):
     """One ``specparity bisect``: the per-layer report, plus the control arms when asked.
 
     report: chain vs block (BisectReport). controls: ControlsReport, or None.
+    bracket: the chain arm repeated from the same state; a repeat that differs
+      makes the bisect inconclusive (noise is not blamed on a layer).
     """
 
     report: BisectReport
     controls: Any = None
+    bracket: Any = None
 
     @property
     def verdict(self) -> Verdict:
-        return self.report.verdict
+        if self.bracket is not None and not self.bracket.reproducible:
+            return Verdict.INCONCLUSIVE
+        return Verdict(self.report.verdict)
 
     def lines(self) -> list[str]:
         from specparity.bisect.chart import terminal_bars
         from specparity.bisect.render import render_text
 
+        if self.bracket is not None and not self.bracket.reproducible:
+            return [f"inconclusive: {self.bracket.line()}"]
         out = render_text(self.report).rstrip("\n").splitlines()
+        if self.bracket is not None:
+            out.append(self.bracket.line())
         out += ["", "differing output bytes per row:"] + ["  " + b for b in terminal_bars(self.report)]
         if self.controls is not None:
             out += ["", *self.controls.lines()]
@@ -64,10 +74,13 @@ class BisectRun(ReportMixin):
         from specparity.bisect.render import render_markdown
 
         extra = [f"    {x}" for x in self.controls.lines()] if self.controls is not None else []
+        if self.bracket is not None:
+            extra.insert(0, f"    {self.bracket.line()}")
         return render_markdown(self.report, chart_path, extra).splitlines()[2:]
 
     def to_dict(self) -> dict[str, Any]:
-        d = {**self.report.to_dict(), "exit_code": self.exit_code}
+        d = {**self.report.to_dict(), "verdict": self.verdict, "exit_code": self.exit_code,
+             "bracket": self.bracket.to_dict() if self.bracket is not None else None}
         if self.controls is not None:
             d["controls"] = self.controls.to_dict()
         return d
@@ -86,8 +99,13 @@ def run_bisect(loaded: Any, prompt: list[int], width: int, depth: int, opts: Cac
                observer: Observer = NULL) -> BisectRun:
     """Bisect in process; with ``controls`` (NAME, VALUE), rerun both arms per environment."""
     with observer.part("arms", total=2):
-        _, report = bisect_model(loaded, prompt, width, depth, opts)
+        bc, report = bisect_model(loaded, prompt, width, depth, opts)
         observer.item("arms", 2)
+    bracket = bc.bracket
+    assert bracket is not None  # run_arms always repeats the chain
+    observer.result("bracket", bracket.to_dict())
+    if not bracket.reproducible:
+        return BisectRun(report, None, bracket)
     for row in report.to_dict()["rows"]:
         observer.result("layers", row)
     ctrl = None
@@ -98,4 +116,4 @@ def run_bisect(loaded: Any, prompt: list[int], width: int, depth: int, opts: Cac
         with tempfile.TemporaryDirectory(prefix="specparity-controls-") as tmp:
             ctrl = run_controls(controls, dump_args(str(loaded.path), trust_remote_code, width, depth,
                                                     prompt, opts), Path(tmp), width)
-    return BisectRun(report, ctrl)
+    return BisectRun(report, ctrl, bracket)

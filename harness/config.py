@@ -237,7 +237,9 @@ def build_sequence(job: Job, endpoint: str, history: dict[str, str]) -> list[Req
             b["stream"] = True
         return b
 
-    p = lambda i: prompts[i % len(prompts)]
+    def p(i: int) -> str:
+        return prompts[i % len(prompts)]
+
     out: list[Request] = []
     for kind in job.sequence:
         if kind == "fresh":

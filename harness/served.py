@@ -21,6 +21,8 @@ response field), ``not_engaged`` without, ``declined`` with a decline line.
 
 from __future__ import annotations
 
+import os
+
 import hashlib
 import logging
 import shlex
@@ -525,8 +527,8 @@ class ServedRun:
         w0, l0 = file_size(session.witness_file), file_size(srv.log_path)
         comp = send(client, srv.url, req, profile, extra, timeout=self.request_timeout)
         if not comp.ok and not srv.alive():
-            comp.error += f" (the server exited with code {srv.proc.returncode if srv.proc else None};" \
-                          f" log tail: {srv.tail(5)!r})"
+            code = srv.proc.returncode if srv.proc else None
+            comp.error = (comp.error or "") + f" (the server exited with code {code}; log tail: {srv.tail(5)!r})"
         ev = self._evidence(session, srv, profile, comp, w0, l0)
         return req, comp, ev
 
@@ -577,7 +579,7 @@ class ServedRun:
         return ev
 
 
-def _read_slice(path: str | Path | None, start: int) -> str:
+def _read_slice(path: str | os.PathLike[str] | None, start: int) -> str:
     if path is None or not Path(path).exists():
         return ""
     with open(path, "rb") as f:

@@ -30,7 +30,7 @@ def bare(model: Any, prompt: list[int], trace: list, opts: Any) -> float:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-    from specparity.decode import argmax_row
+    from specparity.decode import greedy_token
 
     def fwd(cache: list, tokens: list[int]) -> Any:
         logits = model(mx.array(tokens, dtype=mx.uint32)[None], cache=cache)[0]
@@ -52,7 +52,7 @@ def bare(model: Any, prompt: list[int], trace: list, opts: Any) -> float:
         if kind == "chain":
             y = op[1]
             for _ in range(op[2]):
-                y = argmax_row(fwd(chain, [y])[-1])
+                y = greedy_token(fwd(chain, [y])[-1])
         elif kind == "block":
             fwd(target, op[1])
         elif kind == "trim":

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import CheckpointError, UsageError
+from specparity.errors import CheckpointError, UsageError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ class Fingerprint:
     model_type: config's ``model_type``.
     dtype: config's ``torch_dtype`` (or ``dtype``), as declared.
     quantization: config's ``quantization`` block, or None.
-    weight_files: {file name: sha256}.
+    weight_files: {file name: sha256} of the weights, the tokenizer's files and any
+      code the checkpoint ships.
     """
 
     path: str
@@ -47,25 +48,57 @@ class Fingerprint:
         return self.digest[:12]
 
 
-def resolve_model_dir(path: str | os.PathLike) -> Path:
-    """The checkpoint directory, or a one-line UsageError saying what is wrong."""
+def resolve_model_dir(path: str | os.PathLike, flag: str = "--model") -> Path:
+    """The checkpoint directory, or a one-line UsageError naming ``flag`` and what is wrong."""
+    if str(path).strip() == "":
+        raise UsageError(f"{flag} {str(path)!r}: empty path")
     p = Path(path).expanduser()
     if not p.exists():
-        raise UsageError(f"--model {path}: no such file or directory")
+        raise UsageError(f"{flag} {path}: no such file or directory")
     if not p.is_dir():
-        raise UsageError(f"--model {path}: not a directory (a checkpoint is a directory)")
+        raise UsageError(f"{flag} {path}: not a directory (a checkpoint is a directory)")
     if not (p / "config.json").exists():
-        raise UsageError(f"--model {path}: not a checkpoint (no config.json)")
+        raise UsageError(f"{flag} {path}: not a checkpoint (no config.json)")
     if not list(p.glob("model*.safetensors")):
-        raise UsageError(f"--model {path}: not a checkpoint (no model*.safetensors)")
+        raise UsageError(f"{flag} {path}: not a checkpoint (no model*.safetensors)")
     return p.resolve()
+
+
+# Files besides config.json and the weights that decide what a checkpoint computes or
+# how it tokenizes: every file the tokenizer reads, and any code the checkpoint ships.
+FINGERPRINT_GLOBS = ("*.py", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
+                     "vocab.*", "merges.txt", "*.tiktoken", "chat_template*",
+                     "generation_config.json")
+
+
+def remote_code(model_dir: Path, cfg: dict[str, Any]) -> str | None:
+    """What code the checkpoint asks to run (model_file, auto_map), or None.
+
+    mlx-lm runs ``model_file``; transformers runs an ``auto_map`` entry of
+    tokenizer_config.json or config.json (its AutoTokenizer) when it loads the tokenizer.
+    """
+    if cfg.get("model_file"):
+        return f"config.json names model_file {cfg['model_file']!r}"
+    if cfg.get("auto_map"):
+        return "config.json has an auto_map (code transformers would import)"
+    tok_cfg = model_dir / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        try:
+            tc = json.loads(tok_cfg.read_bytes().decode("utf-8"))
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{tok_cfg}: malformed tokenizer config"
+                                  f" ({first_line(str(err))})") from err
+        if isinstance(tc, dict) and tc.get("auto_map"):
+            return "tokenizer_config.json has an auto_map (tokenizer code transformers would import)"
+    return None
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
     try:
-        cfg = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{model_dir / 'config.json'}: malformed config ({err})") from err
+        cfg = json.loads((model_dir / "config.json").read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"{model_dir / 'config.json'}: malformed config"
+                              f" ({first_line(str(err))})") from err
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise CheckpointError(f"{model_dir / 'config.json'}: malformed config (no model_type)")
     return cfg
@@ -90,9 +123,14 @@ def _file_digest(path: Path, memo: dict[str, Any]) -> str:
     return memo[key]
 
 
-def fingerprint(model_dir: str | os.PathLike) -> Fingerprint:
-    """Fingerprint a checkpoint without loading it."""
-    d = resolve_model_dir(model_dir)
+def fingerprint(model_dir: str | os.PathLike, flag: str = "--model") -> Fingerprint:
+    """Fingerprint a checkpoint without loading it.
+
+    Digests config.json, every weight file, and the tokenizer's files and any code
+    the checkpoint ships (FINGERPRINT_GLOBS): two checkpoints that differ only in
+    tokenizer code are different checkpoints, with different gate verdicts.
+    """
+    d = resolve_model_dir(model_dir, flag)
     cfg = read_config(d)
     memo_path = _digest_cache_path()
     try:
@@ -104,8 +142,12 @@ def fingerprint(model_dir: str | os.PathLike) -> Fingerprint:
     before = len(memo)
     files = {f.name: _file_digest(f, memo) for f in sorted(d.glob("model*.safetensors"))}
     extra = cfg.get("model_file")
-    if extra and (d / extra).exists():
+    if isinstance(extra, str) and extra and (d / extra).is_file():
         files[extra] = _file_digest(d / extra, memo)
+    for pattern in FINGERPRINT_GLOBS:
+        for f in sorted(d.glob(pattern)):
+            if f.is_file() and f.name not in files:
+                files[f.name] = _file_digest(f, memo)
     if len(memo) != before:
         from specparity.store import atomic_write_text
 
@@ -137,25 +179,35 @@ class Loaded:
     path: Path
 
 
-def load_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False) -> Loaded:
-    """Load with mlx-lm, turning its failures into one-line errors."""
-    d = resolve_model_dir(path)
+def load_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False,
+                    flag: str = "--model") -> Loaded:
+    """Load with mlx-lm, turning its failures into one-line errors that name ``flag``.
+
+    Nothing the checkpoint ships runs without ``trust_remote_code``: neither a
+    ``model_file`` nor tokenizer code (an ``auto_map``); transformers is told so
+    explicitly, so its interactive y/N prompt never appears.
+    """
+    d = resolve_model_dir(path, flag)
     cfg = read_config(d)
-    if cfg.get("model_file") and not trust_remote_code:
-        raise UsageError(
-            f"--model {path}: its config names model_file {cfg['model_file']!r};"
-            " pass --trust-remote-code to run it"
-        )
-    fp = fingerprint(d)
+    code = remote_code(d, cfg)
+    if code and not trust_remote_code:
+        raise UsageError(f"{flag} {path}: {code}; pass --trust-remote-code to run it")
+    fp = fingerprint(d, flag)
     import mlx_lm
 
     try:
         # mypy cannot pick the 3-tuple arm of load's Union return from return_config=True
         model, tokenizer, config = mlx_lm.load(  # type: ignore[misc]
-            str(d), return_config=True, trust_remote_code=trust_remote_code
+            str(d), return_config=True, trust_remote_code=trust_remote_code,
+            tokenizer_config={"trust_remote_code": trust_remote_code},
         )
+    except SystemExit as err:  # the checkpoint's own code exited: a bug, never a verdict
+        raise RuntimeError(f"{flag} {path}: code the checkpoint ships raised"
+                           f" SystemExit({err.code!r}) while loading") from err
     except Exception as err:  # mlx-lm raises many kinds; all mean "would not load"
-        raise CheckpointError(f"--model {path}: would not load ({type(err).__name__}: {err})") from err
+        raise CheckpointError(
+            f"{flag} {path}: would not load ({type(err).__name__}: {first_line(str(err))})"
+        ) from err
     return Loaded(model=model, tokenizer=tokenizer, config=config, fingerprint=fp, path=d)
 
 

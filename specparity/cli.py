@@ -13,8 +13,8 @@ import sys
 
 import click
 
-from specparity import __version__
-from specparity.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SpecparityError
+from specparity import __version__, inputs
+from specparity.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SpecparityError, first_line
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "replay": ("specparity.commands.replay", "replay", "Replay a served run's accept lengths in process."),
     "dist": ("specparity.commands.dist", "dist", "Test an acceptance rule for distributional exactness."),
     "accept": ("specparity.commands.accept", "accept", "Measured acceptance against its closed forms."),
+    "e2e": ("specparity.commands.e2e", "e2e", "mlx-lm's own entry points with vs without the drafter."),
     "records": ("specparity.commands.records", "records", "Show and list records any command wrote."),
     "served": ("specparity.commands.served", "served", "Served greedy parity: servers with and without a drafter."),
 }
@@ -58,8 +59,16 @@ def _module_exists(name: str) -> bool:
 @click.version_option(__version__, prog_name="specparity")
 @click.option("--debug", is_flag=True, envvar="SPECPARITY_DEBUG", help="Show tracebacks.")
 @click.option("-v", "--verbose", is_flag=True, help="Progress logging on stderr.")
+@click.option("--max-width", type=click.IntRange(min=1), default=inputs.DEFAULT_MAX_WIDTH, show_default=True,
+              envvar="SPECPARITY_MAX_WIDTH", help="Largest verify block (rows) any input may ask for.")
+@click.option("--max-positions", type=click.IntRange(min=1), default=inputs.DEFAULT_MAX_POSITIONS, show_default=True,
+              envvar="SPECPARITY_MAX_POSITIONS",
+              help="Most tokens decoded past the prompt (depth, walk, replayed or generated tokens).")
+@click.option("--max-samples", type=click.IntRange(min=1), default=inputs.DEFAULT_MAX_SAMPLES, show_default=True,
+              envvar="SPECPARITY_MAX_SAMPLES", help="Most Monte-Carlo draws (dist, accept).")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
+def cli(ctx: click.Context, debug: bool, verbose: bool, max_width: int, max_positions: int,
+        max_samples: int) -> None:
     """Prove or disprove that a speculative-decoding path is exactly classic decode.
 
     \b
@@ -72,6 +81,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    inputs.set_limits(inputs.Limits(max_width, max_positions, max_samples))
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(name)s: %(message)s",
@@ -79,37 +89,55 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     )
 
 
+def _debug_requested(argv: list[str]) -> bool:
+    # the same words click's envvar accepts for a flag: 1/true/yes/on
+    env = os.environ.get("SPECPARITY_DEBUG", "").strip().lower()
+    return "--debug" in argv or env in ("1", "true", "t", "yes", "y", "on")
+
+
 def main(argv: list[str] | None = None) -> None:
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or bool(
-        os.environ.get("SPECPARITY_DEBUG")
-    )
+    """Run the CLI. ``--debug`` adds tracebacks on stderr and changes no exit code."""
+    args = list(argv if argv is not None else sys.argv[1:])
+    debug = _debug_requested(args)
+    code = EXIT_BUG
     try:
-        rv = cli.main(args=argv, prog_name="specparity", standalone_mode=False)
+        rv = cli.main(args=args, prog_name="specparity", standalone_mode=False)
+        code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
     except SpecparityError as err:
-        if debug:
-            raise
-        click.echo(f"Error: {err}", err=True)
-        sys.exit(err.exit_code)
+        _traceback(debug)
+        click.echo(f"Error: {first_line(str(err))}", err=True)
+        code = err.exit_code
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        code = EXIT_INTERRUPTED
     except click.ClickException as err:
+        _traceback(debug)
         err.show()
-        sys.exit(EXIT_USAGE)
+        code = EXIT_USAGE
     except KeyboardInterrupt:
+        _traceback(debug)
         click.echo("Interrupted.", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        code = EXIT_INTERRUPTED
     except click.exceptions.Exit as err:
-        sys.exit(err.exit_code)
-    except Exception as err:  # an unknown error is a bug: one line, traceback behind --debug
-        if debug:
-            raise
-        click.echo(
-            f"Error: unexpected {type(err).__name__}: {err} (rerun with --debug for the traceback)",
-            err=True,
-        )
-        sys.exit(EXIT_BUG)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        code = err.exit_code
+    except (Exception, SystemExit) as err:  # noqa: BLE001  (a bug: one line, exit 70)
+        # An unknown error is a bug: one line, exit 70, traceback behind --debug. A
+        # SystemExit escaping a command was raised by code specparity ran (a checkpoint's
+        # model_file, a user rule): its code is not a verdict.
+        _traceback(debug)
+        what = (f"SystemExit({err.code!r}) raised by code specparity ran (a model_file or a rule?)"
+                if isinstance(err, SystemExit) else f"{type(err).__name__}: {first_line(str(err))}")
+        hint = "" if debug else " (rerun with --debug for the traceback)"
+        click.echo(f"Error: unexpected {what}{hint}", err=True)
+        code = EXIT_BUG
+    sys.exit(code)
+
+
+def _traceback(debug: bool) -> None:
+    if debug:
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -200,15 +200,91 @@ class Decoder:
         return [cache_offset(c) for c in self.cache]
 
 
-def argmax_row(logits_row: Any) -> int:
+def classic_logprobs(logits_row: Any) -> Any:
+    """Classic decode's logprobs of one logits row, exactly as mlx-lm's ``generate_step`` forms them.
+
+    ``logits - logsumexp(logits)`` over a (1, vocab) row, in the model's dtype:
+    in bfloat16 or float16 two different logits can round to the same logprob,
+    and the greedy sampler then keeps the lower id. Returns shape (1, vocab).
+    """
     import mlx.core as mx
 
-    return int(mx.argmax(logits_row).item())  # type: ignore[arg-type]  # item() is typed int | float | complex
+    logits = logits_row.reshape(1, -1)
+    return logits - mx.logsumexp(logits, keepdims=True)
+
+
+def greedy_token(logits_row: Any) -> int:
+    """The token mlx-lm's classic greedy decode emits after ``logits_row``.
+
+    The one place the reference chain (probe, walk, replay, bisect) picks a
+    token: mlx-lm's greedy sampler (``sample_utils.greedy_sampler``, argmax)
+    over :func:`classic_logprobs`. Logits processors, when a reference applies
+    them, act on the logits before this call, as in ``generate_step``.
+    """
+    from mlx_lm.sample_utils import greedy_sampler
+
+    return int(greedy_sampler(classic_logprobs(logits_row)).reshape(-1)[0].item())  # type: ignore[arg-type]
+
+
+def greedy_tokens(logits: Any) -> list[int]:
+    """:func:`greedy_token` of every row of a (rows, vocab) block (row by row, as mlx-lm's verify does)."""
+    return [greedy_token(logits[i]) for i in range(int(logits.shape[0]))]
+
+
+@dataclass
+class GreedyPick:
+    """Classic decode's greedy choice at one row, and how near a tie it was.
+
+    token: what classic decode emits (argmax of logprobs in the model's dtype).
+    raw_argmax: argmax of the raw logits (what a reference without the sampler picks).
+    runner_up: the best other token in logprob space.
+    margin: top-1 minus top-2 logprob, in the model's dtype's values (0.0: an
+      exact tie, which the sampler breaks toward the lower id).
+    logprob: the chosen token's logprob.
+    """
+
+    token: int
+    raw_argmax: int
+    runner_up: int
+    margin: float
+    logprob: float
+
+    @property
+    def tie_flip(self) -> bool:
+        """Raw-logit argmax and classic's logprob argmax disagree (a tie the dtype made)."""
+        return self.token != self.raw_argmax
+
+    def describe(self) -> str:
+        if self.tie_flip:
+            return (f"exact tie in logprob space: ids {self.token} and {self.raw_argmax} both"
+                    f" {self.logprob:.6g}; classic keeps the lower id {self.token}, raw-logit argmax"
+                    f" would pick {self.raw_argmax}")
+        return (f"classic token {self.token} (logprob {self.logprob:.6g}), runner-up {self.runner_up},"
+                f" top-2 logprob margin {self.margin:.6g}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tie_flip": self.tie_flip}
+
+
+def greedy_pick(logits_row: Any) -> GreedyPick:
+    """:func:`greedy_token` with the evidence a near-tie flip needs."""
+    import mlx.core as mx
+    import numpy as np
+
+    lp = classic_logprobs(logits_row).reshape(-1)
+    token = greedy_token(logits_row)
+    values = np.array(lp.astype(mx.float32))
+    others = values.copy()
+    others[token] = -np.inf
+    runner = int(np.argmax(others))
+    raw = int(mx.argmax(logits_row.reshape(-1)).item())  # type: ignore[arg-type]  # item() is int | float | complex
+    return GreedyPick(token, raw, runner,
+                      float(values[token] - values[runner]), float(values[token]))
 
 
 def advance_to_depth(model: Any, prompt: list[int], depth: int,
                      opts: CacheOptions | None = None) -> tuple[Decoder, int, list[int]]:
-    """Prefill ``prompt`` as classic decode does, then decode ``depth`` tokens greedily.
+    """Prefill ``prompt`` as classic decode does, then decode ``depth`` tokens greedily (:func:`greedy_token`).
 
     Returns the decoder (its cache holds prompt[:-1] + the fed tokens), the next
     token to feed, and the ``depth`` tokens emitted so far.
@@ -217,15 +293,15 @@ def advance_to_depth(model: Any, prompt: list[int], depth: int,
     y = dec.prefill(prompt)
     emitted: list[int] = []
     for _ in range(depth):
-        y = argmax_row(dec.forward([y])[-1])
+        y = greedy_token(dec.forward([y])[-1])
         emitted.append(y)
     return dec, y, emitted
 
 
 def greedy_chain(dec: Decoder, first: int, n: int) -> tuple[list[int], Any]:
-    """``n`` single-token steps from ``first``, each feeding the previous argmax.
+    """``n`` single-token steps from ``first``, each feeding classic decode's greedy token.
 
-    Returns the ``n`` fed tokens (first, then argmaxes) and the (n, vocab) logits:
+    Returns the ``n`` fed tokens (first, then greedy tokens) and the (n, vocab) logits:
     exactly what a full-accept W-row verify block must reproduce.
     """
     import mlx.core as mx
@@ -235,5 +311,5 @@ def greedy_chain(dec: Decoder, first: int, n: int) -> tuple[list[int], Any]:
         row = dec.forward([tokens[-1]])[-1]
         rows.append(row)
         if i < n - 1:
-            tokens.append(argmax_row(row))
+            tokens.append(greedy_token(row))
     return tokens, mx.stack(rows)

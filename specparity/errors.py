@@ -42,3 +42,13 @@ class InfrastructureError(SpecparityError):
 
 class CheckpointError(InfrastructureError):
     exit_code = EXIT_INFRA
+
+
+def first_line(text: str) -> str:
+    """The first line of a message; the rest (a loader's list, a stack of causes) is behind --debug."""
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    if len(lines) == 1:
+        return lines[0]
+    return f"{lines[0].rstrip()} ... ({len(lines) - 1} more lines with --debug)"

@@ -77,3 +77,26 @@ def first_position_only_chain(p, q, drafts, rng):
 def raises(p, q, draft, rng):
     """A rule with a bug that raises."""
     raise RuntimeError("boom")
+
+
+SUBTLE_EPS = 0.015
+
+
+def subtle_residual(P, Q, drafts, rng):
+    """Modified rejection sampling whose residual is subtly tilted: the most probable token's
+    residual weight is raised by 1.5 %, every other's lowered by 1.5 % (total variation about 1.5x
+    the default run's noise floor)."""
+    n = len(drafts)
+    rows = np.arange(n)
+    pd, qd = P[rows, drafts], Q[rows, drafts]
+    acc = (pd > 0) & (rng.random(n) * qd <= pd)
+    top = np.arange(P.shape[1])[None, :] == np.argmax(P, axis=1)[:, None]
+    r = np.maximum(P - Q, 0.0) * np.where(top, 1.0 + SUBTLE_EPS, 1.0 - SUBTLE_EPS)
+    cdf = np.cumsum(r, axis=1)
+    t = (1.0 - rng.random(n)) * cdf[:, -1]
+    res = (cdf < t[:, None]).sum(axis=1)
+    return np.where(acc, drafts, res)
+
+
+subtle_residual.vectorized = True
+subtle_residual.residual = True

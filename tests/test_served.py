@@ -43,7 +43,8 @@ def test_clean_pair_matches_one_group_witnessed_concurrency_matches_and_a_dead_s
     for name in ("w2",):
         assert a[name].verdict == "match", a[name].reason
         ev = a[name].requests[0].evidence
-        assert ev.engaged and ev.verify_calls > 0 and max(ev.widths) == int(name[1:])  # the last round may be cut by max_tokens
+        # the last round may be cut by max_tokens: the widest round is the arm's width
+        assert ev.engaged and ev.verify_calls > 0 and max(ev.widths) == int(name[1:])
     assert a["concurrent"].verdict == "match"
     assert a["baseline-end"].verdict == "match"
     # the server that would not start: an error arm with its log tail, and every other arm still ran

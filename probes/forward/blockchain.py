@@ -22,12 +22,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specparity.compare import Diff, compare_arrays
-from specparity.decode import CacheOptions, Decoder, argmax_row
+from specparity.decode import CacheOptions, Decoder, greedy_token
 from specparity.progress import NULL, Observer
 from specparity.probes.forward.render import cell_line, walk_line
+from specparity.reproducibility import Bracket, repeat_chain
 from specparity.verdicts import ReportMixin, Verdict, combine
 
 log = logging.getLogger(__name__)
+
+# boundaries further than this many positions are named, not probed: a CPU prefill of
+# 2048 tokens takes tens of seconds on a small model
+DEFAULT_AIM_LIMIT = 1024
 
 def _with_diff(result: Any) -> dict[str, Any]:
     d = asdict(result)
@@ -96,6 +101,37 @@ class WalkResult(ReportMixin):
 
 
 @dataclass
+class AimedCell:
+    """A block placed to straddle one cache boundary (probes.forward.boundaries).
+
+    boundary: the boundary (kind, position, source). width: rows.
+    prompt_len / depth: the aimed prompt's length and the tokens decoded before the block.
+    start: cache position of the block's first row.
+    verdict: equal | divergent | not_run (the block vs the chain from the same state).
+    first_row / absolute_position / diff: where the block first differs (None if equal).
+    walk: the aimed walk (a block before, the straddling block, one after), None when not walked.
+    reason: why it did not run.
+    """
+
+    boundary: dict[str, Any]
+    width: int
+    prompt_len: int
+    depth: int
+    start: int
+    verdict: Verdict
+    first_row: int | None = None
+    absolute_position: int | None = None
+    diff: Diff | None = None
+    walk: WalkResult | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = _with_diff(self)
+        d["walk"] = self.walk.to_dict() if self.walk else None
+        return d
+
+
+@dataclass
 class ProbeReport(ReportMixin):
     """Everything one probe run found.
 
@@ -103,6 +139,10 @@ class ProbeReport(ReportMixin):
     walks: one long walk per walked width.
     prompts: the prompt lengths (tokens). opts: the cache configuration used.
     dtype: the dtype logits were compared in. seconds: wall time of the probe.
+    bracket: the reproducibility bracket (the chain arm repeated at the first cell);
+      a bracket that differs makes the report inconclusive, whatever the cells say.
+    aimed: blocks placed to straddle each cache boundary. boundaries: those boundaries.
+    notes: options this architecture ignores (e.g. --max-kv-size with its own make_cache).
     """
 
     cells: list[Cell]
@@ -111,16 +151,32 @@ class ProbeReport(ReportMixin):
     opts: dict[str, Any] = field(default_factory=dict)
     dtype: str = ""
     seconds: float = 0.0
+    bracket: Bracket | None = None
+    aimed: list[AimedCell] = field(default_factory=list)
+    boundaries: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reproducible(self) -> bool:
+        return self.bracket is None or self.bracket.reproducible
 
     @property
     def verdict(self) -> Verdict:
-        """Divergent if any cell or walk is, else not_run if any did not run (or none ran), else equal."""
-        return combine([c.verdict for c in self.cells] + [w.verdict for w in self.walks])
+        """Inconclusive if the bracket's repeat differed; else divergent if any cell, walk or
+        aimed block is, else not_run if any did not run (or none ran), else equal."""
+        if not self.reproducible:
+            return Verdict.INCONCLUSIVE
+        return combine([c.verdict for c in self.cells] + [w.verdict for w in self.walks]
+                       + [a.verdict for a in self.aimed]
+                       + [a.walk.verdict for a in self.aimed if a.walk is not None])
 
     def lines(self) -> list[str]:
-        """The (width, depth) table, then one line per long walk."""
+        """The (width, depth) table, one line per long walk, then the bracket and the aimed blocks."""
+        from specparity.probes.forward.render import reach_lines
+
         return ([f"{'width':>5} {'depth':>5}  {'verdict':<9} detail"]
-                + [cell_line(c) for c in self.cells] + [walk_line(w) for w in self.walks])
+                + [cell_line(c) for c in self.cells] + [walk_line(w) for w in self.walks]
+                + reach_lines(self))
 
     def cell(self, width: int, depth: int) -> Cell:
         for c in self.cells:
@@ -138,6 +194,10 @@ class ProbeReport(ReportMixin):
             "opts": self.opts,
             "dtype": self.dtype,
             "seconds": self.seconds,
+            "bracket": self.bracket.to_dict() if self.bracket else None,
+            "aimed": [a.to_dict() for a in self.aimed],
+            "boundaries": self.boundaries,
+            "notes": self.notes,
         }
 
 
@@ -153,7 +213,7 @@ def _chain_with_states(model: Any, prompt: list[int], n_steps: int, keep: set[in
         tokens.append(y)
         row = dec.forward([y])[-1]
         rows.append(row)
-        y = argmax_row(row)
+        y = greedy_token(row)
     return tokens, rows, states
 
 
@@ -166,6 +226,8 @@ def probe_block_vs_chain(
     walk_positions: int = 0,
     walk_widths: list[int] | None = None,
     observer: Observer = NULL,
+    aim: bool = False,
+    aim_limit: int = DEFAULT_AIM_LIMIT,
 ) -> ProbeReport:
     """Run the probe for every (width, depth) over ``prompts``; optionally the long walk.
 
@@ -175,6 +237,12 @@ def probe_block_vs_chain(
     progress (parts ``cells`` and ``walk``), every comparison as it finishes
     (arm ``comparisons``: one line per cell and prompt), every cell once its
     verdict is final (arm ``cells``) and every walk (arm ``walks``).
+
+    Before any comparison counts, the reproducibility bracket repeats the
+    chain arm at the first cell from the same state: if the repeat differs
+    the report is inconclusive and nothing else runs. ``aim`` adds blocks and
+    walks placed to straddle every cache boundary up to ``aim_limit``
+    positions (arm ``aimed``); a boundary past it is named in the notes.
     """
     import mlx.core as mx
 
@@ -189,6 +257,7 @@ def probe_block_vs_chain(
     walk_widths = [w for w in (walk_widths if walk_widths is not None else live_widths) if w >= 2]
     walks: list[WalkResult] = []
     dtype = ""
+    bracket: Bracket | None = None
     observer.begin("cells", total=len(live_widths) * len(depths) * len(prompts))
     for pi, prompt in enumerate(prompts):
         pending = [(w, d) for (w, d), c in cells.items() if c.verdict == Verdict.EQUAL and w >= 2]
@@ -207,6 +276,20 @@ def probe_block_vs_chain(
                 observer.result("cells", cells[key].to_dict())
             break
         base = len(prompt) - 1
+        if pi == 0:
+            bracket = _bracket(states, tokens, rows, pending, walk_widths if do_walk else [], base)
+            if bracket is not None:
+                observer.result("bracket", bracket.to_dict())
+                if not bracket.reproducible:
+                    log.warning("%s", bracket.line())
+                    observer.end("cells")
+                    for key in pending:
+                        cells[key] = Cell(key[0], key[1], Verdict.NOT_RUN,
+                                          reason="not reproducible (see the bracket)")
+                    return ProbeReport(cells=[cells[(w, d)] for d in depths for w in widths],
+                                       prompts=[len(p) for p in prompts], opts=opts.to_dict(),
+                                       dtype=_dtype(rows[0]), seconds=time.perf_counter() - t0,
+                                       bracket=bracket)
         for w, d in sorted(pending, key=lambda k: (k[1], k[0])):
             cell = cells[(w, d)]
             try:
@@ -237,14 +320,97 @@ def probe_block_vs_chain(
         del states
     observer.end("cells")
     ordered = [cells[(w, d)] for d in depths for w in widths]
-    return ProbeReport(
+    report = ProbeReport(
         cells=ordered,
         walks=walks,
         prompts=[len(p) for p in prompts],
         opts=opts.to_dict(),
         dtype=dtype,
-        seconds=time.perf_counter() - t0,
+        bracket=bracket if prompts else None,
     )
+    if aim and prompts:
+        from specparity.probes.forward.boundaries import find_boundaries
+
+        found, report.notes = find_boundaries(model, opts)
+        report.boundaries = [b.to_dict() for b in found]
+        far = [b for b in found if b.position > aim_limit]
+        found = [b for b in found if b.position <= aim_limit]
+        report.notes += [f"not aimed: {b.label} ({b.source}) is past the aim limit of {aim_limit}"
+                         f" positions (--aim-limit)" for b in far]
+        report.aimed = probe_boundaries(model, live_widths, walk_widths, prompts[0], opts, found,
+                                        observer)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _dtype(row: Any) -> str:
+    return str(row.dtype).replace("mlx.core.", "")
+
+
+def _bracket(states: dict[int, Decoder], tokens: list[int], rows: list[Any],
+             pending: list[tuple[int, int]], walk_widths: list[int], base: int) -> Bracket | None:
+    """Repeat the chain arm at the first cell (shallowest depth, widest width) from its saved state."""
+    import mlx.core as mx
+
+    if pending:
+        d = min(dd for _, dd in pending)
+        w = max(ww for ww, dd in pending if dd == d)
+    elif walk_widths:
+        d, w = 0, max(walk_widths)
+    else:
+        return None
+    if d not in states:
+        return None
+    return repeat_chain(states[d], tokens[d : d + w], mx.stack(rows[d : d + w]), base + d,
+                        f"width {w}, depth {d}, prompt 0")
+
+
+def probe_boundaries(model: Any, widths: list[int], walk_widths: list[int], prompt: list[int],
+                     opts: CacheOptions, found: list[Any], observer: Observer = NULL) -> list[AimedCell]:
+    """For each boundary and width: a block straddling it, and an aimed walk across it.
+
+    The aimed prompt is ``prompt`` cut or repeated (boundaries.aim); one classic
+    chain per aimed prompt length serves every width aimed there.
+    """
+    import mlx.core as mx
+
+    from specparity.probes.forward.boundaries import aim, aimed_prompt
+
+    aims = [aim(b, w) for b in found for w in widths if w >= 2]
+    out: list[AimedCell] = []
+    by_len: dict[int, list[Any]] = {}
+    for a in aims:
+        by_len.setdefault(a.prompt_len, []).append(a)
+    with observer.part("aimed", total=len(aims)):
+        for n, group in sorted(by_len.items()):
+            p = aimed_prompt(prompt, n)
+            need = max(max(a.depth + a.width, a.walk_blocks * a.width) for a in group)
+            keep = {a.depth for a in group} | {0}
+            try:
+                tokens, rows, states = _chain_with_states(model, p, need, keep, opts)
+            except Exception as err:
+                reason = f"chain failed: {type(err).__name__}: {err}"
+                for a in group:
+                    out.append(AimedCell(a.boundary.to_dict(), a.width, n, a.depth, a.start, Verdict.NOT_RUN,
+                                         reason=reason))
+                continue
+            for a in group:
+                cell = AimedCell(a.boundary.to_dict(), a.width, n, a.depth, a.start, Verdict.EQUAL)
+                try:
+                    block = states[a.depth].fork().forward(tokens[a.depth : a.depth + a.width])
+                except Exception as err:
+                    cell.verdict, cell.reason = Verdict.NOT_RUN, f"block failed: {type(err).__name__}: {err}"
+                else:
+                    diff = compare_arrays(mx.stack(rows[a.depth : a.depth + a.width]), block, logits=True)
+                    if not diff.equal:
+                        cell.verdict, cell.first_row, cell.diff = Verdict.DIVERGENT, diff.first_row, diff
+                        cell.absolute_position = a.start + (diff.first_row or 0)
+                if a.width in walk_widths:
+                    cell.walk = _walk(states[0], tokens, rows, a.width, a.walk_blocks * a.width, n - 1, 0)
+                out.append(cell)
+                observer.item("aimed")
+                observer.result("aimed", cell.to_dict())
+    return out
 
 
 def _finished(observer: Observer, cell: Cell, prompt_index: int, final: bool) -> None:

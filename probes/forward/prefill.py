@@ -72,11 +72,13 @@ def _run(model: Any, prompt: list[int], chunk: int, opts: CacheOptions):
 
 
 def prefill_parity(model: Any, prompts: list[list[int]], opts: CacheOptions | None = None,
-                   chunk: int | None = None) -> list[PrefillReport]:
+                   chunk: int | None = None, token_by_token: bool = True) -> list[PrefillReport]:
     """Compare chunked and token-by-token prefill with one-shot prefill, per prompt.
 
     ``chunk`` defaults to ``opts.prefill_step_size`` when that splits the
     prompt, else half the prompt (so the chunked arm really has several calls).
+    ``token_by_token=False`` skips that arm (a boundary-aimed prompt of
+    ``prefill_step_size + 2`` tokens needs only one-shot vs chunked).
     """
     opts = opts or CacheOptions()
     reports = []
@@ -85,7 +87,7 @@ def prefill_parity(model: Any, prompts: list[list[int]], opts: CacheOptions | No
         c = chunk or (opts.prefill_step_size if opts.prefill_step_size < n else max(1, n // 2))
         ref_logits, ref_state = _run(model, prompt, n, opts)
         arms = []
-        for name, size in (("chunked", c), ("token_by_token", 1)):
+        for name, size in (("chunked", c), ("token_by_token", 1))[: 2 if token_by_token else 1]:
             try:
                 logits, state = _run(model, prompt, size, opts)
             except Exception as err:

@@ -31,6 +31,8 @@ class ProbeRun(ReportMixin):
 
     @property
     def verdict(self) -> Verdict:
+        if not self.probe.reproducible:  # noise is never blamed on block vs chain or on prefill
+            return Verdict.INCONCLUSIVE
         return combine([self.probe.verdict, *(r.verdict for r in self.prefill)])
 
     def header(self) -> str:
@@ -56,24 +58,60 @@ class ProbeRun(ReportMixin):
 
 def run_probe(loaded: Any, widths: list[int], depths: list[int], prompts: list[list[int]],
               opts: CacheOptions, walk_positions: int = 0, walk_widths: list[int] | None = None,
-              prefill: bool = True, observer: Observer = NULL) -> ProbeRun:
-    """Probe ``loaded`` (checkpoint.Loaded) at every (width, depth), walk, and prefill parity."""
+              prefill: bool = True, observer: Observer = NULL, aim: bool = True,
+              aim_limit: int | None = None) -> ProbeRun:
+    """Probe ``loaded`` (checkpoint.Loaded) at every (width, depth), walk, and prefill parity.
+
+    ``aim``: also blocks, walks and a prefill-parity prompt aimed at every cache
+    boundary (probes.forward.boundaries). A failed reproducibility bracket
+    skips prefill parity: the run is inconclusive.
+    """
     from specparity.checkpoint import model_dtype
-    from specparity.probes.forward.blockchain import probe_block_vs_chain
-    from specparity.probes.forward.prefill import prefill_parity
+    from specparity.probes.forward.blockchain import DEFAULT_AIM_LIMIT, probe_block_vs_chain
+
+    limit = DEFAULT_AIM_LIMIT if aim_limit is None else aim_limit
 
     report = probe_block_vs_chain(loaded.model, widths, depths, prompts, opts,
                                   walk_positions=walk_positions, walk_widths=walk_widths,
-                                  observer=observer)
+                                  observer=observer, aim=aim, aim_limit=limit)
     pre = []
-    if prefill:
-        with observer.part("prefill", total=len(prompts)):
-            pre = prefill_parity(loaded.model, prompts, opts)
-            for r in pre:
-                observer.item("prefill")
-                observer.result("prefill", r.to_dict())
+    if prefill and report.reproducible:
+        with observer.part("prefill", total=len(prompts) + 1):
+            pre = run_prefill_parity(loaded.model, prompts, opts,
+                                     aim=aim and opts.prefill_step_size + 2 <= limit, observer=observer)
+    from specparity.probes.forward.boundaries import describe_cache
+
     fp = loaded.fingerprint
     meta = {"model": fp.path, "model_type": fp.model_type, "dtype": model_dtype(loaded.model),
-            "fingerprint": fp.short, "cache": opts.describe(),
+            "fingerprint": fp.short, "cache": describe_cache(loaded.model, opts),
             "prompts": ", ".join(f"{len(p)} tokens" for p in prompts)}
     return ProbeRun(report, pre, meta)
+
+
+def run_prefill_parity(model: Any, prompts: list[list[int]], opts: CacheOptions, aim: bool = True,
+                       observer: Observer = NULL) -> list[Any]:
+    """Prefill parity over ``prompts``, plus (``aim``) a prompt of prefill_step_size + 2 tokens.
+
+    The aimed prompt makes classic prefill run two chunks whatever the prompts'
+    lengths; it compares one-shot with chunked only (token by token over
+    thousands of tokens would cost more than it adds).
+    """
+    from specparity.probes.forward.boundaries import aimed_prompt
+    from specparity.probes.forward.prefill import prefill_parity
+
+    out = []
+    for i, prompt in enumerate(prompts):
+        r = prefill_parity(model, [prompt], opts)[0]
+        r.prompt_index = i
+        out.append(r)
+        observer.item("prefill")
+        observer.result("prefill", r.to_dict())
+    if aim and prompts:
+        n = opts.prefill_step_size + 2
+        r = prefill_parity(model, [aimed_prompt(prompts[0], n)], opts, chunk=opts.prefill_step_size,
+                           token_by_token=False)[0]
+        r.prompt_index = len(prompts)
+        out.append(r)
+        observer.item("prefill")
+        observer.result("prefill", r.to_dict())
+    return out

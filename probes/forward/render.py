@@ -51,6 +51,35 @@ def prefill_line(r: Any) -> str:
     return f"prefill parity, prompt {r.prompt_index} ({r.prompt_len} tokens): " + "; ".join(parts)
 
 
+def aimed_line(a: Any) -> str:
+    b = a.boundary
+    head = (f"aimed at {b['kind']} {b['position']} ({b['source']}): width {a.width}, prompt {a.prompt_len}"
+            f" tokens, depth {a.depth}, block at positions {a.start}-{a.start + a.width - 1}: ")
+    if a.verdict == Verdict.NOT_RUN:
+        body = f"{a.verdict} ({a.reason})"
+    elif a.verdict == Verdict.EQUAL:
+        body = str(a.verdict)
+    else:
+        body = (f"{a.verdict} at row {a.first_row} (position {a.absolute_position}):"
+                f" {a.diff.summary('logit bytes')}")
+    if a.walk is not None:
+        w = a.walk
+        body += (f"; walk of {w.blocks} blocks {w.verdict}" if w.verdict == Verdict.EQUAL
+                 else f"; walk {w.verdict} at position {w.first_position}" if w.verdict == Verdict.DIVERGENT
+                 else f"; walk {w.verdict} ({w.reason})")
+    return head + body
+
+
+def reach_lines(report: Any) -> list[str]:
+    """The bracket, the boundaries aimed at and the options this architecture ignores."""
+    out = []
+    if report.bracket is not None:
+        out.append(report.bracket.line())
+    out += [f"note: {n}" for n in report.notes]
+    out += [aimed_line(a) for a in report.aimed]
+    return out
+
+
 def probe_text(report: Any, header: str, prefill: list | None = None) -> str:
     lines = [header, *report.lines()]
     for r in prefill or []:
@@ -66,6 +95,9 @@ def probe_markdown(report: Any, title: str, meta: dict[str, Any], prefill: list 
         out.append(f"| {c.width} | {c.depth} | {c.verdict} | {cell_detail(c)} |")
     if report.walks:
         out += ["", "## Long walk", ""] + [f"- {walk_line(w)}" for w in report.walks]
+    reach = reach_lines(report)
+    if reach:
+        out += ["", "## Reproducibility and cache boundaries", ""] + [f"- {x}" for x in reach]
     if prefill:
         out += ["", "## Prefill parity", ""] + [f"- {prefill_line(r)}" for r in prefill]
     out += ["", f"Overall verdict: **{report.verdict}**", ""]

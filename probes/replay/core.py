@@ -6,7 +6,8 @@ width ``W``, runs one target forward over the verify block::
 
     [last emitted token, a accepted proposals, W - 1 - a rejected rows]
 
-takes the argmax of every row, and rewinds the cache by the ``W - 1 - a``
+takes classic decode's greedy token of every row (mlx-lm's sampler over logprobs
+in the model's dtype, :func:`specparity.decode.greedy_token`), and rewinds the cache by the ``W - 1 - a``
 rejected rows with mlx-lm's ``trim_prompt_cache``. After every round each
 layer's cache offset must equal the expected length (prompt - 1 + tokens
 emitted so far): a rewind that silently did nothing, or left a stale row, is a
@@ -35,10 +36,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specparity.compare import Diff, compare_arrays
-from specparity.decode import CacheOptions, Decoder, argmax_row, greedy_chain, trimmable
+from specparity.decode import (
+    CacheOptions, Decoder, GreedyPick, greedy_chain, greedy_pick, greedy_token, trimmable,
+)
 from specparity.errors import Inconclusive, UsageError
 from specparity.probes.replay.algebra import emitted_counts, locate
+from specparity.processors import process_row
 from specparity.progress import NULL, Observer
+from specparity.reproducibility import Bracket, repeat_chain
 from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
@@ -58,8 +63,10 @@ class Disagreement:
     emitted_index: index of the token that row emits, over the whole output.
     position: the absolute cache position of the row that emitted it
       (prompt length - 1 + emitted_index, as the block-vs-chain probe counts).
-    token_classic / token_target: the chain's token and the verify row's argmax.
+    token_classic / token_target: the chain's token and the verify row's greedy token.
     diff: the row's logits, chain vs verify (bytes, max abs diff, ulp, margins).
+    pick: classic's greedy choice at that row (top-2 logprob margin: a flip at a
+      near tie reads differently from a flip at a confident token).
     """
 
     round: int
@@ -69,10 +76,12 @@ class Disagreement:
     token_classic: int
     token_target: int
     diff: Diff
+    pick: GreedyPick | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["diff"] = self.diff.to_dict()
+        d["pick"] = self.pick.to_dict() if self.pick else None
         return d
 
 
@@ -130,6 +139,15 @@ class ReplayReport(ReportMixin):
     served_checked / served_first_mismatch: the server's logged tokens compared
       with classic decode (None when the log carried none / when they agree);
       served_mismatch_at: that index's (round, row), round -1 = the prefill step.
+    served_token: the served token at that index.
+    served_pick: classic's greedy choice at the served mismatch (its top-2 logprob
+      margin, and whether the served token is classic's runner-up: a near-tie flip).
+    tie_breaks: emitted indices where classic's logprob argmax broke an exact tie
+      the dtype made (raw-logit argmax picks another id there: a reference that
+      skips the sampler would report a false divergence), first 20, with the pick;
+      tie_breaks_total: how many in all.
+    bracket: the reproducibility bracket (classic chain repeated over the first
+      round); a repeat that differs makes the replay inconclusive.
     seconds: wall time.
     """
 
@@ -155,10 +173,17 @@ class ReplayReport(ReportMixin):
     served_checked: int | None = None
     served_first_mismatch: int | None = None
     served_mismatch_at: tuple[int, int] | None = None
+    served_token: int | None = None
+    served_pick: GreedyPick | None = None
+    tie_breaks: list[dict[str, Any]] = field(default_factory=list)
+    tie_breaks_total: int = 0
+    bracket: Bracket | None = None
     seconds: float = 0.0
 
     @property
     def verdict(self) -> Verdict:
+        if self.bracket is not None and not self.bracket.reproducible:
+            return Verdict.INCONCLUSIVE
         if self.rewind_finding is not None or self.disagreements:
             return Verdict.DIVERGENT
         if self.served_first_mismatch is not None:
@@ -169,6 +194,8 @@ class ReplayReport(ReportMixin):
 
     def summary(self) -> str:
         """The one-line result."""
+        if self.bracket is not None and not self.bracket.reproducible:
+            return "inconclusive: " + self.bracket.line()
         head = f"{self.rounds} rounds, {self.rewinds} rewinds, {self.positions} positions: "
         tail = ""
         if self.rewind_finding is not None:
@@ -189,6 +216,8 @@ class ReplayReport(ReportMixin):
 
     def lines(self) -> list[str]:
         """The summary, then the details a reader needs."""
+        if self.bracket is not None and not self.bracket.reproducible:
+            return [self.summary()]
         out = [self.summary()]
         widths = sorted(set(self.widths))
         out.append(
@@ -196,11 +225,14 @@ class ReplayReport(ReportMixin):
             f" rejected rows carry {self._policy_words()}"
             + ("; the first token came from the prefill step" if self.prefill_emits else "")
         )
+        if self.bracket is not None:
+            out.append(self.bracket.line())
         if self.first is not None:
             f = self.first
             out.append(
                 f"first disagreement: classic token {f.token_classic}, target token"
                 f" {f.token_target}; {f.diff.summary('logit bytes')}"
+                + (f"; classic's pick there: {f.pick.describe()}" if f.pick else "")
             )
         if self.rewind_finding is not None:
             out.append(self.rewind_finding.describe())
@@ -213,8 +245,25 @@ class ReplayReport(ReportMixin):
                 out.append(
                     f"served tokens: differ from classic first at emitted index"
                     f" {self.served_first_mismatch} ({where}; {self.served_checked} compared)"
+                    + (f"; {self.near_tie_words()}" if self.served_pick else "")
                 )
+        if self.tie_breaks_total:
+            t = self.tie_breaks[0]
+            out.append(
+                f"classic decode broke {self.tie_breaks_total} exact logprob tie(s) toward the lower id"
+                f" (first at emitted index {t['emitted_index']}: {t['words']});"
+                " the reference follows them, so they raise no false alarm")
         return out
+
+    def near_tie_words(self) -> str:
+        """How the served mismatch relates to classic's choice there."""
+        p = self.served_pick
+        assert p is not None
+        runner = p.runner_up == self.served_token
+        kind = ("a near-tie flip: the served token is classic's runner-up" if runner
+                else "the served token is not classic's runner-up")
+        return f"{kind}; {p.describe()}"
+
 
     def _policy_words(self) -> str:
         if self.policy == POLICY_CORRECT:
@@ -224,6 +273,8 @@ class ReplayReport(ReportMixin):
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["first"] = self.first.to_dict() if self.first else None
+        d["served_pick"] = self.served_pick.to_dict() if self.served_pick else None
+        d["bracket"] = self.bracket.to_dict() if self.bracket else None
         d["verdict"] = self.verdict
         d["exit_code"] = self.exit_code
         d["summary"] = self.summary()
@@ -249,9 +300,11 @@ def round_widths(accepts: list[int], width: int | None, widths: list[int] | None
         widths = [width] * len(accepts)
     if len(widths) != len(accepts):
         raise UsageError(f"{len(widths)} widths for {len(accepts)} rounds")
+    from specparity.inputs import check_limit, check_width
+
+    check_limit(sum(a + 1 for a in accepts), "the accept vector's emitted tokens", "max_positions")
     for r, (a, w) in enumerate(zip(accepts, widths)):
-        if w < 1:
-            raise UsageError(f"round {r}: width {w} is below 1")
+        check_width(w, f"round {r}: width")
         if not 0 <= a <= w - 1:
             raise UsageError(
                 f"round {r}: accept {a} does not fit width {w} (at most {w - 1} proposals)"
@@ -260,14 +313,42 @@ def round_widths(accepts: list[int], width: int | None, widths: list[int] | None
 
 
 class _Chain:
-    """The classic greedy chain, extended on demand, old rows dropped."""
+    """The classic greedy chain, extended on demand, old rows dropped.
+
+    With logits processors each step's row is processed as ``generate_step``
+    processes it (history = the prompt + every token emitted before the row)
+    before the greedy pick; ``rows`` keep the raw logits, which are what a
+    verify row must reproduce byte for byte.
+    """
 
     def __init__(self, model: Any, prompt: list[int], opts: CacheOptions,
-                 trace: list | None):
+                 trace: list | None, processors: list[Any] | None = None):
         self.dec = Decoder(model, opts)
+        self.prompt = list(prompt)
         self.tokens = [self.dec.prefill(prompt)]  # c_j: the token fed at step j
         self.rows: dict[int, Any] = {}  # j -> logits after feeding c_j
+        self.picks: dict[int, GreedyPick] = {}  # j -> classic's greedy choice after c_j
+        self.tie_breaks: list[dict[str, Any]] = []
+        self.tie_breaks_total = 0
         self.trace = trace
+        self.processors = processors or []
+
+    def history(self, j: int) -> list[int]:
+        """What classic decode's processors see at the row after feeding c_j."""
+        return self.prompt + self.tokens[1: j + 1]
+
+    def pick(self, j: int, row: Any) -> int:
+        """The token classic decode emits from row ``j`` (processors, then the greedy pick)."""
+        return greedy_token(process_row(self.processors, self.history(j), row))
+
+    def _pick(self, j: int, row: Any) -> int:
+        """Classic's own pick at chain row ``j``, kept with its tie information."""
+        pick = self.picks[j] = greedy_pick(process_row(self.processors, self.history(j), row))
+        if pick.tie_flip:
+            self.tie_breaks_total += 1
+            if len(self.tie_breaks) < 20:
+                self.tie_breaks.append({"emitted_index": j, "pick": pick.to_dict(), "words": pick.describe()})
+        return pick.token
 
     def ensure(self, n: int) -> None:
         """Compute rows up to index n - 1 (and so tokens up to n)."""
@@ -276,15 +357,32 @@ class _Chain:
             return
         if self.trace is not None:
             self.trace.append(("chain", self.tokens[have], n - have))
+        if self.processors:
+            for j in range(have, n):
+                row = self.dec.forward([self.tokens[j]])[-1]
+                self.rows[j] = row
+                self.tokens.append(self._pick(j, row))
+            return
         fed, logits = greedy_chain(self.dec, self.tokens[have], n - have)
         for i in range(n - have):
             self.rows[have + i] = logits[i]
+            self._pick(have + i, logits[i])
         self.tokens.extend(fed[1:])
-        self.tokens.append(argmax_row(logits[-1]))
+        self.tokens.append(greedy_token(logits[-1]))
 
     def drop_before(self, j: int) -> None:
         for k in [k for k in self.rows if k < j]:
             del self.rows[k]
+
+
+def _bracket(chain: _Chain, n: int, start_position: int) -> Bracket:
+    """Repeat the classic chain's first ``n`` steps from a copy of its post-prefill state."""
+    import mlx.core as mx
+
+    start = chain.dec.fork()
+    chain.ensure(n)
+    return repeat_chain(start, chain.tokens[:n], mx.stack([chain.rows[j] for j in range(n)]),
+                        start_position, f"the first {n} classic steps after prefill")
 
 
 def replay(
@@ -300,6 +398,7 @@ def replay(
     trace: list | None = None,
     prefill_emits: bool = False,
     observer: Observer = NULL,
+    processors: list[Any] | None = None,
 ) -> ReplayReport:
     """Replay ``accepts`` on ``model`` from ``prompt`` and compare with classic decode.
 
@@ -324,10 +423,21 @@ def replay(
     if not prompt:
         raise UsageError("empty prompt")
     widths = round_widths(accepts, width, widths)
+    from specparity.inputs import check_token_ids, vocab_size
+
+    check_token_ids(prompt, vocab_size(model), "prompt")
     opts = opts or CacheOptions()
     t0 = time.perf_counter()
 
-    chain = _Chain(model, prompt, opts, trace)
+    chain = _Chain(model, prompt, opts, trace, processors)
+    bracket = _bracket(chain, widths[0] + int(prefill_emits), len(prompt) - 1)
+    if not bracket.reproducible:
+        log.warning("%s", bracket.line())
+        return ReplayReport(rounds=0, rounds_total=len(accepts), rewinds=0, positions=0, disagreements=0,
+                            first=None, rewind_finding=None, mode="", mode_reason="not run: not reproducible",
+                            widths=widths, policy=policy, wrong_id=wrong_id, prompt_len=len(prompt),
+                            prefill_emits=prefill_emits, opts=opts.to_dict(), bracket=bracket,
+                            seconds=time.perf_counter() - t0)
     target = Decoder(model, opts)
     last = target.prefill(prompt)
     if last != chain.tokens[0]:  # both prefilled the same prompt
@@ -354,11 +464,12 @@ def replay(
             trace.append(("block", [last]))
         row = target.forward([last])
         forwards += 1
-        target_tokens.append(argmax_row(row[-1]))
+        target_tokens.append(chain.pick(0, row[-1]))
         d = compare_arrays(chain.rows[0][None], row[-1:], logits=True)
         if not d.equal or target_tokens[0] != chain.tokens[1]:
             disagreements += 1
-            first = Disagreement(-1, 0, 0, len(prompt) - 1, chain.tokens[1], target_tokens[0], d)
+            first = Disagreement(-1, 0, 0, len(prompt) - 1, chain.tokens[1], target_tokens[0], d,
+                                 chain.picks.get(0))
         emitted, expected = 1, len(prompt)
     for r, (a, w) in enumerate(observer.iterate("rounds", zip(accepts, widths), len(accepts))):
         chain.ensure(emitted + w)
@@ -383,7 +494,8 @@ def replay(
         logits = target.forward(block)
         forwards += 1
         kept = logits[: a + 1]
-        got = kept.argmax(axis=-1).tolist()
+        # each kept row sees classic decode's history: its inputs are the chain's own tokens
+        got = [chain.pick(emitted + k, kept[k]) for k in range(a + 1)]
         target_tokens.extend(got)
         dtype = str(logits.dtype).replace("mlx.core.", "")
 
@@ -415,7 +527,7 @@ def replay(
                 disagreements += 1
                 if first is None:
                     first = Disagreement(r, k, emitted + k, len(prompt) - 1 + emitted + k,
-                                         want[k], got[k], d)
+                                         want[k], got[k], d, chain.picks.get(emitted + k))
                     log.info("first disagreement at round %d row %d", r, k)
         emitted += a + 1
         chain.drop_before(emitted)
@@ -429,16 +541,24 @@ def replay(
             break
 
     classic = chain.tokens[1: emitted + 1]
-    served_checked = served_mismatch = None
+    served_checked = served_mismatch = served_token = None
+    served_pick: GreedyPick | None = None
     served_at: tuple[int, int] | None = None
-    if served_tokens is not None and finding is None:
-        n = min(len(served_tokens), len(classic))
-        served_checked = n
-        for i in range(n):
-            if served_tokens[i] != classic[i]:
+    if served_tokens is not None:
+        # Even after a rewind finding stopped the replay, the served tokens are compared
+        # with the classic reference over their whole length: where the engine's own
+        # output first left classic decode is the user's symptom.
+        chain.ensure(len(served_tokens))
+        chain.drop_before(len(chain.tokens))
+        reference = chain.tokens[1: len(served_tokens) + 1]
+        served_checked = len(served_tokens)
+        for i, tok in enumerate(served_tokens):
+            if tok != reference[i]:
                 served_mismatch = i
                 break
         if served_mismatch is not None:
+            served_token = served_tokens[served_mismatch]
+            served_pick = chain.picks.get(served_mismatch)
             lead = 1 if prefill_emits else 0
             served_at = (-1, 0) if served_mismatch < lead else locate(
                 emitted_counts(accepts), served_mismatch - lead)
@@ -465,5 +585,10 @@ def replay(
         served_checked=served_checked,
         served_first_mismatch=served_mismatch,
         served_mismatch_at=served_at,
+        served_token=served_token,
+        served_pick=served_pick,
+        tie_breaks=chain.tie_breaks,
+        tie_breaks_total=chain.tie_breaks_total,
+        bracket=bracket,
         seconds=time.perf_counter() - t0,
     )

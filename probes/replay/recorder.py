@@ -20,6 +20,7 @@ from typing import Any
 
 from specparity.decode import CacheOptions
 from specparity.errors import UsageError
+from specparity.processors import ProcessorOptions
 from specparity.probes.replay.logs import AcceptLog
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,13 @@ def accepts_from_flags(flags: list[bool], num_draft_tokens: int,
 
 def record_speculative(model: Any, draft_model: Any, prompt: list[int],
                        num_draft_tokens: int, max_tokens: int,
-                       opts: CacheOptions | None = None) -> AcceptLog:
-    """Run greedy speculative decoding in process; return its accept vector and tokens."""
+                       opts: CacheOptions | None = None,
+                       processors: ProcessorOptions | None = None) -> AcceptLog:
+    """Run greedy speculative decoding in process; return its accept vector and tokens.
+
+    ``processors``: logits-processor options handed to mlx-lm's speculative
+    path as ``logits_processors`` (it applies them with its own history).
+    """
     import mlx.core as mx
     from mlx_lm.generate import speculative_generate_step
     from mlx_lm.models.cache import make_prompt_cache
@@ -58,6 +64,7 @@ def record_speculative(model: Any, draft_model: Any, prompt: list[int],
     if max_tokens < 1:
         raise UsageError(f"--max-tokens {max_tokens}: must be at least 1")
     opts = opts or CacheOptions()
+    procs = processors or ProcessorOptions()
     prompt_cache = None
     if opts.max_kv_size is not None:
         prompt_cache = (make_prompt_cache(model, max_kv_size=opts.max_kv_size)
@@ -71,6 +78,7 @@ def record_speculative(model: Any, draft_model: Any, prompt: list[int],
             prompt_cache=prompt_cache, prefill_step_size=opts.prefill_step_size,
             kv_bits=opts.kv_bits, kv_group_size=opts.kv_group_size,
             quantized_kv_start=opts.quantized_kv_start,
+            logits_processors=procs.make() or None,
         ):
             tokens.append(int(tok))
             flags.append(bool(from_draft))
@@ -86,5 +94,5 @@ def record_speculative(model: Any, draft_model: Any, prompt: list[int],
         tokens=tokens,
         source="mlx_lm.generate.speculative_generate_step",
         meta={"num_draft_tokens": num_draft_tokens, "max_tokens": max_tokens,
-              "cache": opts.to_dict()},
+              "cache": opts.to_dict(), "processors": procs.to_dict()},
     )

@@ -36,6 +36,7 @@ class ReplayRun(ReportMixin):
     findings: list[Any] = field(default_factory=list)
     model: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
+    processors: dict[str, Any] = field(default_factory=dict)
 
     @property
     def verdict(self) -> Verdict:
@@ -49,7 +50,7 @@ class ReplayRun(ReportMixin):
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "exit_code": self.exit_code, "model": self.model,
-                "cache": self.cache, "requests": self.results,
+                "cache": self.cache, "processors": self.processors, "requests": self.results,
                 "algebra": [f.to_dict() for f in self.findings]}
 
 
@@ -85,15 +86,28 @@ def widths_for(req: Any, width: int | None) -> tuple[int | None, list[int] | Non
 def run_replays(loaded: Any, requests: list[Any], findings: list[Any], opts: CacheOptions,
                 cli_ids: list[int] | None = None, prompt_text: str | None = None,
                 width: int | None = None, policy: str = "wrong-id", wrong_id: int = 0,
-                observer: Observer = NULL) -> ReplayRun:
-    """Replay each request against classic decode; one ReplayRun for them all."""
+                observer: Observer = NULL, processors: Any = None) -> ReplayRun:
+    """Replay each request against classic decode; one ReplayRun for them all.
+
+    ``processors``: ``ProcessorOptions`` applied to the classic reference and every
+    verify row as classic decode applies them (None: no processors).
+    """
     from specparity.checkpoint import model_dtype
     from specparity.probes.replay.core import replay
 
+    from specparity.processors import ProcessorOptions, check_vocab
+
+    procs = processors or ProcessorOptions()
+    vocab = getattr(getattr(loaded.model, "args", None), "vocab_size", None)
+    if isinstance(vocab, int):
+        check_vocab(procs, vocab)
+    made = procs.make()
     fp = loaded.fingerprint
     run = ReplayRun(header=(f"model {fp.path} ({fp.model_type}, {model_dtype(loaded.model)},"
-                            f" fingerprint {fp.short}); cache: {opts.describe()}"),
-                    findings=list(findings), model=fp.to_dict(), cache=opts.to_dict())
+                            f" fingerprint {fp.short}); cache: {opts.describe()}"
+                            + (f"; logits processors: {procs.describe()}" if procs.active else "")),
+                    findings=list(findings), model=fp.to_dict(), cache=opts.to_dict(),
+                    processors=procs.to_dict())
     with observer.part("requests", total=len(requests)):
         for i, req in enumerate(requests):
             prompt = prompt_for(req, loaded.tokenizer, cli_ids, prompt_text)
@@ -102,7 +116,7 @@ def run_replays(loaded: Any, requests: list[Any], findings: list[Any], opts: Cac
             try:
                 report = replay(loaded.model, prompt, req.accepts, width=w, widths=ws, policy=policy,
                                 wrong_id=wrong_id, opts=opts, served_tokens=req.tokens,
-                                prefill_emits=req.prefill_emits, observer=observer)
+                                prefill_emits=req.prefill_emits, observer=observer, processors=made)
             except Inconclusive as err:
                 res = {"request": i, "source": req.source, "verdict": Verdict.NOT_RUN, "reason": str(err)}
                 run.texts.append(f"{req.source}: not run: {err}")

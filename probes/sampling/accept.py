@@ -34,6 +34,7 @@ import numpy as np
 from specparity.errors import UsageError
 from specparity.probes.sampling.montecarlo import draw_drafts, single_step
 from specparity.probes.sampling.rules import BUILTIN, SUM_MIN, SUM_PROD, Rule, closed_forms, rule_q
+from specparity.probes.sampling.stats import min_detectable_shift
 from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class Measurement:
     sits_on: ``sum_min``, ``sum_prod``, ``both`` (the forms are too close to tell
       apart here) or ``neither``.
     verdict: ``ok`` or ``divergent`` (on neither, or not on the expected form).
+    min_shift: the smallest shift of per-position acceptance off the expected form
+      (sum_min when none is expected) this measurement detects with 99% power
+      (two-sided z test at alpha, normal approximation).
     """
 
     source: str
@@ -95,6 +99,7 @@ class Measurement:
     z_crit: float
     sits_on: str
     verdict: str
+    min_shift: float = math.inf
 
 
 def _z(accepted: float, alphas: np.ndarray, weight: float = 1.0) -> float:
@@ -118,6 +123,7 @@ def measure(source: str, rule: str, expected: str | None, accepted: int, tested:
     sits = "both" if on_min and on_prod else SUM_MIN if on_min else SUM_PROD if on_prod else (
         "neither")
     bad = sits == "neither" or (expected is not None and sits not in (expected, "both"))
+    ref = a_prod if expected == SUM_PROD else a_min
     return Measurement(
         source=source, rule=rule, expected=expected, accepted=accepted, tested=tested,
         proposed=proposed, rounds=rounds,
@@ -128,6 +134,7 @@ def measure(source: str, rule: str, expected: str | None, accepted: int, tested:
         mean_sum_prod=float(a_prod.mean()) if a_prod.size else 0.0,
         z_min=z_min, z_prod=z_prod, z_crit=z_crit, sits_on=sits,
         verdict=Verdict.DIVERGENT if bad else OK,
+        min_shift=min_detectable_shift(float((ref * (1.0 - ref)).sum()) * weight, ref.size * weight, alpha),
     )
 
 
@@ -286,8 +293,13 @@ def run_accept(target_dir: str, draft_dir: str, temperature: float = DEFAULT_TEM
     check_args(temperature, positions, num_draft, draws, alpha)
     t0 = time.perf_counter()
     tgt = load_checkpoint(target_dir, trust_remote_code=trust_remote_code)
-    drf = load_checkpoint(draft_dir, trust_remote_code=trust_remote_code)
+    drf = load_checkpoint(draft_dir, trust_remote_code=trust_remote_code, flag="--draft-model")
     _check_trimmable(tgt.model, target_dir)
+    if prompt is not None:
+        from specparity.inputs import check_prompts
+
+        check_prompts([prompt], tgt)
+        check_prompts([prompt], drf, "--prompt-ids (--draft-model's vocabulary)")
     if prompt is None:
         prompt = encode_prompts(tgt.tokenizer, [DEFAULT_PROMPTS[0]])[0]
     log.info("accept: mlx-lm speculative generation until %d positions are tested", positions)
@@ -352,7 +364,9 @@ def _accept_verdict(meas: list[Measurement], bad_pos: list[int]) -> tuple[Verdic
         want = f", expected {m.expected}" if m.expected else ""
         return Verdict.DIVERGENT, (f"{m.rule} ({m.source}) sits on {m.sits_on}{want}: z_min"
                            f" {m.z_min:.1f}, z_prod {m.z_prod:.1f}, |z| limit {m.z_crit:.2f}")
-    return Verdict.PASS, "every measurement sits on its closed form"
+    reach = max(m.min_shift for m in meas) if meas else math.inf
+    return Verdict.PASS, (f"every measurement sits on its closed form; each detects a shift >= {reach:.3g}"
+                          " of per-position acceptance off its form with 99% power")
 
 
 def check_args(temperature: float, positions: int, num_draft: int, draws: int,
@@ -368,6 +382,11 @@ def check_args(temperature: float, positions: int, num_draft: int, draws: int,
         raise UsageError(f"--draws {draws}: must be >= 1")
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
+    from specparity.inputs import check_limit, check_positions, check_width
+
+    check_positions(positions, "--positions")
+    check_width(num_draft + 1, "--num-draft + 1 (verify rows)")
+    check_limit(draws, "--draws", "max_samples")
 
 
 def _check_trimmable(model: Any, path: str) -> None:
@@ -394,7 +413,8 @@ def render_accept(rep: AcceptReport) -> str:
             f" {m.per_position_acceptance:.4f} ({m.accepted}/{m.tested}), acceptance_rate"
             f" {m.acceptance_rate:.4f}, mean_accepted_len {m.mean_accepted_len:.3f};"
             f" sum_min {m.mean_sum_min:.4f} (z {m.z_min:+.1f}), sum_prod {m.mean_sum_prod:.4f}"
-            f" (z {m.z_prod:+.1f}), |z| limit {m.z_crit:.2f}"
+            f" (z {m.z_prod:+.1f}), |z| limit {m.z_crit:.2f}; detects a shift >= {m.min_shift:.3g}"
+            " with 99% power"
         )
     if rep.inconsistent:
         lines.append(f"  sum_min < sum_prod at tested positions {rep.inconsistent[:10]}")

@@ -36,7 +36,15 @@ import numpy as np
 from specparity.errors import UsageError
 from specparity.probes.sampling.montecarlo import Checker, Violation, simulate
 from specparity.probes.sampling.rules import CONTROLS, Rule, closed_forms, rule_q
-from specparity.probes.sampling.stats import ChiSquare, chi_square
+from specparity.probes.sampling.stats import (
+    ChiSquare,
+    NearMiss,
+    Power,
+    chi_square,
+    near_miss_control,
+    power_statement,
+    samples_for_tv,
+)
 from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
@@ -230,7 +238,7 @@ def make_problem(target_logits=None, draft_logits=None, temperature: float = DEF
         raise UsageError(f"--min-p {min_p}: must be in [0, 1]")
     if num_draft < 1:
         raise UsageError(f"--num-draft {num_draft}: must be >= 1")
-    if tl.size ** num_draft > 200_000:
+    if num_draft * math.log(max(tl.size, 2)) > math.log(200_000):
         raise UsageError(f"--num-draft {num_draft}: {tl.size}**{num_draft} joint cells is too"
                          " many for a chi-square; use fewer tokens or a shorter chain")
     return Problem(tl, dl, temperature, top_k, top_p, min_p, num_draft)
@@ -278,12 +286,18 @@ class DistReport(ReportMixin):
     sweep_draws: draws per forced draft token in the support sweep.
     law: ``token`` (single position) or ``joint k-prefix``.
     arms: the rule first, then the controls.
-    controls_run: False at temperature 0 (the law is one token; the exact
-      support check decides and there is nothing for a control to get wrong).
+    controls_run: False when the law is one token (temperature 0, or filters that
+      leave one token): the exact support check decides and there is nothing for a
+      control to get wrong.
     verdict: ``pass``, ``divergent`` (the rule failed a check) or ``inconclusive``
       (a control was not rejected: the run had too little power to pass anything).
     reason: one line saying why.
     seconds: wall time of the whole run.
+    power: the smallest effects this run rejects with 99% power (stats.Power; None
+      when no chi-square decides, at temperature 0).
+    near_miss: a control drawn at exactly ``power.min_tv`` from the law: it must be
+      rejected, or the power statement does not hold (inconclusive).
+    detect_tv: the TV ``--detect-tv`` sized the sample for (None: not sized).
     """
 
     rule: str
@@ -298,6 +312,9 @@ class DistReport(ReportMixin):
     verdict: Verdict
     reason: str
     seconds: float
+    power: Power | None = None
+    near_miss: NearMiss | None = None
+    detect_tv: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -342,19 +359,42 @@ def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.rando
     )
 
 
+def law_of(prob: Problem) -> np.ndarray:
+    """The law a dist run tests against: p, or the joint law of the k-prefix."""
+    return prob.joint() if prob.num_draft > 1 else prob.p
+
+
+def samples_to_detect(prob: Problem, tv: float, alpha: float = DEFAULT_ALPHA) -> int:
+    """``--detect-tv``: the sample size at which this problem's test rejects any law at TV >= ``tv``
+    with 99% power."""
+    if not 0 < tv < 0.5:
+        raise UsageError(f"--detect-tv {tv}: must be in (0, 0.5)")
+    if prob.temperature == 0:
+        raise UsageError("--detect-tv: at temperature 0 the law is one token and the exact check decides")
+    return samples_for_tv(law_of(prob), tv, alpha)
+
+
 def run_dist(rule: Rule, prob: Problem, samples: int = DEFAULT_SAMPLES,
              alpha: float = DEFAULT_ALPHA, seed: int = 0,
              sweep_draws: int = DEFAULT_SWEEP_DRAWS,
-             controls: list[Rule] | None = None) -> DistReport:
-    """Test ``rule`` on ``prob`` beside the known-wrong controls, at one sample size."""
+             controls: list[Rule] | None = None, detect_tv: float | None = None) -> DistReport:
+    """Test ``rule`` on ``prob`` beside the known-wrong controls, at one sample size.
+
+    A pass also states the smallest TV (and per-bin relative error) this run
+    rejects with 99% power, checked by a near-miss control drawn at that TV.
+    """
     if samples < 100:
         raise UsageError(f"--samples {samples}: need at least 100")
+    from specparity.inputs import check_limit
+
+    check_limit(samples, "--samples", "max_samples")
+    check_limit(sweep_draws, "--sweep-draws", "max_samples")
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
     t0 = time.perf_counter()
     controls = list(CONTROLS.values()) if controls is None else controls
     ss = np.random.SeedSequence(seed)
-    streams = ss.spawn(1 + len(controls))
+    streams = ss.spawn(2 + len(controls))  # the rule, the controls, the near-miss control
     log.info("dist: %s, %d samples, seed %d", rule.name, samples, seed)
     arms = [run_arm(rule, prob, samples, alpha, np.random.default_rng(streams[0]), "rule",
                     sweep_draws)]
@@ -363,17 +403,23 @@ def run_dist(rule: Rule, prob: Problem, samples: int = DEFAULT_SAMPLES,
         for ctl, s in zip(controls, streams[1:]):
             log.info("dist: control %s", ctl.name)
             arms.append(run_arm(ctl, prob, samples, alpha, np.random.default_rng(s), "control"))
-    verdict, reason = _verdict(arms, controls_run)
+    power = near = None
+    if controls_run:
+        power = power_statement(law_of(prob), samples, alpha)
+    if power is not None:
+        near = near_miss_control(law_of(prob), samples, alpha, power, np.random.default_rng(streams[-1]))
+    verdict, reason = _verdict(arms, controls_run, power, near)
     return DistReport(
         rule=rule.name, problem=prob.describe(), samples=samples, alpha=alpha, seed=seed,
         sweep_draws=sweep_draws,
         law="token" if prob.num_draft == 1 else f"joint {prob.num_draft}-prefix",
         arms=arms, controls_run=controls_run, verdict=verdict, reason=reason,
-        seconds=time.perf_counter() - t0,
+        seconds=time.perf_counter() - t0, power=power, near_miss=near, detect_tv=detect_tv,
     )
 
 
-def _verdict(arms: list[Arm], controls_run: bool) -> tuple[Verdict, str]:
+def _verdict(arms: list[Arm], controls_run: bool, power: Power | None = None,
+             near: NearMiss | None = None) -> tuple[Verdict, str]:
     rule = arms[0]
     if rule.support_violation is not None:
         return Verdict.DIVERGENT, f"{rule.name}: {rule.support_violation.describe()}"
@@ -386,11 +432,16 @@ def _verdict(arms: list[Arm], controls_run: bool) -> tuple[Verdict, str]:
     if weak:
         return Verdict.INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not rejected at"
                               f" {rule.chi.samples} samples")
+    if near is not None and not near.rejected:
+        return Verdict.INCONCLUSIVE, (f"the near-miss control at TV {near.tv:.4g} was not rejected (chi-square"
+                              f" {near.chi.statistic:.1f} <= {near.chi.threshold:.1f}): this run's"
+                              " power statement does not hold")
     if not controls_run:
-        return Verdict.PASS, (f"{rule.name}: temperature 0 law is one token; every emitted token"
-                      " was it")
+        return Verdict.PASS, (f"{rule.name}: the target's law is one token; every emitted token"
+                              " was it")
+    reach = f"; {power.describe()}" if power is not None else ""
     return Verdict.PASS, (f"{rule.name}: chi-square {rule.chi.statistic:.1f} <= {rule.chi.threshold:.1f}"
-                  f" at dof {rule.chi.dof}, and every control rejected")
+                          f" at dof {rule.chi.dof}, every control rejected{reach}")
 
 
 def render_text(rep: DistReport) -> str:
@@ -418,6 +469,19 @@ def render_text(rep: DistReport) -> str:
             if v is not None:
                 lines.append(f"      {v.check} violation: {v.describe()}")
     if not rep.controls_run:
-        lines.append("  controls: not run (temperature 0: one-token law, the exact check decides)")
+        why = ("temperature 0" if pr["temperature"] == 0
+               else f"temperature {pr['temperature']:g} but the filters leave one token")
+        lines.append(f"  controls: not run ({why}: one-token law, the exact check decides)")
+    if rep.power is not None:
+        lines.append(f"  power: {rep.power.describe()}")
+    if rep.near_miss is not None:
+        nm = rep.near_miss
+        lines.append(f"  near-miss control at TV {nm.tv:.4g} (predicted power {nm.predicted_power:.3f}):"
+                     f" {'rejected' if nm.rejected else 'NOT rejected'}, chi2 {nm.chi.statistic:.1f}"
+                     f" vs threshold {nm.chi.threshold:.1f}")
+    if rep.detect_tv is not None:
+        n_arms = len(rep.arms) + (rep.near_miss is not None)
+        lines.append(f"  sized by --detect-tv {rep.detect_tv:g}: {rep.samples} samples per arm x {n_arms}"
+                     f" arms = {rep.samples * n_arms} draws, {rep.seconds:.2f} s")
     lines.append(f"verdict: {rep.verdict}: {rep.reason}  ({rep.seconds:.2f} s)")
     return "\n".join(lines)

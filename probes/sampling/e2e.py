@@ -24,7 +24,7 @@ from specparity.probes.sampling.accept import (
 )
 from specparity.probes.sampling.dist import NOT_REJECTED, Arm, make_problem, run_arm, softmax32
 from specparity.probes.sampling.rules import CONTROLS, SUM_PROD, closed_forms
-from specparity.probes.sampling.stats import chi_square
+from specparity.probes.sampling.stats import NearMiss, Power, chi_square, near_miss_control, power_statement
 from specparity.verdicts import ReportMixin, Verdict
 
 
@@ -51,6 +51,8 @@ class EndToEndReport(ReportMixin):
     acceptance: mlx-lm's measured acceptance placed on the closed forms.
     verdict: ``pass``, ``divergent`` or ``inconclusive`` (a control not rejected).
     reason: one line. seconds: wall time (generation_seconds: the mlx-lm part).
+    power: the smallest TV / relative error this stream's test rejects with 99% power;
+      near_miss: the control drawn at that TV (it must be rejected, else inconclusive).
     """
 
     target: str
@@ -71,6 +73,8 @@ class EndToEndReport(ReportMixin):
     reason: str
     seconds: float
     generation_seconds: float
+    power: Power | None = None
+    near_miss: NearMiss | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -94,6 +98,9 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
     check_args(temperature, 1, num_draft, 1, alpha)
     if tokens < 50:
         raise UsageError(f"--tokens {tokens}: need at least 50")
+    from specparity.inputs import check_positions
+
+    check_positions(tokens, "--tokens")
     t0 = time.perf_counter()
     tdir, ddir = build_constant_pair(root or fixtures_home(), target_live, draft_live)
     tgt = load_checkpoint(tdir, trust_remote_code=True)
@@ -121,7 +128,7 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
     # Controls: the same p and q over the live tokens, at the same sample size.
     prob = make_problem(target_logits=np.array(target_live), draft_logits=np.array(draft_live),
                         temperature=temperature, top_k=0)
-    streams = np.random.SeedSequence(seed).spawn(len(CONTROLS))
+    streams = np.random.SeedSequence(seed).spawn(len(CONTROLS) + 1)  # the controls, the near miss
     arms: list[Any] = [arm_stream]
     for ctl, ss in zip(CONTROLS.values(), streams):
         arms.append(run_arm(ctl, prob, len(stream), alpha, np.random.default_rng(ss), "control"))
@@ -129,6 +136,9 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
     acc_meas = measure(MLX_LM, "sampler-match", SUM_PROD, int(sum(run.rounds)), n_tested,
                        num_draft * len(run.rounds), len(run.rounds),
                        np.full(n_tested, float(a_min)), np.full(n_tested, float(a_prod)), alpha)
+    power = power_statement(p_full, len(stream), alpha)
+    near = (near_miss_control(p_full, len(stream), alpha, power, np.random.default_rng(streams[-1]))
+            if power is not None else None)
     if outside:
         verdict, reason = Verdict.DIVERGENT, (f"emitted token {outside[1]} at stream index"
                                       f" {outside[0]} has p = 0")
@@ -139,19 +149,23 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
         weak = [a.name for a in arms[1:] if a.verdict == NOT_REJECTED]
         verdict, reason = Verdict.INCONCLUSIVE, (f"underpowered: control(s) {', '.join(weak)} not"
                                          f" rejected at {len(stream)} tokens")
+    elif near is not None and not near.rejected:
+        verdict, reason = Verdict.INCONCLUSIVE, (f"the near-miss control at TV {near.tv:.4g} was not"
+                                                 " rejected: the power statement does not hold")
     elif acc_meas.verdict == Verdict.DIVERGENT:
         verdict, reason = Verdict.DIVERGENT, (f"acceptance sits on {acc_meas.sits_on}, expected"
                                       f" sum_prod (z_prod {acc_meas.z_prod:.1f})")
     else:
         verdict, reason = Verdict.PASS, (f"chi-square {chi.statistic:.1f} <= {chi.threshold:.1f} at"
                                  f" dof {chi.dof}, every control rejected, acceptance on"
-                                 " sum_prod")
+                                 " sum_prod" + (f"; {power.describe()}" if power is not None else ""))
     return EndToEndReport(
         target=tdir, draft=ddir, temperature=temperature, num_draft=num_draft, seed=seed,
         alpha=alpha, tokens=len(stream), live_tokens=live, p=[float(p_full[i]) for i in live],
         q=[float(q_full[i]) for i in live], counts=[int(counts_full[i]) for i in live],
         outside_support=outside, arms=arms, acceptance=acc_meas, verdict=verdict,
         reason=reason, seconds=time.perf_counter() - t0, generation_seconds=run.seconds,
+        power=power, near_miss=near,
     )
 
 
@@ -177,6 +191,11 @@ def render_end_to_end(rep: EndToEndReport) -> str:
         f" acceptance_rate {m.acceptance_rate:.4f}, mean_accepted_len {m.mean_accepted_len:.3f};"
         f" sum_prod {m.mean_sum_prod:.4f} (z {m.z_prod:+.1f}), sum_min {m.mean_sum_min:.4f}"
         f" (z {m.z_min:+.1f}): sits on {m.sits_on}")
+    if rep.power is not None:
+        lines.append(f"  power: {rep.power.describe()}")
+    if rep.near_miss is not None:
+        lines.append(f"  near-miss control at TV {rep.near_miss.tv:.4g}:"
+                     f" {'rejected' if rep.near_miss.rejected else 'NOT rejected'}")
     lines.append(f"verdict: {rep.verdict}: {rep.reason}  ({rep.seconds:.1f} s,"
                  f" generation {rep.generation_seconds:.1f} s)")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specparity.errors import UsageError
-from specparity.probes.sampling.rules import Rule, sample_rows
+from specparity.probes.sampling.rules import Rule, check_tokens, sample_rows
 
 if TYPE_CHECKING:
     from specparity.probes.sampling.dist import Problem
@@ -105,16 +105,12 @@ def _pick(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return np.take_along_axis(rows, tokens[:, None], axis=1)[:, 0]
 
 
-def _user_token(value: Any, rule: Rule, draw: int) -> int:
+def _user_token(value: Any, rule: Rule, draw: int, vocab: int) -> int:
     if isinstance(value, (list, tuple, np.ndarray)):
         if len(value) == 0:
             raise UsageError(f"--rule {rule.name}: returned no token at draw {draw}")
         value = value[0]
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"--rule {rule.name}: returned {value!r} at draw {draw},"
-                         " not a token id") from None
+    return int(check_tokens(rule.name, value, vocab, draw))
 
 
 def _call_user(rule: Rule, draw: int, *args: Any) -> Any:
@@ -139,18 +135,17 @@ def single_step(rule: Rule, p: np.ndarray, q: np.ndarray, drafts: np.ndarray,
         pp = np.broadcast_to(p, (n, p.shape[-1])) if p.ndim == 1 else p
         qq = np.broadcast_to(q, (n, q.shape[-1])) if q.ndim == 1 else q
         out = _call_user(rule, base, pp, qq, drafts, rng)
-        out = np.asarray(out)
+        out = check_tokens(rule.name, out, p.shape[-1], base)
         if out.shape != (n,):
             raise UsageError(f"--rule {rule.name}: a vectorized rule returned shape"
                              f" {out.shape}, expected ({n},)")
-        out = out.astype(np.int64)
     else:
         out = np.empty(n, dtype=np.int64)
         for i in range(n):
             pi = p if p.ndim == 1 else p[i]
             qi = q if q.ndim == 1 else q[i]
             out[i] = _user_token(_call_user(rule, base + i, pi, qi, int(drafts[i]), rng), rule,
-                                 base + i)
+                                 base + i, p.shape[-1])
     return out, out == drafts
 
 
@@ -233,19 +228,20 @@ def _chain_emit(rule: Rule, P: np.ndarray, Q: np.ndarray, D: np.ndarray,
             em[idx, k] = sample_rows(P[idx, k], rng)
         return em
     if rule.vectorized:
-        out = np.asarray(_call_user(rule, base, P, Q, D, rng))
+        out = check_tokens(rule.name, _call_user(rule, base, P, Q, D, rng), P.shape[-1], base,
+                           padded=True)
         if out.shape != (m, k + 1):
             raise UsageError(f"--rule {rule.name}: a vectorized chain rule returned shape"
                              f" {out.shape}, expected ({m}, {k + 1})")
-        return out.astype(np.int64)
+        return out
     em = np.full((m, k + 1), -1, dtype=np.int64)
     for i in range(m):
         res = _call_user(rule, base + i, P[i], Q[i], D[i].copy(), rng)
-        res = list(np.atleast_1d(np.asarray(res)))
-        if not 1 <= len(res) <= k + 1:
-            raise UsageError(f"--rule {rule.name}: returned {len(res)} tokens at draw"
+        toks = np.atleast_1d(check_tokens(rule.name, res, P.shape[-1], base + i)).reshape(-1)
+        if np.ndim(res) > 1 or not 1 <= len(toks) <= k + 1:
+            raise UsageError(f"--rule {rule.name}: returned {len(toks)} tokens at draw"
                              f" {base + i}, expected 1..{k + 1}")
-        em[i, : len(res)] = [_user_token(t, rule, base + i) for t in res]
+        em[i, : len(toks)] = toks
     return em
 
 

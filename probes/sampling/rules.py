@@ -341,3 +341,62 @@ def onehot_argmax(q: np.ndarray) -> np.ndarray:
 def rule_q(rule: Rule, q: np.ndarray) -> np.ndarray:
     """The drafter distribution ``rule`` sees: one-hot at argmax q for greedy drafters."""
     return onehot_argmax(q) if (rule.greedy_draft or rule.onehot_q) else q
+
+
+# ---------------------------------------------------------------- what a user rule returns
+
+
+def check_tokens(rule: str, value: Any, vocab: int, draw: int, padded: bool = False) -> np.ndarray:
+    """A user rule's emitted token(s) as int64, or a one-line UsageError naming the rule and draw.
+
+    Impossible outputs are a usage error, never a verdict: a token outside
+    0..vocab - 1, a non-integer (2.7, NaN, inf, a string), a bool. ``padded``: rows
+    of a vectorized chain rule, where -1 after the last token means "no token".
+    For a 1-D or 2-D batch, draw ``draw + i`` is row ``i``.
+    """
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"--rule {rule}: returned {_short(value)} at draw {draw}, not token ids"
+                         f" ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+                         ) from None
+    if arr.dtype.kind not in "iuf" or arr.dtype.kind == "b":
+        raise UsageError(f"--rule {rule}: returned {_short(value)} at draw {draw}, not token ids")
+    flat = arr.reshape(-1)
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(flat) | (flat != np.floor(flat))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise UsageError(f"--rule {rule}: returned {float(flat[i])!r} at draw"
+                             f" {_draw(arr, draw, i)}, not an integer token id")
+    lo = -1 if padded else 0
+    out_of_range = (flat < lo) | (flat >= vocab)
+    if out_of_range.any():
+        i = int(np.argmax(out_of_range))
+        raise UsageError(f"--rule {rule}: emitted token {_num(flat[i])} at draw {_draw(arr, draw, i)},"
+                         f" outside the vocabulary (0..{vocab - 1})")
+    ints = arr.astype(np.int64)
+    if padded and ints.ndim == 2:
+        # -1 pads after the last token only: a token after a -1 is impossible
+        seen_pad = np.maximum.accumulate(ints < 0, axis=1)
+        bad = seen_pad & (ints >= 0)
+        if bad.any():
+            r = int(np.nonzero(bad.any(axis=1))[0][0])
+            raise UsageError(f"--rule {rule}: at draw {draw + r} a token follows the -1 padding"
+                             f" ({ints[r].tolist()})")
+    return ints
+
+
+def _draw(arr: np.ndarray, draw: int, flat_index: int) -> int:
+    return draw + (flat_index // int(np.prod(arr.shape[1:])) if arr.ndim > 1 else
+                   flat_index if arr.ndim == 1 else 0)
+
+
+def _num(x: Any) -> str:
+    f = float(x)
+    return str(int(f)) if f.is_integer() else repr(f)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

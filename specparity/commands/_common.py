@@ -9,7 +9,9 @@ from collections.abc import Callable
 
 import click
 
-from specparity.errors import SpecparityError, UsageError
+from specparity.errors import SpecparityError
+from specparity.inputs import parse_int_list  # noqa: F401  (moved; kept for importers)
+from specparity.outputs import record_dir_callback
 
 
 def json_option(f: Callable) -> Callable:
@@ -23,6 +25,7 @@ def record_option(f: Callable) -> Callable:
         "--record-dir",
         type=click.Path(file_okay=False),
         default=None,
+        callback=record_dir_callback,
         help="Write a record (markdown + data/) into this directory, part by part as the run goes.",
     )(f)
 
@@ -53,6 +56,32 @@ def cache_options(f: Callable) -> Callable:
     return f
 
 
+def processor_options(f: Callable) -> Callable:
+    """Logits processors as mlx-lm's make_logits_processors takes them (specparity.processors)."""
+    f = click.option("--logit-bias", default=None, metavar="ID:BIAS,...",
+                     help="Additive logit bias per token id, e.g. 5:2.5,17:-100.")(f)
+    for name in ("frequency", "presence", "repetition"):
+        f = click.option(f"--{name}-context-size", type=click.IntRange(min=1), default=20, show_default=True,
+                         help=f"History tokens the {name} penalty sees.")(f)
+        f = click.option(f"--{name}-penalty", type=float, default=None,
+                         help=f"mlx-lm's {name} penalty (a logits processor; off by default).")(f)
+    return f
+
+
+def processor_options_from(kwargs: dict[str, Any]):
+    from specparity.processors import ProcessorOptions, parse_logit_bias
+
+    return ProcessorOptions(
+        repetition_penalty=kwargs.pop("repetition_penalty"),
+        repetition_context_size=kwargs.pop("repetition_context_size"),
+        presence_penalty=kwargs.pop("presence_penalty"),
+        presence_context_size=kwargs.pop("presence_context_size"),
+        frequency_penalty=kwargs.pop("frequency_penalty"),
+        frequency_context_size=kwargs.pop("frequency_context_size"),
+        logit_bias=parse_logit_bias(kwargs.pop("logit_bias")),
+    )
+
+
 def cache_options_from(kwargs: dict[str, Any]):
     from specparity.decode import CacheOptions
 
@@ -64,30 +93,6 @@ def cache_options_from(kwargs: dict[str, Any]):
         max_kv_size=kwargs.pop("max_kv_size"),
         prefill_step_size=kwargs.pop("prefill_step_size"),
     )
-
-
-def parse_int_list(value: str | None, flag: str, minimum: int = 0) -> list[int]:
-    """``"2,4,8"`` or ``"2-16"`` -> sorted unique ints; a bad item names the flag."""
-    if value is None or value == "":
-        return []
-    out: set[int] = set()
-    for item in str(value).split(","):
-        item = item.strip()
-        try:
-            if "-" in item[1:]:
-                lo, hi = item.split("-", 1)
-                rng = range(int(lo), int(hi) + 1)
-                if not rng:
-                    raise ValueError
-                out.update(rng)
-            else:
-                out.add(int(item))
-        except ValueError:
-            raise UsageError(f"{flag} {value!r}: {item!r} is not an integer or range") from None
-    bad = [v for v in out if v < minimum]
-    if bad:
-        raise UsageError(f"{flag} {value!r}: {bad[0]} is below the minimum {minimum}")
-    return sorted(out)
 
 
 def resolve_path(spec: str | None, role: str = "target"):
@@ -108,7 +113,8 @@ def resolve_model(model: str | None, trust_remote_code: bool, role: str = "targe
     path = resolve_path(model, role)
     if model is None:
         click.echo(f"using the embedded default {role} checkpoint {path}", err=True)
-    return load_checkpoint(path, trust_remote_code=trust_remote_code)
+    flag = "--model" if role == "target" else "--draft-model"
+    return load_checkpoint(path, trust_remote_code=trust_remote_code, flag=flag)
 
 
 class CommandRun:

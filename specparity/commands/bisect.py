@@ -20,6 +20,7 @@ from specparity.commands._common import (
     resolve_model,
 )
 from specparity.errors import EXIT_OK, UsageError
+from specparity.outputs import check_new_file, force_option
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +45,22 @@ def _prompt(loaded: Any, prompt: str | None, prompt_ids: str | None) -> list[int
     from specparity.prompts import DEFAULT_PROMPTS, encode_prompts, parse_prompt_ids
 
     if prompt_ids:
+        from specparity.inputs import check_prompts
+
         ids = parse_prompt_ids([prompt_ids])[0]
-        vocab = int(loaded.config.get("vocab_size") or 0)
-        bad = [i for i in ids if i < 0 or (vocab and i >= vocab)]
-        if bad:
-            raise UsageError(
-                f"--prompt-ids: token {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        check_prompts([ids], loaded)
         return ids
     text = prompt if prompt is not None else DEFAULT_PROMPTS[0]
     return encode_prompts(loaded.tokenizer, [text])[0]
 
 
-def _need_width(width: int | None) -> int:
+def _need_width(width: int | None, depth: int = 0) -> int:
+    from specparity.inputs import check_positions, check_width
+
     if width is None:
         raise UsageError("--width is required (the verify block's row count, e.g. --width 4)")
-    return width
+    check_positions(depth, "--depth")
+    return check_width(width)
 
 
 def _emit(run: CommandRun, result: Any) -> int:
@@ -109,7 +111,7 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
     from specparity.bisect.controls import parse_control
     from specparity.bisect.run import run_bisect
 
-    w = _need_width(width)
+    w = _need_width(width, depth)
     parsed = [parse_control(c) for c in controls]
     opts = cache_options_from(kwargs)
     loaded = resolve_model(model, trust_remote_code)
@@ -132,10 +134,11 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
               show_default=True, help="Which arm's captures to write.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), metavar="FILE",
               help="Safetensors file to write (its manifest goes to FILE with .json).")
+@force_option
 @json_option
 def dump(width: int | None, depth: int, prompt: str | None, prompt_ids: str | None,
-         model: str | None, trust_remote_code: bool, arm: str, out: str, as_json: bool,
-         **kwargs: Any) -> int:
+         model: str | None, trust_remote_code: bool, arm: str, out: str, force: bool,
+         as_json: bool, **kwargs: Any) -> int:
     """Write every capture of one arm (or both) to safetensors plus a JSON manifest.
 
     Run it under each environment, backend or mlx version to compare, then
@@ -150,7 +153,8 @@ def dump(width: int | None, depth: int, prompt: str | None, prompt_ids: str | No
     from specparity.bisect.run import model_meta
     from specparity.identity import identity, kernel_env
 
-    w = _need_width(width)
+    w = _need_width(width, depth)
+    check_new_file(out, "--out", force, also=(manifest_path(out),))
     opts = cache_options_from(kwargs)
     loaded = resolve_model(model, trust_remote_code)
     ids = _prompt(loaded, prompt, prompt_ids)

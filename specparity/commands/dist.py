@@ -31,21 +31,28 @@ log = logging.getLogger(__name__)
 @click.option("--top-k", type=int, default=None, help="Target top-k filter (0 = off).")
 @click.option("--top-p", type=float, default=0.0, show_default=True, help="Target top-p filter.")
 @click.option("--min-p", type=float, default=0.0, show_default=True, help="Target min-p filter.")
+@click.option("--detect-tv", type=float, default=None, metavar="TV",
+              help="Size the sample so that any law at this total variation from the target is"
+                   " rejected with 99% power (instead of --samples); the cost is reported.")
 @click.option("--sweep-draws", type=click.IntRange(min=0), default=None,
               help="Draws per forced draft token in the support sweep (default 256).")
 @json_option
 @record_option
 def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | None, seed: int,
          temperature: float | None, target_logits: str | None, draft_logits: str | None,
-         top_k: int | None, top_p: float, min_p: float, sweep_draws: int | None,
-         as_json: bool, record_dir: str | None, quiet: bool) -> int:
+         top_k: int | None, top_p: float, min_p: float, detect_tv: float | None,
+         sweep_draws: int | None, as_json: bool, record_dir: str | None, quiet: bool) -> int:
     """Test an acceptance rule for distributional exactness.
 
     Draws rounds of the rule by Monte Carlo and tests the emitted tokens against
     the target's distribution p (Pearson chi-square at the exact quantile, total
     variation beside its noise floor), next to known-wrong controls run at the
     same sample size: if any control is not rejected the run is inconclusive
-    (exit 3), never a pass. Zero-tolerance checks: no emitted token outside p's
+    (exit 3), never a pass. A pass states its reach: the smallest total
+    variation (and per-bin relative error) this run rejects with 99% power,
+    from the chi-square's non-central distribution, checked by a near-miss
+    control drawn at exactly that TV. --detect-tv X sizes the sample to reach
+    a TV of X and reports the cost. Zero-tolerance checks: no emitted token outside p's
     filtered support (also with every token forced as the draft), no residual
     resample of a token with p <= q.
 
@@ -59,6 +66,7 @@ def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | Non
         specparity dist --rule mrs
         specparity dist --rule sampler-match --num-draft 3
         specparity dist --rule my_engine.rules:accept --temperature 1.0
+        specparity dist --rule mrs --detect-tv 0.002
     """
     from specparity.probes.sampling import dist as dm
     from specparity.probes.sampling.rules import resolve_rule
@@ -75,6 +83,18 @@ def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | Non
         draft_logits=dm.parse_logits(draft_logits, "--draft-logits"),
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, num_draft=num_draft,
     )
+    from specparity.inputs import check_limit
+
+    check_limit(samples or 0, "--samples", "max_samples")
+    check_limit(sweep_draws or 0, "--sweep-draws", "max_samples")
+    alpha = dm.DEFAULT_ALPHA if alpha is None else alpha
+    if detect_tv is not None:
+        if samples is not None:
+            from specparity.errors import UsageError
+
+            raise UsageError("give --samples or --detect-tv, not both")
+        samples = dm.samples_to_detect(prob, detect_tv, alpha)
+        click.echo(f"dist: --detect-tv {detect_tv:g} needs {samples} samples per arm", err=True)
     click.echo(f"dist: testing {rule.name} ({rule.description}) beside"
                f" {3 if prob.temperature > 0 else 0} controls", err=True)
     run = CommandRun("dist", f"dist: {rule.name}", {"command": "dist", "rule": rule.name, "seed": seed},
@@ -83,9 +103,10 @@ def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | Non
         rep = dm.run_dist(
             rule, prob,
             samples=dm.DEFAULT_SAMPLES if samples is None else samples,
-            alpha=dm.DEFAULT_ALPHA if alpha is None else alpha,
+            alpha=alpha,
             seed=seed,
             sweep_draws=dm.DEFAULT_SWEEP_DRAWS if sweep_draws is None else sweep_draws,
+            detect_tv=detect_tv,
         )
         for arm in rep.arms:
             run.observer.result(arm.role, asdict(arm))

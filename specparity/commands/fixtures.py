@@ -35,19 +35,17 @@ def make(out_dir, arch, dtype, bits, seed, faults, no_draft, overwrite, as_json)
         specparity fixtures make ./fx/bad --fault '{"kind":"rows","layer":3,"min_rows":4}'
     """
     import json
+    from pathlib import Path
 
-    from specparity.errors import UsageError
-    from specparity.fixtures import build_pair
+    from specparity.fixtures import ARCH_CONFIGS, build_pair
+    from specparity.inputs import parse_fault
 
-    parsed = []
-    for f in faults:
-        try:
-            item = json.loads(f)
-        except ValueError as err:
-            raise UsageError(f"--fault {f!r}: not JSON ({err})") from None
-        if not isinstance(item, dict) or item.get("kind") not in ("rows", "depth", "stale_trim"):
-            raise UsageError(f"--fault {f!r}: kind must be rows, depth or stale_trim")
-        parsed.append(item)
+    from specparity.outputs import check_record_dir
+
+    # the build happens in a temporary sibling of OUT_DIR, renamed into place
+    check_record_dir(Path(out_dir).expanduser().absolute().parent, "OUT_DIR's parent")
+    layers = ARCH_CONFIGS.get(arch, {}).get("num_hidden_layers")
+    parsed = [parse_fault(f, layers) for f in faults]
     info = build_pair(out_dir, arch=arch, dtype=dtype, bits=int(bits) if bits else None,
                       seed=seed, faults=parsed, with_draft=not no_draft, overwrite=overwrite)
     if as_json:

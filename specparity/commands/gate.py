@@ -34,12 +34,14 @@ def check(model, trust_remote_code, width, env_prefixes, as_json, **cache_kwargs
         specparity gate check --model ./mlx-model --width 4
     """
     from specparity.identity import DEFAULT_ENV_PREFIXES
+    from specparity.inputs import check_width
     from specparity.probes.gate import gate_check
 
+    check_width(width)
     model = str(resolve_path(model, "target"))
     opts = cache_options_from(cache_kwargs)
     decision = gate_check(model, width, opts, env_prefixes=env_prefixes or DEFAULT_ENV_PREFIXES,
-                          trust_remote_code=trust_remote_code)
+                          trust_remote_code=trust_remote_code, log_line=False)
     click.echo(decision.line, err=True)
     if as_json:
         emit_json({**decision.to_dict(), "exit_code": decision.exit_code})
@@ -54,7 +56,10 @@ def list_(as_json):
     """Show the memoized verdicts."""
     from specparity.probes.gate import GateStore
 
-    entries = GateStore().entries()
+    entries, problem = GateStore().read_only()
+    if problem is not None:
+        click.echo(f"specparity-gate: STORE-CORRUPT path={GateStore().path} ({problem});"
+                   " listing the readable entries, moving nothing", err=True)
     if as_json:
         emit_json(entries)
         return EXIT_OK

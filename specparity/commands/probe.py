@@ -16,8 +16,6 @@ from specparity.commands._common import (
 )
 from specparity.errors import UsageError
 
-MAX_WIDTH = 1024
-
 
 @click.command()
 @model_options
@@ -32,11 +30,16 @@ MAX_WIDTH = 1024
 @click.option("--walk-widths", default=None, help="Widths to walk (default: every width).")
 @click.option("--prefill/--no-prefill", default=True, show_default=True,
               help="Also compare one-shot, chunked and token-by-token prefill.")
+@click.option("--aim/--no-aim", default=True, show_default=True,
+              help="Also run blocks and walks placed to straddle every cache boundary"
+                   " (quantized-KV start, rotating size, sliding windows, prefill step).")
+@click.option("--aim-limit", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Aim only at boundaries up to this many positions; further ones are named in the report.")
 @cache_options
 @json_option
 @record_option
 def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, walk_widths,
-          prefill, as_json, record_dir, quiet, **cache_kwargs):
+          prefill, aim, aim_limit, as_json, record_dir, quiet, **cache_kwargs):
     """Compare W single-token steps with one W-row block, byte for byte.
 
     For each width W and depth D: prefill as classic decode does, decode D
@@ -45,9 +48,14 @@ def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, w
     raw bytes in the model's dtype. Several prompts per cell; the long walk
     feeds consecutive full-accept blocks and reports the first divergent
     position; prefill parity compares one-shot, chunked and token-by-token.
+    Before any of it counts, the chain arm is repeated once from the same
+    state (reproducibility bracket): a repeat that differs is inconclusive.
+    Every cache boundary (quantized-KV start, rotating size, sliding windows,
+    prefill step) gets blocks placed to straddle it, whatever the prompts.
 
     \b
-    Exit codes: 0 all equal, 1 divergent, 2 usage, 3 not run, 4 load failure.
+    Exit codes: 0 all equal, 1 divergent, 2 usage, 3 not run or not
+    reproducible, 4 load failure.
 
     \b
     Examples:
@@ -56,21 +64,23 @@ def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, w
         specparity probe --kv-bits 8 --quantized-kv-start 0 --json
     """
     from specparity.probes.forward.probe import run_probe
+    from specparity.inputs import check_positions, check_prompts
     from specparity.prompts import encode_prompts, parse_prompt_ids
 
-    w_list = parse_int_list(widths, "--widths", minimum=1)
-    d_list = parse_int_list(depths, "--depths", minimum=0)
+    w_list = parse_int_list(widths, "--widths", minimum=1, limit="max_width")
+    d_list = parse_int_list(depths, "--depths", minimum=0, limit="max_positions")
+    check_positions(walk, "--walk")
     if not w_list:
         raise UsageError("--widths: give at least one width")
     if not d_list:
         raise UsageError("--depths: give at least one depth")
-    if max(w_list) > MAX_WIDTH:
-        raise UsageError(f"--widths {widths!r}: {max(w_list)} is above the maximum {MAX_WIDTH}")
-    ww = parse_int_list(walk_widths, "--walk-widths", minimum=2) if walk_widths else None
+    ww = (parse_int_list(walk_widths, "--walk-widths", minimum=2, limit="max_width")
+          if walk_widths else None)
     ids = parse_prompt_ids(prompt_ids)
     opts = cache_options_from(cache_kwargs)
 
     loaded = resolve_model(model, trust_remote_code)
+    check_prompts(ids, loaded)
     prompt_list = encode_prompts(loaded.tokenizer, list(prompts) or None, ids or None)
     fp = loaded.fingerprint
     run = CommandRun("probe", f"probe: {fp.model_type} {fp.short}",
@@ -78,5 +88,6 @@ def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, w
                      slug=f"probe-{fp.model_type}")
     with run:
         result = run_probe(loaded, w_list, d_list, prompt_list, opts, walk_positions=walk,
-                           walk_widths=ww, prefill=prefill, observer=run.observer)
+                           walk_widths=ww, prefill=prefill, observer=run.observer, aim=aim,
+                           aim_limit=aim_limit)
         return run.finish(result, markdown=result.markdown(), extra={"model": fp.to_dict()})

@@ -13,10 +13,21 @@ from specparity.commands._common import (
     emit_json,
     json_option,
     model_options,
+    processor_options,
+    processor_options_from,
     record_option,
     resolve_model,
 )
 from specparity.errors import EXIT_OK, Inconclusive, UsageError
+from specparity.inputs import (
+    check_accept_log,
+    check_accept_widths,
+    check_positions,
+    check_token_ids,
+    check_width,
+    vocab_size,
+)
+from specparity.outputs import check_new_file, force_option
 from specparity.probes.replay.logs import FORMATS
 
 POLICIES = ("wrong-id", "correct-token")
@@ -59,11 +70,13 @@ POLICIES = ("wrong-id", "correct-token")
 @click.option("--locate", type=click.IntRange(min=0), default=None, metavar="E",
               help="Print the round and row that emitted token index E, then exit.")
 @cache_options
+@processor_options
 @json_option
 @record_option
+@force_option
 def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request_index,
            draft_model, num_draft_tokens, max_tokens, save_log, prompt_text, prompt_ids, width,
-           policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir, quiet,
+           policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir, quiet, force,
            **cache_kwargs):
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
 
@@ -74,6 +87,12 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
     that leaves a layer at the wrong offset is reported with its round.
     Caches that cannot be trimmed are replayed by snapshot-and-recompute.
     Transcripts (mlxcel-transcript) also get the offline round-algebra checks.
+    Logits processors (--repetition-penalty, --presence-penalty,
+    --frequency-penalty, --logit-bias) are applied to the classic reference
+    and every verify row as classic decode applies them (history = prompt +
+    emitted tokens), and handed to mlx-lm's speculative path by --draft-model;
+    the tokens it emitted are compared with the reference even after a rewind
+    finding.
 
     \b
     Exit codes: 0 agrees, 1 disagreement or finding, 2 usage,
@@ -86,6 +105,7 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         specparity replay --log server.log --format mlxcel-transcript --algebra-only
         specparity replay --log run.log --regex 'accepted=(\\d+)' --width 5
         specparity replay --draft-model ./draft --num-draft-tokens 3 --save-log run.jsonl
+        specparity replay --draft-model ./draft --repetition-penalty 1.3
     """
     from specparity.probes.replay import algebra, logs
 
@@ -98,7 +118,14 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         raise UsageError("--request picks a request of a --log FILE")
     if save_log and draft_model is None:
         raise UsageError("--save-log writes what --draft-model records")
+    check_new_file(save_log, "--save-log", force)
+    if width is not None:
+        check_width(width)
+    if draft_model is not None:
+        check_width(num_draft_tokens + 1, "--num-draft-tokens + 1 (verify rows)")
+        check_positions(max_tokens, "--max-tokens")
     opts = cache_options_from(cache_kwargs)
+    procs = processor_options_from(cache_kwargs)
     cli_ids = _prompt_ids(prompt_ids)
 
     requests: list[logs.AcceptLog] = []
@@ -114,6 +141,8 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
                     f"--request {request_index}: {log_path} holds {len(requests)} requests")
             requests = [requests[request_index]]
 
+    for req in requests:
+        check_accept_widths(req)
     if prefill_emits is not None:
         for req in requests:
             req.prefill_emits = prefill_emits
@@ -127,11 +156,17 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         return _locate(requests, locate, as_json)
 
     loaded = resolve_model(model, trust_remote_code)
+    vocab = vocab_size(loaded)
+    check_token_ids([wrong_id], vocab, "--wrong-id")
+    if cli_ids is not None:
+        check_token_ids(cli_ids, vocab, f"--prompt-ids {prompt_ids!r}")
+    for req in requests:
+        check_accept_log(req, vocab)
     if draft_model is not None:
-        requests = [_record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text,
-                            num_draft_tokens, max_tokens, opts, save_log)]
+        requests = [_record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs,
+                            num_draft_tokens, max_tokens, opts, save_log, force)]
     return _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
-                       wrong_id, opts, as_json, record_dir, quiet)
+                       wrong_id, opts, procs, as_json, record_dir, quiet)
 
 
 def _prompt_ids(value: str | None) -> list[int] | None:
@@ -142,21 +177,23 @@ def _prompt_ids(value: str | None) -> list[int] | None:
     return parse_prompt_ids([value])[0]
 
 
-def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, num_draft_tokens,
-            max_tokens, opts, save_log):
+def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs, num_draft_tokens,
+            max_tokens, opts, save_log, force=False):
     from specparity.probes.replay.logs import AcceptLog, write_requests
     from specparity.probes.replay.recorder import record_speculative
     from specparity.probes.replay.run import prompt_for
 
     draft = resolve_model(draft_model, trust_remote_code, role="draft")
     prompt = prompt_for(AcceptLog([]), loaded.tokenizer, cli_ids, prompt_text)
+    check_token_ids(prompt, vocab_size(draft), "the prompt (--draft-model's vocabulary)")
     click.echo(f"recording: mlx-lm speculative decoding, {num_draft_tokens} proposals per round,"
                f" {max_tokens} tokens", err=True)
-    req = record_speculative(loaded.model, draft.model, prompt, num_draft_tokens, max_tokens, opts)
+    req = record_speculative(loaded.model, draft.model, prompt, num_draft_tokens, max_tokens, opts,
+                             processors=procs)
     req.meta["model"] = loaded.fingerprint.short
     req.meta["draft_model"] = draft.fingerprint.short
     if save_log:
-        path = write_requests(save_log, [req])
+        path = write_requests(save_log, [req], overwrite=force)
         click.echo(f"accept vector written: {path}", err=True)
     return req
 
@@ -199,13 +236,13 @@ def _locate(requests, index, as_json) -> int:
 
 
 def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy, wrong_id,
-                opts, as_json, record_dir, quiet) -> int:
+                opts, procs, as_json, record_dir, quiet) -> int:
     from specparity.probes.replay.run import run_replays
 
     fp = loaded.fingerprint
     run = CommandRun("replay", f"replay: {fp.model_type} {fp.short}",
-                     {"model": fp.to_dict(), "cache": opts.to_dict()}, record_dir, as_json, quiet,
-                     slug=f"replay-{fp.model_type}")
+                     {"model": fp.to_dict(), "cache": opts.to_dict(), "processors": procs.to_dict()},
+                     record_dir, as_json, quiet, slug=f"replay-{fp.model_type}")
     with run:
         if any(r.source == "mlx_lm.generate.speculative_generate_step" for r in requests):
             from specparity.probes.replay.logs import request_object
@@ -213,5 +250,5 @@ def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
             run.sink.write_bytes("accepts.jsonl", "".join(
                 json.dumps(request_object(r)) + "\n" for r in requests).encode())
         result = run_replays(loaded, requests, findings, opts, cli_ids, prompt_text, width, policy,
-                             wrong_id, observer=run.observer)
+                             wrong_id, observer=run.observer, processors=procs)
         return run.finish(result)

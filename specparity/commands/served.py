@@ -31,7 +31,6 @@ from specparity.errors import UsageError
               help="Seconds a server may take to become ready.")
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds one request may take.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @json_option
 @record_option
 def served(config_path, model, draft_model, profile, trust_remote_code, widths, width_mode, max_tokens,

@@ -6,13 +6,17 @@ The checkpoint's config.json carries a ``specparity`` section::
      "faults": [                            # each fault multiplies an output by (1 + 2**-6)
         {"kind": "rows",  "layer": 3, "subop": "mlp", "min_rows": 4},
         {"kind": "depth", "layer": 1, "subop": "self_attn", "min_offset": 40, "min_rows": 2},
-        {"kind": "stale_trim"}],            # cache trim(n) keeps one stale row
+        {"kind": "stale_trim"},             # cache trim(n) keeps one stale row
+        {"kind": "noise", "layer": 2, "subop": "mlp"}],  # not reproducible call to call
      "constant_logits": [..],               # optional: logits that ignore the input
      "witness": "target"}                   # optional: log every forward (see below)
 
 ``rows``: fires when the call has at least ``min_rows`` rows (a verify-width kernel).
 ``depth``: fires when the call has at least ``min_rows`` rows and the cache already
 holds at least ``min_offset`` positions (a kernel that changes past a depth).
+``noise``: adds 2**-8 * N(0, 1) noise drawn from a key that counts the model's
+calls, so the same input gives other bytes on every call (a forward that is not
+reproducible); ``layer`` null puts it on the logits.
 ``process_noise``: ``{"kind": "process_noise", "scale": 4.0}`` adds to the logits a
 bias drawn once per process from the OS's entropy: reproducible within a process,
 not across processes (a served baseline that disagrees with itself).
@@ -49,10 +53,22 @@ class ModelArgs:
 
 
 class _CallState:
-    """Rows and starting cache offset of the model call in progress."""
+    """Rows and starting cache offset of the model call in progress; calls made so far."""
 
     rows = 0
     offset = 0
+    calls = 0
+
+
+NOISE_SCALE = 2.0**-8
+
+
+def _call_noise(out: Any) -> Any:
+    """Noise keyed by the call counter: the same input differs from call to call."""
+    x = out[0] if isinstance(out, tuple) else out
+    noise = mx.random.normal(x.shape, key=mx.random.key(_CallState.calls)) * NOISE_SCALE
+    x = x + noise.astype(x.dtype)
+    return (x,) + out[1:] if isinstance(out, tuple) else x
 
 
 def _cache_offset(cache: Any) -> int:
@@ -92,6 +108,8 @@ def _install_fault(layers: list, fault: dict) -> None:
     def make_call(orig):
         def __call__(self, *args, **kwargs):
             out = orig(self, *args, **kwargs)
+            if fault["kind"] == "noise":
+                return _call_noise(out)
             return _perturb(out, float(fault.get("scale", FAULT_SCALE))) if _fires(fault) else out
 
         return __call__
@@ -132,12 +150,15 @@ class Model(nn.Module):
         self.model_type = getattr(self.inner, "model_type", config.get("model_type"))
         self._faults = list(spec.get("faults") or [])
         self._constant = spec.get("constant_logits")
+        self._logit_noise = False
         self._witness = spec.get("witness")
         self._noise = next((float(f.get("scale", 4.0)) for f in self._faults if f["kind"] == "process_noise"), None)
         self._bias = None
         for fault in self._faults:
-            if fault["kind"] in ("rows", "depth"):
+            if fault["kind"] in ("rows", "depth") or (fault["kind"] == "noise" and fault.get("layer") is not None):
                 _install_fault(self.inner.layers, fault)
+            elif fault["kind"] == "noise":
+                self._logit_noise = True
 
     @property
     def layers(self):
@@ -146,9 +167,12 @@ class Model(nn.Module):
     def __call__(self, inputs, cache=None, **kwargs):
         _CallState.rows = int(inputs.shape[1])
         _CallState.offset = _cache_offset(cache)
+        _CallState.calls += 1
         if self._witness:
             _witness_line(self._witness, _CallState.rows, _CallState.offset)
         out = self.inner(inputs, cache=cache, **kwargs)
+        if self._logit_noise:
+            out = _call_noise(out)
         if self._noise is not None:
             if self._bias is None:
                 key = mx.random.key(int.from_bytes(os.urandom(4), "little"))

@@ -1,0 +1,280 @@
+"""Checks on user input: bounded lists and ranges, limits, token ids, fault specs.
+
+Every check raises a one-line :class:`~specparity.errors.UsageError` naming the
+flag (or file and line) and the value, and runs before anything is expanded,
+allocated or loaded. Shared by every command and every source of the same kind
+of input (a flag, a log, a record), so the class of input is closed once.
+
+Limits a user may legitimately need raised are options of the root command
+(``specparity --max-width N --max-positions N ...``) and environment variables
+(``SPECPARITY_MAX_WIDTH``, ``SPECPARITY_MAX_POSITIONS``, ``SPECPARITY_MAX_SAMPLES``),
+so an in-process caller (a server's ``gate_check``) sees the same limits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from specparity.errors import UsageError
+
+# Defaults: far above any real verify block or probe, far below what exhausts a machine.
+DEFAULT_MAX_WIDTH = 1024
+DEFAULT_MAX_POSITIONS = 16384
+DEFAULT_MAX_SAMPLES = 100_000_000
+
+ENV = {
+    "max_width": "SPECPARITY_MAX_WIDTH",
+    "max_positions": "SPECPARITY_MAX_POSITIONS",
+    "max_samples": "SPECPARITY_MAX_SAMPLES",
+}
+OPTION = {
+    "max_width": "--max-width",
+    "max_positions": "--max-positions",
+    "max_samples": "--max-samples",
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds on inputs that cost time or memory.
+
+    max_width: verify rows W of one block (probe widths, bisect/replay/gate width,
+      a width inside a log, mlx-lm's num_draft_tokens + 1).
+    max_positions: tokens decoded past the prompt (depths, the long walk, replayed
+      emitted tokens, generated tokens, tested positions).
+    max_samples: Monte-Carlo draws (dist --samples, accept --draws, sweep draws).
+    """
+
+    max_width: int = DEFAULT_MAX_WIDTH
+    max_positions: int = DEFAULT_MAX_POSITIONS
+    max_samples: int = DEFAULT_MAX_SAMPLES
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        values: dict[str, int] = {}
+        for name, var in ENV.items():
+            raw = os.environ.get(var)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                raise UsageError(f"{var}={raw!r}: not an integer") from None
+            if values[name] < 1:
+                raise UsageError(f"{var}={raw!r}: must be >= 1")
+        return cls(**values)
+
+
+_current: Limits | None = None
+
+
+def limits() -> Limits:
+    """The limits in force: those the CLI set, else the environment's, else the defaults."""
+    return _current if _current is not None else Limits.from_env()
+
+
+def set_limits(new: Limits | None) -> None:
+    """Set the limits for this process (the CLI's root options); None restores the default."""
+    global _current
+    _current = new
+
+
+def _above(flag: str, value: Any, n: int, limit: str) -> UsageError:
+    cap = getattr(limits(), limit)
+    return UsageError(f"{flag} {value!r}: {n} is above the maximum {cap}"
+                      f" (raise it: specparity {OPTION[limit]} N ..., or {ENV[limit]}=N)")
+
+
+def check_limit(n: int, flag: str, limit: str, value: Any = None) -> int:
+    """``n`` itself if it is within ``limits().<limit>``; else a UsageError naming ``flag``."""
+    if n > getattr(limits(), limit):
+        raise _above(flag, n if value is None else value, n, limit)
+    return n
+
+
+def check_width(width: int, flag: str = "--width") -> int:
+    """A verify block's row count: >= 1 and within --max-width."""
+    if isinstance(width, bool) or not isinstance(width, int):
+        raise UsageError(f"{flag} {width!r}: not an integer")
+    if width < 1:
+        raise UsageError(f"{flag} {width}: must be >= 1")
+    return check_limit(width, flag, "max_width")
+
+
+def check_positions(n: int, flag: str) -> int:
+    """Tokens decoded past the prompt: >= 0 and within --max-positions."""
+    if n < 0:
+        raise UsageError(f"{flag} {n}: must be >= 0")
+    return check_limit(n, flag, "max_positions")
+
+
+def parse_int_list(value: str | None, flag: str, minimum: int = 0,
+                   maximum: int | None = None, limit: str | None = None) -> list[int]:
+    """``"2,4,8"`` or ``"2-16"`` -> sorted unique ints; a bad item names the flag.
+
+    The bound (``maximum``, else ``limits().<limit>``) is checked on each item and
+    each range's ends before anything is expanded, so no input can allocate more
+    than ``maximum - minimum + 1`` integers.
+    """
+    if value is None or str(value).strip() == "":
+        return []
+    if maximum is None and limit is not None:
+        maximum = getattr(limits(), limit)
+    text = str(value)
+    spans: list[tuple[int, int]] = []
+    for raw in text.split(","):
+        item = raw.strip()
+        try:
+            if "-" in item[1:]:
+                cut = item.index("-", 1)
+                lo, hi = int(item[:cut]), int(item[cut + 1:])
+                if hi < lo:
+                    raise UsageError(f"{flag} {text!r}: range {item!r} is empty (high end below low)")
+            else:
+                lo = hi = int(item)
+        except ValueError:
+            raise UsageError(f"{flag} {text!r}: {item!r} is not an integer or range") from None
+        if lo < minimum:
+            raise UsageError(f"{flag} {text!r}: {lo} is below the minimum {minimum}")
+        if maximum is not None and hi > maximum:
+            if limit is not None:
+                raise _above(flag, text, hi, limit)
+            raise UsageError(f"{flag} {text!r}: {hi} is above the maximum {maximum}")
+        spans.append((lo, hi))
+    if maximum is None and sum(hi - lo + 1 for lo, hi in spans) > 1_000_000:
+        raise UsageError(f"{flag} {text!r}: more than 1000000 values")
+    out: set[int] = set()
+    for lo, hi in spans:
+        out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+# ---------------------------------------------------------------- token ids
+
+
+def vocab_size(loaded: Any) -> int:
+    """Rows of the model's embedding: token ids must be in 0..vocab_size - 1.
+
+    ``loaded`` is a :class:`~specparity.checkpoint.Loaded`, or an mlx-lm model.
+    The embedding's shape is what a lookup indexes, so it wins over a config that
+    says otherwise; the config's ``vocab_size`` (or ``text_config.vocab_size``) is
+    the fallback for a model without a recognisable embedding.
+    """
+    model = getattr(loaded, "model", loaded)
+    try:
+        from mlx.utils import tree_flatten
+
+        params: dict[str, Any] = dict(tree_flatten(model.parameters()))
+        for name, v in params.items():
+            if name.endswith(("embed_tokens.weight", "wte.weight")):
+                return int(v.shape[0])
+    except (AttributeError, ImportError, TypeError):
+        pass
+    cfg = getattr(loaded, "config", None) or {}
+    for c in (cfg, cfg.get("text_config") or {}):
+        if isinstance(c.get("vocab_size"), int) and c["vocab_size"] > 0:
+            return int(c["vocab_size"])
+    raise UsageError("cannot tell the model's vocabulary size (no embedding, no vocab_size)")
+
+
+def check_token_ids(ids: Iterable[Any], vocab: int, what: str) -> list[int]:
+    """Every id an integer in 0..vocab - 1; else a UsageError naming ``what`` and the id.
+
+    ``what`` says where the ids came from: ``--prompt-ids '1,2'``, ``run.jsonl:3 'tokens'``.
+    """
+    out = []
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not _is_int(t):
+            raise UsageError(f"{what}: item {i} ({t!r}) is not a token id")
+        t = int(t)
+        if not 0 <= t < vocab:
+            raise UsageError(f"{what}: token {t} is outside the vocabulary (0..{vocab - 1})")
+        out.append(t)
+    return out
+
+
+def _is_int(t: Any) -> bool:
+    if isinstance(t, int):
+        return True
+    try:
+        import numpy as np
+
+        return isinstance(t, np.integer)
+    except ImportError:
+        return False
+
+
+def check_prompts(prompts: list[list[int]], loaded: Any, what: str = "--prompt-ids") -> None:
+    """Each prompt's ids within ``loaded``'s vocabulary (see :func:`check_token_ids`)."""
+    vocab = vocab_size(loaded)
+    for n, p in enumerate(prompts):
+        label = what if len(prompts) == 1 else f"{what} (prompt {n})"
+        check_token_ids(p, vocab, label)
+
+
+def check_accept_log(req: Any, vocab: int) -> None:
+    """Every token id an accept log carries: prompt, served tokens, transcript rounds."""
+    src = getattr(req, "source", "log")
+    if getattr(req, "prompt_ids", None) is not None:
+        check_token_ids(req.prompt_ids, vocab, f"{src} 'prompt_ids'")
+    for rnd in getattr(req, "rounds", None) or []:  # first: they name the exact line and field
+        where = f"{src.rsplit(':', 1)[0]}:{rnd.line}"
+        check_token_ids([rnd.bonus], vocab, f"{where} 'bonus'")
+        check_token_ids(rnd.draft, vocab, f"{where} 'draft_tokens'")
+        check_token_ids(rnd.target, vocab, f"{where} 'target_tokens'")
+        check_token_ids(rnd.new_tokens, vocab, f"{where} 'new_tokens'")
+    if getattr(req, "tokens", None) is not None:
+        check_token_ids(req.tokens, vocab, f"{src} 'tokens'")
+
+
+def check_accept_widths(req: Any) -> None:
+    """A log's width(s) within --max-width, and its emitted tokens within --max-positions."""
+    src = getattr(req, "source", "log")
+    if getattr(req, "width", None) is not None:
+        check_width(req.width, f"{src} 'width'")
+    for w in getattr(req, "widths", None) or []:
+        check_width(w, f"{src} 'widths'")
+    emitted = sum(a + 1 for a in req.accepts)
+    check_limit(emitted, f"{src}: the accept vector", "max_positions",
+                f"{len(req.accepts)} rounds emitting {emitted} tokens")
+
+
+# ---------------------------------------------------------------- fixture faults
+
+FAULT_KINDS = ("rows", "depth", "stale_trim")
+
+
+def parse_fault(text: str, num_layers: int | None = None) -> dict[str, Any]:
+    """A ``--fault`` JSON object, every field checked (see fixture_models/specparity_fixture.py)."""
+    try:
+        item = json.loads(text)
+    except ValueError as err:
+        raise UsageError(f"--fault {text!r}: not JSON ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise UsageError(f"--fault {text!r}: nested too deeply") from None
+    if not isinstance(item, dict) or item.get("kind") not in FAULT_KINDS:
+        raise UsageError(f"--fault {text!r}: kind must be {', '.join(FAULT_KINDS)}")
+
+    def int_field(key: str, lo: int, hi: int | None = None, required: bool = False) -> None:
+        if key not in item:
+            if required:
+                raise UsageError(f"--fault {text!r}: {item['kind']} needs {key!r}")
+            return
+        v = item[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+            rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            raise UsageError(f"--fault {text!r}: {key!r} must be an integer {rng}, got {v!r}")
+
+    if item["kind"] in ("rows", "depth"):
+        int_field("layer", 0, None if num_layers is None else num_layers - 1, required=True)
+        int_field("min_rows", 1)
+        sub = item.get("subop")
+        if sub is not None and (not isinstance(sub, str) or (sub and not sub.isidentifier())):
+            raise UsageError(f"--fault {text!r}: 'subop' must be an attribute name, got {sub!r}")
+    if item["kind"] == "depth":
+        int_field("min_offset", 0, required=True)
+    return item
