@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from specparity.errors import InfrastructureError
@@ -94,8 +95,10 @@ def ensure_llama_server(log_path: str | os.PathLike | None = None, timeout: floa
     log.info("building llama-server with %s (once per machine)", BUILD_SCRIPT)
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115 (closed below)
     try:
+        # the script's pip download runs with this interpreter (a venv always has pip)
+        env = {**os.environ, "PYTHON": sys.executable}
         proc = subprocess.run([str(BUILD_SCRIPT)], check=False, stdout=subprocess.PIPE, stderr=out,
-                              stdin=subprocess.DEVNULL, timeout=timeout)
+                              stdin=subprocess.DEVNULL, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise InfrastructureError(f"building llama-server took more than {timeout:g} s") from None
     finally:
