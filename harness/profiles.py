@@ -16,11 +16,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import UsageError
+from specparity.errors import InfrastructureError, UsageError
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 WITNESS_ROLES = ("target", "draft")
+MODEL_FORMATS = ("mlx", "gguf")
+# argv placeholder for llama.cpp's server binary, found by harness.llama.find_llama_server
+LLAMA_SERVER = "{llama_server}"
+LLAMA_SERVER_MISSING = ("llama-server not found ($SPECPARITY_LLAMA_SERVER, PATH, or the cache that"
+                        " scripts/build-llama-server fills): run scripts/build-llama-server")
+
+
+def _llama_server() -> str:
+    from specparity.harness.llama import find_llama_server
+
+    found = find_llama_server()
+    if found is None:
+        raise InfrastructureError(LLAMA_SERVER_MISSING)
+    return found
 
 
 @dataclass
@@ -44,6 +58,8 @@ class Profile:
     flush: a request path that empties the prompt cache (None: cannot flush).
     version_command: argv printing the server's version (kept in the record).
     requires_module: a module that must be importable for the profile to run.
+    model_format: what the server loads: ``mlx`` (the checkpoint directory) or ``gguf``
+      (the harness exports each llama checkpoint to GGUF once, see specparity.gguf_export).
     source: the YAML file it came from.
     """
 
@@ -68,6 +84,7 @@ class Profile:
     flush: str | None = None
     version_command: list[str] | None = None
     requires_module: str | None = None
+    model_format: str = "mlx"
     source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,6 +96,8 @@ class Profile:
 
     def render(self, items: list[str], **values: Any) -> list[str]:
         subs = {"python": sys.executable, **{k: str(v) for k, v in values.items() if v is not None}}
+        if any(LLAMA_SERVER in item for item in items):
+            subs["llama_server"] = _llama_server()
         out = []
         for item in items:
             try:
@@ -92,6 +111,11 @@ class Profile:
         """None when the profile can run here, else why not."""
         if self.requires_module and importlib.util.find_spec(self.requires_module) is None:
             return f"module {self.requires_module} is not installed"
+        if any(LLAMA_SERVER in item for item in self.argv):
+            from specparity.harness.llama import find_llama_server
+
+            if find_llama_server() is None:
+                return LLAMA_SERVER_MISSING
         return None
 
 
@@ -150,6 +174,9 @@ def load_profile(name_or_path: str) -> Profile:
     endpoint = raw.get("endpoint", "completions")
     if endpoint not in ENDPOINTS:
         raise UsageError(f"{where}: endpoint {endpoint!r}: choose from {', '.join(ENDPOINTS)}")
+    model_format = str(raw.get("model_format", "mlx"))
+    if model_format not in MODEL_FORMATS:
+        raise UsageError(f"{where}: model_format {model_format!r}: choose from {', '.join(MODEL_FORMATS)}")
     witness = list(raw.get("witness") or [])
     if any(w not in WITNESS_ROLES for w in witness):
         raise UsageError(f"{where}: witness {witness}: roles are {', '.join(WITNESS_ROLES)}")
@@ -181,6 +208,7 @@ def load_profile(name_or_path: str) -> Profile:
         flush=raw.get("flush"),
         version_command=raw.get("version_command"),
         requires_module=raw.get("requires_module"),
+        model_format=model_format,
         source=str(path),
     )
 

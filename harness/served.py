@@ -387,6 +387,12 @@ class ServedRun:
             draft = str(wrap_checkpoint(draft, work / "witness-draft", "draft"))
             trust = True
         self_draft = pairing.target if profile.draft_argv else None
+        if profile.model_format == "gguf":
+            from specparity.gguf_export import cached_gguf
+
+            target = cached_gguf(target)
+            draft = cached_gguf(draft) if draft is not None else None
+            self_draft = target if self_draft is not None else None
         arms, res.width_mode = plan_arms(self.job, pairing, profile, draft, self_draft)
         endpoint = self.job.endpoint or profile.endpoint
         history: dict[str, str] = {}

@@ -228,10 +228,10 @@ def _save(out_dir: Path, config: dict[str, Any], params: dict[str, Any], model=N
 
     out_dir.mkdir(parents=True, exist_ok=True)
     if bits is not None and model is not None:
-        from mlx_lm.utils import quantize_model
-
         import contextlib
         import sys
+
+        from mlx_lm.utils import quantize_model
 
         model.load_weights(list(params.items()))
         with contextlib.redirect_stdout(sys.stderr):  # mlx-lm prints its bits-per-weight
@@ -361,3 +361,30 @@ def build_constant_pair(root: Path, target_live: tuple[float, ...],
     d = build_pair(root / f"const-draft-{tag}", seed=1, with_draft=False,
                    constant_logits=constant_logits(draft_live))
     return t.target, d.target
+
+
+def pair_gguf(info: FixtureInfo, outtype: str = "f32") -> tuple[str, str | None]:
+    """GGUF files of a built llama pair (target, drafter) for llama.cpp, exported once.
+
+    They live next to the pair (``<pair>/gguf-v<N>/target-<outtype>.gguf``); an
+    existing file is reused, a missing one is written atomically.
+    """
+    from specparity.gguf_export import EXPORT_VERSION, export_gguf
+
+    root = Path(info.target).parent / f"gguf-v{EXPORT_VERSION}"
+    paths: list[str | None] = []
+    for role, src in (("target", info.target), ("draft", info.draft)):
+        if src is None:
+            paths.append(None)
+            continue
+        out = root / f"{role}-{outtype}.gguf"
+        if not out.exists():
+            export_gguf(src, out, outtype=outtype)
+        paths.append(str(out))
+    assert paths[0] is not None
+    return paths[0], paths[1]
+
+
+def default_pair_gguf(outtype: str = "f32") -> tuple[str, str | None]:
+    """The embedded default pair as GGUF (target, drafter): see :func:`pair_gguf`."""
+    return pair_gguf(default_pair(), outtype)

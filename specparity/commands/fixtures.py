@@ -58,3 +58,35 @@ def make(out_dir, arch, dtype, bits, seed, faults, no_draft, overwrite, as_json)
         if info.faults:
             click.echo(f"faults: {json.dumps(info.faults)} (load with --trust-remote-code)")
     return EXIT_OK
+
+
+@fixtures.command("gguf")
+@click.argument("src_dir", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--outtype", type=click.Choice(["f32", "f16"]), default="f32", show_default=True,
+              help="f16 stores the matrices as float16 (norms stay float32).")
+@json_option
+def gguf(src_dir, out, outtype, as_json):
+    """Export an mlx-lm llama checkpoint (a fixture's target or draft) to GGUF for llama.cpp.
+
+    \b
+    Examples:
+        specparity fixtures make ./fx/llama
+        specparity fixtures gguf ./fx/llama/target ./fx/target.gguf
+        specparity fixtures gguf ./fx/llama/draft ./fx/draft.gguf
+        llama-server -m ./fx/target.gguf -md ./fx/draft.gguf --spec-type draft-simple
+    """
+    from pathlib import Path
+
+    from specparity.errors import UsageError
+    from specparity.gguf_export import export_gguf
+
+    if not Path(src_dir).is_dir():
+        raise UsageError(f"SRC_DIR {src_dir!r}: no such directory")
+    info = export_gguf(src_dir, out, outtype=outtype)
+    if as_json:
+        emit_json(info.to_dict())
+    else:
+        click.echo(f"wrote {info.path} ({info.outtype}, {info.n_tensors} tensors, {info.bytes} bytes,"
+                   f" vocabulary {info.vocab_size} tokens, eos id {info.eos_id})")
+    return EXIT_OK
