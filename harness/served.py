@@ -249,7 +249,6 @@ class ServedReport(ReportMixin):
                     out.append(f"    request {rid}: {format_groups(gs)}")
             out += [f"  finding: {f}" for f in p.findings]
             out.append(f"  pairing verdict: {p.verdict}" + (f" ({p.reason})" if p.reason else ""))
-        out.append(f"verdict: {self.verdict}")
         return out
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from specparity.commands._common import emit_json, json_option, parse_int_list, record_option
+from specparity.commands._common import json_option, parse_int_list, record_option
 from specparity.errors import UsageError
 
 
@@ -94,18 +94,19 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
     for p in job.pairings:
         load_profile(p.profile)
 
-    progress, close = _progress(quiet or as_json)
-    from specparity.identity import identity
-    from specparity.records.record import RecordSink
+    from specparity.commands._common import CommandRun
 
     title = f"served: {', '.join(p.name for p in job.pairings)} ({job.source} job)"
-    with RecordSink(record_dir, "served", title, identity(job=job.to_dict()), slug="served") as sink:
+    cmd = CommandRun("served", title, {"job": job.to_dict()}, record_dir, as_json, quiet, slug="served")
+    progress, close = _progress(quiet or as_json)
+    with cmd:
+        sink = cmd.sink
         workdir = sink.writer.data_dir / "servers" if sink.writer is not None else None
 
         def on_arm(pairing, arm) -> None:
-            sink.append("arms", {"pairing": pairing.name, **arm.to_dict()})
+            cmd.observer.result("arms", {"pairing": pairing.name, **arm.to_dict()})
             for r in arm.requests:
-                sink.append(f"{pairing.name}-{arm.name}", r.to_dict())
+                cmd.observer.result(f"{pairing.name}-{arm.name}", r.to_dict())
             sink.timing(f"{pairing.name}/{arm.name}", arm.seconds)
             progress(f"  {arm.name}: {arm.verdict}" + (f" ({arm.reason})" if arm.reason else ""))
 
@@ -115,15 +116,7 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
             report = run.run()
         finally:
             close()
-        lines = report.lines()
-        md = sink.finish(report, ["```", *lines, "```"])
-    if md is not None:
-        click.echo(f"record written: {md}", err=True)
-    if as_json:
-        emit_json(report.to_dict())
-    else:
-        click.echo("\n".join(lines))
-    return report.exit_code
+        return cmd.finish(report)
 
 
 def _progress(quiet: bool) -> tuple[Any, Any]:
