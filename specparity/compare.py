@@ -70,6 +70,17 @@ class Diff:
         return s + ")"
 
 
+def index_ranges(idx: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5" (layers, rows, positions in a report line)."""
+    parts: list[tuple[int, int]] = []
+    for i in sorted(idx):
+        if parts and parts[-1][1] == i - 1:
+            parts[-1] = (parts[-1][0], i)
+        else:
+            parts.append((i, i))
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """An mx.array or numpy array as numpy, keeping the exact bits.
 

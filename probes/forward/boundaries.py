@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from specparity.compare import index_ranges
 from specparity.decode import CacheOptions, make_cache
 
 QUANTIZED_KV_START = "quantized_kv_start"
@@ -75,16 +76,6 @@ def _config_fields(model: Any) -> dict[str, Any]:
     return out
 
 
-def _ranges(idx: list[int]) -> str:
-    parts: list[tuple[int, int]] = []
-    for i in sorted(idx):
-        if parts and parts[-1][1] == i - 1:
-            parts[-1] = (parts[-1][0], i)
-        else:
-            parts.append((i, i))
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
-
-
 def find_boundaries(model: Any, opts: CacheOptions) -> tuple[list[Boundary], list[str]]:
     """Every boundary ``opts`` and the architecture define, and notes on options that do nothing.
 
@@ -120,7 +111,7 @@ def find_boundaries(model: Any, opts: CacheOptions) -> tuple[list[Boundary], lis
                 by_size.setdefault((ATTENTION_CHUNK, int(c.chunk_size)), []).append(i)
         for (kind, size), layers in sorted(by_size.items()):
             cls = "RotatingKVCache(max_size" if kind == SLIDING_WINDOW else "ChunkedKVCache(chunk_size"
-            found.append(Boundary(kind, size, f"{cls}={size}) in cache layers {_ranges(layers)}"))
+            found.append(Boundary(kind, size, f"{cls}={size}) in cache layers {index_ranges(layers)}"))
     config = _config_fields(model)
     for key, kind in _CONFIG_WINDOWS:
         v = config.get(key)

@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specparity.compare import Diff, compare_arrays
+from specparity.compare import Diff, compare_arrays, index_ranges
 from specparity.decode import (
     CacheOptions, Decoder, GreedyPick, greedy_chain, greedy_pick, greedy_token, trimmable,
 )
@@ -113,7 +113,7 @@ class RewindFinding:
             f"rewind failed at round {self.round}: trimming {self.rows} rejected rows"
             f" (trim reported {self.trimmed}) left {len(self.layers)} of {len(self.offsets)}"
             f" layers at offset {stale} where {self.expected_offset} was expected"
-            f" (layers {_ranges(self.layers)}); replay stopped"
+            f" (layers {index_ranges(self.layers)}); replay stopped"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -279,17 +279,6 @@ class ReplayReport(ReportMixin):
         d["exit_code"] = self.exit_code
         d["summary"] = self.summary()
         return d
-
-
-def _ranges(idx: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2, 5"."""
-    parts: list[tuple[int, int]] = []
-    for i in sorted(idx):
-        if parts and parts[-1][1] == i - 1:
-            parts[-1] = (parts[-1][0], i)
-        else:
-            parts.append((i, i))
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
 
 
 def round_widths(accepts: list[int], width: int | None, widths: list[int] | None) -> list[int]:
