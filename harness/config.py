@@ -19,6 +19,7 @@
     repeats: 0                      # extra baseline processes (unique outputs counted)
     extra_args: {"4": ["--max-kv-size", "256"]}   # per arm name, or "*" for every arm
     controls: [{name: no-compile, env: {MLX_DISABLE_COMPILE: "1"}, width: 4}]
+    profile: llama.cpp              # every pairing's profile (overrides each pairing's own)
     start_timeout: 120
     request_timeout: 120
 
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.harness.client import Request
+from specparity.harness.profiles import packaged_profiles
 
 from specparity.errors import UsageError
 
@@ -131,7 +133,7 @@ def load_job(path: str | Path) -> Job:
         raise UsageError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
     known = {"pairings", "widths", "width_mode", "max_tokens", "prompts", "prompts_file", "params", "endpoint",
              "sequence", "concurrency", "self_draft", "repeats", "extra_args", "controls", "env",
-             "start_timeout", "request_timeout"}
+             "start_timeout", "request_timeout", "profile"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -149,6 +151,14 @@ def load_job(path: str | Path) -> Job:
                 draft = str((base / draft).resolve())
             job.pairings.append(Pairing(str(item.get("name") or f"pairing{i}"), target, draft,
                                         str(item.get("profile", "mlx-lm")), bool(item.get("trust_remote_code"))))
+    if "profile" in raw:
+        if not isinstance(raw["profile"], str) or not raw["profile"]:
+            raise UsageError(f"{where}: profile: {raw['profile']!r} is not a profile name or file")
+        prof = raw["profile"]
+        if prof not in packaged_profiles() and not Path(prof).is_absolute() and (p.parent / prof).is_file():
+            prof = str((p.parent / prof).resolve())
+        for pairing in job.pairings:
+            pairing.profile = prof
     if "widths" in raw:
         job.widths = _ints(raw["widths"], "widths", where, 1)
     if "width_mode" in raw:

@@ -147,3 +147,35 @@ def list_(directory: str, as_json: bool) -> int:
         click.echo(f"{r['name']}  {r.get('kind', '-')}  {r['status']}  {r.get('verdict') or '-'}"
                    f"  {r.get('started') or '-'}  {r.get('title') or ''}")
     return EXIT_OK
+
+
+# -- records junit (issue 13, the nightly job): a self-contained block ----------------------------
+@records.command("junit")
+@click.argument("path", metavar="RECORD|DIR")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), metavar="FILE",
+              help="The JUnit XML file to write (its folder is created).")
+@json_option
+def junit(path: str, out: str, as_json: bool) -> int:
+    """Write a served record as JUnit XML: one test case per arm and request.
+
+    Classname ``<pairing>.<arm>``, name ``<request id> (<kind>)``: diverged is
+    a failure carrying the width and the first divergence, declined and
+    not_engaged are skipped with their reason, error is an error. Exits 0
+    once the file is written, whatever the record's verdict (the run's own
+    exit code says that).
+
+    \b
+    Examples:
+        specparity records junit results/served-host-2026-11-30.md --out parity.xml
+        specparity records junit results/ --out parity.xml      # the newest record
+    """
+    from specparity.records.junit import write_junit
+
+    rec, _, parts = _open(path)
+    summary = write_junit(rec, parts, out)
+    if as_json:
+        emit_json({"junit": str(summary.path), "tests": summary.tests, "failures": summary.failures,
+                   "errors": summary.errors, "skipped": summary.skipped, "record": rec.path})
+    else:
+        click.echo(summary.line())
+    return EXIT_OK
