@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,7 +44,7 @@ class Profile:
 
     name, description: how reports name it.
     argv: the server command; placeholders {python} {model} {host} {port}.
-    draft_argv: appended when an arm has a drafter; {draft_model} {num_draft}.
+    draft_argv: appended when an arm has a drafter; {draft_model} {num_draft} {width} (verify rows).
     trust_remote_code_argv: appended when a checkpoint needs its model_file.
     width_setting: the server's name for its draft setting (mlx-lm: num_draft_tokens).
     rows_offset: verify rows = setting + rows_offset (mlx-lm: K drafts verify K + 1 rows).
@@ -54,12 +55,16 @@ class Profile:
       (target, draft): the server must load them with trust_remote_code.
     log_engaged / log_declined: regexes over the request's slice of the server log.
     response_field / usage_field: a response key (dotted) whose presence is evidence.
+    metrics_counter: a Prometheus counter (e.g. vLLM's ``vllm:spec_decode_num_draft_tokens``) read from
+      ``metrics_path`` before and after each request: a rise is evidence the drafter ran.
     logprobs_request: request fields asking for logprobs; logprobs_path: where they are.
     flush: a request path that empties the prompt cache (None: cannot flush).
     version_command: argv printing the server's version (kept in the record).
     requires_module: a module that must be importable for the profile to run.
     model_format: what the server loads: ``mlx`` (the checkpoint directory) or ``gguf``
       (the harness exports each llama checkpoint to GGUF once, see specparity.gguf_export).
+    exercised: False for a profile written from the server's documentation and not yet run
+      against a live server (vLLM, SGLang, mlxcel): runs say so.
     source: the YAML file it came from.
     """
 
@@ -79,12 +84,15 @@ class Profile:
     log_declined: str | None = None
     response_field: str | None = None
     usage_field: str | None = None
+    metrics_counter: str | None = None
+    metrics_path: str = "/metrics"
     logprobs_request: dict[str, Any] = field(default_factory=dict)
     logprobs_path: str = "choices.0.logprobs.content"
     flush: str | None = None
     version_command: list[str] | None = None
     requires_module: str | None = None
     model_format: str = "mlx"
+    exercised: bool = True
     source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,12 +119,18 @@ class Profile:
         """None when the profile can run here, else why not."""
         if self.requires_module and importlib.util.find_spec(self.requires_module) is None:
             return f"module {self.requires_module} is not installed"
+        exe = self.argv[0] if self.argv else ""
+        if "{" not in exe and shutil.which(exe) is None:
+            return f"{exe} is not installed (not on PATH)"
         if any(LLAMA_SERVER in item for item in self.argv):
             from specparity.harness.llama import find_llama_server
 
             if find_llama_server() is None:
                 return LLAMA_SERVER_MISSING
         return None
+
+
+NOT_EXERCISED = "(not yet exercised against a live server)"
 
 
 def packaged_profiles() -> dict[str, Path]:
@@ -186,6 +200,8 @@ def load_profile(name_or_path: str) -> Profile:
                 re.compile(evidence[key])
             except re.error as err:
                 raise UsageError(f"{where}: evidence.{key} {evidence[key]!r}: {err}") from None
+    if not isinstance(raw.get("exercised", True), bool):
+        raise UsageError(f"{where}: exercised must be true or false")
     return Profile(
         name=str(raw.get("name") or path.stem),
         description=str(raw.get("description") or ""),
@@ -203,12 +219,15 @@ def load_profile(name_or_path: str) -> Profile:
         log_declined=evidence.get("log_declined"),
         response_field=evidence.get("response_field"),
         usage_field=evidence.get("usage_field"),
+        metrics_counter=evidence.get("metrics_counter"),
+        metrics_path=str(evidence.get("metrics_path") or "/metrics"),
         logprobs_request=dict(logprobs.get("request") or {}),
         logprobs_path=str(logprobs.get("path", "choices.0.logprobs.content")),
         flush=raw.get("flush"),
         version_command=raw.get("version_command"),
         requires_module=raw.get("requires_module"),
         model_format=model_format,
+        exercised=bool(raw.get("exercised", True)),
         source=str(path),
     )
 

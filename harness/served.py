@@ -38,7 +38,7 @@ from typing import Any
 from specparity.harness.client import Completion, Request, send
 from specparity.harness.config import Job, Pairing, build_sequence
 from specparity.harness.lifecycle import HOST, Server, ServerStartError
-from specparity.harness.profiles import Profile, dig, load_profile
+from specparity.harness.profiles import NOT_EXERCISED, Profile, dig, load_profile
 from specparity.harness.witness import (
     WITNESS_ENV,
     Evidence,
@@ -372,6 +372,9 @@ class ServedRun:
         if why:
             res.verdict, res.reason = Verdict.ERROR, f"profile {profile.name} cannot run here: {why}"
             return res
+        if not profile.exercised:
+            res.findings.append(f"profile {profile.name} {NOT_EXERCISED}")
+            self.progress(f"profile {profile.name} {NOT_EXERCISED}")
         work = self.workdir / pairing.name
         work.mkdir(parents=True, exist_ok=True)
         target, draft, trust = pairing.target, pairing.draft, pairing.trust_remote_code
@@ -425,7 +428,8 @@ class ServedRun:
                setting: int | None) -> _Session:
         argv = profile.render(profile.argv, model=target, host=HOST, port="{port}")
         if plan.draft is not None:
-            argv += profile.render(profile.draft_argv, draft_model=plan.draft, num_draft=setting)
+            rows = setting + profile.rows_offset if setting is not None else None
+            argv += profile.render(profile.draft_argv, draft_model=plan.draft, num_draft=setting, width=rows)
         if trust:
             argv += profile.trust_remote_code_argv
         argv += self.job.extra_args.get("*", []) + self.job.extra_args.get(plan.name, [])
@@ -524,11 +528,13 @@ class ServedRun:
     def _send_one(self, client: Any, srv: Server, session: _Session, profile: Profile, req: Request,
                   extra: dict[str, Any]) -> tuple[Request, Completion, Evidence]:
         w0, l0 = file_size(session.witness_file), file_size(srv.log_path)
+        m0 = _counter(client, srv.url, profile, self.request_timeout)
         comp = send(client, srv.url, req, profile, extra, timeout=self.request_timeout)
         if not comp.ok and not srv.alive():
             code = srv.proc.returncode if srv.proc else None
             comp.error = (comp.error or "") + f" (the server exited with code {code}; log tail: {srv.tail(5)!r})"
         ev = self._evidence(session, srv, profile, comp, w0, l0)
+        _counter_evidence(ev, profile, m0, _counter(client, srv.url, profile, self.request_timeout))
         return req, comp, ev
 
     def _send_concurrent(self, requests: list[Request], client: Any, srv: Server, session: _Session,
@@ -539,13 +545,17 @@ class ServedRun:
                 batch = requests[k:k + n]
                 self.progress(f"  requests {', '.join(r.id for r in batch)} at once")
                 w0, l0 = file_size(session.witness_file), file_size(srv.log_path)
+                m0 = _counter(client, srv.url, profile, self.request_timeout)
                 t0 = time.perf_counter()
                 comps = list(pool.map(lambda r: send(client, srv.url, r, profile, extra,
                                                      timeout=self.request_timeout), batch))
                 session.generation += time.perf_counter() - t0
+                m1 = _counter(client, srv.url, profile, self.request_timeout)
                 for r, c in zip(batch, comps):
-                    # a batch shares its witness and log slice: evidence is per batch
-                    out.append((r, c, self._evidence(session, srv, profile, c, w0, l0)))
+                    # a batch shares its witness, log slice and counters: evidence is per batch
+                    ev = self._evidence(session, srv, profile, c, w0, l0)
+                    _counter_evidence(ev, profile, m0, m1)
+                    out.append((r, c, ev))
         return out
 
     def _evidence(self, session: _Session, srv: Server, profile: Profile, comp: Completion,
@@ -576,6 +586,37 @@ class ServedRun:
                 ev.sources.append("response")
                 ev.lines.append(f"{fld}: {str(val)[:200]}")
         return ev
+
+
+def _counter(client: Any, url: str, profile: Profile, timeout: float) -> float | None:
+    """The profile's Prometheus counter summed over its labels (None: no counter, or unreadable)."""
+    if not profile.metrics_counter:
+        return None
+    try:
+        resp = client.get(url + profile.metrics_path, timeout=timeout)
+    except Exception as err:  # any transport failure: no reading, so no evidence either way
+        log.debug("metrics %s: %s", profile.metrics_path, err)
+        return None
+    if resp.status_code != 200:
+        return None
+    names = (profile.metrics_counter, profile.metrics_counter + "_total")
+    total = None
+    for line in resp.text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            try:
+                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return total
+
+
+def _counter_evidence(ev: Evidence, profile: Profile, before: float | None, after: float | None) -> None:
+    if before is not None and after is not None and after > before:
+        ev.sources.append("metrics")
+        ev.lines.append(f"{profile.metrics_counter}: +{after - before:g}")
 
 
 def _read_slice(path: str | os.PathLike[str] | None, start: int) -> str:

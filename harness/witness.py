@@ -77,7 +77,7 @@ class Evidence:
     widths: rows per verify round.
     lines: the log lines / fields that are evidence (engaged or declined).
     declined: a decline line was seen.
-    source: witness, log, response (what gave the evidence).
+    source: witness, log, response, metrics (what gave the evidence).
     """
 
     verify_calls: int = 0
@@ -90,7 +90,7 @@ class Evidence:
 
     @property
     def engaged(self) -> bool:
-        return bool(self.verify_calls or self.draft_calls or "log" in self.sources or "response" in self.sources)
+        return bool(self.verify_calls or self.draft_calls or {"log", "response", "metrics"} & set(self.sources))
 
     @property
     def acceptance(self) -> float | None:

@@ -18,7 +18,8 @@ from specparity.errors import UsageError
 @click.option("--model", default=None, metavar="DIR", help="Target checkpoint (one pairing instead of the job's).")
 @click.option("--draft-model", default=None, metavar="DIR", help="Drafter checkpoint for --model.")
 @click.option("--profile", default=None, metavar="NAME|FILE",
-              help="Server profile for every pairing: mlx-lm, specparity-serve, openai, or a YAML file.")
+              help="Server profile for every pairing: mlx-lm, specparity-serve, llama.cpp, vllm, sglang, mlxcel,"
+                   " openai, or a YAML file.")
 @click.option("--trust-remote-code", is_flag=True, help="Let the servers run --model's model_file.")
 @click.option("--widths", default=None, help="Verify rows, e.g. 2,3,4 or 2-8 (mlx-lm: num_draft_tokens + 1).")
 @click.option("--width-mode", type=click.Choice(["process", "request"]), default=None,
@@ -58,7 +59,7 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
         specparity served --config nightly.yaml --record-dir results
     """
     from specparity.harness.config import Pairing, builtin_job, load_job
-    from specparity.harness.profiles import load_profile
+    from specparity.harness.profiles import NOT_EXERCISED, load_profile
     from specparity.harness.served import ServedRun
 
     w_list = parse_int_list(widths, "--widths", minimum=2) if widths is not None else None
@@ -92,7 +93,9 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
         for p in job.pairings:
             p.trust_remote_code = True
     for p in job.pairings:
-        load_profile(p.profile)
+        prof = load_profile(p.profile)
+        if not prof.exercised:
+            click.echo(f"profile {prof.name} {NOT_EXERCISED}", err=True)
 
     from specparity.commands._common import CommandRun
 
