@@ -1,0 +1,219 @@
+"""The nightly job: scripts/nightly-parity on real servers, its JUnit XML, and the unexercised profiles.
+
+The loop a CI schedule runs: the same job twice on a clean pair (exit 0,
+JUnit all passed), then a fault fixture swapped in (a rows fault at 4+
+verify rows, scale 1.5, so a greedy token flips): exit 1 and a JUnit
+failure naming the width and the first differing token. Once on llama.cpp's
+llama-server too (skipped only where it cannot be built).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import build
+from junitparser import Error, Failure, JUnitXml, Skipped
+from specparity.harness.profiles import NOT_EXERCISED, load_profile
+from specparity.records.junit import junit_xml
+from specparity.records.record import Record
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "nightly-parity"
+PROMPT = "Speculative decoding drafts several tokens with a small model and verifies them"
+WIDTHS = [3, 4]
+
+
+def _config(tmp_path: Path, name: str, pair, profile: str = "mlx-lm", **extra) -> Path:
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "pairings": [{"name": "p", "target": pair.target, "draft": pair.draft}],
+        "profile": profile, "widths": WIDTHS, "max_tokens": 24, "sequence": ["fresh"],
+        "prompts": [PROMPT], **extra}))
+    return cfg
+
+
+def nightly(cli_bin: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPECPARITY": cli_bin}
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def _record(out: Path, err: str) -> Path:
+    line = next(ln for ln in err.splitlines() if ln.startswith("nightly-parity: record "))
+    return Path(line.split("record ", 1)[1].rsplit(", exit", 1)[0])
+
+
+def _cases(path: Path) -> dict[str, list]:
+    xml = JUnitXml.fromfile(str(path))
+    out: dict[str, list] = {}
+    for suite in xml:
+        for case in suite:
+            out[f"{case.classname}/{case.name}"] = case.result
+    return out
+
+
+def _has_compare(cli_bin: str) -> bool:
+    return subprocess.run([cli_bin, "records", "compare", "--help"], capture_output=True).returncode == 0
+
+
+def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
+        llama_pair, fixture_root, tmp_path, cli_bin):
+    out = tmp_path / "records"
+    clean = _config(tmp_path, "clean", llama_pair)
+    records = []
+    for night in (1, 2):
+        junit = tmp_path / f"night{night}.xml"
+        run = nightly(cli_bin, str(clean), "--out", str(out), "--junit", str(junit), "--quiet")
+        assert run.returncode == 0, run.stderr
+        records.append(_record(out, run.stderr))
+        xml = JUnitXml.fromfile(str(junit))
+        # baseline-start, w3, w4, baseline-end: one case each for the one request
+        assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (4, 0, 0, 0)
+        cases = _cases(junit)
+        assert set(cases) == {f"p.{a}/p0 (fresh)" for a in ("baseline-start", "w3", "w4", "baseline-end")}
+        assert all(r == [] for r in cases.values())
+    assert records[0] != records[1]  # never overwritten: night 2 is its own record
+    assert len(list(out.glob("*.md"))) == 2
+
+    fault = build(fixture_root, "llama-rows4-nightly", arch="llama",
+                  faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}])
+    junit = tmp_path / "night3.xml"
+    args = [str(_config(tmp_path, "fault", fault)), "--out", str(out), "--junit", str(junit), "--quiet"]
+    if _has_compare(cli_bin):
+        args += ["--previous", str(records[1])]
+    run = nightly(cli_bin, *args)
+    assert run.returncode == 1, run.stderr
+    assert "nightly-parity: record " in run.stderr and ", exit 1" in run.stderr
+    xml = JUnitXml.fromfile(str(junit))
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (4, 1, 0, 0)
+    cases = _cases(junit)
+    assert cases["p.w3/p0 (fresh)"] == []
+    (failure,) = cases["p.w4/p0 (fresh)"]
+    assert isinstance(failure, Failure) and failure.type == "diverged"
+    assert "width 4" in failure.message and "first difference at token " in failure.message
+    report = json.loads((out / "data" / _record(out, run.stderr).stem / "report.json").read_text())
+    w4 = next(a for a in report["summary"]["pairings"][0]["arms"] if a["name"] == "w4")
+    rows = [json.loads(x) for x in (out / "data" / _record(out, run.stderr).stem / "p-w4.jsonl").read_text()
+            .splitlines()]
+    token = rows[0]["divergence"]["token_index"]
+    assert w4["verdict"] == "diverged" and f"token {token}," in failure.message
+    assert "reproduce in process: specparity replay" in failure.text
+    if "--previous" in args:
+        assert "w4" in run.stdout and "regress" in run.stdout.lower()
+
+
+def test_nightly_bad_input_is_one_line_and_exit_2(cli_bin, tmp_path, llama_pair):
+    for args, message in (([], "CONFIG: give a served job YAML"),
+                          ([str(tmp_path / "nope.yaml")], "no such file"),
+                          ([str(_config(tmp_path, "c", llama_pair)), "--record-dir", "x"], "sets it itself")):
+        run = nightly(cli_bin, *args)
+        assert run.returncode == 2 and run.stderr.startswith("Error: ") and message in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr
+    if not _has_compare(cli_bin):
+        run = nightly(cli_bin, str(_config(tmp_path, "c", llama_pair)), "--previous", str(tmp_path))
+        assert run.returncode == 2 and "no 'records compare'" in run.stderr
+
+
+def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_pair, tmp_path, cli_bin):
+    from specparity.harness.llama import find_llama_server, missing_toolchain
+
+    if find_llama_server() is None:
+        pytest.skip(f"llama-server not built: {missing_toolchain() or 'run scripts/build-llama-server'}")
+    out = tmp_path / "records"
+    junit = tmp_path / "llama.xml"
+    run = nightly(cli_bin, str(_config(tmp_path, "llama", llama_pair, profile="llama.cpp")), "--out", str(out),
+                  "--junit", str(junit), "--quiet")
+    assert run.returncode == 0, run.stderr + run.stdout
+    xml = JUnitXml.fromfile(str(junit))
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (4, 0, 0, 0)
+    data = out / "data" / _record(out, run.stderr).stem
+    for arm in ("w3", "w4"):
+        (row,) = [json.loads(x) for x in (data / f"p-{arm}.jsonl").read_text().splitlines()]
+        assert row["verdict"] == "match" and row["completion"]["raw"]["timings"]["draft_n"] > 0
+
+
+# -- JUnit mapping of every verdict (one function, synthetic record) ------------------------------
+def test_junit_maps_each_verdict_and_keeps_the_xml_valid(tmp_path):
+    arms = [
+        {"name": "baseline-start", "kind": "baseline", "width": None, "setting": None, "verdict": "match"},
+        {"name": "w2", "kind": "width", "width": 2, "setting": 1, "verdict": "not_engaged"},
+        {"name": "w3", "kind": "width", "width": 3, "setting": 2, "verdict": "declined"},
+        {"name": "w8", "kind": "width", "width": 8, "setting": 7, "verdict": "error",
+         "reason": "w8 server exited with code 2", "server": {"log_tail": "unknown flag"}},
+        {"name": "self-draft", "kind": "self-draft", "width": 3, "setting": 2, "verdict": "diverged",
+         "reason": "serving-loop defect: 40.0% accepted"},
+    ]
+
+    def req(verdict, reason=""):
+        return {"id": "p0", "kind": "fresh", "verdict": verdict, "reason": reason, "completion": {"seconds": 0.5}}
+
+    parts = {"x-baseline-start": [req("match")], "x-w2": [req("not_engaged", "no evidence \x01 ran")],
+             "x-w3": [req("declined", "declined: gate")], "x-self-draft": [req("match")]}
+    rec = Record(kind="served", title="t", argv=[], status="complete", path=str(tmp_path / "r.md"),
+                 summary={"pairings": [{"name": "x", "verdict": "diverged", "profile": "mlx-lm", "arms": arms}]})
+    path = tmp_path / "j.xml"
+    junit_xml(rec, parts).write(str(path))
+    cases = _cases(path)
+    assert cases["x.baseline-start/p0 (fresh)"] == []
+    (r,) = cases["x.w2/p0 (fresh)"]
+    assert isinstance(r, Skipped) and "not_engaged" in r.message and "\\x01" in r.message
+    (r,) = cases["x.w3/p0 (fresh)"]
+    assert isinstance(r, Skipped) and "declined: gate" in r.message
+    (r,) = cases["x.w8/server"]
+    assert isinstance(r, Error) and "exited with code 2" in r.message and "width 8" in r.message
+    (r,) = cases["x.self-draft/arm"]
+    assert isinstance(r, Failure) and "serving-loop defect" in r.message
+    xml = JUnitXml.fromfile(str(path))
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (6, 1, 1, 2)
+    # an inconclusive pairing judges nothing: its arms are skipped with the pairing's reason
+    rec.summary["pairings"][0].update(verdict="inconclusive", reason="the two baselines disagree")
+    cases = {k: v for k, v in _cases_of(junit_xml(rec, parts), tmp_path).items()}
+    (r,) = cases["x.w2/p0 (fresh)"]
+    assert isinstance(r, Skipped) and "the two baselines disagree" in r.message
+
+
+def _cases_of(xml, tmp_path: Path) -> dict[str, list]:
+    path = tmp_path / "again.xml"
+    xml.write(str(path))
+    return _cases(path)
+
+
+def test_junit_refuses_a_record_of_another_kind(cli_bin, tmp_path):
+    from specparity.errors import UsageError
+
+    rec = Record(kind="probe", title="t", argv=[], path="r.md")
+    with pytest.raises(UsageError, match="served records"):
+        junit_xml(rec, {})
+    run = subprocess.run([cli_bin, "records", "junit", str(tmp_path), "--out", str(tmp_path / "x.xml")],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.startswith("Error: ") and "Traceback" not in run.stderr
+
+
+# -- profiles written from documentation ----------------------------------------------------------
+@pytest.mark.parametrize("name,flags", [
+    ("vllm", ["serve", "--speculative-config"]),
+    ("sglang", ["sglang.launch_server", "--speculative-draft-model-path", "--speculative-num-draft-tokens"]),
+    ("mlxcel", ["--model-draft", "--draft"]),
+])
+def test_unexercised_profiles_load_render_and_say_so(name, flags, cli_bin):
+    prof = load_profile(name)
+    assert prof.exercised is False and prof.ready_path == "/health"
+    argv = prof.render(prof.argv, model="/m/target", host="127.0.0.1", port=8000)
+    argv += prof.render(prof.draft_argv, draft_model="/m/draft", num_draft=prof.setting_for(4), width=4)
+    assert "/m/target" in argv and "/m/draft" in " ".join(argv) and all(f in argv for f in flags), argv
+    if name == "vllm":
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert spec == {"model": "/m/draft", "num_speculative_tokens": 3}
+        assert prof.metrics_counter == "vllm:spec_decode_num_draft_tokens"
+    if name == "sglang":
+        assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
+        assert argv[argv.index("--speculative-num-steps") + 1] == "3"
+    run = subprocess.run([cli_bin, "served", "--profile", name, "--widths", "2", "--max-tokens", "2", "-q"],
+                         capture_output=True, text=True, timeout=120)
+    assert f"profile {name} {NOT_EXERCISED}" in run.stderr
+    if prof.available() is not None:  # not installed here: a clear error, never a hang or a traceback
+        assert run.returncode == 4 and "cannot run here" in run.stdout, run.stdout + run.stderr
+    assert load_profile("mlx-lm").exercised is True
