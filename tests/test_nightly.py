@@ -217,3 +217,25 @@ def test_unexercised_profiles_load_render_and_say_so(name, flags, cli_bin):
     if prof.available() is not None:  # not installed here: a clear error, never a hang or a traceback
         assert run.returncode == 4 and "cannot run here" in run.stdout, run.stdout + run.stderr
     assert load_profile("mlx-lm").exercised is True
+
+
+def test_a_prometheus_counter_rise_is_engagement_evidence_and_none_is_not(llama_pair, tmp_path):
+    """vLLM's evidence path (counters at /metrics), proven on specparity serve's vLLM-named counters."""
+    from specparity.harness.config import Job, Pairing
+    from specparity.harness.served import ServedRun
+
+    profiles = {}
+    for name, counter in (("metrics", "spec_decode_num_draft_tokens"), ("no-counter", "no_such_counter")):
+        prof = tmp_path / f"{name}.yaml"
+        prof.write_text(yaml.safe_dump({"extends": "specparity-serve", "name": name, "witness": [],
+                                        "evidence": {"log_engaged": None, "response_field": None,
+                                                     "metrics_counter": counter}}))
+        profiles[name] = str(prof)
+    job = Job(pairings=[Pairing(n, llama_pair.target, llama_pair.draft, p) for n, p in profiles.items()],
+              widths=[2], max_tokens=8, sequence=["fresh"], prompts=[PROMPT])
+    report = ServedRun(job, workdir=tmp_path / "w").run()
+    seen = {p.name: {a.name: a for a in p.arms} for p in report.pairings}
+    ev = seen["metrics"]["w2"].requests[0].evidence
+    assert seen["metrics"]["w2"].verdict == "match" and ev.sources == ["metrics"], ev
+    assert ev.lines[0].startswith("spec_decode_num_draft_tokens: +")
+    assert seen["no-counter"]["w2"].verdict == "not_engaged"
