@@ -353,7 +353,8 @@ class ServedRun:
         self.job = job
         self.shard = shard
         self._keep: dict[str, list[str]] | None = None
-        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="specparity-served-"))
+        # absolute: servers run with cwd=workdir, so a relative --record-dir would name nothing there
+        self.workdir = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="specparity-served-"))
         self.on_arm = on_arm or (lambda p, a: None)
         self.progress = progress or (lambda s: None)
         self.start_timeout = start_timeout or job.start_timeout

@@ -121,9 +121,12 @@ def served_table(rec: Any, arms: dict[str, list[dict[str, Any]]]) -> list[str]:
     for pname in order:
         lines = [a for a in arms["arms"] if a.get("pairing") == pname]
         final = {a["name"]: a for a in (summary.get(pname) or {}).get("arms") or []}
-        rids: list[str] = []
+        rids: list[str] = []  # in the order the arms sent them (the JSONL keeps it, the verdicts map is sorted)
         for a in lines:
-            rids += [r for r in (a.get("verdicts") or {}) if r not in rids]
+            sent = [str(r.get("id")) for r in arms.get(_slugify(f"{pname}-{a['name']}"), [])]
+            for r in [*sent, *(a.get("verdicts") or {})]:
+                if r not in rids:
+                    rids.append(r)
         p = summary.get(pname)
         out += ["", f"pairing {pname}: " + (f"{p['profile']} server, widths per {p['width_mode']},"
                                              f" verdict {p['verdict']}" + (f" ({p['reason']})" if p["reason"] else "")
