@@ -115,11 +115,11 @@ def served_table(rec: Any, arms: dict[str, list[dict[str, Any]]]) -> list[str]:
     summary = {p["name"]: p for p in (rec.summary or {}).get("pairings") or []}
     order: list[str] = []
     for a in arms["arms"]:
-        if a.get("pairing") not in order:
-            order.append(a.get("pairing"))
+        if str(a.get("pairing")) not in order:
+            order.append(str(a.get("pairing")))
     out: list[str] = []
     for pname in order:
-        lines = [a for a in arms["arms"] if a.get("pairing") == pname]
+        lines = [a for a in arms["arms"] if str(a.get("pairing")) == pname]
         final = {a["name"]: a for a in (summary.get(pname) or {}).get("arms") or []}
         rids: list[str] = []  # in the order the arms sent them (the JSONL keeps it, the verdicts map is sorted)
         for a in lines:
