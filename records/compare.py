@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specparity.errors import UsageError
+from specparity.harness.witness import Evidence
+from specparity.records.merge import pick
 from specparity.records.record import read_record
 from specparity.records.writer import _slugify
 from specparity.verdicts import ReportMixin, Verdict, is_pass, verdict
@@ -162,6 +164,19 @@ def _identity(ident: dict[str, Any], summary: dict[str, Any] | None) -> dict[str
     return out
 
 
+def _evidence_changes(key: str, old: Any, new: Any, detail: str) -> list[Change]:
+    """Engaged -> not engaged (and back), a decline line that appeared (or went away)."""
+    out = []
+    if old.engaged != new.engaged:
+        words = {True: "engaged", False: "not engaged"}
+        out.append(Change("evidence", key, words[old.engaged], words[new.engaged], detail))
+    if old.declined != new.declined:
+        words = {True: "decline line", False: "no decline line"}
+        out.append(Change("evidence", key, words[old.declined], words[new.declined],
+                          "; ".join((new.lines or old.lines)[:1])))
+    return out
+
+
 def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) -> CompareReport:
     """Compare two complete records of one kind; a UsageError names a file that cannot be compared."""
     sides = []
@@ -200,16 +215,9 @@ def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) ->
         if o["verdict"] != n["verdict"]:
             rep.changes.append(Change(_classify(o["verdict"], n["verdict"]), key, o["verdict"], n["verdict"],
                                       _detail(n if not is_pass(n["verdict"]) else o)))
-        oe, ne = o.get("evidence") or {}, n.get("evidence") or {}
+        oe, ne = o.get("evidence"), n.get("evidence")
         if o.get("arm_kind") not in (None, "baseline", "repeat", "concurrent") and oe and ne:
-            if oe.get("engaged") and not ne.get("engaged"):
-                rep.changes.append(Change("evidence", key, "engaged", "not engaged", _detail(n)))
-            elif ne.get("engaged") and not oe.get("engaged"):
-                rep.changes.append(Change("evidence", key, "not engaged", "engaged", _detail(n)))
-            if bool(oe.get("declined")) != bool(ne.get("declined")):
-                rep.changes.append(Change("evidence", key, "declined" if oe.get("declined") else "no decline",
-                                          "declined" if ne.get("declined") else "no decline",
-                                          "; ".join((ne.get("lines") or oe.get("lines") or [])[:1])))
+            rep.changes += _evidence_changes(key, pick(Evidence, oe), pick(Evidence, ne), _detail(n))
     oi, ni = _identity(oid, orec.summary), _identity(nid, nrec.summary)
     for key in sorted(oi.keys() | ni.keys()):
         if oi.get(key) != ni.get(key):

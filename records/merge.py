@@ -111,7 +111,8 @@ def check_shards(shards: list[ShardRecord]) -> None:
                          f" (have {', '.join(f'{i}/{count}' for i in sorted(seen))})")
 
 
-def _pick(cls: type, d: dict[str, Any]) -> Any:
+def pick(cls: type, d: dict[str, Any]) -> Any:
+    """A dataclass from a dict its ``to_dict`` wrote (keys that are not fields, such as properties, dropped)."""
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -122,9 +123,9 @@ def _arm(line: dict[str, Any], requests: list[dict[str, Any]]) -> Any:
     from specparity.harness.served import ArmResult, Divergence, RequestResult
     from specparity.harness.witness import Evidence
 
-    reqs = [RequestResult(r["id"], r["kind"], Verdict(r["verdict"]), r["reason"], _pick(Completion, r["completion"]),
-                          r["request"], _pick(Evidence, r.get("evidence") or {}),
-                          _pick(Divergence, r["divergence"]) if r.get("divergence") else None, r.get("replay"))
+    reqs = [RequestResult(r["id"], r["kind"], Verdict(r["verdict"]), r["reason"], pick(Completion, r["completion"]),
+                          r["request"], pick(Evidence, r.get("evidence") or {}),
+                          pick(Divergence, r["divergence"]) if r.get("divergence") else None, r.get("replay"))
             for r in requests]
     return ArmResult(line["name"], line["kind"], line["width"], line["setting"], Verdict(line["verdict"]),
                      line["reason"], line["served_by"], reqs, line["server"], line["seconds"],

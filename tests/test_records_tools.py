@@ -175,8 +175,9 @@ def test_compare_names_evidence_identity_and_coverage_changes_and_refuses_other_
     full = served_records["full"]
     new = _copy(full, tmp_path / "new")
     lines = [json.loads(x) for x in (new / "cli-w2.jsonl").read_text().splitlines()]
-    lines[0]["evidence"]["engaged"] = False
-    lines[0]["evidence"]["declined"] = True
+    # no witnessed call and a decline line: what a server that stopped drafting would leave
+    lines[0]["evidence"].update(verify_calls=0, draft_calls=0, sources=[], declined=True,
+                                lines=["specparity-gate: DECLINE width=2"])
     (new / "cli-w2.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     ident = json.loads((new / "identity.json").read_text())
     ident["mlx_lm"] = "9.9.9"
@@ -185,7 +186,8 @@ def test_compare_names_evidence_identity_and_coverage_changes_and_refuses_other_
     rep = compare_records(_only(full), new)
     assert rep.exit_code == 0, rep.lines()  # none of these is a regression by itself
     ev = [(c.part, c.old, c.new) for c in rep.of("evidence")]
-    assert ("cli / w2 / p0", "engaged", "not engaged") in ev and ("cli / w2 / p0", "no decline", "declined") in ev
+    assert ("cli / w2 / p0", "engaged", "not engaged") in ev
+    assert ("cli / w2 / p0", "no decline line", "decline line") in ev
     assert [(c.part, c.new) for c in rep.of("identity")] == [("mlx_lm", "9.9.9")]
     assert {c.part for c in rep.of("coverage")} >= {"cli / w4 / p0", "cli / w4 / -"}
     # a different kind of record: a usage error naming the file
