@@ -39,6 +39,7 @@ from specparity.harness.client import Completion, Request, send
 from specparity.harness.config import Job, Pairing, build_sequence
 from specparity.harness.lifecycle import HOST, Server, ServerStartError
 from specparity.harness.profiles import NOT_EXERCISED, Profile, dig, load_profile
+from specparity.harness.shard import Shard, split
 from specparity.harness.witness import (
     WITNESS_ENV,
     Evidence,
@@ -211,6 +212,7 @@ class ServedReport(ReportMixin):
     pairings: list[PairingResult]
     job: dict[str, Any]
     wall_seconds: float = 0.0
+    shard: dict[str, Any] | None = None  # --shard i/n: {index, count, plan, arms}; None unsharded or merged
 
     @property
     def verdict(self) -> Verdict:
@@ -222,12 +224,19 @@ class ServedReport(ReportMixin):
                    for p in self.pairings for a in p.arms)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "exit_code": self.exit_code, "wall_seconds": round(self.wall_seconds, 3),
-                "server_seconds": round(self.server_seconds(), 3),
-                "pairings": [p.to_dict() for p in self.pairings], "job": self.job}
+        d = {"verdict": self.verdict, "exit_code": self.exit_code, "wall_seconds": round(self.wall_seconds, 3),
+             "server_seconds": round(self.server_seconds(), 3),
+             "pairings": [p.to_dict() for p in self.pairings], "job": self.job}
+        if self.shard is not None:
+            d["shard"] = self.shard
+        return d
 
     def lines(self) -> list[str]:
         out: list[str] = []
+        if self.shard is not None:
+            runs = "; ".join(f"{p}: {', '.join(a)}" for p, a in self.shard["arms"].items()) or "no arms"
+            out.append(f"shard {self.shard['index']}/{self.shard['count']}: {runs}"
+                       " (join the shards with specparity records merge)")
         for p in self.pairings:
             out.append(f"pairing {p.name}: {p.profile} server, target {p.target}, drafter {p.draft}"
                        f" (widths served per {p.width_mode})")
@@ -339,9 +348,13 @@ class ServedRun:
     def __init__(self, job: Job, workdir: str | Path | None = None,
                  on_arm: Callable[[PairingResult, ArmResult], None] | None = None,
                  progress: Callable[[str], None] | None = None,
-                 start_timeout: float | None = None, request_timeout: float | None = None):
+                 start_timeout: float | None = None, request_timeout: float | None = None,
+                 shard: Shard | None = None):
         self.job = job
-        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="specparity-served-"))
+        self.shard = shard
+        self._keep: dict[str, list[str]] | None = None
+        # absolute: servers run with cwd=workdir, so a relative --record-dir would name nothing there
+        self.workdir = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="specparity-served-"))
         self.on_arm = on_arm or (lambda p, a: None)
         self.progress = progress or (lambda s: None)
         self.start_timeout = start_timeout or job.start_timeout
@@ -358,9 +371,19 @@ class ServedRun:
         for p in self.job.pairings:
             profile = load_profile(p.profile)
             plans.append((p, profile))
-        self.arm_total = sum(len(plan_arms(self.job, p, prof, p.draft, p.target)[0]) for p, prof in plans)
+        full = [(p.name, [(a.name, a.kind) for a in
+                          plan_arms(self.job, p, prof, p.draft, p.target if prof.draft_argv else None)[0]])
+                for p, prof in plans]
+        self.arm_total = sum(len(arms) for _, arms in full)
         report = ServedReport([], self.job.to_dict())
+        if self.shard is not None:
+            self._keep = split(full, self.shard)
+            self.arm_total = sum(len(a) for a in self._keep.values())
+            report.shard = {"index": self.shard.index, "count": self.shard.count,
+                            "plan": {name: [a for a, _ in arms] for name, arms in full}, "arms": self._keep}
         for p, prof in plans:
+            if self._keep is not None and p.name not in self._keep:
+                continue
             report.pairings.append(self.run_pairing(p, prof))
         report.wall_seconds = time.perf_counter() - t0
         return report
@@ -396,6 +419,8 @@ class ServedRun:
             draft = cached_gguf(draft) if draft is not None else None
             self_draft = target if self_draft is not None else None
         arms, res.width_mode = plan_arms(self.job, pairing, profile, draft, self_draft)
+        if self._keep is not None:
+            arms = [a for a in arms if a.name in self._keep.get(pairing.name, [])]
         endpoint = self.job.endpoint or profile.endpoint
         history: dict[str, str] = {}
         needs_code = "model_file" in (Path(pairing.target) / "config.json").read_text()

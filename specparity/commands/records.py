@@ -10,9 +10,7 @@ import click
 from specparity.commands._common import emit_json, json_option
 from specparity.errors import EXIT_OK, UsageError
 
-# columns that say which part a JSONL line is, in the order a reader wants them
-_ID_KEYS = ("request", "source", "arm", "role", "rule", "width", "depth", "walk_width", "arm_name",
-            "layer", "kind", "prompt_index", "first_row", "absolute_position", "position")
+from specparity.records.compare import ID_KEYS as _ID_KEYS
 _DETAIL_KEYS = ("reason", "summary", "message", "detail")
 
 
@@ -25,6 +23,8 @@ def records() -> None:
         specparity records list results/
         specparity records show results/probe-llama-host-2026-11-30.md
         specparity records show results/ --json      # the newest record in results/
+        specparity records compare last-night/ tonight/     # exit 1 on a regression
+        specparity records merge shard1/ shard2/ --out merged/
     """
 
 
@@ -88,6 +88,8 @@ def show_lines(rec: Any, identity: dict[str, Any], arms: dict[str, list[dict[str
                     if rec.timings else ""))
     lines.append(f"host {identity.get('host')}, device {identity.get('device')}, mlx {identity.get('mlx')},"
                  f" mlx-lm {identity.get('mlx_lm')}, specparity {identity.get('specparity')}")
+    if rec.kind == "served" and arms.get("arms"):
+        return lines + served_table(rec, arms)
     for name, rows in arms.items():
         counts: dict[str, int] = {}
         for r in rows:
@@ -100,11 +102,66 @@ def show_lines(rec: Any, identity: dict[str, Any], arms: dict[str, list[dict[str
     return lines
 
 
+def _grid(head: list[str], table: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *table]]
+
+
+def served_table(rec: Any, arms: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Per pairing: arms x requests with the verdict in each cell, the sha256 groups, what did not match."""
+    from specparity.records.writer import _slugify
+    from specparity.verdicts import Verdict
+
+    summary = {p["name"]: p for p in (rec.summary or {}).get("pairings") or []}
+    order: list[str] = []
+    for a in arms["arms"]:
+        if str(a.get("pairing")) not in order:
+            order.append(str(a.get("pairing")))
+    out: list[str] = []
+    for pname in order:
+        lines = [a for a in arms["arms"] if str(a.get("pairing")) == pname]
+        final = {a["name"]: a for a in (summary.get(pname) or {}).get("arms") or []}
+        rids: list[str] = []  # in the order the arms sent them (the JSONL keeps it, the verdicts map is sorted)
+        for a in lines:
+            sent = [str(r.get("id")) for r in arms.get(_slugify(f"{pname}-{a['name']}"), [])]
+            for r in [*sent, *(a.get("verdicts") or {})]:
+                if r not in rids:
+                    rids.append(r)
+        p = summary.get(pname)
+        out += ["", f"pairing {pname}: " + (f"{p['profile']} server, widths per {p['width_mode']},"
+                                             f" verdict {p['verdict']}" + (f" ({p['reason']})" if p["reason"] else "")
+                                             if p else "incomplete (no pairing verdict)")]
+        table = []
+        for a in lines:
+            v = (final.get(a["name"]) or a)["verdict"]
+            table.append([a["name"], _cell(a.get("width")), *[_cell((a.get("verdicts") or {}).get(r)) for r in rids],
+                          str(v)])
+        out += _grid(["arm", "width", *rids, "arm verdict"], table)
+        if p:
+            from specparity.harness.served import format_groups
+
+            out.append(f"  sha256 {format_groups(p.get('groups') or [])}")
+            for rid, gs in (p.get("request_groups") or {}).items():
+                if len(gs) > 1:
+                    out.append(f"    request {rid}: {format_groups(gs)}")
+            out += [f"  finding: {f}" for f in p.get("findings") or []]
+        for a in lines:
+            for r in arms.get(_slugify(f"{pname}-{a['name']}"), []):
+                if r.get("verdict") in (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED) or (
+                        r.get("verdict") == Verdict.NOT_ENGAGED and a.get("kind") != "baseline"):
+                    out.append(f"  {a['name']} {r.get('id')}: {r.get('verdict')}: {r.get('reason')}")
+    return out
+
+
 @records.command("show")
 @click.argument("path", metavar="RECORD|DIR")
 @json_option
 def show(path: str, as_json: bool) -> int:
     """Print a record's verdict, reach and per-part table.
+
+    A served record prints, per pairing, a table of arms x requests with the
+    verdict in each cell, the arms grouped by completion sha256, and the
+    reason of every request that did not match.
 
     RECORD is a record's .md file, its data/<name>/ directory or its
     report.json; a records directory shows its newest record. An incomplete
@@ -147,6 +204,83 @@ def list_(directory: str, as_json: bool) -> int:
         click.echo(f"{r['name']}  {r.get('kind', '-')}  {r['status']}  {r.get('verdict') or '-'}"
                    f"  {r.get('started') or '-'}  {r.get('title') or ''}")
     return EXIT_OK
+
+
+def _report(report: Any, as_json: bool, extra: dict[str, Any] | None = None) -> int:
+    """Print a report as every command does: its lines then ``verdict: WORD``, or --json; its exit code."""
+    if as_json:
+        emit_json({**report.to_dict(), **(extra or {}), "verdict": str(report.verdict),
+                   "exit_code": report.exit_code})
+    else:
+        for line in report.lines():
+            click.echo(line)
+        click.echo(f"verdict: {report.verdict}")
+    return int(report.exit_code)
+
+
+def _resolve(path: str) -> str:
+    rec, _, _ = _open(path)
+    return str(Path(rec.path).parent / "data" / rec.name)
+
+
+@records.command("compare")
+@click.argument("old", metavar="OLD")
+@click.argument("new", metavar="NEW")
+@json_option
+def compare(old: str, new: str, as_json: bool) -> int:
+    """What changed from OLD to NEW, two records of one kind (e.g. last night's and tonight's).
+
+    Served records are matched by pairing, arm and request id: what regressed
+    (passed, now does not: match -> diverged / error / not_engaged ...), what
+    was fixed, other verdict changes, evidence changes (engaged -> not
+    engaged, a decline that appeared), identity changes (model fingerprints,
+    mlx / mlx-lm / specparity / Python versions, server version output,
+    kernel env, git commit) and arms only one record has. OLD and NEW are
+    record .md files, data directories, or records directories (their newest
+    record).
+
+    \b
+    Exit codes: 0 no regression (verdict match), 1 a regression (verdict
+    diverged), 2 the records cannot be compared (different kinds, incomplete).
+
+    \b
+    Examples:
+        specparity records compare nightly/served-host-2026-11-29.md nightly/served-host-2026-11-30.md
+        specparity records compare last/ tonight/ --json
+    """
+    from specparity.records.compare import compare_records
+
+    return _report(compare_records(_resolve(old), _resolve(new)), as_json)
+
+
+@records.command("merge")
+@click.argument("shards", nargs=-1, required=True, metavar="SHARD...")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="Records directory for the merged record.")
+@json_option
+def merge(shards: tuple[str, ...], out_dir: str, as_json: bool) -> int:
+    """Join the records of `specparity served --shard i/n` into one served record.
+
+    Each arm comes from the shard that ran it, baselines from the first shard
+    that ran the pairing; arms go back into the unsharded run order and each
+    pairing is judged again, so verdicts, sha256 groups and texts equal the
+    unsharded record's (timings differ). Refuses, naming the file, shards of
+    different job configs or identities (versions, git commit, env, server
+    versions; hosts may differ), a shard given twice or missing, and records
+    that are not complete shards. Exits with the merged record's verdict code.
+
+    \b
+    Examples:
+        specparity records merge shard1/ shard2/ --out nightly/
+    """
+    import sys
+
+    from specparity.records.merge import merge_records
+
+    paths = [_resolve(s) for s in shards]
+    report, path = merge_records(paths, out_dir, argv=["specparity", *sys.argv[1:]])
+    click.echo(f"record written: {path}", err=True)
+    return _report(report, as_json, {"record": str(path)})
 
 
 # -- records junit (issue 13, the nightly job): a self-contained block ----------------------------

@@ -32,10 +32,13 @@ from specparity.errors import UsageError
               help="Seconds a server may take to become ready.")
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds one request may take.")
+@click.option("--shard", "shard_spec", default=None, metavar="I/N",
+              help="Run shard I of N: every N-th non-baseline arm, with the baselines it needs"
+                   " (join the records with `specparity records merge`).")
 @json_option
 @record_option
 def served(config_path, model, draft_model, profile, trust_remote_code, widths, width_mode, max_tokens,
-           concurrency, repeats, start_timeout, request_timeout, quiet, as_json, record_dir):
+           concurrency, repeats, start_timeout, request_timeout, shard_spec, quiet, as_json, record_dir):
     """Spawn servers with and without a drafter across widths and compare completions by sha256.
 
     Each arm (baseline at the start, one per width, the target drafting for
@@ -57,11 +60,15 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
         specparity served
         specparity served --model ./target --draft-model ./draft --widths 2,4,8
         specparity served --config nightly.yaml --record-dir results
+        specparity served --config nightly.yaml --shard 2/4 --record-dir shard2
     """
     from specparity.harness.config import Pairing, builtin_job, load_job
     from specparity.harness.profiles import NOT_EXERCISED, load_profile
     from specparity.harness.served import ServedRun
+    from specparity.harness.shard import parse_shard
+    from specparity.records.chart import served_markdown
 
+    shard = parse_shard(shard_spec) if shard_spec is not None else None
     w_list = parse_int_list(widths, "--widths", minimum=2) if widths is not None else None
     if widths is not None and not w_list:
         raise UsageError("--widths: give at least one width")
@@ -100,7 +107,9 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
     from specparity.commands._common import CommandRun
 
     title = f"served: {', '.join(p.name for p in job.pairings)} ({job.source} job)"
-    cmd = CommandRun("served", title, {"job": job.to_dict()}, record_dir, as_json, quiet, slug="served")
+    slug = "served" if shard is None else f"served-shard{shard.index}of{shard.count}"
+    cmd = CommandRun("served", title, {"job": job.to_dict(), "models": _fingerprints(job)}, record_dir, as_json,
+                     quiet, slug=slug)
     progress, close = _progress(quiet or as_json)
     with cmd:
         sink = cmd.sink
@@ -115,11 +124,27 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
 
         try:
             run = ServedRun(job, workdir=workdir, on_arm=on_arm, progress=progress,
-                            start_timeout=start_timeout, request_timeout=request_timeout)
+                            start_timeout=start_timeout, request_timeout=request_timeout, shard=shard)
             report = run.run()
         finally:
             close()
-        return cmd.finish(report)
+        return cmd.finish(report, markdown=served_markdown(report, sink))
+
+
+
+def _fingerprints(job) -> dict[str, dict[str, str | None]]:
+    """Each pairing's target and drafter fingerprint digests (what ``records compare`` sets side by side)."""
+    from specparity.checkpoint import fingerprint
+    from specparity.errors import SpecparityError
+
+    def one(path: str | None) -> str | None:
+        if path is None:
+            return None
+        try:
+            return fingerprint(path).digest
+        except (SpecparityError, OSError):
+            return None  # the run itself names a missing or broken checkpoint
+    return {p.name: {"target": one(p.target), "draft": one(p.draft)} for p in job.pairings}
 
 
 def _progress(quiet: bool) -> tuple[Any, Any]:

@@ -1,0 +1,227 @@
+"""``records compare OLD NEW``: what changed between two records of the same kind (night over night).
+
+Served records are matched part by part: pairing + arm + request id (a
+pairing's own verdict is the part ``<pairing> / * / *``, an arm that sent no
+request is ``<pairing> / <arm> / -``). Other kinds match their JSONL lines by
+their identifying keys (width, depth, layer, ...). Each matched part whose
+verdict changed is one of:
+
+    regressed  it passed (match, equal, pass) and now does not, or it now
+               diverges where it did not
+    fixed      it did not pass and now does
+    changed    any other verdict change (error -> not_engaged, ...)
+
+and, beside verdicts:
+
+    evidence   the drafter was witnessed and now is not (engaged -> not
+               engaged), or a decline line appeared (or went away)
+    identity   model fingerprint, mlx / mlx-lm / specparity / Python version,
+               device, git commit, kernel env, a server's version output
+    coverage   parts only one record has (an arm added or gone)
+
+The comparison's verdict: ``diverged`` when anything regressed (exit 1),
+``match`` otherwise (exit 0), whatever else changed: identity, evidence and
+coverage changes are reported, and are not regressions by themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specparity.errors import UsageError
+from specparity.harness.witness import Evidence
+from specparity.records.merge import pick
+from specparity.records.record import read_record
+from specparity.records.writer import _slugify
+from specparity.verdicts import ReportMixin, Verdict, is_pass, verdict
+
+# the JSONL keys that say which part a line is, in the order a reader wants them
+ID_KEYS = ("request", "source", "arm", "role", "rule", "width", "depth", "walk_width", "arm_name",
+           "layer", "kind", "prompt_index", "first_row", "absolute_position", "position")
+IDENTITY_KEYS = ("specparity", "git_commit", "mlx", "mlx_lm", "python", "device", "platform", "os", "env")
+CATEGORIES = ("regressed", "fixed", "changed", "evidence", "identity", "coverage")
+DIVERGING = (Verdict.DIVERGED, Verdict.DIVERGENT)
+
+
+@dataclass
+class Change:
+    """One difference between the records.
+
+    category: one of CATEGORIES. part: which part ("pairing / arm / request", a JSONL key,
+    or an identity key). old / new: the value on each side (None: absent).
+    detail: what a reader needs to act (width, first divergence index, reason).
+    """
+
+    category: str
+    part: str
+    old: Any
+    new: Any
+    detail: str = ""
+
+    def line(self) -> str:
+        return f"  {self.part}: {self.old} -> {self.new}" + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass
+class CompareReport(ReportMixin):
+    """Two records of one kind, compared. verdict: diverged on any regression, else match."""
+
+    kind: str
+    old: str
+    new: str
+    changes: list[Change] = field(default_factory=list)
+    parts: int = 0
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.DIVERGED if self.of("regressed") else Verdict.MATCH
+
+    def of(self, category: str) -> list[Change]:
+        return [c for c in self.changes if c.category == category]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "exit_code": self.exit_code, "kind": self.kind, "old": self.old,
+                "new": self.new, "parts_compared": self.parts,
+                **{cat: [asdict(c) for c in self.of(cat)] for cat in CATEGORIES}}
+
+    def lines(self) -> list[str]:
+        out = [f"compare {self.kind} records: {self.parts} parts matched",
+               f"  old {self.old}", f"  new {self.new}"]
+        for cat in CATEGORIES:
+            found = self.of(cat)
+            out.append(f"{cat}: {len(found)}" if not found else f"{cat} ({len(found)}):")
+            out += [c.line() for c in found]
+        return out
+
+
+def _classify(old: str, new: str) -> str:
+    o, n = verdict(old), verdict(new)
+    if (is_pass(o) and not is_pass(n)) or (n in DIVERGING and o not in DIVERGING):
+        return "regressed"
+    if not is_pass(o) and is_pass(n):
+        return "fixed"
+    return "changed"
+
+
+def _served_parts(summary: dict[str, Any], rows: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """part -> {verdict, width, divergence, evidence, reason} for every pairing, arm and request."""
+    parts: dict[str, dict[str, Any]] = {}
+    for p in summary.get("pairings") or []:
+        parts[f"{p['name']} / * / *"] = {"verdict": p["verdict"], "reason": p.get("reason") or ""}
+        for a in p.get("arms") or []:
+            reqs = rows.get(_slugify(f"{p['name']}-{a['name']}"), [])
+            if not reqs:
+                parts[f"{p['name']} / {a['name']} / -"] = {"verdict": a["verdict"], "width": a.get("width"),
+                                                            "reason": a.get("reason") or ""}
+            for r in reqs:
+                parts[f"{p['name']} / {a['name']} / {r['id']}"] = {
+                    "verdict": r["verdict"], "width": a.get("width"), "divergence": r.get("divergence"),
+                    "evidence": r.get("evidence") or {}, "reason": r.get("reason") or "", "arm_kind": a.get("kind")}
+    return parts
+
+
+def _generic_parts(rows: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    parts: dict[str, dict[str, Any]] = {}
+    for stem, lines in rows.items():
+        for i, r in enumerate(lines):
+            if "verdict" not in r:
+                continue
+            ident = ", ".join(f"{k} {r[k]}" for k in ID_KEYS if k in r and not isinstance(r[k], (dict, list)))
+            key = f"{stem} / {ident or f'line {i + 1}'}"
+            parts[key] = {"verdict": r["verdict"], "width": r.get("width"), "reason": str(r.get("reason") or "")}
+    return parts
+
+
+def _detail(p: dict[str, Any]) -> str:
+    bits = []
+    if p.get("width") is not None:
+        bits.append(f"width {p['width']}")
+    d = p.get("divergence") or {}
+    if d.get("token_index") is not None:
+        bits.append(f"first divergence at token {d['token_index']}, char {d.get('char_offset')}")
+    elif d.get("char_offset") is not None:
+        bits.append(f"first divergence at char {d['char_offset']}")
+    if not d and p.get("reason"):
+        bits.append(str(p["reason"])[:160])
+    return ", ".join(bits)
+
+
+def _identity(ident: dict[str, Any], summary: dict[str, Any] | None) -> dict[str, Any]:
+    out = {k: ident.get(k) for k in IDENTITY_KEYS}
+    model = ident.get("model")
+    if isinstance(model, dict) and model.get("digest"):
+        out["model fingerprint"] = model["digest"]
+    for pname, fps in (ident.get("models") or {}).items():
+        for role, fp in (fps or {}).items():
+            out[f"{pname} {role} fingerprint"] = fp
+    for p in (summary or {}).get("pairings") or []:
+        for a in p.get("arms") or []:
+            srv = a.get("server") or {}
+            if srv.get("version") is not None:
+                out.setdefault(f"{srv.get('profile') or p['profile']} server version", srv["version"])
+    return out
+
+
+def _evidence_changes(key: str, old: Any, new: Any, detail: str) -> list[Change]:
+    """Engaged -> not engaged (and back), a decline line that appeared (or went away)."""
+    out = []
+    if old.engaged != new.engaged:
+        words = {True: "engaged", False: "not engaged"}
+        out.append(Change("evidence", key, words[old.engaged], words[new.engaged], detail))
+    if old.declined != new.declined:
+        words = {True: "decline line", False: "no decline line"}
+        out.append(Change("evidence", key, words[old.declined], words[new.declined],
+                          "; ".join((new.lines or old.lines)[:1])))
+    return out
+
+
+def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) -> CompareReport:
+    """Compare two complete records of one kind; a UsageError names a file that cannot be compared."""
+    sides = []
+    for path in (old_path, new_path):
+        try:
+            rec, ident, rows = read_record(path)
+        except FileNotFoundError:
+            raise UsageError(f"{path}: not a record (no report.json)") from None
+        except (OSError, ValueError, TypeError) as err:
+            raise UsageError(f"{path}: not a readable record ({type(err).__name__}: {err})") from None
+        if not rec.is_complete or rec.summary is None:
+            raise UsageError(f"{path}: record is {rec.status}, not complete: nothing to compare")
+        sides.append((str(path), rec, ident, rows))
+    (op, orec, oid, orows), (np_, nrec, nid, nrows) = sides
+    if orec.kind != nrec.kind:
+        raise UsageError(f"{np_}: a {nrec.kind} record, but {op} is a {orec.kind} record: compare one kind")
+    rep = CompareReport(orec.kind, op, np_)
+    if orec.kind == "served":
+        old, new = _served_parts(orec.summary or {}, orows), _served_parts(nrec.summary or {}, nrows)
+        if (orec.summary or {}).get("job") != (nrec.summary or {}).get("job"):
+            rep.changes.append(Change("identity", "job config", (orec.summary or {}).get("job", {}).get("source"),
+                                      (nrec.summary or {}).get("job", {}).get("source"),
+                                      "the job's config differs (widths, prompts, params, ...)"))
+    else:
+        old, new = _generic_parts(orows), _generic_parts(nrows)
+        old["record"] = {"verdict": orec.verdict}
+        new["record"] = {"verdict": nrec.verdict}
+    for key in old.keys() | new.keys():
+        if key in old and key in new:
+            continue
+        rep.changes.append(Change("coverage", key, old.get(key, {}).get("verdict"), new.get(key, {}).get("verdict"),
+                                  "only in the old record" if key in old else "only in the new record"))
+    rep.parts = len(old.keys() & new.keys())
+    for key in [k for k in old if k in new]:
+        o, n = old[key], new[key]
+        if o["verdict"] != n["verdict"]:
+            rep.changes.append(Change(_classify(o["verdict"], n["verdict"]), key, o["verdict"], n["verdict"],
+                                      _detail(n if not is_pass(n["verdict"]) else o)))
+        oe, ne = o.get("evidence"), n.get("evidence")
+        if o.get("arm_kind") not in (None, "baseline", "repeat", "concurrent") and oe and ne:
+            rep.changes += _evidence_changes(key, pick(Evidence, oe), pick(Evidence, ne), _detail(n))
+    oi, ni = _identity(oid, orec.summary), _identity(nid, nrec.summary)
+    for key in sorted(oi.keys() | ni.keys()):
+        if oi.get(key) != ni.get(key):
+            rep.changes.append(Change("identity", key, oi.get(key), ni.get(key)))
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    rep.changes.sort(key=lambda c: (order[c.category], c.part))
+    return rep

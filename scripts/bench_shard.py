@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Sharding's wall time: ``served --shard 1/2`` and ``2/2`` run side by side vs the same job unsharded.
+
+Runs one small served job on the embedded pair (real mlx_lm.server
+processes) through the CLI, once unsharded, then as its two shards started
+together, then merges the shards and checks the merge has the unsharded
+verdict. Each shard also runs the baselines its arms need, so two shards do
+more work in all than one run: the ratio says what that buys on this
+machine's cores (on 2 cores the servers of both shards share them).
+One run of each, no repeats.
+
+Usage: .venv/bin/python -P scripts/bench_shard.py [--widths 2,3,4,5] [--max-tokens 32]
+Prints one figure per line, ``name: value unit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--widths", default="2,3,4,5")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    args = ap.parse_args()
+
+    from specparity.fixtures import default_pair
+
+    pair = default_pair()
+    cli = str(Path(sys.executable).parent / "specparity")
+    with tempfile.TemporaryDirectory() as work:
+        cfg = Path(work) / "job.json"
+        cfg.write_text(json.dumps({"widths": [int(w) for w in args.widths.split(",")],
+                                   "max_tokens": args.max_tokens, "sequence": ["fresh", "multi-turn"],
+                                   "concurrency": 0, "self_draft": False}))
+        base = [cli, "served", "--config", str(cfg), "--model", str(pair.target), "--draft-model", str(pair.draft),
+                "-q", "--json"]
+
+        def start(out: str, *extra: str) -> subprocess.Popen:
+            return subprocess.Popen([*base, "--record-dir", str(Path(work) / out), *extra],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=os.environ)
+
+        t0 = time.perf_counter()
+        full = start("full")
+        full_out, _ = full.communicate()
+        unsharded = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        shards = [start(f"s{i}", "--shard", f"{i}/2") for i in (1, 2)]
+        for s in shards:
+            s.communicate()
+        sharded = time.perf_counter() - t0
+        merged = subprocess.run([cli, "records", "merge", str(Path(work) / "s1"), str(Path(work) / "s2"),
+                                 "--out", str(Path(work) / "merged"), "--json"],
+                                capture_output=True, text=True)
+        same = json.loads(merged.stdout)["verdict"] == json.loads(full_out)["verdict"]
+    print(f"cores: {os.cpu_count()} count")
+    print(f"unsharded_wall: {unsharded:.2f} s")
+    print(f"two_shards_in_parallel_wall: {sharded:.2f} s")
+    print(f"parallel_shards_over_unsharded: {sharded / unsharded:.3f} ratio")
+    print(f"merged_verdict_equals_unsharded: {same}")
+
+
+if __name__ == "__main__":
+    main()
