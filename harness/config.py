@@ -21,6 +21,9 @@
     controls: [{name: no-compile, env: {MLX_DISABLE_COMPILE: "1"}, width: 4}]
     start_timeout: 120
     request_timeout: 120
+    distribution: {temperature: 0.7, requests: 600, prefix: 1, alpha: 0.001, seed: 0, width: 4}
+                                    # temperature > 0 arms: seeded draws with and without the
+                                    # drafter, histograms compared (harness/served_dist.py)
 
 Every key is optional; without a config the built-in job runs on the embedded
 fixture pair (:func:`builtin_job`).
@@ -30,9 +33,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specparity.harness.client import Request
+
+if TYPE_CHECKING:
+    from specparity.harness.served_dist import DistSpec
 
 from specparity.errors import UsageError
 
@@ -89,6 +95,7 @@ class Job:
     start_timeout: float = 120.0
     request_timeout: float = 120.0
     source: str = "built-in"
+    distribution: DistSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,7 +138,7 @@ def load_job(path: str | Path) -> Job:
         raise UsageError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
     known = {"pairings", "widths", "width_mode", "max_tokens", "prompts", "prompts_file", "params", "endpoint",
              "sequence", "concurrency", "self_draft", "repeats", "extra_args", "controls", "env",
-             "start_timeout", "request_timeout"}
+             "start_timeout", "request_timeout", "distribution"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -166,6 +173,10 @@ def load_job(path: str | Path) -> Job:
             if not isinstance(raw[key], (int, float)) or raw[key] <= 0:
                 raise UsageError(f"{where}: {key}: {raw[key]!r} is not a positive number of seconds")
             setattr(job, key, float(raw[key]))
+    if raw.get("distribution") is not None:
+        from specparity.harness.served_dist import parse_spec
+
+        job.distribution = parse_spec(raw["distribution"], where)
     if "self_draft" in raw:
         job.self_draft = bool(raw["self_draft"])
     if "prompts_file" in raw:
