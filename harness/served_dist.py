@@ -332,6 +332,10 @@ def run_distribution(run: ServedRun, pairing: Pairing, profile: Profile, target:
                         ok = Verdict.MATCH if comp.ok else Verdict.ERROR
                         into.append(RequestResult(req.id, KIND, ok, comp.error or "", comp, req.to_dict(), ev))
                         arm.generation_seconds += comp.seconds
+            evs = [r.evidence for r in arm.requests]
+            proposed = sum(w - 1 for e in evs for w in e.widths)
+            if proposed:
+                arm.acceptance = sum(a for e in evs for a in e.accepts) / proposed
         finally:
             session.server.stop()
             arm.server["returncode"] = session.server.proc.returncode if session.server.proc else None
@@ -379,13 +383,17 @@ def judge(base: DistArm, drafted: DistArm, wrong: list[RequestResult], spec: Dis
             f"these requests tell a server sampling at T={wrong_t:g} from one at T={spec.temperature:g}",
             h.statistic, h.threshold, h.rejected))
     if res.power is not None:
-        alt = near_miss_law(pooled, max(int(hom.n_eff), 1), res.power.min_tv)
-        n1, n2 = hom.samples
-        h = homogeneity(rng.multinomial(n1, pooled), rng.multinomial(n2, alt), spec.alpha)
-        res.controls.append(Control(
-            f"near miss at TV {res.power.min_tv:.3g}", "simulated", "homogeneity",
-            "the stated power holds at these bins: a law at the stated TV, least detectable direction, is caught",
-            h.statistic, h.threshold, h.rejected))
+        name = f"near miss at TV {res.power.min_tv:.3g}"
+        proves = "the stated power holds at these bins: a law at the stated TV, least detectable direction, is caught"
+        try:
+            alt = near_miss_law(pooled, max(int(hom.n_eff), 1), res.power.min_tv)
+        except ValueError:  # the stated TV is more than the law can move: the statement says nothing
+            res.controls.append(Control(name, "simulated", "homogeneity", proves, math.nan, None, False))
+        else:
+            n1, n2 = hom.samples
+            h = homogeneity(rng.multinomial(n1, pooled), rng.multinomial(n2, alt), spec.alpha)
+            res.controls.append(Control(name, "simulated", "homogeneity", proves, h.statistic, h.threshold,
+                                        h.rejected))
     if target_row is not None:
         _known_law_tests(res, base, drafted, spec, wrong_t, target_row, draft_row, params, counts, cells, rng)
     _verdicts(res, base, drafted)
@@ -434,11 +442,15 @@ def _known_law_tests(res: DistResult, base: DistArm, drafted: DistArm, spec: Dis
     if res.gof_power is not None:
         from specparity.probes.sampling.stats import near_miss_control
 
-        nm = near_miss_control(law, n, spec.alpha, res.gof_power, rng)
-        res.controls.append(Control(
-            f"near miss at TV {nm.tv:.3g} from p", "simulated", "goodness of fit",
-            "the stated goodness-of-fit power holds at these bins", nm.chi.statistic, nm.chi.threshold,
-            nm.rejected))
+        name, proves = (f"near miss at TV {res.gof_power.min_tv:.3g} from p",
+                        "the stated goodness-of-fit power holds at these bins")
+        try:
+            nm = near_miss_control(law, n, spec.alpha, res.gof_power, rng)
+        except ValueError:  # the stated TV is more than the law can move
+            res.controls.append(Control(name, "simulated", "goodness of fit", proves, math.nan, None, False))
+        else:
+            res.controls.append(Control(name, "simulated", "goodness of fit", proves, nm.chi.statistic,
+                                        nm.chi.threshold, nm.rejected))
     if draft_row is not None and k == 1 and not any(params.get(f) for f in FILTERS):
         prob = make_problem(target_logits=np.array([target_row[i] for i in live]),
                             draft_logits=np.array([draft_row[i] for i in live]),
