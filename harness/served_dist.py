@@ -288,7 +288,8 @@ def run_distribution(run: ServedRun, pairing: Pairing, profile: Profile, target:
     """The two distribution arms of one pairing, judged (the drafted arm carries the verdict)."""
     import httpx
 
-    spec: DistSpec = run.job.distribution
+    spec = run.job.distribution
+    assert spec is not None
     width = spec.width or max(run.job.widths or [2])
     n = spec.requests
     wrong_t = spec.temperature * WRONG_T_FACTOR

@@ -26,6 +26,7 @@ from specparity.harness.witness import Evidence
 from specparity.probes.sampling.e2e import E2E_DRAFT, E2E_TARGET
 from specparity.probes.sampling.stats import chi_square
 from specparity.records.record import read_record
+from specparity.verdicts import Verdict
 
 T = 0.7
 PROMPT = ["Speculative decoding drafts several tokens with a small model and verifies them"]
@@ -63,14 +64,14 @@ def _draws(ids: np.ndarray, engaged: bool) -> list[RequestResult]:
     ev = Evidence()
     if engaged:
         ev.verify_calls = 1
-    return [RequestResult(f"s{i}", "distribution", "match", "", Completion(text="x", token_ids=[int(t)]), {}, ev)
+    return [RequestResult(f"s{i}", "distribution", Verdict.MATCH, "", Completion(text="x", token_ids=[int(t)]), {}, ev)
             for i, t in enumerate(ids)]
 
 
 def _judged(target_row, draft_law, engaged=True, n=600):
     rng = np.random.default_rng(1)
     base, drafted = DistArm("dist-baseline", "distribution", None, None), DistArm("dist-w4", "distribution", 4, 3)
-    base.verdict = drafted.verdict = "not_run"
+    base.verdict = drafted.verdict = Verdict.NOT_RUN
     base.requests = _draws(rng.choice(512, n, p=law(T)), False)
     drafted.requests = _draws(rng.choice(512, n, p=draft_law), engaged)
     wrong = _draws(rng.choice(512, n, p=law(T / 2)), False)
