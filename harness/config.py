@@ -22,6 +22,9 @@
     profile: llama.cpp              # every pairing's profile (overrides each pairing's own)
     start_timeout: 120
     request_timeout: 120
+    distribution: {temperature: 0.7, requests: 600, prefix: 1, alpha: 0.001, seed: 0, width: 4}
+                                    # temperature > 0 arms: seeded draws with and without the
+                                    # drafter, histograms compared (harness/served_dist.py)
 
 Every key is optional; without a config the built-in job runs on the embedded
 fixture pair (:func:`builtin_job`).
@@ -31,10 +34,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specparity.harness.client import Request
 from specparity.harness.profiles import packaged_profiles
+
+if TYPE_CHECKING:
+    from specparity.harness.served_dist import DistSpec
 
 from specparity.errors import UsageError
 
@@ -91,6 +97,7 @@ class Job:
     start_timeout: float = 120.0
     request_timeout: float = 120.0
     source: str = "built-in"
+    distribution: DistSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,7 +140,7 @@ def load_job(path: str | Path) -> Job:
         raise UsageError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
     known = {"pairings", "widths", "width_mode", "max_tokens", "prompts", "prompts_file", "params", "endpoint",
              "sequence", "concurrency", "self_draft", "repeats", "extra_args", "controls", "env",
-             "start_timeout", "request_timeout", "profile"}
+             "start_timeout", "request_timeout", "profile", "distribution"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -176,6 +183,10 @@ def load_job(path: str | Path) -> Job:
             if not isinstance(raw[key], (int, float)) or raw[key] <= 0:
                 raise UsageError(f"{where}: {key}: {raw[key]!r} is not a positive number of seconds")
             setattr(job, key, float(raw[key]))
+    if raw.get("distribution") is not None:
+        from specparity.harness.served_dist import parse_spec
+
+        job.distribution = parse_spec(raw["distribution"], where)
     if "self_draft" in raw:
         job.self_draft = bool(raw["self_draft"])
     if "prompts_file" in raw:

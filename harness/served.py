@@ -55,6 +55,7 @@ from specparity.verdicts import SERVED_VERDICTS, ReportMixin, Verdict, combine
 log = logging.getLogger(__name__)
 
 SELF_DRAFT_MIN_ACCEPTANCE = 0.9
+DIST_KIND = "distribution"  # served_dist's temperature > 0 arms: draws, not sha256-compared requests
 SNIPPET = 24
 
 
@@ -173,14 +174,14 @@ class PairingResult:
         """Arms grouped by digest (order of first appearance)."""
         by: dict[str, list[str]] = {}
         for a in self.arms:
-            if a.requests and a.verdict != Verdict.ERROR:
+            if a.requests and a.verdict != Verdict.ERROR and a.kind != DIST_KIND:
                 by.setdefault(a.digest, []).append(a.name)
         return list(by.values())
 
     def request_groups(self) -> dict[str, list[list[str]]]:
         out: dict[str, list[list[str]]] = {}
         for a in self.arms:
-            for r in a.requests:
+            for r in a.requests if a.kind != DIST_KIND else []:
                 if r.completion.ok:
                     out.setdefault(r.id, {}).setdefault(r.completion.sha256, []).append(a.name)  # type: ignore
         return {k: list(v.values()) for k, v in out.items()}  # type: ignore[attr-defined]
@@ -246,6 +247,11 @@ class ServedReport(ReportMixin):
                 acc = f", acceptance {a.acceptance:.3f}" if a.acceptance is not None else ""
                 out.append(f"  {a.name:<16} {a.verdict:<12}{w} {len(a.requests)} requests{acc}"
                            + (f": {a.reason}" if a.reason else ""))
+                if a.kind == DIST_KIND:
+                    from specparity.harness.served_dist import lines as dist_lines
+
+                    out += dist_lines(a)  # type: ignore[arg-type]  # a DistArm
+                    continue
                 for r in a.requests:
                     if r.verdict in (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED) \
                             or (r.verdict == Verdict.NOT_ENGAGED and a.kind != "baseline"):
@@ -375,6 +381,10 @@ class ServedRun:
                           plan_arms(self.job, p, prof, p.draft, p.target if prof.draft_argv else None)[0]])
                 for p, prof in plans]
         self.arm_total = sum(len(arms) for _, arms in full)
+        if self.job.distribution is not None:
+            if self.shard is not None:
+                raise UsageError("--shard: the distribution arms (temperature > 0) run unsharded only")
+            self.arm_total += 2 * sum(p.draft is not None for p in self.job.pairings)
         report = ServedReport([], self.job.to_dict())
         if self.shard is not None:
             self._keep = split(full, self.shard)
@@ -437,6 +447,13 @@ class ServedRun:
                     baseline = {r.id: r.completion for r in arm.requests}
                 res.arms.append(arm)
                 self.on_arm(res, arm)
+            if self.job.distribution is not None and draft is not None:
+                from specparity.harness.served_dist import run_distribution
+
+                for arm in run_distribution(self, pairing, profile, target, draft, trust, endpoint, work):
+                    self.arm_count += 1
+                    res.arms.append(arm)
+                    self.on_arm(res, arm)
         finally:
             for s in sessions.values():
                 s.server.stop()

@@ -388,3 +388,49 @@ def pair_gguf(info: FixtureInfo, outtype: str = "f32") -> tuple[str, str | None]
 def default_pair_gguf(outtype: str = "f32") -> tuple[str, str | None]:
     """The embedded default pair as GGUF (target, drafter): see :func:`pair_gguf`."""
     return pair_gguf(default_pair(), outtype)
+
+
+def build_plain_constant(root: Path, live: tuple[float, ...]) -> str:
+    """A plain llama checkpoint (no ``model_file``) whose logits ignore the input, about ``live``.
+
+    mlx-lm's server loads a drafter without trust_remote_code, so a drafter for a
+    constant-logits target cannot be a ``build_constant_pair`` fixture. Here every
+    embedding row is the same vector of ones, every attention and MLP output
+    projection is zero (the residual stream stays that vector), and the head reads
+    ``constant_logits(live)`` off its first column: logits = that row times the
+    final RMSNorm's 1/sqrt(1 + eps), for every input. Only the drafter's proposals
+    depend on it, never the law a lossless server emits.
+    """
+    import mlx.core as mx
+
+    tag = hashlib.sha256(repr(("plain", tuple(live))).encode()).hexdigest()[:10]
+    out = root / f"plain-const-{tag}"
+    if (out / "fixture.json").exists():
+        return str(out / "target")
+    config = _config_for("llama", "float32")
+    model = _instantiate(config)
+    # what the logits are (up to the RMSNorm factor): readers such as served_dist look here
+    config["specparity"] = {"constant_logits": constant_logits(live), "plain": True}
+    params = _params(model)
+    row = mx.array(constant_logits(live), dtype=mx.float32)
+    for name, w in params.items():
+        if name == "model.embed_tokens.weight":
+            params[name] = mx.ones(w.shape, dtype=w.dtype)
+        elif name == "lm_head.weight":
+            params[name] = mx.zeros(w.shape, dtype=w.dtype).at[:, 0].add(row)
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            params[name] = mx.zeros(w.shape, dtype=w.dtype)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=root))
+    try:
+        _save(tmp / "target", config, params)
+        info = FixtureInfo(target=str(out / "target"), draft=None, arch="llama", dtype="float32", bits=None,
+                           seed=0, agreement=None, noise=None)
+        (tmp / "fixture.json").write_text(json.dumps(info.to_dict(), indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info.target

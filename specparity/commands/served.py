@@ -35,10 +35,17 @@ from specparity.errors import UsageError
 @click.option("--shard", "shard_spec", default=None, metavar="I/N",
               help="Run shard I of N: every N-th non-baseline arm, with the baselines it needs"
                    " (join the records with `specparity records merge`).")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Also run the distribution arms at this temperature (seeded draws with and without the drafter).")
+@click.option("--dist-requests", type=click.IntRange(min=50), default=None,
+              help="Draws per distribution arm (default 600; implies the distribution arms).")
+@click.option("--dist-prefix", type=click.IntRange(min=1, max=4), default=None,
+              help="Tokens per draw: the histogram is over the emitted k-prefix (default 1).")
 @json_option
 @record_option
 def served(config_path, model, draft_model, profile, trust_remote_code, widths, width_mode, max_tokens,
-           concurrency, repeats, start_timeout, request_timeout, shard_spec, quiet, as_json, record_dir):
+           concurrency, repeats, start_timeout, request_timeout, shard_spec, temperature, dist_requests,
+           dist_prefix, quiet, as_json, record_dir):
     """Spawn servers with and without a drafter across widths and compare completions by sha256.
 
     Each arm (baseline at the start, one per width, the target drafting for
@@ -51,6 +58,15 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
     declined, not_engaged (no evidence the drafter ran: never a pass), error.
     Baselines that disagree make the pairing inconclusive.
 
+    With --temperature (or the job's distribution key) two more servers per
+    pairing take many seeded draws at that temperature, without and with the
+    drafter: their first-token (or --dist-prefix) histograms are compared by a
+    chi-square homogeneity test, and against the exact law when the target is a
+    constant-logits fixture. Known-wrong controls (the same server at half the
+    temperature, simulated near misses and wrong acceptance rules) must be
+    rejected, or the arm is inconclusive; a pass states the smallest TV it
+    detects with 99% power.
+
     \b
     Exit codes: 0 all match, 1 diverged, 2 usage, 3 inconclusive / not engaged /
     declined, 4 a server would not start or a request failed.
@@ -61,6 +77,7 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
         specparity served --model ./target --draft-model ./draft --widths 2,4,8
         specparity served --config nightly.yaml --record-dir results
         specparity served --config nightly.yaml --shard 2/4 --record-dir shard2
+        specparity served --model ./t --draft-model ./d --temperature 0.7 --dist-requests 1000
     """
     from specparity.harness.config import Pairing, builtin_job, load_job
     from specparity.harness.profiles import NOT_EXERCISED, load_profile
@@ -96,6 +113,15 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
                      ("repeats", repeats)):
         if val is not None:
             setattr(job, key, val)
+    if temperature is not None or dist_requests is not None or dist_prefix is not None:
+        from specparity.harness.served_dist import DistSpec
+
+        spec = job.distribution or DistSpec()
+        job.distribution = replace(spec, **{k: v for k, v in (("temperature", temperature),
+                                                              ("requests", dist_requests),
+                                                              ("prefix", dist_prefix)) if v is not None})
+    if job.distribution is not None and not any(p.draft for p in job.pairings):
+        raise UsageError("--temperature / distribution: no pairing has a drafter to compare with")
     if trust_remote_code:
         for p in job.pairings:
             p.trust_remote_code = True
