@@ -33,7 +33,7 @@ from typing import Any
 from specparity.errors import UsageError
 from specparity.harness.witness import Evidence
 from specparity.records.merge import pick
-from specparity.records.record import read_record
+from specparity.records.record import read_complete
 from specparity.records.writer import _slugify
 from specparity.verdicts import ReportMixin, Verdict, is_pass, verdict
 
@@ -181,14 +181,7 @@ def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) ->
     """Compare two complete records of one kind; a UsageError names a file that cannot be compared."""
     sides = []
     for path in (old_path, new_path):
-        try:
-            rec, ident, rows = read_record(path)
-        except FileNotFoundError:
-            raise UsageError(f"{path}: not a record (no report.json)") from None
-        except (OSError, ValueError, TypeError) as err:
-            raise UsageError(f"{path}: not a readable record ({type(err).__name__}: {err})") from None
-        if not rec.is_complete or rec.summary is None:
-            raise UsageError(f"{path}: record is {rec.status}, not complete: nothing to compare")
+        rec, ident, rows = read_complete(path)
         sides.append((str(path), rec, ident, rows))
     (op, orec, oid, orows), (np_, nrec, nid, nrows) = sides
     if orec.kind != nrec.kind:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.errors import UsageError
-from specparity.records.record import Record, RecordSink, read_record
+from specparity.records.record import Record, RecordSink, read_complete
 from specparity.records.writer import _slugify
 from specparity.verdicts import Verdict
 
@@ -58,17 +58,10 @@ class ShardRecord:
 
 def read_shard(path: str | os.PathLike) -> ShardRecord:
     """A complete ``served --shard`` record, or a UsageError naming ``path``."""
-    try:
-        rec, ident, rows = read_record(path)
-    except FileNotFoundError:
-        raise UsageError(f"{path}: not a record (no report.json)") from None
-    except (OSError, ValueError, TypeError) as err:
-        raise UsageError(f"{path}: not a readable record ({type(err).__name__}: {err})") from None
+    rec, ident, rows = read_complete(path)
     if rec.kind != "served":
         raise UsageError(f"{path}: a {rec.kind} record; merge joins served records")
-    if not rec.is_complete or rec.summary is None:
-        raise UsageError(f"{path}: record is {rec.status}, not complete: rerun that shard")
-    if not rec.summary.get("shard"):
+    if not (rec.summary or {}).get("shard"):
         raise UsageError(f"{path}: not a shard (recorded without --shard)")
     return ShardRecord(str(path), rec, ident, rows)
 

@@ -229,6 +229,22 @@ def read_record(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[s
     return rec, identity, arms
 
 
+def read_complete(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """``read_record`` for tools that need a finished run: a UsageError names a path that is
+    not a record, not readable, or not complete."""
+    from specparity.errors import UsageError
+
+    try:
+        rec, ident, rows = read_record(path)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: not a record (no report.json)") from None
+    except (OSError, ValueError, TypeError) as err:
+        raise UsageError(f"{path}: not a readable record ({type(err).__name__}: {err})") from None
+    if not rec.is_complete or rec.summary is None:
+        raise UsageError(f"{path}: record is {rec.status}, not complete")
+    return rec, ident, rows
+
+
 def _data_dir(p: Path) -> Path:
     if p.name == REPORT_FILE:
         return p.parent
