@@ -261,3 +261,47 @@ def near_miss_control(law: np.ndarray, samples: int, alpha: float, st: Power,
     chi = chi_square(counts, law, alpha)
     return NearMiss(tv=st.min_tv, predicted_power=float(ncx2.sf(st.threshold, st.dof, lam)), chi=chi,
                     rejected=chi.rejected)
+
+
+# -- two samples (the served distribution arms) ---------------------------------------------
+@dataclass
+class Homogeneity:
+    """Pearson chi-square homogeneity of two histograms over the same cells.
+
+    statistic / dof / threshold (chi2.ppf(1 - alpha, dof); None at dof 0) / p_value.
+    samples: (n1, n2); n_eff: n1 n2 / (n1 + n2), the one-sample size of equal power.
+    bins: bins after pooling cells with expected count (at n_eff) < 5.
+    tv: total variation between the two empirical laws. rejected: statistic > threshold.
+    """
+
+    statistic: float
+    dof: int
+    threshold: float | None
+    alpha: float
+    samples: tuple[int, int]
+    n_eff: float
+    p_value: float
+    bins: int
+    rejected: bool
+    tv: float
+
+
+def homogeneity(a: np.ndarray, b: np.ndarray, alpha: float) -> Homogeneity:
+    """Chi-square homogeneity of counts ``a`` and ``b`` (same cells), bins as ``stats.bin_groups``."""
+    from scipy.stats import chi2
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    n1, n2 = float(a.sum()), float(b.sum())
+    pooled = (a + b) / max(n1 + n2, 1.0)
+    n_eff = n1 * n2 / max(n1 + n2, 1.0)
+    groups = bin_groups(pooled, n_eff)
+    oa = np.array([a[g].sum() for g in groups])
+    ob = np.array([b[g].sum() for g in groups])
+    pg = np.array([pooled[g].sum() for g in groups])
+    dof = len(groups) - 1
+    stat = float((((oa - n1 * pg) ** 2) / (n1 * pg) + ((ob - n2 * pg) ** 2) / (n2 * pg)).sum()) if dof > 0 else 0.0
+    threshold = float(chi2.ppf(1.0 - alpha, dof)) if dof > 0 else None
+    tv = 0.5 * float(np.abs(a / max(n1, 1.0) - b / max(n2, 1.0)).sum())
+    return Homogeneity(statistic=stat, dof=dof, threshold=threshold, alpha=alpha, samples=(int(n1), int(n2)),
+                       n_eff=n_eff, p_value=float(chi2.sf(stat, dof)) if dof > 0 else 1.0, bins=len(groups),
+                       rejected=bool(threshold is not None and stat > threshold), tv=tv)
