@@ -6,7 +6,7 @@ forward/    forward-pass checks at temperature 0 (specparity.probes.forward)
     render.py      probe, walk and prefill results as terminal text and record markdown
     probe.py       the probe run (block vs chain + walk + prefill) as one report
 gate.py     the memoized verdict a server asks before it speculates (``gate_check``)
-entrypoints.py  mlx-lm's own entry points (stream_generate, generate, the CLI) with vs
+e2e.py      mlx-lm's own entry points (stream_generate, generate, the CLI) with vs
             without the drafter: outputs, dropped options, changed defaults (``specparity e2e``)
 replay/     a served run's rounds rebuilt in process (specparity.probes.replay)
     logs.py        accept vectors from every log format; the specparity JSONL read and written
@@ -21,7 +21,7 @@ sampling/   exactness at temperature > 0 (specparity.probes.sampling)
     montecarlo.py  vectorized draws of a rule, with the zero-tolerance checks
     dist.py        the problem (p, q), one dist run beside its controls, its report
     accept.py      measured acceptance of mlx-lm (and rules) on real models vs closed forms
-    e2e.py         mlx-lm's emitted stream against a known p (constant-logits fixtures)
+    accept_e2e.py  mlx-lm's emitted stream against a known p (constant-logits fixtures)
 
 Nothing here imports mlx at import time.
 """

@@ -10,7 +10,7 @@ import pytest
 from conftest import assert_report, run_cli
 from specparity.probes.sampling import accept as am
 from specparity.probes.sampling import dist, stats
-from specparity.probes.sampling import e2e as ee
+from specparity.probes.sampling import accept_e2e as ee
 from specparity.probes.sampling.rules import ALL_NAMED, BUILTIN, closed_forms
 from specparity.verdicts import Verdict
 

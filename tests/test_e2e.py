@@ -6,7 +6,7 @@ import json
 
 import pytest
 from conftest import run_cli
-from specparity.probes.entrypoints import E2EOptions, first_text_difference, first_token_difference, run_e2e
+from specparity.probes.e2e import E2EOptions, first_text_difference, first_token_difference, run_e2e
 
 from specparity.checkpoint import load_checkpoint
 from specparity.processors import ProcessorOptions

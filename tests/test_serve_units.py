@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from conftest import build
-from specparity.harness.serve_cache import ExactPromptCache, SplitCache, exact_entry, offsets
-from specparity.harness.serve_stats import ServeMetrics, SpecStats, rule_for
+from specparity.harness.gated.cache import ExactPromptCache, SplitCache, exact_entry, offsets
+from specparity.harness.gated.stats import ServeMetrics, SpecStats, rule_for
 from specparity.probes.replay.logs import read_log
 
 from specparity.errors import UsageError
@@ -157,7 +157,7 @@ def test_split_cache_keeps_quantized_layers_that_mlx_lm_assigns_into_a_slice(fix
 def test_a_gate_that_cannot_run_declines_with_its_reason(tmp_path, caplog):
     import argparse
 
-    from specparity.harness.serve import GateMemo, ServeConfig
+    from specparity.harness.gated.server import GateMemo, ServeConfig
 
     cli = argparse.Namespace(trust_remote_code=False, kv_bits=None, kv_group_size=64,
                              quantized_kv_start=5000, prefill_step_size=2048)

@@ -23,7 +23,7 @@ from specparity.harness.config import Job, Pairing, load_job
 from specparity.harness.served import RequestResult, ServedRun
 from specparity.harness.served_dist import DistArm, DistSpec, homogeneity, judge, parse_spec
 from specparity.harness.witness import Evidence
-from specparity.probes.sampling.e2e import E2E_DRAFT, E2E_TARGET
+from specparity.probes.sampling.accept_e2e import E2E_DRAFT, E2E_TARGET
 from specparity.probes.sampling.stats import chi_square
 from specparity.records.record import read_record
 from specparity.verdicts import Verdict

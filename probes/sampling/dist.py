@@ -248,7 +248,7 @@ def make_problem(target_logits=None, draft_logits=None, temperature: float = DEF
 
 
 @dataclass
-class Arm:
+class MonteCarloArm:
     """One rule's result in a dist run.
 
     name / description: the rule.
@@ -307,7 +307,7 @@ class DistReport(ReportMixin):
     seed: int
     sweep_draws: int
     law: str
-    arms: list[Arm]
+    arms: list[MonteCarloArm]
     controls_run: bool
     verdict: Verdict
     reason: str
@@ -326,7 +326,7 @@ class DistReport(ReportMixin):
 
 
 def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.random.Generator,
-            role: str, sweep_draws: int = 0) -> Arm:
+            role: str, sweep_draws: int = 0) -> MonteCarloArm:
     """Draw ``samples`` rounds of one rule and test them (checks for role ``rule``)."""
     law = prob.joint() if prob.num_draft > 1 else prob.p
     checker = Checker(rule, "monte_carlo") if role == "rule" else None
@@ -350,7 +350,7 @@ def run_arm(rule: Rule, prob: Problem, samples: int, alpha: float, rng: np.rando
         verdict = Verdict.DIVERGENT if failed else Verdict.PASS
     else:
         verdict = REJECTED if chi.rejected else NOT_REJECTED
-    return Arm(
+    return MonteCarloArm(
         name=rule.name, description=rule.description, role=role, verdict=verdict, chi=chi,
         acceptance=mc.accepted / max(mc.proposed, 1), sum_min=float(smin), sum_prod=float(sprod),
         support_violation=checker.support if checker else None,
@@ -418,7 +418,7 @@ def run_dist(rule: Rule, prob: Problem, samples: int = DEFAULT_SAMPLES,
     )
 
 
-def _verdict(arms: list[Arm], controls_run: bool, power: Power | None = None,
+def _verdict(arms: list[MonteCarloArm], controls_run: bool, power: Power | None = None,
              near: NearMiss | None = None) -> tuple[Verdict, str]:
     rule = arms[0]
     if rule.support_violation is not None:

@@ -69,7 +69,7 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
     """
     from specparity.errors import UsageError
     from specparity.probes.sampling import accept as am
-    from specparity.probes.sampling import e2e
+    from specparity.probes.sampling import accept_e2e
     from specparity.probes.sampling.dist import check_temperature
     from specparity.probes.sampling.rules import resolve_rule
 
@@ -81,10 +81,10 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
                   1 if draws is None else draws, alpha)
     rep: Any  # an EndToEndReport or an AcceptReport
     if end_to_end:
-        rep = e2e.run_end_to_end(temperature=temperature,
-                                 tokens=e2e.E2E_TOKENS if tokens is None else tokens,
+        rep = accept_e2e.run_end_to_end(temperature=temperature,
+                                 tokens=accept_e2e.E2E_TOKENS if tokens is None else tokens,
                                  num_draft=num_draft, alpha=alpha, seed=seed)
-        text = e2e.render_end_to_end(rep)
+        text = accept_e2e.render_end_to_end(rep)
         slug = "accept-end-to-end"
     else:
         rules = [resolve_rule(s) for s in rule_specs] or None

@@ -65,7 +65,7 @@ def e2e(model, trust_remote_code, draft_model, entry_points, prompt_text, prompt
         specparity e2e --repetition-penalty 1.3 --json
     """
     from specparity.errors import UsageError
-    from specparity.probes.entrypoints import E2EOptions, parse_entry_points, run_e2e
+    from specparity.probes.e2e import E2EOptions, parse_entry_points, run_e2e
     from specparity.prompts import DEFAULT_PROMPTS, parse_prompt_ids
 
     entries = parse_entry_points(entry_points)

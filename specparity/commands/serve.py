@@ -39,8 +39,8 @@ def serve(gate, env_prefixes, server_args):
     Example:
         specparity serve --model ./target --draft-model ./draft --num-draft-tokens 3 --port 8080
     """
-    from specparity.harness.serve import ServeConfig
-    from specparity.harness.serve import serve as run_server
+    from specparity.harness.gated.server import ServeConfig
+    from specparity.harness.gated.server import serve as run_server
 
     run_server(list(server_args), ServeConfig(gate=gate == "on", env_prefixes=env_prefixes or None))
     return 0

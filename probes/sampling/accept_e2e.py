@@ -22,7 +22,7 @@ from specparity.probes.sampling.accept import (
     DEFAULT_ALPHA, DEFAULT_NUM_DRAFT, DEFAULT_TEMPERATURE, MLX_LM, Measurement, check_args, measure,
     speculative_run,
 )
-from specparity.probes.sampling.dist import NOT_REJECTED, Arm, make_problem, run_arm, softmax32
+from specparity.probes.sampling.dist import NOT_REJECTED, MonteCarloArm, make_problem, run_arm, softmax32
 from specparity.probes.sampling.rules import CONTROLS, SUM_PROD, closed_forms
 from specparity.probes.sampling.stats import NearMiss, Power, chi_square, near_miss_control, power_statement
 from specparity.verdicts import ReportMixin, Verdict
@@ -47,7 +47,7 @@ class EndToEndReport(ReportMixin):
     p / q: the target's and drafter's distributions over ``live_tokens``.
     counts: emitted count per live token.
     outside_support: [stream index, token] of the first emitted token with p = 0, or None.
-    arms: the mlx-lm stream's Arm (role ``rule``) then the simulated controls' Arms.
+    arms: the mlx-lm stream's MonteCarloArm (role ``rule``) then the simulated controls' MonteCarloArms.
     acceptance: mlx-lm's measured acceptance placed on the closed forms.
     verdict: ``pass``, ``divergent`` or ``inconclusive`` (a control not rejected).
     reason: one line. seconds: wall time (generation_seconds: the mlx-lm part).
@@ -118,7 +118,7 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
     outside = [int(off[0]), int(stream[off[0]])] if off.size else None
     chi = chi_square(counts_full, p_full, alpha)
     a_min, a_prod = closed_forms(p_full, q_full)
-    arm_stream = Arm(
+    arm_stream = MonteCarloArm(
         name=MLX_LM, description="mlx-lm's speculative stream (sampler-match)", role="rule",
         verdict=Verdict.DIVERGENT if (chi.rejected or outside) else Verdict.PASS, chi=chi,
         acceptance=sum(run.rounds) / max(num_draft * len(run.rounds), 1),

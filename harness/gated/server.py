@@ -10,9 +10,9 @@ prompt cache), run with four subclasses and one function swapped in:
   memoized gate (``specparity.probes.gate``) about K + 1 rows; allow runs
   mlx-lm's speculative decoding, decline runs its classic decode (text
   identical to a server without a drafter), and every request's rounds are
-  counted (:mod:`specparity.harness.serve_stats`);
+  counted (:mod:`specparity.harness.gated.stats`);
 - :class:`ExactPromptCache` (its prompt cache) and the cache fixes of
-  :mod:`specparity.harness.serve_cache`;
+  :mod:`specparity.harness.gated.cache`;
 - :class:`GatedHandler` (its APIHandler): ``/metrics`` (Prometheus), and the
   ``speculative`` and ``timings`` fields on each completion, streamed or not.
 
@@ -30,7 +30,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from specparity.harness.serve_stats import ServeMetrics, SpecStats, rule_for
+from specparity.harness.gated.stats import ServeMetrics, SpecStats, rule_for
 
 from specparity.errors import UsageError
 from specparity.verdicts import Decision, Verdict
@@ -110,7 +110,7 @@ class GateMemo:
 def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
     """The subclasses, built on first use so importing this module does not import mlx."""
     import mlx_lm.server as up
-    from specparity.harness.serve_cache import SplitCache, catch_up, offsets
+    from specparity.harness.gated.cache import SplitCache, catch_up, offsets
 
     upstream_stream_generate = up.stream_generate
 
@@ -319,7 +319,7 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
     handler_cls.metrics = metrics
 
     def run(host: str, port: int, model_provider: Any, **_: Any) -> None:
-        from specparity.harness.serve_cache import ExactPromptCache
+        from specparity.harness.gated.cache import ExactPromptCache
 
         if not config.gate:
             log.warning("%s", GATE_OFF_LINE)

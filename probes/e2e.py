@@ -189,7 +189,7 @@ def install_process_spy(out_path: str) -> None:
 
 SITECUSTOMIZE = f"""import os
 if os.environ.get({SPY_ENV!r}):
-    from specparity.probes.entrypoints import install_process_spy
+    from specparity.probes.e2e import install_process_spy
     install_process_spy(os.environ[{SPY_ENV!r}])
 """
 
@@ -198,7 +198,7 @@ if os.environ.get({SPY_ENV!r}):
 
 
 @dataclass
-class Arm:
+class EntryArm:
     """One entry point run once, with or without the drafter.
 
     entry: stream_generate / generate / cli. drafter: the drafter was attached.
@@ -240,11 +240,11 @@ class Arm:
 
 
 def run_api_arm(entry: str, loaded: Any, draft: Any | None, prompt: str | list[int],
-                options: E2EOptions) -> Arm:
+                options: E2EOptions) -> EntryArm:
     """stream_generate or generate, in process, under the spy."""
     import mlx_lm
 
-    arm = Arm(entry, draft is not None, passed=options.passed(draft is not None))
+    arm = EntryArm(entry, draft is not None, passed=options.passed(draft is not None))
     kwargs = options.kwargs(draft is not None)
     if draft is not None:
         kwargs["draft_model"] = draft.model
@@ -281,9 +281,9 @@ def cli_argv(target: str, draft: str | None, prompt_text: str, options: E2EOptio
 
 
 def run_cli_arm(target: str, draft: str | None, prompt_text: str, options: E2EOptions,
-                trust_remote_code: bool) -> Arm:
+                trust_remote_code: bool) -> EntryArm:
     """The mlx_lm.generate console script in a subprocess (cwd: a fresh directory), spied."""
-    arm = Arm("cli", draft is not None, passed=options.passed(draft is not None))
+    arm = EntryArm("cli", draft is not None, passed=options.passed(draft is not None))
     arm.argv = cli_argv(target, draft, prompt_text, options, trust_remote_code)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specparity-e2e-") as tmp:
@@ -400,8 +400,8 @@ class EntryResult(ReportMixin):
     """
 
     entry: str
-    classic: Arm
-    drafter: Arm
+    classic: EntryArm
+    drafter: EntryArm
     tokens_diff: FirstDifference | None = None
     text_diff: FirstDifference | None = None
     dropped: list[OptionFinding] = field(default_factory=list)
@@ -444,7 +444,7 @@ class EntryResult(ReportMixin):
         return d
 
 
-def compare_arms(entry: str, classic: Arm, drafter: Arm, options: E2EOptions, tokenizer: Any) -> EntryResult:
+def compare_arms(entry: str, classic: EntryArm, drafter: EntryArm, options: E2EOptions, tokenizer: Any) -> EntryResult:
     res = EntryResult(entry, classic, drafter)
     if classic.error or drafter.error:
         res.reason = "; ".join(f"{a.name} did not run" for a in (classic, drafter) if a.error)
