@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from specparity.errors import UsageError
+from specparity.completions import CompletionDifference, Side, first_difference
 from specparity.processors import ProcessorOptions
 from specparity.progress import NULL, Observer
 from specparity.verdicts import ReportMixin, Verdict, combine
@@ -49,8 +50,6 @@ log = logging.getLogger(__name__)
 ENTRY_POINTS = ("stream_generate", "generate", "cli")
 STEPS = ("generate_step", "speculative_generate_step")
 SPY_ENV = "SPECPARITY_E2E_SPY"
-CONTEXT = 3  # tokens shown either side of a first difference
-TEXT_CONTEXT = 24  # characters shown either side of a first text difference
 CLI_TIMEOUT_S = 600
 # options a user may pass -> the mlx_lm.generate CLI flag (None: the CLI has no such flag)
 CLI_FLAGS = {
@@ -317,54 +316,6 @@ def run_cli_arm(target: str, draft: str | None, prompt_text: str, options: E2EOp
 
 
 @dataclass
-class FirstDifference:
-    """Where the drafter arm's output first left the classic arm's.
-
-    what: ``token ids`` or ``text``. index: token index or character offset.
-    before: the shared context just before it. classic / drafter: what each arm has
-      from there (a few tokens or characters); *_pieces: the tokens decoded.
-    classic_len / drafter_len: lengths of the two outputs.
-    """
-
-    what: str
-    index: int
-    before: Any
-    classic: Any
-    drafter: Any
-    classic_len: int
-    drafter_len: int
-    classic_pieces: list[str] | None = None
-    drafter_pieces: list[str] | None = None
-
-    def describe(self) -> str:
-        if self.what == "text":
-            return (f"text differs first at character {self.index} (of {self.classic_len} classic /"
-                    f" {self.drafter_len} with the drafter): ...{self.before!r} then classic"
-                    f" {self.classic!r}, drafter {self.drafter!r}")
-        return (f"token ids differ first at index {self.index} (of {self.classic_len} classic /"
-                f" {self.drafter_len} with the drafter): after {self.before}, classic {self.classic}"
-                f" {self.classic_pieces}, drafter {self.drafter} {self.drafter_pieces}")
-
-
-def first_token_difference(a: list[int], b: list[int], tokenizer: Any = None) -> FirstDifference | None:
-    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    if i == len(a) == len(b):
-        return None
-    ca, cb = a[i: i + CONTEXT], b[i: i + CONTEXT]
-    pieces = (lambda ts: [tokenizer.decode([t]) for t in ts]) if tokenizer is not None else (lambda ts: None)
-    return FirstDifference("token ids", i, a[max(0, i - CONTEXT): i], ca, cb, len(a), len(b),
-                           pieces(ca), pieces(cb))
-
-
-def first_text_difference(a: str, b: str) -> FirstDifference | None:
-    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    if i == len(a) == len(b):
-        return None
-    return FirstDifference("text", i, a[max(0, i - TEXT_CONTEXT): i], a[i: i + TEXT_CONTEXT],
-                           b[i: i + TEXT_CONTEXT], len(a), len(b))
-
-
-@dataclass
 class OptionFinding:
     """An option that did not reach the drafter's step function as the user gave it.
 
@@ -389,7 +340,7 @@ class OptionFinding:
 class EntryResult(ReportMixin):
     """One entry point: its two arms and what their comparison found.
 
-    tokens_diff / text_diff: the first difference (None: identical).
+    difference: where the drafter arm's tokens or text first left the classic arm's (None: identical).
     dropped: options the drafter arm dropped or changed (OptionFinding).
     not_accepted: options the user gave that this entry point has no way to take
       (the CLI has no logits-processor flags): both arms ran without them.
@@ -402,8 +353,7 @@ class EntryResult(ReportMixin):
     entry: str
     classic: EntryArm
     drafter: EntryArm
-    tokens_diff: FirstDifference | None = None
-    text_diff: FirstDifference | None = None
+    difference: CompletionDifference | None = None
     dropped: list[OptionFinding] = field(default_factory=list)
     not_accepted: list[str] = field(default_factory=list)
     default_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
@@ -413,7 +363,7 @@ class EntryResult(ReportMixin):
     def verdict(self) -> Verdict:
         if self.classic.error or self.drafter.error:
             return Verdict.NOT_RUN
-        if self.tokens_diff or self.text_diff or self.dropped:
+        if self.difference or self.dropped:
             return Verdict.DIVERGED
         if self.drafter.step != "speculative_generate_step" or self.drafter.drafted == 0:
             return Verdict.NOT_ENGAGED
@@ -424,9 +374,8 @@ class EntryResult(ReportMixin):
         out = [f"{self.entry}: {self.verdict}: {self.reason}"]
         out.append(f"  classic: {len(c.tokens)} tokens via {c.step}; drafter: {len(d.tokens)} tokens via"
                    f" {d.step}, {d.drafted} drafted ({c.seconds:.1f} s / {d.seconds:.1f} s)")
-        for diff in (self.tokens_diff, self.text_diff):
-            if diff is not None:
-                out.append("  " + diff.describe())
+        if self.difference is not None:
+            out.append("  " + self.difference.line())
         for f in self.dropped:
             out.append("  option " + f.describe(self.entry, d.step))
         if self.not_accepted:
@@ -449,8 +398,8 @@ def compare_arms(entry: str, classic: EntryArm, drafter: EntryArm, options: E2EO
     if classic.error or drafter.error:
         res.reason = "; ".join(f"{a.name} did not run" for a in (classic, drafter) if a.error)
         return res
-    res.tokens_diff = first_token_difference(classic.tokens, drafter.tokens, tokenizer)
-    res.text_diff = first_text_difference(classic.text, drafter.text)
+    res.difference = first_difference(Side("classic", classic.text, classic.tokens),
+                                      Side("drafter", drafter.text, drafter.tokens), tokenizer)
     passed = drafter.passed
     for k, v in passed.items():
         if entry == "cli" and CLI_FLAGS.get(k, "") is None:
@@ -467,10 +416,11 @@ def compare_arms(entry: str, classic: EntryArm, drafter: EntryArm, options: E2EO
     v = res.verdict
     if v == Verdict.DIVERGED:
         parts = []
-        if res.tokens_diff:
-            parts.append(f"token ids differ at index {res.tokens_diff.index}")
-        if res.text_diff:
-            parts.append(f"text differs at character {res.text_diff.index}")
+        d = res.difference
+        if d is not None and d.token_index is not None:
+            parts.append(f"token ids differ at index {d.token_index}")
+        if d is not None and d.char_offset is not None:
+            parts.append(f"text differs at character {d.char_offset}")
         if res.dropped:
             parts.append("with the drafter " + ", ".join(
                 f"{f.option} {'dropped' if f.received is None else 'changed'}" for f in res.dropped))

@@ -6,7 +6,8 @@ import json
 
 import pytest
 from conftest import run_cli
-from specparity.probes.e2e import E2EOptions, first_text_difference, first_token_difference, run_e2e
+from specparity.completions import Side, first_difference
+from specparity.probes.e2e import E2EOptions, run_e2e
 
 from specparity.checkpoint import load_checkpoint
 from specparity.processors import ProcessorOptions
@@ -29,7 +30,7 @@ def test_clean_pair_matches_on_every_entry_point(pair):
         assert e.classic.step == "generate_step" and e.drafter.step == "speculative_generate_step"
         assert len(e.classic.tokens) == 24 and e.classic.tokens == e.drafter.tokens
         assert e.drafter.drafted > 0 and e.classic.text and e.classic.text == e.drafter.text
-        assert not e.dropped and e.tokens_diff is None and e.text_diff is None
+        assert not e.dropped and e.difference is None
     stream, gen, cli = run.entries
     # the three entry points emit the same greedy stream
     assert stream.classic.tokens == gen.classic.tokens == cli.classic.tokens
@@ -52,24 +53,30 @@ def test_dropped_option_and_processor_history_are_caught(pair):
         assert (f.option, f.passed, f.received, f.classic_received) == ("max_kv_size", 64, None, 64)
         assert e.verdict == Verdict.DIVERGED
     # its processors see another history than classic decode's (prompt + emitted): tokens differ
-    d = stream.tokens_diff
-    assert d is not None and d.index > 0
-    assert stream.classic.tokens[: d.index] == stream.drafter.tokens[: d.index]
-    assert stream.classic.tokens[d.index] != stream.drafter.tokens[d.index]
-    assert f"token ids differ first at index {d.index}" in "\n".join(stream.lines())
+    d = stream.difference
+    assert d is not None and d.token_index is not None and d.token_index > 0
+    assert stream.classic.tokens[: d.token_index] == stream.drafter.tokens[: d.token_index]
+    assert stream.classic.tokens[d.token_index] != stream.drafter.tokens[d.token_index]
+    assert f"first difference at token {d.token_index} " in "\n".join(stream.lines())
     # the CLI has no processor flags: stated, and its arms ran without them (so they agree)
-    assert cli.not_accepted == ["logits_processors"] and cli.tokens_diff is None
+    assert cli.not_accepted == ["logits_processors"] and cli.difference is None
     assert run.exit_code == 1
 
 
 def test_first_difference_context():
-    assert first_token_difference([1, 2, 3], [1, 2, 3]) is None
-    d = first_token_difference([1, 2, 3, 4, 5], [1, 2, 9, 4])
-    assert (d.index, d.before, d.classic, d.drafter) == (2, [1, 2], [3, 4, 5], [9, 4])
-    d = first_token_difference([1, 2], [1, 2, 7])  # one output is a prefix of the other
-    assert (d.index, d.classic, d.drafter, d.classic_len, d.drafter_len) == (2, [], [7], 2, 3)
-    t = first_text_difference("hello world", "hello there")
-    assert t.index == 6 and t.before == "hello " and t.classic.startswith("world")
+    def ids(a, b):
+        return first_difference(Side("classic", "x", a), Side("drafter", "x", b))
+
+    assert ids([1, 2, 3], [1, 2, 3]) is None
+    d = ids([1, 2, 3, 4, 5], [1, 2, 9, 4])
+    assert (d.token_index, d.tokens_before, d.reference_tokens, d.other_tokens) == (2, [1, 2], [3, 4, 5], [9, 4])
+    assert d.char_offset is None and "only the token ids differ" in d.line()
+    d = ids([1, 2], [1, 2, 7])  # one output is a prefix of the other
+    assert (d.token_index, d.reference_tokens, d.other_tokens, d.reference_token_count, d.other_token_count) \
+        == (2, [], [7], 2, 3)
+    t = first_difference(Side("classic", "hello world"), Side("drafter", "hello there"))
+    assert t.char_offset == 6 and t.text_before == "hello " and t.reference_snippet.startswith("world")
+    assert t.token_index is None and t.index == 6
 
 
 def test_cli_json_record_and_bad_input(llama_pair, tmp_path, cli_bin):

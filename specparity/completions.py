@@ -1,0 +1,177 @@
+"""The one completion comparison: where two generated outputs first part, and how confidently.
+
+Every comparison of two completions goes through :func:`first_difference`:
+``specparity e2e`` (classic arm vs drafter arm), ``specparity served`` (an
+arm vs the baseline server, vs classic decode computed in process, vs its own
+cold answer). A side is what one producer emitted (:class:`Side`); the answer
+names the first differing emitted token (where both sides have token ids) and
+the first differing character, with the shared context before it, a few
+tokens or characters of each side after it, whether the emitted-token
+logprobs agreed bitwise before it, and each side's top-2 margin there (a flip
+at a near tie reads differently from a confident one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+CONTEXT_TOKENS = 4
+CONTEXT_CHARS = 24
+# record fields written before the one comparison existed (served records), read as today's
+_LEGACY = {"baseline_snippet": "reference_snippet", "arm_snippet": "other_snippet",
+           "margin_baseline": "margin_reference", "margin_arm": "margin_other"}
+
+
+@dataclass
+class Side:
+    """One completion as the comparison sees it.
+
+    name: how reports call it (``classic decode``, ``baseline-start``, ``w4``).
+    text: the decoded text. token_ids: the emitted token ids (None: the producer gave none).
+    logprobs: the emitted token's logprob per token. top: per token, (id, logprob) pairs best first.
+    """
+
+    name: str
+    text: str
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    top: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class CompletionDifference:
+    """Where ``other`` first leaves ``reference``.
+
+    reference / other: the two sides' names.
+    token_index: first differing emitted token (None when a side has no token ids).
+    tokens_before: the shared ids just before it; reference_tokens / other_tokens: each
+      side's ids from there (a few); reference_pieces / other_pieces: those ids decoded.
+    reference_token_count / other_token_count: emitted tokens on each side (None: unknown).
+    char_offset: first differing character (None when the texts are equal: the ids differ
+      only, e.g. two tokenizations of the same text).
+    text_before: the shared text just before it; reference_snippet / other_snippet: each
+      side's text from there (a few characters).
+    reference_chars / other_chars: text lengths.
+    logprobs_equal_before: emitted-token logprobs bitwise equal on every token before
+      token_index (None without logprobs on both sides).
+    first_logprob_diff: first token whose logprob differs bitwise (it may precede the flip).
+    margin_reference / margin_other: top-1 minus top-2 logprob at token_index on each side.
+    """
+
+    reference: str
+    other: str
+    token_index: int | None = None
+    tokens_before: list[int] = field(default_factory=list)
+    reference_tokens: list[int] = field(default_factory=list)
+    other_tokens: list[int] = field(default_factory=list)
+    reference_pieces: list[str] | None = None
+    other_pieces: list[str] | None = None
+    reference_token_count: int | None = None
+    other_token_count: int | None = None
+    char_offset: int | None = None
+    text_before: str = ""
+    reference_snippet: str = ""
+    other_snippet: str = ""
+    reference_chars: int = 0
+    other_chars: int = 0
+    logprobs_equal_before: bool | None = None
+    first_logprob_diff: int | None = None
+    margin_reference: float | None = None
+    margin_other: float | None = None
+
+    @property
+    def index(self) -> int:
+        """The token index where known, else the character offset (the first place they part)."""
+        if self.token_index is not None:
+            return self.token_index
+        return self.char_offset if self.char_offset is not None else 0
+
+    def line(self) -> str:
+        """One line: where, what each side has there, the logprobs before it, the margins."""
+        where = []
+        if self.token_index is not None:
+            where.append(f"token {self.token_index} (of {self.reference_token_count} {self.reference} /"
+                         f" {self.other_token_count} {self.other})")
+        if self.char_offset is not None:
+            where.append(f"char {self.char_offset}")
+        s = f"first difference at {', '.join(where) or 'the end'}: "
+        if self.token_index is not None:
+            s += (f"after {self.tokens_before}, {self.reference} {self.reference_tokens}"
+                  + (f" {self.reference_pieces}" if self.reference_pieces is not None else "")
+                  + f" vs {self.other} {self.other_tokens}"
+                  + (f" {self.other_pieces}" if self.other_pieces is not None else ""))
+        else:
+            s += (f"...{self.text_before!r} then {self.reference} {self.reference_snippet!r}"
+                  f" vs {self.other} {self.other_snippet!r}")
+        if self.token_index is not None and self.char_offset is None:
+            s += " (the texts are equal: only the token ids differ)"
+        if self.logprobs_equal_before is not None:
+            s += ("; logprobs bitwise equal before it" if self.logprobs_equal_before
+                  else f"; logprobs first differ at token {self.first_logprob_diff}")
+        if self.margin_reference is not None or self.margin_other is not None:
+            s += (f"; top-2 margin there {_fmt(self.margin_reference)} ({self.reference}) /"
+                  f" {_fmt(self.margin_other)} ({self.other}) nats")
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CompletionDifference:
+        """Read back what :meth:`to_dict` wrote (and the older served records' field names)."""
+        names = {f.name for f in fields(cls)}
+        kw = {_LEGACY.get(k, k): v for k, v in d.items()}
+        kw.setdefault("reference", "baseline")
+        kw.setdefault("other", "arm")
+        return cls(**{k: v for k, v in kw.items() if k in names})
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
+
+
+def _first(a: Any, b: Any) -> int:
+    """The first index where two sequences differ (the shorter length when one is a prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def margin(top: list[list[tuple[int, float]]] | None, i: int | None) -> float | None:
+    """Top-1 minus top-2 logprob at token ``i`` (None without two candidates there)."""
+    if top is None or i is None or i >= len(top) or len(top[i]) < 2:
+        return None
+    return float(top[i][0][1]) - float(top[i][1][1])
+
+
+def first_difference(reference: Side, other: Side, tokenizer: Any = None) -> CompletionDifference | None:
+    """None when the two sides emitted the same tokens and text, else where they first part.
+
+    tokenizer: decodes the differing ids into pieces (optional).
+    """
+    same_ids = reference.token_ids is None or other.token_ids is None or reference.token_ids == other.token_ids
+    if reference.text == other.text and same_ids:
+        return None
+    d = CompletionDifference(reference.name, other.name, reference_chars=len(reference.text),
+                             other_chars=len(other.text))
+    if reference.text != other.text:
+        off = _first(reference.text, other.text)
+        d.char_offset = off
+        d.text_before = reference.text[max(off - CONTEXT_CHARS, 0):off]
+        d.reference_snippet = reference.text[off:off + CONTEXT_CHARS]
+        d.other_snippet = other.text[off:off + CONTEXT_CHARS]
+    a, b = reference.token_ids, other.token_ids
+    if a is not None and b is not None:
+        i = _first(a, b)
+        d.token_index = i
+        d.reference_token_count, d.other_token_count = len(a), len(b)
+        d.tokens_before = list(a[max(i - CONTEXT_TOKENS, 0):i])
+        d.reference_tokens, d.other_tokens = list(a[i:i + CONTEXT_TOKENS]), list(b[i:i + CONTEXT_TOKENS])
+        if tokenizer is not None:
+            d.reference_pieces = [tokenizer.decode([t]) for t in d.reference_tokens]
+            d.other_pieces = [tokenizer.decode([t]) for t in d.other_tokens]
+        if reference.logprobs is not None and other.logprobs is not None:
+            diffs = [k for k, (x, y) in enumerate(zip(reference.logprobs, other.logprobs)) if x != y]
+            d.first_logprob_diff = diffs[0] if diffs else None
+            d.logprobs_equal_before = not diffs or diffs[0] >= i
+        d.margin_reference, d.margin_other = margin(reference.top, i), margin(other.top, i)
+    return d
