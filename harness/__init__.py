@@ -1,1 +1,29 @@
+"""The served harness (``specparity served``), read as a pipeline from its file names.
 
+    config.py       the job: pairings, widths, prompts, params, sequence, controls, the
+                    distribution spec (YAML), and the command line's overrides
+    profiles.py     server profiles (YAML in profiles/): argv, width setting, readiness, evidence
+    engines/        code a profile needs beyond YAML, one module per engine (llama_cpp)
+    plan.py         arms in run order (ArmKind, Width carried whole), each arm's request sequence
+    lifecycle.py    the one server lifecycle: spawn, ready, stop with the process group
+    client.py       one OpenAI-style request (streamed or not) read into a Completion
+    witness.py      checkpoints wrapped so their forwards are logged (engine-agnostic evidence)
+    evidence.py     what shows a request ran the drafter: witness, log, response, metrics
+    run.py          the runner: sessions, requests, arms, pairings (public API for new arms)
+    judge.py        request, arm and pairing verdicts (public: merge judges with it too)
+    results.py      typed results with to_dict / from_dict, and the report's text
+    distribution.py temperature > 0 arms: seeded draws, homogeneity and fit, controls
+    shard.py        --shard i/n: which arms a runner takes
+
+The record a served run writes lives in specparity.records.served (the one
+module that writes and reads its layout).
+
+    gated/          a product of its own: ``specparity serve``, mlx-lm's server behind the
+                    exactness gate (server.py, cache.py, stats.py)
+
+Add a server: one profile YAML (profiles/mlx-lm.yaml documents every key; a
+user's file is passed by path with --profile). Add an engine that needs code
+(placeholders such as its binary, a checkpoint export, its own evidence, a
+pinned environment): one module in engines/, named by the profile's
+``engine`` key; engines/__init__.py lists the hooks.
+"""

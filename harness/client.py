@@ -15,16 +15,25 @@ from specparity.harness.profiles import ENDPOINTS, Profile, dig
 class Request:
     """One request of an arm's sequence.
 
-    id: its name in the sequence (``p0``, ``p0-again``, ``chat-2``...).
+    id: its name in the sequence (``p0``, ``p0-again``, ``chat-2``...), unique in the sequence.
     kind: what it exercises (fresh, repeat, shared-prefix, stream, multi-turn, long).
     endpoint: completions or chat.
     body: the JSON body, without the width (the arm adds it where per request).
+    turn: 1 for the first turn of a chat whose answer the next request carries, 2 for that next turn.
+    repeats: the id of an earlier request of the sequence with the same endpoint and body (its
+      own cold answer), None when it is the first to send them.
     """
 
     id: str
     kind: str
     endpoint: str
     body: dict[str, Any]
+    turn: int = 0
+    repeats: str | None = None
+
+    def fingerprint(self) -> str:
+        """The endpoint and body as canonical JSON: equal for two requests that send the same bytes."""
+        return json.dumps([self.endpoint, self.body], sort_keys=True, separators=(",", ":"))
 
     @property
     def stream(self) -> bool:

@@ -24,7 +24,7 @@
     request_timeout: 120
     distribution: {temperature: 0.7, requests: 600, prefix: 1, alpha: 0.001, seed: 0, width: 4}
                                     # temperature > 0 arms: seeded draws with and without the
-                                    # drafter, histograms compared (harness/served_dist.py)
+                                    # drafter, histograms compared (harness/distribution.py)
 
 Every key is optional; without a config the built-in job runs on the embedded
 fixture pair (:func:`builtin_job`).
@@ -32,17 +32,13 @@ fixture pair (:func:`builtin_job`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specparity.harness.client import Request
+from specparity.errors import SpecparityError, UsageError
 from specparity.harness.profiles import packaged_profiles
-
-if TYPE_CHECKING:
-    from specparity.harness.served_dist import DistSpec
-
-from specparity.errors import UsageError
 
 SEQUENCE_KINDS = ("fresh", "repeat", "shared-prefix", "stream", "multi-turn", "long")
 DEFAULT_SEQUENCE = ("fresh", "repeat", "shared-prefix", "stream", "multi-turn")
@@ -74,6 +70,60 @@ class Control:
     name: str
     env: dict[str, str]
     width: int
+
+
+DEFAULT_DIST_REQUESTS = 600
+DEFAULT_ALPHA = 1e-3
+MAX_PREFIX = 4
+
+
+@dataclass
+class DistSpec:
+    """The job's ``distribution`` key: temperature > 0 arms (harness.distribution).
+
+    temperature: the sampling temperature (> 0). requests: N per arm (the baseline, the
+      drafted arm, and the wrong-temperature control each get N).
+    prefix: tokens per request; the histogram is over the emitted k-prefix.
+    alpha: each test's false-rejection probability. seed: the first request seed.
+    width: verify rows of the drafted server (None: the job's widest).
+    """
+
+    temperature: float = 0.7
+    requests: int = DEFAULT_DIST_REQUESTS
+    prefix: int = 1
+    alpha: float = DEFAULT_ALPHA
+    seed: int = 0
+    width: int | None = None
+
+
+def parse_spec(raw: Any, where: str) -> DistSpec:
+    """The ``distribution`` key of a job file; problems name the file and key."""
+    if not isinstance(raw, dict):
+        raise UsageError(f"{where}: distribution: a mapping of temperature, requests, prefix, alpha, seed, width")
+    known = set(DistSpec.__dataclass_fields__)
+    bad = sorted(set(raw) - known)
+    if bad:
+        raise UsageError(f"{where}: distribution: unknown key {bad[0]!r} (known: {', '.join(sorted(known))})")
+    spec = DistSpec(**raw)
+    check_spec(spec, f"{where}: distribution.")
+    return spec
+
+
+def check_spec(spec: DistSpec, where: str) -> None:
+    """Every field in range (``where`` prefixes the key in a message); normalizes the floats."""
+    t = spec.temperature
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        raise UsageError(f"{where}temperature {t!r}: must be a number > 0")
+    for key, lo, hi in (("requests", 50, 1_000_000), ("prefix", 1, MAX_PREFIX), ("seed", 0, 2**31)):
+        v = getattr(spec, key)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise UsageError(f"{where}{key} {v!r}: must be an integer in [{lo}, {hi}]")
+    if isinstance(spec.alpha, bool) or not isinstance(spec.alpha, (int, float)) or not 0 < spec.alpha < 0.5:
+        raise UsageError(f"{where}alpha {spec.alpha!r}: must be in (0, 0.5)")
+    if spec.width is not None and (isinstance(spec.width, bool) or not isinstance(spec.width, int)
+                                   or spec.width < 2):
+        raise UsageError(f"{where}width {spec.width!r}: must be an integer >= 2")
+    spec.temperature, spec.alpha = float(t), float(spec.alpha)
 
 
 @dataclass
@@ -150,12 +200,10 @@ def load_job(path: str | Path) -> Job:
         for i, item in enumerate(raw["pairings"]):
             if not isinstance(item, dict) or not item.get("target"):
                 raise UsageError(f"{where}: pairings[{i}] needs a target")
-            base = p.parent
-            target = str((base / item["target"]).resolve()) if not Path(item["target"]).is_absolute() \
-                else item["target"]
+            target = resolve_model(str(item["target"]), p.parent, f"{where}: pairings[{i}].target")
             draft = item.get("draft")
-            if draft is not None and not Path(draft).is_absolute():
-                draft = str((base / draft).resolve())
+            if draft is not None:
+                draft = resolve_model(str(draft), p.parent, f"{where}: pairings[{i}].draft")
             job.pairings.append(Pairing(str(item.get("name") or f"pairing{i}"), target, draft,
                                         str(item.get("profile", "mlx-lm")), bool(item.get("trust_remote_code"))))
     if "profile" in raw:
@@ -184,8 +232,6 @@ def load_job(path: str | Path) -> Job:
                 raise UsageError(f"{where}: {key}: {raw[key]!r} is not a positive number of seconds")
             setattr(job, key, float(raw[key]))
     if raw.get("distribution") is not None:
-        from specparity.harness.served_dist import parse_spec
-
         job.distribution = parse_spec(raw["distribution"], where)
     if "self_draft" in raw:
         job.self_draft = bool(raw["self_draft"])
@@ -237,48 +283,114 @@ def load_job(path: str | Path) -> Job:
     return job
 
 
-def build_sequence(job: Job, endpoint: str, history: dict[str, str]) -> list[Request]:
-    """An arm's requests, in the order a client sends them.
+def resolve_model(spec: str, base: Path | None, where: str) -> str:
+    """A pairing's checkpoint as a local directory: a path (relative to ``base``, the config's
+    folder) or a Hugging Face repo id (the one resolver, specparity.resolve)."""
+    from specparity.resolve import is_repo_id, resolve_checkpoint
 
-    ``history``: the first baseline's answers by request id; the multi-turn
-    request appends the first turn's baseline answer, so every arm sends the
-    same bytes and its completion is comparable with the baseline's.
+    path = Path(spec).expanduser()
+    if not path.is_absolute() and base is not None and (base / path).exists():
+        return str((base / path).resolve())
+    if path.exists() or not is_repo_id(spec):
+        return str(path.resolve() if base is None or path.is_absolute() else (base / path).resolve())
+    try:
+        return str(resolve_checkpoint(spec))
+    except SpecparityError as err:
+        raise type(err)(f"{where}: {err}") from err
+
+
+class OverrideError(UsageError):
+    """A command-line override that cannot apply; ``field`` names the Overrides field (the command
+    names its flag), ``detail`` says what is wrong."""
+
+    def __init__(self, field: str, detail: str):
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+        self.detail = detail
+
+
+@dataclass
+class Overrides:
+    """What a command line sets over a job; None leaves the job's own value.
+
+    model / draft_model: one pairing instead of the job's (a path or a hub id).
+    profile: every pairing's profile. trust_remote_code: every pairing's consent.
+    widths .. request_timeout: the job keys of the same names.
+    temperature / dist_requests / dist_prefix: the distribution arms (any of them adds them).
     """
-    prompts = job.prompts
-    common = {"max_tokens": job.max_tokens, "temperature": 0, **{k: v for k, v in job.params.items()
-                                                                   if k != "stream"}}
 
-    def body(prompt: str, stream: bool = False) -> dict[str, Any]:
-        b: dict[str, Any] = dict(common)
-        if endpoint == "chat":
-            b["messages"] = [{"role": "user", "content": prompt}]
-        else:
-            b["prompt"] = prompt
-        if stream:
-            b["stream"] = True
-        return b
+    model: str | None = None
+    draft_model: str | None = None
+    profile: str | None = None
+    trust_remote_code: bool = False
+    widths: list[int] | None = None
+    width_mode: str | None = None
+    max_tokens: int | None = None
+    concurrency: int | None = None
+    repeats: int | None = None
+    start_timeout: float | None = None
+    request_timeout: float | None = None
+    temperature: float | None = None
+    dist_requests: int | None = None
+    dist_prefix: int | None = None
 
-    def p(i: int) -> str:
-        return prompts[i % len(prompts)]
 
-    out: list[Request] = []
-    for kind in job.sequence:
-        if kind == "fresh":
-            out.append(Request("p0", kind, endpoint, body(p(0))))
-        elif kind == "repeat":
-            out.append(Request("p0-again", kind, endpoint, body(p(0))))
-        elif kind == "shared-prefix":
-            out.append(Request("p0-prefix", kind, endpoint, body(p(0) + " " + p(1))))
-        elif kind == "stream":
-            out.append(Request("p1-stream", kind, endpoint, body(p(1), stream=True)))
-        elif kind == "long":
-            out.append(Request("long", kind, endpoint, body(" ".join(prompts) * 2)))
-        elif kind == "multi-turn":
-            first = {**common, "messages": [{"role": "user", "content": p(2)}]}
-            out.append(Request("chat-1", kind, "chat", first))
-            answer = history.get("chat-1")
-            if answer is not None:
-                msgs = [*first["messages"], {"role": "assistant", "content": answer},
-                        {"role": "user", "content": p(3)}]
-                out.append(Request("chat-2", kind, "chat", {**common, "messages": msgs}))
-    return out
+def apply_overrides(job: Job | None, o: Overrides) -> Job:
+    """The job a command runs: ``job`` (a config's, or None for the built-in one) with ``o`` applied.
+
+    Errors are usage errors in the job's own terms (the command maps them to its flags).
+    """
+    from specparity.harness.profiles import load_profile
+
+    if o.profile is not None:
+        try:
+            load_profile(o.profile)
+        except UsageError as err:
+            raise OverrideError("profile", str(err)) from None
+    if o.draft_model is not None and o.model is None:
+        raise OverrideError("draft_model", "a drafter needs a target model")
+    if o.model is not None:
+        target = resolve_model(o.model, None, "model")
+        draft = resolve_model(o.draft_model, None, "draft model") if o.draft_model is not None else None
+        pairing = Pairing("cli", target, draft, o.profile or "mlx-lm", o.trust_remote_code)
+        job = replace(builtin_job(), pairings=[pairing], source="command line") if job is None \
+            else replace(job, pairings=[pairing])
+    elif job is None:
+        job = builtin_job()
+    else:
+        job = replace(job)
+    for p in job.pairings:
+        if o.profile is not None:
+            p.profile = o.profile
+        if o.trust_remote_code:
+            p.trust_remote_code = True
+    if o.widths is not None:
+        if not o.widths:
+            raise OverrideError("widths", "give at least one width")
+        job.widths = sorted(set(o.widths))
+    if o.width_mode is not None:
+        if o.width_mode not in WIDTH_MODES:
+            raise OverrideError("width_mode", f"{o.width_mode!r}: choose from {', '.join(WIDTH_MODES)}")
+        job.width_mode = o.width_mode
+    job.max_tokens = o.max_tokens if o.max_tokens is not None else job.max_tokens
+    job.concurrency = o.concurrency if o.concurrency is not None else job.concurrency
+    job.repeats = o.repeats if o.repeats is not None else job.repeats
+    job.start_timeout = o.start_timeout if o.start_timeout is not None else job.start_timeout
+    job.request_timeout = o.request_timeout if o.request_timeout is not None else job.request_timeout
+    if o.temperature is not None or o.dist_requests is not None or o.dist_prefix is not None:
+        spec = replace(job.distribution or DistSpec())
+        if o.temperature is not None:
+            spec.temperature = o.temperature
+        if o.dist_requests is not None:
+            spec.requests = o.dist_requests
+        if o.dist_prefix is not None:
+            spec.prefix = o.dist_prefix
+        try:
+            check_spec(spec, "")
+        except UsageError as err:
+            raise OverrideError("temperature", str(err)) from None
+        job.distribution = spec
+    if job.distribution is not None and not any(p.draft for p in job.pairings):
+        raise OverrideError("temperature", "no pairing has a drafter to compare with")
+    return job
+

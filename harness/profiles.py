@@ -12,30 +12,21 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
+import string
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specparity.errors import InfrastructureError, UsageError
+from specparity.errors import UsageError
+
+if TYPE_CHECKING:
+    from specparity.harness.engines import Engine
+    from specparity.harness.plan import Width
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 WITNESS_ROLES = ("target", "draft")
-MODEL_FORMATS = ("mlx", "gguf")
-# argv placeholder for llama.cpp's server binary, found by harness.llama.find_llama_server
-LLAMA_SERVER = "{llama_server}"
-LLAMA_SERVER_MISSING = ("llama-server not found ($SPECPARITY_LLAMA_SERVER, PATH, or the cache that"
-                        " scripts/build-llama-server fills): run scripts/build-llama-server")
-
-
-def _llama_server() -> str:
-    from specparity.harness.llama import find_llama_server
-
-    found = find_llama_server()
-    if found is None:
-        raise InfrastructureError(LLAMA_SERVER_MISSING)
-    return found
 
 
 @dataclass
@@ -61,8 +52,8 @@ class Profile:
     flush: a request path that empties the prompt cache (None: cannot flush).
     version_command: argv printing the server's version (kept in the record).
     requires_module: a module that must be importable for the profile to run.
-    model_format: what the server loads: ``mlx`` (the checkpoint directory) or ``gguf``
-      (the harness exports each llama checkpoint to GGUF once, see specparity.gguf_export).
+    engine: the module under specparity.harness.engines with this server's code (placeholders such
+      as ``{llama_server}``, availability, the checkpoint export it loads); None: no code needed.
     exercised: False for a profile written from the server's documentation and not yet run
       against a live server (vLLM, SGLang, mlxcel): runs say so.
     source: the YAML file it came from.
@@ -91,21 +82,35 @@ class Profile:
     flush: str | None = None
     version_command: list[str] | None = None
     requires_module: str | None = None
-    model_format: str = "mlx"
+    engine: str | None = None
     exercised: bool = True
     source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def setting_for(self, width: int) -> int:
-        """The server's setting for ``width`` verify rows."""
-        return width - self.rows_offset
+    def width(self, rows: int) -> Width:
+        """``rows`` verify rows with this server's own setting for them (converted here, once)."""
+        from specparity.harness.plan import Width
+
+        return Width(rows, rows - self.rows_offset, self.width_setting)
+
+    def engine_hooks(self) -> Engine:
+        from specparity.harness.engines import load_engine
+
+        return load_engine(self.engine)
 
     def render(self, items: list[str], **values: Any) -> list[str]:
         subs = {"python": sys.executable, **{k: str(v) for k, v in values.items() if v is not None}}
-        if any(LLAMA_SERVER in item for item in items):
-            subs["llama_server"] = _llama_server()
+        wanted: set[str] = set()
+        for item in items:
+            try:
+                wanted |= {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(item)
+                           if name}
+            except ValueError as err:
+                raise UsageError(f"profile {self.name} ({self.source}): {item!r}: {err}") from None
+        if wanted - subs.keys():  # an engine's own placeholder ({llama_server}): ask the engine
+            subs = {**self.engine_hooks().placeholders(), **subs}
         out = []
         for item in items:
             try:
@@ -122,12 +127,7 @@ class Profile:
         exe = self.argv[0] if self.argv else ""
         if "{" not in exe and shutil.which(exe) is None:
             return f"{exe} is not installed (not on PATH)"
-        if any(LLAMA_SERVER in item for item in self.argv):
-            from specparity.harness.llama import find_llama_server
-
-            if find_llama_server() is None:
-                return LLAMA_SERVER_MISSING
-        return None
+        return self.engine_hooks().unavailable()
 
 
 NOT_EXERCISED = "(not yet exercised against a live server)"
@@ -188,9 +188,14 @@ def load_profile(name_or_path: str) -> Profile:
     endpoint = raw.get("endpoint", "completions")
     if endpoint not in ENDPOINTS:
         raise UsageError(f"{where}: endpoint {endpoint!r}: choose from {', '.join(ENDPOINTS)}")
-    model_format = str(raw.get("model_format", "mlx"))
-    if model_format not in MODEL_FORMATS:
-        raise UsageError(f"{where}: model_format {model_format!r}: choose from {', '.join(MODEL_FORMATS)}")
+    engine = raw.get("engine")
+    if engine is not None:
+        from specparity.harness.engines import load_engine
+
+        try:
+            load_engine(str(engine))
+        except UsageError as err:
+            raise UsageError(f"{where}: {err}") from None
     witness = list(raw.get("witness") or [])
     if any(w not in WITNESS_ROLES for w in witness):
         raise UsageError(f"{where}: witness {witness}: roles are {', '.join(WITNESS_ROLES)}")
@@ -226,7 +231,7 @@ def load_profile(name_or_path: str) -> Profile:
         flush=raw.get("flush"),
         version_command=raw.get("version_command"),
         requires_module=raw.get("requires_module"),
-        model_format=model_format,
+        engine=str(engine) if engine is not None else None,
         exercised=bool(raw.get("exercised", True)),
         source=str(path),
     )

@@ -15,9 +15,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from specparity.harness.plan import DRAFTING_KINDS
 from specparity.verdicts import Verdict
-
-DRAFTING_KINDS = ("width", "self-draft", "control")
 
 
 def first_index(request: dict[str, Any]) -> tuple[int | None, bool]:
@@ -83,16 +82,3 @@ def divergence_svg(pairing: str, arms: list[dict[str, Any]], max_tokens: int | N
                ' (no index)</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
-
-
-def served_markdown(report: Any, sink: Any) -> list[str]:
-    """A served record's body: the report text, then each pairing's chart (an SVG in data/, linked)."""
-    from specparity.records.writer import _slugify
-
-    body = ["```", *report.lines(), f"verdict: {report.verdict}", "```"]
-    for p in report.pairings:
-        name = f"chart-{_slugify(p.name)}.svg"
-        svg = divergence_svg(p.name, [a.to_dict(with_requests=True) for a in p.arms], report.job.get("max_tokens"))
-        if sink.write_bytes(name, svg.encode()) is not None:
-            body += ["", f"![first divergence by width, pairing {p.name}](data/{sink.record.name}/{name})"]
-    return body

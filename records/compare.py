@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specparity.errors import UsageError
-from specparity.harness.witness import Evidence
-from specparity.records.merge import pick
+from specparity.harness.evidence import Evidence
+from specparity.harness.plan import ArmKind
 from specparity.records.record import read_complete
-from specparity.records.writer import _slugify
+from specparity.records.served import KIND as SERVED, ServedRecord
 from specparity.verdicts import ReportMixin, Verdict, is_pass, verdict
 
 # the JSONL keys that say which part a line is, in the order a reader wants them
@@ -105,13 +105,13 @@ def _classify(old: str, new: str) -> str:
     return "changed"
 
 
-def _served_parts(summary: dict[str, Any], rows: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def _served_parts(sr: ServedRecord) -> dict[str, dict[str, Any]]:
     """part -> {verdict, width, divergence, evidence, reason} for every pairing, arm and request."""
     parts: dict[str, dict[str, Any]] = {}
-    for p in summary.get("pairings") or []:
+    for p in sr.summary.get("pairings") or []:
         parts[f"{p['name']} / * / *"] = {"verdict": p["verdict"], "reason": p.get("reason") or ""}
         for a in p.get("arms") or []:
-            reqs = rows.get(_slugify(f"{p['name']}-{a['name']}"), [])
+            reqs = sr.requests(p["name"], a["name"])
             if not reqs:
                 parts[f"{p['name']} / {a['name']} / -"] = {"verdict": a["verdict"], "width": a.get("width"),
                                                             "reason": a.get("reason") or ""}
@@ -164,7 +164,7 @@ def _identity(ident: dict[str, Any], summary: dict[str, Any] | None) -> dict[str
     return out
 
 
-def _evidence_changes(key: str, old: Any, new: Any, detail: str) -> list[Change]:
+def _evidence_changes(key: str, old: Evidence, new: Evidence, detail: str) -> list[Change]:
     """Engaged -> not engaged (and back), a decline line that appeared (or went away)."""
     out = []
     if old.engaged != new.engaged:
@@ -187,8 +187,9 @@ def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) ->
     if orec.kind != nrec.kind:
         raise UsageError(f"{np_}: a {nrec.kind} record, but {op} is a {orec.kind} record: compare one kind")
     rep = CompareReport(orec.kind, op, np_)
-    if orec.kind == "served":
-        old, new = _served_parts(orec.summary or {}, orows), _served_parts(nrec.summary or {}, nrows)
+    if orec.kind == SERVED:
+        old = _served_parts(ServedRecord(op, orec, oid, orows))
+        new = _served_parts(ServedRecord(np_, nrec, nid, nrows))
         if (orec.summary or {}).get("job") != (nrec.summary or {}).get("job"):
             rep.changes.append(Change("identity", "job config", (orec.summary or {}).get("job", {}).get("source"),
                                       (nrec.summary or {}).get("job", {}).get("source"),
@@ -209,8 +210,8 @@ def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) ->
             rep.changes.append(Change(_classify(o["verdict"], n["verdict"]), key, o["verdict"], n["verdict"],
                                       _detail(n if not is_pass(n["verdict"]) else o)))
         oe, ne = o.get("evidence"), n.get("evidence")
-        if o.get("arm_kind") not in (None, "baseline", "repeat", "concurrent") and oe and ne:
-            rep.changes += _evidence_changes(key, pick(Evidence, oe), pick(Evidence, ne), _detail(n))
+        if o.get("arm_kind") not in (None, ArmKind.BASELINE, ArmKind.REPEAT, ArmKind.CONCURRENT) and oe and ne:
+            rep.changes += _evidence_changes(key, Evidence.from_dict(oe), Evidence.from_dict(ne), _detail(n))
     oi, ni = _identity(oid, orec.summary), _identity(nid, nrec.summary)
     for key in sorted(oi.keys() | ni.keys()):
         if oi.get(key) != ni.get(key):

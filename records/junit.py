@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from specparity.errors import UsageError
+from specparity.harness.plan import BASELINE_START
+from specparity.records.served import ServedRecord, read_served
 from specparity.verdicts import Verdict, combine
 
 # XML 1.0 forbids these code points even escaped: a completion may carry them
@@ -51,15 +53,15 @@ class JunitSummary:
                 f" {self.errors} errors, {self.skipped} skipped")
 
 
-def _arms(rec: Any, parts: dict[str, list[dict[str, Any]]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+def _arms(sr: ServedRecord) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """(pairing, its arms) in run order: the final summary when complete, else the arms that finished."""
-    if rec.summary and rec.summary.get("pairings") is not None:
-        return [(p, list(p.get("arms") or [])) for p in rec.summary["pairings"]]
-    by: dict[str, list[dict[str, Any]]] = {}
-    for arm in parts.get("arms", []):
-        by.setdefault(str(arm.get("pairing")), []).append(arm)
-    return [({"name": name, "verdict": None, "reason": "", "profile": (arms[0].get("server") or {}).get("profile")},
-             arms) for name, arms in by.items()]
+    out = []
+    for name in sr.pairing_names():
+        arms = sr.final_arms(name)
+        p = sr.pairing_summary(name) or {"name": name, "verdict": None, "reason": "",
+                                         "profile": (arms[0].get("server") or {}).get("profile") if arms else None}
+        out.append((p, arms))
+    return out
 
 
 def _width(arm: dict[str, Any]) -> str:
@@ -93,8 +95,8 @@ def _request_detail(arm: dict[str, Any], req: dict[str, Any]) -> str:
     d = req.get("divergence")
     if d:
         lines.append(f"first differing token {d.get('token_index')}, character {d.get('char_offset')}")
-        lines.append(f"baseline: {d.get('baseline_snippet')!r}")
-        lines.append(f"arm:      {d.get('arm_snippet')!r}")
+        lines.append(f"{d.get('reference', 'baseline')}: {d.get('reference_snippet', d.get('baseline_snippet'))!r}")
+        lines.append(f"{d.get('other', 'arm')}: {d.get('other_snippet', d.get('arm_snippet'))!r}")
     if req.get("replay"):
         lines.append(f"reproduce in process: {req['replay']}")
     log = (arm.get("server") or {}).get("log")
@@ -103,15 +105,13 @@ def _request_detail(arm: dict[str, Any], req: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def junit_xml(rec: Any, parts: dict[str, list[dict[str, Any]]]) -> Any:
-    """The JUnitXml of a served record (``read_record``'s record and parts)."""
+def junit_xml(sr: ServedRecord) -> Any:
+    """The JUnitXml of a served record."""
     from junitparser import JUnitXml, TestSuite
 
-    if rec.kind != "served":
-        raise UsageError(f"{rec.path}: a {rec.kind} record: JUnit is written from served records"
-                         " (specparity served --record-dir)")
+    rec = sr.record
     xml = JUnitXml("specparity served")
-    for pairing, arms in _arms(rec, parts):
+    for pairing, arms in _arms(sr):
         pname = str(pairing.get("name"))
         suite = TestSuite(_clean(f"served {pname}"))
         suite.add_property("record", _clean(rec.path))
@@ -123,12 +123,12 @@ def junit_xml(rec: Any, parts: dict[str, list[dict[str, Any]]]) -> Any:
         for arm in arms:
             aname = str(arm.get("name"))
             classname = f"{pname}.{aname}"
-            requests = parts.get(f"{pname}-{aname}", [])
+            requests = sr.requests(pname, aname)
             arm_verdict = Verdict(arm.get("verdict") or Verdict.ERROR)
             for req in requests:
                 verdict = Verdict(req.get("verdict") or Verdict.ERROR)
                 message = str(req.get("reason") or "")
-                if inconclusive and aname != "baseline-start" and verdict != Verdict.ERROR:
+                if inconclusive and aname != BASELINE_START and verdict != Verdict.ERROR:
                     verdict = Verdict.INCONCLUSIVE
                     message = f"not judged: {pairing.get('reason')}"
                 elif verdict == Verdict.DIVERGED:
@@ -152,9 +152,9 @@ def junit_xml(rec: Any, parts: dict[str, list[dict[str, Any]]]) -> Any:
     return xml
 
 
-def write_junit(rec: Any, parts: dict[str, list[dict[str, Any]]], out: str | Path) -> JunitSummary:
+def write_junit(sr: ServedRecord, out: str | Path) -> JunitSummary:
     """Write the JUnit XML of a served record to ``out`` (parents created); returns its counts."""
-    xml = junit_xml(rec, parts)
+    xml = junit_xml(sr)
     path = Path(out)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,10 +166,4 @@ def write_junit(rec: Any, parts: dict[str, list[dict[str, Any]]], out: str | Pat
 
 def record_to_junit(record: str | Path, out: str | Path) -> JunitSummary:
     """A served record (its .md, data/<name>/ or report.json) -> JUnit XML at ``out``."""
-    from specparity.records.record import read_record
-
-    try:
-        rec, _, parts = read_record(record)
-    except FileNotFoundError:
-        raise UsageError(f"{record}: not a record (no report.json)") from None
-    return write_junit(rec, parts, out)
+    return write_junit(read_served(record, complete=False), out)

@@ -20,7 +20,7 @@ from typing import Any
 from specparity.errors import UsageError
 
 
-def _slugify(s: str) -> str:
+def slugify(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "record"
 
 
@@ -39,9 +39,9 @@ class RecordWriter:
             (root / "data").mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise UsageError(f"--record-dir {record_dir}: cannot create ({err.strerror})") from err
-        host = _slugify(socket.gethostname().split(".")[0])
+        host = slugify(socket.gethostname().split(".")[0])
         date = _dt.date.today().isoformat()
-        base = f"{_slugify(slug)}-{host}-{date}"
+        base = f"{slugify(slug)}-{host}-{date}"
         n = 1
         while True:
             name = base if n == 1 else f"{base}-{n}"
@@ -68,7 +68,7 @@ class RecordWriter:
 
     def append(self, arm: str, obj: dict[str, Any]) -> None:
         """Append one JSON line to ``data/<name>/<arm>.jsonl`` and flush it."""
-        path = self.data_dir / f"{_slugify(arm)}.jsonl"
+        path = self.data_dir / f"{slugify(arm)}.jsonl"
         with open(path, "a") as f:
             f.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
             f.flush()

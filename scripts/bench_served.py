@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from specparity.harness.config import Job, Pairing
-    from specparity.harness.served import ServedRun
+    from specparity.harness.run import ServedRun
 
     from specparity.fixtures import default_pair
 

@@ -91,21 +91,22 @@ class CompletionDifference:
         """One line: where, what each side has there, the logprobs before it, the margins."""
         where = []
         if self.token_index is not None:
-            where.append(f"token {self.token_index} (of {self.reference_token_count} {self.reference} /"
-                         f" {self.other_token_count} {self.other})")
+            where.append(f"token {self.token_index}")
         if self.char_offset is not None:
             where.append(f"char {self.char_offset}")
-        s = f"first difference at {', '.join(where) or 'the end'}: "
+        s = f"first difference at {', '.join(where) or 'the end'}"
         if self.token_index is not None:
-            s += (f"after {self.tokens_before}, {self.reference} {self.reference_tokens}"
+            s += (f" (of {self.reference_token_count} {self.reference} / {self.other_token_count} {self.other}"
+                  f" tokens): after {self.tokens_before}, {self.reference} {self.reference_tokens}"
                   + (f" {self.reference_pieces}" if self.reference_pieces is not None else "")
                   + f" vs {self.other} {self.other_tokens}"
                   + (f" {self.other_pieces}" if self.other_pieces is not None else ""))
+            s += "; text" if self.char_offset is not None else " (the texts are equal: only the token ids differ)"
         else:
-            s += (f"...{self.text_before!r} then {self.reference} {self.reference_snippet!r}"
+            s += ":"
+        if self.char_offset is not None:
+            s += (f" ...{self.text_before!r} then {self.reference} {self.reference_snippet!r}"
                   f" vs {self.other} {self.other_snippet!r}")
-        if self.token_index is not None and self.char_offset is None:
-            s += " (the texts are equal: only the token ids differ)"
         if self.logprobs_equal_before is not None:
             s += ("; logprobs bitwise equal before it" if self.logprobs_equal_before
                   else f"; logprobs first differ at token {self.first_logprob_diff}")

@@ -409,7 +409,7 @@ def build_plain_constant(root: Path, live: tuple[float, ...]) -> str:
         return str(out / "target")
     config = _config_for("llama", "float32")
     model = _instantiate(config)
-    # what the logits are (up to the RMSNorm factor): readers such as served_dist look here
+    # what the logits are (up to the RMSNorm factor): readers such as harness.distribution look here
     config["specparity"] = {"constant_logits": constant_logits(live), "plain": True}
     params = _params(model)
     row = mx.array(constant_logits(live), dtype=mx.float32)

@@ -8,8 +8,11 @@ import pytest
 import yaml
 from specparity.harness.client import Completion
 from specparity.harness.profiles import load_profile, packaged_profiles
-from specparity.harness.served import compare, format_groups
-from specparity.harness.witness import WitnessCall, evidence_from_calls, read_calls, wrap_checkpoint
+from specparity.completions import first_difference
+from specparity.harness.evidence import WitnessCall, evidence_from_calls, read_calls
+from specparity.harness.judge import side
+from specparity.harness.results import format_groups
+from specparity.harness.witness import wrap_checkpoint
 
 from specparity.errors import UsageError
 
@@ -51,13 +54,16 @@ def test_compare_names_token_char_logprobs_and_margins():
     base = _comp("abcdef", [1, 2, 3], [-1.0, -2.0, -0.5], [[(1, -1.0), (9, -3.0)], [(2, -2.0), (5, -2.1)],
                                                           [(3, -0.5), (4, -0.6)]])
     same = _comp("abcdef")
+    def compare(a, b):
+        return first_difference(side("baseline", a), side("arm", b))
+
     assert compare(base, same) is None
     arm = _comp("abcxyz", [1, 2, 4], [-1.0, -2.0000001, -0.6], [[(1, -1.0), (9, -3.0)], [(2, -2.0000001), (5, -2.1)],
                                                                [(4, -0.6), (3, -0.61)]])
     d = compare(base, arm)
     assert d.char_offset == 3 and d.token_index == 2
     assert d.logprobs_equal_before is False and d.first_logprob_diff == 1
-    assert d.margin_baseline == pytest.approx(0.1) and d.margin_arm == pytest.approx(0.01)
+    assert d.margin_reference == pytest.approx(0.1) and d.margin_other == pytest.approx(0.01)
     assert "token 2, char 3" in d.line() and "logprobs first differ at token 1" in d.line()
 
 
@@ -69,7 +75,7 @@ def test_groups_read_like_the_issue():
 def test_packaged_profiles_load_and_bad_ones_are_usage_errors(tmp_path):
     assert {"mlx-lm", "specparity-serve", "openai"} <= set(packaged_profiles())
     mlx = load_profile("mlx-lm")
-    assert mlx.setting_for(4) == 3 and mlx.per_request == "num_draft_tokens" and mlx.witness == ["target"]
+    assert mlx.width(4).setting == 3 and mlx.per_request == "num_draft_tokens" and mlx.witness == ["target"]
     serve = load_profile("specparity-serve")
     assert serve.witness == ["target"] and serve.log_declined and serve.width_setting == "num_draft_tokens"
     with pytest.raises(UsageError, match="argv is empty"):

@@ -41,7 +41,7 @@ WIDTHS = (4, 8)  # verify rows: --spec-draft-n-max 3 and 7
 @pytest.fixture(scope="module")
 def llama_server_bin(tmp_path_factory) -> str:
     """The llama-server binary: found, else built now (slow once per machine), else a skip."""
-    from specparity.harness.llama import ensure_llama_server, find_llama_server, missing_toolchain
+    from specparity.harness.engines.llama_cpp import ensure_llama_server, find_llama_server, missing_toolchain
 
     from specparity.errors import InfrastructureError
 
@@ -92,7 +92,7 @@ def mlx_greedy(llama_pair):
 def _start(binary: str, model: str, tmp_path: Path, name: str, draft: str | None = None, n_max: int = 3,
            spec_type: str | None = "draft-simple"):
     from specparity.harness.lifecycle import Server
-    from specparity.harness.llama import server_argv
+    from specparity.harness.engines.llama_cpp import server_argv
 
     argv = server_argv(binary, model, draft=draft, n_max=n_max, spec_type=spec_type)
     srv = Server(argv, log_path=tmp_path / f"{name}.log",
@@ -112,7 +112,7 @@ def _complete(srv, prompt: list[int] | str) -> dict:
 
 def test_build_script_is_idempotent(llama_server_bin, repo_root):
     """Once built, the script exits at once with the cached binary's path (no rebuild)."""
-    from specparity.harness.llama import cached_binary
+    from specparity.harness.engines.llama_cpp import cached_binary
 
     if Path(llama_server_bin) != cached_binary():
         pytest.skip(f"llama-server came from {llama_server_bin}, not the build cache")
@@ -193,7 +193,7 @@ def test_llama_server_tokenizes_like_the_fixture_tokenizer(llama_server_bin, ggu
 
 
 def test_server_argv_without_a_drafter_has_no_spec_flags():
-    from specparity.harness.llama import server_argv
+    from specparity.harness.engines.llama_cpp import server_argv
 
     plain = server_argv("llama-server", "t.gguf")
     assert not any(a.startswith("--spec") or a == "-md" for a in plain)
@@ -205,7 +205,7 @@ def test_server_argv_without_a_drafter_has_no_spec_flags():
 
 def test_find_llama_server_order(tmp_path, monkeypatch):
     """$SPECPARITY_LLAMA_SERVER first, then PATH, then the cache; a binary that fails --version is skipped."""
-    from specparity.harness import llama
+    from specparity.harness.engines import llama_cpp as llama
 
     def fake(path: Path, ok: bool) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,7 +232,7 @@ def test_find_llama_server_order(tmp_path, monkeypatch):
 
 
 def test_ensure_without_toolchain_is_an_infrastructure_error(tmp_path, monkeypatch):
-    from specparity.harness import llama
+    from specparity.harness.engines import llama_cpp as llama
 
     from specparity.errors import InfrastructureError
 
@@ -249,7 +249,7 @@ SERVED_PROMPTS = ["Speculative decoding drafts several tokens with a small model
 
 def _served(pair, tmp_path, profile: str, **kw):
     from specparity.harness.config import Job, Pairing
-    from specparity.harness.served import ServedRun
+    from specparity.harness.run import ServedRun
 
     job = Job(pairings=[Pairing("llama.cpp", pair.target, pair.draft, profile)], widths=[2, 4],
               max_tokens=24, prompts=SERVED_PROMPTS, **kw)
@@ -291,7 +291,7 @@ def test_llama_cpp_profile_loads_and_says_when_the_binary_is_missing(tmp_path, m
     from specparity.errors import InfrastructureError, UsageError
 
     p = load_profile("llama.cpp")
-    assert p.model_format == "gguf" and p.response_field == "timings.draft_n" and p.setting_for(4) == 3
+    assert p.engine == "llama_cpp" and p.response_field == "timings.draft_n" and p.width(4).setting == 3
     monkeypatch.setenv("SPECPARITY_LLAMA_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("SPECPARITY_LLAMA_SERVER", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))

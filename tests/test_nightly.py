@@ -21,6 +21,7 @@ from junitparser import Error, Failure, JUnitXml, Skipped
 from specparity.harness.profiles import NOT_EXERCISED, load_profile
 from specparity.records.junit import junit_xml
 from specparity.records.record import Record
+from specparity.records.served import ServedRecord
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "nightly-parity"
 PROMPT = "Speculative decoding drafts several tokens with a small model and verifies them"
@@ -118,7 +119,7 @@ def test_nightly_bad_input_is_one_line_and_exit_2(cli_bin, tmp_path, llama_pair)
 
 
 def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_pair, tmp_path, cli_bin):
-    from specparity.harness.llama import find_llama_server, missing_toolchain
+    from specparity.harness.engines.llama_cpp import find_llama_server, missing_toolchain
 
     if find_llama_server() is None:
         pytest.skip(f"llama-server not built: {missing_toolchain() or 'run scripts/build-llama-server'}")
@@ -155,7 +156,7 @@ def test_junit_maps_each_verdict_and_keeps_the_xml_valid(tmp_path):
     rec = Record(kind="served", title="t", argv=[], status="complete", path=str(tmp_path / "r.md"),
                  summary={"pairings": [{"name": "x", "verdict": "diverged", "profile": "mlx-lm", "arms": arms}]})
     path = tmp_path / "j.xml"
-    junit_xml(rec, parts).write(str(path))
+    junit_xml(ServedRecord.of(rec.path, rec, {}, parts)).write(str(path))
     cases = _cases(path)
     assert cases["x.baseline-start/p0 (fresh)"] == []
     (r,) = cases["x.w2/p0 (fresh)"]
@@ -170,7 +171,7 @@ def test_junit_maps_each_verdict_and_keeps_the_xml_valid(tmp_path):
     assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (6, 1, 1, 2)
     # an inconclusive pairing judges nothing: its arms are skipped with the pairing's reason
     rec.summary["pairings"][0].update(verdict="inconclusive", reason="the two baselines disagree")
-    cases = {k: v for k, v in _cases_of(junit_xml(rec, parts), tmp_path).items()}
+    cases = {k: v for k, v in _cases_of(junit_xml(ServedRecord.of(rec.path, rec, {}, parts)), tmp_path).items()}
     (r,) = cases["x.w2/p0 (fresh)"]
     assert isinstance(r, Skipped) and "the two baselines disagree" in r.message
 
@@ -186,7 +187,7 @@ def test_junit_refuses_a_record_of_another_kind(cli_bin, tmp_path):
 
     rec = Record(kind="probe", title="t", argv=[], path="r.md")
     with pytest.raises(UsageError, match="served records"):
-        junit_xml(rec, {})
+        junit_xml(ServedRecord.of(rec.path, rec, {}, {}))
     run = subprocess.run([cli_bin, "records", "junit", str(tmp_path), "--out", str(tmp_path / "x.xml")],
                          capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.startswith("Error: ") and "Traceback" not in run.stderr
@@ -202,7 +203,7 @@ def test_unexercised_profiles_load_render_and_say_so(name, flags, cli_bin):
     prof = load_profile(name)
     assert prof.exercised is False and prof.ready_path == "/health"
     argv = prof.render(prof.argv, model="/m/target", host="127.0.0.1", port=8000)
-    argv += prof.render(prof.draft_argv, draft_model="/m/draft", num_draft=prof.setting_for(4), width=4)
+    argv += prof.render(prof.draft_argv, draft_model="/m/draft", num_draft=prof.width(4).setting, width=4)
     assert "/m/target" in argv and "/m/draft" in " ".join(argv) and all(f in argv for f in flags), argv
     if name == "vllm":
         spec = json.loads(argv[argv.index("--speculative-config") + 1])
@@ -222,7 +223,7 @@ def test_unexercised_profiles_load_render_and_say_so(name, flags, cli_bin):
 def test_a_prometheus_counter_rise_is_engagement_evidence_and_none_is_not(llama_pair, tmp_path):
     """vLLM's evidence path (counters at /metrics), proven on specparity serve's vLLM-named counters."""
     from specparity.harness.config import Job, Pairing
-    from specparity.harness.served import ServedRun
+    from specparity.harness.run import ServedRun
 
     profiles = {}
     for name, counter in (("metrics", "spec_decode_num_draft_tokens"), ("no-counter", "no_such_counter")):

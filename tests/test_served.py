@@ -18,7 +18,7 @@ import yaml
 from conftest import build, run_cli
 from specparity.harness.config import Job, Pairing
 from specparity.harness.lifecycle import group_alive
-from specparity.harness.served import ServedRun
+from specparity.harness.run import ServedRun
 from specparity.records.record import read_record
 
 SMALL = {"max_tokens": 12, "sequence": ["fresh"],
@@ -66,7 +66,7 @@ def test_rows_fault_diverges_exactly_at_and_above_its_threshold(fixture_root, tm
     assert {"w3", "baseline-end"} <= set(base_group) and not {"w4", "w5"} & set(base_group)
     r = a["w4"].requests[0]
     assert r.divergence is not None and r.divergence.token_index is not None
-    assert r.divergence.margin_baseline is not None  # logprobs came back: the top-2 margin is reported
+    assert r.divergence.margin_reference is not None  # logprobs came back: the top-2 margin is reported
     assert r.replay and r.replay.startswith("specparity replay --model ") and "--width 4" in r.replay
     assert report.exit_code == 1
     text = "\n".join(report.lines())
@@ -179,7 +179,7 @@ def test_builtin_job_runs_the_sequences_on_real_servers_and_reports_what_it_find
     diverged = [x for x in rows if x["verdict"] == "diverged"]
     if diverged:
         d = diverged[0]["divergence"]
-        assert d["char_offset"] >= 0 and (d["baseline_snippet"] or d["arm_snippet"])
+        assert d["char_offset"] >= 0 and (d["reference_snippet"] or d["other_snippet"])
         assert out["verdict"] == "diverged" and r.returncode == 1
     else:
         assert out["verdict"] == "match" and r.returncode == 0

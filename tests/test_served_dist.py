@@ -19,10 +19,12 @@ import yaml
 from conftest import run_cli
 from specparity.errors import UsageError
 from specparity.harness.client import Completion
-from specparity.harness.config import Job, Pairing, load_job
-from specparity.harness.served import RequestResult, ServedRun
-from specparity.harness.served_dist import DistArm, DistSpec, homogeneity, judge, parse_spec
-from specparity.harness.witness import Evidence
+from specparity.harness.config import DistSpec, Job, Pairing, load_job, parse_spec
+from specparity.harness.distribution import homogeneity, judge
+from specparity.harness.evidence import Evidence
+from specparity.harness.plan import ArmKind, Width
+from specparity.harness.results import ArmResult, RequestResult
+from specparity.harness.run import ServedRun
 from specparity.probes.sampling.accept_e2e import E2E_DRAFT, E2E_TARGET
 from specparity.probes.sampling.stats import chi_square
 from specparity.records.record import read_record
@@ -70,7 +72,8 @@ def _draws(ids: np.ndarray, engaged: bool) -> list[RequestResult]:
 
 def _judged(target_row, draft_law, engaged=True, n=600):
     rng = np.random.default_rng(1)
-    base, drafted = DistArm("dist-baseline", "distribution", None, None), DistArm("dist-w4", "distribution", 4, 3)
+    base = ArmResult("dist-baseline", ArmKind.DISTRIBUTION, None)
+    drafted = ArmResult("dist-w4", ArmKind.DISTRIBUTION, Width(4, 3, "num_draft_tokens"))
     base.verdict = drafted.verdict = Verdict.NOT_RUN
     base.requests = _draws(rng.choice(512, n, p=law(T)), False)
     drafted.requests = _draws(rng.choice(512, n, p=draft_law), engaged)
@@ -90,7 +93,8 @@ def test_judge_passes_a_lossless_sample_and_rejects_a_wrong_one_and_an_unwitness
     base, drafted = _judged(row, law(T))
     assert base.verdict == "match" and drafted.verdict == "match", drafted.reason
     assert "with 99% power" in drafted.reason and "TV >=" in drafted.reason
-    assert all(c.rejected for c in drafted.dist.controls) and len(drafted.dist.controls) >= 5
+    assert drafted.dist is not None
+    assert all(c["rejected"] for c in drafted.dist["controls"]) and len(drafted.dist["controls"]) >= 5
     # the drafted server samples at the wrong temperature: the fit and the homogeneity see it
     _, bad = _judged(row, law(2.0))
     assert bad.verdict == "diverged", bad.reason

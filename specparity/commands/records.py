@@ -88,8 +88,10 @@ def show_lines(rec: Any, identity: dict[str, Any], arms: dict[str, list[dict[str
                     if rec.timings else ""))
     lines.append(f"host {identity.get('host')}, device {identity.get('device')}, mlx {identity.get('mlx')},"
                  f" mlx-lm {identity.get('mlx_lm')}, specparity {identity.get('specparity')}")
-    if rec.kind == "served" and arms.get("arms"):
-        return lines + served_table(rec, arms)
+    from specparity.records.served import ARMS, KIND, ServedRecord
+
+    if rec.kind == KIND and arms.get(ARMS):
+        return lines + ServedRecord.of(rec.path, rec, identity, arms).table_lines()
     for name, rows in arms.items():
         counts: dict[str, int] = {}
         for r in rows:
@@ -100,57 +102,6 @@ def show_lines(rec: Any, identity: dict[str, Any], arms: dict[str, list[dict[str
         lines.append(f"{name}: {len(rows)} finished" + (f" ({tally})" if tally else ""))
         lines.extend(arm_table(rows))
     return lines
-
-
-def _grid(head: list[str], table: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
-    return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *table]]
-
-
-def served_table(rec: Any, arms: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Per pairing: arms x requests with the verdict in each cell, the sha256 groups, what did not match."""
-    from specparity.records.writer import _slugify
-    from specparity.verdicts import Verdict
-
-    summary = {p["name"]: p for p in (rec.summary or {}).get("pairings") or []}
-    order: list[str] = []
-    for a in arms["arms"]:
-        if str(a.get("pairing")) not in order:
-            order.append(str(a.get("pairing")))
-    out: list[str] = []
-    for pname in order:
-        lines = [a for a in arms["arms"] if str(a.get("pairing")) == pname]
-        final = {a["name"]: a for a in (summary.get(pname) or {}).get("arms") or []}
-        rids: list[str] = []  # in the order the arms sent them (the JSONL keeps it, the verdicts map is sorted)
-        for a in lines:
-            sent = [str(r.get("id")) for r in arms.get(_slugify(f"{pname}-{a['name']}"), [])]
-            for r in [*sent, *(a.get("verdicts") or {})]:
-                if r not in rids:
-                    rids.append(r)
-        p = summary.get(pname)
-        out += ["", f"pairing {pname}: " + (f"{p['profile']} server, widths per {p['width_mode']},"
-                                             f" verdict {p['verdict']}" + (f" ({p['reason']})" if p["reason"] else "")
-                                             if p else "incomplete (no pairing verdict)")]
-        table = []
-        for a in lines:
-            v = (final.get(a["name"]) or a)["verdict"]
-            table.append([a["name"], _cell(a.get("width")), *[_cell((a.get("verdicts") or {}).get(r)) for r in rids],
-                          str(v)])
-        out += _grid(["arm", "width", *rids, "arm verdict"], table)
-        if p:
-            from specparity.harness.served import format_groups
-
-            out.append(f"  sha256 {format_groups(p.get('groups') or [])}")
-            for rid, gs in (p.get("request_groups") or {}).items():
-                if len(gs) > 1:
-                    out.append(f"    request {rid}: {format_groups(gs)}")
-            out += [f"  finding: {f}" for f in p.get("findings") or []]
-        for a in lines:
-            for r in arms.get(_slugify(f"{pname}-{a['name']}"), []):
-                if r.get("verdict") in (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED) or (
-                        r.get("verdict") == Verdict.NOT_ENGAGED and a.get("kind") != "baseline"):
-                    out.append(f"  {a['name']} {r.get('id')}: {r.get('verdict')}: {r.get('reason')}")
-    return out
 
 
 @records.command("show")
@@ -304,9 +255,10 @@ def junit(path: str, out: str, as_json: bool) -> int:
         specparity records junit results/ --out parity.xml      # the newest record
     """
     from specparity.records.junit import write_junit
+    from specparity.records.served import ServedRecord
 
-    rec, _, parts = _open(path)
-    summary = write_junit(rec, parts, out)
+    rec, identity, parts = _open(path)
+    summary = write_junit(ServedRecord.of(rec.path, rec, identity, parts), out)
     if as_json:
         emit_json({"junit": str(summary.path), "tests": summary.tests, "failures": summary.failures,
                    "errors": summary.errors, "skipped": summary.skipped, "record": rec.path})

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import sys
-from dataclasses import replace
 from typing import Any
 
 import click
 
-from specparity.commands._common import json_option, parse_int_list, record_option
-from specparity.errors import UsageError
+from specparity.commands._common import CommandRun, json_option, record_option, resolve_path
+from specparity.errors import SpecparityError, UsageError
+from specparity.inputs import parse_int_list
+
+# Overrides field -> the flag that sets it (library errors name the field; this command, the flag)
+FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profile", "widths": "--widths",
+         "width_mode": "--width-mode", "temperature": "--temperature / --dist-requests / --dist-prefix"}
 
 
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Job YAML (default: the built-in job on the embedded fixture pair).")
-@click.option("--model", default=None, metavar="DIR", help="Target checkpoint (one pairing instead of the job's).")
-@click.option("--draft-model", default=None, metavar="DIR", help="Drafter checkpoint for --model.")
+@click.option("--model", default=None, metavar="DIR|REPO",
+              help="Target checkpoint, a directory or a hub id (one pairing instead of the job's).")
+@click.option("--draft-model", default=None, metavar="DIR|REPO", help="Drafter checkpoint for --model.")
 @click.option("--profile", default=None, metavar="NAME|FILE",
               help="Server profile for every pairing: mlx-lm, specparity-serve, llama.cpp, vllm, sglang, mlxcel,"
                    " openai, or a YAML file.")
@@ -43,9 +47,12 @@ from specparity.errors import UsageError
               help="Tokens per draw: the histogram is over the emitted k-prefix (default 1).")
 @json_option
 @record_option
-def served(config_path, model, draft_model, profile, trust_remote_code, widths, width_mode, max_tokens,
-           concurrency, repeats, start_timeout, request_timeout, shard_spec, temperature, dist_requests,
-           dist_prefix, quiet, as_json, record_dir):
+def served(config_path: str | None, model: str | None, draft_model: str | None, profile: str | None,
+           trust_remote_code: bool, widths: str | None, width_mode: str | None, max_tokens: int | None,
+           concurrency: int | None, repeats: int | None, start_timeout: float | None,
+           request_timeout: float | None, shard_spec: str | None, temperature: float | None,
+           dist_requests: int | None, dist_prefix: int | None, quiet: bool, as_json: bool,
+           record_dir: str | None) -> int:
     """Spawn servers with and without a drafter across widths and compare completions by sha256.
 
     Each arm (baseline at the start, one per width, the target drafting for
@@ -75,93 +82,64 @@ def served(config_path, model, draft_model, profile, trust_remote_code, widths, 
     Examples:
         specparity served
         specparity served --model ./target --draft-model ./draft --widths 2,4,8
+        specparity served --model mlx-community/Qwen3-0.6B-4bit --draft-model ./draft
         specparity served --config nightly.yaml --record-dir results
         specparity served --config nightly.yaml --shard 2/4 --record-dir shard2
         specparity served --model ./t --draft-model ./d --temperature 0.7 --dist-requests 1000
     """
-    from specparity.harness.config import Pairing, builtin_job, load_job
-    from specparity.harness.profiles import NOT_EXERCISED, load_profile
-    from specparity.harness.served import ServedRun
+    from specparity.harness.config import OverrideError, Overrides, apply_overrides, load_job
     from specparity.harness.shard import parse_shard
-    from specparity.records.chart import served_markdown
 
     shard = parse_shard(shard_spec) if shard_spec is not None else None
-    w_list = parse_int_list(widths, "--widths", minimum=2) if widths is not None else None
-    if widths is not None and not w_list:
-        raise UsageError("--widths: give at least one width")
-    if profile is not None:
-        load_profile(profile)
     if draft_model is not None and model is None:
         raise UsageError("--draft-model needs --model")
-    job = load_job(config_path) if config_path else None
-    if model is not None:
-        pairing = Pairing("cli", model, draft_model, profile or "mlx-lm", trust_remote_code)
-        if job is None:
-            job = replace(builtin_job(), pairings=[pairing], source="command line")
-        else:
-            job.pairings = [pairing]
-    if job is None:
-        job = builtin_job()
-        if not quiet and not as_json:
-            click.echo(f"using the built-in job on the embedded pair {job.pairings[0].target}", err=True)
-    if profile is not None:
-        for p in job.pairings:
-            p.profile = profile
-    if w_list:
-        job.widths = w_list
-    for key, val in (("width_mode", width_mode), ("max_tokens", max_tokens), ("concurrency", concurrency),
-                     ("repeats", repeats)):
-        if val is not None:
-            setattr(job, key, val)
-    if temperature is not None or dist_requests is not None or dist_prefix is not None:
-        from specparity.harness.served_dist import DistSpec
+    overrides = Overrides(
+        model=str(resolve_path(model, "target")) if model is not None else None,
+        draft_model=str(resolve_path(draft_model, "draft")) if draft_model is not None else None,
+        profile=profile, trust_remote_code=trust_remote_code,
+        widths=parse_int_list(widths, "--widths", minimum=2) if widths is not None else None,
+        width_mode=width_mode, max_tokens=max_tokens, concurrency=concurrency, repeats=repeats,
+        start_timeout=start_timeout, request_timeout=request_timeout, temperature=temperature,
+        dist_requests=dist_requests, dist_prefix=dist_prefix)
+    try:
+        job = apply_overrides(load_job(config_path) if config_path else None, overrides)
+    except OverrideError as err:
+        raise UsageError(f"{FLAGS.get(err.field, err.field)}: {err.detail}") from None
+    if config_path is None and model is None and not quiet and not as_json:
+        click.echo(f"using the built-in job on the embedded pair {job.pairings[0].target}", err=True)
+    from specparity.harness.profiles import NOT_EXERCISED, load_profile
 
-        spec = job.distribution or DistSpec()
-        job.distribution = replace(spec, **{k: v for k, v in (("temperature", temperature),
-                                                              ("requests", dist_requests),
-                                                              ("prefix", dist_prefix)) if v is not None})
-    if job.distribution is not None and not any(p.draft for p in job.pairings):
-        raise UsageError("--temperature / distribution: no pairing has a drafter to compare with")
-    if trust_remote_code:
-        for p in job.pairings:
-            p.trust_remote_code = True
     for p in job.pairings:
         prof = load_profile(p.profile)
         if not prof.exercised:
             click.echo(f"profile {prof.name} {NOT_EXERCISED}", err=True)
-
-    from specparity.commands._common import CommandRun
-
     title = f"served: {', '.join(p.name for p in job.pairings)} ({job.source} job)"
     slug = "served" if shard is None else f"served-shard{shard.index}of{shard.count}"
     cmd = CommandRun("served", title, {"job": job.to_dict(), "models": _fingerprints(job)}, record_dir, as_json,
                      quiet, slug=slug)
-    progress, close = _progress(quiet or as_json)
     with cmd:
-        sink = cmd.sink
-        workdir = sink.writer.data_dir / "servers" if sink.writer is not None else None
-
-        def on_arm(pairing, arm) -> None:
-            cmd.observer.result("arms", {"pairing": pairing.name, **arm.to_dict()})
-            for r in arm.requests:
-                cmd.observer.result(f"{pairing.name}-{arm.name}", r.to_dict())
-            sink.timing(f"{pairing.name}/{arm.name}", arm.seconds)
-            progress(f"  {arm.name}: {arm.verdict}" + (f" ({arm.reason})" if arm.reason else ""))
-
-        try:
-            run = ServedRun(job, workdir=workdir, on_arm=on_arm, progress=progress,
-                            start_timeout=start_timeout, request_timeout=request_timeout, shard=shard)
-            report = run.run()
-        finally:
-            close()
-        return cmd.finish(report, markdown=served_markdown(report, sink))
+        return cmd.finish(*_run(cmd, job, shard))
 
 
+def _run(cmd: CommandRun, job: Any, shard: Any) -> tuple[Any, None, list[str]]:
+    """The one library call: run the job into the record; (report, text lines, record body)."""
+    from specparity.harness.run import ServedRun
+    from specparity.records.served import SERVERS_DIR, served_markdown, write_arm
 
-def _fingerprints(job) -> dict[str, dict[str, str | None]]:
+    sink = cmd.sink
+    workdir = sink.writer.data_dir / SERVERS_DIR if sink.writer is not None else None
+
+    def on_arm(pairing: Any, arm: Any) -> None:
+        write_arm(cmd.observer, pairing, arm)
+        sink.timing(f"{pairing.name}/{arm.name}", arm.seconds)
+
+    report = ServedRun(job, workdir=workdir, on_arm=on_arm, observer=cmd.observer, shard=shard).run()
+    return report, None, served_markdown(report, sink)
+
+
+def _fingerprints(job: Any) -> dict[str, dict[str, str | None]]:
     """Each pairing's target and drafter fingerprint digests (what ``records compare`` sets side by side)."""
     from specparity.checkpoint import fingerprint
-    from specparity.errors import SpecparityError
 
     def one(path: str | None) -> str | None:
         if path is None:
@@ -171,25 +149,3 @@ def _fingerprints(job) -> dict[str, dict[str, str | None]]:
         except (SpecparityError, OSError):
             return None  # the run itself names a missing or broken checkpoint
     return {p.name: {"target": one(p.target), "draft": one(p.draft)} for p in job.pairings}
-
-
-def _progress(quiet: bool) -> tuple[Any, Any]:
-    """(report(line), close()) : a tqdm bar on a TTY, plain arm lines otherwise, nothing when quiet."""
-    if quiet:
-        return (lambda s: None), (lambda: None)
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=None, file=sys.stderr, unit="step", leave=False)
-
-        def report(s: str) -> None:
-            if s.startswith("arm "):
-                bar.write(s, file=sys.stderr)
-            bar.set_description(s.strip()[:60])
-            bar.update(1)
-        return report, bar.close
-
-    def plain(s: str) -> None:
-        if not s.startswith("    "):
-            click.echo(s, err=True)
-    return plain, (lambda: None)

@@ -28,7 +28,7 @@ from specparity.errors import InfrastructureError
 log = logging.getLogger(__name__)
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build-llama-server"
+BUILD_SCRIPT = Path(__file__).resolve().parent.parent.parent / "scripts" / "build-llama-server"
 # the C++ toolchain the build needs; without it the build cannot run here
 TOOLCHAIN = ("cmake", "c++")
 
@@ -146,3 +146,27 @@ def server_argv(binary: str, model: str, draft: str | None = None, n_max: int = 
             argv += ["--spec-type", spec_type]
         argv += ["--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
     return argv
+
+
+# -- the engine hooks (harness.engines) --------------------------------------------------------
+LLAMA_SERVER_MISSING = ("llama-server not found ($SPECPARITY_LLAMA_SERVER, PATH, or the cache that"
+                        " scripts/build-llama-server fills): run scripts/build-llama-server")
+
+
+def unavailable() -> str | None:
+    return LLAMA_SERVER_MISSING if find_llama_server() is None else None
+
+
+def placeholders() -> dict[str, str]:
+    """``{llama_server}``: the binary to run."""
+    found = find_llama_server()
+    if found is None:
+        raise InfrastructureError(LLAMA_SERVER_MISSING)
+    return {"llama_server": found}
+
+
+def prepare_checkpoint(path: str, role: str) -> str:
+    """llama-server loads GGUF: the mlx-lm checkpoint exported once (specparity.gguf_export)."""
+    from specparity.gguf_export import cached_gguf
+
+    return cached_gguf(path)

@@ -56,72 +56,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specparity.errors import UsageError
 from specparity.harness.client import Request
-from specparity.harness.served import DIST_KIND as KIND
-from specparity.harness.served import ArmPlan, ArmResult, RequestResult
+from specparity.harness.config import DistSpec
+from specparity.harness.lifecycle import ServerStartError
+from specparity.harness.plan import ArmKind, ArmPlan, width_arm_name
+from specparity.harness.results import ArmResult, RequestResult
 from specparity.probes.sampling.stats import Homogeneity, homogeneity
 from specparity.verdicts import Verdict
 
 if TYPE_CHECKING:
-    from specparity.harness.config import Pairing
-    from specparity.harness.profiles import Profile
-    from specparity.harness.served import ServedRun
+    from specparity.harness.run import PairingRun
     from specparity.probes.sampling.stats import ChiSquare, Power
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REQUESTS = 600
-DEFAULT_ALPHA = 1e-3
+KIND = ArmKind.DISTRIBUTION
 WRONG_T_FACTOR = 0.5
-MAX_PREFIX = 4
 # the request fields this module owns (a job's params may not override them)
 OWN_FIELDS = ("temperature", "seed", "max_tokens", "logprobs", "top_logprobs", "stream")
 FILTERS = ("top_k", "top_p", "min_p")
-
-
-@dataclass
-class DistSpec:
-    """The job's ``distribution`` key.
-
-    temperature: the sampling temperature (> 0). requests: N per arm (the
-      baseline, the drafted arm, and the wrong-temperature control each get N).
-    prefix: tokens per request; the histogram is over the emitted k-prefix.
-    alpha: each test's false-rejection probability. seed: the first request seed.
-    width: verify rows of the drafted server (None: the job's widest).
-    """
-
-    temperature: float = 0.7
-    requests: int = DEFAULT_REQUESTS
-    prefix: int = 1
-    alpha: float = DEFAULT_ALPHA
-    seed: int = 0
-    width: int | None = None
-
-
-def parse_spec(raw: Any, where: str) -> DistSpec:
-    """The ``distribution`` key of a job file (or the CLI's flags); problems name the key."""
-    if not isinstance(raw, dict):
-        raise UsageError(f"{where}: distribution: a mapping of temperature, requests, prefix, alpha, seed, width")
-    known = {f for f in DistSpec.__dataclass_fields__}
-    bad = sorted(set(raw) - known)
-    if bad:
-        raise UsageError(f"{where}: distribution: unknown key {bad[0]!r} (known: {', '.join(sorted(known))})")
-    spec = DistSpec(**raw)
-    t = spec.temperature
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-        raise UsageError(f"{where}: distribution.temperature {t!r}: must be a number > 0")
-    for key, lo, hi in (("requests", 50, 1_000_000), ("prefix", 1, MAX_PREFIX), ("seed", 0, 2**31)):
-        v = getattr(spec, key)
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise UsageError(f"{where}: distribution.{key} {v!r}: must be an integer in [{lo}, {hi}]")
-    if isinstance(spec.alpha, bool) or not isinstance(spec.alpha, (int, float)) or not 0 < spec.alpha < 0.5:
-        raise UsageError(f"{where}: distribution.alpha {spec.alpha!r}: must be in (0, 0.5)")
-    if spec.width is not None and (isinstance(spec.width, bool) or not isinstance(spec.width, int)
-                                   or spec.width < 2):
-        raise UsageError(f"{where}: distribution.width {spec.width!r}: must be an integer >= 2")
-    spec.temperature, spec.alpha = float(t), float(spec.alpha)
-    return spec
 
 
 # -- tests -------------------------------------------------------------------------------------
@@ -149,7 +102,7 @@ class Control:
 
 @dataclass
 class DistResult:
-    """The tests of one pairing's distribution arms (``DistArm.dist``).
+    """The tests of one pairing's distribution arms (both arms' ``dist``, as a dict).
 
     temperature / wrong_temperature / prefix / alpha / seeds: the settings.
     cells: the observed k-prefixes (token ids joined by ``,``); counts: per arm, per cell.
@@ -178,19 +131,6 @@ class DistResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass
-class DistArm(ArmResult):
-    """A distribution arm: an ArmResult whose requests are draws, with the tests in ``dist``."""
-
-    dist: DistResult | None = None
-
-    def to_dict(self, with_requests: bool = False) -> dict[str, Any]:
-        d = super().to_dict(with_requests)
-        d.pop("verdicts", None)  # one per draw says nothing; the counts and tests do
-        d["dist"] = self.dist.to_dict() if self.dist is not None else None
-        return d
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -239,68 +179,67 @@ def _key(r: RequestResult, prefix: int) -> str | None:
     return "text:" + c.text
 
 
-def run_distribution(run: ServedRun, pairing: Pairing, profile: Profile, target: str, draft: str,
-                     trust: bool, endpoint: str, work: Path) -> list[DistArm]:
+def run_distribution(pr: PairingRun) -> list[ArmResult]:
     """The two distribution arms of one pairing, judged (the drafted arm carries the verdict)."""
     import httpx
 
-    spec = run.job.distribution
-    assert spec is not None
-    width = spec.width or max(run.job.widths or [2])
+    job = pr.job
+    spec = job.distribution
+    assert spec is not None and pr.draft is not None
+    width = pr.profile.width(spec.width or max(job.widths or [2]))
     n = spec.requests
     wrong_t = spec.temperature * WRONG_T_FACTOR
-    prompt = run.job.prompts[0]
-    params = dict(run.job.params)
+    prompt = job.prompts[0]
+    params = dict(job.params)
     plans = [ArmPlan("dist-baseline", KIND, server_key="dist-baseline"),
-             ArmPlan(f"dist-w{width}", KIND, width, draft, server_key=f"dist-w{width}")]
+             ArmPlan(f"dist-{width_arm_name(width.rows)}", KIND, width, pr.draft,
+                     server_key=f"dist-{width_arm_name(width.rows)}", server_width=width)]
     seeds = {"baseline": range(spec.seed, spec.seed + n), "drafted": range(spec.seed + n, spec.seed + 2 * n),
              "wrong-temperature": range(spec.seed + 2 * n, spec.seed + 3 * n)}
-    arms: list[DistArm] = []
+    arms: list[ArmResult] = []
     wrong: list[RequestResult] = []
     for plan in plans:
-        setting = profile.setting_for(plan.width) if plan.width is not None else None
-        arm = DistArm(plan.name, KIND, plan.width, setting)
+        pr.run_.arm_started(pr.pairing.name, plan.name)
+        arm = ArmResult(plan.name, KIND, plan.width)
         arms.append(arm)
         t0 = time.perf_counter()
-        session = run._start(plan, profile, target, trust, work, setting)
-        run.progress(f"  starting {session.server.name}")
-        from specparity.harness.lifecycle import ServerStartError
-
+        session = pr.new_session(plan)
         try:
             try:
-                session.server.start()
+                pr.start(session)
             except ServerStartError as err:
                 arm.verdict, arm.reason = Verdict.ERROR, str(err)
-                arm.server = {**session.info, "log_tail": err.log_tail, "returncode": err.returncode}
+                arm.server = dict(session.info)
                 continue
-            arm.server = {**session.info, "start_seconds": session.server.times.start, "pid": session.server.pid}
-            extra = {profile.per_request: setting} if profile.per_request and setting is not None else {}
-            batches = [(_bodies(spec, endpoint, prompt, params, spec.temperature,
-                                seeds["drafted" if plan.draft else "baseline"], plan.name), arm.requests)]
-            if plan.draft is None:
-                batches.append((_bodies(spec, endpoint, prompt, params, wrong_t, seeds["wrong-temperature"],
+            arm.server = dict(session.info)
+            fields = pr.request_fields(plan)
+            batches = [(_bodies(spec, pr.endpoint, prompt, params, spec.temperature,
+                                seeds["drafted" if plan.drafts else "baseline"], plan.name), arm.requests)]
+            if not plan.drafts:
+                batches.append((_bodies(spec, pr.endpoint, prompt, params, wrong_t, seeds["wrong-temperature"],
                                         "dist-wrong-t"), wrong))
             arm.verdict = Verdict.NOT_RUN  # until judged
             with httpx.Client() as client:
                 for reqs, into in batches:
-                    run.progress(f"  {len(reqs)} requests at temperature {reqs[0].body['temperature']:g}")
+                    pr.run_.note(f"  {len(reqs)} requests at temperature {reqs[0].body['temperature']:g}")
                     for req in reqs:
-                        _, comp, ev = run._send_one(client, session.server, session, profile, req, extra)
-                        ok = Verdict.MATCH if comp.ok else Verdict.ERROR
-                        into.append(RequestResult(req.id, KIND, ok, comp.error or "", comp, req.to_dict(), ev))
-                        arm.generation_seconds += comp.seconds
+                        ex = pr.send(client, session, req, fields)
+                        ok = Verdict.MATCH if ex.completion.ok else Verdict.ERROR
+                        into.append(RequestResult(req.id, KIND, ok, ex.completion.error or "", ex.completion,
+                                                  req.to_dict(), ex.evidence))
+                        arm.generation_seconds += ex.completion.seconds
             # no acceptance: a draw of a few tokens ends in a round cut by max_tokens, whose
             # accepts the witness can only infer from the token count
         finally:
-            session.server.stop()
+            pr.stop_session(session)
             arm.server["returncode"] = session.server.proc.returncode if session.server.proc else None
             arm.seconds = time.perf_counter() - t0
-    judge(arms[0], arms[1], wrong, spec, wrong_t, seeds, known_logits(pairing.target),
-          known_logits(pairing.draft) if pairing.draft else None, params)
+    judge(arms[0], arms[1], wrong, spec, wrong_t, seeds, known_logits(pr.pairing.target),
+          known_logits(pr.pairing.draft) if pr.pairing.draft else None, params)
     return arms
 
 
-def judge(base: DistArm, drafted: DistArm, wrong: list[RequestResult], spec: DistSpec, wrong_t: float,
+def judge(base: ArmResult, drafted: ArmResult, wrong: list[RequestResult], spec: DistSpec, wrong_t: float,
           seeds: dict[str, range], target_row: list[float] | None, draft_row: list[float] | None,
           params: dict[str, Any]) -> None:
     """Set both arms' verdicts and reasons from their draws (``wrong``: the wrong-temperature control)."""
@@ -326,7 +265,6 @@ def judge(base: DistArm, drafted: DistArm, wrong: list[RequestResult], spec: Dis
               for name, ks in keys.items()}
     res = DistResult(spec.temperature, wrong_t, k, spec.alpha, {n: [s.start, s.stop - 1] for n, s in seeds.items()},
                      cells, {n: [int(x) for x in c] for n, c in counts.items()}, target_row is not None)
-    base.dist = drafted.dist = res
     rng = np.random.default_rng(np.random.SeedSequence(spec.seed).spawn(1)[0])
     hom = res.homogeneity = homogeneity(counts["baseline"], counts["drafted"], spec.alpha)
     pooled = (counts["baseline"] + counts["drafted"]) / (hom.samples[0] + hom.samples[1])
@@ -352,9 +290,11 @@ def judge(base: DistArm, drafted: DistArm, wrong: list[RequestResult], spec: Dis
     if target_row is not None:
         _known_law_tests(res, base, drafted, spec, wrong_t, target_row, draft_row, params, counts, cells, rng)
     _verdicts(res, base, drafted)
+    base.dist = drafted.dist = res.to_dict()
+    drafted.notes = lines(res)
 
 
-def _known_law_tests(res: DistResult, base: DistArm, drafted: DistArm, spec: DistSpec, wrong_t: float,
+def _known_law_tests(res: DistResult, base: ArmResult, drafted: ArmResult, spec: DistSpec, wrong_t: float,
                      target_row: list[float], draft_row: list[float] | None, params: dict[str, Any],
                      counts: dict[str, np.ndarray], cells: list[str], rng: np.random.Generator) -> None:
     """Goodness of fit of each arm against the exact law of the k-prefix, and the controls that need p."""
@@ -418,7 +358,7 @@ def _known_law_tests(res: DistResult, base: DistArm, drafted: DistArm, spec: Dis
                 arm.chi.statistic, arm.chi.threshold, arm.chi.rejected))
 
 
-def _verdicts(res: DistResult, base: DistArm, drafted: DistArm) -> None:
+def _verdicts(res: DistResult, base: ArmResult, drafted: ArmResult) -> None:
     base.verdict, base.reason = Verdict.MATCH, "the reference sample"
     if res.known_law:
         g = res.gof["baseline"]
@@ -480,17 +420,14 @@ def _verdicts(res: DistResult, base: DistArm, drafted: DistArm) -> None:
                       f" {res.alpha:g}, " + (" and ".join(reach) or "no power statement"))
 
 
-def lines(arm: DistArm) -> list[str]:
-    """Extra report lines for the drafted distribution arm: the controls and what they prove."""
-    res = arm.dist
-    if res is None or arm.width is None:
-        return []
-    out = [f"    distribution: temperature {res.temperature:g}, {res.prefix}-token prefix, alpha {res.alpha:g},"
+def lines(res: DistResult) -> list[str]:
+    """Report lines of the drafted distribution arm: the settings, the power, the controls and what they prove."""
+    out = [f"distribution: temperature {res.temperature:g}, {res.prefix}-token prefix, alpha {res.alpha:g},"
            f" seeds {res.seeds}"]
     if res.power is not None:
-        out.append(f"    power (homogeneity): {res.power.describe()} (the two samples' effective size)")
+        out.append(f"power (homogeneity): {res.power.describe()} (the two samples' effective size)")
     if res.gof_power is not None:
-        out.append(f"    power (fit to the known p): {res.gof_power.describe()}")
+        out.append(f"power (fit to the known p): {res.gof_power.describe()}")
     for c in res.controls:
-        out.append(f"    control {c.line()}: proves {c.proves}")
+        out.append(f"control {c.line()}: proves {c.proves}")
     return out

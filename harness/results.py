@@ -1,0 +1,258 @@
+"""Results of a served job: request, arm, pairing and job, each with ``to_dict`` and ``from_dict``.
+
+What a record holds is exactly ``to_dict``; ``from_dict`` reads it back
+(``records merge`` rebuilds a job's results from its shards' records this way).
+Nothing here imports mlx, numpy or the runner: ``records`` commands read these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from specparity.completions import CompletionDifference
+from specparity.harness.client import Completion
+from specparity.harness.evidence import Evidence
+from specparity.harness.plan import BASELINE_START, DRAFTING_KINDS, ArmKind, Width, WidthMode
+from specparity.verdicts import ReportMixin, Verdict, combine
+
+
+def _completion_from_dict(d: dict[str, Any]) -> Completion:
+    names = Completion.__dataclass_fields__
+    c = Completion(**{k: v for k, v in d.items() if k in names})
+    if c.top is not None:
+        c.top = [[(int(i), float(lp)) for i, lp in tok] for tok in c.top]
+    return c
+
+
+@dataclass
+class RequestResult:
+    """One request of one arm: what was sent, what came back, what it proves.
+
+    id, kind: the request's (client.Request). verdict, reason: the judge's.
+    completion: what the server returned. request: the request as sent (``Request.to_dict``).
+    evidence: what showed the drafter ran (or was declined).
+    divergence: where the completion first differs from the one it was judged against.
+    replay: a command that reproduces the divergence in process (None: none printed).
+    """
+
+    id: str
+    kind: str
+    verdict: Verdict
+    reason: str
+    completion: Completion
+    request: dict[str, Any]
+    evidence: Evidence = field(default_factory=Evidence)
+    divergence: CompletionDifference | None = None
+    replay: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "verdict": self.verdict, "reason": self.reason,
+                "request": self.request, "sha256": self.completion.sha256, "text": self.completion.text,
+                "completion": self.completion.to_dict(), "evidence": self.evidence.to_dict(),
+                "divergence": self.divergence.to_dict() if self.divergence else None, "replay": self.replay}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestResult:
+        div = d.get("divergence")
+        return cls(str(d["id"]), str(d["kind"]), Verdict(d["verdict"]), str(d.get("reason") or ""),
+                   _completion_from_dict(d.get("completion") or {}), dict(d.get("request") or {}),
+                   Evidence.from_dict(d.get("evidence") or {}),
+                   CompletionDifference.from_dict(div) if div else None, d.get("replay"))
+
+
+@dataclass
+class ArmResult:
+    """One arm: its server, its requests and its verdict.
+
+    name, kind: as planned (plan.ArmPlan). width: verify width and the server's setting
+    (None without a drafter). served_by: process (its own server) or request (a shared
+    server, the width per request). server: argv, env, log, pid, exit code, start-up seconds.
+    seconds: the arm's wall time; generation_seconds: its requests' own time.
+    acceptance: accepted / proposed over every witnessed round (None: no rounds).
+    notes: more report lines (the distribution arms' tests and controls).
+    dist: the distribution arms' tests (harness.distribution.DistResult as a dict; None for other arms).
+    digest: sha256 over the arm's (request id, completion sha256) pairs.
+    """
+
+    name: str
+    kind: ArmKind
+    width: Width | None
+    verdict: Verdict = Verdict.ERROR
+    reason: str = ""
+    served_by: WidthMode = WidthMode.PROCESS
+    requests: list[RequestResult] = field(default_factory=list)
+    server: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    generation_seconds: float = 0.0
+    acceptance: float | None = None
+    notes: list[str] = field(default_factory=list)
+    dist: dict[str, Any] | None = None
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for r in self.requests:
+            h.update(f"{r.id}={r.completion.sha256};".encode())
+        return h.hexdigest()
+
+    @property
+    def drafts(self) -> bool:
+        return self.kind in DRAFTING_KINDS
+
+    def to_dict(self, with_requests: bool = False) -> dict[str, Any]:
+        w = self.width
+        d: dict[str, Any] = {
+            "name": self.name, "kind": self.kind, "width": w.rows if w else None,
+            "setting": w.setting if w else None, "setting_name": w.setting_name if w else None,
+            "verdict": self.verdict, "reason": self.reason, "served_by": self.served_by,
+            "server": self.server, "seconds": round(self.seconds, 3),
+            "generation_seconds": round(self.generation_seconds, 3), "acceptance": self.acceptance,
+            "digest": self.digest, "requests": len(self.requests),
+            "verdicts": {r.id: r.verdict for r in self.requests}, "notes": self.notes}
+        if self.dist is not None:
+            d["dist"] = self.dist
+        if with_requests:
+            d["requests"] = [r.to_dict() for r in self.requests]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], requests: list[dict[str, Any]] | None = None) -> ArmResult:
+        """An arm from its record line; ``requests``: its request lines (else those inside ``d``)."""
+        rows = requests if requests is not None else (d["requests"] if isinstance(d.get("requests"), list) else [])
+        width = (Width(int(d["width"]), int(d["setting"]), str(d.get("setting_name") or "setting"))
+                 if d.get("width") is not None and d.get("setting") is not None else None)
+        return cls(str(d["name"]), ArmKind(d["kind"]), width, Verdict(d["verdict"]), str(d.get("reason") or ""),
+                   WidthMode(d.get("served_by") or WidthMode.PROCESS), [RequestResult.from_dict(r) for r in rows],
+                   dict(d.get("server") or {}), float(d.get("seconds") or 0.0),
+                   float(d.get("generation_seconds") or 0.0), d.get("acceptance"), list(d.get("notes") or []),
+                   d.get("dist"))
+
+
+@dataclass
+class PairingResult:
+    """One pairing (target, drafter, profile): its arms, findings and verdict."""
+
+    name: str
+    profile: str
+    target: str
+    draft: str | None
+    verdict: Verdict = Verdict.NOT_RUN
+    reason: str = ""
+    arms: list[ArmResult] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    width_mode: WidthMode = WidthMode.PROCESS
+
+    def groups(self) -> list[list[str]]:
+        """Arms grouped by digest (order of first appearance)."""
+        by: dict[str, list[str]] = {}
+        for a in self.arms:
+            if a.requests and a.verdict != Verdict.ERROR and a.kind != ArmKind.DISTRIBUTION:
+                by.setdefault(a.digest, []).append(a.name)
+        return list(by.values())
+
+    def request_groups(self) -> dict[str, list[list[str]]]:
+        """Per request id, the arms grouped by that request's completion sha256."""
+        out: dict[str, dict[str, list[str]]] = {}
+        for a in self.arms:
+            if a.kind == ArmKind.DISTRIBUTION:
+                continue
+            for r in a.requests:
+                if r.completion.ok:
+                    out.setdefault(r.id, {}).setdefault(r.completion.sha256, []).append(a.name)
+        return {k: list(v.values()) for k, v in out.items()}
+
+    def arm(self, name: str) -> ArmResult | None:
+        return next((a for a in self.arms if a.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "profile": self.profile, "target": self.target, "draft": self.draft,
+                "verdict": self.verdict, "reason": self.reason, "width_mode": self.width_mode,
+                "groups": self.groups(), "request_groups": self.request_groups(),
+                "findings": self.findings, "arms": [a.to_dict() for a in self.arms]}
+
+
+def format_groups(groups: list[list[str]]) -> str:
+    """``2 groups: {baseline x2, w2, w3} {w4, w8}``."""
+    def one(g: list[str]) -> str:
+        names = []
+        base = [n for n in g if n.startswith("baseline")]
+        if len(base) > 1:
+            names.append(f"baseline x{len(base)}")
+        else:
+            names += base
+        names += [n for n in g if not n.startswith("baseline")]
+        return "{" + ", ".join(names) + "}"
+    return f"{len(groups)} group{'s' if len(groups) != 1 else ''}: " + " ".join(one(g) for g in groups)
+
+
+# request verdicts a report lists one by one (a baseline's not_engaged is what a baseline is)
+_LISTED = (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED)
+
+
+@dataclass
+class ServedReport(ReportMixin):
+    """The whole job: one result per pairing; the verdict is their combination.
+
+    job: the job as run (config.Job.to_dict). wall_seconds: the run's wall time.
+    shard: for ``--shard i/n``, {index, count, plan, arms}; None unsharded or merged.
+    """
+
+    pairings: list[PairingResult]
+    job: dict[str, Any]
+    wall_seconds: float = 0.0
+    shard: dict[str, Any] | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return combine([p.verdict for p in self.pairings])
+
+    def server_seconds(self) -> float:
+        """The servers' own start-up plus generation time (the bench's denominator)."""
+        return sum((a.server.get("start_seconds") or 0.0) + a.generation_seconds
+                   for p in self.pairings for a in p.arms)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"verdict": self.verdict, "exit_code": self.exit_code, "wall_seconds": round(self.wall_seconds, 3),
+             "server_seconds": round(self.server_seconds(), 3),
+             "pairings": [p.to_dict() for p in self.pairings], "job": self.job}
+        if self.shard is not None:
+            d["shard"] = self.shard
+        return d
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+        if self.shard is not None:
+            runs = "; ".join(f"{p}: {', '.join(a)}" for p, a in self.shard["arms"].items()) or "no arms"
+            out.append(f"shard {self.shard['index']}/{self.shard['count']}: {runs}"
+                       " (join the shards with specparity records merge)")
+        for p in self.pairings:
+            out.append(f"pairing {p.name}: {p.profile} server, target {p.target}, drafter {p.draft}"
+                       f" (widths served per {p.width_mode})")
+            for a in p.arms:
+                w = f" {a.width.describe()}" if a.width is not None else ""
+                acc = f", acceptance {a.acceptance:.3f}" if a.acceptance is not None else ""
+                out.append(f"  {a.name:<16} {a.verdict:<12}{w} {len(a.requests)} requests{acc}"
+                           + (f": {a.reason}" if a.reason else ""))
+                out += [f"    {n}" for n in a.notes]
+                if a.kind == ArmKind.DISTRIBUTION:
+                    continue
+                for r in a.requests:
+                    if r.verdict in _LISTED or (r.verdict == Verdict.NOT_ENGAGED and a.kind != ArmKind.BASELINE):
+                        out.append(f"    {r.id} ({r.kind}): {r.verdict}: {r.reason}")
+                        if r.replay:
+                            out.append(f"      reproduce in process: {r.replay}")
+            out.append(f"  {format_groups(p.groups())}")
+            for rid, gs in p.request_groups().items():
+                if len(gs) > 1:
+                    out.append(f"    request {rid}: {format_groups(gs)}")
+            out += [f"  finding: {f}" for f in p.findings]
+            out.append(f"  pairing verdict: {p.verdict}" + (f" ({p.reason})" if p.reason else ""))
+        return out
+
+
+def baseline_answers(pairing: PairingResult) -> dict[str, Completion]:
+    """baseline-start's completion of each request id (what every other arm is compared with)."""
+    start = pairing.arm(BASELINE_START)
+    return {r.id: r.completion for r in start.requests} if start is not None else {}

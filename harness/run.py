@@ -1,0 +1,381 @@
+"""Run: servers started per the plan, each arm's request sequence sent, every answer judged.
+
+The public runner API, used by the greedy arms here, by the distribution arms
+(harness.distribution) and by any new engine's arms:
+
+    run = ServedRun(job, workdir, on_arm=..., observer=...)
+    report = run.run()                                   # every pairing (or one shard's)
+
+    pr = PairingRun(run, pairing, profile)               # one pairing's checkpoints and workdir
+    session = pr.new_session(plan)                       # argv, env, log and witness files
+    pr.start(session)                                    # raises ServerStartError
+    exchange = pr.send(client, session, request, pr.request_fields(plan))
+    pr.stop_session(session)
+
+Each exchange carries the request, the completion and the evidence read over
+that request's slice of the witness, the server log, the response and the
+metrics counter.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specparity.errors import UsageError
+from specparity.harness import evidence as evidence_mod
+from specparity.harness.client import Completion, Request, send
+from specparity.harness.config import Job, Pairing
+from specparity.harness.evidence import Evidence
+from specparity.harness.judge import judge_arm, judge_pairing, judge_request
+from specparity.harness.lifecycle import HOST, Server, ServerStartError
+from specparity.harness.plan import BASELINE_START, ArmPlan, WidthMode, build_sequence, plan_arms
+from specparity.harness.profiles import NOT_EXERCISED, Profile, load_profile
+from specparity.harness.results import ArmResult, PairingResult, ServedReport
+from specparity.harness.shard import Shard, split
+from specparity.harness.witness import WITNESS_ENV, wrap_checkpoint
+from specparity.progress import NULL, Observer
+from specparity.verdicts import Verdict
+
+log = logging.getLogger(__name__)
+
+ARMS_PART = "arms"
+
+
+@dataclass
+class Session:
+    """A running server, shared by the arms with the same server key.
+
+    server: its lifecycle. witness_file: where its wrapped checkpoints log their forwards.
+    info: what the record keeps of it (argv, env, log, pid, start-up seconds, version).
+    generation: seconds spent generating on it when requests go in batches.
+    start_counted: its start-up time has been charged to an arm (a shared server's, once).
+    """
+
+    server: Server
+    witness_file: Path
+    info: dict[str, Any]
+    generation: float = 0.0
+    start_counted: bool = False
+
+
+@dataclass
+class Exchange:
+    """One request sent, what came back, and what showed the drafter ran."""
+
+    request: Request
+    completion: Completion
+    evidence: Evidence = field(default_factory=Evidence)
+
+
+def _version(profile: Profile, target: str) -> str | None:
+    if not profile.version_command:
+        return None
+    try:
+        out = subprocess.run(profile.render(profile.version_command, model=target, host=HOST, port=0),
+                             check=False, capture_output=True, text=True, timeout=30,
+                             cwd=tempfile.gettempdir())
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"unknown ({err})"
+    return (out.stdout.strip() or out.stderr.strip())[:200]
+
+
+class ServedRun:
+    """Runs a job; ``on_arm(pairing, arm)`` is called as each arm finishes (the record's hook).
+
+    observer: progress (notes and the arms part) as every command reports it.
+    start_timeout / request_timeout: override the job's. shard: run only that shard's arms.
+    """
+
+    def __init__(self, job: Job, workdir: str | Path | None = None,
+                 on_arm: Callable[[PairingResult, ArmResult], None] | None = None,
+                 observer: Observer = NULL, start_timeout: float | None = None,
+                 request_timeout: float | None = None, shard: Shard | None = None):
+        self.job = job
+        self.shard = shard
+        # absolute: servers run with cwd=workdir, so a relative --record-dir would name nothing there
+        self.workdir = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="specparity-served-"))
+        self.on_arm = on_arm or (lambda p, a: None)
+        self.observer = observer
+        self.start_timeout = start_timeout or job.start_timeout
+        self.request_timeout = request_timeout or job.request_timeout
+        self.arm_count = 0
+        self.arm_total = 0
+        self._versions: dict[str, Future[str | None]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1)
+
+    def note(self, message: str) -> None:
+        self.observer.note(message)
+
+    def start_version(self, profile: Profile, target: str) -> None:
+        """Start reading the profile's version line (once per profile) beside a server's start-up."""
+        if profile.name not in self._versions:
+            self._versions[profile.name] = self._pool.submit(_version, profile, target)
+
+    def version(self, profile: Profile, target: str) -> str | None:
+        """The profile's version line, run once per profile beside the first server's start-up."""
+        self.start_version(profile, target)
+        return self._versions[profile.name].result()
+
+    def run(self) -> ServedReport:
+        t0 = time.perf_counter()
+        plans = [(p, load_profile(p.profile)) for p in self.job.pairings]
+        full = [(p.name, [(a.name, a.kind.value) for a in
+                          plan_arms(self.job, prof, p.draft, p.target if prof.draft_argv else None)[0]])
+                for p, prof in plans]
+        self.arm_total = sum(len(arms) for _, arms in full)
+        if self.job.distribution is not None:
+            if self.shard is not None:
+                raise UsageError("shards: the distribution arms (temperature > 0) run unsharded only")
+            self.arm_total += 2 * sum(p.draft is not None for p in self.job.pairings)
+        report = ServedReport([], self.job.to_dict())
+        keep: dict[str, list[str]] | None = None
+        if self.shard is not None:
+            keep = split(full, self.shard)
+            self.arm_total = sum(len(a) for a in keep.values())
+            report.shard = {"index": self.shard.index, "count": self.shard.count,
+                            "plan": {name: [a for a, _ in arms] for name, arms in full}, "arms": keep}
+        with self.observer.part(ARMS_PART, total=self.arm_total):
+            for p, prof in plans:
+                if keep is not None and p.name not in keep:
+                    continue
+                pr = PairingRun(self, p, prof)
+                report.pairings.append(pr.run(None if keep is None else keep.get(p.name, [])))
+        report.wall_seconds = time.perf_counter() - t0
+        return report
+
+    def arm_started(self, pairing: str, arm: str) -> None:
+        self.arm_count += 1
+        self.note(f"arm {self.arm_count} of {self.arm_total}: {pairing} {arm}")
+
+    def arm_finished(self, pairing: PairingResult, arm: ArmResult) -> None:
+        self.observer.item(ARMS_PART)
+        self.note(f"  {arm.name}: {arm.verdict}" + (f" ({arm.reason})" if arm.reason else ""))
+        self.on_arm(pairing, arm)
+
+
+class PairingRun:
+    """One pairing's run: its checkpoints as the servers load them, its workdir, its sessions."""
+
+    def __init__(self, run: ServedRun, pairing: Pairing, profile: Profile):
+        self.run_ = run
+        self.job = run.job
+        self.pairing = pairing
+        self.profile = profile
+        self.work = run.workdir / pairing.name
+        self.target = pairing.target
+        self.draft = pairing.draft
+        self.trust = pairing.trust_remote_code
+        self.endpoint = self.job.endpoint or profile.endpoint
+        self.self_draft: str | None = None  # the target as its own drafter, where the profile can draft
+        self.sessions: dict[str, Session] = {}
+        self.history: dict[str, str] = {}
+
+    # -- the pairing ---------------------------------------------------------------------------
+    def prepare(self) -> str | None:
+        """The checkpoints as the servers load them (witness wrappers, engine exports); None, or why not."""
+        why = self.profile.available()
+        if why:
+            return f"profile {self.profile.name} cannot run here: {why}"
+        self.work.mkdir(parents=True, exist_ok=True)
+        for path, what in ((self.target, "target"), (self.draft, "draft")):
+            if path is not None and not (Path(path) / "config.json").is_file():
+                raise UsageError(f"pairing {self.pairing.name}: {what} {path} is not an mlx-lm checkpoint"
+                                 " (no config.json)")
+        if "target" in self.profile.witness:
+            self.target = str(wrap_checkpoint(self.target, self.work / "witness-target", "target"))
+            self.trust = True
+        if self.draft is not None and "draft" in self.profile.witness:
+            self.draft = str(wrap_checkpoint(self.draft, self.work / "witness-draft", "draft"))
+            self.trust = True
+        engine = self.profile.engine_hooks()
+        self.target = engine.prepare_checkpoint(self.target, "target")
+        if self.draft is not None:
+            self.draft = engine.prepare_checkpoint(self.draft, "draft")
+        if self.profile.draft_argv:
+            # the target as its own drafter: unwrapped (servers load drafters without trust_remote_code)
+            self.self_draft = engine.prepare_checkpoint(self.pairing.target, "draft")
+        return None
+
+    @property
+    def replay_model(self) -> tuple[str, bool]:
+        """The checkpoint a printed reproduction loads, and whether it needs --trust-remote-code."""
+        needs_code = "model_file" in (Path(self.pairing.target) / "config.json").read_text()
+        return self.pairing.target, self.pairing.trust_remote_code or needs_code
+
+    def run(self, only: list[str] | None) -> PairingResult:
+        """Every arm of the pairing (``only``: these arm names), judged; the distribution arms last."""
+        p = self.pairing
+        res = PairingResult(p.name, self.profile.name, p.target, p.draft)
+        why = self.prepare()
+        if why:
+            res.verdict, res.reason = Verdict.ERROR, why
+            return res
+        if not self.profile.exercised:
+            res.findings.append(f"profile {self.profile.name} {NOT_EXERCISED}")
+            self.run_.note(f"profile {self.profile.name} {NOT_EXERCISED}")
+        arms, res.width_mode = plan_arms(self.job, self.profile, self.draft, self.self_draft)
+        if only is not None:
+            arms = [a for a in arms if a.name in only]
+        baseline: dict[str, Completion] = {}
+        try:
+            for i, plan in enumerate(arms):
+                self.run_.arm_started(p.name, plan.name)
+                arm = self.run_arm(plan, baseline, keep=any(a.server_key == plan.server_key for a in arms[i + 1:]))
+                if plan.name == BASELINE_START:
+                    baseline = {r.id: r.completion for r in arm.requests}
+                res.arms.append(arm)
+                self.run_.arm_finished(res, arm)
+            if self.job.distribution is not None and self.draft is not None:
+                from specparity.harness.distribution import run_distribution
+
+                for arm in run_distribution(self):
+                    res.arms.append(arm)
+                    self.run_.arm_finished(res, arm)
+        finally:
+            for s in self.sessions.values():
+                s.server.stop()
+        judge_pairing(res)
+        return res
+
+    # -- sessions ------------------------------------------------------------------------------
+    def new_session(self, plan: ArmPlan) -> Session:
+        """A server for ``plan`` (not started): argv from the profile, env, log and witness files."""
+        profile = self.profile
+        argv = profile.render(profile.argv, model=self.target, host=HOST, port="{port}")
+        w = plan.server_width
+        if plan.draft is not None and w is not None:
+            argv += profile.render(profile.draft_argv, draft_model=plan.draft, num_draft=w.setting, width=w.rows)
+        if self.trust:
+            argv += profile.trust_remote_code_argv
+        argv += self.job.extra_args.get("*", []) + self.job.extra_args.get(plan.name, [])
+        witness = self.work / f"witness-{plan.server_key}.log"
+        witness.unlink(missing_ok=True)
+        env: dict[str, str | None] = {**self.job.env, **plan.env, WITNESS_ENV: str(witness)}
+        srv = Server(argv, log_path=self.work / f"server-{plan.server_key}.log", cwd=self.work, env=env,
+                     ready_path=profile.ready_path, fail_regex=profile.fail_regex,
+                     start_timeout=self.run_.start_timeout, name=f"{plan.server_key} server")
+        info = {"argv": argv, "env": {k: v for k, v in env.items() if k != WITNESS_ENV},
+                "log": str(srv.log_path), "witness": str(witness), "profile": profile.name}
+        return Session(srv, witness, info)
+
+    def start(self, session: Session) -> None:
+        """Start the session's server and wait until ready; raises ServerStartError (with the log
+        tail and exit code put in ``session.info``)."""
+        self.run_.note(f"  starting {session.server.name}")
+        self.run_.start_version(self.profile, self.target)
+        try:
+            session.server.start()
+        except ServerStartError as err:
+            session.info["log_tail"] = err.log_tail
+            session.info["returncode"] = err.returncode
+            raise
+        session.info["start_seconds"] = session.server.times.start
+        session.info["pid"] = session.server.pid
+        session.info["version"] = self.run_.version(self.profile, self.target)
+
+    @staticmethod
+    def stop_session(session: Session) -> int | None:
+        return session.server.stop()
+
+    def request_fields(self, plan: ArmPlan) -> dict[str, Any]:
+        """Fields an arm adds to each request: the width, where the profile sets it per request."""
+        if self.profile.per_request and plan.width is not None:
+            return {self.profile.per_request: plan.width.setting}
+        return {}
+
+    # -- requests ------------------------------------------------------------------------------
+    def send(self, client: Any, session: Session, req: Request, fields: dict[str, Any]) -> Exchange:
+        """Send one request and read its evidence."""
+        srv, timeout = session.server, self.run_.request_timeout
+        before = evidence_mod.mark(client, srv.url, session.witness_file, srv.log_path, self.profile, timeout)
+        comp = send(client, srv.url, req, self.profile, fields, timeout=timeout)
+        if not comp.ok and not srv.alive():
+            code = srv.proc.returncode if srv.proc else None
+            comp.error = (comp.error or "") + f" (the server exited with code {code}; log tail: {srv.tail(5)!r})"
+        after = evidence_mod.read_counter(client, srv.url, self.profile, timeout)
+        ev = evidence_mod.collect(self.profile, session.witness_file, srv.log_path, comp, before, after)
+        return Exchange(req, comp, ev)
+
+    def send_concurrent(self, client: Any, session: Session, requests: list[Request], fields: dict[str, Any],
+                        n: int) -> list[Exchange]:
+        """The requests ``n`` at a time; a batch shares its evidence slices."""
+        out: list[Exchange] = []
+        srv, timeout = session.server, self.run_.request_timeout
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            for k in range(0, len(requests), n):
+                batch = requests[k:k + n]
+                self.run_.note(f"  requests {', '.join(r.id for r in batch)} at once")
+                before = evidence_mod.mark(client, srv.url, session.witness_file, srv.log_path, self.profile,
+                                           timeout)
+                t0 = time.perf_counter()
+                comps = list(pool.map(lambda r: send(client, srv.url, r, self.profile, fields, timeout=timeout),
+                                      batch))
+                session.generation += time.perf_counter() - t0
+                after = evidence_mod.read_counter(client, srv.url, self.profile, timeout)
+                for r, c in zip(batch, comps):
+                    ev = evidence_mod.collect(self.profile, session.witness_file, srv.log_path, c, before, after)
+                    out.append(Exchange(r, c, ev))
+        return out
+
+    # -- one arm -------------------------------------------------------------------------------
+    def run_arm(self, plan: ArmPlan, baseline: dict[str, Completion], keep: bool) -> ArmResult:
+        """Start (or reuse) the arm's server, send its sequence, judge each answer."""
+        import httpx
+
+        arm = ArmResult(plan.name, plan.kind, plan.width)
+        t0 = time.perf_counter()
+        arm.served_by = WidthMode.REQUEST if plan.per_request else WidthMode.PROCESS
+        session = self.sessions.get(plan.server_key)
+        if session is None:
+            session = self.new_session(plan)
+            try:
+                self.start(session)
+            except ServerStartError as err:
+                arm.verdict, arm.reason = Verdict.ERROR, str(err)
+                arm.server = dict(session.info)
+                arm.seconds = time.perf_counter() - t0
+                return arm
+            self.sessions[plan.server_key] = session
+        arm.server = dict(session.info)
+        # a shared server's start-up is counted once, by the first arm on it
+        arm.server["start_seconds"] = 0.0 if session.start_counted else session.info.get("start_seconds")
+        session.start_counted = True
+        fields = self.request_fields(plan)
+        owner = plan.name == BASELINE_START
+        requests = build_sequence(self.job, self.endpoint, self.history)
+        with httpx.Client() as client:
+            if plan.concurrency:
+                exchanges = self.send_concurrent(client, session, requests, fields, plan.concurrency)
+            else:
+                exchanges = []
+                i = 0
+                while i < len(requests):
+                    req = requests[i]
+                    self.run_.note(f"  request {req.id}")
+                    exchanges.append(self.send(client, session, req, fields))
+                    if owner and req.turn == 1 and exchanges[-1].completion.ok:
+                        # the next turn carries this answer: every arm sends the same bytes
+                        self.history[req.id] = exchanges[-1].completion.text
+                        requests = build_sequence(self.job, self.endpoint, self.history)
+                    i += 1
+        target, trust = self.replay_model
+        for ex in exchanges:
+            arm.requests.append(judge_request(plan, ex.request, ex.completion, ex.evidence,
+                                              baseline.get(ex.request.id), target, trust))
+        arm.generation_seconds = (session.generation if plan.concurrency
+                                  else sum(ex.completion.seconds for ex in exchanges))
+        judge_arm(arm, plan)
+        arm.seconds = time.perf_counter() - t0
+        if not keep:
+            session.server.stop()
+            self.sessions.pop(plan.server_key, None)
+        arm.server["returncode"] = session.server.proc.returncode if session.server.proc else None
+        return arm

@@ -1,0 +1,204 @@
+"""The served record: the one module that knows its layout, for writing and for reading.
+
+A served record is a record (records.record) whose data directory holds:
+
+    report.json                 the Record; its summary is ServedReport.to_dict() once complete
+    identity.json               host, versions, model fingerprints (and shards, when merged)
+    arms.jsonl                  one line per finished arm: {"pairing": name, **ArmResult.to_dict()}
+    <pairing>-<arm>.jsonl       one line per request of that arm: RequestResult.to_dict()
+    chart-<pairing>.svg         first divergence by width (records.chart)
+    servers/<pairing>/...       the servers' logs and witness files
+
+``specparity served`` and ``records merge`` write it through :func:`write_arm`
+and :func:`served_markdown`; ``records show / compare / merge / junit`` read it
+through :func:`read_served`. Nothing here imports the runner or mlx.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from specparity.errors import UsageError
+from specparity.records.record import Record, read_complete, read_record
+from specparity.records.writer import slugify
+
+if TYPE_CHECKING:
+    from specparity.harness.results import ArmResult, PairingResult, ServedReport
+    from specparity.progress import Observer
+    from specparity.records.record import RecordSink
+
+KIND = "served"
+ARMS = "arms"
+SERVERS_DIR = "servers"
+
+
+def request_stem(pairing: str, arm: str) -> str:
+    """The JSONL stem holding one arm's requests."""
+    return slugify(f"{pairing}-{arm}")
+
+
+def chart_name(pairing: str) -> str:
+    return f"chart-{slugify(pairing)}.svg"
+
+
+def arm_line(pairing: PairingResult, arm: ArmResult) -> dict[str, Any]:
+    return {"pairing": pairing.name, **arm.to_dict()}
+
+
+def write_arm(observer: Observer, pairing: PairingResult, arm: ArmResult) -> None:
+    """One finished arm into the record: its line in arms.jsonl, then its requests' lines."""
+    observer.result(ARMS, arm_line(pairing, arm))
+    for r in arm.requests:
+        observer.result(request_stem(pairing.name, arm.name), r.to_dict())
+
+
+def served_markdown(report: ServedReport, sink: RecordSink) -> list[str]:
+    """The record's body: the report text, then each pairing's chart (an SVG in data/, linked)."""
+    from specparity.records.chart import divergence_svg
+
+    body = ["```", *report.lines(), f"verdict: {report.verdict}", "```"]
+    for p in report.pairings:
+        name = chart_name(p.name)
+        svg = divergence_svg(p.name, [a.to_dict(with_requests=True) for a in p.arms], report.job.get("max_tokens"))
+        if sink.write_bytes(name, svg.encode()) is not None:
+            body += ["", f"![first divergence by width, pairing {p.name}](data/{sink.record.name}/{name})"]
+    return body
+
+
+@dataclass
+class ServedRecord:
+    """A served record as read back.
+
+    path: what the user named. record, identity, rows: as records.record.read_record returns them.
+    """
+
+    path: str
+    record: Record
+    identity: dict[str, Any]
+    rows: dict[str, list[dict[str, Any]]]
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str], record: Record, identity: dict[str, Any],
+           rows: dict[str, list[dict[str, Any]]]) -> ServedRecord:
+        """A record already read (records.record.read_record), refused unless it is a served one."""
+        if record.kind != KIND:
+            raise UsageError(f"{path}: a {record.kind} record: these tools read served records"
+                             " (specparity served --record-dir)")
+        return cls(str(path), record, identity, rows)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.record.summary or {}
+
+    @property
+    def shard(self) -> dict[str, Any]:
+        return self.summary.get("shard") or {}
+
+    def pairing_names(self) -> list[str]:
+        """Pairings in run order: the summary's when complete, else as their arms finished."""
+        names = [str(p.get("name")) for p in self.summary.get("pairings") or []]
+        for a in self.rows.get(ARMS, []):
+            if str(a.get("pairing")) not in names:
+                names.append(str(a.get("pairing")))
+        return names
+
+    def pairing_summary(self, pairing: str) -> dict[str, Any] | None:
+        return next((p for p in self.summary.get("pairings") or [] if p.get("name") == pairing), None)
+
+    def arm_lines(self, pairing: str) -> list[dict[str, Any]]:
+        """The arms of ``pairing`` that finished, as their lines were written."""
+        return [a for a in self.rows.get(ARMS, []) if a.get("pairing") == pairing]
+
+    def final_arms(self, pairing: str) -> list[dict[str, Any]]:
+        """The arms as judged with the pairing (the summary's) when complete, else as they finished."""
+        p = self.pairing_summary(pairing)
+        return list(p.get("arms") or []) if p is not None else self.arm_lines(pairing)
+
+    def requests(self, pairing: str, arm: str) -> list[dict[str, Any]]:
+        return self.rows.get(request_stem(pairing, arm), [])
+
+    def arm_result(self, pairing: str, line: dict[str, Any]) -> ArmResult:
+        """An ArmResult as the harness built it when the arm finished (before the pairing was judged)."""
+        from specparity.harness.results import ArmResult
+
+        return ArmResult.from_dict(line, self.requests(pairing, str(line["name"])))
+
+    def table_lines(self) -> list[str]:
+        """Per pairing: arms x requests with the verdict in each cell, the sha256 groups, what did not match."""
+        from specparity.harness.plan import ArmKind
+        from specparity.harness.results import format_groups
+        from specparity.verdicts import Verdict
+
+        out: list[str] = []
+        for pname in self.pairing_names():
+            lines = self.arm_lines(pname)
+            final = {a["name"]: a for a in self.final_arms(pname)}
+            rids: list[str] = []  # in the order the arms sent them (the JSONL keeps it, the verdicts map is sorted)
+            for a in lines:
+                sent = [str(r.get("id")) for r in self.requests(pname, a["name"])]
+                for r in [*sent, *(a.get("verdicts") or {})]:
+                    if r not in rids:
+                        rids.append(r)
+            p = self.pairing_summary(pname)
+            head = "incomplete (no pairing verdict)"
+            if p:
+                head = (f"{p['profile']} server, widths per {p['width_mode']}, verdict {p['verdict']}"
+                        + (f" ({p['reason']})" if p["reason"] else ""))
+            out += ["", f"pairing {pname}: {head}"]
+            table = []
+            for a in lines:
+                v = (final.get(a["name"]) or a)["verdict"]
+                table.append([a["name"], _cell(a.get("width")),
+                              *[_cell((a.get("verdicts") or {}).get(r)) for r in rids], str(v)])
+            out += _grid(["arm", "width", *rids, "arm verdict"], table)
+            if p:
+                out.append(f"  sha256 {format_groups(p.get('groups') or [])}")
+                for rid, gs in (p.get("request_groups") or {}).items():
+                    if len(gs) > 1:
+                        out.append(f"    request {rid}: {format_groups(gs)}")
+                out += [f"  finding: {f}" for f in p.get("findings") or []]
+            for a in lines:
+                for r in self.requests(pname, a["name"]):
+                    if r.get("verdict") in (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED) or (
+                            r.get("verdict") == Verdict.NOT_ENGAGED and a.get("kind") != ArmKind.BASELINE):
+                        out.append(f"  {a['name']} {r.get('id')}: {r.get('verdict')}: {r.get('reason')}")
+        return out
+
+    def report(self) -> ServedReport:
+        """The complete record's ServedReport, rebuilt from its lines."""
+        from specparity.harness.results import PairingResult, ServedReport
+        from specparity.harness.plan import WidthMode
+        from specparity.verdicts import Verdict
+
+        rep = ServedReport([], dict(self.summary.get("job") or {}), float(self.summary.get("wall_seconds") or 0.0),
+                           self.summary.get("shard"))
+        for p in self.summary.get("pairings") or []:
+            res = PairingResult(p["name"], p["profile"], p["target"], p.get("draft"), Verdict(p["verdict"]),
+                                str(p.get("reason") or ""), findings=list(p.get("findings") or []),
+                                width_mode=WidthMode(p.get("width_mode") or WidthMode.PROCESS))
+            res.arms = [self.arm_result(res.name, a) for a in p.get("arms") or []]
+            rep.pairings.append(res)
+        return rep
+
+
+def read_served(path: str | os.PathLike[str], complete: bool = True) -> ServedRecord:
+    """A served record (a UsageError names a path that is not one, or, with ``complete``, not finished)."""
+    if complete:
+        rec, ident, rows = read_complete(path)
+    else:
+        try:
+            rec, ident, rows = read_record(path)
+        except FileNotFoundError:
+            raise UsageError(f"{path}: not a record (no report.json)") from None
+    return ServedRecord.of(path, rec, ident, rows)
+
+
+def _cell(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def _grid(head: list[str], table: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *table]]
