@@ -11,7 +11,7 @@ Arms (their kinds are :class:`ArmKind`):
     repeat<i>        optional extra baseline processes
     dist-*           the temperature > 0 distribution arms (harness.distribution)
 
-A :class:`Width` is made once, by the profile (:meth:`Profile.width`), and
+A :class:`~specparity.harness.profiles.Width` is made once, by the profile (:meth:`Profile.width`), and
 carried whole from here to the server's argv, the request field, the evidence
 and the printed reproduction: nothing converts rows to a setting again.
 """
@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from specparity.harness.client import Request
+from specparity.harness.profiles import Width
 
 if TYPE_CHECKING:
     from specparity.harness.config import Job
@@ -55,25 +56,6 @@ class WidthMode(StrEnum):
 
     PROCESS = "process"
     REQUEST = "request"
-
-
-@dataclass(frozen=True)
-class Width:
-    """A verify width and the server's own setting for it, converted once (by the profile).
-
-    rows: verify rows T (the M that picks a kernel). setting: the server's draft setting
-    (mlx-lm: num_draft_tokens = T - 1). setting_name: that setting's name.
-    """
-
-    rows: int
-    setting: int
-    setting_name: str
-
-    def describe(self) -> str:
-        return f"width {self.rows} ({self.setting_name}={self.setting})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "setting": self.setting, "setting_name": self.setting_name}
 
 
 @dataclass

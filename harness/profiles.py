@@ -22,11 +22,29 @@ from specparity.errors import UsageError
 
 if TYPE_CHECKING:
     from specparity.harness.engines import Engine
-    from specparity.harness.plan import Width
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 WITNESS_ROLES = ("target", "draft")
+
+
+@dataclass(frozen=True)
+class Width:
+    """A verify width and the server's own setting for it, converted once (by the profile).
+
+    rows: verify rows T (the M that picks a kernel). setting: the server's draft setting
+    (mlx-lm: num_draft_tokens = T - 1). setting_name: that setting's name.
+    """
+
+    rows: int
+    setting: int
+    setting_name: str
+
+    def describe(self) -> str:
+        return f"width {self.rows} ({self.setting_name}={self.setting})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "setting": self.setting, "setting_name": self.setting_name}
 
 
 @dataclass
@@ -91,8 +109,6 @@ class Profile:
 
     def width(self, rows: int) -> Width:
         """``rows`` verify rows with this server's own setting for them (converted here, once)."""
-        from specparity.harness.plan import Width
-
         return Width(rows, rows - self.rows_offset, self.width_setting)
 
     def engine_hooks(self) -> Engine:

@@ -14,7 +14,8 @@ from typing import Any
 from specparity.completions import CompletionDifference
 from specparity.harness.client import Completion
 from specparity.harness.evidence import Evidence
-from specparity.harness.plan import BASELINE_START, DRAFTING_KINDS, ArmKind, Width, WidthMode
+from specparity.harness.plan import BASELINE_START, DRAFTING_KINDS, ArmKind, WidthMode
+from specparity.harness.profiles import Width
 from specparity.verdicts import ReportMixin, Verdict, combine
 
 

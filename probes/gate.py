@@ -58,7 +58,7 @@ class GateDecision:
     """
 
     allow: bool
-    verdict: str | Verdict
+    verdict: Verdict
     forfeit: bool
     hit: bool
     key: str
@@ -66,8 +66,18 @@ class GateDecision:
     reason: str
     line: str
 
+    def __post_init__(self) -> None:
+        self.verdict = Verdict(self.verdict)  # a store entry holds the word
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "decision": self.decision, "exit_code": self.exit_code}
+
+    def lines(self) -> list[str]:
+        """The decision word (allow / decline), then its width, evidence and key."""
+        word = {Decision.ALLOW: "allow", Decision.FORFEIT: "allow (forfeit: SPECPARITY_ALLOW_INEXACT=1)",
+                Decision.DECLINE: "decline"}[self.decision]
+        return [word, f"width {self.width}: {self.verdict}: {self.reason}",
+                f"key {self.key[:12]} ({'answered from the store' if self.hit else 'probed now'})"]
 
     @property
     def decision(self) -> Decision:

@@ -299,6 +299,6 @@ def test_llama_cpp_profile_loads_and_says_when_the_binary_is_missing(tmp_path, m
     with pytest.raises(InfrastructureError, match="llama-server not found"):
         p.render(p.argv, model="m.gguf", host="127.0.0.1", port=1)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("extends: llama.cpp\nmodel_format: onnx\n")
-    with pytest.raises(UsageError, match="model_format 'onnx'"):
+    bad.write_text("extends: llama.cpp\nengine: onnx\n")
+    with pytest.raises(UsageError, match="engine .onnx."):
         load_profile(str(bad))

@@ -22,7 +22,8 @@ from specparity.harness.client import Completion
 from specparity.harness.config import DistSpec, Job, Pairing, load_job, parse_spec
 from specparity.harness.distribution import homogeneity, judge
 from specparity.harness.evidence import Evidence
-from specparity.harness.plan import ArmKind, Width
+from specparity.harness.plan import ArmKind
+from specparity.harness.profiles import Width
 from specparity.harness.results import ArmResult, RequestResult
 from specparity.harness.run import ServedRun
 from specparity.probes.sampling.accept_e2e import E2E_DRAFT, E2E_TARGET

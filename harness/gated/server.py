@@ -102,7 +102,7 @@ class GateMemo:
                 reason = f"the gate could not run: {type(err).__name__}: {err}".replace('"', "'")
                 line = f'specparity-gate: DECLINE width={width} key=- reason="{reason}"'
                 log.warning("%s", line)
-                self._memo[memo] = GateDecision(False, Verdict.NOT_RUN.value, False, False, "",
+                self._memo[memo] = GateDecision(False, Verdict.NOT_RUN, False, False, "",
                                                 width, reason, line)
         return self._memo[memo]
 

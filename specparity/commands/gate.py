@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from specparity.commands._common import cache_options, cache_options_from, emit_json, json_option, resolve_path
+from specparity.commands._common import (
+    CommandRun, cache_options, cache_options_from, emit_json, json_option, record_option, resolve_path,
+)
 from specparity.errors import EXIT_OK
 
 
 @click.group()
-def gate():
+def gate() -> None:
     """Memoized verdict: may this checkpoint verify W rows at once, here?"""
 
 
@@ -22,7 +26,9 @@ def gate():
               help="Env var prefixes that change kernels (default: MLX_).")
 @cache_options
 @json_option
-def check(model, trust_remote_code, width, env_prefixes, as_json, **cache_kwargs):
+@record_option
+def check(model: str | None, trust_remote_code: bool, width: int, env_prefixes: tuple[str, ...], as_json: bool,
+          quiet: bool, record_dir: str | None, **cache_kwargs: Any) -> int:
     """Exit 0 (allow) or 1 (decline); a probe that did not run declines.
 
     The verdict is memoized per checkpoint fingerprint, width, cache options,
@@ -38,21 +44,20 @@ def check(model, trust_remote_code, width, env_prefixes, as_json, **cache_kwargs
     from specparity.probes.gate import gate_check
 
     check_width(width)
-    model = str(resolve_path(model, "target"))
+    path = str(resolve_path(model, "target"))
     opts = cache_options_from(cache_kwargs)
-    decision = gate_check(model, width, opts, env_prefixes=env_prefixes or DEFAULT_ENV_PREFIXES,
-                          trust_remote_code=trust_remote_code, log_line=False)
-    click.echo(decision.line, err=True)
-    if as_json:
-        emit_json({**decision.to_dict(), "exit_code": decision.exit_code})
-    else:
-        click.echo("allow" if decision.allow else "decline")
-    return decision.exit_code
+    cmd = CommandRun("gate", f"gate check: {path} width {width}", {"cache": opts.to_dict()}, record_dir, as_json,
+                     quiet, slug="gate-check")
+    with cmd:
+        decision = gate_check(path, width, opts, env_prefixes=env_prefixes or DEFAULT_ENV_PREFIXES,
+                              trust_remote_code=trust_remote_code, log_line=False)
+        click.echo(decision.line, err=True)
+        return cmd.finish(decision)
 
 
 @gate.command("list")
 @json_option
-def list_(as_json):
+def list_(as_json: bool) -> int:
     """Show the memoized verdicts."""
     from specparity.probes.gate import GateStore
 
