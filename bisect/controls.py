@@ -20,7 +20,7 @@ from typing import Any
 
 from specparity.bisect.dump import read_dump
 from specparity.bisect.report import BisectReport, compare_arms
-from specparity.errors import InfrastructureError, UsageError
+from specparity.errors import InfrastructureError, InputError
 from specparity.verdicts import Verdict
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def parse_control(value: str) -> tuple[str, str]:
     """``NAME=VALUE`` -> (NAME, VALUE); a bad item names the flag."""
     name, sep, val = value.partition("=")
     if not sep or not name or not name.replace("_", "").isalnum() or name[0].isdigit():
-        raise UsageError(f"--control {value!r}: expected NAME=VALUE with an environment"
+        raise InputError("control", f"{value!r}: expected NAME=VALUE with an environment"
                          " variable name")
     return name, val
 

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from specparity.bisect.arms import ArmCapture, BisectCapture
 from specparity.decode import LayerState
-from specparity.errors import UsageError
+from specparity.errors import InputError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +84,9 @@ def write_dump(out: str | os.PathLike, bc: BisectCapture, arms: tuple[str, ...],
 
     path = Path(out)
     if path.exists() and path.is_dir():
-        raise UsageError(f"--out {out}: is a directory")
+        raise InputError("out", f"{out}: is a directory")
     if not path.parent.exists():
-        raise UsageError(f"--out {out}: directory {path.parent} does not exist")
+        raise InputError("out", f"{out}: directory {path.parent} does not exist")
     tensors: dict[str, Any] = {}
     cache_meta: dict[str, list[dict[str, Any]]] = {}
     for arm in arms:

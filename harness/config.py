@@ -343,10 +343,7 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
     from specparity.harness.profiles import load_profile
 
     if o.profile is not None:
-        try:
-            load_profile(o.profile)
-        except UsageError as err:
-            raise OverrideError("profile", str(err)) from None
+        load_profile(o.profile)
     if o.draft_model is not None and o.model is None:
         raise OverrideError("draft_model", "a drafter needs a target model")
     if o.model is not None:

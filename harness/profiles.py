@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specparity.errors import UsageError
+from specparity.errors import InputError, UsageError
 
 if TYPE_CHECKING:
     from specparity.harness.engines import Engine
@@ -174,7 +174,7 @@ def _raw(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict[str, Any],
     else:
         path = Path(name_or_path)
         if not path.is_file():
-            raise UsageError(f"--profile {name_or_path!r}: neither a file nor a packaged profile"
+            raise InputError("profile", f"{name_or_path!r}: neither a file nor a packaged profile"
                              f" ({', '.join(known)})")
     raw = _read(path)
     base = raw.pop("extends", None)

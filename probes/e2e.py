@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from specparity.errors import UsageError
+from specparity.errors import InputError
 from specparity.completions import CompletionDifference, Side, first_difference
 from specparity.processors import ProcessorOptions
 from specparity.progress import NULL, Observer
@@ -473,7 +473,7 @@ def parse_entry_points(value: str | None) -> list[str]:
     for item in value.split(","):
         item = item.strip()
         if item not in ENTRY_POINTS:
-            raise UsageError(f"--entry-points {value!r}: {item!r} is not one of {', '.join(ENTRY_POINTS)}")
+            raise InputError("entry-points", f"{value!r}: {item!r} is not one of {', '.join(ENTRY_POINTS)}")
         if item not in out:
             out.append(item)
     return out

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import UsageError
+from specparity.errors import InputError
 from specparity.harness.plan import BASELINE_START
 from specparity.records.served import ServedRecord, read_served
 from specparity.verdicts import Verdict, combine
@@ -160,7 +160,7 @@ def write_junit(sr: ServedRecord, out: str | Path) -> JunitSummary:
         path.parent.mkdir(parents=True, exist_ok=True)
         xml.write(str(path), pretty=True)
     except OSError as err:
-        raise UsageError(f"--out {out}: {err.strerror or err}") from None
+        raise InputError("out", f"{out}: {err.strerror or err}") from None
     return JunitSummary(path, int(xml.tests), int(xml.failures), int(xml.errors), int(xml.skipped))
 
 

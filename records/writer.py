@@ -17,7 +17,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import UsageError
+from specparity.errors import InputError
 
 
 def slugify(s: str) -> str:
@@ -34,11 +34,11 @@ class RecordWriter:
     def __init__(self, record_dir: str | os.PathLike, slug: str, identity: dict[str, Any]):
         root = Path(record_dir).expanduser()
         if root.exists() and not root.is_dir():
-            raise UsageError(f"--record-dir {record_dir}: exists and is not a directory")
+            raise InputError("record-dir", f"{record_dir}: exists and is not a directory")
         try:
             (root / "data").mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise UsageError(f"--record-dir {record_dir}: cannot create ({err.strerror})") from err
+            raise InputError("record-dir", f"{record_dir}: cannot create ({err.strerror})") from err
         host = slugify(socket.gethostname().split(".")[0])
         date = _dt.date.today().isoformat()
         base = f"{slugify(slug)}-{host}-{date}"

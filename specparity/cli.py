@@ -14,7 +14,7 @@ import sys
 import click
 
 from specparity import __version__, inputs
-from specparity.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SpecparityError, first_line
+from specparity.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, InputError, SpecparityError, first_line
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> None:
         code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
     except SpecparityError as err:
         _traceback(debug)
-        click.echo(f"Error: {first_line(str(err))}", err=True)
+        # a library names a bad input in its own terms; on the command line it is the flag
+        message = err.as_flag() if isinstance(err, InputError) else str(err)
+        click.echo(f"Error: {first_line(message)}", err=True)
         code = err.exit_code
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)

@@ -2,6 +2,8 @@
 
     SpecparityError              base; exit_code 2 unless a subclass says otherwise
     +-- UsageError               2  bad flag, value, path or input file
+    |   +-- InputError           2  a bad input named in library terms (``rule``); the CLI
+    |                               prints it as the command's flag (``--rule``)
     +-- Inconclusive             3  not run, not engaged, underpowered
     +-- InfrastructureError      4  a checkpoint would not load, a server would not start
         +-- CheckpointError      4  the checkpoint exists but mlx-lm cannot load it
@@ -30,6 +32,27 @@ class SpecparityError(Exception):
 
 class UsageError(SpecparityError):
     exit_code = EXIT_USAGE
+
+
+class InputError(UsageError):
+    """A bad input value, named as the library names it.
+
+    param: the input's name (``rule``, ``prompt-ids``, ``width``); a command exposes it as the
+    flag ``--<param>``, and the CLI prints the message that way (:meth:`as_flag`). An in-process
+    caller reads the library's word. detail: what is wrong with it.
+    """
+
+    def __init__(self, param: str, detail: str):
+        self.param = param
+        self.detail = detail
+        super().__init__(self._join(param))
+
+    def _join(self, name: str) -> str:
+        return f"{name}{'' if self.detail.startswith((':', ';', ',')) else ' '}{self.detail}"
+
+    def as_flag(self) -> str:
+        """The message with the input named as its command-line flag."""
+        return self._join(f"--{self.param}")
 
 
 class Inconclusive(SpecparityError):

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import CheckpointError, UsageError
+from specparity.errors import CheckpointError, InputError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "
 
     src, out = Path(src), Path(out)
     if outtype not in OUTTYPES:
-        raise UsageError(f"--outtype {outtype!r}: choose from {', '.join(OUTTYPES)}")
+        raise InputError("outtype", f"{outtype!r}: choose from {', '.join(OUTTYPES)}")
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"{src}: no config.json (not an mlx-lm checkpoint directory)")

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from specparity.errors import UsageError
+from specparity.errors import InputError, UsageError
 
 # Defaults: far above any real verify block or probe, far below what exhausts a machine.
 DEFAULT_MAX_WIDTH = 1024
@@ -253,28 +253,28 @@ def parse_fault(text: str, num_layers: int | None = None) -> dict[str, Any]:
     try:
         item = json.loads(text)
     except ValueError as err:
-        raise UsageError(f"--fault {text!r}: not JSON ({str(err).splitlines()[0]})") from None
+        raise InputError("fault", f"{text!r}: not JSON ({str(err).splitlines()[0]})") from None
     except RecursionError:
-        raise UsageError(f"--fault {text!r}: nested too deeply") from None
+        raise InputError("fault", f"{text!r}: nested too deeply") from None
     if not isinstance(item, dict) or item.get("kind") not in FAULT_KINDS:
-        raise UsageError(f"--fault {text!r}: kind must be {', '.join(FAULT_KINDS)}")
+        raise InputError("fault", f"{text!r}: kind must be {', '.join(FAULT_KINDS)}")
 
     def int_field(key: str, lo: int, hi: int | None = None, required: bool = False) -> None:
         if key not in item:
             if required:
-                raise UsageError(f"--fault {text!r}: {item['kind']} needs {key!r}")
+                raise InputError("fault", f"{text!r}: {item['kind']} needs {key!r}")
             return
         v = item[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
             rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-            raise UsageError(f"--fault {text!r}: {key!r} must be an integer {rng}, got {v!r}")
+            raise InputError("fault", f"{text!r}: {key!r} must be an integer {rng}, got {v!r}")
 
     if item["kind"] in ("rows", "depth"):
         int_field("layer", 0, None if num_layers is None else num_layers - 1, required=True)
         int_field("min_rows", 1)
         sub = item.get("subop")
         if sub is not None and (not isinstance(sub, str) or (sub and not sub.isidentifier())):
-            raise UsageError(f"--fault {text!r}: 'subop' must be an attribute name, got {sub!r}")
+            raise InputError("fault", f"{text!r}: 'subop' must be an attribute name, got {sub!r}")
     if item["kind"] == "depth":
         int_field("min_offset", 0, required=True)
     return item

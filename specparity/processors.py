@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specparity.errors import UsageError
+from specparity.errors import InputError, UsageError
 
 DEFAULT_CONTEXT = 20  # make_logits_processors' default context sizes
 
@@ -54,7 +54,7 @@ class ProcessorOptions:
         try:
             return make_logits_processors(**self.kwargs())
         except ValueError as err:  # mlx-lm refuses a negative repetition penalty
-            raise UsageError(f"--repetition-penalty: {err}") from None
+            raise InputError("repetition-penalty", f": {err}") from None
 
     def describe(self) -> str:
         if not self.active:
@@ -117,4 +117,4 @@ def check_vocab(opts: ProcessorOptions, vocab: int) -> None:
     """A logit_bias token outside the vocabulary is a usage error, not an mlx crash."""
     bad = [t for t in opts.logit_bias if t >= vocab]
     if bad:
-        raise UsageError(f"--logit-bias: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        raise InputError("logit-bias", f": token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")

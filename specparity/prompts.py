@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specparity.errors import UsageError
+from specparity.errors import InputError, UsageError
 
 DEFAULT_PROMPTS = (
     "The quick brown fox jumps over the lazy dog, and then",
@@ -33,8 +33,8 @@ def parse_prompt_ids(values: tuple[str, ...] | list[str]) -> list[list[int]]:
         try:
             ids = [int(x) for x in v.replace(" ", "").split(",") if x]
         except ValueError:
-            raise UsageError(f"--prompt-ids {v!r}: not a comma-separated list of integers") from None
+            raise InputError("prompt-ids", f"{v!r}: not a comma-separated list of integers") from None
         if not ids:
-            raise UsageError(f"--prompt-ids {v!r}: empty")
+            raise InputError("prompt-ids", f"{v!r}: empty")
         out.append(ids)
     return out

@@ -30,5 +30,5 @@ def test_names_never_collide_and_nothing_is_overwritten(tmp_path):
 def test_record_dir_that_is_a_file_is_a_usage_error(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    with pytest.raises(UsageError, match="--record-dir"):
+    with pytest.raises(UsageError, match="^record-dir .*exists and is not a directory"):
         RecordWriter(f, "probe", {})

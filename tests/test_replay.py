@@ -132,7 +132,7 @@ def test_bad_inputs(llama):
         replay(llama, PROMPT, [1, 4], width=4)
     with pytest.raises(UsageError, match="pass --width"):
         replay(llama, PROMPT, [1])
-    with pytest.raises(UsageError, match="--wrong-id 9999: outside the vocabulary"):
+    with pytest.raises(UsageError, match="^wrong-id 9999: outside the vocabulary"):
         replay(llama, PROMPT, [1], width=4, wrong_id=9999)
 
 

@@ -39,7 +39,7 @@ from specparity.compare import Diff, compare_arrays, index_ranges
 from specparity.decode import (
     CacheOptions, Decoder, GreedyPick, greedy_chain, greedy_pick, greedy_token, trimmable,
 )
-from specparity.errors import Inconclusive, UsageError
+from specparity.errors import Inconclusive, InputError, UsageError
 from specparity.probes.replay.algebra import emitted_counts, locate
 from specparity.processors import process_row
 from specparity.progress import NULL, Observer
@@ -406,7 +406,7 @@ def replay(
     from mlx_lm.models.cache import trim_prompt_cache
 
     if policy not in POLICIES:
-        raise UsageError(f"--policy {policy!r}: choose from {', '.join(POLICIES)}")
+        raise InputError("policy", f"{policy!r}: choose from {', '.join(POLICIES)}")
     if not accepts:
         raise Inconclusive("the accept vector is empty: no round to replay")
     if not prompt:
@@ -464,7 +464,7 @@ def replay(
         chain.ensure(emitted + w)
         vocab = int(chain.rows[emitted].shape[-1])
         if not 0 <= wrong_id < vocab:
-            raise UsageError(f"--wrong-id {wrong_id}: outside the vocabulary (0..{vocab - 1})")
+            raise InputError("wrong-id", f"{wrong_id}: outside the vocabulary (0..{vocab - 1})")
         block = chain.tokens[emitted: emitted + a + 1]
         rejected = w - 1 - a
         for i in range(rejected):

@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import UsageError
+from specparity.errors import InputError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _lines(path: Path) -> list[str]:
     try:
         return path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError as err:
-        raise UsageError(f"--log {path}: cannot read ({err.strerror})") from None
+        raise InputError("log", f"{path}: cannot read ({err.strerror})") from None
 
 
 def detect_format(lines: list[str]) -> str:
@@ -189,9 +189,9 @@ def read_log(path: str | Path, fmt: str = "auto", regex: str | None = None) -> l
     """
     p = Path(path)
     if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt!r}: choose from {', '.join(FORMATS)}")
+        raise InputError("format", f"{fmt!r}: choose from {', '.join(FORMATS)}")
     if fmt == "regex" and not regex:
-        raise UsageError("--format regex needs --regex PATTERN")
+        raise InputError("format", "regex needs --regex PATTERN")
     if regex and fmt in ("auto", "regex"):
         fmt = "regex"
     lines = _lines(p)
@@ -381,9 +381,9 @@ def _read_regex(path: Path, lines: list[str], pattern: str) -> list[AcceptLog]:
     try:
         rx = re.compile(pattern)
     except re.error as err:
-        raise UsageError(f"--regex {pattern!r}: not a valid regular expression ({err})") from None
+        raise InputError("regex", f"{pattern!r}: not a valid regular expression ({err})") from None
     if rx.groups == 0:
-        raise UsageError(f"--regex {pattern!r}: needs a capture group (named 'accepts' or group 1)")
+        raise InputError("regex", f"{pattern!r}: needs a capture group (named 'accepts' or group 1)")
     group: str | int = "accepts" if "accepts" in rx.groupindex else 1
     out: list[AcceptLog] = []
     current: AcceptLog | None = None

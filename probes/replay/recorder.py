@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from specparity.decode import CacheOptions
-from specparity.errors import UsageError
+from specparity.errors import InputError
 from specparity.processors import ProcessorOptions
 from specparity.probes.replay.logs import AcceptLog
 
@@ -60,9 +60,9 @@ def record_speculative(model: Any, draft_model: Any, prompt: list[int],
     from mlx_lm.models.cache import make_prompt_cache
 
     if num_draft_tokens < 1:
-        raise UsageError(f"--num-draft-tokens {num_draft_tokens}: must be at least 1")
+        raise InputError("num-draft-tokens", f"{num_draft_tokens}: must be at least 1")
     if max_tokens < 1:
-        raise UsageError(f"--max-tokens {max_tokens}: must be at least 1")
+        raise InputError("max-tokens", f"{max_tokens}: must be at least 1")
     opts = opts or CacheOptions()
     procs = processors or ProcessorOptions()
     prompt_cache = None
@@ -83,7 +83,7 @@ def record_speculative(model: Any, draft_model: Any, prompt: list[int],
             tokens.append(int(tok))
             flags.append(bool(from_draft))
     except ValueError as err:  # mlx-lm refuses a cache it cannot trim
-        raise UsageError(f"--draft-model: mlx-lm speculative decoding refused: {err}") from None
+        raise InputError("draft-model", f": mlx-lm speculative decoding refused: {err}") from None
     accepts, widths = accepts_from_flags(flags, num_draft_tokens, max_tokens)
     log.info("recorded %d rounds, %d tokens", len(accepts), len(tokens))
     return AcceptLog(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specparity.decode import CacheOptions
-from specparity.errors import Inconclusive, UsageError
+from specparity.errors import Inconclusive, InputError, UsageError
 from specparity.progress import NULL, Observer
 from specparity.verdicts import ReportMixin, Verdict, combine
 
@@ -79,7 +79,7 @@ def widths_for(req: Any, width: int | None) -> tuple[int | None, list[int] | Non
         return width, None
     if width is not None and width != req.width:
         said = f"width {req.width}" if req.width is not None else "a width per round"
-        raise UsageError(f"--width {width}: {req.source} says {said}")
+        raise InputError("width", f"{width}: {req.source} says {said}")
     return req.width, req.widths
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from specparity.errors import UsageError
+from specparity.errors import InputError
 from specparity.probes.sampling.montecarlo import draw_drafts, single_step
 from specparity.probes.sampling.rules import BUILTIN, SUM_MIN, SUM_PROD, Rule, closed_forms, rule_q
 from specparity.probes.sampling.stats import min_detectable_shift
@@ -309,7 +309,7 @@ def run_accept(target_dir: str, draft_dir: str, temperature: float = DEFAULT_TEM
     P_all = teacher_forced_probs(tgt.model, prompt, run.tokens, temperature)
     Q_all = teacher_forced_probs(drf.model, prompt, run.tokens, temperature)
     if P_all.shape[-1] != Q_all.shape[-1]:
-        raise UsageError(f"--model has {P_all.shape[-1]} logits but --draft-model has"
+        raise InputError("model", f"has {P_all.shape[-1]} logits but --draft-model has"
                          f" {Q_all.shape[-1]}: a drafter must share the target's vocabulary")
     idx = np.array(run.tested, dtype=np.int64)
     P, Q = P_all[idx], Q_all[idx]
@@ -372,16 +372,16 @@ def _accept_verdict(meas: list[Measurement], bad_pos: list[int]) -> tuple[Verdic
 def check_args(temperature: float, positions: int, num_draft: int, draws: int,
                 alpha: float) -> None:
     if temperature is None or not math.isfinite(temperature) or temperature <= 0:
-        raise UsageError(f"--temperature {temperature}: must be a finite number > 0"
+        raise InputError("temperature", f"{temperature}: must be a finite number > 0"
                          " (acceptance at temperature 0 is exact agreement, see probe)")
     if positions < 1:
-        raise UsageError(f"--positions {positions}: must be >= 1")
+        raise InputError("positions", f"{positions}: must be >= 1")
     if num_draft < 1:
-        raise UsageError(f"--num-draft {num_draft}: must be >= 1")
+        raise InputError("num-draft", f"{num_draft}: must be >= 1")
     if draws < 1:
-        raise UsageError(f"--draws {draws}: must be >= 1")
+        raise InputError("draws", f"{draws}: must be >= 1")
     if not 0 < alpha < 1:
-        raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
+        raise InputError("alpha", f"{alpha}: must be in (0, 1)")
     from specparity.inputs import check_limit, check_positions, check_width
 
     check_positions(positions, "--positions")
@@ -393,7 +393,7 @@ def _check_trimmable(model: Any, path: str) -> None:
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
     if not can_trim_prompt_cache(make_prompt_cache(model)):
-        raise UsageError(f"--model {path}: its cache cannot be trimmed, and mlx-lm's"
+        raise InputError("model", f"{path}: its cache cannot be trimmed, and mlx-lm's"
                          " speculative generation needs a trimmable cache")
 
 

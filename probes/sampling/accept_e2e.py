@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from specparity.errors import UsageError
+from specparity.errors import InputError
 from specparity.probes.sampling.accept import (
     DEFAULT_ALPHA, DEFAULT_NUM_DRAFT, DEFAULT_TEMPERATURE, MLX_LM, Measurement, check_args, measure,
     speculative_run,
@@ -97,7 +97,7 @@ def run_end_to_end(temperature: float = DEFAULT_TEMPERATURE, tokens: int = E2E_T
 
     check_args(temperature, 1, num_draft, 1, alpha)
     if tokens < 50:
-        raise UsageError(f"--tokens {tokens}: need at least 50")
+        raise InputError("tokens", f"{tokens}: need at least 50")
     from specparity.inputs import check_positions
 
     check_positions(tokens, "--tokens")

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from specparity.errors import UsageError
+from specparity.errors import InputError, UsageError
 from specparity.probes.sampling.montecarlo import Checker, Violation, simulate
 from specparity.probes.sampling.rules import CONTROLS, Rule, closed_forms, rule_q
 from specparity.probes.sampling.stats import (
@@ -231,15 +231,15 @@ def make_problem(target_logits=None, draft_logits=None, temperature: float = DEF
     if top_k is None:
         top_k = DEFAULT_TOP_K if target_logits is None else 0
     if top_k < 0:
-        raise UsageError(f"--top-k {top_k}: must be >= 0")
+        raise InputError("top-k", f"{top_k}: must be >= 0")
     if not 0 <= top_p <= 1:
-        raise UsageError(f"--top-p {top_p}: must be in [0, 1]")
+        raise InputError("top-p", f"{top_p}: must be in [0, 1]")
     if not 0 <= min_p <= 1:
-        raise UsageError(f"--min-p {min_p}: must be in [0, 1]")
+        raise InputError("min-p", f"{min_p}: must be in [0, 1]")
     if num_draft < 1:
-        raise UsageError(f"--num-draft {num_draft}: must be >= 1")
+        raise InputError("num-draft", f"{num_draft}: must be >= 1")
     if num_draft * math.log(max(tl.size, 2)) > math.log(200_000):
-        raise UsageError(f"--num-draft {num_draft}: {tl.size}**{num_draft} joint cells is too"
+        raise InputError("num-draft", f"{num_draft}: {tl.size}**{num_draft} joint cells is too"
                          " many for a chi-square; use fewer tokens or a shorter chain")
     return Problem(tl, dl, temperature, top_k, top_p, min_p, num_draft)
 
@@ -368,9 +368,9 @@ def samples_to_detect(prob: Problem, tv: float, alpha: float = DEFAULT_ALPHA) ->
     """``--detect-tv``: the sample size at which this problem's test rejects any law at TV >= ``tv``
     with 99% power."""
     if not 0 < tv < 0.5:
-        raise UsageError(f"--detect-tv {tv}: must be in (0, 0.5)")
+        raise InputError("detect-tv", f"{tv}: must be in (0, 0.5)")
     if prob.temperature == 0:
-        raise UsageError("--detect-tv: at temperature 0 the law is one token and the exact check decides")
+        raise InputError("detect-tv", ": at temperature 0 the law is one token and the exact check decides")
     return samples_for_tv(law_of(prob), tv, alpha)
 
 
@@ -384,13 +384,13 @@ def run_dist(rule: Rule, prob: Problem, samples: int = DEFAULT_SAMPLES,
     rejects with 99% power, checked by a near-miss control drawn at that TV.
     """
     if samples < 100:
-        raise UsageError(f"--samples {samples}: need at least 100")
+        raise InputError("samples", f"{samples}: need at least 100")
     from specparity.inputs import check_limit
 
     check_limit(samples, "--samples", "max_samples")
     check_limit(sweep_draws, "--sweep-draws", "max_samples")
     if not 0 < alpha < 1:
-        raise UsageError(f"--alpha {alpha}: must be in (0, 1)")
+        raise InputError("alpha", f"{alpha}: must be in (0, 1)")
     t0 = time.perf_counter()
     controls = list(CONTROLS.values()) if controls is None else controls
     ss = np.random.SeedSequence(seed)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specparity.errors import UsageError
+from specparity.errors import InputError, UsageError
 from specparity.probes.sampling.rules import Rule, check_tokens, sample_rows
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def _pick(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 def _user_token(value: Any, rule: Rule, draw: int, vocab: int) -> int:
     if isinstance(value, (list, tuple, np.ndarray)):
         if len(value) == 0:
-            raise UsageError(f"--rule {rule.name}: returned no token at draw {draw}")
+            raise InputError("rule", f"{rule.name}: returned no token at draw {draw}")
         value = value[0]
     return int(check_tokens(rule.name, value, vocab, draw))
 
@@ -121,7 +121,7 @@ def _call_user(rule: Rule, draw: int, *args: Any) -> Any:
         raise
     except Exception as err:
         shapes = " ".join(f"{getattr(a, 'shape', None) or type(a).__name__}" for a in args[:3])
-        raise UsageError(f"--rule {rule.name}: raised {type(err).__name__} at draw {draw}"
+        raise InputError("rule", f"{rule.name}: raised {type(err).__name__} at draw {draw}"
                          f" (called with p, q, draft(s) of shapes {shapes}): {err}") from err
 
 
@@ -137,7 +137,7 @@ def single_step(rule: Rule, p: np.ndarray, q: np.ndarray, drafts: np.ndarray,
         out = _call_user(rule, base, pp, qq, drafts, rng)
         out = check_tokens(rule.name, out, p.shape[-1], base)
         if out.shape != (n,):
-            raise UsageError(f"--rule {rule.name}: a vectorized rule returned shape"
+            raise InputError("rule", f"{rule.name}: a vectorized rule returned shape"
                              f" {out.shape}, expected ({n},)")
     else:
         out = np.empty(n, dtype=np.int64)
@@ -231,7 +231,7 @@ def _chain_emit(rule: Rule, P: np.ndarray, Q: np.ndarray, D: np.ndarray,
         out = check_tokens(rule.name, _call_user(rule, base, P, Q, D, rng), P.shape[-1], base,
                            padded=True)
         if out.shape != (m, k + 1):
-            raise UsageError(f"--rule {rule.name}: a vectorized chain rule returned shape"
+            raise InputError("rule", f"{rule.name}: a vectorized chain rule returned shape"
                              f" {out.shape}, expected ({m}, {k + 1})")
         return out
     em = np.full((m, k + 1), -1, dtype=np.int64)
@@ -239,7 +239,7 @@ def _chain_emit(rule: Rule, P: np.ndarray, Q: np.ndarray, D: np.ndarray,
         res = _call_user(rule, base + i, P[i], Q[i], D[i].copy(), rng)
         toks = np.atleast_1d(check_tokens(rule.name, res, P.shape[-1], base + i)).reshape(-1)
         if np.ndim(res) > 1 or not 1 <= len(toks) <= k + 1:
-            raise UsageError(f"--rule {rule.name}: returned {len(toks)} tokens at draw"
+            raise InputError("rule", f"{rule.name}: returned {len(toks)} tokens at draw"
                              f" {base + i}, expected 1..{k + 1}")
         em[i, : len(toks)] = toks
     return em
@@ -277,7 +277,7 @@ def _simulate_chain(rule, prob, samples, rng, checker, forced) -> MonteCarlo:
             n_em = (em >= 0).sum(axis=1)
             if (n_em == 0).any():
                 i = int(np.nonzero(n_em == 0)[0][0])
-                raise UsageError(f"--rule {rule.name}: emitted no token at draw {base + act[i]}")
+                raise InputError("rule", f"{rule.name}: emitted no token at draw {base + act[i]}")
             n_acc = np.cumprod(em[:, :k] == D, axis=1).sum(axis=1)
             accepted += int(n_acc.sum())
             proposed += m * k

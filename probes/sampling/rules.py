@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from specparity.errors import UsageError
+from specparity.errors import InputError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -275,13 +275,13 @@ def resolve_rule(spec: str) -> Rule:
         )
     mod_name, _, func_name = spec.rpartition(":")
     if not mod_name or not func_name or not func_name.isidentifier():
-        raise UsageError(f"--rule {spec!r}: malformed, expected module:function")
+        raise InputError("rule", f"{spec!r}: malformed, expected module:function")
     module = _import_rule_module(spec, mod_name)
     fn = getattr(module, func_name, None)
     if fn is None:
-        raise UsageError(f"--rule {spec!r}: {mod_name} has no attribute {func_name!r}")
+        raise InputError("rule", f"{spec!r}: {mod_name} has no attribute {func_name!r}")
     if not callable(fn):
-        raise UsageError(f"--rule {spec!r}: {func_name!r} is not callable")
+        raise InputError("rule", f"{spec!r}: {func_name!r} is not callable")
     return Rule(
         name=spec,
         description=(fn.__doc__ or "user rule").strip().splitlines()[0],
@@ -297,28 +297,28 @@ def _import_rule_module(spec: str, mod_name: str):
     if mod_name.endswith(".py") or "/" in mod_name or "\\" in mod_name:
         path = Path(mod_name).expanduser()
         if not path.is_file():
-            raise UsageError(f"--rule {spec!r}: no such file {mod_name}")
+            raise InputError("rule", f"{spec!r}: no such file {mod_name}")
         name = f"_specparity_rule_{abs(hash(str(path.resolve())))}"
         loader_spec = importlib.util.spec_from_file_location(name, path)
         if loader_spec is None or loader_spec.loader is None:
-            raise UsageError(f"--rule {spec!r}: cannot import {mod_name}")
+            raise InputError("rule", f"{spec!r}: cannot import {mod_name}")
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[name] = module
         try:
             loader_spec.loader.exec_module(module)
         except Exception as err:
             sys.modules.pop(name, None)
-            raise UsageError(f"--rule {spec!r}: importing {mod_name} failed"
+            raise InputError("rule", f"{spec!r}: importing {mod_name} failed"
                              f" ({type(err).__name__}: {err})") from err
         return module
     if not all(part.isidentifier() for part in mod_name.split(".")):
-        raise UsageError(f"--rule {spec!r}: malformed module name {mod_name!r}")
+        raise InputError("rule", f"{spec!r}: malformed module name {mod_name!r}")
     try:
         return importlib.import_module(mod_name)
     except ModuleNotFoundError as err:
-        raise UsageError(f"--rule {spec!r}: no module named {err.name!r}") from err
+        raise InputError("rule", f"{spec!r}: no module named {err.name!r}") from err
     except Exception as err:
-        raise UsageError(f"--rule {spec!r}: importing {mod_name} failed"
+        raise InputError("rule", f"{spec!r}: importing {mod_name} failed"
                          f" ({type(err).__name__}: {err})") from err
 
 
@@ -357,23 +357,23 @@ def check_tokens(rule: str, value: Any, vocab: int, draw: int, padded: bool = Fa
     try:
         arr = np.asarray(value)
     except (ValueError, TypeError) as err:
-        raise UsageError(f"--rule {rule}: returned {_short(value)} at draw {draw}, not token ids"
+        raise InputError("rule", f"{rule}: returned {_short(value)} at draw {draw}, not token ids"
                          f" ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
                          ) from None
     if arr.dtype.kind not in "iuf" or arr.dtype.kind == "b":
-        raise UsageError(f"--rule {rule}: returned {_short(value)} at draw {draw}, not token ids")
+        raise InputError("rule", f"{rule}: returned {_short(value)} at draw {draw}, not token ids")
     flat = arr.reshape(-1)
     if arr.dtype.kind == "f":
         bad = ~np.isfinite(flat) | (flat != np.floor(flat))
         if bad.any():
             i = int(np.argmax(bad))
-            raise UsageError(f"--rule {rule}: returned {float(flat[i])!r} at draw"
+            raise InputError("rule", f"{rule}: returned {float(flat[i])!r} at draw"
                              f" {_draw(arr, draw, i)}, not an integer token id")
     lo = -1 if padded else 0
     out_of_range = (flat < lo) | (flat >= vocab)
     if out_of_range.any():
         i = int(np.argmax(out_of_range))
-        raise UsageError(f"--rule {rule}: emitted token {_num(flat[i])} at draw {_draw(arr, draw, i)},"
+        raise InputError("rule", f"{rule}: emitted token {_num(flat[i])} at draw {_draw(arr, draw, i)},"
                          f" outside the vocabulary (0..{vocab - 1})")
     ints = arr.astype(np.int64)
     if padded and ints.ndim == 2:
@@ -382,7 +382,7 @@ def check_tokens(rule: str, value: Any, vocab: int, draw: int, padded: bool = Fa
         bad = seen_pad & (ints >= 0)
         if bad.any():
             r = int(np.nonzero(bad.any(axis=1))[0][0])
-            raise UsageError(f"--rule {rule}: at draw {draw + r} a token follows the -1 padding"
+            raise InputError("rule", f"{rule}: at draw {draw + r} a token follows the -1 padding"
                              f" ({ints[r].tolist()})")
     return ints
 
