@@ -320,14 +320,17 @@ def source_mapping() -> dict[str, str]:
     return out
 
 
-def env_dir(spec: EnvSpec) -> Path:
-    return cache_root() / spec.dirname
+def env_dir(spec: EnvSpec, root: Path | None = None) -> Path:
+    """Where ``spec`` is (or would be) built: ``<root or cache_root()>/<name>-<digest>``."""
+    return (root or cache_root()) / spec.dirname
 
 
-def find_environment(ref: str | Mapping[str, Any] | EnvSpec) -> Environment | None:
-    """The built environment for ``ref``, or None (nothing is built or run; offline)."""
+def find_environment(ref: str | Mapping[str, Any] | EnvSpec, root: Path | None = None) -> Environment | None:
+    """The built environment for ``ref`` (in ``root``, default :func:`cache_root`), or None.
+
+    Nothing is built or run: offline and instant."""
     spec = load_spec(ref)
-    return _read_built(spec, env_dir(spec))
+    return _read_built(spec, env_dir(spec, root))
 
 
 def require_environment(ref: str | Mapping[str, Any] | EnvSpec) -> Environment:
@@ -402,7 +405,7 @@ def _build(spec: EnvSpec, dest: Path, say: Progress) -> Environment:
             _pip_install(spec, work, say, log_fh, failed_log)
             _relocate(work, dest)
             if spec.with_specparity:
-                _write_hook(work)
+                write_source_hook(work)
             _check_imports(spec, work, say, log_fh, failed_log)
             packages = _installed(work)
         seconds = time.perf_counter() - t0
@@ -478,8 +481,26 @@ def _pip_install(spec: EnvSpec, work: Path, say: Progress, log_fh: IO[str], fail
             proc.wait()
     log_fh.flush()
     if rc != 0:
+        missing = _NOT_FOUND.search("\n".join(lines))
+        if missing and not _NETWORK.search("\n".join(lines)):
+            # pip says "no matching distribution" alike for a wrong pin and an index it could not
+            # reach (it names the connection error only when it retries): ask once more, verbosely
+            lines += _pip_verbose_lookup(work, missing.group(1), log_fh)
         raise InfrastructureError(f"environment {spec.name}: {pip_failure(lines)} (pip exit {rc};"
                                   f" the build log is {failed_log})")
+
+
+def _pip_verbose_lookup(work: Path, requirement: str, log_fh: IO[str]) -> list[str]:
+    argv = [str(interpreter(work)), "-m", "pip", "download", "-vv", "--no-deps", "--no-input",
+            "--disable-pip-version-check", "-d", str(work / "lookup"), requirement]
+    log_fh.write("$ " + " ".join(argv) + "\n")
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tempfile.gettempdir())
+    except subprocess.TimeoutExpired:
+        return ["Could not fetch URL (pip download timed out)"]
+    text = out.stdout + out.stderr
+    log_fh.write(text)
+    return text.splitlines()
 
 
 def pip_failure(lines: list[str]) -> str:
@@ -544,8 +565,9 @@ def _site_packages(env: Path) -> Path:
     return found[0]
 
 
-def _write_hook(work: Path) -> None:
-    site = _site_packages(work)
+def write_source_hook(env: Path) -> None:
+    """Install the hook that imports specparity from ``$SPECPARITY_SOURCE`` into the environment ``env``."""
+    site = _site_packages(env)
     (site / f"{HOOK_MODULE}.py").write_text(_HOOK)
     (site / f"{HOOK_MODULE}.pth").write_text(f"import {HOOK_MODULE}; {HOOK_MODULE}.install()\n")
 
