@@ -308,3 +308,34 @@ def test_a_built_environment_lists_its_packages_and_imports_its_engine(name: str
     assert ident["name"] == name and ident["digest"] == env.spec.digest and ident["packages"] == packages
     for module in env.spec.imports:
         assert env.has_module(module), module
+
+
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.slow
+def test_mlx_lm_server_runs_from_its_environment_on_the_fixture_pair(tmp_path: Path) -> None:
+    """The mlx-lm profile with {python} as the environment's interpreter: mlx-lm 0.31.3's own server
+    starts on the default fixture pair and drafts; its version command and fingerprint name 0.31.3."""
+    import httpx
+
+    from specparity.fixtures import default_pair
+    from specparity.harness.lifecycle import Server
+    from specparity.harness.profiles import load_profile
+
+    env = built("mlx-lm-0.31.3")
+    pair = default_pair()
+    profile = load_profile("mlx-lm")
+    argv = profile.render(profile.argv + profile.draft_argv, python=env.python, model=pair.target,
+                          draft_model=pair.draft, num_draft=3, host="127.0.0.1", port="{port}")
+    assert argv[0] == str(env.python)
+    version = subprocess.run(profile.render(profile.version_command or [], python=env.python),
+                             capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert version.stdout.strip() == "mlx-lm 0.31.3"
+    with Server(argv, log_path=tmp_path / "server.log", ready_path=profile.ready_path,
+                fail_regex=profile.fail_regex) as srv:
+        r = httpx.post(srv.url + "/v1/completions", timeout=120,
+                       json={"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["completion_tokens"] == 8
+    assert body["system_fingerprint"].startswith(f"0.31.3-{envs.MLX_PIN}-")
