@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 import yaml
 
 from specparity.environments import Environment
-from specparity.harness.lifecycle import Server
+from specparity.harness.lifecycle import Server, ServerStartError
 from specparity.harness.profiles import PROFILE_DIR, load_profile
 
 from test_environments import built
@@ -214,3 +215,18 @@ def test_a_hybrid_target_with_more_value_than_key_heads_is_reported_as_not_run(d
     finally:
         srv.stop()
     assert "ValueError: [broadcast_shapes] Shapes (1,8,4,32,32) and (1,8,2,1,32)" in srv.tail(200)
+
+
+@pytest.mark.slow
+def test_a_target_it_cannot_load_fails_the_start_at_once(dflash_env: Environment, qwen3_pair: dict[str, str],
+                                                        tmp_path: Path) -> None:
+    """A llama target (the embedded default pair): dflash's loader raises on its worker thread and the
+    process keeps waiting (300 s); the profile's fail_regex ends the start with the engine's error."""
+    from specparity.fixtures import default_pair
+
+    pair = {"target": default_pair().target, "draft": qwen3_pair["draft"]}
+    t0 = time.perf_counter()
+    with pytest.raises(ServerStartError) as err:
+        start(dflash_env, pair, tmp_path, "llama")
+    assert time.perf_counter() - t0 < 120
+    assert "Unsupported target architecture for DFlash target ops: model_type=llama" in err.value.log_tail
