@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "records": ("specparity.commands.records", "records", "Show and list records any command wrote."),
     "serve": ("specparity.commands.serve", "serve", "mlx-lm's server with the exactness gate and counts."),
     "served": ("specparity.commands.served", "served", "Served greedy parity: servers with and without a drafter."),
+    "env": ("specparity.commands.env", "env", "Engines' pinned environments: build once, list, path."),
 }
 
 

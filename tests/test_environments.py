@@ -1,0 +1,341 @@
+"""Engines' environments (specparity.environments, ``specparity env``, scripts/build-env).
+
+The mechanism is exercised on a tiny environment built offline from a wheel
+made here (one module, no dependencies): atomic, locked, idempotent, offline
+once built, one clear error for a missing package index. The packaged engine
+environments are never built by a test: the ``build`` tests use them when
+``scripts/build-env NAME`` has built them, skip otherwise, and fail under CI.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from specparity import environments as envs
+from specparity.errors import InfrastructureError, UsageError
+from conftest import run_cli
+
+# read before the autouse fixture isolates SPECPARITY_HOME: where scripts/build-env put the real ones
+REAL_CACHE = envs.cache_root()
+TINY = "specparity-tiny"
+Tiny = tuple[envs.Environment, list[str]]  # the tiny environment and its build's progress notes
+
+
+def _wheel(out: Path, version: str = "1.0") -> Path:
+    """A pure-Python wheel holding one module, ``specparity_tiny``, made without any build tool."""
+    dist = f"specparity_tiny-{version}"
+    files = {
+        "specparity_tiny.py": f"VERSION = {version!r}\n",
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {TINY}\nVersion: {version}\n",
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+        zf.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+def _offline(mp: pytest.MonkeyPatch, root: Path) -> None:
+    """pip sees only a folder holding the tiny wheel (no configured index, no network); the cache is ``root``."""
+    wheels = root / "wheels"
+    _wheel(wheels)
+    mp.setenv("PIP_CONFIG_FILE", os.devnull)
+    mp.setenv("PIP_NO_INDEX", "1")
+    mp.setenv("PIP_FIND_LINKS", str(wheels))
+    mp.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    mp.delenv("PIP_INDEX_URL", raising=False)
+    mp.setenv(envs.ENV_CACHE_VAR, str(root / "envs"))
+
+
+@pytest.fixture
+def offline_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _offline(monkeypatch, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def tiny_env(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    """The tiny environment, built once for the module (its build's progress notes kept beside it)."""
+    notes: list[str] = []
+    # the offline pip settings hold for the build only, not for the tests using it
+    with pytest.MonkeyPatch.context() as mp:
+        _offline(mp, tmp_path_factory.mktemp("tiny"))
+        env = envs.ensure_environment(tiny_spec(), progress=notes.append)
+    return env, notes
+
+
+def tiny_spec() -> envs.EnvSpec:
+    return envs.EnvSpec("tiny", (f"{TINY}==1.0",), "a test environment", imports=("specparity_tiny",),
+                        with_specparity=False)
+
+
+# --- specs (no build) ---------------------------------------------------------------------------
+
+
+def test_an_unpinned_package_is_refused_by_name() -> None:
+    with pytest.raises(UsageError, match=r"package 'mlx-lm>=0.31' is not pinned"):
+        envs.EnvSpec("x", ("mlx-lm>=0.31",))
+    with pytest.raises(UsageError, match="packages is empty"):
+        envs.EnvSpec("x", ())
+    with pytest.raises(UsageError, match="a name is letters"):
+        envs.EnvSpec("a b", ("mlx-lm==0.31.3",))
+    # extras and markers are fine, and so is ===
+    envs.EnvSpec("x", ("mlx[cpu]==0.32.4; sys_platform == 'linux'", "foo===1.0"))
+
+
+def test_the_digest_names_the_pins_and_the_directory_lives_in_the_cache(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    a = envs.EnvSpec("x", ("a==1", "b==2"))
+    assert a.digest == envs.EnvSpec("x", ("b==2", "a==1")).digest  # pip ignores the order
+    assert a.digest != envs.EnvSpec("x", ("a==1", "b==3")).digest
+    assert len(a.digest) == envs.DIGEST_CHARS and a.dirname == f"x-{a.digest}"
+    monkeypatch.delenv(envs.ENV_CACHE_VAR, raising=False)
+    monkeypatch.setenv("SPECPARITY_HOME", str(tmp_path / "home"))
+    assert envs.env_dir(a) == tmp_path / "home" / "envs" / a.dirname
+    monkeypatch.setenv(envs.ENV_CACHE_VAR, str(tmp_path / "elsewhere"))
+    assert envs.env_dir(a) == tmp_path / "elsewhere" / a.dirname
+
+
+def test_packaged_specs_pin_the_engines_and_specparity_comes_along() -> None:
+    specs = envs.PACKAGED
+    assert {"mlx-lm-0.31.3", "mlx-lm-0.32.2", "dflash-mlx"} <= set(specs)
+    assert "mlx-lm==0.31.3" in specs["mlx-lm-0.31.3"].packages
+    assert "mlx-lm==0.32.2" in specs["mlx-lm-0.32.2"].packages
+    assert {"dflash-mlx==0.1.8", "mlx-lm==0.31.3"} <= set(specs["dflash-mlx"].packages)
+    reqs = specs["dflash-mlx"].requirements()
+    assert "httpx" in reqs and not any("pytest" in r for r in reqs)  # runtime deps only, no extras
+    # what differs between the two mlx-lm environments is mlx-lm alone
+    a, b = (set(specs[n].packages) for n in ("mlx-lm-0.31.3", "mlx-lm-0.32.2"))
+    assert a ^ b == {"mlx-lm==0.31.3", "mlx-lm==0.32.2"}
+
+
+def test_a_spec_comes_from_a_name_a_yaml_file_or_a_mapping(tmp_path: Path) -> None:
+    assert envs.load_spec("dflash-mlx") is envs.PACKAGED["dflash-mlx"]
+    f = tmp_path / "mine.yaml"
+    f.write_text("packages: ['mlx-lm==0.31.3']\nimports: [mlx_lm]\n")
+    spec = envs.load_spec(str(f))
+    assert spec.name == "mine" and spec.packages == ("mlx-lm==0.31.3",) and spec.source == str(f)
+    inline = envs.load_spec({"name": "inline", "packages": ["a==1"], "with_specparity": False})
+    assert inline.name == "inline" and not inline.with_specparity
+    with pytest.raises(UsageError, match="neither a packaged environment"):
+        envs.load_spec("no-such-env")
+    with pytest.raises(UsageError, match="unknown keys pins"):
+        envs.load_spec({"name": "x", "pins": ["a==1"]})
+    f.write_text("packages: mlx-lm==0.31.3\n")
+    with pytest.raises(UsageError, match="packages must be a list"):
+        envs.load_spec(str(f))
+
+
+def test_pip_failures_read_as_one_line() -> None:
+    offline = ["WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError("
+               "'<urllib3.connection.HTTPSConnection>: Failed to establish a new connection: [Errno 111]"
+               " Connection refused')': /simple/mlx-lm/",
+               "ERROR: Could not find a version that satisfies the requirement mlx-lm==0.31.3 (from versions: none)",
+               "ERROR: No matching distribution found for mlx-lm==0.31.3"]
+    assert envs.pip_failure(offline) == ("pip could not reach a package index for mlx-lm==0.31.3"
+                                         " (offline, or the index is down?)")
+    assert "offers mlx-lm==9.9" in envs.pip_failure(["ERROR: No matching distribution found for mlx-lm==9.9"])
+    assert "in conflict" in envs.pip_failure(["ERROR: ResolutionImpossible: for help visit ..."])
+    assert envs.pip_failure(["ERROR: something else"]) == "pip failed: something else"
+
+
+def test_an_environment_not_built_names_the_command_that_builds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   cli_bin: str) -> None:
+    monkeypatch.setenv(envs.ENV_CACHE_VAR, str(tmp_path / "envs"))
+    assert envs.find_environment("dflash-mlx") is None
+    with pytest.raises(InfrastructureError, match="run scripts/build-env dflash-mlx"):
+        envs.require_environment("dflash-mlx")
+    r = run_cli(cli_bin, "env", "path", "--python", "dflash-mlx")
+    assert r.returncode == 4 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        "Error: environment dflash-mlx is not built: run scripts/build-env dflash-mlx"
+        " (or specparity env build dflash-mlx)"]
+    r = run_cli(cli_bin, "env", "list", "--json")
+    assert r.returncode == 0
+    rows = {e["name"]: e for e in json.loads(r.stdout)["environments"]}
+    assert not rows["dflash-mlx"]["built"] and rows["dflash-mlx"]["pins"]
+
+
+# --- the mechanism, on a tiny environment built offline ------------------------------------------
+
+
+def test_build_once_then_found_at_once_offline(tiny_env: Tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    env, notes = tiny_env
+    spec = env.spec
+    monkeypatch.setenv(envs.ENV_CACHE_VAR, str(env.path.parent))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    assert env.path == envs.env_dir(spec) and env.python.exists()
+    assert env.packages()[TINY] == "1.0"
+    assert env.manifest["build_seconds"] > 0 and env.manifest["size_bytes"] > 0
+    assert any("creating a virtual environment" in n for n in notes) and "built in" in notes[-1]
+    assert not list(env.path.parent.glob(".build-*")), "the temporary build directory is renamed away"
+    # nothing of the temporary directory's name is left in the scripts
+    for f in (env.path / "bin").iterdir():
+        if f.is_file() and not f.is_symlink():
+            assert b".build-" not in f.read_bytes(), f
+    out = subprocess.run([str(env.python), "-c", "import specparity_tiny; print(specparity_tiny.VERSION)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1.0"
+    # a second call builds nothing and runs nothing, even with every index gone
+    monkeypatch.setenv("PIP_FIND_LINKS", "/nonexistent")
+    again_notes: list[str] = []
+    t0 = time.perf_counter()
+    again = envs.ensure_environment(spec, progress=again_notes.append)
+    assert again == env and again_notes == [] and time.perf_counter() - t0 < 1.0
+
+
+def test_a_missing_package_index_is_one_error_line_exit_4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          cli_bin: str) -> None:
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(f"packages: ['{TINY}==1.0']\nwith_specparity: false\n")
+    cache = tmp_path / "envs"
+    env = {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0",
+           "PIP_TIMEOUT": "2", "PIP_FIND_LINKS": "", envs.ENV_CACHE_VAR: str(cache)}
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    r = run_cli(cli_bin, "env", "build", str(spec_file), env=env)
+    assert r.returncode == 4, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr
+    assert f"pip could not reach a package index for {TINY}==1.0" in errors[0]
+    # nothing that looks built, no temporary directory; the log of the failed build is kept
+    left = sorted(p.name for p in cache.iterdir() if not p.name.startswith(".lock-"))
+    assert len(left) == 1 and left[0].endswith(".failed.log"), left
+    assert str(cache / left[0]) in errors[0]
+
+
+@pytest.mark.slow
+def test_concurrent_builds_serialize_and_build_once(offline_index: None, tmp_path: Path) -> None:
+    """Two processes asking for one environment at once: one builds, the other waits and finds it."""
+    code = ("import sys, json\nfrom specparity import environments as e\n"
+            f"spec = e.EnvSpec('tiny', ('{TINY}==1.0',), imports=('specparity_tiny',), with_specparity=False)\n"
+            "notes = []\nenv = e.ensure_environment(spec, progress=notes.append)\n"
+            "print(json.dumps({'path': str(env.path), 'built': any('built in' in n for n in notes)}))\n")
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", code], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ)) for _ in range(2)]
+    outs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs[0]["path"] == outs[1]["path"]
+    assert sorted(o["built"] for o in outs) == [False, True], outs
+
+
+@pytest.mark.slow
+def test_an_interrupted_build_leaves_nothing_that_looks_built(offline_index: None,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = tiny_spec()
+
+    def boom(*args: object, **kwargs: object) -> dict[str, str]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(envs, "_installed", boom)  # after pip and the import check, before the manifest
+    with pytest.raises(KeyboardInterrupt):
+        envs.ensure_environment(spec)
+    assert envs.find_environment(spec) is None
+    root = envs.cache_root()
+    assert not envs.env_dir(spec).exists() and not list(root.glob(".build-*"))
+
+
+def test_specparity_runs_in_an_environment_from_the_running_checkout(tiny_env: Tiny, repo_root: Path) -> None:
+    """The hook imports this checkout's specparity there (its dependencies are the spec's business)."""
+    env, _ = tiny_env
+    # tiny has with_specparity=False, so no hook: write it as a with_specparity build does (importing
+    # specparity.paths and the harness package needs only the standard library)
+    envs.write_source_hook(env.path)
+    code = "import specparity.paths, specparity.harness, sys; print(specparity.paths.__file__); print(sys.prefix)"
+    out = subprocess.run([str(env.python), "-P", "-c", code], env=env.environ(), capture_output=True, text=True,
+                         cwd=str(repo_root.parent), timeout=120)
+    assert out.returncode == 0, out.stderr
+    paths_file, prefix = out.stdout.split()
+    assert Path(paths_file) == repo_root / "specparity" / "paths.py"
+    assert Path(prefix) == env.path
+    # without $SPECPARITY_SOURCE specparity is not importable there: no stale copy hides in it
+    bare = {k: v for k, v in os.environ.items() if k != envs.SOURCE_VAR}
+    out = subprocess.run([str(env.python), "-P", "-c", "import specparity"], env=bare, capture_output=True,
+                         text=True, timeout=120, cwd=str(repo_root.parent))
+    assert out.returncode != 0 and "No module named 'specparity'" in out.stderr
+
+
+def test_remove_renames_then_deletes(tiny_env: Tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    env, _ = tiny_env
+    monkeypatch.setenv(envs.ENV_CACHE_VAR, str(env.path.parent))
+    assert envs.remove_environment("dflash-mlx") is None  # packaged, not built here: nothing to remove
+    assert envs.remove_environment(env.spec.dirname) == env.path
+    assert not env.path.exists() and envs.find_environment(env.spec) is None
+    assert not list(env.path.parent.glob(".remove-*"))
+    with pytest.raises(UsageError, match="neither a packaged environment"):
+        envs.remove_environment(env.spec.dirname)  # gone: the name means nothing now
+
+
+# --- the packaged environments, when built (scripts/build-env NAME) --------------------------------
+
+
+def built(name: str) -> envs.Environment:
+    """The packaged environment ``name`` from the real cache: skip when not built, fail under CI."""
+    found = envs.find_environment(name, root=REAL_CACHE)
+    if found is None:
+        message = f"environment {name} is not built: run scripts/build-env {name}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("name, mlx_lm", [("mlx-lm-0.31.3", "0.31.3"), ("mlx-lm-0.32.2", "0.32.2"),
+                                          ("dflash-mlx", "0.31.3")])
+def test_a_built_environment_lists_its_packages_and_imports_its_engine(name: str, mlx_lm: str) -> None:
+    env = built(name)
+    packages = env.packages()
+    assert packages["mlx-lm"] == mlx_lm and packages["mlx"] == envs.MLX_PIN
+    ident = env.identity()
+    assert ident["name"] == name and ident["digest"] == env.spec.digest and ident["packages"] == packages
+    for module in env.spec.imports:
+        assert env.has_module(module), module
+
+
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.slow
+def test_mlx_lm_server_runs_from_its_environment_on_the_fixture_pair(tmp_path: Path) -> None:
+    """The mlx-lm profile with {python} as the environment's interpreter: mlx-lm 0.31.3's own server
+    starts on the default fixture pair and drafts; its version command and fingerprint name 0.31.3."""
+    import httpx
+
+    from specparity.fixtures import default_pair
+    from specparity.harness.lifecycle import Server
+    from specparity.harness.profiles import load_profile
+
+    env = built("mlx-lm-0.31.3")
+    pair = default_pair()
+    profile = load_profile("mlx-lm")
+    argv = profile.render(profile.argv + profile.draft_argv, python=env.python, model=pair.target,
+                          draft_model=pair.draft, num_draft=3, host="127.0.0.1", port="{port}")
+    assert argv[0] == str(env.python)
+    version = subprocess.run(profile.render(profile.version_command or [], python=env.python),
+                             capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert version.stdout.strip() == "mlx-lm 0.31.3"
+    with Server(argv, log_path=tmp_path / "server.log", ready_path=profile.ready_path,
+                fail_regex=profile.fail_regex) as srv:
+        r = httpx.post(srv.url + "/v1/completions", timeout=120,
+                       json={"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["completion_tokens"] == 8
+    assert body["system_fingerprint"].startswith(f"0.31.3-{envs.MLX_PIN}-")
