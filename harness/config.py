@@ -56,11 +56,18 @@ DEFAULT_PROMPTS = [
 
 @dataclass
 class Pairing:
+    """One target and drafter on one server profile.
+
+    environment: the pinned environment its servers run in (specparity.environments), over the
+    profile's own (None: the profile's).
+    """
+
     name: str
     target: str
     draft: str | None
     profile: str = "mlx-lm"
     trust_remote_code: bool = False
+    environment: str | None = None
 
 
 @dataclass
@@ -204,8 +211,12 @@ def load_job(path: str | Path) -> Job:
             draft = item.get("draft")
             if draft is not None:
                 draft = resolve_model(str(draft), p.parent, f"{where}: pairings[{i}].draft")
+            env = item.get("environment")
+            if env is not None and (not isinstance(env, str) or not env):
+                raise UsageError(f"{where}: pairings[{i}].environment: {env!r} is not an environment name")
             job.pairings.append(Pairing(str(item.get("name") or f"pairing{i}"), target, draft,
-                                        str(item.get("profile", "mlx-lm")), bool(item.get("trust_remote_code"))))
+                                        str(item.get("profile", "mlx-lm")), bool(item.get("trust_remote_code")),
+                                        env))
     if "profile" in raw:
         if not isinstance(raw["profile"], str) or not raw["profile"]:
             raise UsageError(f"{where}: profile: {raw['profile']!r} is not a profile name or file")
@@ -315,6 +326,7 @@ class Overrides:
 
     model / draft_model: one pairing instead of the job's (a path or a hub id).
     profile: every pairing's profile. trust_remote_code: every pairing's consent.
+    environment: every pairing's environment (a packaged name or a YAML file).
     widths .. request_timeout: the job keys of the same names.
     temperature / dist_requests / dist_prefix: the distribution arms (any of them adds them).
     """
@@ -323,6 +335,7 @@ class Overrides:
     draft_model: str | None = None
     profile: str | None = None
     trust_remote_code: bool = False
+    environment: str | None = None
     widths: list[int] | None = None
     width_mode: str | None = None
     max_tokens: int | None = None
@@ -356,11 +369,20 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
         job = builtin_job()
     else:
         job = replace(job)
+    if o.environment is not None:
+        from specparity.environments import load_spec
+
+        try:
+            load_spec(o.environment)
+        except UsageError as err:
+            raise OverrideError("environment", str(err)) from None
     for p in job.pairings:
         if o.profile is not None:
             p.profile = o.profile
         if o.trust_remote_code:
             p.trust_remote_code = True
+        if o.environment is not None:
+            p.environment = o.environment
     if o.widths is not None:
         if not o.widths:
             raise OverrideError("widths", "give at least one width")

@@ -32,6 +32,7 @@ from specparity.harness.profiles import dig
 
 if TYPE_CHECKING:
     from specparity.harness.client import Completion
+    from specparity.harness.engines import EngineEvidence
     from specparity.harness.profiles import Profile
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,9 @@ class Evidence:
       server reused from its prompt cache; None without a witness).
     lines: the log lines / fields that are evidence (engaged or declined).
     declined: a decline line was seen.
-    sources: witness, log, response, metrics (what gave the evidence).
+    sources: witness, log, response, metrics, engine (what gave the evidence).
+    cache: the prompt cache's state for this request as the engine reported it (cold / warm;
+      None: not reported). cached_tokens: prompt tokens it served from the cache.
     """
 
     verify_calls: int = 0
@@ -69,10 +72,13 @@ class Evidence:
     lines: list[str] = field(default_factory=list)
     declined: bool = False
     sources: list[str] = field(default_factory=list)
+    cache: str | None = None
+    cached_tokens: int | None = None
 
     @property
     def engaged(self) -> bool:
-        return bool(self.verify_calls or self.draft_calls or {"log", "response", "metrics"} & set(self.sources))
+        return bool(self.verify_calls or self.draft_calls
+                    or {"log", "response", "metrics", "engine"} & set(self.sources))
 
     @property
     def acceptance(self) -> float | None:
@@ -219,6 +225,20 @@ def collect(profile: Profile, witness_file: str | os.PathLike[str], log_path: st
         ev.sources.append("metrics")
         ev.lines.append(f"{profile.metrics_counter}: +{counter_after - before.counter:g}")
     return ev
+
+
+def add_engine(ev: Evidence, found: EngineEvidence | None) -> None:
+    """An engine's own evidence (its ``evidence`` hook) into the request's."""
+    if found is None:
+        return
+    if found.engaged:
+        ev.sources.append("engine")
+    ev.declined = ev.declined or found.declined
+    if found.accepts and not ev.accepts:
+        ev.accepts, ev.widths = list(found.accepts), list(found.widths)
+    ev.lines += found.lines
+    ev.cache = found.cache if found.cache is not None else ev.cache
+    ev.cached_tokens = found.cached_tokens if found.cached_tokens is not None else ev.cached_tokens
 
 
 def _int(v: Any) -> int | None:

@@ -71,7 +71,11 @@ class Profile:
     version_command: argv printing the server's version (kept in the record).
     requires_module: a module that must be importable for the profile to run.
     engine: the module under specparity.harness.engines with this server's code (placeholders such
-      as ``{llama_server}``, availability, the checkpoint export it loads); None: no code needed.
+      as ``{llama_server}``, availability, the checkpoint export it loads, extra argv, its own
+      evidence); None: no code needed.
+    environment: the pinned environment (specparity.environments: a packaged name, a YAML file or
+      an inline mapping) the server runs in: ``{python}`` is its interpreter, ``requires_module`` is
+      looked for there, and the record's identity lists its packages. None: this interpreter.
     exercised: False for a profile written from the server's documentation and not yet run
       against a live server (vLLM, SGLang, mlxcel): runs say so.
     source: the YAML file it came from.
@@ -101,6 +105,7 @@ class Profile:
     version_command: list[str] | None = None
     requires_module: str | None = None
     engine: str | None = None
+    environment: str | dict[str, Any] | None = None
     exercised: bool = True
     source: str = ""
 
@@ -136,9 +141,19 @@ class Profile:
                                  f" has no value here") from None
         return out
 
-    def available(self) -> str | None:
-        """None when the profile can run here, else why not."""
-        if self.requires_module and importlib.util.find_spec(self.requires_module) is None:
+    def available(self, environment: str | dict[str, Any] | None = None) -> str | None:
+        """None when the profile can run here, else why not (``environment``: overrides the profile's)."""
+        env_ref = environment if environment is not None else self.environment
+        if env_ref is not None:
+            from specparity.environments import find_environment, load_spec
+
+            env = find_environment(env_ref)
+            if env is None:
+                name = load_spec(env_ref).name
+                return f"environment {name} is not built (run scripts/build-env {name})"
+            if self.requires_module and not env.has_module(self.requires_module):
+                return f"module {self.requires_module} is not installed in environment {env.name}"
+        elif self.requires_module and importlib.util.find_spec(self.requires_module) is None:
             return f"module {self.requires_module} is not installed"
         exe = self.argv[0] if self.argv else ""
         if "{" not in exe and shutil.which(exe) is None:
@@ -221,6 +236,16 @@ def load_profile(name_or_path: str) -> Profile:
                 re.compile(evidence[key])
             except re.error as err:
                 raise UsageError(f"{where}: evidence.{key} {evidence[key]!r}: {err}") from None
+    environment = raw.get("environment")
+    if environment is not None:
+        from specparity.environments import load_spec
+
+        if not isinstance(environment, (str, dict)):
+            raise UsageError(f"{where}: environment: a packaged name, a YAML file or a mapping")
+        try:
+            load_spec(environment)
+        except UsageError as err:
+            raise UsageError(f"{where}: environment: {err}") from None
     if not isinstance(raw.get("exercised", True), bool):
         raise UsageError(f"{where}: exercised must be true or false")
     return Profile(
@@ -248,6 +273,7 @@ def load_profile(name_or_path: str) -> Profile:
         version_command=raw.get("version_command"),
         requires_module=raw.get("requires_module"),
         engine=str(engine) if engine is not None else None,
+        environment=environment,
         exercised=bool(raw.get("exercised", True)),
         source=str(path),
     )

@@ -20,7 +20,9 @@ metrics counter.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -57,6 +59,7 @@ class Session:
     info: what the record keeps of it (argv, env, log, pid, start-up seconds, version).
     generation: seconds spent generating on it when requests go in batches.
     start_counted: its start-up time has been charged to an arm (a shared server's, once).
+    server_dir: a folder the record keeps for this server (an engine's own diagnostics).
     """
 
     server: Server
@@ -64,6 +67,7 @@ class Session:
     info: dict[str, Any]
     generation: float = 0.0
     start_counted: bool = False
+    server_dir: Path = Path()
 
 
 @dataclass
@@ -75,13 +79,13 @@ class Exchange:
     evidence: Evidence = field(default_factory=Evidence)
 
 
-def _version(profile: Profile, target: str) -> str | None:
+def _version(profile: Profile, target: str, python: str, env: dict[str, str] | None) -> str | None:
     if not profile.version_command:
         return None
     try:
-        out = subprocess.run(profile.render(profile.version_command, model=target, host=HOST, port=0),
+        out = subprocess.run(profile.render(profile.version_command, model=target, host=HOST, port=0, python=python),
                              check=False, capture_output=True, text=True, timeout=30,
-                             cwd=tempfile.gettempdir())
+                             cwd=tempfile.gettempdir(), env=env)
     except (OSError, subprocess.SubprocessError) as err:
         return f"unknown ({err})"
     return (out.stdout.strip() or out.stderr.strip())[:200]
@@ -108,21 +112,21 @@ class ServedRun:
         self.request_timeout = request_timeout or job.request_timeout
         self.arm_count = 0
         self.arm_total = 0
-        self._versions: dict[str, Future[str | None]] = {}
+        self._versions: dict[tuple[str, str], Future[str | None]] = {}
         self._pool = ThreadPoolExecutor(max_workers=1)
 
     def note(self, message: str) -> None:
         self.observer.note(message)
 
-    def start_version(self, profile: Profile, target: str) -> None:
-        """Start reading the profile's version line (once per profile) beside a server's start-up."""
-        if profile.name not in self._versions:
-            self._versions[profile.name] = self._pool.submit(_version, profile, target)
+    def start_version(self, profile: Profile, target: str, python: str, env: dict[str, str] | None) -> None:
+        """Start reading the profile's version line (once per profile and interpreter) beside a server's start-up."""
+        if (profile.name, python) not in self._versions:
+            self._versions[(profile.name, python)] = self._pool.submit(_version, profile, target, python, env)
 
-    def version(self, profile: Profile, target: str) -> str | None:
-        """The profile's version line, run once per profile beside the first server's start-up."""
-        self.start_version(profile, target)
-        return self._versions[profile.name].result()
+    def version(self, profile: Profile, target: str, python: str, env: dict[str, str] | None) -> str | None:
+        """The profile's version line, run once per profile and interpreter."""
+        self.start_version(profile, target, python, env)
+        return self._versions[(profile.name, python)].result()
 
     def run(self) -> ServedReport:
         t0 = time.perf_counter()
@@ -177,13 +181,26 @@ class PairingRun:
         self.self_draft: str | None = None  # the target as its own drafter, where the profile can draft
         self.sessions: dict[str, Session] = {}
         self.history: dict[str, str] = {}
+        self.engine = profile.engine_hooks()
+        self.environment = pairing.environment or profile.environment
+        # the interpreter servers run ({python}), and what their environment adds to os.environ
+        self.python = sys.executable
+        self.server_env: dict[str, str | None] = {}
+        self.env_identity: dict[str, Any] | None = None
 
     # -- the pairing ---------------------------------------------------------------------------
     def prepare(self) -> str | None:
         """The checkpoints as the servers load them (witness wrappers, engine exports); None, or why not."""
-        why = self.profile.available()
+        why = self.profile.available(self.environment)
         if why:
             return f"profile {self.profile.name} cannot run here: {why}"
+        if self.environment is not None:
+            from specparity.environments import ensure_environment
+
+            env = ensure_environment(self.environment, progress=self.run_.note)
+            self.python = str(env.python)
+            self.server_env = {**env.environ(base={}), "PYTHONPATH": None, "PYTHONHOME": None}
+            self.env_identity = env.identity()
         self.work.mkdir(parents=True, exist_ok=True)
         for path, what in ((self.target, "target"), (self.draft, "draft")):
             if path is not None and not (Path(path) / "config.json").is_file():
@@ -195,7 +212,7 @@ class PairingRun:
         if self.draft is not None and "draft" in self.profile.witness:
             self.draft = str(wrap_checkpoint(self.draft, self.work / "witness-draft", "draft"))
             self.trust = True
-        engine = self.profile.engine_hooks()
+        engine = self.engine
         self.target = engine.prepare_checkpoint(self.target, "target")
         if self.draft is not None:
             self.draft = engine.prepare_checkpoint(self.draft, "draft")
@@ -249,28 +266,37 @@ class PairingRun:
     def new_session(self, plan: ArmPlan) -> Session:
         """A server for ``plan`` (not started): argv from the profile, env, log and witness files."""
         profile = self.profile
-        argv = profile.render(profile.argv, model=self.target, host=HOST, port="{port}")
+        # the pairing's drafter: an engine that always loads one ({draft_model} in argv) has it in every arm
+        argv = profile.render(profile.argv, model=self.target, host=HOST, port="{port}", python=self.python,
+                              draft_model=self.draft)
         w = plan.server_width
         if plan.draft is not None and w is not None:
-            argv += profile.render(profile.draft_argv, draft_model=plan.draft, num_draft=w.setting, width=w.rows)
+            argv += profile.render(profile.draft_argv, draft_model=plan.draft, num_draft=w.setting, width=w.rows,
+                                   python=self.python)
         if self.trust:
             argv += profile.trust_remote_code_argv
+        server_dir = self.work / f"server-{plan.server_key}"
+        argv += self.engine.server_argv(plan.draft is not None, server_dir)
         argv += self.job.extra_args.get("*", []) + self.job.extra_args.get(plan.name, [])
         witness = self.work / f"witness-{plan.server_key}.log"
         witness.unlink(missing_ok=True)
-        env: dict[str, str | None] = {**self.job.env, **plan.env, WITNESS_ENV: str(witness)}
+        env: dict[str, str | None] = {**self.server_env, **self.job.env, **plan.env, WITNESS_ENV: str(witness)}
         srv = Server(argv, log_path=self.work / f"server-{plan.server_key}.log", cwd=self.work, env=env,
                      ready_path=profile.ready_path, fail_regex=profile.fail_regex,
                      start_timeout=self.run_.start_timeout, name=f"{plan.server_key} server")
-        info = {"argv": argv, "env": {k: v for k, v in env.items() if k != WITNESS_ENV},
-                "log": str(srv.log_path), "witness": str(witness), "profile": profile.name}
-        return Session(srv, witness, info)
+        info: dict[str, Any] = {"argv": argv, "env": {k: v for k, v in {**self.job.env, **plan.env}.items()},
+                                "log": str(srv.log_path), "witness": str(witness), "profile": profile.name}
+        if self.env_identity is not None:
+            info["environment"] = self.env_identity["name"]
+        return Session(srv, witness, info, server_dir=server_dir)
 
     def start(self, session: Session) -> None:
         """Start the session's server and wait until ready; raises ServerStartError (with the log
         tail and exit code put in ``session.info``)."""
         self.run_.note(f"  starting {session.server.name}")
-        self.run_.start_version(self.profile, self.target)
+        session.server_dir.mkdir(parents=True, exist_ok=True)
+        version_env = {**os.environ, **{k: v for k, v in self.server_env.items() if v is not None}}
+        self.run_.start_version(self.profile, self.target, self.python, version_env)
         try:
             session.server.start()
         except ServerStartError as err:
@@ -279,7 +305,7 @@ class PairingRun:
             raise
         session.info["start_seconds"] = session.server.times.start
         session.info["pid"] = session.server.pid
-        session.info["version"] = self.run_.version(self.profile, self.target)
+        session.info["version"] = self.run_.version(self.profile, self.target, self.python, version_env)
 
     @staticmethod
     def stop_session(session: Session) -> int | None:
@@ -296,12 +322,14 @@ class PairingRun:
         """Send one request and read its evidence."""
         srv, timeout = session.server, self.run_.request_timeout
         before = evidence_mod.mark(client, srv.url, session.witness_file, srv.log_path, self.profile, timeout)
+        engine_mark = self.engine.mark(session)
         comp = send(client, srv.url, req, self.profile, fields, timeout=timeout)
         if not comp.ok and not srv.alive():
             code = srv.proc.returncode if srv.proc else None
             comp.error = (comp.error or "") + f" (the server exited with code {code}; log tail: {srv.tail(5)!r})"
         after = evidence_mod.read_counter(client, srv.url, self.profile, timeout)
         ev = evidence_mod.collect(self.profile, session.witness_file, srv.log_path, comp, before, after)
+        evidence_mod.add_engine(ev, self.engine.evidence(session, comp, engine_mark))
         return Exchange(req, comp, ev)
 
     def send_concurrent(self, client: Any, session: Session, requests: list[Request], fields: dict[str, Any],

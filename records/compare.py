@@ -156,6 +156,9 @@ def _identity(ident: dict[str, Any], summary: dict[str, Any] | None) -> dict[str
     for pname, fps in (ident.get("models") or {}).items():
         for role, fp in (fps or {}).items():
             out[f"{pname} {role} fingerprint"] = fp
+    for pname, env in (ident.get("environments") or {}).items():
+        for pkg, version in ((env or {}).get("packages") or {}).items():
+            out[f"{pname} environment {pkg}"] = version
     for p in (summary or {}).get("pairings") or []:
         for a in p.get("arms") or []:
             srv = a.get("server") or {}

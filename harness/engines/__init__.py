@@ -11,6 +11,14 @@ it does not define is simply not used):
         why the engine cannot run here (None: it can); a pairing on it is ``error``
     prepare_checkpoint(path: str, role: str) -> str
         the checkpoint as the server loads it (llama.cpp: a GGUF export, made once)
+    server_argv(drafts: bool, server_dir: Path) -> list[str]
+        argv appended to one server's (an arm with or without the drafter; ``server_dir``: the
+        folder the record keeps for that server, e.g. for the engine's own diagnostics)
+    max_width(draft: str) -> int | None
+        the widest verify block the engine takes with this drafter (None: no limit)
+    mark(session) -> Any / evidence(session, completion, mark) -> EngineEvidence | None
+        the engine's own evidence over one request: ``mark`` before it is sent, ``evidence``
+        after (accept vector and widths per round, what drafted each round, cache state)
 
 Add a server: write one profile YAML (``harness/profiles/*.yaml`` documents
 every key; a user's file is passed by path). Add an engine that needs code (an
@@ -22,7 +30,8 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -52,6 +61,43 @@ class Engine:
     def prepare_checkpoint(self, path: str, role: str) -> str:
         fn = self._hook("prepare_checkpoint")
         return str(fn(path, role)) if fn is not None else path
+
+
+    def server_argv(self, drafts: bool, server_dir: Path) -> list[str]:
+        fn = self._hook("server_argv")
+        return [str(a) for a in fn(drafts, server_dir)] if fn is not None else []
+
+    def max_width(self, draft: str) -> int | None:
+        fn = self._hook("max_width")
+        return fn(draft) if fn is not None else None
+
+    def mark(self, session: Any) -> Any:
+        fn = self._hook("mark")
+        return fn(session) if fn is not None else None
+
+    def evidence(self, session: Any, completion: Any, mark: Any) -> EngineEvidence | None:
+        fn = self._hook("evidence")
+        return fn(session, completion, mark) if fn is not None else None
+
+
+@dataclass
+class EngineEvidence:
+    """What an engine's own evidence reader found over one request (engines' ``evidence`` hook).
+
+    engaged: the drafter ran (None: cannot tell). declined: the engine fell back to its classic
+    path for this request. accepts / widths: accepted drafts and verify rows per round.
+    lines: evidence lines for the report. cache: prompt-cache state (``cold`` / ``warm``, None:
+    unknown). cached_tokens: prompt tokens served from the cache. details: anything else to keep.
+    """
+
+    engaged: bool | None = None
+    declined: bool = False
+    accepts: list[int] = field(default_factory=list)
+    widths: list[int] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    cache: str | None = None
+    cached_tokens: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 GENERIC = Engine("generic")

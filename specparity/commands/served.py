@@ -12,6 +12,7 @@ from specparity.inputs import parse_int_list
 
 # Overrides field -> the flag that sets it (library errors name the field; this command, the flag)
 FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profile", "widths": "--widths",
+         "environment": "--environment",
          "width_mode": "--width-mode", "temperature": "--temperature / --dist-requests / --dist-prefix"}
 
 
@@ -25,6 +26,9 @@ FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profi
               help="Server profile for every pairing: mlx-lm, specparity-serve, llama.cpp, vllm, sglang, mlxcel,"
                    " openai, or a YAML file.")
 @click.option("--trust-remote-code", is_flag=True, help="Let the servers run --model's model_file.")
+@click.option("--environment", default=None, metavar="NAME|FILE",
+              help="Run every pairing's servers in this pinned environment (specparity env list),"
+                   " e.g. mlx-lm-0.31.3.")
 @click.option("--widths", default=None, help="Verify rows, e.g. 2,3,4 or 2-8 (mlx-lm: num_draft_tokens + 1).")
 @click.option("--width-mode", type=click.Choice(["process", "request"]), default=None,
               help="A server per width, or one drafter server with the width per request.")
@@ -48,7 +52,8 @@ FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profi
 @json_option
 @record_option
 def served(config_path: str | None, model: str | None, draft_model: str | None, profile: str | None,
-           trust_remote_code: bool, widths: str | None, width_mode: str | None, max_tokens: int | None,
+           trust_remote_code: bool, environment: str | None, widths: str | None, width_mode: str | None,
+           max_tokens: int | None,
            concurrency: int | None, repeats: int | None, start_timeout: float | None,
            request_timeout: float | None, shard_spec: str | None, temperature: float | None,
            dist_requests: int | None, dist_prefix: int | None, quiet: bool, as_json: bool,
@@ -96,7 +101,7 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
     overrides = Overrides(
         model=str(resolve_path(model, "target")) if model is not None else None,
         draft_model=str(resolve_path(draft_model, "draft")) if draft_model is not None else None,
-        profile=profile, trust_remote_code=trust_remote_code,
+        profile=profile, trust_remote_code=trust_remote_code, environment=environment,
         widths=parse_int_list(widths, "--widths", minimum=2) if widths is not None else None,
         width_mode=width_mode, max_tokens=max_tokens, concurrency=concurrency, repeats=repeats,
         start_timeout=start_timeout, request_timeout=request_timeout, temperature=temperature,
@@ -115,8 +120,8 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
             click.echo(f"profile {prof.name} {NOT_EXERCISED}", err=True)
     title = f"served: {', '.join(p.name for p in job.pairings)} ({job.source} job)"
     slug = "served" if shard is None else f"served-shard{shard.index}of{shard.count}"
-    cmd = CommandRun("served", title, {"job": job.to_dict(), "models": _fingerprints(job)}, record_dir, as_json,
-                     quiet, slug=slug)
+    ident = {"job": job.to_dict(), "models": _fingerprints(job), "environments": _environments(job)}
+    cmd = CommandRun("served", title, ident, record_dir, as_json, quiet, slug=slug)
     with cmd:
         return cmd.finish(*_run(cmd, job, shard))
 
@@ -135,6 +140,20 @@ def _run(cmd: CommandRun, job: Any, shard: Any) -> tuple[Any, None, list[str]]:
 
     report = ServedRun(job, workdir=workdir, on_arm=on_arm, observer=cmd.observer, shard=shard).run()
     return report, None, served_markdown(report, sink)
+
+
+def _environments(job: Any) -> dict[str, Any]:
+    """Each pairing's environment (its pins and installed packages), where its servers run in one."""
+    from specparity.environments import find_environment
+    from specparity.harness.profiles import load_profile
+
+    out: dict[str, Any] = {}
+    for p in job.pairings:
+        ref = p.environment or load_profile(p.profile).environment
+        env = find_environment(ref) if ref is not None else None
+        if env is not None:
+            out[p.name] = env.identity()
+    return out
 
 
 def _fingerprints(job: Any) -> dict[str, dict[str, str | None]]:
