@@ -70,3 +70,26 @@ def test_cli_probe_by_hub_id_offline_and_a_clear_error_when_neither_cached_nor_r
     assert r.returncode == 4, r.stderr
     assert "Error: --model specparity/missing:" in r.stderr and "unreachable" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_served_resolves_hub_ids_like_every_command(tmp_path, cli_bin, llama_pair):
+    """served --model / --draft-model and a job file's pairings take hub ids (the one resolver, offline)."""
+    import yaml
+
+    hub = tmp_path / "hub"
+    target = _hub_cache(hub, "specparity/tiny-llama", llama_pair.target)
+    draft = _hub_cache(hub, "specparity/tiny-draft", llama_pair.draft)
+    env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(yaml.safe_dump({"pairings": [{"name": "hub", "target": "specparity/tiny-llama",
+                                                 "draft": "specparity/tiny-draft"}],
+                                   "widths": [2], "max_tokens": 4, "sequence": ["fresh"]}))
+    r = run_cli(cli_bin, "served", "--config", str(cfg), "--json", env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["pairings"][0]
+    assert p["target"] == str(target.resolve()) and p["draft"] == str(draft.resolve())
+    assert p["verdict"] == "match"
+    r = run_cli(cli_bin, "served", "--model", "specparity/tiny-llama", "--draft-model", "specparity/missing",
+                env=env, cwd=str(tmp_path))
+    assert r.returncode == 4 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("Error: --draft-model specparity/missing: not a local directory")
