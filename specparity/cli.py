@@ -112,8 +112,13 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("Aborted.", err=True)
         code = EXIT_INTERRUPTED
     except click.ClickException as err:
+        # click's own usage errors (a bad option value, a missing argument): one line, exit 2,
+        # not click's Usage / Try / blank / Error block
         _traceback(debug)
-        err.show()
+        if isinstance(err, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+            err.show()  # a group named without a command: its help, as the user asked
+        else:
+            click.echo(f"Error: {first_line(err.format_message())}", err=True)
         code = EXIT_USAGE
     except KeyboardInterrupt:
         _traceback(debug)
