@@ -3,8 +3,11 @@
 Every server specparity starts (the served job's arms, ``specparity serve`` in
 tests, bisect's control arms) goes through :class:`Server`:
 
-- started from an argv list, never a shell, on 127.0.0.1 and a free port
-  (``{port}`` in the argv is replaced by it);
+- started from an argv list, never a shell, on 127.0.0.1 and a free port: the
+  items :data:`PORT_ARG` and :data:`HOST_ARG` (and any :class:`ArgTemplate`,
+  whose only fields are ``{port}`` and ``{host}``) are filled in at spawn;
+  every other item is passed as it is, so a model path holding ``{port}`` stays
+  that path;
 - with a working directory outside the repository root (the root ``bisect/``
   shadows the standard library for ``python -m``, ``mlx_lm.server`` included);
 - in its own process group (``start_new_session=True``), stdout and stderr to a
@@ -17,7 +20,7 @@ A module registry remembers every live server: :func:`stop_all` stops them,
 and is run at interpreter exit and on SIGINT / SIGTERM (the handlers are
 installed the first time a server starts and chain to the previous ones).
 
-    with Server(["mlx_lm.server", "--model", m, "--port", "{port}"], log_path=log) as srv:
+    with Server(["mlx_lm.server", "--model", m, "--port", PORT_ARG], log_path=log) as srv:
         httpx.post(srv.url + "/v1/completions", json={...}, timeout=60)
 """
 
@@ -33,7 +36,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -61,6 +64,25 @@ class ServerStartError(InfrastructureError):
         super().__init__(message)
         self.log_tail = log_tail
         self.returncode = returncode
+
+
+class ArgTemplate(str):
+    """An argv item the lifecycle completes at spawn, in ``str.format`` syntax: ``{port}`` and
+    ``{host}`` are its only fields, every other brace is doubled. A plain ``str`` item is never
+    read as a template (a path holding ``{port}`` is a path)."""
+
+    def fill(self, port: int, host: str = HOST) -> str:
+        return self.format(port=port, host=host)
+
+
+PORT_ARG = ArgTemplate("{port}")
+HOST_ARG = ArgTemplate("{host}")
+_PLACEHOLDERS = ("{port}", "{host}")
+
+
+def resolve_argv(argv: Sequence[str], port: int, host: str = HOST) -> list[str]:
+    """``argv`` as the process gets it: each :class:`ArgTemplate` filled, every other item as it is."""
+    return [a.fill(port, host) if isinstance(a, ArgTemplate) else str(a) for a in argv]
 
 
 def free_port() -> int:
@@ -94,7 +116,8 @@ class ServerTimes:
 class Server:
     """One server process and its group.
 
-    argv: the command; ``{port}`` and ``{host}`` in any item are replaced.
+    argv: the command; :data:`PORT_ARG`, :data:`HOST_ARG` and other :class:`ArgTemplate` items are
+      filled in (:func:`resolve_argv`), plain strings are passed as they are.
     log_path: where stdout and stderr go (a temp file when None; kept either way).
     cwd: working directory (default: a fresh temp directory, never the repo root).
     env: extra environment variables over ``os.environ`` (None values unset one).
@@ -156,7 +179,11 @@ class Server:
             raise RuntimeError(f"{self.name} already started")
         _install_handlers()
         self.port = self.port or free_port()
-        self.resolved_argv = [a.replace("{port}", str(self.port)).replace("{host}", HOST) for a in self.argv]
+        self.resolved_argv = resolve_argv(self.argv, self.port)
+        for a in self.argv:
+            if not isinstance(a, ArgTemplate) and a in _PLACEHOLDERS:
+                log.warning("%s: argv item %r is passed as it is: the placeholder is PORT_ARG / HOST_ARG",
+                            self.name, a)
         if self.cwd is None:
             self.cwd = tempfile.mkdtemp(prefix="specparity-server-")
         if self.log_path is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from specparity.harness.lifecycle import (
+    PORT_ARG,
     Server,
     ServerStartError,
     group_alive,
@@ -24,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def mlx_lm_argv(model: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", "{port}", *extra]
+    return [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", PORT_ARG, *extra]
 
 
 def test_real_mlx_lm_server_ready_serves_and_stops_with_its_group(llama_pair, tmp_path):
@@ -114,3 +116,55 @@ def test_signal_to_the_owner_stops_its_servers(sig, tmp_path):
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+# -- issue 20, class 10: placeholders only where they belong -------------------------------------
+def test_a_model_path_holding_placeholders_reaches_the_server_as_it_is(tmp_path):
+    """The profile's {port} is the port; a {port} or {host} inside the model path is the path's."""
+    import httpx
+    import yaml
+    from fakeserver import __file__ as fake_py
+    from specparity.harness.lifecycle import HOST
+    from specparity.harness.profiles import load_profile
+
+    prof = tmp_path / "fake.yaml"
+    prof.write_text(yaml.safe_dump({
+        "name": "fake", "argv": ["{python}", "-I", fake_py, "--model", "{model}", "--host", "{host}",
+                                 "--port", "{port}", "--url=http://{host}:{port}/v1"],
+        "draft_argv": ["--draft-model", "{draft_model}", "--num-draft-tokens", "{num_draft}"]}))
+    p = load_profile(str(prof))
+    model = str(tmp_path / "m-{port}-{host}-{{x}}-{0}")
+    draft = str(tmp_path / "d-{port}")
+    # as harness/served.py renders it
+    argv = p.render(p.argv, model=model, host=HOST, port="{port}")
+    argv += p.render(p.draft_argv, draft_model=draft, num_draft=3, width=4)
+    with Server(argv, name="fake", log_path=tmp_path / "fake.log") as srv:
+        got = httpx.get(srv.url + "/argv", timeout=10).json()
+    assert got[got.index("--model") + 1] == model
+    assert got[got.index("--draft-model") + 1] == draft
+    assert got[got.index("--port") + 1] == str(srv.port)
+    assert f"--url=http://{HOST}:{srv.port}/v1" in got
+    # a plain item is never a template, even one that is exactly a placeholder
+    with Server([*fake_argv_plain(fake_py), "--model", "{port}"], name="plain", log_path=tmp_path / "p.log") as srv:
+        got = httpx.get(srv.url + "/argv", timeout=10).json()
+    assert got[got.index("--model") + 1] == "{port}"
+
+
+def fake_argv_plain(fake_py: str) -> list[str]:
+    return [sys.executable, "-I", fake_py, "--port", PORT_ARG]
+
+
+@pytest.mark.parametrize("item, words", [
+    ("{0}", "placeholder {0}"), ("{}", "placeholder {}"), ("{model", "expected '}'"), ("x}", "Single '}'"),
+    ("{model.__class__}", "placeholder {model.__class__}"), ("{nope}", "has no value here"),
+])
+def test_a_bad_template_item_is_a_usage_error_naming_the_profile(tmp_path, item, words):
+    import yaml
+    from specparity.errors import UsageError
+    from specparity.harness.profiles import load_profile
+
+    prof = tmp_path / "bad.yaml"
+    prof.write_text(yaml.safe_dump({"name": "bad", "argv": ["{python}", item]}))
+    p = load_profile(str(prof))
+    with pytest.raises(UsageError, match=f"profile bad .*{re.escape(words)}"):
+        p.render(p.argv, model="/m", host="127.0.0.1", port="{port}")

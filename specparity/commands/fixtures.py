@@ -81,8 +81,6 @@ def gguf(src_dir, out, outtype, force, as_json):
         specparity fixtures gguf ./fx/llama/draft ./fx/draft.gguf
         llama-server -m ./fx/target.gguf -md ./fx/draft.gguf --spec-type draft-simple
     """
-    from pathlib import Path
-
     from specparity.checkpoint import resolve_model_dir
     from specparity.gguf_export import export_gguf
     from specparity.outputs import check_new_file
