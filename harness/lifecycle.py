@@ -14,7 +14,11 @@ tests, bisect's control arms) goes through :class:`Server`:
   log file that is kept;
 - ready when an HTTP path answers 200 (polled with httpx; a process that has
   already exited raises at once with its log tail; an explicit deadline);
-- stopped with SIGTERM to the group, a wait, then SIGKILL to the group.
+- stopped with SIGTERM to the group, a wait, then SIGKILL to the group;
+- unable to outlive the harness, however it dies (SIGKILL included): on Linux
+  the server gets SIGKILL when the harness dies (a parent-death signal), and on
+  every system a watcher process stops its whole group when a pipe only the
+  harness holds closes (see :mod:`specparity.harness.watchdog`).
 
 A module registry remembers every live server: :func:`stop_all` stops them,
 and is run at interpreter exit and on SIGINT / SIGTERM (the handlers are
@@ -29,20 +33,29 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
 
 from specparity.errors import InfrastructureError
+from specparity.harness import watchdog
+from specparity.harness.watchdog import group_alive
+
+__all__ = ["ArgTemplate", "HOST", "HOST_ARG", "PORT_ARG", "Server", "ServerStartError", "ServerTimes",
+           "free_port", "group_alive", "live_servers", "log_tail", "resolve_argv", "stop_all"]
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +155,7 @@ class Server:
     times: ServerTimes = field(default_factory=ServerTimes)
     resolved_argv: list[str] = field(default_factory=list)
     _log_file: Any = None
+    _watcher: subprocess.Popen | None = None
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -196,18 +210,30 @@ class Server:
             else:
                 env[k] = v
         env.setdefault("PYTHONUNBUFFERED", "1")
+        exe = self.resolved_argv[0] if self.resolved_argv else ""
+        found = shutil.which(exe, path=env.get("PATH", os.defpath)) if os.sep not in exe else (
+            exe if os.access(exe, os.X_OK) and not os.path.isdir(exe) else None)
+        if not found:
+            raise ServerStartError(f"{self.name}: cannot run {exe!r}: not an executable file"
+                                   + ("" if os.sep in exe else " on PATH"))
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (open for the life of the process)
         log.info("starting %s on port %d: %s", self.name, self.port, " ".join(self.resolved_argv))
         self._t0 = time.perf_counter()
+        argv = self.resolved_argv
+        if PARENT_DEATH_SIGNAL:
+            argv = [sys.executable, "-I", "-S", WATCHDOG, "exec", str(os.getpid()), "--", *argv]
         try:
-            self.proc = subprocess.Popen(
-                self.resolved_argv, cwd=str(self.cwd), env=env, stdin=subprocess.DEVNULL,
+            self.proc, interrupted = _SPAWNER.popen(
+                argv, cwd=str(self.cwd), env=env, stdin=subprocess.DEVNULL,
                 stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,
             )
         except OSError as err:
             self._log_file.close()
             raise ServerStartError(f"{self.name}: cannot run {self.resolved_argv[0]!r}: {err}") from None
         _REGISTRY.add(self)
+        self._watcher = _watch(self.proc.pid, self.stop_timeout, str(self.cwd), self._log_file)
+        if interrupted is not None:
+            raise interrupted
 
     def wait_ready(self) -> None:
         """Poll ``ready_path`` until 200; raise at once if the process exits."""
@@ -263,6 +289,9 @@ class Server:
                 log.error("%s (pid %d) survived SIGKILL", self.name, proc.pid)
         finally:
             _REGISTRY.discard(self)
+            if self._watcher is not None:
+                _end(self._watcher)
+                self._watcher = None
             if self._log_file is not None and not self._log_file.closed:
                 self._log_file.close()
             if self.times.stop is None:
@@ -284,35 +313,103 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` still exists (zombies not counted)."""
+# -- tying each server's life to this process's (see specparity.harness.watchdog) ---------------
+WATCHDOG = str(Path(watchdog.__file__).resolve())
+# Linux only: the server's first program asks for SIGKILL when its parent dies (tests turn it off
+# to exercise the watcher alone, as on macOS)
+PARENT_DEATH_SIGNAL = sys.platform.startswith("linux")
+_PIPE: tuple[int, int] | None = None
+_PIPE_LOCK = threading.Lock()
+
+
+def _pipe_read_end() -> int:
+    """The read end of the pipe whose write end this process holds until it dies (made once)."""
+    global _PIPE
+    with _PIPE_LOCK:
+        if _PIPE is None or _PIPE[0] < 0:
+            _PIPE = os.pipe()  # close-on-exec: no other child inherits the write end
+        return _PIPE[0]
+
+
+def _watch(pgid: int, grace: float, cwd: str, log_file: Any) -> subprocess.Popen | None:
+    """Start the watcher of group ``pgid``, in a session of its own; None (and a warning) if it cannot run."""
+    fd = _pipe_read_end()
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", WATCHDOG, "watch", str(os.getpid()), str(pgid), str(fd), f"{grace:g}"],
+            pass_fds=(fd,), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    except OSError as err:
+        log.warning("no watcher for process group %d (%s): it relies on the parent-death signal", pgid, err)
+        return None
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill and reap a child of ours (never a reused pid: it is ours until reaped)."""
+    if proc.poll() is None:
         try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        # fields after the ")" closing the command name: state ppid pgrp ...
-        rest = stat.rsplit(")", 1)[1].split()
-        if int(rest[2]) == pgid and rest[0] != "Z":
-            return True
-    return False
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(DEFAULT_STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        log.error("watcher pid %d survived SIGKILL", proc.pid)
+
+
+class _Spawner:
+    """Forks every server from one thread that lives as long as the process.
+
+    Linux sends the parent-death signal when the *thread* that forked a child
+    exits, not the process: a server started from a worker thread would be
+    killed when that worker ended.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[tuple[Future[subprocess.Popen], list[str], dict[str, Any]]] = \
+            queue.SimpleQueue()
+
+    def popen(self, argv: list[str], **kwargs: Any) -> tuple[subprocess.Popen, BaseException | None]:
+        """The process, and the Ctrl-C / SIGTERM that arrived while it was forked (the caller
+        registers the process, then raises it)."""
+        if not PARENT_DEATH_SIGNAL or threading.current_thread() is self._thread:
+            return subprocess.Popen(argv, **kwargs), None
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="specparity-spawner", daemon=True)
+                self._thread.start()
+        fut: Future[subprocess.Popen] = Future()
+        self._jobs.put((fut, argv, kwargs))
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                proc = fut.result()
+                break
+            except KeyboardInterrupt as err:
+                # the fork goes on in the spawner: wait for the process, so that it is registered
+                # and stopped, then let the interruption through
+                interrupted = err
+        return proc, interrupted
+
+    def _serve(self) -> None:
+        while True:
+            fut, argv, kwargs = self._jobs.get()
+            try:
+                fut.set_result(subprocess.Popen(argv, **kwargs))
+            except BaseException as err:  # noqa: BLE001 (handed to the caller)
+                fut.set_exception(err)
+
+
+_SPAWNER = _Spawner()
 
 
 # -- the registry: every live server, stopped at exit and on SIGINT / SIGTERM -------------------
 class _Registry:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # reentrant: a signal handler runs stop_all in the main thread, maybe while it holds the lock
+        self._lock = threading.RLock()
         self._servers: list[Server] = []
 
     def add(self, s: Server) -> None:
@@ -330,7 +427,8 @@ class _Registry:
 
 
 _REGISTRY = _Registry()
-_HANDLERS_INSTALLED = False
+_AT_EXIT = False
+_SIGNALS = False
 
 
 def live_servers() -> list[Server]:
@@ -347,15 +445,19 @@ def stop_all() -> None:
 
 
 def _install_handlers() -> None:
-    global _HANDLERS_INSTALLED
-    if _HANDLERS_INSTALLED:
+    global _AT_EXIT, _SIGNALS
+    if not _AT_EXIT:
+        _AT_EXIT = True
+        atexit.register(stop_all)
+    # signal handlers can only be set from the main thread: a server started from another
+    # thread leaves them to the next start from the main thread
+    if _SIGNALS or threading.current_thread() is not threading.main_thread():
         return
-    _HANDLERS_INSTALLED = True
-    atexit.register(stop_all)
-    if threading.current_thread() is not threading.main_thread():
-        return
+    _SIGNALS = True
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous = signal.getsignal(sig)
+        if previous == signal.SIG_IGN:
+            continue  # ignored by whoever started us (nohup, a background job): it stays ignored
         signal.signal(sig, _make_handler(sig, previous))
 
 
@@ -364,8 +466,6 @@ def _make_handler(sig: int, previous: Any) -> Callable[[int, FrameType | None], 
         stop_all()
         if callable(previous):
             previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
         elif sig == signal.SIGINT:
             raise KeyboardInterrupt
         else:

@@ -118,6 +118,114 @@ def test_signal_to_the_owner_stops_its_servers(sig, tmp_path):
             owner.kill()
 
 
+# -- issue 20, class 5: no server outlives the harness, whatever kills it ------------------------
+OWNER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import fakeserver
+    from specparity.harness import lifecycle
+    lifecycle.PARENT_DEATH_SIGNAL = {pdeath!r}
+    # a server that ignores SIGTERM and has a child in its group: the hardest to stop
+    srv = lifecycle.Server(fakeserver.argv("--child", "--ignore-term"), name="fake", stop_timeout=1.0)
+    srv.start()
+    print(srv.pid, flush=True)
+    time.sleep(600)
+""")
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def _owner(tmp_path: Path, pdeath: bool) -> tuple[subprocess.Popen, str, int]:
+    """A harness process owning one fake server; returns it, its mark and the server's pid."""
+    import uuid
+
+    from fakeserver import MARK_ENV, marked
+
+    mark = uuid.uuid4().hex
+    owner = subprocess.Popen([sys.executable, "-P", "-c", OWNER.format(tests=TESTS, pdeath=pdeath)],
+                             stdout=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, MARK_ENV: mark})
+    try:
+        line = owner.stdout.readline() if owner.stdout else ""
+        assert line.strip().isdigit(), "the owner did not start its server"
+        server = int(line)
+        # owner, server, the server's child and the server's watcher
+        assert len(marked(mark)) == 4 and server in marked(mark)
+    except BaseException:
+        _kill_marked(mark)
+        raise
+    return owner, mark, server
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("pdeath", [True, False], ids=["parent-death-signal-and-watcher", "watcher-only"])
+def test_sigkill_of_the_harness_leaves_no_server_or_child(tmp_path, pdeath):
+    """watcher-only is what macOS gets (no parent-death signal): the pipe alone must do it."""
+    from fakeserver import wait_gone
+
+    if pdeath and not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    owner, mark, server = _owner(tmp_path, pdeath)
+    try:
+        owner.kill()
+        owner.wait(30)
+        left = wait_gone(mark)
+        assert not left, f"still running after the harness was SIGKILLed: {left}"
+    finally:
+        _kill_marked(mark)
+
+
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_parent_death_signal_alone_takes_the_server(tmp_path):
+    """The watcher killed first: the kernel's signal still ends the server when the harness dies."""
+    from fakeserver import marked
+
+    owner, mark, server = _owner(tmp_path, True)
+    try:
+        watcher = [p for p in marked(mark) if b"watch" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
+        assert len(watcher) == 1
+        os.kill(watcher[0], signal.SIGKILL)
+        owner.kill()
+        owner.wait(30)
+        deadline = time.monotonic() + 60
+        while server in marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server not in marked(mark)
+    finally:
+        _kill_marked(mark)
+
+
+def _kill_marked(mark: str) -> None:
+    from fakeserver import marked
+
+    for pid in marked(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_server_started_from_a_thread_that_ends_keeps_running(tmp_path):
+    """Linux sends the parent-death signal when the forking *thread* exits: servers are forked from
+    one thread that lives as long as the process, never from the caller's."""
+    import threading
+
+    import httpx
+    from fakeserver import argv
+
+    srv = Server(argv(), name="from-a-thread", log_path=tmp_path / "t.log")
+    t = threading.Thread(target=srv.start)
+    t.start()
+    t.join(60)
+    try:
+        assert srv.alive()
+        time.sleep(0.5)  # a parent-death signal would have arrived by now
+        assert srv.alive() and httpx.get(srv.url + "/health", timeout=10).status_code == 200
+    finally:
+        srv.stop()
+    assert not group_alive(srv.pgid)
+
+
 # -- issue 20, class 10: placeholders only where they belong -------------------------------------
 def test_a_model_path_holding_placeholders_reaches_the_server_as_it_is(tmp_path):
     """The profile's {port} is the port; a {port} or {host} inside the model path is the path's."""
