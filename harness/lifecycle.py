@@ -23,6 +23,10 @@ tests, bisect's control arms) goes through :class:`Server`:
 A module registry remembers every live server: :func:`stop_all` stops them,
 and is run at interpreter exit and on SIGINT / SIGTERM (the handlers are
 installed the first time a server starts and chain to the previous ones).
+SIGTERM then raises :class:`~specparity.errors.Terminated` in the main thread,
+as SIGINT raises KeyboardInterrupt, so records close as interrupted.
+:func:`scratch_dir` gives a temporary directory removed at exit, after the
+servers that ran in it.
 
     with Server(["mlx_lm.server", "--model", m, "--port", PORT_ARG], log_path=log) as srv:
         httpx.post(srv.url + "/v1/completions", json={...}, timeout=60)
@@ -50,12 +54,13 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
 
-from specparity.errors import InfrastructureError
+from specparity.errors import InfrastructureError, Terminated
 from specparity.harness import watchdog
 from specparity.harness.watchdog import group_alive
 
 __all__ = ["ArgTemplate", "HOST", "HOST_ARG", "PORT_ARG", "Server", "ServerStartError", "ServerTimes",
-           "free_port", "group_alive", "live_servers", "log_tail", "resolve_argv", "stop_all"]
+           "catch_sigterm", "free_port", "group_alive", "live_servers", "log_tail", "remove_scratch",
+           "resolve_argv", "scratch_dir", "stop_all"]
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +137,8 @@ class Server:
     argv: the command; :data:`PORT_ARG`, :data:`HOST_ARG` and other :class:`ArgTemplate` items are
       filled in (:func:`resolve_argv`), plain strings are passed as they are.
     log_path: where stdout and stderr go (a temp file when None; kept either way).
-    cwd: working directory (default: a fresh temp directory, never the repo root).
+    cwd: working directory (default: a fresh temp directory, never the repo root; removed at exit
+      when the log is elsewhere).
     env: extra environment variables over ``os.environ`` (None values unset one).
     ready_path: HTTP GET path that answers 200 when the server can serve.
     fail_regex: a log pattern that means the server will never be ready although it
@@ -199,7 +205,8 @@ class Server:
                 log.warning("%s: argv item %r is passed as it is: the placeholder is PORT_ARG / HOST_ARG",
                             self.name, a)
         if self.cwd is None:
-            self.cwd = tempfile.mkdtemp(prefix="specparity-server-")
+            self.cwd = (tempfile.mkdtemp(prefix="specparity-server-") if self.log_path is None
+                        else scratch_dir("specparity-server-"))
         if self.log_path is None:
             self.log_path = Path(self.cwd) / f"{self.name}.log"
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -429,6 +436,7 @@ class _Registry:
 _REGISTRY = _Registry()
 _AT_EXIT = False
 _SIGNALS = False
+_TERMINATING = False
 
 
 def live_servers() -> list[Server]:
@@ -463,13 +471,76 @@ def _install_handlers() -> None:
 
 def _make_handler(sig: int, previous: Any) -> Callable[[int, FrameType | None], None]:
     def handler(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM and _TERMINATING:
+            _die(signum)  # a second SIGTERM while stopping: at once (the watchers take the servers)
         stop_all()
         if callable(previous):
             previous(signum, frame)
         elif sig == signal.SIGINT:
             raise KeyboardInterrupt
         else:
-            # default SIGTERM: die by it, as the caller expects
-            signal.signal(sig, signal.SIG_DFL)
-            os.kill(os.getpid(), sig)
+            _terminate(signum, frame)
     return handler
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM as an exception in the main thread, as SIGINT raises KeyboardInterrupt: context
+    managers and ``finally`` blocks run, a record closes as interrupted. A second one kills."""
+    global _TERMINATING
+    if _TERMINATING:
+        _die(signum)
+    _TERMINATING = True
+    raise Terminated("terminated by SIGTERM")
+
+
+def _die(signum: int) -> None:
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def catch_sigterm() -> None:
+    """From now on SIGTERM raises :class:`~specparity.errors.Terminated` in the main thread (the
+    CLI calls this first, so a run stopped before any server started closes its record too).
+    A SIGTERM handler someone else set, or an ignored SIGTERM, is left alone."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+# -- scratch directories: removed at exit, after the servers that ran in them ----------------------
+_SCRATCH: list[Path] = []
+_SCRATCH_LOCK = threading.Lock()
+_SCRATCH_HOOK = False
+
+
+def scratch_dir(prefix: str = "specparity-") -> Path:
+    """A new temporary directory (absolute), removed when this process exits, after
+    :func:`stop_all` (servers run in it and write their logs there), or by :func:`remove_scratch`.
+
+    Exit includes Ctrl-C and SIGTERM; only a SIGKILL of the process leaves it behind.
+    """
+    global _SCRATCH_HOOK
+    path = Path(tempfile.mkdtemp(prefix=prefix)).resolve()
+    with _SCRATCH_LOCK:
+        if not _SCRATCH_HOOK:
+            _SCRATCH_HOOK = True
+            atexit.register(_remove_all_scratch)
+        _SCRATCH.append(path)
+    return path
+
+
+def remove_scratch(path: str | os.PathLike) -> None:
+    """Remove a :func:`scratch_dir` now (stop the servers that use it first)."""
+    p = Path(path)
+    with _SCRATCH_LOCK:
+        if p in _SCRATCH:
+            _SCRATCH.remove(p)
+    shutil.rmtree(p, ignore_errors=True)
+
+
+def _remove_all_scratch() -> None:
+    stop_all()
+    with _SCRATCH_LOCK:
+        paths = list(_SCRATCH)
+        _SCRATCH.clear()
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)

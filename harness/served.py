@@ -37,7 +37,7 @@ from typing import Any
 
 from specparity.harness.client import Completion, Request, send
 from specparity.harness.config import Job, Pairing, build_sequence
-from specparity.harness.lifecycle import HOST, Server, ServerStartError
+from specparity.harness.lifecycle import HOST, Server, ServerStartError, scratch_dir
 from specparity.harness.profiles import NOT_EXERCISED, Profile, dig, load_profile
 from specparity.harness.shard import Shard, split
 from specparity.harness.witness import (
@@ -360,7 +360,7 @@ class ServedRun:
         self.shard = shard
         self._keep: dict[str, list[str]] | None = None
         # absolute: servers run with cwd=workdir, so a relative --record-dir would name nothing there
-        self.workdir = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="specparity-served-"))
+        self.workdir = Path(workdir).resolve() if workdir else scratch_dir("specparity-served-")
         self.on_arm = on_arm or (lambda p, a: None)
         self.progress = progress or (lambda s: None)
         self.start_timeout = start_timeout or job.start_timeout

@@ -14,7 +14,9 @@ import sys
 import click
 
 from specparity import __version__, inputs
-from specparity.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, SpecparityError, first_line
+from specparity.errors import (
+    EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, SpecparityError, Terminated, first_line,
+)
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -74,7 +76,8 @@ def cli(ctx: click.Context, debug: bool, verbose: bool, max_width: int, max_posi
 
     \b
     Exit codes: 0 all pass, 1 divergence found, 2 usage or configuration
-    error, 3 inconclusive, 4 infrastructure error, 70 unexpected error (a bug).
+    error, 3 inconclusive, 4 infrastructure error, 70 unexpected error (a bug),
+    130 Ctrl-C, 143 SIGTERM.
 
     \b
     Example:
@@ -98,9 +101,12 @@ def _debug_requested(argv: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI. ``--debug`` adds tracebacks on stderr and changes no exit code."""
+    from specparity.harness.lifecycle import catch_sigterm
+
     args = list(argv if argv is not None else sys.argv[1:])
     debug = _debug_requested(args)
     code = EXIT_BUG
+    catch_sigterm()  # SIGTERM unwinds like Ctrl-C: records close as interrupted, servers stop
     try:
         rv = cli.main(args=args, prog_name="specparity", standalone_mode=False)
         code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
@@ -108,9 +114,14 @@ def main(argv: list[str] | None = None) -> None:
         _traceback(debug)
         click.echo(f"Error: {first_line(str(err))}", err=True)
         code = err.exit_code
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        code = EXIT_INTERRUPTED
+    except click.exceptions.Abort as err:
+        # click turns KeyboardInterrupt (and so Terminated) into Abort
+        if isinstance(err.__cause__, Terminated):
+            click.echo("Terminated.", err=True)
+            code = EXIT_TERMINATED
+        else:
+            click.echo("Aborted.", err=True)
+            code = EXIT_INTERRUPTED
     except click.ClickException as err:
         # click's own usage errors (a bad option value, a missing argument): one line, exit 2,
         # not click's Usage / Try / blank / Error block
@@ -120,6 +131,10 @@ def main(argv: list[str] | None = None) -> None:
         else:
             click.echo(f"Error: {first_line(err.format_message())}", err=True)
         code = EXIT_USAGE
+    except Terminated:
+        _traceback(debug)
+        click.echo("Terminated.", err=True)
+        code = EXIT_TERMINATED
     except KeyboardInterrupt:
         _traceback(debug)
         click.echo("Interrupted.", err=True)

@@ -132,6 +132,7 @@ class Handler(BaseHTTPRequestHandler):
         if found:
             mode = found.group(1)
         stream = bool(body.get("stream"))
+        print(f"fakeserver: {self.path} stream={stream} mode {mode}", flush=True)
         n = int(body.get("max_tokens") or 8)
         words = _words(prompt, n)
         if mode == "stall":
