@@ -7,11 +7,15 @@ and 4 for a source that is not a checkpoint.
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+from typing import Any
+
 import pytest
 from conftest import run_cli
 
 
-def _one_error_line(r, code: int = 2) -> str:
+def _one_error_line(r: subprocess.CompletedProcess, code: int = 2) -> str:
     assert r.returncode == code, (r.returncode, r.stderr)
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("Error: "), r.stderr
     assert "Traceback" not in r.stderr and "Usage:" not in r.stderr
@@ -28,19 +32,21 @@ def _one_error_line(r, code: int = 2) -> str:
     (("probe", "--no-such-flag"), "No such option"),
     (("no-such-command",), "No such command"),
 ])
-def test_click_usage_errors_are_one_line_exit_2(cli_bin, tmp_path, args, message):
+def test_click_usage_errors_are_one_line_exit_2(cli_bin: str, tmp_path: Path, args: tuple[str, ...],
+                                                message: str) -> None:
     f = tmp_path / "file"
     f.write_text("x")
     argv = [a.format(dir=tmp_path, file=f) for a in args]
     assert message in _one_error_line(run_cli(cli_bin, *argv))
 
 
-def test_a_group_without_its_command_still_shows_its_help(cli_bin):
+def test_a_group_without_its_command_still_shows_its_help(cli_bin: str) -> None:
     r = run_cli(cli_bin, "records")
     assert r.returncode == 2 and "Usage: specparity records" in r.stderr and "compare" in r.stderr
 
 
-def test_fixtures_gguf_bad_source_and_out_under_a_file_are_usage_errors(cli_bin, tmp_path, llama_pair):
+def test_fixtures_gguf_bad_source_and_out_under_a_file_are_usage_errors(cli_bin: str, tmp_path: Path,
+                                                                        llama_pair: Any) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     # a directory that is not a checkpoint: 2, as e2e / probe say for the same input (was 4)

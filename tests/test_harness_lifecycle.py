@@ -157,7 +157,7 @@ def _owner(tmp_path: Path, pdeath: bool) -> tuple[subprocess.Popen, str, int]:
 
 @pytest.mark.server
 @pytest.mark.parametrize("pdeath", [True, False], ids=["parent-death-signal-and-watcher", "watcher-only"])
-def test_sigkill_of_the_harness_leaves_no_server_or_child(tmp_path, pdeath):
+def test_sigkill_of_the_harness_leaves_no_server_or_child(tmp_path: Path, pdeath: bool) -> None:
     """watcher-only is what macOS gets (no parent-death signal): the pipe alone must do it."""
     from fakeserver import wait_gone
 
@@ -176,7 +176,7 @@ def test_sigkill_of_the_harness_leaves_no_server_or_child(tmp_path, pdeath):
 @pytest.mark.slow
 @pytest.mark.server
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_parent_death_signal_alone_takes_the_server(tmp_path):
+def test_parent_death_signal_alone_takes_the_server(tmp_path: Path) -> None:
     """The watcher killed first: the kernel's signal still ends the server when the harness dies."""
     from fakeserver import marked
 
@@ -205,7 +205,7 @@ def _kill_marked(mark: str) -> None:
             pass
 
 
-def test_a_server_started_from_a_thread_that_ends_keeps_running(tmp_path):
+def test_a_server_started_from_a_thread_that_ends_keeps_running(tmp_path: Path) -> None:
     """Linux sends the parent-death signal when the forking *thread* exits: servers are forked from
     one thread that lives as long as the process, never from the caller's."""
     import threading
@@ -223,11 +223,11 @@ def test_a_server_started_from_a_thread_that_ends_keeps_running(tmp_path):
         assert srv.alive() and httpx.get(srv.url + "/health", timeout=10).status_code == 200
     finally:
         srv.stop()
-    assert not group_alive(srv.pgid)
+    assert srv.pgid is not None and not group_alive(srv.pgid)
 
 
 # -- issue 20, class 10: placeholders only where they belong -------------------------------------
-def test_a_model_path_holding_placeholders_reaches_the_server_as_it_is(tmp_path):
+def test_a_model_path_holding_placeholders_reaches_the_server_as_it_is(tmp_path: Path) -> None:
     """The profile's {port} is the port; a {port} or {host} inside the model path is the path's."""
     import httpx
     import yaml
@@ -266,7 +266,7 @@ def fake_argv_plain(fake_py: str) -> list[str]:
     ("{0}", "placeholder {0}"), ("{}", "placeholder {}"), ("{model", "expected '}'"), ("x}", "Single '}'"),
     ("{model.__class__}", "placeholder {model.__class__}"), ("{nope}", "has no value here"),
 ])
-def test_a_bad_template_item_is_a_usage_error_naming_the_profile(tmp_path, item, words):
+def test_a_bad_template_item_is_a_usage_error_naming_the_profile(tmp_path: Path, item: str, words: str) -> None:
     import yaml
     from specparity.errors import UsageError
     from specparity.harness.profiles import load_profile

@@ -7,7 +7,9 @@ cannot be created fails the run before the model is loaded.
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_cli
@@ -137,11 +139,11 @@ def _served_record(root: Path) -> Path:
 
 
 @pytest.mark.parametrize("command", ["junit", "gguf"])
-def test_existing_output_and_a_link_are_refused_and_force_replaces_the_name(cli_bin, llama_pair, tmp_path,
-                                                                             command):
+def test_existing_output_and_a_link_are_refused_and_force_replaces_the_name(cli_bin: str, llama_pair: Any,
+                                                                             tmp_path: Path, command: str) -> None:
     record = _served_record(tmp_path / "rec")
 
-    def run(out: Path, *extra: str):
+    def run(out: Path, *extra: str) -> subprocess.CompletedProcess:
         if command == "junit":
             return run_cli(cli_bin, "records", "junit", str(record), "--out", str(out), *extra)
         return run_cli(cli_bin, "fixtures", "gguf", llama_pair.target, str(out), *extra)
