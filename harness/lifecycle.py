@@ -217,9 +217,11 @@ class Server:
             else:
                 env[k] = v
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # checked here: behind the exec wrapper, Popen itself would no longer raise for it
         exe = self.resolved_argv[0] if self.resolved_argv else ""
+        at = os.path.join(str(self.cwd), exe)  # a relative path runs from cwd, as Popen runs it
         found = shutil.which(exe, path=env.get("PATH", os.defpath)) if os.sep not in exe else (
-            exe if os.access(exe, os.X_OK) and not os.path.isdir(exe) else None)
+            at if os.access(at, os.X_OK) and not os.path.isdir(at) else None)
         if not found:
             raise ServerStartError(f"{self.name}: cannot run {exe!r}: not an executable file"
                                    + ("" if os.sep in exe else " on PATH"))

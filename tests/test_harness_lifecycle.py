@@ -276,3 +276,21 @@ def test_a_bad_template_item_is_a_usage_error_naming_the_profile(tmp_path: Path,
     p = load_profile(str(prof))
     with pytest.raises(UsageError, match=f"profile bad .*{re.escape(words)}"):
         p.render(p.argv, model="/m", host="127.0.0.1", port="{port}")
+
+
+def test_a_missing_executable_is_refused_at_spawn_behind_the_exec_wrapper(tmp_path: Path) -> None:
+    for exe, words in (("specparity-no-such-server", "on PATH"), ("./no-such-server", "not an executable file")):
+        srv = Server([exe, "--port", PORT_ARG], name="missing", log_path=tmp_path / "m.log", cwd=tmp_path)
+        with pytest.raises(ServerStartError, match=f"missing: cannot run '{re.escape(exe)}': .*{words}"):
+            srv.spawn()
+        assert srv.proc is None and srv not in live_servers()
+    # a relative path runs from the server's cwd, as Popen runs it
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srv").symlink_to(sys.executable)
+    srv = Server(["./bin/srv", "-c", "import time; time.sleep(60)"], name="relative", log_path=tmp_path / "r.log",
+                 cwd=tmp_path)
+    srv.spawn()
+    try:
+        assert srv.alive()
+    finally:
+        srv.stop()
