@@ -501,9 +501,9 @@ def _die(signum: int) -> None:
 
 
 def catch_sigterm() -> None:
-    """From now on SIGTERM raises :class:`~specparity.errors.Terminated` in the main thread (the
-    CLI calls this first, so a run stopped before any server started closes its record too).
-    A SIGTERM handler someone else set, or an ignored SIGTERM, is left alone."""
+    """From now on SIGTERM raises :class:`~specparity.errors.Terminated` in the main thread (every
+    command that writes a record calls this, so a run stopped before any server started closes
+    its record too). A SIGTERM handler someone else set, or an ignored SIGTERM, is left alone."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate)
 

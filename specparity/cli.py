@@ -101,12 +101,9 @@ def _debug_requested(argv: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI. ``--debug`` adds tracebacks on stderr and changes no exit code."""
-    from specparity.harness.lifecycle import catch_sigterm
-
     args = list(argv if argv is not None else sys.argv[1:])
     debug = _debug_requested(args)
     code = EXIT_BUG
-    catch_sigterm()  # SIGTERM unwinds like Ctrl-C: records close as interrupted, servers stop
     try:
         rv = cli.main(args=args, prog_name="specparity", standalone_mode=False)
         code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
