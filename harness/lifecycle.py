@@ -335,7 +335,7 @@ def _pipe_read_end() -> int:
     """The read end of the pipe whose write end this process holds until it dies (made once)."""
     global _PIPE
     with _PIPE_LOCK:
-        if _PIPE is None or _PIPE[0] < 0:
+        if _PIPE is None:
             _PIPE = os.pipe()  # close-on-exec: no other child inherits the write end
         return _PIPE[0]
 
