@@ -3,21 +3,32 @@
 Every server specparity starts (the served job's arms, ``specparity serve`` in
 tests, bisect's control arms) goes through :class:`Server`:
 
-- started from an argv list, never a shell, on 127.0.0.1 and a free port
-  (``{port}`` in the argv is replaced by it);
+- started from an argv list, never a shell, on 127.0.0.1 and a free port: the
+  items :data:`PORT_ARG` and :data:`HOST_ARG` (and any :class:`ArgTemplate`,
+  whose only fields are ``{port}`` and ``{host}``) are filled in at spawn;
+  every other item is passed as it is, so a model path holding ``{port}`` stays
+  that path;
 - with a working directory outside the repository root (the root ``bisect/``
   shadows the standard library for ``python -m``, ``mlx_lm.server`` included);
 - in its own process group (``start_new_session=True``), stdout and stderr to a
   log file that is kept;
 - ready when an HTTP path answers 200 (polled with httpx; a process that has
   already exited raises at once with its log tail; an explicit deadline);
-- stopped with SIGTERM to the group, a wait, then SIGKILL to the group.
+- stopped with SIGTERM to the group, a wait, then SIGKILL to the group;
+- unable to outlive the harness, however it dies (SIGKILL included): on Linux
+  the server gets SIGKILL when the harness dies (a parent-death signal), and on
+  every system a watcher process stops its whole group when a pipe only the
+  harness holds closes (see :mod:`specparity.harness.watchdog`).
 
 A module registry remembers every live server: :func:`stop_all` stops them,
 and is run at interpreter exit and on SIGINT / SIGTERM (the handlers are
 installed the first time a server starts and chain to the previous ones).
+SIGTERM then raises :class:`~specparity.errors.Terminated` in the main thread,
+as SIGINT raises KeyboardInterrupt, so records close as interrupted.
+:func:`scratch_dir` gives a temporary directory removed at exit, after the
+servers that ran in it.
 
-    with Server(["mlx_lm.server", "--model", m, "--port", "{port}"], log_path=log) as srv:
+    with Server(["mlx_lm.server", "--model", m, "--port", PORT_ARG], log_path=log) as srv:
         httpx.post(srv.url + "/v1/completions", json={...}, timeout=60)
 """
 
@@ -26,20 +37,30 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
 
-from specparity.errors import InfrastructureError
+from specparity.errors import InfrastructureError, Terminated
+from specparity.harness import watchdog
+from specparity.harness.watchdog import group_alive
+
+__all__ = ["ArgTemplate", "HOST", "HOST_ARG", "PORT_ARG", "Server", "ServerStartError", "ServerTimes",
+           "catch_sigterm", "free_port", "group_alive", "live_servers", "log_tail", "remove_scratch",
+           "resolve_argv", "scratch_dir", "stop_all"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +82,25 @@ class ServerStartError(InfrastructureError):
         super().__init__(message)
         self.log_tail = log_tail
         self.returncode = returncode
+
+
+class ArgTemplate(str):
+    """An argv item the lifecycle completes at spawn, in ``str.format`` syntax: ``{port}`` and
+    ``{host}`` are its only fields, every other brace is doubled. A plain ``str`` item is never
+    read as a template (a path holding ``{port}`` is a path)."""
+
+    def fill(self, port: int, host: str = HOST) -> str:
+        return self.format(port=port, host=host)
+
+
+PORT_ARG = ArgTemplate("{port}")
+HOST_ARG = ArgTemplate("{host}")
+_PLACEHOLDERS = ("{port}", "{host}")
+
+
+def resolve_argv(argv: Sequence[str], port: int, host: str = HOST) -> list[str]:
+    """``argv`` as the process gets it: each :class:`ArgTemplate` filled, every other item as it is."""
+    return [a.fill(port, host) if isinstance(a, ArgTemplate) else str(a) for a in argv]
 
 
 def free_port() -> int:
@@ -94,9 +134,11 @@ class ServerTimes:
 class Server:
     """One server process and its group.
 
-    argv: the command; ``{port}`` and ``{host}`` in any item are replaced.
+    argv: the command; :data:`PORT_ARG`, :data:`HOST_ARG` and other :class:`ArgTemplate` items are
+      filled in (:func:`resolve_argv`), plain strings are passed as they are.
     log_path: where stdout and stderr go (a temp file when None; kept either way).
-    cwd: working directory (default: a fresh temp directory, never the repo root).
+    cwd: working directory (default: a fresh temp directory, never the repo root; removed at exit
+      when the log is elsewhere).
     env: extra environment variables over ``os.environ`` (None values unset one).
     ready_path: HTTP GET path that answers 200 when the server can serve.
     fail_regex: a log pattern that means the server will never be ready although it
@@ -119,6 +161,7 @@ class Server:
     times: ServerTimes = field(default_factory=ServerTimes)
     resolved_argv: list[str] = field(default_factory=list)
     _log_file: Any = None
+    _watcher: subprocess.Popen | None = None
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -156,9 +199,14 @@ class Server:
             raise RuntimeError(f"{self.name} already started")
         _install_handlers()
         self.port = self.port or free_port()
-        self.resolved_argv = [a.replace("{port}", str(self.port)).replace("{host}", HOST) for a in self.argv]
+        self.resolved_argv = resolve_argv(self.argv, self.port)
+        for a in self.argv:
+            if not isinstance(a, ArgTemplate) and a in _PLACEHOLDERS:
+                log.warning("%s: argv item %r is passed as it is: the placeholder is PORT_ARG / HOST_ARG",
+                            self.name, a)
         if self.cwd is None:
-            self.cwd = tempfile.mkdtemp(prefix="specparity-server-")
+            self.cwd = (tempfile.mkdtemp(prefix="specparity-server-") if self.log_path is None
+                        else scratch_dir("specparity-server-"))
         if self.log_path is None:
             self.log_path = Path(self.cwd) / f"{self.name}.log"
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -169,18 +217,32 @@ class Server:
             else:
                 env[k] = v
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # checked here: behind the exec wrapper, Popen itself would no longer raise for it
+        exe = self.resolved_argv[0] if self.resolved_argv else ""
+        at = os.path.join(str(self.cwd), exe)  # a relative path runs from cwd, as Popen runs it
+        found = shutil.which(exe, path=env.get("PATH", os.defpath)) if os.sep not in exe else (
+            at if os.access(at, os.X_OK) and not os.path.isdir(at) else None)
+        if not found:
+            raise ServerStartError(f"{self.name}: cannot run {exe!r}: not an executable file"
+                                   + ("" if os.sep in exe else " on PATH"))
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (open for the life of the process)
         log.info("starting %s on port %d: %s", self.name, self.port, " ".join(self.resolved_argv))
         self._t0 = time.perf_counter()
+        argv = self.resolved_argv
+        if PARENT_DEATH_SIGNAL:
+            argv = [sys.executable, "-I", "-S", WATCHDOG, "exec", str(os.getpid()), "--", *argv]
         try:
-            self.proc = subprocess.Popen(
-                self.resolved_argv, cwd=str(self.cwd), env=env, stdin=subprocess.DEVNULL,
+            self.proc, interrupted = _SPAWNER.popen(
+                argv, cwd=str(self.cwd), env=env, stdin=subprocess.DEVNULL,
                 stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,
             )
         except OSError as err:
             self._log_file.close()
             raise ServerStartError(f"{self.name}: cannot run {self.resolved_argv[0]!r}: {err}") from None
         _REGISTRY.add(self)
+        self._watcher = _watch(self.proc.pid, self.stop_timeout, str(self.cwd), self._log_file)
+        if interrupted is not None:
+            raise interrupted
 
     def wait_ready(self) -> None:
         """Poll ``ready_path`` until 200; raise at once if the process exits."""
@@ -236,6 +298,9 @@ class Server:
                 log.error("%s (pid %d) survived SIGKILL", self.name, proc.pid)
         finally:
             _REGISTRY.discard(self)
+            if self._watcher is not None:
+                _end(self._watcher)
+                self._watcher = None
             if self._log_file is not None and not self._log_file.closed:
                 self._log_file.close()
             if self.times.stop is None:
@@ -257,35 +322,103 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` still exists (zombies not counted)."""
+# -- tying each server's life to this process's (see specparity.harness.watchdog) ---------------
+WATCHDOG = str(Path(watchdog.__file__).resolve())
+# Linux only: the server's first program asks for SIGKILL when its parent dies (tests turn it off
+# to exercise the watcher alone, as on macOS)
+PARENT_DEATH_SIGNAL = sys.platform.startswith("linux")
+_PIPE: tuple[int, int] | None = None
+_PIPE_LOCK = threading.Lock()
+
+
+def _pipe_read_end() -> int:
+    """The read end of the pipe whose write end this process holds until it dies (made once)."""
+    global _PIPE
+    with _PIPE_LOCK:
+        if _PIPE is None:
+            _PIPE = os.pipe()  # close-on-exec: no other child inherits the write end
+        return _PIPE[0]
+
+
+def _watch(pgid: int, grace: float, cwd: str, log_file: Any) -> subprocess.Popen | None:
+    """Start the watcher of group ``pgid``, in a session of its own; None (and a warning) if it cannot run."""
+    fd = _pipe_read_end()
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", WATCHDOG, "watch", str(os.getpid()), str(pgid), str(fd), f"{grace:g}"],
+            pass_fds=(fd,), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    except OSError as err:
+        log.warning("no watcher for process group %d (%s): it relies on the parent-death signal", pgid, err)
+        return None
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill and reap a child of ours (never a reused pid: it is ours until reaped)."""
+    if proc.poll() is None:
         try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        # fields after the ")" closing the command name: state ppid pgrp ...
-        rest = stat.rsplit(")", 1)[1].split()
-        if int(rest[2]) == pgid and rest[0] != "Z":
-            return True
-    return False
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(DEFAULT_STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        log.error("watcher pid %d survived SIGKILL", proc.pid)
+
+
+class _Spawner:
+    """Forks every server from one thread that lives as long as the process.
+
+    Linux sends the parent-death signal when the *thread* that forked a child
+    exits, not the process: a server started from a worker thread would be
+    killed when that worker ended.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[tuple[Future[subprocess.Popen], list[str], dict[str, Any]]] = \
+            queue.SimpleQueue()
+
+    def popen(self, argv: list[str], **kwargs: Any) -> tuple[subprocess.Popen, BaseException | None]:
+        """The process, and the Ctrl-C / SIGTERM that arrived while it was forked (the caller
+        registers the process, then raises it)."""
+        if not PARENT_DEATH_SIGNAL or threading.current_thread() is self._thread:
+            return subprocess.Popen(argv, **kwargs), None
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="specparity-spawner", daemon=True)
+                self._thread.start()
+        fut: Future[subprocess.Popen] = Future()
+        self._jobs.put((fut, argv, kwargs))
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                proc = fut.result()
+                break
+            except KeyboardInterrupt as err:
+                # the fork goes on in the spawner: wait for the process, so that it is registered
+                # and stopped, then let the interruption through
+                interrupted = err
+        return proc, interrupted
+
+    def _serve(self) -> None:
+        while True:
+            fut, argv, kwargs = self._jobs.get()
+            try:
+                fut.set_result(subprocess.Popen(argv, **kwargs))
+            except BaseException as err:  # noqa: BLE001 (handed to the caller)
+                fut.set_exception(err)
+
+
+_SPAWNER = _Spawner()
 
 
 # -- the registry: every live server, stopped at exit and on SIGINT / SIGTERM -------------------
 class _Registry:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # reentrant: a signal handler runs stop_all in the main thread, maybe while it holds the lock
+        self._lock = threading.RLock()
         self._servers: list[Server] = []
 
     def add(self, s: Server) -> None:
@@ -303,7 +436,9 @@ class _Registry:
 
 
 _REGISTRY = _Registry()
-_HANDLERS_INSTALLED = False
+_AT_EXIT = False
+_SIGNALS = False
+_TERMINATING = False
 
 
 def live_servers() -> list[Server]:
@@ -320,29 +455,94 @@ def stop_all() -> None:
 
 
 def _install_handlers() -> None:
-    global _HANDLERS_INSTALLED
-    if _HANDLERS_INSTALLED:
+    global _AT_EXIT, _SIGNALS
+    if not _AT_EXIT:
+        _AT_EXIT = True
+        atexit.register(stop_all)
+    # signal handlers can only be set from the main thread: a server started from another
+    # thread leaves them to the next start from the main thread
+    if _SIGNALS or threading.current_thread() is not threading.main_thread():
         return
-    _HANDLERS_INSTALLED = True
-    atexit.register(stop_all)
-    if threading.current_thread() is not threading.main_thread():
-        return
+    _SIGNALS = True
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous = signal.getsignal(sig)
+        if previous == signal.SIG_IGN:
+            continue  # ignored by whoever started us (nohup, a background job): it stays ignored
         signal.signal(sig, _make_handler(sig, previous))
 
 
 def _make_handler(sig: int, previous: Any) -> Callable[[int, FrameType | None], None]:
     def handler(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM and _TERMINATING:
+            _die(signum)  # a second SIGTERM while stopping: at once (the watchers take the servers)
         stop_all()
         if callable(previous):
             previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
         elif sig == signal.SIGINT:
             raise KeyboardInterrupt
         else:
-            # default SIGTERM: die by it, as the caller expects
-            signal.signal(sig, signal.SIG_DFL)
-            os.kill(os.getpid(), sig)
+            _terminate(signum, frame)
     return handler
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM as an exception in the main thread, as SIGINT raises KeyboardInterrupt: context
+    managers and ``finally`` blocks run, a record closes as interrupted. A second one kills."""
+    global _TERMINATING
+    if _TERMINATING:
+        _die(signum)
+    _TERMINATING = True
+    raise Terminated("terminated by SIGTERM")
+
+
+def _die(signum: int) -> None:
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def catch_sigterm() -> None:
+    """From now on SIGTERM raises :class:`~specparity.errors.Terminated` in the main thread (every
+    command that writes a record calls this, so a run stopped before any server started closes
+    its record too). A SIGTERM handler someone else set, or an ignored SIGTERM, is left alone."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+# -- scratch directories: removed at exit, after the servers that ran in them ----------------------
+_SCRATCH: list[Path] = []
+_SCRATCH_LOCK = threading.Lock()
+_SCRATCH_HOOK = False
+
+
+def scratch_dir(prefix: str = "specparity-") -> Path:
+    """A new temporary directory (absolute), removed when this process exits, after
+    :func:`stop_all` (servers run in it and write their logs there), or by :func:`remove_scratch`.
+
+    Exit includes Ctrl-C and SIGTERM; only a SIGKILL of the process leaves it behind.
+    """
+    global _SCRATCH_HOOK
+    path = Path(tempfile.mkdtemp(prefix=prefix)).resolve()
+    with _SCRATCH_LOCK:
+        if not _SCRATCH_HOOK:
+            _SCRATCH_HOOK = True
+            atexit.register(_remove_all_scratch)
+        _SCRATCH.append(path)
+    return path
+
+
+def remove_scratch(path: str | os.PathLike) -> None:
+    """Remove a :func:`scratch_dir` now (stop the servers that use it first)."""
+    p = Path(path)
+    with _SCRATCH_LOCK:
+        if p in _SCRATCH:
+            _SCRATCH.remove(p)
+    shutil.rmtree(p, ignore_errors=True)
+
+
+def _remove_all_scratch() -> None:
+    stop_all()
+    with _SCRATCH_LOCK:
+        paths = list(_SCRATCH)
+        _SCRATCH.clear()
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)

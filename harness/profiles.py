@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
-import string
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -122,23 +121,54 @@ class Profile:
         return load_engine(self.engine)
 
     def render(self, items: list[str], **values: Any) -> list[str]:
+        """``items`` (the profile's templates) with their ``{name}`` fields filled from ``values``.
+
+        str.format syntax over the template only: a value goes in as it is, braces and all
+        (a model path holding ``{port}`` stays that path). ``{port}`` and ``{host}`` given no
+        value (or given as themselves) stay fields the lifecycle fills at spawn: such an item
+        comes back as a ``lifecycle.ArgTemplate``, every other one as a plain string.
+        """
+        from string import Formatter
+
+        from specparity.harness.lifecycle import ArgTemplate
+
         subs = {"python": sys.executable, **{k: str(v) for k, v in values.items() if v is not None}}
+        deferred = {k for k in ("port", "host") if subs.get(k, f"{{{k}}}") == f"{{{k}}}"}
+        where = f"profile {self.name} ({self.source})"
         wanted: set[str] = set()
         for item in items:
             try:
-                wanted |= {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(item)
-                           if name}
-            except ValueError as err:
-                raise UsageError(f"profile {self.name} ({self.source}): {item!r}: {err}") from None
-        if wanted - subs.keys():  # an engine's own placeholder ({llama_server}): ask the engine
+                wanted |= {name for _, name, _, _ in Formatter().parse(item) if name}
+            except ValueError:
+                continue  # named below, item by item
+        if wanted - subs.keys() - deferred:  # an engine's own placeholder ({llama_server}): ask the engine
             subs = {**self.engine_hooks().placeholders(), **subs}
-        out = []
+        out: list[str] = []
         for item in items:
             try:
-                out.append(item.format(**subs))
-            except KeyError as err:
-                raise UsageError(f"profile {self.name} ({self.source}): placeholder {err} in {item!r}"
-                                 f" has no value here") from None
+                pieces = list(Formatter().parse(item))
+            except ValueError as err:
+                raise UsageError(f"{where}: {item!r}: {err}") from None
+            plain, template, is_template = [], [], False
+            for text, name, spec, conv in pieces:
+                plain.append(text)
+                template.append(_braces(text))
+                if name is None:
+                    continue
+                if name in deferred and not spec and not conv:
+                    template.append(f"{{{name}}}")
+                    is_template = True
+                    continue
+                if name not in subs or "{" in (spec or ""):
+                    raise UsageError(f"{where}: placeholder {{{name}}} in {item!r} has no value here"
+                                     f" (known: {', '.join(sorted({*subs, *deferred}))})")
+                try:
+                    value = format(Formatter().convert_field(subs[name], conv) if conv else subs[name], spec or "")
+                except ValueError as err:
+                    raise UsageError(f"{where}: placeholder {{{name}}} in {item!r}: {err}") from None
+                plain.append(value)
+                template.append(_braces(value))
+            out.append(ArgTemplate("".join(template)) if is_template else "".join(plain))
         return out
 
     def available(self, environment: str | dict[str, Any] | None = None) -> str | None:
@@ -162,6 +192,11 @@ class Profile:
 
 
 NOT_EXERCISED = "(not yet exercised against a live server)"
+
+
+def _braces(text: str) -> str:
+    """``text`` as literal text inside a str.format template."""
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 def packaged_profiles() -> dict[str, Path]:

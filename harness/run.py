@@ -37,7 +37,7 @@ from specparity.harness.client import Completion, Request, send
 from specparity.harness.config import Job, Pairing
 from specparity.harness.evidence import Evidence
 from specparity.harness.judge import judge_arm, judge_pairing, judge_request
-from specparity.harness.lifecycle import HOST, Server, ServerStartError
+from specparity.harness.lifecycle import HOST, Server, ServerStartError, scratch_dir
 from specparity.harness.plan import BASELINE_START, ArmPlan, WidthMode, build_sequence, plan_arms
 from specparity.harness.profiles import NOT_EXERCISED, Profile, load_profile
 from specparity.harness.results import ArmResult, PairingResult, ServedReport
@@ -105,7 +105,8 @@ class ServedRun:
         self.job = job
         self.shard = shard
         # absolute: servers run with cwd=workdir, so a relative --record-dir would name nothing there
-        self.workdir = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="specparity-served-"))
+        # without a record, a scratch folder removed at exit (Ctrl-C and SIGTERM included)
+        self.workdir = Path(workdir).resolve() if workdir else scratch_dir("specparity-served-")
         self.on_arm = on_arm or (lambda p, a: None)
         self.observer = observer
         self.start_timeout = start_timeout or job.start_timeout
@@ -267,8 +268,7 @@ class PairingRun:
         """A server for ``plan`` (not started): argv from the profile, env, log and witness files."""
         profile = self.profile
         # the pairing's drafter: an engine that always loads one ({draft_model} in argv) has it in every arm
-        argv = profile.render(profile.argv, model=self.target, host=HOST, port="{port}", python=self.python,
-                              draft_model=self.draft)
+        argv = profile.render(profile.argv, model=self.target, python=self.python, draft_model=self.draft)
         w = plan.server_width
         if plan.draft is not None and w is not None:
             argv += profile.render(profile.draft_argv, draft_model=plan.draft, num_draft=w.setting, width=w.rows,
@@ -303,6 +303,7 @@ class PairingRun:
             session.info["log_tail"] = err.log_tail
             session.info["returncode"] = err.returncode
             raise
+        session.info["argv"] = list(session.server.resolved_argv)  # as run: the port filled in
         session.info["start_seconds"] = session.server.times.start
         session.info["pid"] = session.server.pid
         session.info["version"] = self.run_.version(self.profile, self.target, self.python, version_env)

@@ -188,8 +188,11 @@ class RecordSink:
                  tb: TracebackType | None) -> None:
         if et is None or self.record.status != RUNNING:
             return
-        interrupted = issubclass(et, KeyboardInterrupt)
-        what = "Ctrl-C (SIGINT)" if interrupted else f"{et.__name__}: {ev}"
+        from specparity.errors import Terminated
+
+        interrupted = issubclass(et, KeyboardInterrupt)  # Ctrl-C, and SIGTERM (Terminated)
+        what = ("SIGTERM" if issubclass(et, Terminated) else "Ctrl-C (SIGINT)") if interrupted \
+            else f"{et.__name__}: {ev}"
         done = ", ".join(f"{n} {k}" for k, n in self.record.arms.items()) or "nothing"
         self._close(INTERRUPTED if interrupted else FAILED,
                     [f"Finished before it stopped: {done}. Per-part results are in data/{self.record.name}/."],

@@ -61,7 +61,7 @@ def main() -> int:
                     help="skip the second plain server (plain against itself)")
     args = ap.parse_args()
 
-    from specparity.harness.lifecycle import Server
+    from specparity.harness.lifecycle import PORT_ARG, Server
 
     from specparity.fixtures import default_pair
 
@@ -69,7 +69,7 @@ def main() -> int:
     assert pair.draft is not None
     bin_dir = Path(sys.executable).parent
     common = ["--model", pair.target, "--draft-model", pair.draft, "--num-draft-tokens",
-              str(args.num_draft_tokens), "--port", "{port}", "--log-level", "WARNING"]
+              str(args.num_draft_tokens), "--port", PORT_ARG, "--log-level", "WARNING"]
     home = tempfile.mkdtemp(prefix="bench-serve-")
     prompts = [f"{WORDS[i % len(WORDS)]} {i}: the story of {WORDS[(i * 7) % len(WORDS)]}"
                for i in range(args.requests)]

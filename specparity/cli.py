@@ -14,7 +14,9 @@ import sys
 import click
 
 from specparity import __version__, inputs
-from specparity.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USAGE, InputError, SpecparityError, first_line
+from specparity.errors import (
+    EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, InputError, SpecparityError, Terminated, first_line,
+)
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -75,7 +77,8 @@ def cli(ctx: click.Context, debug: bool, verbose: bool, max_width: int, max_posi
 
     \b
     Exit codes: 0 all pass, 1 divergence found, 2 usage or configuration
-    error, 3 inconclusive, 4 infrastructure error, 70 unexpected error (a bug).
+    error, 3 inconclusive, 4 infrastructure error, 70 unexpected error (a bug),
+    130 Ctrl-C, 143 SIGTERM.
 
     \b
     Example:
@@ -111,13 +114,27 @@ def main(argv: list[str] | None = None) -> None:
         message = err.as_flag() if isinstance(err, InputError) else str(err)
         click.echo(f"Error: {first_line(message)}", err=True)
         code = err.exit_code
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        code = EXIT_INTERRUPTED
+    except click.exceptions.Abort as err:
+        # click turns KeyboardInterrupt (and so Terminated) into Abort
+        if isinstance(err.__cause__, Terminated):
+            click.echo("Terminated.", err=True)
+            code = EXIT_TERMINATED
+        else:
+            click.echo("Aborted.", err=True)
+            code = EXIT_INTERRUPTED
     except click.ClickException as err:
+        # click's own usage errors (a bad option value, a missing argument): one line, exit 2,
+        # not click's Usage / Try / blank / Error block
         _traceback(debug)
-        err.show()
+        if isinstance(err, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+            err.show()  # a group named without a command: its help, as the user asked
+        else:
+            click.echo(f"Error: {first_line(err.format_message())}", err=True)
         code = EXIT_USAGE
+    except Terminated:
+        _traceback(debug)
+        click.echo("Terminated.", err=True)
+        code = EXIT_TERMINATED
     except KeyboardInterrupt:
         _traceback(debug)
         click.echo("Interrupted.", err=True)

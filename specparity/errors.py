@@ -11,6 +11,10 @@
 The CLI prints ``Error: <message>`` on one line and exits with ``exit_code``;
 anything else is a bug: one line, exit 70 (``EXIT_BUG``, sysexits' EX_SOFTWARE,
 never a verdict's code), and its traceback behind ``--debug``.
+
+    KeyboardInterrupt            130  Ctrl-C (SIGINT)
+    +-- Terminated               143  SIGTERM, raised in the main thread as SIGINT raises
+                                      KeyboardInterrupt (harness.lifecycle.catch_sigterm)
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ EXIT_INCONCLUSIVE = 3
 EXIT_INFRA = 4
 EXIT_BUG = 70
 EXIT_INTERRUPTED = 130  # Ctrl-C: the shell's 128 + SIGINT
+EXIT_TERMINATED = 143  # SIGTERM: the shell's 128 + SIGTERM
 
 
 class SpecparityError(Exception):
@@ -75,3 +80,7 @@ def first_line(text: str) -> str:
     if len(lines) == 1:
         return lines[0]
     return f"{lines[0].rstrip()} ... ({len(lines) - 1} more lines with --debug)"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM stopped the run: handled as Ctrl-C is (records close as interrupted), exit 143."""

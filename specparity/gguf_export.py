@@ -150,7 +150,8 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "
         raise InputError("outtype", f"{outtype!r}: choose from {', '.join(OUTTYPES)}")
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
-        raise CheckpointError(f"{src}: no config.json (not an mlx-lm checkpoint directory)")
+        # a usage error, as every command says for a directory that is not a checkpoint
+        raise UsageError(f"checkpoint {src}: not a checkpoint (no config.json)")
     cfg = json.loads(cfg_path.read_text())
     if cfg.get("model_type") != "llama":
         raise UsageError(f"{src}: model_type {cfg.get('model_type')!r}: only llama checkpoints export to GGUF")

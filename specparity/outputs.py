@@ -66,11 +66,14 @@ def check_record_dir(path: str | os.PathLike | None, flag: str = "--record-dir")
 
 
 def check_new_file(path: str | os.PathLike | None, flag: str, force: bool = False,
-                   also: tuple[str | os.PathLike, ...] = ()) -> Path | None:
+                   also: tuple[str | os.PathLike, ...] = (), make_parents: bool = False) -> Path | None:
     """``path`` (and each companion file in ``also``, e.g. a manifest) may be written.
 
-    It must not exist unless ``force`` (and even then must not be a directory),
-    and its directory must exist and take a new file.
+    It must not exist unless ``force`` (and even then must not be a directory);
+    a symbolic link counts as existing (a write would clobber its target). Its
+    directory must exist and take a new file; with ``make_parents`` it may be
+    missing, and then its nearest existing ancestor must be a directory that
+    takes one (the writer creates the rest).
     """
     if path is None:
         return None
@@ -81,9 +84,17 @@ def check_new_file(path: str | os.PathLike | None, flag: str, force: bool = Fals
         if target.is_dir():
             raise UsageError(f"{flag} {target}: is a directory")
         if (target.exists() or target.is_symlink()) and not force:
-            raise UsageError(f"{flag} {target}: exists (pass --force to overwrite it)")
+            what = "exists as a link" if target.is_symlink() else "exists"
+            raise UsageError(f"{flag} {target}: {what} (pass --force to overwrite it)")
     parent = p.absolute().parent
-    if not parent.is_dir():
+    if make_parents:
+        while not parent.exists() and not parent.is_symlink() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise UsageError(f"{flag} {path}: {parent} is not a directory")
+    elif parent.exists() and not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is not a directory")
+    elif not parent.is_dir():
         raise UsageError(f"{flag} {path}: directory {parent} does not exist")
     why = _probe_write(parent)
     if why is not None:

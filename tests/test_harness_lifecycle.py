@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from specparity.harness.lifecycle import (
+    PORT_ARG,
     Server,
     ServerStartError,
     group_alive,
@@ -24,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def mlx_lm_argv(model: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", "{port}", *extra]
+    return [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", PORT_ARG, *extra]
 
 
 def test_real_mlx_lm_server_ready_serves_and_stops_with_its_group(llama_pair, tmp_path):
@@ -114,3 +116,181 @@ def test_signal_to_the_owner_stops_its_servers(sig, tmp_path):
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+# -- issue 20, class 5: no server outlives the harness, whatever kills it ------------------------
+OWNER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import fakeserver
+    from specparity.harness import lifecycle
+    lifecycle.PARENT_DEATH_SIGNAL = {pdeath!r}
+    # a server that ignores SIGTERM and has a child in its group: the hardest to stop
+    srv = lifecycle.Server(fakeserver.argv("--child", "--ignore-term"), name="fake", stop_timeout=1.0)
+    srv.start()
+    print(srv.pid, flush=True)
+    time.sleep(600)
+""")
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def _owner(tmp_path: Path, pdeath: bool) -> tuple[subprocess.Popen, str, int]:
+    """A harness process owning one fake server; returns it, its mark and the server's pid."""
+    import uuid
+
+    from fakeserver import MARK_ENV, marked
+
+    mark = uuid.uuid4().hex
+    owner = subprocess.Popen([sys.executable, "-P", "-c", OWNER.format(tests=TESTS, pdeath=pdeath)],
+                             stdout=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, MARK_ENV: mark})
+    try:
+        line = owner.stdout.readline() if owner.stdout else ""
+        assert line.strip().isdigit(), "the owner did not start its server"
+        server = int(line)
+        # owner, server, the server's child and the server's watcher
+        assert len(marked(mark)) == 4 and server in marked(mark)
+    except BaseException:
+        _kill_marked(mark)
+        raise
+    return owner, mark, server
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("pdeath", [True, False], ids=["parent-death-signal-and-watcher", "watcher-only"])
+def test_sigkill_of_the_harness_leaves_no_server_or_child(tmp_path: Path, pdeath: bool) -> None:
+    """watcher-only is what macOS gets (no parent-death signal): the pipe alone must do it."""
+    from fakeserver import wait_gone
+
+    if pdeath and not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    owner, mark, server = _owner(tmp_path, pdeath)
+    try:
+        owner.kill()
+        owner.wait(30)
+        left = wait_gone(mark)
+        assert not left, f"still running after the harness was SIGKILLed: {left}"
+    finally:
+        _kill_marked(mark)
+
+
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_parent_death_signal_alone_takes_the_server(tmp_path: Path) -> None:
+    """The watcher killed first: the kernel's signal still ends the server when the harness dies."""
+    from fakeserver import marked
+
+    owner, mark, server = _owner(tmp_path, True)
+    try:
+        watcher = [p for p in marked(mark) if b"watch" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
+        assert len(watcher) == 1
+        os.kill(watcher[0], signal.SIGKILL)
+        owner.kill()
+        owner.wait(30)
+        deadline = time.monotonic() + 60
+        while server in marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server not in marked(mark)
+    finally:
+        _kill_marked(mark)
+
+
+def _kill_marked(mark: str) -> None:
+    from fakeserver import marked
+
+    for pid in marked(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_server_started_from_a_thread_that_ends_keeps_running(tmp_path: Path) -> None:
+    """Linux sends the parent-death signal when the forking *thread* exits: servers are forked from
+    one thread that lives as long as the process, never from the caller's."""
+    import threading
+
+    import httpx
+    from fakeserver import argv
+
+    srv = Server(argv(), name="from-a-thread", log_path=tmp_path / "t.log")
+    t = threading.Thread(target=srv.start)
+    t.start()
+    t.join(60)
+    try:
+        assert srv.alive()
+        time.sleep(0.5)  # a parent-death signal would have arrived by now
+        assert srv.alive() and httpx.get(srv.url + "/health", timeout=10).status_code == 200
+    finally:
+        srv.stop()
+    assert srv.pgid is not None and not group_alive(srv.pgid)
+
+
+# -- issue 20, class 10: placeholders only where they belong -------------------------------------
+def test_a_model_path_holding_placeholders_reaches_the_server_as_it_is(tmp_path: Path) -> None:
+    """The profile's {port} is the port; a {port} or {host} inside the model path is the path's."""
+    import httpx
+    import yaml
+    from fakeserver import __file__ as fake_py
+    from specparity.harness.lifecycle import HOST
+    from specparity.harness.profiles import load_profile
+
+    prof = tmp_path / "fake.yaml"
+    prof.write_text(yaml.safe_dump({
+        "name": "fake", "argv": ["{python}", "-I", fake_py, "--model", "{model}", "--host", "{host}",
+                                 "--port", "{port}", "--url=http://{host}:{port}/v1"],
+        "draft_argv": ["--draft-model", "{draft_model}", "--num-draft-tokens", "{num_draft}"]}))
+    p = load_profile(str(prof))
+    model = str(tmp_path / "m-{port}-{host}-{{x}}-{0}")
+    draft = str(tmp_path / "d-{port}")
+    # as harness/served.py renders it
+    argv = p.render(p.argv, model=model, host=HOST, port="{port}")
+    argv += p.render(p.draft_argv, draft_model=draft, num_draft=3, width=4)
+    with Server(argv, name="fake", log_path=tmp_path / "fake.log") as srv:
+        got = httpx.get(srv.url + "/argv", timeout=10).json()
+    assert got[got.index("--model") + 1] == model
+    assert got[got.index("--draft-model") + 1] == draft
+    assert got[got.index("--port") + 1] == str(srv.port)
+    assert f"--url=http://{HOST}:{srv.port}/v1" in got
+    # a plain item is never a template, even one that is exactly a placeholder
+    with Server([*fake_argv_plain(fake_py), "--model", "{port}"], name="plain", log_path=tmp_path / "p.log") as srv:
+        got = httpx.get(srv.url + "/argv", timeout=10).json()
+    assert got[got.index("--model") + 1] == "{port}"
+
+
+def fake_argv_plain(fake_py: str) -> list[str]:
+    return [sys.executable, "-I", fake_py, "--port", PORT_ARG]
+
+
+@pytest.mark.parametrize("item, words", [
+    ("{0}", "placeholder {0}"), ("{}", "placeholder {}"), ("{model", "expected '}'"), ("x}", "Single '}'"),
+    ("{model.__class__}", "placeholder {model.__class__}"), ("{nope}", "has no value here"),
+])
+def test_a_bad_template_item_is_a_usage_error_naming_the_profile(tmp_path: Path, item: str, words: str) -> None:
+    import yaml
+    from specparity.errors import UsageError
+    from specparity.harness.profiles import load_profile
+
+    prof = tmp_path / "bad.yaml"
+    prof.write_text(yaml.safe_dump({"name": "bad", "argv": ["{python}", item]}))
+    p = load_profile(str(prof))
+    with pytest.raises(UsageError, match=f"profile bad .*{re.escape(words)}"):
+        p.render(p.argv, model="/m", host="127.0.0.1", port="{port}")
+
+
+def test_a_missing_executable_is_refused_at_spawn_behind_the_exec_wrapper(tmp_path: Path) -> None:
+    for exe, words in (("specparity-no-such-server", "on PATH"), ("./no-such-server", "not an executable file")):
+        srv = Server([exe, "--port", PORT_ARG], name="missing", log_path=tmp_path / "m.log", cwd=tmp_path)
+        with pytest.raises(ServerStartError, match=f"missing: cannot run '{re.escape(exe)}': .*{words}"):
+            srv.spawn()
+        assert srv.proc is None and srv not in live_servers()
+    # a relative path runs from the server's cwd, as Popen runs it
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srv").symlink_to(sys.executable)
+    srv = Server(["./bin/srv", "-c", "import time; time.sleep(60)"], name="relative", log_path=tmp_path / "r.log",
+                 cwd=tmp_path)
+    srv.spawn()
+    try:
+        assert srv.alive()
+    finally:
+        srv.stop()

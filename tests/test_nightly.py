@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -240,3 +241,40 @@ def test_a_prometheus_counter_rise_is_engagement_evidence_and_none_is_not(llama_
     assert seen["metrics"]["w2"].verdict == "match" and ev.sources == ["metrics"], ev
     assert ev.lines[0].startswith("spec_decode_num_draft_tokens: +")
     assert seen["no-counter"]["w2"].verdict == "not_engaged"
+
+
+# -- issue 20, class 7: outputs and --previous checked before the job runs -------------------------
+def test_nightly_checks_junit_previous_and_out_before_the_job(cli_bin: str, tmp_path: Path, llama_pair: Any) -> None:
+    from test_outputs import _served_record
+
+    cfg = str(_config(tmp_path, "c", llama_pair))
+    out = tmp_path / "records"
+    junit = tmp_path / "parity.xml"
+    junit.write_text("last night's")
+
+    def refused(*args: str, message: str) -> None:
+        run = nightly(cli_bin, cfg, "--out", str(out), *args)
+        assert run.returncode == 2 and run.stderr.startswith("Error: ") and message in run.stderr, run.stderr
+        assert run.stderr.count("\n") == 1, run.stderr
+        assert not out.exists()  # the job never ran
+
+    refused("--junit", str(junit), message=f"--junit {junit}: exists (pass --force")
+    assert junit.read_text() == "last night's"
+    link = tmp_path / "link.xml"
+    link.symlink_to(junit)
+    refused("--junit", str(link), message="exists (pass --force")
+    refused("--junit", str(tmp_path), message="is a directory")
+    refused("--junit", str(junit / "x.xml"), message="cannot create its directory")
+    if _has_compare(cli_bin):
+        not_a_record = tmp_path / "notes.txt"
+        not_a_record.write_text("x")
+        refused("--previous", str(not_a_record), message="--previous")
+        incomplete = _served_record(tmp_path / "old")
+        report = tmp_path / "old" / "data" / incomplete.stem / "report.json"
+        report.write_text(report.read_text().replace('"complete"', '"interrupted"'))
+        refused("--previous", str(incomplete), message="not complete")
+        good = _served_record(tmp_path / "good")
+        # a readable complete record passes its check: the run stops at the next one
+        refused("--previous", str(good), "--junit", str(junit), message="--junit")
+    run = nightly(cli_bin, cfg, "--out", str(junit / "records"))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--out" in run.stderr, run.stderr

@@ -7,7 +7,9 @@ cannot be created fails the run before the model is loaded.
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_cli
@@ -110,3 +112,64 @@ def test_fixtures_make_checks_its_out_dir_first(cli_bin, tmp_path):
     assert r.returncode == 2 and "is not a directory" in r.stderr and r.stderr.count("\n") == 1
     r = run_cli(cli_bin, "fixtures", "make", "/proc/specparity-fx")
     assert r.returncode == 2 and r.stderr.startswith("Error: OUT_DIR's parent /proc: cannot write")
+
+
+# -- issue 20, class 7: no output is overwritten silently, nor a link's target written through ----
+def _served_record(root: Path) -> Path:
+    """A complete served record on disk, as `specparity served` lays it out (one arm, one request)."""
+    import json
+
+    name = "served-host-2026-01-01"
+    data = root / "data" / name
+    data.mkdir(parents=True)
+    arm = {"pairing": "p", "name": "baseline-start", "kind": "baseline", "width": None, "setting": None,
+           "verdict": "match"}
+    summary = {"verdict": "match", "exit_code": 0,
+               "pairings": [{"name": "p", "verdict": "match", "profile": "mlx-lm", "reason": "",
+                             "arms": [arm]}]}
+    (data / "report.json").write_text(json.dumps({
+        "kind": "served", "title": "served: p", "argv": [], "status": "complete", "verdict": "match",
+        "exit_code": 0, "summary": summary}))
+    (data / "arms.jsonl").write_text(json.dumps(arm) + "\n")
+    (data / "p-baseline-start.jsonl").write_text(json.dumps(
+        {"id": "p0", "kind": "fresh", "verdict": "match", "completion": {"seconds": 0.1}}) + "\n")
+    md = root / f"{name}.md"
+    md.write_text("# served\n")
+    return md
+
+
+@pytest.mark.parametrize("command", ["junit", "gguf"])
+def test_existing_output_and_a_link_are_refused_and_force_replaces_the_name(cli_bin: str, llama_pair: Any,
+                                                                             tmp_path: Path, command: str) -> None:
+    record = _served_record(tmp_path / "rec")
+
+    def run(out: Path, *extra: str) -> subprocess.CompletedProcess:
+        if command == "junit":
+            return run_cli(cli_bin, "records", "junit", str(record), "--out", str(out), *extra)
+        return run_cli(cli_bin, "fixtures", "gguf", llama_pair.target, str(out), *extra)
+
+    flag = "--out" if command == "junit" else "OUT"
+    existing = tmp_path / "existing.out"
+    existing.write_text("keep me")
+    r = run(existing)
+    assert r.returncode == 2 and r.stderr.startswith(f"Error: {flag} ") and "exists (pass --force" in r.stderr
+    assert r.stderr.count("\n") == 1 and existing.read_text() == "keep me"
+    # a link to a file elsewhere: refused, and --force replaces the link, never its target
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "link.out"
+    link.symlink_to(victim)
+    r = run(link)
+    assert r.returncode == 2 and "exists as a link (pass --force" in r.stderr and victim.read_text() == "precious"
+    r = run(link, "--force")
+    assert r.returncode == 0, r.stderr
+    assert victim.read_text() == "precious" and not link.is_symlink() and link.stat().st_size > 100
+    r = run(existing, "--force")
+    assert r.returncode == 0, r.stderr
+    assert existing.read_bytes() != b"keep me"
+    # under a file: one line, exit 2, before anything is read or written
+    r = run(existing / "sub" / "x.out")
+    assert r.returncode == 2 and "is not a directory" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    # a missing folder is created, as the help says
+    r = run(tmp_path / "new" / "dir" / "x.out")
+    assert r.returncode == 0 and (tmp_path / "new" / "dir" / "x.out").exists(), r.stderr

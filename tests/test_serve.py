@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import build, run_cli
-from specparity.harness.lifecycle import Server
+from specparity.harness.lifecycle import PORT_ARG, Server
 
 BIN = Path(sys.executable).parent
 # A verify-kernel fault: multi-row calls (>= 4 rows) past 12 cached positions. It diverges
@@ -35,11 +35,11 @@ def _server(name: str, argv: list[str], logs: Path, home: Path, **env: str) -> S
 
 
 def _plain(model: str, *extra: str) -> list[str]:
-    return [str(BIN / "mlx_lm.server"), "--model", model, "--port", "{port}", *extra]
+    return [str(BIN / "mlx_lm.server"), "--model", model, "--port", PORT_ARG, *extra]
 
 
 def _serve(model: str, draft: str | None, *extra: str) -> list[str]:
-    argv = [str(BIN / "specparity"), "serve", "--model", model, "--port", "{port}"]
+    argv = [str(BIN / "specparity"), "serve", "--model", model, "--port", PORT_ARG]
     return argv + (["--draft-model", draft] if draft else []) + list(extra)
 
 

@@ -130,7 +130,7 @@ FULL_PRECISION_KV_DRAFT = ("-ctkd", "f32", "-ctvd", "f32")
 
 def server_argv(binary: str, model: str, draft: str | None = None, n_max: int = 3,
                 ctx: int = 1024, threads: int = 1, spec_type: str | None = "draft-simple") -> list[str]:
-    """argv for one llama-server on ``{host}:{port}`` (placeholders the lifecycle fills in).
+    """argv for one llama-server on the lifecycle's host and port (``HOST_ARG`` / ``PORT_ARG``, filled at spawn).
 
     With ``draft`` it drafts ``n_max`` tokens per step with ``--spec-type draft-simple``
     and a minimum draft probability of 0 (a tiny drafter is rarely confident, and the
@@ -138,7 +138,9 @@ def server_argv(binary: str, model: str, draft: str | None = None, n_max: int = 
     llama-server's default (``none``): the drafter loads but never drafts. One slot, no prompt-cache reuse across
     slots, and ``threads`` CPU threads: the same computation every run.
     """
-    argv = [binary, "-m", model, "--host", "{host}", "--port", "{port}", "-c", str(ctx),
+    from specparity.harness.lifecycle import HOST_ARG, PORT_ARG
+
+    argv = [binary, "-m", model, "--host", HOST_ARG, "--port", PORT_ARG, "-c", str(ctx),
             "-np", "1", "-t", str(threads), "-tb", str(threads), "--no-webui", *FULL_PRECISION_KV]
     if draft is not None:
         argv += ["-md", draft, *FULL_PRECISION_KV_DRAFT]

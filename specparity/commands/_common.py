@@ -124,16 +124,20 @@ class CommandRun:
     the same way (report.json always, the shared markdown frame), prints
     ``verdict: WORD`` last in text mode, and carries ``verdict`` and
     ``exit_code`` at the top of its ``--json``. Use as a context manager around
-    the work: Ctrl-C or an error inside leaves an interrupted record of the
-    parts that finished.
+    the work: Ctrl-C, SIGTERM or an error inside leaves an interrupted record of
+    the parts that finished.
     """
 
     def __init__(self, kind: str, title: str, identity_extra: dict[str, Any], record_dir: str | None,
                  as_json: bool, quiet: bool, slug: str | None = None):
+        from specparity.harness.lifecycle import catch_sigterm
         from specparity.identity import identity
         from specparity.progress import CliObserver
         from specparity.records.record import RecordSink
 
+        # SIGTERM unwinds like Ctrl-C from here on (not in `serve`, which writes no record and
+        # whose mlx-lm server thread must not be unwound under it)
+        catch_sigterm()
         self.as_json = as_json
         self.sink = RecordSink(record_dir, kind, title, identity(**identity_extra), slug=slug)
         self.observer = CliObserver(self.sink, show=not (quiet or as_json) and sys.stderr.isatty())

@@ -6,6 +6,7 @@ import click
 
 from specparity.commands._common import emit_json, json_option
 from specparity.errors import EXIT_OK
+from specparity.outputs import force_option
 
 
 @click.group()
@@ -65,9 +66,13 @@ def make(out_dir, arch, dtype, bits, seed, faults, no_draft, overwrite, as_json)
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--outtype", type=click.Choice(["f32", "f16"]), default="f32", show_default=True,
               help="f16 stores the matrices as float16 (norms stay float32).")
+@force_option
 @json_option
-def gguf(src_dir, out, outtype, as_json):
+def gguf(src_dir, out, outtype, force, as_json):
     """Export an mlx-lm llama checkpoint (a fixture's target or draft) to GGUF for llama.cpp.
+
+    OUT is never overwritten (nor a link's target written through) without
+    --force; with --force the file OUT is replaced.
 
     \b
     Examples:
@@ -76,13 +81,12 @@ def gguf(src_dir, out, outtype, as_json):
         specparity fixtures gguf ./fx/llama/draft ./fx/draft.gguf
         llama-server -m ./fx/target.gguf -md ./fx/draft.gguf --spec-type draft-simple
     """
-    from pathlib import Path
-
-    from specparity.errors import UsageError
+    from specparity.checkpoint import resolve_model_dir
     from specparity.gguf_export import export_gguf
+    from specparity.outputs import check_new_file
 
-    if not Path(src_dir).is_dir():
-        raise UsageError(f"SRC_DIR {src_dir!r}: no such directory")
+    resolve_model_dir(src_dir, "SRC_DIR")
+    check_new_file(out, "OUT", force, make_parents=True)
     info = export_gguf(src_dir, out, outtype=outtype)
     if as_json:
         emit_json(info.to_dict())

@@ -9,6 +9,7 @@ import click
 
 from specparity.commands._common import emit_json, json_option
 from specparity.errors import EXIT_OK, UsageError
+from specparity.outputs import force_option
 
 from specparity.records.compare import ID_KEYS as _ID_KEYS
 _DETAIL_KEYS = ("reason", "summary", "message", "detail")
@@ -238,9 +239,10 @@ def merge(shards: tuple[str, ...], out_dir: str, as_json: bool) -> int:
 @records.command("junit")
 @click.argument("path", metavar="RECORD|DIR")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), metavar="FILE",
-              help="The JUnit XML file to write (its folder is created).")
+              help="The JUnit XML file to write (its folder is created; never overwritten without --force).")
+@force_option
 @json_option
-def junit(path: str, out: str, as_json: bool) -> int:
+def junit(path: str, out: str, force: bool, as_json: bool) -> int:
     """Write a served record as JUnit XML: one test case per arm and request.
 
     Classname ``<pairing>.<arm>``, name ``<request id> (<kind>)``: diverged is
@@ -254,11 +256,16 @@ def junit(path: str, out: str, as_json: bool) -> int:
         specparity records junit results/served-host-2026-11-30.md --out parity.xml
         specparity records junit results/ --out parity.xml      # the newest record
     """
+    from specparity.outputs import check_new_file
     from specparity.records.junit import write_junit
     from specparity.records.served import ServedRecord
 
+    target = check_new_file(out, "--out", force, make_parents=True)
     rec, identity, parts = _open(path)
-    summary = write_junit(ServedRecord.of(rec.path, rec, identity, parts), out)
+    sr = ServedRecord.of(rec.path, rec, identity, parts)
+    if target is not None and target.is_symlink():
+        target.unlink()  # --force replaces the link itself, never writes through it
+    summary = write_junit(sr, out)
     if as_json:
         emit_json({"junit": str(summary.path), "tests": summary.tests, "failures": summary.failures,
                    "errors": summary.errors, "skipped": summary.skipped, "record": rec.path})
