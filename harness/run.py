@@ -276,7 +276,7 @@ class PairingRun:
         if self.trust:
             argv += profile.trust_remote_code_argv
         server_dir = self.work / f"server-{plan.server_key}"
-        argv += self.engine.server_argv(plan.draft is not None, server_dir)
+        argv += self.engine.extra_argv(plan.draft is not None, server_dir)
         argv += self.job.extra_args.get("*", []) + self.job.extra_args.get(plan.name, [])
         witness = self.work / f"witness-{plan.server_key}.log"
         witness.unlink(missing_ok=True)

@@ -11,7 +11,7 @@ it does not define is simply not used):
         why the engine cannot run here (None: it can); a pairing on it is ``error``
     prepare_checkpoint(path: str, role: str) -> str
         the checkpoint as the server loads it (llama.cpp: a GGUF export, made once)
-    server_argv(drafts: bool, server_dir: Path) -> list[str]
+    extra_argv(drafts: bool, server_dir: Path) -> list[str]
         argv appended to one server's (an arm with or without the drafter; ``server_dir``: the
         folder the record keeps for that server, e.g. for the engine's own diagnostics)
     max_width(draft: str) -> int | None
@@ -63,8 +63,8 @@ class Engine:
         return str(fn(path, role)) if fn is not None else path
 
 
-    def server_argv(self, drafts: bool, server_dir: Path) -> list[str]:
-        fn = self._hook("server_argv")
+    def extra_argv(self, drafts: bool, server_dir: Path) -> list[str]:
+        fn = self._hook("extra_argv")
         return [str(a) for a in fn(drafts, server_dir)] if fn is not None else []
 
     def max_width(self, draft: str) -> int | None:
