@@ -716,38 +716,59 @@ class Decoded:
 
 def top2(logprobs: Any) -> list[tuple[int, float]]:
     """The two best (id, logprob) of a logprob row, best first, an exact tie toward the lower id."""
+    ids, vals = _top2_lazy(logprobs)
+    return _top2_pairs(ids.tolist(), vals.tolist())
+
+
+def _top2_lazy(logprobs: Any) -> tuple[Any, Any]:
+    """The two best ids of a row and their logprobs, as arrays not yet evaluated."""
     import mlx.core as mx
 
     idx = mx.argpartition(-logprobs, kth=1)[:2]
-    ids: list[Any] = list(idx.tolist())  # type: ignore[arg-type]  # a (2,) array lists its values
-    vals: list[Any] = list(logprobs[idx].tolist())
-    pairs = sorted(((int(a), float(b)) for a, b in zip(ids, vals)), key=lambda t: (-t[1], t[0]))
-    return pairs
+    return idx, logprobs[idx]
+
+
+def _top2_pairs(ids: Any, vals: Any) -> list[tuple[int, float]]:
+    return sorted(((int(a), float(b)) for a, b in zip(ids, vals)), key=lambda t: (-t[1], t[0]))
 
 
 def collect(tokenizer: Any, responses: Any, stop_words: list[str], initial_state: str = "normal") -> Decoded:
     """Turn ``stream_generate``-style responses into the server's answer.
 
     Each response has ``token``, ``text``, ``logprobs`` (the row) and ``finish_reason``;
-    the server's stop matcher (EOS + stop words, over ids) may end it early.
+    the server's stop matcher (EOS + stop words, over ids) may end it early. The
+    logprobs and top-2 are gathered without waiting on each token (one evaluation at
+    the end), so the generation keeps its own pace.
     """
+    import mlx.core as mx
+
     from mlx_lm.generate import make_stop_sequences
 
     matcher = make_stop_sequences(tokenizer, stop_words).matcher()
     text = ResponseText(tokenizer, stop_words, initial_state)
     out = Decoded()
     finish = "stop"
+    lazy: list[Any] = []
     for gen in responses:
         reason = gen.finish_reason
         if matcher.advance(gen.token):
             reason = "stop"
         out.token_ids.append(int(gen.token))
-        out.logprobs.append(float(gen.logprobs[gen.token].item()))
-        out.top.append(top2(gen.logprobs))
+        idx, vals = _top2_lazy(gen.logprobs)
+        emitted = gen.logprobs[gen.token]
+        mx.async_eval(idx, vals, emitted)
+        lazy.append((idx, vals, emitted))
         out.pieces.append(text.add(gen.text, reason))
         if reason is not None:
             finish = reason
             break
+    if lazy:
+        ids = mx.stack([t[0] for t in lazy]).tolist()
+        vals = mx.stack([t[1] for t in lazy]).tolist()
+        emitted = mx.stack([t[2] for t in lazy]).tolist()
+        assert isinstance(ids, list) and isinstance(vals, list) and isinstance(emitted, list)
+        out.top = [_top2_pairs(a, b) for a, b in zip(ids, vals)]
+        out.logprobs = [float(x) for x in emitted]
     out.finish_reason = text.finish(finish)
     out.text, out.reasoning, out.tool_calls = text.text, text.reasoning, list(text.tool_calls)
     return out
@@ -846,6 +867,10 @@ class ClassicReference:
     def cost(self) -> ReferenceStats:
         """What the reference has cost so far."""
         return copy.copy(self._stats)
+
+    def forget(self) -> None:
+        """Drop every cached answer (a new job on the same loaded model); the cost stays."""
+        self._cache.clear()
 
     def _settings(self, settings: ServerSettings | None) -> ServerSettings:
         s = settings or self.settings
