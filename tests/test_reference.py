@@ -223,3 +223,45 @@ def test_near_tie_rule():
     assert near_tie(1.0, 3.0, dtype="bfloat16", logprob=-40.0).kind == NEAR_TIE
     assert near_tie(0.2, 1.0, threshold=0.1).kind == CONFIDENT
     assert "near tie" in near_tie(1e-4, 2.0).line() and "confident" in near_tie(1.0, 2.0).line()
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
+@pytest.mark.slow
+def test_reference_against_llama_server_reports_every_difference_with_margins(llama_pair, tmp_path):
+    """llama.cpp computes the same network with other kernels: the reference runs on the weights the
+    GGUF was exported from, from llama-server's own prompt ids, and every difference carries both
+    sides' top-2 margins and a near-tie call (none is hidden, none is called a pass)."""
+    from specparity.fixtures import pair_gguf
+    from specparity.harness.llama import find_llama_server, server_argv
+
+    binary = find_llama_server()
+    if binary is None:
+        pytest.skip("llama-server is not built (scripts/build-llama-server)")
+    target_gguf, _ = pair_gguf(llama_pair)
+    ref = ClassicReference(llama_pair.target)
+    equal, calls = 0, []
+    with Server(server_argv(binary, target_gguf), log_path=tmp_path / "llama.log", name="llama-server") as srv:
+        for prompt in PROMPTS[:5]:
+            ids = httpx.post(srv.url + "/tokenize", json={"content": prompt}, timeout=30).json()["tokens"]
+            body = {"prompt": prompt, "max_tokens": 24, "temperature": 0}
+            resp = httpx.post(srv.url + "/v1/completions", timeout=120,
+                              json={**body, "n_probs": 2, "cache_prompt": False}).json()
+            content = resp["choices"][0]["logprobs"]["content"]
+            served = Side("llama-server", resp["choices"][0]["text"], [e["id"] for e in content],
+                          [e["logprob"] for e in content],
+                          [[(t["id"], t["logprob"]) for t in e["top_logprobs"]] for e in content])
+            r = ref.complete("completions", body, server_prompt_ids=ids, prompt_ids=ids)
+            assert r.prompt_check is not None and r.prompt_check.equal  # the same prompt on both sides
+            assert ids == ref.prompt("completions", body).ids  # and the server tokenizes as mlx-lm does
+            d = first_difference(r.side(), served, ref.tokenizer)
+            if d is None:
+                equal += 1
+                continue
+            assert d.margin_reference is not None and d.margin_other is not None, d.line()
+            call = near_tie(d.margin_reference, d.margin_other, dtype="float32")
+            assert call.kind in (NEAR_TIE, CONFIDENT)
+            calls.append(f"{prompt[:20]!r}: token {d.index}: {call.line()}")
+    assert equal >= 1, calls  # the reference is not wrong everywhere: most prompts agree
+    print("\n".join(calls))
