@@ -265,3 +265,19 @@ def test_reference_against_llama_server_reports_every_difference_with_margins(ll
             calls.append(f"{prompt[:20]!r}: token {d.index}: {call.line()}")
     assert equal >= 1, calls  # the reference is not wrong everywhere: most prompts agree
     print("\n".join(calls))
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3_5", "gemma3_text", "qwen3_moe"])
+def test_reference_equals_a_fresh_server_on_every_architecture(fixture_root, tmp_path, arch):
+    # linear attention (qwen3_5), sliding windows (gemma3), experts (qwen3_moe): the same classic path
+    pair = build(fixture_root, f"{arch}-float32", arch=arch)
+    ref = ClassicReference(pair.target)
+    with _server(pair.target, tmp_path / "server.log") as srv:
+        _check_against_server(ref, srv, [
+            ("completions", {"prompt": PROMPTS[0], "max_tokens": 24}),
+            ("completions", {"prompt": PROMPTS[1], "max_tokens": 24, "repetition_penalty": 1.3}),
+            ("completions", {"prompt": PROMPTS[3], "max_tokens": 24, "seed": 3, "presence_penalty": 0.4}),
+        ])
