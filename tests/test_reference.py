@@ -33,6 +33,7 @@ PROMPTS = [
     "Pack my box with five dozen liquor jugs. How vexingly quick daft zebras jump!",
     "Sphinx of black quartz, judge my vow. 0123456789 + - * / = ( ) [ ] { } .",
     "The quick brown fox jumps over the lazy dog.",
+    "Verify the block, rewind the rejected rows, and emit the accepted ones.",
 ]
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
@@ -90,6 +91,9 @@ def _requests(ref: ClassicReference) -> list[tuple[str, dict]]:
         ("completions", {"prompt": PROMPTS[6], "max_tokens": 24, "stop": [stop]}),
         ("chat", {"messages": [{"role": "user", "content": PROMPTS[4]}], "max_tokens": 20,
                   "repetition_penalty": 1.1}),
+        # sampled, from a seeded generator: the sequential path draws the same numbers here
+        ("completions", {"prompt": PROMPTS[7], "max_tokens": 20, "temperature": 0.9, "top_p": 0.9,
+                         "top_k": 50, "seed": 5}),
     ]
 
 
