@@ -74,6 +74,8 @@ PATH_BATCHED, PATH_SEQUENTIAL = "batched", "sequential"
 _DELIVERY_FIELDS = ("stream", "stream_options", "logprobs", "top_logprobs", "num_draft_tokens",
                     "draft_model", "model", "user", "n")
 _CONTEXT_TOKENS = 6
+# logprob rows held before their top-2 is taken in one batch (memory: this many rows of the vocabulary)
+_SETTLE_EVERY = 64
 
 
 @dataclass
@@ -737,8 +739,8 @@ def collect(tokenizer: Any, responses: Any, stop_words: list[str], initial_state
 
     Each response has ``token``, ``text``, ``logprobs`` (the row) and ``finish_reason``;
     the server's stop matcher (EOS + stop words, over ids) may end it early. The
-    logprobs and top-2 are gathered without waiting on each token (one evaluation at
-    the end), so the generation keeps its own pace.
+    logprobs and top-2 are taken from the rows in batches, without waiting on any
+    token, so the generation keeps its own pace.
     """
     import mlx.core as mx
 
@@ -748,37 +750,82 @@ def collect(tokenizer: Any, responses: Any, stop_words: list[str], initial_state
     text = ResponseText(tokenizer, stop_words, initial_state)
     out = Decoded()
     finish = "stop"
-    lazy: list[Any] = []
+    rows: list[Any] = []
+    lazy: list[tuple[Any, Any]] = []
+
+    def settle() -> None:
+        # the rows held so far, their top-2 and the emitted token's logprob, as one lazy batch
+        block = mx.stack(rows)
+        idx = mx.argpartition(-block, kth=1, axis=-1)[:, :2]
+        picked = mx.take_along_axis(block, idx, axis=-1)
+        emitted = mx.take_along_axis(block, mx.array(out.token_ids[-len(rows):])[:, None], axis=-1)[:, 0]
+        mx.async_eval(idx, picked, emitted)
+        lazy.append(((idx, picked), emitted))
+        rows.clear()
+
     for gen in responses:
         reason = gen.finish_reason
         if matcher.advance(gen.token):
             reason = "stop"
         out.token_ids.append(int(gen.token))
-        idx, vals = _top2_lazy(gen.logprobs)
-        emitted = gen.logprobs[gen.token]
-        mx.async_eval(idx, vals, emitted)
-        lazy.append((idx, vals, emitted))
+        rows.append(gen.logprobs)
+        if len(rows) == _SETTLE_EVERY:
+            settle()
         out.pieces.append(text.add(gen.text, reason))
         if reason is not None:
             finish = reason
             break
-    if lazy:
-        ids = mx.stack([t[0] for t in lazy]).tolist()
-        vals = mx.stack([t[1] for t in lazy]).tolist()
-        emitted = mx.stack([t[2] for t in lazy]).tolist()
-        assert isinstance(ids, list) and isinstance(vals, list) and isinstance(emitted, list)
-        out.top = [_top2_pairs(a, b) for a, b in zip(ids, vals)]
-        out.logprobs = [float(x) for x in emitted]
+    if rows:
+        settle()
+    for (idx, picked), emitted in lazy:
+        out.top.extend(_top2_pairs(a, b) for a, b in zip(idx.tolist(), picked.tolist()))
+        out.logprobs.extend(float(x) for x in emitted.tolist())
     out.finish_reason = text.finish(finish)
     out.text, out.reasoning, out.tool_calls = text.text, text.reasoning, list(text.tool_calls)
     return out
 
 
+@dataclass
+class Step:
+    """One generated token as the server's response loop receives it (``stream_generate``'s fields)."""
+
+    token: int
+    text: str
+    logprobs: Any
+    finish_reason: str | None = None
+
+
+def stream_steps(tokenizer: Any, steps: Any, max_tokens: int) -> Any:
+    """``generate_step``'s (token, logprobs) as ``stream_generate`` turns them into responses.
+
+    The same rules without its timing and memory readings: an EOS token ends the stream
+    (finish ``stop``, not detokenized), the ``max_tokens``-th token ends it (``length``),
+    each text segment is the detokenizer's ``last_segment``.
+    """
+    detok = tokenizer.detokenizer
+    eos = tokenizer.eos_token_ids
+    for n, (token, logprobs) in enumerate(steps):
+        if token in eos:
+            detok.finalize()
+            yield Step(token, detok.last_segment, logprobs, "stop")
+            return
+        detok.add_token(token)
+        if n + 1 == max_tokens:
+            detok.finalize()
+            yield Step(token, detok.last_segment, logprobs, "length")
+            return
+        yield Step(token, detok.last_segment, logprobs)
+
+
 def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: RequestParams,
                    settings: ServerSettings, path: str) -> Decoded:
-    """Classic decode of ``prompt`` with the request's sampler and processors (no drafter, fresh cache)."""
+    """Classic decode of ``prompt`` with the request's sampler and processors (no drafter, fresh cache).
+
+    mlx-lm's ``generate_step`` (what ``stream_generate`` runs without a drafter), read as
+    ``stream_generate`` reads it (:func:`stream_steps`).
+    """
     import mlx.core as mx
-    from mlx_lm.generate import stream_generate
+    from mlx_lm.generate import generate_step
 
     if params.seed is not None:
         mx.random.seed(params.seed)
@@ -790,12 +837,13 @@ def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: Req
         cache = prefill_segments(model, segments, settings)
         done = [t for seg in segments[:-1] for t in seg]
         processors = _prefixed(done, processors)
-    gens = stream_generate(model, tokenizer, mx.array(last), max_tokens=params.max_tokens,
-                           sampler=params.make_sampler(tokenizer), logits_processors=processors or None,
-                           prompt_cache=cache, prefill_step_size=settings.prefill_step_size,
-                           kv_bits=settings.kv_bits, kv_group_size=settings.kv_group_size,
-                           quantized_kv_start=settings.quantized_kv_start)
-    return collect(tokenizer, gens, params.stop, prompt.initial_state)
+    steps = generate_step(mx.array(last), model, max_tokens=params.max_tokens,
+                          sampler=params.make_sampler(tokenizer), logits_processors=processors or None,
+                          prompt_cache=cache, prefill_step_size=settings.prefill_step_size,
+                          kv_bits=settings.kv_bits, kv_group_size=settings.kv_group_size,
+                          quantized_kv_start=settings.quantized_kv_start)
+    return collect(tokenizer, stream_steps(tokenizer, steps, params.max_tokens), params.stop,
+                   prompt.initial_state)
 
 
 class ClassicReference:

@@ -34,6 +34,7 @@ PROMPTS = [
     "Sphinx of black quartz, judge my vow. 0123456789 + - * / = ( ) [ ] { } .",
     "The quick brown fox jumps over the lazy dog.",
     "Verify the block, rewind the rejected rows, and emit the accepted ones.",
+    "for i in range(10):\n    print(i * i)",
 ]
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
@@ -91,6 +92,9 @@ def _requests(ref: ClassicReference) -> list[tuple[str, dict]]:
         ("completions", {"prompt": PROMPTS[6], "max_tokens": 24, "stop": [stop]}),
         ("chat", {"messages": [{"role": "user", "content": PROMPTS[4]}], "max_tokens": 20,
                   "repetition_penalty": 1.1}),
+        # EOS forced by a bias: the server stops there and counts the EOS token
+        ("completions", {"prompt": PROMPTS[8], "max_tokens": 10,
+                         "logit_bias": {str(ref.tokenizer.eos_token_id): 40.0}}),
         # sampled, from a seeded generator: the sequential path draws the same numbers here
         ("completions", {"prompt": PROMPTS[7], "max_tokens": 20, "temperature": 0.9, "top_p": 0.9,
                          "top_k": 50, "seed": 5}),
@@ -124,6 +128,7 @@ def test_reference_equals_a_fresh_server_float32(llama_pair, tmp_path):
         stopped = refs[4]
         assert stopped.finish_reason == "stop" and requests[4][1]["stop"][0] not in stopped.text
         assert refs[3].path == "sequential" and refs[0].path == "batched"
+        assert refs[6].finish_reason == "stop" and refs[6].token_ids == [ref.tokenizer.eos_token_id]
         # a streamed request: text only (no ids, no logprobs in any chunk); the reference gives the index
         endpoint, body = requests[0]
         text, chunks = _stream_text(srv, endpoint, {**body, "prompt": PROMPTS[5]})
