@@ -183,3 +183,18 @@ def test_sequence_file_round_trip_and_what_cannot_be_replayed(tmp_path):
                           draft_model="/d", settings=ServerSettings(kv_bits=4, kv_group_size=32)).command
     assert cmd is not None and "--frequency-penalty 0.5" in cmd and "--stop 'a b'" in cmd
     assert "--kv-bits 4 --kv-group-size 32" in cmd and "--max-tokens 9" in cmd
+
+
+def test_cli_usage_errors(tmp_path, cli_bin):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"format": "something else"}\n')
+    r = run_cli(cli_bin, "replay", "--sequence", str(bad))
+    assert r.returncode == 2 and "Error: " in r.stderr and "not a sequence file" in r.stderr
+    r = run_cli(cli_bin, "replay", "--sequence", str(bad), "--accepts", "1,2")
+    assert r.returncode == 2 and "exactly one of" in r.stderr
+    r = run_cli(cli_bin, "replay", "--accepts", "1,2", "--width", "4", "--stop", "x")
+    assert r.returncode == 2 and "--stop" in r.stderr
+    header = SequenceHeader(model="/m", trust_remote_code=True)
+    path = write_sequence(tmp_path / "s.jsonl", header, [SequenceEntry("a", "completions", {"prompt": "x"})])
+    r = run_cli(cli_bin, "replay", "--sequence", str(path))
+    assert r.returncode == 2 and "--trust-remote-code" in r.stderr
