@@ -2,7 +2,8 @@
 
 Plain mlx-lm's server reports nothing about drafting, so the harness serves
 witness wrappers of the checkpoints: the same weights and tokenizer (linked,
-not copied), with ``model_file`` = the fixture model file, whose forward
+not copied; a checkpoint's own ``model_file`` too, which the wrapper loads and
+wraps, under --trust-remote-code), with ``model_file`` = the fixture model file, whose forward
 appends ``<pid> <role> <rows> <cache offset>`` to the file named by
 ``SPECPARITY_WITNESS_FILE`` (the server must load them with
 ``--trust-remote-code``). :mod:`specparity.harness.evidence` reads one
@@ -25,8 +26,15 @@ FIXTURE_MODEL_PATH = Path(fixtures.__file__).parent / "fixture_models" / FIXTURE
 _KEEP_OUT = {"config.json", FIXTURE_MODULE, "fixture.json"}
 
 
-def wrap_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, role: str) -> Path:
-    """``dst``: ``src`` with the witness model_file (its faults, if any, kept)."""
+def wrap_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, role: str,
+                    trust_remote_code: bool = False) -> Path:
+    """``dst``: ``src`` with the witness model_file (its faults, if any, kept).
+
+    A checkpoint that ships its own ``model_file`` is wrapped too: the witness
+    loads that file (linked into ``dst`` with the rest) and wraps its model. That
+    runs the checkpoint's code, so it needs ``trust_remote_code`` (the consent the
+    server is given with ``--trust-remote-code``); without it, a UsageError.
+    """
     src, dst = Path(src), Path(dst)
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
@@ -34,8 +42,14 @@ def wrap_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, role: str) -
     config = json.loads(cfg_path.read_text())
     own = config.get("model_file")
     if own is not None and own != FIXTURE_MODULE:
-        raise UsageError(f"{src}: has its own model_file {own!r}: the witness cannot wrap it")
-    spec = dict(config.get("specparity") or {"base": config["model_type"], "faults": []})
+        if not isinstance(own, str) or Path(own).name != own or not (src / own).is_file():
+            raise UsageError(f"{src}: its model_file {own!r} is not a file in the checkpoint")
+        if not trust_remote_code:
+            raise UsageError(f"{src}: has its own model_file {own!r}: the witness runs it only with"
+                             " --trust-remote-code")
+        spec = {"module_file": own, "faults": []}
+    else:
+        spec = dict(config.get("specparity") or {"base": config["model_type"], "faults": []})
     spec["witness"] = role
     config["model_file"] = FIXTURE_MODULE
     config["specparity"] = spec

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from specparity.errors import InputError
+from specparity.errors import InputError, first_line
 from specparity.completions import CompletionDifference, Side, first_difference
 from specparity.processors import ProcessorOptions
 from specparity.progress import NULL, Observer
@@ -125,8 +125,10 @@ class Spy:
 
     calls: one dict per step call: ``step`` (its name), ``received`` (keyword
     arguments passed, JSON values), ``defaults`` (its keyword parameters not
-    passed, with their defaults), ``tokens`` (yielded token ids, in order),
-    ``drafted`` (yielded tokens flagged from_draft).
+    passed, with their defaults), ``prompt`` (the prompt token ids it was given),
+    ``tokens`` (yielded token ids, in order), ``drafted`` (yielded tokens flagged
+    from_draft), ``history`` (the token ids the first logits-processor call saw:
+    what the processors knew before the first emitted token; None without processors).
     """
 
     SKIP: ClassVar[frozenset[str]] = frozenset({"prompt", "model", "draft_model", "stream"})
@@ -155,15 +157,22 @@ class Spy:
         @functools.wraps(fn)
         def spied(*args: Any, **kwargs: Any) -> Any:
             bound = sig.bind(*args, **kwargs)
+            prompt = bound.arguments.get("prompt")
             call: dict[str, Any] = {
                 "step": name,
                 "received": {k: _jsonable(k, v) for k, v in bound.arguments.items() if k not in self.SKIP},
                 "defaults": {k: _jsonable(k, p.default) for k, p in sig.parameters.items()
                              if k not in bound.arguments and k not in self.SKIP
                              and p.default is not inspect.Parameter.empty},
-                "tokens": [], "drafted": 0,
+                "prompt": _ids(prompt),
+                "tokens": [], "drafted": 0, "history": None,
             }
             self.calls.append(call)
+            procs = bound.arguments.get("logits_processors")
+            if procs:
+                # observe the history the processors are given; the values pass through untouched
+                bound.arguments["logits_processors"] = [_history_recorder(p, call) for p in procs]
+                args, kwargs = bound.args, bound.kwargs
             for item in fn(*args, **kwargs):
                 tok = item[0]
                 call["tokens"].append(int(tok.item() if hasattr(tok, "item") else tok))
@@ -172,6 +181,25 @@ class Spy:
                 yield item
 
         return spied
+
+
+def _ids(prompt: Any) -> list[int] | None:
+    """An mx.array of token ids as a list (None for anything else, e.g. embeddings only)."""
+    if prompt is None or not hasattr(prompt, "tolist"):
+        return None
+    return [int(t) for t in prompt.tolist()]
+
+
+def _history_recorder(processor: Any, call: dict[str, Any]) -> Any:
+    """``processor``, keeping the first token history it is called with in ``call["history"]``."""
+
+    @functools.wraps(processor)
+    def recorded(tokens: Any, logits: Any) -> Any:
+        if call["history"] is None:
+            call["history"] = [int(t) for t in tokens.tolist()]
+        return processor(tokens, logits)
+
+    return recorded
 
 
 def install_process_spy(out_path: str) -> None:
@@ -206,6 +234,8 @@ class EntryArm:
     text: the text the entry point returned (the CLI's stdout without its final newline).
     step / received / defaults: the spy's record of the step call (see Spy).
     drafted: tokens the drafter proposed and the target accepted (drafter arms).
+    prompt: the prompt token ids that reached the step function.
+    history: what its logits processors saw before the first emitted token (None: no processors).
     passed: the options the user gave this arm.
     error: why the arm did not run (the entry point refused, the CLI failed).
     argv: the CLI's command line. seconds: wall time.
@@ -219,6 +249,8 @@ class EntryArm:
     received: dict[str, Any] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     drafted: int = 0
+    prompt: list[int] | None = None
+    history: list[int] | None = None
     passed: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     argv: list[str] | None = None
@@ -236,6 +268,7 @@ class EntryArm:
         c = calls[0]
         self.step, self.received, self.defaults = c["step"], c["received"], c["defaults"]
         self.tokens, self.drafted = c["tokens"], c["drafted"]
+        self.prompt, self.history = c.get("prompt"), c.get("history")
 
 
 def run_api_arm(entry: str, loaded: Any, draft: Any | None, prompt: str | list[int],
@@ -255,19 +288,27 @@ def run_api_arm(entry: str, loaded: Any, draft: Any | None, prompt: str | list[i
                     loaded.model, loaded.tokenizer, prompt, **kwargs))
             else:
                 arm.text = mlx_lm.generate(loaded.model, loaded.tokenizer, prompt, verbose=False, **kwargs)
-    except (ValueError, TypeError) as err:  # the entry point refused this combination
-        arm.error = f"{type(err).__name__}: {err}"
+    except (ValueError, TypeError, IndexError) as err:  # the entry point refused this combination
+        arm.error = f"{type(err).__name__}: {first_line(str(err))}"
     arm.absorb(spy.calls)
     arm.seconds = time.perf_counter() - t0
     return arm
 
 
-def cli_argv(target: str, draft: str | None, prompt_text: str, options: E2EOptions,
-             trust_remote_code: bool) -> list[str]:
-    """The mlx_lm.generate command line for these options (only those the user gave)."""
+def cli_argv(target: str, draft: str | None, options: E2EOptions, trust_remote_code: bool,
+             chat_template: bool = False) -> list[str]:
+    """The mlx_lm.generate command line for these options (only those the user gave).
+
+    The prompt goes through stdin (``--prompt -``): the CLI reads it verbatim there
+    (an argument has its ``\\n`` rewritten, and cannot hold a NUL byte). Without
+    ``chat_template`` the CLI is told ``--ignore-chat-template``, as the in-process
+    arms get the raw prompt.
+    """
     script = Path(sys.executable).parent / "mlx_lm.generate"
     argv = [str(script)] if script.exists() else [sys.executable, "-m", "mlx_lm", "generate"]
-    argv += ["--model", target, "--prompt", prompt_text, "--verbose", "False"]
+    argv += ["--model", target, "--prompt", "-", "--verbose", "False"]
+    if not chat_template:
+        argv.append("--ignore-chat-template")
     for k, v in options.passed(draft is not None).items():
         flag = CLI_FLAGS.get(k)
         if flag is not None:
@@ -280,10 +321,10 @@ def cli_argv(target: str, draft: str | None, prompt_text: str, options: E2EOptio
 
 
 def run_cli_arm(target: str, draft: str | None, prompt_text: str, options: E2EOptions,
-                trust_remote_code: bool) -> EntryArm:
+                trust_remote_code: bool, chat_template: bool = False) -> EntryArm:
     """The mlx_lm.generate console script in a subprocess (cwd: a fresh directory), spied."""
     arm = EntryArm("cli", draft is not None, passed=options.passed(draft is not None))
-    arm.argv = cli_argv(target, draft, prompt_text, options, trust_remote_code)
+    arm.argv = cli_argv(target, draft, options, trust_remote_code, chat_template)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specparity-e2e-") as tmp:
         (Path(tmp) / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -293,13 +334,18 @@ def run_cli_arm(target: str, draft: str | None, prompt_text: str, options: E2EOp
         # (a repository root on the path would shadow the standard library's bisect)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH")) if p)
         env[SPY_ENV] = str(spy_out)
+        env["PYTHONIOENCODING"] = "utf-8"
         work = Path(tmp) / "cwd"
         work.mkdir()
         try:
             proc = subprocess.run(arm.argv, cwd=work, env=env, capture_output=True, text=True,
+                                  encoding="utf-8", errors="replace", input=prompt_text,
                                   timeout=CLI_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
             arm.error = f"mlx_lm.generate did not finish in {CLI_TIMEOUT_S} s"
+            return arm
+        except (OSError, ValueError) as err:  # the command line itself could not be run
+            arm.error = f"mlx_lm.generate could not be started: {type(err).__name__}: {err}"
             return arm
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
@@ -345,9 +391,13 @@ class EntryResult(ReportMixin):
     not_accepted: options the user gave that this entry point has no way to take
       (the CLI has no logits-processor flags): both arms ran without them.
     default_changes: option -> (classic step's value, drafter step's value), for
-      options the user left to the defaults where the two step functions differ.
+      options the user left to the defaults where the two step functions differ and
+      the difference can matter here (prefill_step_size: a prompt longer than the smaller step).
+    defaults_moot: the same for differences that cannot matter on this prompt (not reported).
+    cause: why the outputs differ, where the spy saw it (the processors' history).
+    refused: why this entry point could not take the prompt (the arms' results are kept).
     verdict: match, diverged (outputs differ or an option was dropped), not_engaged
-      (nothing drafted), not_run (an arm failed; reason).
+      (nothing drafted), not_run (an arm failed, or the entry point could not take the prompt; reason).
     """
 
     entry: str
@@ -357,11 +407,14 @@ class EntryResult(ReportMixin):
     dropped: list[OptionFinding] = field(default_factory=list)
     not_accepted: list[str] = field(default_factory=list)
     default_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    defaults_moot: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    cause: str | None = None
+    refused: str | None = None
     reason: str = ""
 
     @property
     def verdict(self) -> Verdict:
-        if self.classic.error or self.drafter.error:
+        if self.classic.error or self.drafter.error or self.refused:
             return Verdict.NOT_RUN
         if self.difference or self.dropped:
             return Verdict.DIVERGED
@@ -376,6 +429,8 @@ class EntryResult(ReportMixin):
                    f" {d.step}, {d.drafted} drafted ({c.seconds:.1f} s / {d.seconds:.1f} s)")
         if self.difference is not None:
             out.append("  " + self.difference.line())
+        if self.cause:
+            out.append(f"  cause: {self.cause}")
         for f in self.dropped:
             out.append("  option " + f.describe(self.entry, d.step))
         if self.not_accepted:
@@ -393,13 +448,42 @@ class EntryResult(ReportMixin):
         return d
 
 
-def compare_arms(entry: str, classic: EntryArm, drafter: EntryArm, options: E2EOptions, tokenizer: Any) -> EntryResult:
+def can_matter(option: str, values: tuple[Any, Any], prompt_len: int | None) -> bool:
+    """Whether a default that differs between the two step functions can change this run.
+
+    prefill_step_size: only a prompt longer than the smaller step is split differently
+    (prefill covers all but the last prompt token). Other options: always.
+    """
+    if option == "prefill_step_size" and prompt_len is not None:
+        steps = [v for v in values if isinstance(v, int)]
+        return bool(steps) and prompt_len - 1 > min(steps)
+    return True
+
+
+def history_cause(classic: EntryArm, drafter: EntryArm) -> str | None:
+    """The processors' histories, where the two arms' differ (None: the same, or no processors)."""
+    ch, dh = classic.history, drafter.history
+    if ch is None or dh is None or ch == dh:
+        return None
+
+    def show(h: list[int]) -> str:
+        return f"{h}" if len(h) <= 8 else f"[{', '.join(map(str, h[:4]))}, ..., {', '.join(map(str, h[-2:]))}]"
+
+    return (f"the drafter path's logits processors saw another history: {len(dh)} token(s) {show(dh)} before"
+            f" the first emitted token, where classic decode's saw {len(ch)} {show(ch)}"
+            + (" (the whole prompt)" if classic.prompt is not None and ch == classic.prompt else ""))
+
+
+def compare_arms(entry: str, classic: EntryArm, drafter: EntryArm, options: E2EOptions, tokenizer: Any,
+                 prompt_len: int | None = None) -> EntryResult:
     res = EntryResult(entry, classic, drafter)
     if classic.error or drafter.error:
         res.reason = "; ".join(f"{a.name} did not run" for a in (classic, drafter) if a.error)
         return res
     res.difference = first_difference(Side("classic", classic.text, classic.tokens),
                                       Side("drafter", drafter.text, drafter.tokens), tokenizer)
+    if res.difference is not None:
+        res.cause = history_cause(classic, drafter)
     passed = drafter.passed
     for k, v in passed.items():
         if entry == "cli" and CLI_FLAGS.get(k, "") is None:
@@ -412,9 +496,23 @@ def compare_arms(entry: str, classic: EntryArm, drafter: EntryArm, options: E2EO
     for k in sorted(set(classic.defaults) & set(drafter.defaults)):
         # an option the user left alone, taking each step function's own default
         if k not in passed and classic.defaults[k] != drafter.defaults[k]:
-            res.default_changes[k] = (classic.defaults[k], drafter.defaults[k])
+            pair = (classic.defaults[k], drafter.defaults[k])
+            if can_matter(k, pair, prompt_len):
+                res.default_changes[k] = pair
+            else:
+                res.defaults_moot[k] = pair
+    judge(res)
+    return res
+
+
+def judge(res: EntryResult) -> None:
+    """Set ``res.reason`` from its verdict."""
     v = res.verdict
-    if v == Verdict.DIVERGED:
+    drafter = res.drafter
+    if v == Verdict.NOT_RUN:
+        res.reason = res.refused or "; ".join(
+            f"{a.name} did not run" for a in (res.classic, drafter) if a.error)
+    elif v == Verdict.DIVERGED:
         parts = []
         d = res.difference
         if d is not None and d.token_index is not None:
@@ -429,8 +527,22 @@ def compare_arms(entry: str, classic: EntryArm, drafter: EntryArm, options: E2EO
         res.reason = (f"no evidence the drafter ran ({drafter.step or 'no step function'} was called,"
                       f" {drafter.drafted} tokens drafted)")
     else:
-        res.reason = f"identical token ids and text over {len(classic.tokens)} tokens"
-    return res
+        res.reason = f"identical token ids and text over {len(res.classic.tokens)} tokens"
+
+
+def prompt_refusal(entry: str, arms: list[EntryArm], expected: list[int]) -> str | None:
+    """Why an entry point's arms did not decode the run's prompt tokens (None: they did, or no record)."""
+    for arm in arms:
+        if arm.prompt is None or arm.prompt == expected:
+            continue
+        i = next((k for k, (a, b) in enumerate(zip(arm.prompt, expected)) if a != b),
+                 min(len(arm.prompt), len(expected)))
+        how = " (the CLI tokenizes the prompt's text: the ids do not survive decode and encode)" \
+            if entry == "cli" else ""
+        return (f"{arm.name} decoded other prompt tokens than the run's: {len(arm.prompt)} vs {len(expected)},"
+                f" first different at position {i} ({arm.prompt[i:i + 4]} vs {expected[i:i + 4]}){how};"
+                " its results are not comparable with the other entry points'")
+    return None
 
 
 # ---------------------------------------------------------------- the run
@@ -449,6 +561,7 @@ class E2ERun(ReportMixin):
     options: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     draft_model: dict[str, Any] = field(default_factory=dict)
+    prompt_tokens: int = 0
 
     @property
     def verdict(self) -> Verdict:
@@ -462,7 +575,7 @@ class E2ERun(ReportMixin):
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "exit_code": self.exit_code, "options": self.options,
-                "model": self.model, "draft_model": self.draft_model,
+                "model": self.model, "draft_model": self.draft_model, "prompt_tokens": self.prompt_tokens,
                 "entries": [e.to_dict() for e in self.entries]}
 
 
@@ -479,19 +592,49 @@ def parse_entry_points(value: str | None) -> list[str]:
     return out
 
 
+def prompt_tokens(tokenizer: Any, prompt: str | list[int], chat_template: bool = False) -> list[int]:
+    """The prompt tokens every arm decodes from.
+
+    Ids are taken as they are. Text is encoded as the ``mlx_lm.generate`` CLI encodes it:
+    with ``chat_template``, as the user's message through the tokenizer's chat template
+    (with the generation prompt), encoded without special tokens; else the raw text
+    with the tokenizer's special tokens.
+    """
+    if not isinstance(prompt, str):
+        if chat_template:
+            raise InputError("chat-template", "applies to a prompt text, not to prompt ids")
+        return [int(t) for t in prompt]
+    if chat_template:
+        if not getattr(tokenizer, "has_chat_template", False):
+            raise InputError("chat-template", ": this tokenizer has no chat template")
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(prompt))
+
+
 def run_e2e(loaded: Any, draft: Any, prompt: str | list[int], options: E2EOptions,
             entry_points: list[str] | None = None, trust_remote_code: bool = False,
-            observer: Observer = NULL) -> E2ERun:
-    """Run each entry point without and with the drafter; compare outputs and the options that reached them."""
+            observer: Observer = NULL, chat_template: bool = False) -> E2ERun:
+    """Run each entry point without and with the drafter; compare outputs and the options that reached them.
+
+    Every arm decodes the same prompt tokens (:func:`prompt_tokens`): the in-process
+    entry points get the ids, the CLI gets the text (and its chat template only with
+    ``chat_template``); an entry point whose step function received other ids is not_run.
+    """
     entry_points = list(entry_points or ENTRY_POINTS)
-    prompt_text = prompt if isinstance(prompt, str) else loaded.tokenizer.decode(prompt)
+    ids = prompt_tokens(loaded.tokenizer, prompt, chat_template)
+    if not ids:
+        raise InputError("prompt", ": it encodes to no tokens")
+    prompt_text = prompt if isinstance(prompt, str) else loaded.tokenizer.decode(ids)
     fp, dfp = loaded.fingerprint, draft.fingerprint
     passed = options.passed(True)
     run = E2ERun(
         header=(f"model {fp.path} ({fp.model_type}, fingerprint {fp.short}), drafter {dfp.path}"
-                f" (fingerprint {dfp.short}); options: "
+                f" (fingerprint {dfp.short}); prompt: {len(ids)} tokens"
+                + (" (through the chat template)" if chat_template else "") + "; options: "
                 + (", ".join(f"{k}={v}" for k, v in passed.items()) or "none (every entry point's defaults)")),
-        options=passed, model=fp.to_dict(), draft_model=dfp.to_dict())
+        options=passed, model=fp.to_dict(), draft_model=dfp.to_dict(), prompt_tokens=len(ids))
     with observer.part("entry points", total=len(entry_points)):
         for entry in entry_points:
             arms = []
@@ -499,14 +642,16 @@ def run_e2e(loaded: Any, draft: Any, prompt: str | list[int], options: E2EOption
                 observer.note(f"{entry} {'with' if with_draft else 'without'} the drafter")
                 if entry == "cli":
                     arm = run_cli_arm(str(fp.path), str(dfp.path) if with_draft else None, prompt_text,
-                                      options, trust_remote_code)
+                                      options, trust_remote_code, chat_template)
                 else:
-                    arm = run_api_arm(entry, loaded, draft if with_draft else None, prompt, options)
+                    arm = run_api_arm(entry, loaded, draft if with_draft else None, ids, options)
                 observer.result(arm.name, asdict(arm))
                 arms.append(arm)
-            res = compare_arms(entry, arms[0], arms[1], options, loaded.tokenizer)
-            if entry == "cli" and not isinstance(prompt, str):
-                res.not_accepted.append("prompt ids (the CLI took their decoded text)")
+            res = compare_arms(entry, arms[0], arms[1], options, loaded.tokenizer, len(ids))
+            refused = prompt_refusal(entry, arms, ids)
+            if refused:
+                res.refused = refused
+                judge(res)
             run.entries.append(res)
             observer.item("entry points")
     return run

@@ -180,12 +180,13 @@ class Loaded:
 
 
 def load_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False,
-                    flag: str = "--model") -> Loaded:
+                    flag: str = "--model", tokenizer_config: dict[str, Any] | None = None) -> Loaded:
     """Load with mlx-lm, turning its failures into one-line errors that name ``flag``.
 
     Nothing the checkpoint ships runs without ``trust_remote_code``: neither a
     ``model_file`` nor tokenizer code (an ``auto_map``); transformers is told so
-    explicitly, so its interactive y/N prompt never appears.
+    explicitly, so its interactive y/N prompt never appears. ``tokenizer_config``:
+    more tokenizer options (a server's ``--chat-template``), as mlx-lm's ``load`` takes them.
     """
     d = resolve_model_dir(path, flag)
     cfg = read_config(d)
@@ -199,7 +200,7 @@ def load_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False,
         # mypy cannot pick the 3-tuple arm of load's Union return from return_config=True
         model, tokenizer, config = mlx_lm.load(  # type: ignore[misc]
             str(d), return_config=True, trust_remote_code=trust_remote_code,
-            tokenizer_config={"trust_remote_code": trust_remote_code},
+            tokenizer_config={**(tokenizer_config or {}), "trust_remote_code": trust_remote_code},
         )
     except SystemExit as err:  # the checkpoint's own code exited: a bug, never a verdict
         raise RuntimeError(f"{flag} {path}: code the checkpoint ships raised"

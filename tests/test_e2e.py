@@ -6,7 +6,7 @@ import json
 
 import pytest
 from conftest import run_cli
-from specparity.completions import Side, first_difference
+from specparity.completions import CompletionDifference, Side, first_difference
 from specparity.probes.e2e import E2EOptions, run_e2e
 
 from specparity.checkpoint import load_checkpoint
@@ -34,10 +34,16 @@ def test_clean_pair_matches_on_every_entry_point(pair):
     stream, gen, cli = run.entries
     # the three entry points emit the same greedy stream
     assert stream.classic.tokens == gen.classic.tokens == cli.classic.tokens
-    # the in-process entry points leave prefill_step_size to each step function's default
-    assert stream.default_changes == {"prefill_step_size": (2048, 512)}
-    assert cli.default_changes == {}  # the CLI passes its own 2048 to both
-    assert cli.drafter.argv[-2:] == ["--draft-model", str(draft.fingerprint.path)]
+    # the in-process entry points leave prefill_step_size to each step function's default; on a
+    # prompt shorter than the smaller step that cannot matter, so it is kept apart, not reported
+    assert stream.default_changes == {} and stream.defaults_moot == {"prefill_step_size": (2048, 512)}
+    assert "default differs" not in "\n".join(run.lines())
+    assert cli.defaults_moot == {}  # the CLI passes its own 2048 to both
+    assert (cli.drafter.argv or [])[-2:] == ["--draft-model", str(draft.fingerprint.path)]
+    # every arm decoded the same prompt tokens; the CLI read the raw prompt from stdin
+    argv = cli.classic.argv or []
+    assert "--ignore-chat-template" in argv and argv[argv.index("--prompt") + 1] == "-"
+    assert cli.classic.prompt == cli.drafter.prompt == stream.classic.prompt == list(target.tokenizer.encode(PROMPT))
     assert run.verdict == Verdict.MATCH and run.exit_code == 0
 
 
@@ -58,16 +64,23 @@ def test_dropped_option_and_processor_history_are_caught(pair):
     assert stream.classic.tokens[: d.token_index] == stream.drafter.tokens[: d.token_index]
     assert stream.classic.tokens[d.token_index] != stream.drafter.tokens[d.token_index]
     assert f"first difference at token {d.token_index} " in "\n".join(stream.lines())
+    # and the cause is named: which history the drafter path's processors saw
+    prompt = stream.classic.prompt
+    assert prompt is not None
+    assert stream.classic.history == prompt and stream.drafter.history == prompt[-1:]
+    assert stream.cause is not None and f"1 token(s) [{prompt[-1]}]" in stream.cause
     # the CLI has no processor flags: stated, and its arms ran without them (so they agree)
     assert cli.not_accepted == ["logits_processors"] and cli.difference is None
     assert run.exit_code == 1
 
 
 def test_first_difference_context():
-    def ids(a, b):
-        return first_difference(Side("classic", "x", a), Side("drafter", "x", b))
+    def ids(a: list[int], b: list[int]) -> CompletionDifference:
+        d = first_difference(Side("classic", "x", a), Side("drafter", "x", b))
+        assert d is not None
+        return d
 
-    assert ids([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference(Side("classic", "x", [1, 2, 3]), Side("drafter", "x", [1, 2, 3])) is None
     d = ids([1, 2, 3, 4, 5], [1, 2, 9, 4])
     assert (d.token_index, d.tokens_before, d.reference_tokens, d.other_tokens) == (2, [1, 2], [3, 4, 5], [9, 4])
     assert d.char_offset is None and "only the token ids differ" in d.line()
@@ -75,6 +88,7 @@ def test_first_difference_context():
     assert (d.token_index, d.reference_tokens, d.other_tokens, d.reference_token_count, d.other_token_count) \
         == (2, [], [7], 2, 3)
     t = first_difference(Side("classic", "hello world"), Side("drafter", "hello there"))
+    assert t is not None
     assert t.char_offset == 6 and t.text_before == "hello " and t.reference_snippet.startswith("world")
     assert t.token_index is None and t.index == 6
 
@@ -95,3 +109,75 @@ def test_cli_json_record_and_bad_input(llama_pair, tmp_path, cli_bin):
     r = run_cli(cli_bin, "e2e", "--model", llama_pair.target, "--draft-model", llama_pair.draft,
                 "--logit-bias", "5=1")
     assert r.returncode == 2 and "Error: --logit-bias '5=1': '5=1' is not TOKEN_ID:BIAS" in r.stderr
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_long_prompt_ids_run_in_every_arm_and_ids_the_cli_cannot_take_are_not_run(pair):
+    target, draft = pair
+    tok = target.tokenizer
+    text = " ".join(["Speculative decoding drafts several tokens with a small model and verifies them."] * 60)
+    ids = list(tok.encode(text))[:700]
+    assert tok.encode(tok.decode(ids)) == ids  # text the CLI can take back
+    run = run_e2e(target, draft, ids, E2EOptions(max_tokens=16))
+    for e in run.entries:
+        assert e.verdict != Verdict.NOT_RUN, e.lines()
+        assert e.classic.prompt == e.drafter.prompt == ids and len(e.classic.tokens) == 16
+    # 700 prompt tokens: the drafter's default prefill step (512) splits it where classic's (2048) does not
+    stream = run.entries[0]
+    assert stream.default_changes == {"prefill_step_size": (2048, 512)}
+    assert "default differs with the drafter: prefill_step_size" in "\n".join(run.lines())
+    # ids whose text holds a NUL byte (once exit 70, "embedded null byte"): the CLI reads them from stdin
+    nul = next(i for i in range(tok.vocab_size) if tok.decode([i]) == "\x00")
+    odd = [nul] + ids[:40] + [nul]
+    run = run_e2e(target, draft, odd, E2EOptions(max_tokens=8), ["stream_generate", "cli"])
+    assert [e.classic.prompt for e in run.entries] == [odd, odd]
+    assert not any(a.error for e in run.entries for a in (e.classic, e.drafter))
+    # ids whose text encodes to other ids: the CLI cannot take them; its entry is not_run, the others kept
+    import random
+
+    rnd = random.Random(1)
+    scrambled = [rnd.randrange(1, tok.vocab_size) for _ in range(60)]
+    assert tok.encode(tok.decode(scrambled)) != scrambled
+    run = run_e2e(target, draft, scrambled, E2EOptions(max_tokens=8), ["stream_generate", "cli"])
+    stream, cli = run.entries
+    assert stream.verdict != Verdict.NOT_RUN and stream.classic.prompt == scrambled
+    assert cli.verdict == Verdict.NOT_RUN and "other prompt tokens" in str(cli.refused)
+    assert not any(a.error for e in run.entries for a in (e.classic, e.drafter))
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_chat_template_goes_to_every_arm_or_to_none(llama_pair, tmp_path):
+    import shutil
+
+    target_dir = tmp_path / "target"
+    shutil.copytree(llama_pair.target, target_dir)
+    cfg = json.loads((target_dir / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+    (target_dir / "tokenizer_config.json").write_text(json.dumps(cfg))
+    target, draft = load_checkpoint(target_dir), load_checkpoint(llama_pair.draft)
+    raw = run_e2e(target, draft, PROMPT, E2EOptions(max_tokens=8), ["stream_generate", "cli"])
+    templated = run_e2e(target, draft, PROMPT, E2EOptions(max_tokens=8), ["stream_generate", "cli"],
+                        chat_template=True)
+    assert len(templated.entries[0].classic.prompt or []) > len(raw.entries[0].classic.prompt or [])
+    for run in (raw, templated):
+        stream, cli = run.entries
+        # the CLI's prompt tokens equal the in-process arms': its indices are comparable
+        assert cli.classic.prompt == stream.classic.prompt and cli.verdict != Verdict.NOT_RUN, cli.lines()
+        assert cli.classic.tokens == stream.classic.tokens
+    assert "--ignore-chat-template" in (raw.entries[1].classic.argv or [])
+    assert "--ignore-chat-template" not in (templated.entries[1].classic.argv or [])
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_kv_bits_reaches_the_cli_arm(pair):
+    """A quantized KV cache that starts inside a verify block: every entry point, the CLI included, shows it."""
+    target, draft = pair
+    opts = E2EOptions(max_tokens=40, num_draft_tokens=3, kv_bits=4, kv_group_size=32, quantized_kv_start=24)
+    run = run_e2e(target, draft, PROMPT, opts)
+    idx = {e.entry: (e.difference.token_index if e.difference else None) for e in run.entries}
+    assert idx["cli"] is not None and idx["cli"] == idx["stream_generate"] == idx["generate"], idx
+    assert run.entries[2].classic.received["kv_bits"] == 4

@@ -90,7 +90,7 @@ def test_packaged_profiles_load_and_bad_ones_are_usage_errors(tmp_path):
         load_profile(str(loop))
 
 
-def test_wrap_keeps_faults_links_weights_and_refuses_a_foreign_model_file(tmp_path):
+def test_wrap_keeps_faults_links_weights_and_wraps_a_foreign_model_file_with_consent(tmp_path):
     src = tmp_path / "ckpt"
     src.mkdir()
     (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -101,5 +101,14 @@ def test_wrap_keeps_faults_links_weights_and_refuses_a_foreign_model_file(tmp_pa
         "base": "llama", "faults": [], "witness": "target"}
     assert (out / "model.safetensors").is_symlink() and (out / "specparity_fixture.py").is_file()
     (src / "config.json").write_text(json.dumps({"model_type": "llama", "model_file": "mine.py"}))
-    with pytest.raises(UsageError, match="own model_file 'mine.py'"):
+    with pytest.raises(UsageError, match="model_file 'mine.py' is not a file"):
+        wrap_checkpoint(src, tmp_path / "w2", "target", trust_remote_code=True)
+    (src / "mine.py").write_text("")
+    # the checkpoint's own code runs only with the consent it needs anyway
+    with pytest.raises(UsageError, match="own model_file 'mine.py'.*--trust-remote-code"):
         wrap_checkpoint(src, tmp_path / "w2", "target")
+    out = wrap_checkpoint(src, tmp_path / "w3", "target", trust_remote_code=True)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_file"] == "specparity_fixture.py" and cfg["specparity"] == {
+        "module_file": "mine.py", "faults": [], "witness": "target"}
+    assert (out / "mine.py").is_symlink()

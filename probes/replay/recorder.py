@@ -49,11 +49,15 @@ def accepts_from_flags(flags: list[bool], num_draft_tokens: int,
 def record_speculative(model: Any, draft_model: Any, prompt: list[int],
                        num_draft_tokens: int, max_tokens: int,
                        opts: CacheOptions | None = None,
-                       processors: ProcessorOptions | None = None) -> AcceptLog:
+                       processors: ProcessorOptions | None = None,
+                       stop_sequences: Any = None) -> AcceptLog:
     """Run greedy speculative decoding in process; return its accept vector and tokens.
 
     ``processors``: logits-processor options handed to mlx-lm's speculative
     path as ``logits_processors`` (it applies them with its own history).
+    ``stop_sequences``: mlx-lm's ``StopSequences`` (``make_stop_sequences``: EOS and
+    stop words): the recording ends with the token that completes one, as
+    mlx_lm.server ends a completion (None: it runs to ``max_tokens``).
     """
     import mlx.core as mx
     from mlx_lm.generate import speculative_generate_step
@@ -71,6 +75,7 @@ def record_speculative(model: Any, draft_model: Any, prompt: list[int],
                         + make_prompt_cache(draft_model, max_kv_size=opts.max_kv_size))
     tokens: list[int] = []
     flags: list[bool] = []
+    matcher = stop_sequences.matcher() if stop_sequences is not None else None
     try:
         for tok, _, from_draft in speculative_generate_step(
             mx.array(prompt, dtype=mx.uint32), model, draft_model,
@@ -82,6 +87,8 @@ def record_speculative(model: Any, draft_model: Any, prompt: list[int],
         ):
             tokens.append(int(tok))
             flags.append(bool(from_draft))
+            if matcher is not None and matcher.advance(int(tok)):
+                break
     except ValueError as err:  # mlx-lm refuses a cache it cannot trim
         raise InputError("draft-model", f": mlx-lm speculative decoding refused: {err}") from None
     accepts, widths = accepts_from_flags(flags, num_draft_tokens, max_tokens)
@@ -94,5 +101,6 @@ def record_speculative(model: Any, draft_model: Any, prompt: list[int],
         tokens=tokens,
         source="mlx_lm.generate.speculative_generate_step",
         meta={"num_draft_tokens": num_draft_tokens, "max_tokens": max_tokens,
-              "cache": opts.to_dict(), "processors": procs.to_dict()},
+              "cache": opts.to_dict(), "processors": procs.to_dict(),
+              **({"stopped": len(tokens)} if matcher is not None else {})},
     )

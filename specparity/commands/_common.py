@@ -61,7 +61,7 @@ def processor_options(f: Callable) -> Callable:
     f = click.option("--logit-bias", default=None, metavar="ID:BIAS,...",
                      help="Additive logit bias per token id, e.g. 5:2.5,17:-100.")(f)
     for name in ("frequency", "presence", "repetition"):
-        f = click.option(f"--{name}-context-size", type=click.IntRange(min=1), default=20, show_default=True,
+        f = click.option(f"--{name}-context-size", type=click.IntRange(min=0), default=20, show_default=True,
                          help=f"History tokens the {name} penalty sees.")(f)
         f = click.option(f"--{name}-penalty", type=float, default=None,
                          help=f"mlx-lm's {name} penalty (a logits processor; off by default).")(f)

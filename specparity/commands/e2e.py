@@ -22,7 +22,12 @@ from specparity.commands._common import (
 @click.option("--entry-points", default=None, metavar="LIST",
               help="Comma-separated: stream_generate, generate, cli (default: all three).")
 @click.option("--prompt", "prompt_text", default=None, help="Prompt text (default: a built-in prompt).")
-@click.option("--prompt-ids", default=None, help="Prompt as token ids, e.g. 1,2,3 (the CLI gets their text).")
+@click.option("--prompt-ids", default=None,
+              help="Prompt as token ids, e.g. 1,2,3 (the CLI gets their text; where that text encodes to"
+                   " other ids the CLI entry is not_run).")
+@click.option("--chat-template", "chat_template", is_flag=True,
+              help="Put --prompt through the tokenizer's chat template in every arm (default: the raw"
+                   " prompt everywhere; the CLI is given --ignore-chat-template).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Tokens to generate (default: each entry point's own).")
 @click.option("--num-draft-tokens", type=click.IntRange(min=1), default=None,
@@ -39,7 +44,7 @@ from specparity.commands._common import (
 @processor_options
 @json_option
 @record_option
-def e2e(model, trust_remote_code, draft_model, entry_points, prompt_text, prompt_ids, max_tokens,
+def e2e(model, trust_remote_code, draft_model, entry_points, prompt_text, prompt_ids, chat_template, max_tokens,
         num_draft_tokens, max_kv_size, prefill_step_size, kv_bits, kv_group_size, quantized_kv_start,
         as_json, record_dir, quiet, **proc_kwargs):
     """Run mlx-lm's public entry points with and without the drafter; compare what they emit.
@@ -48,11 +53,17 @@ def e2e(model, trust_remote_code, draft_model, entry_points, prompt_text, prompt
     mlx_lm.generate command line as a subprocess) runs once without and once
     with the drafter, given only the options you pass: everything else is the
     entry point's own default, as a user gets it. Greedy (the entry points'
-    default sampler). Reports, per entry point: token ids and text compared,
-    with the first differing index and its context; every option you passed
-    that the drafter path dropped or changed on its way to mlx-lm's step
-    function; defaults that differ with the drafter; a drafter arm that
-    drafted nothing (not engaged).
+    default sampler). Every arm decodes the same prompt tokens: the raw prompt
+    (the CLI is given --ignore-chat-template), or the chat template in every
+    arm with --chat-template; the CLI reads the prompt from stdin, and where
+    it decoded other tokens than the other arms its entry is not_run with the
+    reason (the others are kept). Reports, per entry point: token ids and
+    text compared, with the first differing index and its context, and the
+    cause where the spy saw it (the processors' history with the drafter);
+    every option you passed that the drafter path dropped or changed on its
+    way to mlx-lm's step function; defaults that differ with the drafter
+    where they can matter (prefill_step_size on a prompt longer than the
+    smaller step); a drafter arm that drafted nothing (not engaged).
 
     \b
     Exit codes: 0 every entry point matches, 1 an output differs or an option
@@ -63,6 +74,7 @@ def e2e(model, trust_remote_code, draft_model, entry_points, prompt_text, prompt
         specparity e2e --model ./target --draft-model ./draft --max-tokens 128
         specparity e2e --max-kv-size 64 --entry-points stream_generate,cli
         specparity e2e --repetition-penalty 1.3 --json
+        specparity e2e --model ./chat-model --prompt "Hi" --chat-template
     """
     from specparity.errors import UsageError
     from specparity.probes.e2e import E2EOptions, parse_entry_points, run_e2e
@@ -86,11 +98,16 @@ def e2e(model, trust_remote_code, draft_model, entry_points, prompt_text, prompt
         check_vocab(procs, vocab)
     prompt: str | list[int] = (parse_prompt_ids([prompt_ids])[0] if prompt_ids is not None
                                else prompt_text if prompt_text is not None else DEFAULT_PROMPTS[0])
+    if not isinstance(prompt, str):
+        from specparity.inputs import check_token_ids, vocab_size
+
+        check_token_ids(prompt, vocab_size(loaded), "--prompt-ids")
     fp = loaded.fingerprint
     run = CommandRun("e2e", f"e2e: {fp.model_type} {fp.short}",
                      {"model": fp.to_dict(), "draft_model": draft.fingerprint.to_dict(),
                       "options": options.passed(True)},
                      record_dir, as_json, quiet, slug=f"e2e-{fp.model_type}")
     with run:
-        result = run_e2e(loaded, draft, prompt, options, entries, trust_remote_code, observer=run.observer)
+        result = run_e2e(loaded, draft, prompt, options, entries, trust_remote_code, observer=run.observer,
+                         chat_template=chat_template)
         return run.finish(result)

@@ -17,6 +17,7 @@ from specparity.commands._common import (
     processor_options_from,
     record_option,
     resolve_model,
+    resolve_path,
 )
 from specparity.errors import EXIT_OK, Inconclusive, UsageError
 from specparity.inputs import (
@@ -54,6 +55,14 @@ POLICIES = ("wrong-id", "correct-token")
               help="With --draft-model: tokens to generate.")
 @click.option("--save-log", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="With --draft-model: also write the recorded vector here (specparity JSONL).")
+@click.option("--stop", "stop_words", multiple=True, metavar="TEXT",
+              help="With --draft-model: end the recording where mlx_lm.server ends a completion:"
+                   " at EOS or at this stop word's tokens (repeatable; implies --stop-at-eos).")
+@click.option("--stop-at-eos", is_flag=True,
+              help="With --draft-model: end the recording at the tokenizer's EOS, as a server does.")
+@click.option("--sequence", "sequence_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Replay a served request sequence through one prompt cache as mlx_lm.server's loop"
+                   " did (a sequence file the served job writes), each answer against classic decode.")
 @click.option("--prompt", "prompt_text", default=None, help="Prompt text.")
 @click.option("--prompt-ids", default=None, help="Prompt as token ids, e.g. 1,2,3.")
 @click.option("--width", type=click.IntRange(min=1), default=None,
@@ -75,9 +84,9 @@ POLICIES = ("wrong-id", "correct-token")
 @record_option
 @force_option
 def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request_index,
-           draft_model, num_draft_tokens, max_tokens, save_log, prompt_text, prompt_ids, width,
-           policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir, quiet, force,
-           **cache_kwargs):
+           draft_model, num_draft_tokens, max_tokens, save_log, stop_words, stop_at_eos, sequence_path, prompt_text,
+           prompt_ids, width, policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir,
+           quiet, force, **cache_kwargs):
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
 
     Prefill as classic decode does, then for each round run the target over
@@ -92,7 +101,17 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
     and every verify row as classic decode applies them (history = prompt +
     emitted tokens), and handed to mlx-lm's speculative path by --draft-model;
     the tokens it emitted are compared with the reference even after a rewind
-    finding.
+    finding. With --stop / --stop-at-eos the recording ends where
+    mlx_lm.server ends the completion (EOS or a stop word), so its tokens are
+    the served ones.
+
+    --sequence FILE replays a served request sequence (repeats, shared
+    prefixes, turns) through one prompt cache as mlx_lm.server's loop served
+    it (its prompt cache, its sequential or batched path, the drafter) and
+    compares every answer with classic decode on a fresh cache: exit 1 names
+    the first request and token that differ and why (a cache entry holding
+    fewer positions than counted, processors that saw part of the history);
+    exit 3 when the served answers differ and the replay does not.
 
     \b
     Exit codes: 0 agrees, 1 disagreement or finding, 2 usage,
@@ -106,12 +125,17 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         specparity replay --log run.log --regex 'accepted=(\\d+)' --width 5
         specparity replay --draft-model ./draft --num-draft-tokens 3 --save-log run.jsonl
         specparity replay --draft-model ./draft --repetition-penalty 1.3
+        specparity replay --sequence served-w4-p0.sequence.jsonl
     """
     from specparity.probes.replay import algebra, logs
 
-    sources = [s for s in (accepts_text, log_path, draft_model) if s is not None]
+    sources = [s for s in (accepts_text, log_path, draft_model, sequence_path) if s is not None]
     if len(sources) != 1:
-        raise UsageError("give exactly one of --accepts, --log or --draft-model")
+        raise UsageError("give exactly one of --accepts, --log, --draft-model or --sequence")
+    if sequence_path is not None:
+        return _sequence(sequence_path, model, trust_remote_code, as_json, record_dir, quiet)
+    if (stop_words or stop_at_eos) and draft_model is None:
+        raise UsageError("--stop and --stop-at-eos end what --draft-model records")
     if (fmt != "auto" or regex) and log_path is None:
         raise UsageError("--format and --regex read a --log FILE")
     if request_index is not None and log_path is None:
@@ -164,7 +188,8 @@ def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request
         check_accept_log(req, vocab)
     if draft_model is not None:
         requests = [_record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs,
-                            num_draft_tokens, max_tokens, opts, save_log, force)]
+                            num_draft_tokens, max_tokens, opts, save_log, force,
+                            list(stop_words) if (stop_words or stop_at_eos) else None)]
     return _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
                        wrong_id, opts, procs, as_json, record_dir, quiet)
 
@@ -178,7 +203,7 @@ def _prompt_ids(value: str | None) -> list[int] | None:
 
 
 def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs, num_draft_tokens,
-            max_tokens, opts, save_log, force=False):
+            max_tokens, opts, save_log, force=False, stop_words=None):
     from specparity.probes.replay.logs import AcceptLog, write_requests
     from specparity.probes.replay.recorder import record_speculative
     from specparity.probes.replay.run import prompt_for
@@ -188,14 +213,44 @@ def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs,
     check_token_ids(prompt, vocab_size(draft), "the prompt (--draft-model's vocabulary)")
     click.echo(f"recording: mlx-lm speculative decoding, {num_draft_tokens} proposals per round,"
                f" {max_tokens} tokens", err=True)
+    stops = None
+    if stop_words is not None:
+        from mlx_lm.generate import make_stop_sequences
+
+        stops = make_stop_sequences(loaded.tokenizer, stop_words)
     req = record_speculative(loaded.model, draft.model, prompt, num_draft_tokens, max_tokens, opts,
-                             processors=procs)
+                             processors=procs, stop_sequences=stops)
     req.meta["model"] = loaded.fingerprint.short
     req.meta["draft_model"] = draft.fingerprint.short
     if save_log:
         path = write_requests(save_log, [req], overwrite=force)
         click.echo(f"accept vector written: {path}", err=True)
     return req
+
+
+def _sequence(path: str, model: str | None, trust_remote_code: bool, as_json: bool,
+              record_dir: str | None, quiet: bool) -> int:
+    from specparity.harness.reference import ClassicReference
+    from specparity.probes.replay.sequence import read_sequence, replay_sequence
+
+    header, entries = read_sequence(path)
+    if model is not None:
+        header.model = model
+    if header.trust_remote_code and not trust_remote_code:
+        raise UsageError(f"--sequence {path}: the server ran {header.model} with --trust-remote-code;"
+                         " pass --trust-remote-code to run its code here")
+    resolve_path(header.model)
+    reference = ClassicReference(header.model, trust_remote_code=trust_remote_code, settings=header.settings())
+    draft = None
+    if header.draft_model is not None:
+        draft = resolve_model(header.draft_model, trust_remote_code, role="draft").model
+    fp = reference.loaded.fingerprint
+    run = CommandRun("replay", f"replay: sequence on {fp.model_type} {fp.short}",
+                     {"model": fp.to_dict(), "sequence": str(path)}, record_dir, as_json, quiet,
+                     slug=f"replay-sequence-{fp.model_type}")
+    with run:
+        report = replay_sequence(header, entries, reference, draft, observer=run.observer)
+        return run.finish(report)
 
 
 def _algebra_only(requests, findings, as_json, record_dir, quiet) -> int:

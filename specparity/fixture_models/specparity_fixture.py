@@ -9,7 +9,9 @@ The checkpoint's config.json carries a ``specparity`` section::
         {"kind": "stale_trim"},             # cache trim(n) keeps one stale row
         {"kind": "noise", "layer": 2, "subop": "mlp"}],  # not reproducible call to call
      "constant_logits": [..],               # optional: logits that ignore the input
-     "witness": "target"}                   # optional: log every forward (see below)
+     "witness": "target",                   # optional: log every forward (see below)
+     "module_file": "modeling.py"}          # optional: the checkpoint's own model_file,
+                                            # wrapped instead of mlx_lm.models.<base>
 
 ``rows``: fires when the call has at least ``min_rows`` rows (a verify-width kernel).
 ``depth``: fires when the call has at least ``min_rows`` rows and the cache already
@@ -23,6 +25,10 @@ not across processes (a served baseline that disagrees with itself).
 ``witness``: when the environment names a file in ``SPECPARITY_WITNESS_FILE``,
 every forward appends ``<pid> <role> <rows> <cache offset>`` to it (the served
 harness's engine-agnostic evidence of verify blocks and drafter calls).
+``module_file``: a checkpoint that ships its own ``model_file`` is wrapped by
+loading that file (next to this one, as mlx-lm loads a model_file: from its
+path, unregistered) and wrapping its ``Model``; the server runs it only under
+``--trust-remote-code``, the consent that checkpoint needs anyway.
 An optional ``"scale"`` replaces the factor (1 + 2**-6 flips no greedy token on most
 prompts; a served test that needs a flip uses e.g. 1.5).
 ``subop`` is an attribute of the decoder layer (``self_attn``, ``mlp``,
@@ -139,12 +145,26 @@ def _witness_line(role: str, rows: int, offset: int) -> None:
             f.write(f"{os.getpid()} {role} {rows} {offset}\n")
 
 
+def _own_module(name: str) -> Any:
+    """The checkpoint's own model file, loaded as mlx-lm loads a ``model_file``."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    spec = importlib.util.spec_from_file_location("specparity_wrapped_model", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot load the checkpoint's own model file {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class Model(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         config = dict(args.config)
         spec = config.get("specparity") or {}
-        base = importlib.import_module(f"mlx_lm.models.{spec.get('base', 'llama')}")
+        base = _own_module(spec["module_file"]) if spec.get("module_file") else \
+            importlib.import_module(f"mlx_lm.models.{spec.get('base', 'llama')}")
         base_config = {k: v for k, v in config.items() if k not in ("model_file", "specparity")}
         self.inner = base.Model(base.ModelArgs.from_dict(base_config))
         self.model_type = getattr(self.inner, "model_type", config.get("model_type"))

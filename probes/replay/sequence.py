@@ -1,0 +1,686 @@
+"""Sequence replay: a served request sequence replayed through one prompt cache, as the server's loop ran it.
+
+A finding that depends on serving-loop state (a repeated request answered from
+the prompt cache, a second turn extending the first) is not reproduced by
+replaying one request on a fresh cache. :func:`replay_sequence` rebuilds that
+state in process: every request of the sequence goes, in order, through
+:class:`ServingLoop`, which runs ``mlx_lm.server`` 0.32's own generation loop
+without HTTP, with mlx-lm's own parts:
+
+- one ``LRUPromptCache`` for the whole sequence: ``fetch_nearest_cache`` (an
+  exact, shorter or longer entry, trimmed to the common prefix), then
+  ``insert_cache`` of what the request left, as the server does;
+- the **sequential path** (a drafter, a ``seed`` in the request, or
+  ``--kv-bits``): ``stream_generate`` over the uncached suffix only, on the
+  fetched cache, with the drafter where there is one; its logits processors see
+  what that path feeds them (the suffix and the emitted tokens; with a drafter
+  only the last prompt token and the emitted tokens); the key stored is the
+  prompt plus every emitted token;
+- the **batched path** (otherwise): mlx-lm's ``BatchGenerator`` with the
+  server's segments (what the cache already holds is dropped from them), the
+  cached tokens handed over as the processors' history, the caches stored at
+  segment ends and at the end, as the server does.
+
+Each request's in-process answer is compared with classic decode on a fresh
+cache (:class:`specparity.harness.reference.ClassicReference`) and with the
+answer the server gave (from the sequence file), through the one completion
+comparison (:func:`specparity.completions.first_difference`). The report names
+the first request and token where the replay leaves classic decode, says
+whether that is where the served answer left it (the finding reproduced), and
+why, where the loop's own record shows it: a cache entry that held fewer
+positions than the server counted as cached, processors that saw less than the
+whole history.
+
+The sequence file (JSONL, written by :func:`write_sequence`, read by
+:func:`read_sequence`)::
+
+    {"format": "specparity.sequence/1",          # first line: the header
+     "engine": "mlx-lm", "engine_version": "0.32.2",
+     "model": "/path/target", "draft_model": "/path/draft" | null,
+     "trust_remote_code": false,
+     "server": {...ServerSettings fields...},    # the flags the server ran with
+     "arm": "w4", "finding": {"request": "p0-again", "token_index": 0} | null,
+     "concurrent": false}                         # requests were sent concurrently
+    {"id": "p0", "kind": "fresh", "endpoint": "completions",
+     "body": {...the JSON body sent, num_draft_tokens included...},
+     "prompt_ids": null | [...],                  # decode from these ids (no tokenize step)
+     "served": {"token_ids": [...] | null, "text": "...", "finish_reason": "length",
+                "usage": {"prompt_tokens": 17, "completion_tokens": 12,
+                          "prompt_tokens_details": {"cached_tokens": 16}}}}
+    ... one line per request, in the order the server received them
+
+``specparity replay --sequence FILE`` replays it; exit 1 when a request's
+in-process answer leaves classic decode (the first request and token are
+printed), 3 when the served answers left classic decode but the replay does
+not (the finding is not reproduced in process: the report says why), 0 when
+everything equals classic decode.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specparity.completions import CompletionDifference, Side, first_difference
+from specparity.errors import InputError, UsageError
+from specparity.harness.reference import (
+    PATH_BATCHED, PATH_SEQUENTIAL, ClassicReference, Decoded, RequestParams, ServerPrompt, ServerSettings,
+    batchable, collect, server_prompt,
+)
+from specparity.progress import NULL, Observer
+from specparity.verdicts import ReportMixin, Verdict
+
+log = logging.getLogger(__name__)
+
+SEQUENCE_FORMAT = "specparity.sequence/1"
+ENGINE = "mlx-lm"
+
+
+@dataclass
+class SequenceHeader:
+    """What the served arm ran: the checkpoints, the server's settings, the finding to reproduce.
+
+    model / draft_model: checkpoint directories the server loaded (the originals, not
+      witness wrappers). trust_remote_code: the consent the server had.
+    server: ``ServerSettings`` fields. engine / engine_version: whose loop it was.
+    arm: the served arm's name. finding: ``{"request": id, "token_index": i}`` where the
+      served answer left classic decode (None: none). concurrent: the requests were
+      sent concurrently (a batch the replay cannot rebuild request by request).
+    """
+
+    model: str
+    draft_model: str | None = None
+    trust_remote_code: bool = False
+    server: dict[str, Any] = field(default_factory=dict)
+    engine: str = ENGINE
+    engine_version: str | None = None
+    arm: str | None = None
+    finding: dict[str, Any] | None = None
+    concurrent: bool = False
+
+    def settings(self) -> ServerSettings:
+        return ServerSettings.from_dict(self.server)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": SEQUENCE_FORMAT, **asdict(self)}
+
+
+@dataclass
+class SequenceEntry:
+    """One request of the sequence, and what the server answered.
+
+    id / kind: its name and what it exercises (fresh, repeat, shared-prefix...).
+    endpoint / body: as sent. prompt_ids: decode from these ids instead of tokenizing the body.
+    served: ``{"token_ids", "text", "finish_reason", "usage"}`` of the server's answer
+      (token_ids None: the server gave none, e.g. streamed).
+    """
+
+    id: str
+    endpoint: str
+    body: dict[str, Any]
+    kind: str = "fresh"
+    prompt_ids: list[int] | None = None
+    served: dict[str, Any] | None = None
+
+    def served_side(self) -> Side | None:
+        if not self.served:
+            return None
+        ids = self.served.get("token_ids")
+        return Side("served", str(self.served.get("text") or ""), list(ids) if ids is not None else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def write_sequence(path: str | os.PathLike[str], header: SequenceHeader, entries: list[SequenceEntry],
+                   overwrite: bool = False) -> Path:
+    """Write the sequence file (an existing file only with ``overwrite``)."""
+    p = Path(path)
+    try:
+        with open(p, "w" if overwrite else "x") as f:
+            f.write(json.dumps(header.to_dict()) + "\n")
+            f.writelines(json.dumps(e.to_dict()) + "\n" for e in entries)
+    except FileExistsError:
+        raise UsageError(f"{p}: exists; choose another file") from None
+    except OSError as err:
+        raise UsageError(f"{p}: cannot write ({err.strerror})") from None
+    return p
+
+
+def read_sequence(path: str | os.PathLike[str]) -> tuple[SequenceHeader, list[SequenceEntry]]:
+    """Read a sequence file; a malformed line is a UsageError naming FILE:LINE."""
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except OSError as err:
+        raise InputError("sequence", f"{p}: cannot read ({err.strerror})") from None
+    rows = [(n, ln) for n, ln in enumerate(lines, 1) if ln.strip()]
+    if not rows:
+        raise InputError("sequence", f"{p}: empty")
+    objs = []
+    for n, ln in rows:
+        try:
+            obj = json.loads(ln)
+        except ValueError as err:
+            raise UsageError(f"{p}:{n}: not JSON ({err})") from None
+        if not isinstance(obj, dict):
+            raise UsageError(f"{p}:{n}: not a JSON object")
+        objs.append((n, obj))
+    n0, head = objs[0]
+    if head.get("format") != SEQUENCE_FORMAT:
+        raise UsageError(f"{p}:{n0}: not a sequence file (format {head.get('format')!r},"
+                         f" expected {SEQUENCE_FORMAT!r})")
+    if not isinstance(head.get("model"), str):
+        raise UsageError(f"{p}:{n0}: the header names no model")
+    header = SequenceHeader(**{k: v for k, v in head.items() if k in SequenceHeader.__dataclass_fields__})
+    entries = []
+    for n, obj in objs[1:]:
+        try:
+            e = SequenceEntry(**{k: v for k, v in obj.items() if k in SequenceEntry.__dataclass_fields__})
+        except TypeError as err:
+            raise UsageError(f"{p}:{n}: not a request entry ({err})") from None
+        if not isinstance(e.body, dict) or e.endpoint not in ("completions", "chat"):
+            raise UsageError(f"{p}:{n}: a request needs an endpoint (completions or chat) and a body")
+        entries.append(e)
+    if not entries:
+        raise InputError("sequence", f"{p}: no requests")
+    return header, entries
+
+
+def sequence_command(path: str | os.PathLike[str], trust_remote_code: bool = False) -> str:
+    """The command line that replays a sequence file."""
+    return shlex.join(["specparity", "replay", "--sequence", str(path)]
+                      + (["--trust-remote-code"] if trust_remote_code else []))
+
+
+def not_reproducible(header: SequenceHeader, entries: list[SequenceEntry]) -> str | None:
+    """Why a sequence cannot be replayed in process, in one line (None: it can)."""
+    if header.engine != ENGINE:
+        return (f"engine {header.engine}: the sequence replay rebuilds mlx_lm.server's loop only;"
+                " this engine's serving loop runs out of process")
+    if header.concurrent:
+        return ("concurrent requests: the server batched them together, and a batch's arithmetic"
+                " and order are serving-loop state the replay does not rebuild")
+    for e in entries:
+        try:
+            params = RequestParams.from_body(e.body, header.settings())
+        except UsageError as err:
+            return f"request {e.id}: {err}"
+        if not params.deterministic:
+            return (f"request {e.id}: sampled at temperature {params.temperature:g} without a seed:"
+                    " no process can reproduce the server's draws")
+    return None
+
+
+# --- the serving loop, in process ------------------------------------------------------
+
+@dataclass
+class Served:
+    """One request as the in-process loop served it.
+
+    path: ``batched`` or ``sequential``; why_sequential: what sent it there.
+    prompt_len: prompt tokens. cached: tokens the loop counted as taken from the prompt cache.
+    held: positions the fetched cache entry really held (target layers; None: no entry).
+    draft_held: the same for the drafter's layers. history: what the logits processors
+      saw before the first emitted token (None: no processors), as token ids.
+    decoded: the answer (ids, logprobs, text, finish reason). error: why there is none.
+    """
+
+    path: str
+    prompt_len: int
+    cached: int = 0
+    held: int | None = None
+    draft_held: int | None = None
+    why_sequential: str = ""
+    history: list[int] | None = None
+    decoded: Decoded | None = None
+    error: str | None = None
+
+    def side(self) -> Side:
+        d = self.decoded or Decoded()
+        return Side("replay", d.text, list(d.token_ids), list(d.logprobs), [list(t) for t in d.top])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _offset(caches: list[Any]) -> int | None:
+    offs = [int(o) for o in (getattr(c, "offset", None) for c in caches) if isinstance(o, int)]
+    return min(offs) if offs else None
+
+
+class _Recording:
+    """Wraps a logits processor to keep the first history it is given."""
+
+    def __init__(self, inner: Any, sink: list[list[int]]):
+        self.inner, self.sink = inner, sink
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        if not self.sink:
+            self.sink.append([int(t) for t in tokens.tolist()])
+        return self.inner(tokens, logits)
+
+
+class ServingLoop:
+    """``mlx_lm.server`` 0.32's generation loop over one model (and drafter), without HTTP.
+
+    One ``LRUPromptCache`` lives as long as the loop; :meth:`serve` runs one request
+    the way the server's ``_serve_single`` (sequential) or its batch branch does.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, settings: ServerSettings, draft_model: Any = None):
+        from mlx_lm.models.cache import LRUPromptCache
+
+        self.model, self.tokenizer, self.settings, self.draft_model = model, tokenizer, settings, draft_model
+        self.lru = LRUPromptCache(settings.prompt_cache_size)
+        self.model_key = ("model", None, "draft" if draft_model is not None else None)
+        self._batch: Any = None
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
+            self._batch = None
+
+    def serve(self, endpoint: str, body: dict[str, Any], prompt_ids: list[int] | None = None) -> Served:
+        params = RequestParams.from_body(body, self.settings)
+        if prompt_ids is not None:
+            prompt = ServerPrompt(list(prompt_ids), [list(prompt_ids)], ["assistant"])
+        else:
+            prompt = server_prompt(self.tokenizer, endpoint, body, self.settings)
+        if batchable(params, self.settings, self.model, self.draft_model is not None):
+            return self._batched(prompt, params)
+        self.close()  # the server drains its batch before a request it cannot batch
+        return self._sequential(prompt, params)
+
+    def _sequential(self, prompt: ServerPrompt, params: RequestParams) -> Served:
+        import mlx.core as mx
+        from mlx_lm.generate import stream_generate
+        from mlx_lm.models.cache import make_prompt_cache
+
+        why = ("a drafter" if self.draft_model is not None else
+               "seed in the request" if params.seed is not None else "--kv-bits")
+        out = Served(PATH_SEQUENTIAL, len(prompt.ids), why_sequential=why)
+        if params.seed is not None:
+            mx.random.seed(params.seed)
+        sampler = params.make_sampler(self.tokenizer)
+        seen: list[list[int]] = []
+        processors = [_Recording(p, seen) for p in params.make_processors()]
+        cache_key = list(prompt.ids)
+        cache, rest = self.lru.fetch_nearest_cache(self.model_key, cache_key)
+        out.cached = len(prompt.ids) - len(rest)
+        rest = prompt.ids[out.cached:]
+        n_target = len(self.model.layers)
+        if cache is None:
+            cache = make_prompt_cache(self.model)
+            if self.draft_model is not None:
+                cache += make_prompt_cache(self.draft_model)
+        else:
+            out.held = _offset(cache[:n_target])
+            out.draft_held = _offset(cache[n_target:]) if self.draft_model is not None else None
+        num_draft = params.num_draft_tokens if params.num_draft_tokens is not None else self.settings.num_draft_tokens
+        gens = stream_generate(model=self.model, tokenizer=self.tokenizer, prompt=rest,
+                               max_tokens=params.max_tokens, sampler=sampler, logits_processors=processors,
+                               prompt_cache=cache, draft_model=self.draft_model, num_draft_tokens=num_draft,
+                               prefill_step_size=self.settings.prefill_step_size, kv_bits=self.settings.kv_bits,
+                               kv_group_size=self.settings.kv_group_size,
+                               quantized_kv_start=self.settings.quantized_kv_start)
+        try:
+            out.decoded = collect(self.tokenizer, gens, params.stop, prompt.initial_state)
+        except ValueError as err:  # the server answers this request with an error
+            out.error = f"{type(err).__name__}: {err}"
+            return out
+        finally:
+            # the server's loop drops its generator when it breaks: the drafter path rewinds then
+            gens.close()
+            del gens
+        out.history = seen[0] if seen else None
+        cache_key.extend(out.decoded.token_ids)
+        self.lru.insert_cache(self.model_key, cache_key, cache)
+        return out
+
+    def _batched(self, prompt: ServerPrompt, params: RequestParams) -> Served:
+        import mlx.core as mx
+        from mlx_lm.generate import BatchGenerator, make_stop_sequences
+
+        out = Served(PATH_BATCHED, len(prompt.ids))
+        if self._batch is None:
+            self._batch = BatchGenerator(self.model, completion_batch_size=self.settings.decode_concurrency,
+                                         prefill_batch_size=self.settings.prompt_concurrency,
+                                         prefill_step_size=self.settings.prefill_step_size,
+                                         stream=mx.default_stream(mx.default_device()))
+        bg = self._batch
+        segments = [list(s) for s in prompt.segments]
+        segment_types = list(prompt.segment_types)
+        cache, rest = self.lru.fetch_nearest_cache(self.model_key, list(prompt.ids))
+        out.cached = n = len(prompt.ids) - len(rest)
+        if cache is not None:
+            out.held = _offset(cache)
+        while n > 0:
+            if n >= len(segments[0]):
+                n -= len(segments.pop(0))
+                segment_types.pop(0)
+            else:
+                segments[0] = segments[0][n:]
+                break
+        seen: list[list[int]] = []
+        processors = [_Recording(p, seen) for p in params.make_processors()]
+        (uid,) = bg.insert_segments(segments=[segments], max_tokens=[params.max_tokens], caches=[cache],
+                                    all_tokens=[list(prompt.ids[:out.cached])],
+                                    samplers=[params.make_sampler(self.tokenizer)],
+                                    logits_processors=[processors],
+                                    stop_sequences=[make_stop_sequences(self.tokenizer, params.stop)])
+        types_left = segment_types[::-1]
+        detok = self.tokenizer.detokenizer
+        model_key, lru, settings = self.model_key, self.lru, self.settings
+
+        class _Gen:
+            def __init__(self, token: int, text: str, logprobs: Any, finish_reason: str | None):
+                self.token, self.text, self.logprobs, self.finish_reason = token, text, logprobs, finish_reason
+
+        def responses() -> Any:
+            while True:
+                prompt_responses, gen_responses = bg.next()
+                if not prompt_responses and not gen_responses:
+                    return
+                ends = [r.uid for r in prompt_responses if r.end_of_segment and not r.end_of_prompt and types_left]
+                for _, (c, key) in bg.extract_cache(ends).items():
+                    lru.insert_cache(model_key, key[:], c, cache_type=types_left.pop())
+                for r in gen_responses:
+                    if r.uid != uid:
+                        continue
+                    if r.finish_reason == "stop":
+                        detok.finalize()
+                    elif r.finish_reason == "length":
+                        detok.add_token(r.token)
+                        detok.finalize()
+                    else:
+                        detok.add_token(r.token)
+                    text = detok.last_segment
+                    if r.finish_reason is not None:
+                        lru.insert_cache(model_key, r.all_tokens[:], r.prompt_cache, cache_type="assistant")
+                        if settings.prompt_cache_bytes is not None:
+                            lru.trim_to(n_bytes=settings.prompt_cache_bytes - bg.prompt_cache_nbytes)
+                    yield _Gen(r.token, text, r.logprobs, r.finish_reason)
+                    if r.finish_reason is not None:
+                        return
+
+        out.decoded = collect(self.tokenizer, responses(), params.stop, prompt.initial_state)
+        out.history = seen[0] if seen else None
+        return out
+
+
+# --- the replay ------------------------------------------------------------------------
+
+@dataclass
+class RequestReplay:
+    """One request of the sequence: the replay, classic decode and the served answer.
+
+    id / kind / endpoint: the request. served: how the in-process loop served it.
+    replay_vs_classic: where the replay leaves classic decode (None: equal).
+    served_vs_classic: where the served answer leaves it (None: equal or not given).
+    reproduced: the replay's answer equals the served one (None: no served answer).
+    cause: why the replay left classic decode, where the loop's record says so.
+    """
+
+    id: str
+    kind: str
+    endpoint: str
+    served: Served
+    replay_vs_classic: CompletionDifference | None = None
+    served_vs_classic: CompletionDifference | None = None
+    reproduced: bool | None = None
+    cause: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["served"] = self.served.to_dict()
+        for k in ("replay_vs_classic", "served_vs_classic"):
+            v = getattr(self, k)
+            d[k] = v.to_dict() if v is not None else None
+        return d
+
+
+@dataclass
+class SequenceReport(ReportMixin):
+    """A sequence replayed through one prompt cache, each answer against classic decode.
+
+    header: the sequence file's header. requests: one RequestReplay per request.
+    first: (request id, token index) where the replay first leaves classic decode.
+    served_first: the same for the served answers. reason: why the served finding is not
+      reproduced in process (None when it is, or when there is none). seconds: wall time.
+    """
+
+    header: SequenceHeader
+    requests: list[RequestReplay] = field(default_factory=list)
+    reason: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def first(self) -> tuple[str, int] | None:
+        for r in self.requests:
+            if r.replay_vs_classic is not None:
+                return r.id, r.replay_vs_classic.index
+        return None
+
+    @property
+    def served_first(self) -> tuple[str, int] | None:
+        for r in self.requests:
+            if r.served_vs_classic is not None:
+                return r.id, r.served_vs_classic.index
+        return None
+
+    @property
+    def verdict(self) -> Verdict:
+        if not self.requests:
+            return Verdict.NOT_RUN
+        if self.first is not None:
+            return Verdict.DIVERGENT
+        if self.served_first is not None or self.reason is not None:
+            return Verdict.INCONCLUSIVE
+        return Verdict.EQUAL
+
+    def lines(self) -> list[str]:
+        h = self.header
+        version = f" {h.engine_version}" if h.engine_version else ""
+        out = [f"sequence of {len(self.requests)} requests replayed through one prompt cache as {h.engine}{version}'s"
+               f" server loop: model {h.model}"
+               + (f", drafter {h.draft_model}" if h.draft_model else "")]
+        first = self.first
+        if first is not None:
+            rid, idx = first
+            served = self.served_first
+            same = served is not None and served == first
+            out.append(f"request {rid} differs from classic decode at token {idx}"
+                       + (" (the served finding, reproduced in process)" if same else
+                          f" (the served answers first differ at request {served[0]} token {served[1]})"
+                          if served else ""))
+        elif self.served_first is not None:
+            rid, idx = self.served_first
+            out.append(f"not reproduced in process: the served request {rid} differs from classic decode at"
+                       f" token {idx}, the replay does not" + (f" ({self.reason})" if self.reason else ""))
+        elif self.reason:
+            out.append(f"not replayed: {self.reason}")
+        else:
+            out.append("every request equals classic decode, in the replay and as served")
+        for r in self.requests:
+            s = r.served
+            where = (f"{s.path} path" + (f" ({s.why_sequential})" if s.path == PATH_SEQUENTIAL else "")
+                     + f", {s.cached} of {s.prompt_len} prompt tokens from the prompt cache")
+            if s.error:
+                out.append(f"  {r.id} ({r.kind}): {where}; the loop failed: {s.error}")
+                continue
+            verdict = ("equals classic decode" if r.replay_vs_classic is None
+                       else r.replay_vs_classic.line())
+            out.append(f"  {r.id} ({r.kind}): {where}; {verdict}"
+                       + ("" if r.reproduced is None else
+                          "; as served" if r.reproduced else "; the served answer differs from the replay's"))
+            if r.cause:
+                out.append(f"    cause: {r.cause}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "exit_code": self.exit_code, "header": self.header.to_dict(),
+                "first": self.first, "served_first": self.served_first, "reason": self.reason,
+                "requests": [r.to_dict() for r in self.requests], "seconds": self.seconds}
+
+
+def cause_of(s: Served, prompt_ids: list[int], has_draft: bool) -> str | None:
+    """Why a request served this way left classic decode, from what the loop recorded (None: unknown)."""
+    if s.held is not None and s.held != s.cached:
+        return (f"serving-loop state: the cache entry reused held {s.held} positions where the loop counted"
+                f" {s.cached} of {s.prompt_len} prompt tokens as cached, so the uncached suffix was fed at the"
+                " wrong positions")
+    if s.history is not None and s.history != list(prompt_ids):
+        seen = s.history
+        what = ("the drafter path's" if has_draft and s.path == PATH_SEQUENTIAL else
+                f"the {s.path} path's ({s.why_sequential})" if s.why_sequential else f"the {s.path} path's")
+        return (f"{what} logits processors saw {len(seen)} of the prompt's {len(prompt_ids)} tokens"
+                f" ({seen[:8]}{'...' if len(seen) > 8 else ''}) before the first emitted token, where classic"
+                " decode's see the whole prompt"
+                + (f" (a prompt-cache hit of {s.cached} tokens: only the uncached suffix reached them)"
+                   if s.cached else ""))
+    return None
+
+
+def replay_sequence(header: SequenceHeader, entries: list[SequenceEntry], reference: ClassicReference,
+                    draft_model: Any = None, observer: Observer = NULL) -> SequenceReport:
+    """Replay ``entries`` through one in-process serving loop; judge each against classic decode.
+
+    ``reference``: classic decode on the header's model with the header's settings (its
+    model is the loop's model). ``draft_model``: the loaded drafter (None: none).
+    """
+    t0 = time.perf_counter()
+    report = SequenceReport(header)
+    report.reason = not_reproducible(header, entries)
+    if report.reason is not None:
+        return report
+    settings = header.settings()
+    loop = ServingLoop(reference.model, reference.tokenizer, settings, draft_model)
+    tok = reference.tokenizer
+    try:
+        with observer.part("requests", total=len(entries)):
+            for e in entries:
+                classic = reference.complete(e.endpoint, e.body, prompt_ids=e.prompt_ids, settings=settings)
+                served = loop.serve(e.endpoint, e.body, e.prompt_ids)
+                rr = RequestReplay(e.id, e.kind, e.endpoint, served)
+                if served.error is None:
+                    rr.replay_vs_classic = first_difference(classic.side(), served.side(), tok)
+                    if rr.replay_vs_classic is not None:
+                        rr.cause = cause_of(served, classic.prompt_ids, draft_model is not None)
+                side = e.served_side()
+                if side is not None:
+                    rr.served_vs_classic = first_difference(classic.side(), side, tok)
+                    if served.decoded is not None:
+                        rr.reproduced = first_difference(served.side(), side) is None
+                report.requests.append(rr)
+                observer.item("requests")
+    finally:
+        loop.close()
+    if report.first is None and report.served_first is not None:
+        report.reason = ("the in-process loop answers every request as classic decode does: the served"
+                         " difference comes from serving-loop state this replay does not rebuild")
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+
+# --- the commands a served finding prints -----------------------------------------------
+
+@dataclass
+class Reproduction:
+    """How to reproduce a served finding in process: a command, or why there is none.
+
+    command: the command line (None when the finding cannot be replayed in process).
+    reason: one line saying why not (None when there is a command).
+    """
+
+    command: str | None = None
+    reason: str | None = None
+
+    def line(self) -> str:
+        if self.command is not None:
+            return f"reproduce in process: {self.command}"
+        return f"not reproducible in process: {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _number(x: float) -> str:
+    """A value as the shortest text that reads back to the same float."""
+    return repr(float(x))
+
+
+def request_command(model: str, body: dict[str, Any], prompt_ids: list[int], *,
+                    draft_model: str | None = None, settings: ServerSettings | None = None,
+                    trust_remote_code: bool = False, accepts: list[int] | None = None,
+                    width: int | None = None) -> Reproduction:
+    """The ``specparity replay`` command that reproduces one request's finding on a fresh cache.
+
+    Every request parameter is carried: the prompt as the server tokenized it
+    (``--prompt-ids``), the processors (penalties with their context sizes,
+    ``logit_bias``), the stop words, ``max_tokens``, the server's cache flags.
+    With ``draft_model`` (an mlx-lm arm) the command reruns mlx-lm's own
+    speculative path with the request's processors (``--draft-model``), so a
+    difference of that path (its processors see the last prompt token and the
+    emitted tokens only) reproduces at the same token; otherwise it replays the
+    served ``accepts`` at ``width`` against classic decode. A finding that
+    depends on earlier requests needs :func:`sequence_command` instead.
+    """
+    s = settings or ServerSettings()
+    try:
+        params = RequestParams.from_body(body, s)
+    except UsageError as err:
+        return Reproduction(reason=str(err))
+    if params.temperature != 0:
+        return Reproduction(reason=f"sampled at temperature {params.temperature:g}: the replay decodes greedily")
+    argv = ["specparity", "replay", "--model", str(model)]
+    if trust_remote_code:
+        argv.append("--trust-remote-code")
+    if draft_model is not None:
+        k = params.num_draft_tokens if params.num_draft_tokens is not None else s.num_draft_tokens
+        if k < 1:
+            return Reproduction(reason=f"num_draft_tokens {k}: the server did not draft")
+        argv += ["--draft-model", str(draft_model), "--num-draft-tokens", str(k),
+                 "--max-tokens", str(params.max_tokens), "--stop-at-eos"]
+        for w in params.stop:
+            argv += ["--stop", w]
+    elif accepts:
+        if width is None:
+            return Reproduction(reason="an accept vector without a width")
+        argv += ["--accepts", ",".join(str(a) for a in accepts), "--width", str(width)]
+    else:
+        return Reproduction(reason="no drafter to rerun and no accept vector to replay")
+    argv += ["--prompt-ids", ",".join(str(t) for t in prompt_ids)]
+    procs = params.processor_options()
+    for name in ("repetition", "presence", "frequency"):
+        v = getattr(procs, f"{name}_penalty")
+        if v not in (None, 0):
+            argv += [f"--{name}-penalty", _number(v),
+                     f"--{name}-context-size", str(getattr(procs, f"{name}_context_size"))]
+    if procs.logit_bias:
+        argv += ["--logit-bias", ",".join(f"{k}:{_number(v)}" for k, v in procs.logit_bias.items())]
+    d = ServerSettings()
+    for flag, value, default in (("--prefill-step-size", s.prefill_step_size, d.prefill_step_size),
+                                 ("--kv-bits", s.kv_bits, d.kv_bits),
+                                 ("--kv-group-size", s.kv_group_size, d.kv_group_size),
+                                 ("--quantized-kv-start", s.quantized_kv_start, d.quantized_kv_start)):
+        if value != default:
+            argv += [flag, str(value)]
+    return Reproduction(command=shlex.join(argv))
+
+
+def sequence_reproduction(path: str | os.PathLike[str], header: SequenceHeader,
+                          entries: list[SequenceEntry], overwrite: bool = False) -> Reproduction:
+    """Write the sequence file and return the command that replays it (or why it cannot be replayed)."""
+    reason = not_reproducible(header, entries)
+    if reason is not None:
+        return Reproduction(reason=reason)
+    p = write_sequence(path, header, entries, overwrite=overwrite)
+    return Reproduction(command=sequence_command(p, header.trust_remote_code))
