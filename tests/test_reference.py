@@ -19,7 +19,7 @@ from conftest import build
 
 from specparity.completions import Side, first_difference
 from specparity.errors import UsageError
-from specparity.harness.lifecycle import Server
+from specparity.harness.lifecycle import PORT_ARG, Server
 from specparity.harness.reference import (
     CONFIDENT, NEAR_TIE, UNKNOWN, ClassicReference, ReferenceCompletion, RequestParams, ServerSettings,
     check_prompt, near_tie, request_key,
@@ -41,7 +41,7 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% 
 
 
 def _server(target: str, log: Path, extra: list[str] | None = None) -> Server:
-    argv = [sys.executable, "-m", "mlx_lm", "server", "--model", target, "--port", "{port}", *(extra or [])]
+    argv = [sys.executable, "-m", "mlx_lm", "server", "--model", target, "--port", PORT_ARG, *(extra or [])]
     return Server(argv, log_path=log, name="mlx_lm.server")
 
 

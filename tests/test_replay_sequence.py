@@ -16,7 +16,7 @@ import httpx
 import pytest
 from conftest import run_cli
 
-from specparity.harness.lifecycle import Server
+from specparity.harness.lifecycle import PORT_ARG, Server
 from specparity.harness.reference import ClassicReference, ServerSettings
 from specparity.completions import first_difference
 from specparity.probes.replay.sequence import (
@@ -30,7 +30,7 @@ PROMPT = "Speculative decoding drafts several tokens with a small model and veri
 def _serve(target: str, log: Path, requests: list[tuple[str, str, dict]], extra: list[str] | None = None,
            ) -> list[SequenceEntry]:
     """Send ``requests`` (id, kind, body) in order to one fresh server; the entries with its answers."""
-    argv = [sys.executable, "-m", "mlx_lm", "server", "--model", target, "--port", "{port}", *(extra or [])]
+    argv = [sys.executable, "-m", "mlx_lm", "server", "--model", target, "--port", PORT_ARG, *(extra or [])]
     out = []
     with Server(argv, log_path=log, name="mlx_lm.server") as srv:
         for rid, kind, body in requests:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from specparity.errors import UsageError
-from specparity.harness.lifecycle import Server
+from specparity.harness.lifecycle import PORT_ARG, Server
 from specparity.harness.evidence import evidence_from_calls, read_calls
 from specparity.harness.witness import WITNESS_ENV, wrap_checkpoint
 
@@ -55,7 +55,7 @@ def test_witness_wraps_a_checkpoint_with_its_own_model_file(llama_pair, tmp_path
     assert read_calls(witness) and read_calls(witness)[0].rows == 4
     # served: mlx_lm.server runs the wrapped checkpoint (with the consent) and the witness sees drafting
     witness.unlink()
-    argv = [sys.executable, "-m", "mlx_lm", "server", "--model", str(wrapped), "--port", "{port}",
+    argv = [sys.executable, "-m", "mlx_lm", "server", "--model", str(wrapped), "--port", PORT_ARG,
             "--trust-remote-code", "--draft-model", llama_pair.draft, "--num-draft-tokens", "3"]
     with Server(argv, log_path=tmp_path / "server.log", env={WITNESS_ENV: str(witness)}) as srv:
         r = httpx.post(srv.url + "/v1/completions", timeout=300,
