@@ -37,7 +37,7 @@ def test_clean_pair_matches_on_every_entry_point(pair):
     # the in-process entry points leave prefill_step_size to each step function's default
     assert stream.default_changes == {"prefill_step_size": (2048, 512)}
     assert cli.default_changes == {}  # the CLI passes its own 2048 to both
-    assert cli.drafter.argv[-2:] == ["--draft-model", str(draft.fingerprint.path)]
+    assert cli.drafter.argv is not None and cli.drafter.argv[-2:] == ["--draft-model", str(draft.fingerprint.path)]
     assert run.verdict == Verdict.MATCH and run.exit_code == 0
 
 
@@ -75,6 +75,7 @@ def test_first_difference_context():
     assert (d.token_index, d.reference_tokens, d.other_tokens, d.reference_token_count, d.other_token_count) \
         == (2, [], [7], 2, 3)
     t = first_difference(Side("classic", "hello world"), Side("drafter", "hello there"))
+    assert t is not None
     assert t.char_offset == 6 and t.text_before == "hello " and t.reference_snippet.startswith("world")
     assert t.token_index is None and t.index == 6
 
