@@ -27,7 +27,7 @@ def bare_forwards(model, prompt, depth, width):
     toks = []
     for _ in range(depth + width):
         logits = model(mx.array([[y]]), cache=cache)
-        y = int(mx.argmax(logits[0, -1]).item())
+        y = int(mx.argmax(logits[0, -1]))
         toks.append(y)
     for c in cache:
         c.trim(width)

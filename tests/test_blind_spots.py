@@ -29,7 +29,7 @@ def _raw_argmax_chain(model, prompt, n):
     dec = Decoder(model)
     y, out = dec.prefill(prompt), []
     for _ in range(n):
-        y = int(mx.argmax(dec.forward([y])[-1]).item())
+        y = int(mx.argmax(dec.forward([y])[-1]))
         out.append(y)
     return out
 
@@ -99,7 +99,7 @@ def test_bisect_under_quantized_kv_names_o_proj_not_rope(fixture_root):
     _, report = bisect_model(loaded, PROMPT, 4, 0, opts)
     assert report.verdict == "divergent" and report.first_divergent == "0"
     drill = report.drill
-    assert drill.subop == "self_attn" and drill.child == "o_proj"
+    assert drill is not None and drill.subop == "self_attn" and drill.child == "o_proj"
     # quantized attention scales its queries in place after capture: a reference, not a
     # copy, made the chain's later rope rows the scale times the block's
     assert {"rope", "rope#1"} <= set(drill.children)
@@ -186,6 +186,7 @@ def test_not_reproducible_forward_is_inconclusive_in_probe_replay_bisect_and_gat
     loaded = load_checkpoint(info.target, trust_remote_code=True)
     probe = probe_block_vs_chain(loaded.model, [2, 4], [0, 8], [PROMPT], walk_positions=16)
     assert probe.verdict == "inconclusive" and probe.exit_code == 3
+    assert probe.bracket is not None
     assert not probe.bracket.reproducible and probe.bracket.position == 15
     assert all(c.verdict == "not_run" for c in probe.cells) and not probe.walks
     rep = replay(loaded.model, PROMPT, [1, 2, 0], width=4)
@@ -203,5 +204,6 @@ def test_not_reproducible_forward_is_inconclusive_in_probe_replay_bisect_and_gat
     # clean control: the same bracket on the clean fixture is byte-identical
     clean = load_checkpoint(build(fixture_root, "llama-float32", arch="llama").target)
     probe = probe_block_vs_chain(clean.model, [2, 4], [0], [PROMPT])
-    assert probe.bracket.reproducible and probe.bracket.rows == 4
-    assert replay(clean.model, PROMPT, [1, 2, 0], width=4).bracket.reproducible
+    assert probe.bracket is not None and probe.bracket.reproducible and probe.bracket.rows == 4
+    bracket = replay(clean.model, PROMPT, [1, 2, 0], width=4).bracket
+    assert bracket is not None and bracket.reproducible

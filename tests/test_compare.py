@@ -95,10 +95,13 @@ def test_cache_state_difference_is_placed_at_its_position_or_compared_whole():
 
     diffs = compare_states(snapshot(_caches()), snapshot(_caches(bump_position=5)))
     bad = {(d.kind, d.name): d for d in diffs if d.differs}
-    assert bad[("KVCache", "keys")].diff.first_row == 5
-    assert bad[("QuantizedKVCache", "keys.0")].diff.first_row == 5
+    kv = bad[("KVCache", "keys")].diff
+    assert kv is not None and kv.first_row == 5
+    quantized = bad[("QuantizedKVCache", "keys.0")].diff
+    assert quantized is not None and quantized.first_row == 5
     # the rotating window (8 of 12) holds positions 4..11: position 5 is its row 1
-    assert bad[("RotatingKVCache", "keys")].diff.first_row == 1
+    rotating = bad[("RotatingKVCache", "keys")].diff
+    assert rotating is not None and rotating.first_row == 1
     assert ("KVCache", "values") not in bad  # only the keys were bumped
     state = bad[("ArraysCache", "state.1")]
     assert state.row_axis is None and "compared whole" in state.note

@@ -91,5 +91,6 @@ def test_no_verdict_literal_or_exit_number_outside_the_contract(repo_root):
                     and type(node.value.value) is int
                     and any(getattr(t, "id", getattr(t, "attr", "")) == "exit_code" for t in node.targets)))
             if exit_number:
+                assert isinstance(node, (ast.Call, ast.Assign))
                 found.append(f"{path.relative_to(repo_root)}:{node.lineno}: exit code as a number")
     assert not found, "\n".join(found)

@@ -15,7 +15,7 @@ from specparity.fixtures import build_pair
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5", "gemma3_text", "qwen3_moe"])
 def test_each_arch_loads_offline_with_a_round_tripping_tokenizer(fixture_root, arch):
     info = build(fixture_root, f"{arch}-float32", arch=arch)
-    model, tok = mlx_lm.load(info.target)
+    model, tok = mlx_lm.load(info.target)  # type: ignore[misc]  # mlx-lm types load() as a 2- or 3-tuple Union
     text = "The quick brown fox, def add(a, b): 42"
     assert tok.decode(tok.encode(text)) == text
     assert model.model_type == json.load(open(f"{info.target}/config.json"))["model_type"]
@@ -38,7 +38,7 @@ def test_bfloat16_and_4bit_fixtures(fixture_root):
     assert fingerprint(bf.target).dtype == "bfloat16"
     fq = fingerprint(q4.target)
     assert fq.quantization and fq.quantization["bits"] == 4
-    model, _ = mlx_lm.load(q4.target)
+    model, _ = mlx_lm.load(q4.target)  # type: ignore[misc]  # (the same Union)
     assert any("scales" in k for k, _ in __import__("mlx.utils").utils.tree_flatten(model.parameters()))
 
 
@@ -47,7 +47,7 @@ def test_fault_fixture_needs_trust_remote_code(fixture_root):
                  faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
     with pytest.raises(ValueError, match="trust_remote_code"):
         mlx_lm.load(info.target)
-    model, _ = mlx_lm.load(info.target, trust_remote_code=True)
+    model, _ = mlx_lm.load(info.target, trust_remote_code=True)  # type: ignore[misc]  # (the same Union)
     assert len(model.layers) == 6
 
 

@@ -33,14 +33,14 @@ def test_real_mlx_lm_server_ready_serves_and_stops_with_its_group(llama_pair, tm
     log = tmp_path / "logs" / "srv.log"
     with Server(mlx_lm_argv(llama_pair.target), log_path=log, name="plain") as srv:
         assert srv.alive() and srv.times.start is not None
-        assert os.getpgid(srv.pid) == srv.pid  # its own process group
-        assert not Path(srv.cwd).resolve().is_relative_to(REPO_ROOT)
+        assert srv.pid is not None and os.getpgid(srv.pid) == srv.pid  # its own process group
+        assert srv.cwd is not None and not Path(srv.cwd).resolve().is_relative_to(REPO_ROOT)
         r = httpx.post(srv.url + "/v1/completions", timeout=60,
                        json={"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
         assert srv in live_servers()
         pgid = srv.pgid
-    assert not group_alive(pgid)
+    assert pgid is not None and not group_alive(pgid)
     assert srv not in live_servers()
     assert "POST /v1/completions" in log.read_text()  # the log is kept
 
@@ -53,7 +53,7 @@ def test_server_that_exits_raises_at_once_with_its_log_tail(tmp_path):
         srv.start()
     assert time.perf_counter() - t0 < 30  # did not wait for the deadline
     assert "failed while starting" in str(err.value) and "no-such-model" in err.value.log_tail
-    assert not group_alive(srv.pgid)
+    assert srv.pgid is not None and not group_alive(srv.pgid)
 
 
 HANG = textwrap.dedent("""
@@ -77,8 +77,8 @@ def test_never_ready_times_out_and_sigkill_takes_the_whole_group(tmp_path):
                  log_path=tmp_path / "hang.log")
     with pytest.raises(ServerStartError, match="not ready on /health after 1.5 s"):
         srv.start()
-    assert srv.proc.returncode == -signal.SIGKILL  # SIGTERM was ignored
-    assert not group_alive(srv.pgid)  # the grandchild went with it
+    assert srv.proc is not None and srv.proc.returncode == -signal.SIGKILL  # SIGTERM was ignored
+    assert srv.pgid is not None and not group_alive(srv.pgid)  # the grandchild went with it
 
 
 def test_stop_all_stops_every_live_server(tmp_path):
@@ -88,7 +88,8 @@ def test_stop_all_stops_every_live_server(tmp_path):
     assert all(s in live_servers() for s in servers)
     stop_all()
     assert not live_servers()
-    assert not any(group_alive(s.pgid) for s in servers)
+    for s in servers:
+        assert s.pgid is not None and not group_alive(s.pgid)
 
 
 PARENT = textwrap.dedent("""
@@ -108,6 +109,7 @@ PARENT = textwrap.dedent("""
 def test_signal_to_the_owner_stops_its_servers(sig, tmp_path):
     owner = subprocess.Popen([sys.executable, "-P", "-c", PARENT], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
+        assert owner.stdout is not None
         pgid = int(owner.stdout.readline())
         assert group_alive(pgid)
         owner.send_signal(sig)

@@ -84,9 +84,9 @@ def test_check_token_ids_fires_on_every_impossible_id_and_passes_the_edges():
     for bad in (VOCAB, -1, 10**12):
         with pytest.raises(UsageError, match=f"token {bad} is outside the vocabulary"):
             check_token_ids([1, bad], VOCAB, "--prompt-ids")
-    for bad in (1.5, "3", True, None):
+    for not_an_id in (1.5, "3", True, None):
         with pytest.raises(UsageError, match="is not a token id"):
-            check_token_ids([bad], VOCAB, "--prompt-ids")
+            check_token_ids([not_an_id], VOCAB, "--prompt-ids")
 
 
 def test_vocab_size_is_the_embedding_rows(llama_pair):

@@ -171,6 +171,7 @@ def test_junit_maps_each_verdict_and_keeps_the_xml_valid(tmp_path):
     xml = JUnitXml.fromfile(str(path))
     assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (6, 1, 1, 2)
     # an inconclusive pairing judges nothing: its arms are skipped with the pairing's reason
+    assert rec.summary is not None
     rec.summary["pairings"][0].update(verdict="inconclusive", reason="the two baselines disagree")
     cases = {k: v for k, v in _cases_of(junit_xml(ServedRecord.of(rec.path, rec, {}, parts)), tmp_path).items()}
     (r,) = cases["x.w2/p0 (fresh)"]

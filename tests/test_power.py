@@ -25,6 +25,7 @@ def prob() -> dist.Problem:
 def test_smallest_detectable_tv_at_the_default_size_and_at_2m(prob):
     at_default = stats.power_statement(prob.p, dist.DEFAULT_SAMPLES, dist.DEFAULT_ALPHA)
     at_2m = stats.power_statement(prob.p, 2_000_000, dist.DEFAULT_ALPHA)
+    assert at_default is not None and at_2m is not None  # None: a law with dof 0
     assert at_default.dof == at_2m.dof == 5
     # P(ncx2(5, lambda) > chi2.ppf(1 - 1e-4, 5)) = 0.99
     assert at_default.noncentrality == pytest.approx(49.93, abs=0.01)
@@ -34,12 +35,14 @@ def test_smallest_detectable_tv_at_the_default_size_and_at_2m(prob):
     # --detect-tv inverts it
     n = stats.samples_for_tv(prob.p, 0.0025, dist.DEFAULT_ALPHA)
     assert 1_990_000 < n < 2_000_000
-    assert stats.power_statement(prob.p, n, dist.DEFAULT_ALPHA).min_tv <= 0.0025
+    at_n = stats.power_statement(prob.p, n, dist.DEFAULT_ALPHA)
+    assert at_n is not None and at_n.min_tv <= 0.0025
 
 
 def test_near_miss_at_min_tv_is_rejected_at_the_stated_power_and_half_of_it_is_not(prob):
     n, alpha = dist.DEFAULT_SAMPLES, dist.DEFAULT_ALPHA
     st = stats.power_statement(prob.p, n, alpha)
+    assert st is not None
     hits = [stats.near_miss_control(prob.p, n, alpha, st, np.random.default_rng(i)).rejected
             for i in range(400)]
     assert np.mean(hits) >= 0.97  # stated 0.99
@@ -72,6 +75,7 @@ def test_subtle_rule_passes_only_below_the_stated_reach_and_detect_tv_catches_it
     rep = dist.run_dist(rule, prob)  # default size: the bare pass the issue reports ...
     assert rep.verdict == Verdict.PASS, rep.reason
     # ... now states that it could not have seen this rule
+    assert rep.power is not None and rep.near_miss is not None
     assert rep.power.min_tv > tv and f"TV >= {rep.power.min_tv:.4g}" in rep.reason
     assert rep.near_miss.rejected
 

@@ -44,7 +44,7 @@ def test_rows_fault_divergent_exactly_at_widths_past_its_threshold(fixture_root)
             assert c.verdict == "divergent", c
             assert c.prompt_index == 0 and c.first_row == 0
             assert c.absolute_position == 15 + c.depth
-            assert c.diff.differing_bytes > 0 and c.diff.max_abs_diff > 0
+            assert c.diff is not None and c.diff.differing_bytes > 0 and c.diff.max_abs_diff > 0
     assert report.exit_code == 1
     # the same defect is visible to prefill parity (a 16-row prefill runs the faulty kernel)
     pre = prefill_parity(_load(info, True), PROMPTS[:1])
@@ -91,8 +91,8 @@ def test_gemma3_sliding_window_diverges_only_past_the_window(fixture_root):
         if last_row_position < 32:
             assert c.verdict == "equal", c
         if c.verdict == "divergent":
-            assert c.absolute_position >= 32, c
-            assert c.diff.max_abs_diff < 1e-3 and c.diff.argmax_agree
+            assert c.absolute_position is not None and c.absolute_position >= 32, c
+            assert c.diff is not None and c.diff.max_abs_diff < 1e-3 and c.diff.argmax_agree
     assert report.cell(16, 32).verdict == "divergent"
     assert report.walks[0].first_position == 32
 
@@ -103,14 +103,15 @@ def test_moe_in_bfloat16_is_not_run_on_cpu_with_its_reason(fixture_root):
                  with_draft=False)
     report = probe_block_vs_chain(_load(info), [2, 4], [0], PROMPTS[:1])
     assert [c.verdict for c in report.cells] == ["not_run", "not_run"]
-    assert "GatherMM" in report.cells[0].reason
+    assert report.cells[0].reason is not None and "GatherMM" in report.cells[0].reason
     assert report.exit_code == 3
 
 
 def test_width_one_is_not_run_never_a_pass(fixture_root):
     model = _load(build(fixture_root, "llama-float32", arch="llama"))
     report = probe_block_vs_chain(model, [1], [0], PROMPTS[:1])
-    assert report.cells[0].verdict == "not_run" and "W < 2" in report.cells[0].reason
+    reason = report.cells[0].reason
+    assert report.cells[0].verdict == "not_run" and reason is not None and "W < 2" in reason
     assert report.exit_code == 3
 
 
@@ -143,7 +144,8 @@ def test_measured_verdicts_every_arch_and_dtype(fixture_root, arch, dtype):
     if arch == "qwen3_moe" and dtype != "float32":
         assert verdicts == {"not_run"}
     elif arch == "gemma3_text":
-        assert all(c.absolute_position >= 32 for c in report.cells if c.verdict == "divergent")
+        assert all(c.absolute_position is not None and c.absolute_position >= 32
+                   for c in report.cells if c.verdict == "divergent")
         if dtype == "float32":
             assert "divergent" in verdicts  # bfloat16 rounding hid it on this prompt
         assert all(c.verdict == "equal" for c in report.cells if c.depth == 0)

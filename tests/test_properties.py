@@ -223,4 +223,5 @@ def test_gate_store_bytes(raw):
         assert isinstance(entries, dict)
         assert isinstance(store.entries(), dict)  # repairs, never raises
         store.put("k", {"verdict": "equal", "reason": "r", "fields": {}})
-        assert store.get("k")["reason"] == "r"
+        entry = store.get("k")
+        assert entry is not None and entry["reason"] == "r"

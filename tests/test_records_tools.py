@@ -93,6 +93,7 @@ def test_shards_merged_equal_the_unsharded_record_apart_from_timings(served_reco
     full, s1, s2 = (served_records[k] for k in ("full", "s1", "s2"))
     r1, _, _ = read_record(_only(s1))
     r2, _, _ = read_record(_only(s2))
+    assert r1.summary is not None and r2.summary is not None
     assert r1.summary["shard"]["arms"] == {"cli": ["baseline-start", "w2", "baseline-end"]}
     assert r2.summary["shard"]["arms"] == {"cli": ["baseline-start", "w4", "baseline-end"]}
     r = run_cli(cli_bin, "records", "merge", str(s2), str(s1), "--out", str(tmp_path / "merged"))
@@ -100,6 +101,7 @@ def test_shards_merged_equal_the_unsharded_record_apart_from_timings(served_reco
     assert r.stdout.rstrip().endswith("verdict: match")
     f_rec, f_id, f_rows = read_record(_only(full))
     m_rec, m_id, m_rows = read_record(_only(tmp_path / "merged"))
+    assert m_rec.summary is not None and f_rec.summary is not None
     assert m_rec.kind == "served" and m_rec.status == "complete" and "shard" not in m_rec.summary
     assert (m_rec.verdict, m_rec.exit_code, m_rec.title) == (f_rec.verdict, f_rec.exit_code, f_rec.title)
     # verdicts, sha256 groups, findings, texts, evidence: the whole summary and every JSONL line, in order
@@ -223,7 +225,7 @@ def test_show_prints_arms_by_requests_and_groups_and_the_chart_marks_the_first_d
     assert any(ln.strip().startswith("w4 p0: diverged: first difference at token") for ln in out)
     rec, _, rows = read_record(_only(fault))
     svg = ET.parse(Path(rec.path).parent / "data" / rec.name / "chart-cli.svg").getroot()
-    titles = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}title")]
+    titles = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}title")]  # an empty one is None
     idx = rows["cli-w4"][0]["divergence"]["token_index"]
     assert f"w4 p0: diverged at token {idx}" in titles
     assert "w2 p0: match" in titles and not any(t.startswith("w2") and "diverged" in t for t in titles)

@@ -143,7 +143,7 @@ def test_draft_model_record_then_replay(fixture_root):
     info = build(fixture_root, "llama-float32", arch="llama")
     target, draft = _model(info), load_checkpoint(info.draft).model
     req = record_speculative(target, draft, PROMPT, num_draft_tokens=3, max_tokens=40)
-    assert len(req.tokens) == 40
+    assert req.tokens is not None and len(req.tokens) == 40
     assert sum(a + 1 for a in req.accepts[:-1]) + req.accepts[-1] <= 40 <= sum(
         a + 1 for a in req.accepts)
     assert 0 < sum(req.accepts) < 40  # the drafter agrees sometimes, not always
@@ -164,7 +164,8 @@ def test_cli_draft_model_writes_log_and_record(fixture_root, tmp_path, cli_bin):
     assert "target agrees with classic at all" in r.stdout
     assert "served tokens: identical to classic over 24" in r.stdout
     (req,) = read_log(log)
-    assert req.prompt_ids == PROMPT and req.width == 4 and len(req.tokens) == 24
+    assert req.prompt_ids == PROMPT and req.width == 4
+    assert req.tokens is not None and len(req.tokens) == 24
     assert len(list(rec.glob("replay-llama-*.md"))) == 1
     (data,) = (rec / "data").iterdir()
     assert (data / "accepts.jsonl").exists() and (data / "replay.jsonl").exists()
@@ -218,13 +219,14 @@ def test_dflash_transcript_replays_with_first_token_from_prefill(llama, tmp_path
     log = tmp_path / "server.log"
     log.write_text(_dflash_transcript(emitted, accepts, 4))
     (req,) = read_log(log)
-    assert req.prefill_emits and check_rounds(req.rounds) == []
+    assert req.prefill_emits and req.rounds is not None and check_rounds(req.rounds) == []
     report = replay(llama, PROMPT, req.accepts, width=req.width, served_tokens=req.tokens,
                     prefill_emits=True)
     assert report.positions == 1 + sum(a + 1 for a in accepts) == report.served_checked
     assert report.disagreements == 0 and report.served_first_mismatch is None
     assert report.classic_tokens == emitted[: report.positions] and report.exit_code == 0
 
+    assert req.tokens is not None
     served = list(req.tokens)
     served[6] += 1  # a serving loop that emitted another token than its target computed
     report = replay(llama, PROMPT, req.accepts, width=4, served_tokens=served,

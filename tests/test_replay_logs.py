@@ -78,6 +78,7 @@ def test_transcript_preset_and_algebra_holds(tmp_path):
     assert a.accepts == [1, 3, 0, 2] and a.width == 4 and a.line == 2
     assert a.tokens == [285, 11, 40, 7, 8, 9, 10, 3, 21] and a.prefill_emits
     assert b.accepts == [0, 3] and b.source.endswith(":7")
+    assert a.rounds is not None and b.rounds is not None  # a transcript carries its rounds
     assert [r.line for r in a.rounds] == [2, 4, 5, 6]
     # round 3 emits 1 of its 3 tokens: budget truncation, allowed on the last round
     assert check_rounds(a.rounds) == []
@@ -99,7 +100,10 @@ def _tamper(old: str, new: str) -> str:
 ])
 def test_round_algebra_fires_on_tampered_transcript(tmp_path, old, new, check, line):
     reqs = read_log(_write(tmp_path, _tamper(old, new)))
-    found = [f for i, r in enumerate(reqs) for f in check_rounds(r.rounds, request=i)]
+    found = []
+    for i, r in enumerate(reqs):
+        assert r.rounds is not None  # a transcript carries its rounds
+        found.extend(check_rounds(r.rounds, request=i))
     assert [f.check for f in found][:1] == [check]
     assert found[0].line == line and found[0].request == 0
 

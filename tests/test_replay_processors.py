@@ -58,6 +58,7 @@ def test_speculative_with_processors_diverges_from_the_reference(pair, text_prom
     # the target's verify rows agree with classic decode; mlx-lm's own output does not
     assert report.disagreements == 0 and report.rewind_finding is None
     classic = _mlx_classic(target, text_prompt, 40, procs)
+    assert req.tokens is not None  # the recorder keeps what mlx-lm emitted
     first = next(i for i, (a, b) in enumerate(zip(req.tokens, classic)) if a != b)
     assert report.served_first_mismatch == first and report.exit_code == 1
     # control: the same run without processors is identical to classic decode
@@ -75,6 +76,7 @@ def test_served_tokens_compared_after_a_rewind_finding(fixture_root):
     assert report.rewind_finding is not None and report.rounds < report.rounds_total
     # mlx-lm's own speculative output, over its whole length, against classic decode
     _, _, classic = advance_to_depth(target, PROMPT, 40)
+    assert req.tokens is not None  # the recorder keeps what mlx-lm emitted
     first = next(i for i, (a, b) in enumerate(zip(req.tokens, classic)) if a != b)
     assert report.served_checked == 40 and report.served_first_mismatch == first
     assert f"served tokens: differ from classic first at emitted index {first}" in "\n".join(report.lines())

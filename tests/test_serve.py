@@ -187,7 +187,7 @@ def test_repeated_and_prefix_sharing_requests_equal_a_fresh_process(clean, fixtu
     fresh = _fresh_classic(info.target)
     a, b = "the quick brown fox", "the quick brown fox jumps over the lazy"
     sequence = [(a, 3), (a, 3), (b, 3), (a, 3), (b, 0), (b, 3), (a + " dog", 2), (a, 3)]
-    accepts = {}
+    accepts: dict[tuple[str, int], list[int]] = {}
     for prompt, k in sequence:  # k = 0: one verify row, the gate declines: classic decode
         got = complete(ours, prompt, num_draft_tokens=k)
         spec = got["speculative"]
@@ -268,6 +268,7 @@ def test_allow_inexact_engages_the_declined_arm_and_it_diverges(fault, logs, hom
             assert spec["engaged"] and spec["forfeit"] and spec["decision"] == "FORFEIT"
             diverged += text(got) != text(complete(base, p))
         assert diverged == len(FAULT_PROMPTS)
+        assert ours.log_path is not None  # a started server has its log
         log_text = Path(ours.log_path).read_text()
     assert re.search(r"specparity-gate: FORFEIT width=4 .*reason=\"divergent: ", log_text)
     assert "decision=FORFEIT" in log_text
@@ -297,6 +298,7 @@ def test_bad_input_keeps_the_server_serving(clean, logs, home, tmp_path):
         assert text(got) == text(complete(base, PROMPTS[0]))
         spec = got["speculative"]
         assert not spec["engaged"] and str(bad) in spec["reason"] and "would not load" in spec["reason"]
+        assert srv.log_path is not None  # a started server has its log
         log_text = Path(srv.log_path).read_text()
     assert "specparity-serve: DRAFT-UNAVAILABLE draft model " + str(bad) in log_text
     assert "specparity-serve: GATE-OFF" in log_text

@@ -106,8 +106,8 @@ def _pair(fixture_root):
     from mlx_lm import load
 
     info = build(fixture_root, "llama-float32", arch="llama")
-    model, tok = load(info.target)
-    draft, _ = load(info.draft)
+    model, tok = load(info.target)  # type: ignore[misc]  # mlx-lm types load() as a 2- or 3-tuple Union
+    draft, _ = load(info.draft)  # type: ignore[misc]
     return model, draft, tok
 
 
@@ -151,7 +151,8 @@ def test_split_cache_keeps_quantized_layers_that_mlx_lm_assigns_into_a_slice(fix
     split = SplitCache(make_prompt_cache(model) + make_prompt_cache(draft))
     _speculate(model, draft, tok, split, prompt, **kw)
     assert all(isinstance(c, QuantizedKVCache) for c in split)
-    assert len(set(offsets(list(split)[: len(model.layers)]))) == 1
+    target_offsets = offsets(list(split)[: len(model.layers)])
+    assert target_offsets is not None and len(set(target_offsets)) == 1
 
 
 def test_a_gate_that_cannot_run_declines_with_its_reason(tmp_path, caplog):

@@ -117,6 +117,10 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
     class GatedProvider(up.ModelProvider):
         """Loads as mlx-lm does; a draft model that fails to load leaves a classic server."""
 
+        # mlx-lm sets these to None in __init__ unannotated, so mypy would infer type None
+        model_key: Any
+        draft_model: Any
+
         def __init__(self, cli_args: argparse.Namespace):
             super().__init__(cli_args)
             self.draft_error: str | None = None
@@ -136,6 +140,8 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
 
     class GatedGenerator(up.ResponseGenerator):
         """mlx-lm's generation loop with the gate in its speculative path."""
+
+        model_provider: GatedProvider
 
         def __init__(self, model_provider: GatedProvider, prompt_cache: Any,
                      metrics: ServeMetrics, gate: GateMemo):
@@ -274,6 +280,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
         """mlx-lm's handler plus ``/metrics`` and the per-response speculative facts."""
 
         metrics: ServeMetrics
+        response_generator: GatedGenerator
 
         def do_GET(self):
             if self.path.split("?", 1)[0] == "/metrics":

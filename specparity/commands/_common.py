@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 import click
@@ -12,6 +13,11 @@ import click
 from specparity.errors import SpecparityError
 from specparity.inputs import parse_int_list  # noqa: F401  (moved; kept for importers)
 from specparity.outputs import record_dir_callback
+
+if TYPE_CHECKING:
+    from specparity.checkpoint import Loaded
+    from specparity.decode import CacheOptions
+    from specparity.processors import ProcessorOptions
 
 
 def json_option(f: Callable) -> Callable:
@@ -68,7 +74,7 @@ def processor_options(f: Callable) -> Callable:
     return f
 
 
-def processor_options_from(kwargs: dict[str, Any]):
+def processor_options_from(kwargs: dict[str, Any]) -> ProcessorOptions:
     from specparity.processors import ProcessorOptions, parse_logit_bias
 
     return ProcessorOptions(
@@ -82,7 +88,7 @@ def processor_options_from(kwargs: dict[str, Any]):
     )
 
 
-def cache_options_from(kwargs: dict[str, Any]):
+def cache_options_from(kwargs: dict[str, Any]) -> CacheOptions:
     from specparity.decode import CacheOptions
 
     bits = kwargs.pop("kv_bits")
@@ -95,7 +101,7 @@ def cache_options_from(kwargs: dict[str, Any]):
     )
 
 
-def resolve_path(spec: str | None, role: str = "target"):
+def resolve_path(spec: str | None, role: str = "target") -> Path:
     """``--model`` / ``--draft-model`` as a local directory: a path, a hub id, or the embedded default."""
     from specparity.resolve import resolve_checkpoint
 
@@ -106,7 +112,7 @@ def resolve_path(spec: str | None, role: str = "target"):
         raise type(err)(str(err).replace("checkpoint ", f"{flag} ", 1)) from err
 
 
-def resolve_model(model: str | None, trust_remote_code: bool, role: str = "target"):
+def resolve_model(model: str | None, trust_remote_code: bool, role: str = "target") -> Loaded:
     """Load ``--model`` (or ``--draft-model``): a directory, a hub id, or the embedded default pair."""
     from specparity.checkpoint import load_checkpoint
 

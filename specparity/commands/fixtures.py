@@ -10,7 +10,7 @@ from specparity.outputs import force_option
 
 
 @click.group()
-def fixtures():
+def fixtures() -> None:
     """Build real mlx-lm checkpoints deterministically from a seed (no hub needed)."""
 
 
@@ -26,7 +26,8 @@ def fixtures():
 @click.option("--no-draft", is_flag=True, help="Build the target only.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing fixture at OUT_DIR.")
 @json_option
-def make(out_dir, arch, dtype, bits, seed, faults, no_draft, overwrite, as_json):
+def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, faults: tuple[str, ...],
+         no_draft: bool, overwrite: bool, as_json: bool) -> int:
     """Build OUT_DIR/target and OUT_DIR/draft.
 
     \b
@@ -68,7 +69,7 @@ def make(out_dir, arch, dtype, bits, seed, faults, no_draft, overwrite, as_json)
               help="f16 stores the matrices as float16 (norms stay float32).")
 @force_option
 @json_option
-def gguf(src_dir, out, outtype, force, as_json):
+def gguf(src_dir: str, out: str, outtype: str, force: bool, as_json: bool) -> int:
     """Export an mlx-lm llama checkpoint (a fixture's target or draft) to GGUF for llama.cpp.
 
     OUT is never overwritten (nor a link's target written through) without

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from specparity.commands._common import (
@@ -38,8 +40,10 @@ from specparity.errors import UsageError
 @cache_options
 @json_option
 @record_option
-def probe(model, trust_remote_code, widths, depths, prompts, prompt_ids, walk, walk_widths,
-          prefill, aim, aim_limit, as_json, record_dir, quiet, **cache_kwargs):
+def probe(model: str | None, trust_remote_code: bool, widths: str, depths: str,
+          prompts: tuple[str, ...], prompt_ids: tuple[str, ...], walk: int, walk_widths: str | None,
+          prefill: bool, aim: bool, aim_limit: int, as_json: bool, record_dir: str | None,
+          quiet: bool, **cache_kwargs: Any) -> int:
     """Compare W single-token steps with one W-row block, byte for byte.
 
     For each width W and depth D: prefill as classic decode does, decode D

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -30,6 +31,13 @@ from specparity.inputs import (
 )
 from specparity.outputs import check_new_file, force_option
 from specparity.probes.replay.logs import FORMATS
+
+if TYPE_CHECKING:
+    from specparity.checkpoint import Loaded
+    from specparity.decode import CacheOptions
+    from specparity.probes.replay.algebra import AlgebraFinding
+    from specparity.probes.replay.logs import AcceptLog
+    from specparity.processors import ProcessorOptions
 
 POLICIES = ("wrong-id", "correct-token")
 
@@ -83,10 +91,14 @@ POLICIES = ("wrong-id", "correct-token")
 @json_option
 @record_option
 @force_option
-def replay(model, trust_remote_code, accepts_text, log_path, fmt, regex, request_index,
-           draft_model, num_draft_tokens, max_tokens, save_log, stop_words, stop_at_eos, sequence_path, prompt_text,
-           prompt_ids, width, policy, wrong_id, prefill_emits, algebra_only, locate, as_json, record_dir,
-           quiet, force, **cache_kwargs):
+def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
+           log_path: str | None, fmt: str, regex: str | None, request_index: int | None,
+           draft_model: str | None, num_draft_tokens: int, max_tokens: int, save_log: str | None,
+           stop_words: tuple[str, ...], stop_at_eos: bool, sequence_path: str | None,
+           prompt_text: str | None, prompt_ids: str | None, width: int | None, policy: str,
+           wrong_id: int, prefill_emits: bool | None, algebra_only: bool, locate: int | None,
+           as_json: bool, record_dir: str | None, quiet: bool, force: bool,
+           **cache_kwargs: Any) -> int:
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
 
     Prefill as classic decode does, then for each round run the target over
@@ -202,8 +214,10 @@ def _prompt_ids(value: str | None) -> list[int] | None:
     return parse_prompt_ids([value])[0]
 
 
-def _record(loaded, draft_model, trust_remote_code, cli_ids, prompt_text, procs, num_draft_tokens,
-            max_tokens, opts, save_log, force=False, stop_words=None):
+def _record(loaded: Loaded, draft_model: str, trust_remote_code: bool, cli_ids: list[int] | None,
+            prompt_text: str | None, procs: ProcessorOptions, num_draft_tokens: int,
+            max_tokens: int, opts: CacheOptions, save_log: str | None,
+            force: bool = False, stop_words: list[str] | None = None) -> AcceptLog:
     from specparity.probes.replay.logs import AcceptLog, write_requests
     from specparity.probes.replay.recorder import record_speculative
     from specparity.probes.replay.run import prompt_for
@@ -267,10 +281,10 @@ def _algebra_only(requests, findings, as_json, record_dir, quiet) -> int:
         return run.finish(AlgebraRun(len(requests), rounds, findings))
 
 
-def _locate(requests, index, as_json) -> int:
+def _locate(requests: list[AcceptLog], index: int, as_json: bool) -> int:
     from specparity.probes.replay.algebra import emitted_counts, locate
 
-    out = []
+    out: list[dict[str, Any]] = []
     for i, req in enumerate(requests):
         counts = ([len(r.new_tokens) for r in req.rounds] if req.rounds
                   else emitted_counts(req.accepts))
@@ -290,8 +304,10 @@ def _locate(requests, index, as_json) -> int:
     return EXIT_OK
 
 
-def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy, wrong_id,
-                opts, procs, as_json, record_dir, quiet) -> int:
+def _replay_all(loaded: Loaded, requests: list[AcceptLog], findings: list[AlgebraFinding],
+                cli_ids: list[int] | None, prompt_text: str | None, width: int | None,
+                policy: str, wrong_id: int, opts: CacheOptions, procs: ProcessorOptions,
+                as_json: bool, record_dir: str | None, quiet: bool) -> int:
     from specparity.probes.replay.run import run_replays
 
     fp = loaded.fingerprint

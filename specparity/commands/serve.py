@@ -12,7 +12,7 @@ import click
 @click.option("--env-prefix", "env_prefixes", multiple=True,
               help="Env var prefixes the gate key includes (default: MLX_).")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
-def serve(gate, env_prefixes, server_args):
+def serve(gate: str, env_prefixes: tuple[str, ...], server_args: tuple[str, ...]) -> int:
     """mlx-lm's OpenAI-compatible server with the exactness gate and per-request counts.
 
     Every other flag is mlx_lm.server's own (`mlx_lm.server --help`): --model,

@@ -173,7 +173,7 @@ class Model(nn.Module):
         self._logit_noise = False
         self._witness = spec.get("witness")
         self._noise = next((float(f.get("scale", 4.0)) for f in self._faults if f["kind"] == "process_noise"), None)
-        self._bias = None
+        self._bias: mx.array | None = None
         for fault in self._faults:
             if fault["kind"] in ("rows", "depth") or (fault["kind"] == "noise" and fault.get("layer") is not None):
                 _install_fault(self.inner.layers, fault)
