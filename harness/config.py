@@ -22,6 +22,7 @@
     profile: llama.cpp              # every pairing's profile (overrides each pairing's own)
     start_timeout: 120
     request_timeout: 120
+    reference: true                 # every completion also against classic decode computed in process
     distribution: {temperature: 0.7, requests: 600, prefix: 1, alpha: 0.001, seed: 0, width: 4}
                                     # temperature > 0 arms: seeded draws with and without the
                                     # drafter, histograms compared (harness/distribution.py)
@@ -155,6 +156,7 @@ class Job:
     request_timeout: float = 120.0
     source: str = "built-in"
     distribution: DistSpec | None = None
+    reference: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -197,7 +199,7 @@ def load_job(path: str | Path) -> Job:
         raise UsageError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
     known = {"pairings", "widths", "width_mode", "max_tokens", "prompts", "prompts_file", "params", "endpoint",
              "sequence", "concurrency", "self_draft", "repeats", "extra_args", "controls", "env",
-             "start_timeout", "request_timeout", "profile", "distribution"}
+             "start_timeout", "request_timeout", "profile", "distribution", "reference"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -246,6 +248,10 @@ def load_job(path: str | Path) -> Job:
         job.distribution = parse_spec(raw["distribution"], where)
     if "self_draft" in raw:
         job.self_draft = bool(raw["self_draft"])
+    if "reference" in raw:
+        if not isinstance(raw["reference"], bool):
+            raise UsageError(f"{where}: reference: {raw['reference']!r} is not true or false")
+        job.reference = raw["reference"]
     if "prompts_file" in raw:
         pf = p.parent / raw["prompts_file"]
         try:
@@ -329,6 +335,7 @@ class Overrides:
     environment: every pairing's environment (a packaged name or a YAML file).
     widths .. request_timeout: the job keys of the same names.
     temperature / dist_requests / dist_prefix: the distribution arms (any of them adds them).
+    reference: whether completions are also judged against classic decode computed in process.
     """
 
     model: str | None = None
@@ -346,6 +353,7 @@ class Overrides:
     temperature: float | None = None
     dist_requests: int | None = None
     dist_prefix: int | None = None
+    reference: bool | None = None
 
 
 def apply_overrides(job: Job | None, o: Overrides) -> Job:
@@ -394,6 +402,7 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
     job.max_tokens = o.max_tokens if o.max_tokens is not None else job.max_tokens
     job.concurrency = o.concurrency if o.concurrency is not None else job.concurrency
     job.repeats = o.repeats if o.repeats is not None else job.repeats
+    job.reference = o.reference if o.reference is not None else job.reference
     job.start_timeout = o.start_timeout if o.start_timeout is not None else job.start_timeout
     job.request_timeout = o.request_timeout if o.request_timeout is not None else job.request_timeout
     if o.temperature is not None or o.dist_requests is not None or o.dist_prefix is not None:

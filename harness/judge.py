@@ -3,26 +3,43 @@
 Public so that everything that judges served results judges them the same
 way: the runner as arms finish, ``records merge`` when it joins shards.
 
-A request of an arm that drafts is ``match`` only when its text equals the
-reference's and there is evidence the drafter ran (``not_engaged`` without),
-``declined`` with a decline line, ``diverged`` with the first difference, and
-``error`` without a completion. A pairing whose two baselines disagree is
-``inconclusive``: no speculative arm is judged against a reference that does
-not reproduce.
+Who is compared with whom (every request of every arm, baselines included):
+
+- **classic decode** computed in process (harness.oracle): the reference. On an
+  engine that computes with MLX (``arithmetic: mlx``, the default) a completion
+  whose text differs from it is ``diverged``, whatever the arm;
+- **baseline-start**, the drafter-less server's own answer: a second opinion
+  (and the reference itself where no classic answer could be computed, or the
+  engine's arithmetic is not MLX's: then a difference from classic decode is a
+  finding, a near tie told apart from a confident one, never hidden);
+- **its own first answer**: a request that repeats an earlier one of the same
+  arm (``Request.repeats``) is compared with it, so a state-dependent
+  difference is named as such.
+
+A request of an arm that drafts is ``match`` only with evidence the drafter
+ran (``not_engaged`` without), ``declined`` with a decline line (when its text
+is classic decode's), ``error`` without a completion. A pairing whose two
+baselines disagree is ``inconclusive``: classic decode is not reproducible
+across processes, and nothing is blamed on the drafter.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from specparity.completions import Side, first_difference
+from specparity.completions import CompletionDifference, Side, first_difference
 from specparity.harness.client import Completion, Request
 from specparity.harness.evidence import Evidence
-from specparity.harness.plan import BASELINE_END, BASELINE_START, ArmKind, ArmPlan
-from specparity.harness.results import ArmResult, PairingResult, RequestResult
+from specparity.harness.plan import BASELINE_END, BASELINE_START, DRAFTING_KINDS, ArmKind, ArmPlan
+from specparity.harness.results import CLASSIC, ArmResult, PairingResult, RequestResult
 from specparity.verdicts import SERVED_VERDICTS, Verdict, combine
 
 SELF_DRAFT_MIN_ACCEPTANCE = 0.9
+# request kinds that can meet a warm prompt cache (an earlier request shares their prefix)
+WARM_KINDS = ("repeat", "shared-prefix", "multi-turn")
 
 
 def side(name: str, completion: Completion) -> Side:
@@ -30,36 +47,145 @@ def side(name: str, completion: Completion) -> Side:
     return Side(name, completion.text, completion.token_ids, completion.logprobs, completion.top)
 
 
+def text_difference(ref: Side, ref_sha: str, other: Completion, other_name: str) -> CompletionDifference | None:
+    """Where ``other`` first leaves ``ref``; None when the texts are byte-identical (served parity is
+    the text: the same text by other token ids is not a divergence here)."""
+    if ref_sha == other.sha256:
+        return None
+    return first_difference(ref, side(other_name, other))
+
+
+@dataclass
+class Classic:
+    """Classic decode's answer to one request, as the judge needs it.
+
+    side: its tokens, text, logprobs and top-2 (completions.Side). sha256: of its text.
+    summary: what the record keeps (tokens, finish reason, path, the prompt check).
+    index_at: a first differing character of its text -> the token there (for streamed answers).
+    error: why there is no answer (side None).
+    """
+
+    side: Side | None
+    sha256: str
+    summary: dict[str, object]
+    index_at: Callable[[int | None], int | None] | None = None
+    error: str | None = None
+
+    def token_index_at(self, char_offset: int | None) -> int | None:
+        return self.index_at(char_offset) if self.index_at is not None else None
+
+
+def classic_answer(completion: object | None, error: str | None = None) -> Classic:
+    """A harness.reference.ReferenceCompletion (or an error) as the judge reads it."""
+    if completion is None:
+        return Classic(None, "", {"error": error or "no answer"}, None, error or "no answer")
+    from specparity.harness.reference import ReferenceCompletion
+
+    assert isinstance(completion, ReferenceCompletion)
+    sha = hashlib.sha256(completion.text.encode("utf-8")).hexdigest()
+    summary: dict[str, object] = {"sha256": sha, "tokens": len(completion.token_ids),
+                                  "finish_reason": completion.finish_reason, "path": completion.path,
+                                  "prompt_tokens": len(completion.prompt_ids),
+                                  "prompt_check": completion.prompt_check.line() if completion.prompt_check else None,
+                                  "prompt_equal": completion.prompt_check.equal if completion.prompt_check else None}
+    return Classic(completion.side(CLASSIC), sha, summary, completion.token_index_at)
+
+
 def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, base: Completion | None,
-                  target: str, trust_remote_code: bool) -> RequestResult:
-    """One request's verdict: ``base`` is baseline-start's completion of the same request."""
+                  target: str, trust_remote_code: bool, classic: Classic | None = None,
+                  cold: Completion | None = None, exact: bool = True, dtype: str = "float32") -> RequestResult:
+    """One request's verdict.
+
+    base: baseline-start's completion of the same request. classic: classic decode's answer
+    (None: no reference asked for). cold: the arm's own first answer to the same body.
+    exact: the engine computes with MLX, so classic decode decides; else it is a finding.
+    dtype: the model's dtype (the near-tie band of an engine whose arithmetic differs).
+    """
     res = RequestResult(req.id, req.kind, Verdict.ERROR, "", comp, req.to_dict(), ev)
     if not comp.ok:
         res.reason = comp.error or "no completion"
         return res
+    if classic is not None:
+        res.reference = dict(classic.summary)
+        if classic.side is not None:
+            res.classic = text_difference(classic.side, classic.sha256, comp, plan.name)
+            if res.classic is not None and res.classic.token_index is None:
+                # a streamed answer has no ids: its token index comes from classic decode's pieces
+                res.classic.token_index = classic.token_index_at(res.classic.char_offset)
+    if base is not None and base.ok and plan.name != BASELINE_START:
+        res.baseline = text_difference(side(BASELINE_START, base), base.sha256, comp, plan.name)
+    if cold is not None and cold.ok:
+        res.cold = text_difference(side(f"{req.repeats} (its first answer)", cold), cold.sha256, comp, plan.name)
+    decided_by_classic = exact and classic is not None and classic.side is not None
+    if decided_by_classic:
+        return _by_classic(res, plan, ev)
+    return _by_baseline(res, plan, req, ev, base, target, trust_remote_code, classic, dtype)
+
+
+def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence) -> RequestResult:
+    d = res.classic
+    if d is not None:
+        res.verdict, res.divergence = Verdict.DIVERGED, d
+        res.reason = "differs from classic decode: " + d.line()
+        if ev.declined:
+            res.reason = "declined (served by its classic path), yet " + res.reason
+        if res.cold is not None:
+            res.reason += f"; differs from its own first answer too, at token {res.cold.token_index}"
+        return res
+    if ev.declined:
+        res.verdict = Verdict.DECLINED
+        res.reason = "declined (its text is classic decode's): " + "; ".join(ev.lines[:2])
+        return res
+    if plan.drafts and not ev.engaged:
+        res.verdict = Verdict.NOT_ENGAGED
+        res.reason = ("equals classic decode, but no evidence the drafter ran"
+                      " (no witness, log, response field, counter or engine evidence)")
+        return res
+    res.verdict = Verdict.MATCH
+    res.reason = "; ".join(ev.lines[:1]) if plan.drafts else "equals classic decode"
+    return res
+
+
+def _by_baseline(res: RequestResult, plan: ArmPlan, req: Request, ev: Evidence, base: Completion | None,
+                 target: str, trust: bool, classic: Classic | None, dtype: str) -> RequestResult:
+    """The verdict against baseline-start (no classic answer, or an engine whose arithmetic is not MLX's)."""
+    note = ""
+    if classic is not None and classic.error:
+        note = f"; no classic decode to compare with ({classic.error})"
+    elif res.classic is not None:
+        from specparity.harness.reference import near_tie
+
+        dc = res.classic
+        lps = classic.side.logprobs if classic is not None and classic.side is not None else None
+        i = dc.token_index
+        call = near_tie(dc.margin_reference, dc.margin_other, dtype=dtype,
+                        logprob=lps[i] if lps is not None and i is not None and i < len(lps) else None)
+        res.tie = call.to_dict()
+        note = f"; differs from classic decode in MLX at token {i}: {call.line()}"
     if plan.name == BASELINE_START:
-        res.verdict, res.reason = Verdict.MATCH, "the reference"
+        res.verdict, res.reason = Verdict.MATCH, "the reference" + note
         return res
     if base is None or not base.ok:
         res.verdict, res.reason = Verdict.INCONCLUSIVE, f"{BASELINE_START} has no completion of this request"
         return res
     if ev.declined:
         res.verdict = Verdict.DECLINED
-        res.reason = "declined: " + "; ".join(ev.lines[:2])
+        res.reason = "declined: " + "; ".join(ev.lines[:2]) + note
         return res
-    # served parity is byte-identical text: the same text by other token ids is not a divergence here
-    d = None if base.sha256 == comp.sha256 else first_difference(side("baseline", base), side("arm", comp))
+    d = res.baseline
     if d is not None:
         res.verdict, res.divergence = Verdict.DIVERGED, d
-        res.reason = d.line()
-        res.replay = replay_command(plan, req, ev, target, trust_remote_code)
+        res.reason = d.line() + note
+        res.replay = replay_command(plan, req, ev, target, trust)
+        if res.replay:
+            res.reproduction = {"command": res.replay, "reason": None}
         return res
     if plan.drafts and not ev.engaged:
         res.verdict = Verdict.NOT_ENGAGED
         res.reason = "same text as the baseline, but no evidence the drafter ran (no witness, log or response field)"
         return res
     res.verdict = Verdict.MATCH
-    res.reason = "; ".join(ev.lines[:1]) if plan.drafts else ""
+    res.reason = ("; ".join(ev.lines[:1]) if plan.drafts else "") + note
     return res
 
 
@@ -102,16 +228,16 @@ def judge_pairing(res: PairingResult) -> None:
         res.verdict = Verdict.ERROR
         res.reason = f"{BASELINE_START} did not run: nothing can be compared"
         return
-    if end is not None and end.verdict not in (Verdict.MATCH, Verdict.ERROR):
-        bad = [r for r in end.requests if r.verdict != Verdict.MATCH]
+    noisy = [r for r in (end.requests if end is not None else []) if r.baseline is not None]
+    if end is not None and noisy:
         res.verdict = Verdict.INCONCLUSIVE
-        res.reason = (f"the two baselines disagree on {len(bad)} of {len(end.requests)} requests"
-                      f" ({', '.join(r.id for r in bad)}): classic decode is not reproducible across processes,"
+        res.reason = (f"the two baselines disagree on {len(noisy)} of {len(end.requests)} requests"
+                      f" ({', '.join(r.id for r in noisy)}): classic decode is not reproducible across processes,"
                       " so no speculative arm is judged")
-        res.findings += [f"{BASELINE_END} {r.id}: {r.reason}" for r in bad]
+        res.findings += [f"{BASELINE_END} {r.id}: {r.baseline.line()}" for r in noisy if r.baseline is not None]
         for a in res.arms:
             if a.kind != ArmKind.BASELINE and a.verdict != Verdict.ERROR:
-                a.reason = f"not judged ({a.verdict} against {BASELINE_START}); " + a.reason
+                a.reason = f"not judged ({a.verdict}); " + a.reason
                 a.verdict = Verdict.INCONCLUSIVE
         return
     if end is None or end.verdict == Verdict.ERROR:
@@ -124,6 +250,55 @@ def judge_pairing(res: PairingResult) -> None:
     for a in res.arms:
         if a.kind == ArmKind.SELF_DRAFT and a.acceptance is not None and a.acceptance < SELF_DRAFT_MIN_ACCEPTANCE:
             res.findings.append(a.reason)
-    judged = [a.verdict for a in res.arms if a.kind != ArmKind.BASELINE or a.name == BASELINE_END]
-    res.verdict = combine(judged or [Verdict.MATCH])
+    res.findings += scope_findings(res)
+    res.verdict = combine([a.verdict for a in res.arms] or [Verdict.MATCH])
     assert res.verdict in (*SERVED_VERDICTS, Verdict.NOT_RUN)
+
+
+def scope_findings(res: PairingResult) -> list[str]:
+    """Per request that left classic decode: whom it concerns (every server of the engine, only with
+    the drafter, only on a warm cache), and where a request differs from its own first answer."""
+    out: list[str] = []
+    arms = [a for a in res.arms if a.kind != ArmKind.DISTRIBUTION and a.requests]
+    order: list[str] = []
+    for a in arms:
+        order += [r.id for r in a.requests if r.id not in order]
+    for rid in order:
+        rows = [(a, r) for a in arms for r in a.requests if r.id == rid and r.completion.ok]
+        off = [(a, r) for a, r in rows if r.classic is not None]
+        if not off:
+            continue
+        kind = rows[0][1].kind
+        position = order.index(rid) + 1
+        indices = [r.classic.token_index for _, r in off if r.classic is not None and r.classic.token_index is not None]
+        first = min(indices) if indices else None
+        at = f" (first at token {first})" if first is not None else ""
+        names = [a.name for a, _ in off]
+        plain = [a for a, _ in rows if a.kind not in DRAFTING_KINDS]
+        plain_off = [a for a, _ in off if a.kind not in DRAFTING_KINDS]
+        tie = [r.tie for _, r in off if r.tie]
+        what = f"request {position} {rid} ({kind})"
+        if tie and all(t.get("kind") == "near_tie" for t in tie):
+            scope = "a near tie between this engine's arithmetic and MLX's (margins in each request's reason)"
+        elif plain and len(plain_off) == len(plain) and len(off) == len(rows):
+            scope = "every server of this engine"
+        elif not plain_off:
+            scope = "only with the drafter"
+        else:
+            scope = "some servers without the drafter too"
+        by_arm = {a.name: {q.id: q for q in a.requests} for a in arms}
+        warm_only = [a.name for a, r in off
+                     if r.request.get("repeats") in by_arm[a.name]
+                     and by_arm[a.name][r.request["repeats"]].classic is None
+                     and by_arm[a.name][r.request["repeats"]].completion.ok]
+        if warm_only:
+            scope += ("; only on a warm cache in " + ", ".join(warm_only)
+                      + ": the same request answered cold there equals classic decode")
+        elif kind in WARM_KINDS:
+            scope += f"; a request that can meet a warm prompt cache ({kind})"
+        out.append(f"{what} differs from classic decode{at} in {', '.join(names)}: {scope}")
+        for a, r in rows:
+            if r.cold is not None and r.request.get("repeats"):
+                out.append(f"{what} in {a.name} differs from its own fresh answer ({r.request['repeats']})"
+                           f" at token {r.cold.token_index}")
+    return out

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 PROFILE_DIR = Path(__file__).parent / "profiles"
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 WITNESS_ROLES = ("target", "draft")
+ARITHMETIC = ("mlx", "other")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class Profile:
     engine: the module under specparity.harness.engines with this server's code (placeholders such
       as ``{llama_server}``, availability, the checkpoint export it loads, extra argv, its own
       evidence); None: no code needed.
+    arithmetic: ``mlx`` (the server computes with MLX on the checkpoint: classic decode computed in
+      process is its exact reference and decides each verdict) or ``other`` (llama.cpp, vLLM...: a
+      difference from classic decode in MLX is reported, a near tie apart from a confident one, and
+      the verdict rests on the engine's own drafter-less server).
     environment: the pinned environment (specparity.environments: a packaged name, a YAML file or
       an inline mapping) the server runs in: ``{python}`` is its interpreter, ``requires_module`` is
       looked for there, and the record's identity lists its packages. None: this interpreter.
@@ -105,6 +110,7 @@ class Profile:
     requires_module: str | None = None
     engine: str | None = None
     environment: str | dict[str, Any] | None = None
+    arithmetic: str = "mlx"
     exercised: bool = True
     source: str = ""
 
@@ -281,6 +287,9 @@ def load_profile(name_or_path: str) -> Profile:
             load_spec(environment)
         except UsageError as err:
             raise UsageError(f"{where}: environment: {err}") from None
+    arithmetic = raw.get("arithmetic", "mlx")
+    if arithmetic not in ARITHMETIC:
+        raise UsageError(f"{where}: arithmetic {arithmetic!r}: choose from {', '.join(ARITHMETIC)}")
     if not isinstance(raw.get("exercised", True), bool):
         raise UsageError(f"{where}: exercised must be true or false")
     return Profile(
@@ -309,6 +318,7 @@ def load_profile(name_or_path: str) -> Profile:
         requires_module=raw.get("requires_module"),
         engine=str(engine) if engine is not None else None,
         environment=environment,
+        arithmetic=str(arithmetic),
         exercised=bool(raw.get("exercised", True)),
         source=str(path),
     )

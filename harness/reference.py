@@ -1037,3 +1037,62 @@ def near_tie(margin_a: float | None, margin_b: float | None, *, dtype: str = "fl
         return TieCall(UNKNOWN, band, margin_a, margin_b, dtype)
     kind = NEAR_TIE if min(abs(m) for m in known) <= band else CONFIDENT
     return TieCall(kind, band, margin_a, margin_b, dtype)
+
+
+# --- a worker process: the reference in the interpreter the servers run in ----------------
+
+def worker(argv: list[str] | None = None) -> int:
+    """``python -m specparity.harness.reference CHECKPOINT [--trust-remote-code] [--settings JSON]``.
+
+    Loads the checkpoint once, prints ``{"ready": true, "load_seconds": s}``, then answers
+    one JSON line per request line on stdin: ``{"endpoint", "body", "settings"?,
+    "server_prompt_tokens"?, "prompt_ids"?}`` -> ``{"ok": true, "completion": {...}}`` or
+    ``{"ok": false, "error": "...", "kind": "usage" | "infra"}``; ``{"cost": true}`` ->
+    ``{"ok": true, "cost": {...}}``. It exits at end of input (its parent's end). The harness
+    runs it with the servers' interpreter (harness.oracle), so a server in a pinned
+    environment (another mlx-lm) is judged by that environment's classic decode.
+    """
+    import sys
+
+    from specparity.errors import SpecparityError
+
+    p = argparse.ArgumentParser(prog="specparity.harness.reference")
+    p.add_argument("checkpoint")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--settings", default="{}")
+    args = p.parse_args(argv)
+    out = sys.stdout
+
+    def say(obj: dict[str, Any]) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    try:
+        ref = ClassicReference(args.checkpoint, trust_remote_code=args.trust_remote_code,
+                               settings=ServerSettings.from_dict(json.loads(args.settings)))
+    except SpecparityError as err:
+        say({"ready": False, "error": first_line(str(err))})
+        return 1
+    say({"ready": True, "load_seconds": ref.cost().load_seconds})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            if req.get("cost"):
+                say({"ok": True, "cost": ref.cost().to_dict()})
+                continue
+            settings = ServerSettings.from_dict(req["settings"]) if req.get("settings") else None
+            rc = ref.complete(req["endpoint"], req["body"], server_prompt_tokens=req.get("server_prompt_tokens"),
+                              prompt_ids=req.get("prompt_ids"), settings=settings)
+            say({"ok": True, "completion": rc.to_dict()})
+        except SpecparityError as err:
+            say({"ok": False, "error": first_line(str(err)),
+                 "kind": "usage" if isinstance(err, UsageError) else "infra"})
+        except (ValueError, KeyError, TypeError) as err:
+            say({"ok": False, "error": f"{type(err).__name__}: {first_line(str(err))}", "kind": "usage"})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker())

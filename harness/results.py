@@ -19,6 +19,10 @@ from specparity.harness.profiles import Width
 from specparity.verdicts import ReportMixin, Verdict, combine
 
 
+# how groups and findings name classic decode computed in process (harness.oracle)
+CLASSIC = "classic decode"
+
+
 def _completion_from_dict(d: dict[str, Any]) -> Completion:
     names = Completion.__dataclass_fields__
     c = Completion(**{k: v for k, v in d.items() if k in names})
@@ -34,8 +38,18 @@ class RequestResult:
     id, kind: the request's (client.Request). verdict, reason: the judge's.
     completion: what the server returned. request: the request as sent (``Request.to_dict``).
     evidence: what showed the drafter ran (or was declined).
-    divergence: where the completion first differs from the one it was judged against.
-    replay: a command that reproduces the divergence in process (None: none printed).
+    divergence: where the completion first differs from what its verdict rests on (classic decode
+      where the reference decides, else baseline-start's answer).
+    replay: a command that reproduces the divergence in process (None: none printed; see reproduction).
+    reference: classic decode's answer in short (sha256, tokens, finish_reason, path, prompt_check)
+      or why there is none (error); None when no reference was asked for.
+    classic: where the completion first differs from classic decode (None: equal, or no reference).
+    baseline: where it first differs from baseline-start's answer to the same request (None: equal).
+    cold: where it first differs from its own first answer (an earlier request of the same arm with
+      the same body: request.repeats), None: equal or no such request.
+    tie: for an engine whose arithmetic is not MLX's, how confident the difference from classic decode
+      is (harness.reference.TieCall as a dict: near_tie / confident / unknown, both margins).
+    reproduction: the command that reproduces the finding in process, or the reason there is none.
     """
 
     id: str
@@ -47,20 +61,35 @@ class RequestResult:
     evidence: Evidence = field(default_factory=Evidence)
     divergence: CompletionDifference | None = None
     replay: str | None = None
+    reference: dict[str, Any] | None = None
+    classic: CompletionDifference | None = None
+    baseline: CompletionDifference | None = None
+    cold: CompletionDifference | None = None
+    tie: dict[str, Any] | None = None
+    reproduction: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        def diff(d: CompletionDifference | None) -> dict[str, Any] | None:
+            return d.to_dict() if d is not None else None
+
         return {"id": self.id, "kind": self.kind, "verdict": self.verdict, "reason": self.reason,
                 "request": self.request, "sha256": self.completion.sha256, "text": self.completion.text,
                 "completion": self.completion.to_dict(), "evidence": self.evidence.to_dict(),
-                "divergence": self.divergence.to_dict() if self.divergence else None, "replay": self.replay}
+                "divergence": diff(self.divergence), "replay": self.replay, "reference": self.reference,
+                "classic": diff(self.classic), "baseline": diff(self.baseline), "cold": diff(self.cold),
+                "tie": self.tie, "reproduction": self.reproduction}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RequestResult:
-        div = d.get("divergence")
+        def diff(key: str) -> CompletionDifference | None:
+            v = d.get(key)
+            return CompletionDifference.from_dict(v) if isinstance(v, dict) else None
+
         return cls(str(d["id"]), str(d["kind"]), Verdict(d["verdict"]), str(d.get("reason") or ""),
                    _completion_from_dict(d.get("completion") or {}), dict(d.get("request") or {}),
-                   Evidence.from_dict(d.get("evidence") or {}),
-                   CompletionDifference.from_dict(div) if div else None, d.get("replay"))
+                   Evidence.from_dict(d.get("evidence") or {}), diff("divergence"), d.get("replay"),
+                   d.get("reference"), diff("classic"), diff("baseline"), diff("cold"), d.get("tie"),
+                   d.get("reproduction"))
 
 
 @dataclass
@@ -144,23 +173,40 @@ class PairingResult:
     arms: list[ArmResult] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
     width_mode: WidthMode = WidthMode.PROCESS
+    reference: dict[str, str] = field(default_factory=dict)
+    reference_cost: dict[str, Any] | None = None
+
+    def _reference_digest(self, request_ids: list[str]) -> str | None:
+        if not request_ids or any(rid not in self.reference for rid in request_ids):
+            return None
+        h = hashlib.sha256()
+        for rid in request_ids:
+            h.update(f"{rid}={self.reference[rid]};".encode())
+        return h.hexdigest()
 
     def groups(self) -> list[list[str]]:
-        """Arms grouped by digest (order of first appearance)."""
+        """Arms grouped by digest (order of first appearance); classic decode is a member of its own."""
         by: dict[str, list[str]] = {}
+        ref: str | None = None
         for a in self.arms:
             if a.requests and a.verdict != Verdict.ERROR and a.kind != ArmKind.DISTRIBUTION:
+                if ref is None:
+                    ref = self._reference_digest([r.id for r in a.requests])
+                    if ref is not None:
+                        by.setdefault(ref, []).append(CLASSIC)
                 by.setdefault(a.digest, []).append(a.name)
         return list(by.values())
 
     def request_groups(self) -> dict[str, list[list[str]]]:
-        """Per request id, the arms grouped by that request's completion sha256."""
+        """Per request id, the arms grouped by that request's completion sha256 (classic decode too)."""
         out: dict[str, dict[str, list[str]]] = {}
         for a in self.arms:
             if a.kind == ArmKind.DISTRIBUTION:
                 continue
             for r in a.requests:
                 if r.completion.ok:
+                    if r.id not in out and r.id in self.reference:
+                        out[r.id] = {self.reference[r.id]: [CLASSIC]}
                     out.setdefault(r.id, {}).setdefault(r.completion.sha256, []).append(a.name)
         return {k: list(v.values()) for k, v in out.items()}
 
@@ -171,19 +217,20 @@ class PairingResult:
         return {"name": self.name, "profile": self.profile, "target": self.target, "draft": self.draft,
                 "verdict": self.verdict, "reason": self.reason, "width_mode": self.width_mode,
                 "groups": self.groups(), "request_groups": self.request_groups(),
-                "findings": self.findings, "arms": [a.to_dict() for a in self.arms]}
+                "findings": self.findings, "reference": self.reference, "reference_cost": self.reference_cost,
+                "arms": [a.to_dict() for a in self.arms]}
 
 
 def format_groups(groups: list[list[str]]) -> str:
-    """``2 groups: {baseline x2, w2, w3} {w4, w8}``."""
+    """``2 groups: {classic decode, baseline x2, w2, w3} {w4, w8}``."""
     def one(g: list[str]) -> str:
-        names = []
+        names = [n for n in g if n == CLASSIC]
         base = [n for n in g if n.startswith("baseline")]
         if len(base) > 1:
             names.append(f"baseline x{len(base)}")
         else:
             names += base
-        names += [n for n in g if not n.startswith("baseline")]
+        names += [n for n in g if not n.startswith("baseline") and n != CLASSIC]
         return "{" + ", ".join(names) + "}"
     return f"{len(groups)} group{'s' if len(groups) != 1 else ''}: " + " ".join(one(g) for g in groups)
 
@@ -242,13 +289,21 @@ class ServedReport(ReportMixin):
                 for r in a.requests:
                     if r.verdict in _LISTED or (r.verdict == Verdict.NOT_ENGAGED and a.kind != ArmKind.BASELINE):
                         out.append(f"    {r.id} ({r.kind}): {r.verdict}: {r.reason}")
-                        if r.replay:
-                            out.append(f"      reproduce in process: {r.replay}")
+                        rep = r.reproduction or ({"command": r.replay} if r.replay else None)
+                        if rep and rep.get("command"):
+                            out.append(f"      reproduce in process: {rep['command']}")
+                        elif rep and rep.get("reason"):
+                            out.append(f"      not reproducible in process: {rep['reason']}")
             out.append(f"  {format_groups(p.groups())}")
             for rid, gs in p.request_groups().items():
                 if len(gs) > 1:
                     out.append(f"    request {rid}: {format_groups(gs)}")
             out += [f"  finding: {f}" for f in p.findings]
+            if p.reference_cost:
+                c = p.reference_cost
+                out.append(f"  classic reference: {c.get('computed')} distinct requests decoded in process"
+                           f" ({c.get('tokens')} tokens, {c.get('seconds', 0.0):.2f} s, model load"
+                           f" {c.get('load_seconds', 0.0):.2f} s), {c.get('hits')} answered from its cache")
             out.append(f"  pairing verdict: {p.verdict}" + (f" ({p.reason})" if p.reason else ""))
         return out
 

@@ -31,16 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import UsageError
+from specparity.errors import SpecparityError, UsageError
 from specparity.harness import evidence as evidence_mod
 from specparity.harness.client import Completion, Request, send
 from specparity.harness.config import Job, Pairing
 from specparity.harness.evidence import Evidence
-from specparity.harness.judge import judge_arm, judge_pairing, judge_request
+from specparity.harness.judge import Classic, classic_answer, judge_arm, judge_pairing, judge_request
 from specparity.harness.lifecycle import HOST, Server, ServerStartError, scratch_dir
-from specparity.harness.plan import BASELINE_START, ArmPlan, WidthMode, build_sequence, plan_arms
+from specparity.harness.oracle import Oracle
+from specparity.harness.plan import BASELINE_START, ArmKind, ArmPlan, WidthMode, build_sequence, plan_arms
 from specparity.harness.profiles import NOT_EXERCISED, Profile, load_profile
-from specparity.harness.results import ArmResult, PairingResult, ServedReport
+from specparity.harness.reproduce import Sent, ServerHistory, reproduce
+from specparity.harness.results import ArmResult, PairingResult, RequestResult, ServedReport
 from specparity.harness.shard import Shard, split
 from specparity.harness.witness import WITNESS_ENV, wrap_checkpoint
 from specparity.progress import NULL, Observer
@@ -60,6 +62,7 @@ class Session:
     generation: seconds spent generating on it when requests go in batches.
     start_counted: its start-up time has been charged to an arm (a shared server's, once).
     server_dir: a folder the record keeps for this server (an engine's own diagnostics).
+    history: every request the server received, in order (reproductions replay it).
     """
 
     server: Server
@@ -68,6 +71,7 @@ class Session:
     generation: float = 0.0
     start_counted: bool = False
     server_dir: Path = Path()
+    history: ServerHistory = field(default_factory=lambda: ServerHistory([]))
 
 
 @dataclass
@@ -77,6 +81,19 @@ class Exchange:
     request: Request
     completion: Completion
     evidence: Evidence = field(default_factory=Evidence)
+
+
+def _dtype(checkpoint: str) -> str:
+    """The dtype a checkpoint computes in, as its config says (float32 when it does not)."""
+    import json
+
+    try:
+        cfg = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    if cfg.get("quantization"):
+        return "quantized"
+    return str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
 
 
 def _version(profile: Profile, target: str, python: str, env: dict[str, str] | None) -> str | None:
@@ -106,6 +123,7 @@ class ServedRun:
         self.shard = shard
         # absolute: servers run with cwd=workdir, so a relative --record-dir would name nothing there
         # without a record, a scratch folder removed at exit (Ctrl-C and SIGTERM included)
+        self.keeps_files = workdir is not None
         self.workdir = Path(workdir).resolve() if workdir else scratch_dir("specparity-served-")
         self.on_arm = on_arm or (lambda p, a: None)
         self.observer = observer
@@ -188,6 +206,11 @@ class PairingRun:
         self.python = sys.executable
         self.server_env: dict[str, str | None] = {}
         self.env_identity: dict[str, Any] | None = None
+        self._oracle: Oracle | None = None
+        self.reference: dict[str, str] = {}  # request id -> classic decode's text sha256
+        self._prompt_ids: dict[str, list[int]] = {}
+        self.findings: list[str] = []
+        self.dtype = _dtype(pairing.target)
 
     # -- the pairing ---------------------------------------------------------------------------
     def prepare(self) -> str | None:
@@ -260,6 +283,14 @@ class PairingRun:
         finally:
             for s in self.sessions.values():
                 s.server.stop()
+            if self._oracle is not None:
+                cost = self._oracle.cost()
+                res.reference_cost = cost.to_dict() if cost is not None else None
+                if self._oracle.failed:
+                    self.note_once(self._oracle.failed)
+                self._oracle.close()
+        res.reference = dict(self.reference)
+        res.findings += self.findings
         judge_pairing(res)
         return res
 
@@ -288,7 +319,7 @@ class PairingRun:
                                 "log": str(srv.log_path), "witness": str(witness), "profile": profile.name}
         if self.env_identity is not None:
             info["environment"] = self.env_identity["name"]
-        return Session(srv, witness, info, server_dir=server_dir)
+        return Session(srv, witness, info, server_dir=server_dir, history=ServerHistory([str(a) for a in argv]))
 
     def start(self, session: Session) -> None:
         """Start the session's server and wait until ready; raises ServerStartError (with the log
@@ -354,6 +385,75 @@ class PairingRun:
                     out.append(Exchange(r, c, ev))
         return out
 
+    # -- judging against classic decode -----------------------------------------------------------
+    def oracle(self, session: Session) -> Oracle | None:
+        """The classic reference for this pairing (started on first use; None when the job asks for none)."""
+        if not self.job.reference:
+            return None
+        if self._oracle is None:
+            from specparity.harness.reference import ServerSettings
+
+            target, trust = self.replay_model
+            self.run_.note("  starting the classic reference (classic decode in process)")
+            self._oracle = Oracle(target, trust, self.python, self.server_env,
+                                  ServerSettings.from_argv([str(a) for a in session.history.argv]),
+                                  timeout=max(self.run_.request_timeout, 60.0))
+        return self._oracle
+
+    def classic(self, session: Session, ex: Exchange, fields: dict[str, Any]) -> Classic | None:
+        """Classic decode's answer to this exchange's request under its server's settings."""
+        oracle = self.oracle(session)
+        if oracle is None or not ex.completion.ok:
+            return None
+        from specparity.harness.reference import ServerSettings
+
+        settings = ServerSettings.from_argv([str(a) for a in session.history.argv])
+        usage = ex.completion.usage or {}
+        tokens = usage.get("prompt_tokens")
+        answer = oracle.complete(ex.request.endpoint, {**ex.request.body, **fields}, settings,
+                                 server_prompt_tokens=tokens if isinstance(tokens, int) else None)
+        found = classic_answer(answer.completion, answer.error)
+        if found.side is not None:
+            self.reference[ex.request.id] = found.sha256
+            self._prompt_ids[ex.request.id] = list(answer.completion.prompt_ids) if answer.completion else []
+        return found
+
+    def judge_exchanges(self, arm: ArmResult, plan: ArmPlan, session: Session, exchanges: list[Exchange],
+                        baseline: dict[str, Completion], first: int) -> None:
+        """Judge each exchange against classic decode, baseline-start and its own first answer."""
+        target, trust = self.replay_model
+        fields = self.request_fields(plan)
+        own = {ex.request.id: ex.completion for ex in exchanges}
+        for i, ex in enumerate(exchanges):
+            classic = self.classic(session, ex, fields)
+            cold = own.get(ex.request.repeats) if ex.request.repeats else None
+            r = judge_request(plan, ex.request, ex.completion, ex.evidence, baseline.get(ex.request.id),
+                              target, trust, classic, cold, exact=self.profile.arithmetic == "mlx",
+                              dtype=self.dtype)
+            if r.verdict == Verdict.DIVERGED and r.classic is not None and r.reproduction is None:
+                r.reproduction = self.reproduction(session, first + i, plan, r, ex)
+                r.replay = r.reproduction.get("command")
+            if r.reference and r.reference.get("prompt_equal") is False:
+                self.note_once(f"request {r.id}: {r.reference.get('prompt_check')}")
+            arm.requests.append(r)
+
+    def reproduction(self, session: Session, index: int, plan: ArmPlan, r: RequestResult,
+                     ex: Exchange) -> dict[str, Any]:
+        target, trust = self.replay_model
+        draft = self.pairing.target if plan.kind == ArmKind.SELF_DRAFT else self.pairing.draft
+        folder = self.work / "sequences" if self.run_.keeps_files else None
+        try:
+            return reproduce(session.history, index, plan, model=target, draft=draft, trust_remote_code=trust,
+                             engine=self.profile.name, engine_version=session.info.get("version"),
+                             token_index=r.classic.token_index if r.classic else None,
+                             prompt_ids=self._prompt_ids.get(r.id), accepts=ex.evidence.accepts, folder=folder)
+        except SpecparityError as err:
+            return {"command": None, "reason": f"could not write the reproduction ({err})"}
+
+    def note_once(self, finding: str) -> None:
+        if finding not in self.findings:
+            self.findings.append(finding)
+
     # -- one arm -------------------------------------------------------------------------------
     def run_arm(self, plan: ArmPlan, baseline: dict[str, Completion], keep: bool) -> ArmResult:
         """Start (or reuse) the arm's server, send its sequence, judge each answer."""
@@ -395,10 +495,9 @@ class PairingRun:
                         self.history[req.id] = exchanges[-1].completion.text
                         requests = build_sequence(self.job, self.endpoint, self.history)
                     i += 1
-        target, trust = self.replay_model
-        for ex in exchanges:
-            arm.requests.append(judge_request(plan, ex.request, ex.completion, ex.evidence,
-                                              baseline.get(ex.request.id), target, trust))
+        first = len(session.history.sent)
+        session.history.sent += [Sent(ex.request, fields, ex.completion) for ex in exchanges]
+        self.judge_exchanges(arm, plan, session, exchanges, baseline, first)
         arm.generation_seconds = (session.generation if plan.concurrency
                                   else sum(ex.completion.seconds for ex in exchanges))
         judge_arm(arm, plan)

@@ -105,7 +105,9 @@ def merge_shards(shards: list[ServedRecord]) -> tuple[ServedReport, ArmLines]:
             continue
         meta = runners[0].pairing_summary(pname) or {}
         res = PairingResult(pname, meta["profile"], meta["target"], meta.get("draft"),
-                            width_mode=WidthMode(meta.get("width_mode") or WidthMode.PROCESS))
+                            width_mode=WidthMode(meta.get("width_mode") or WidthMode.PROCESS),
+                            reference={k: v for s in runners for k, v in ((s.pairing_summary(pname) or {})
+                                                                          .get("reference") or {}).items()})
         base_digests: dict[str, dict[str, int]] = {}
         for arm_name in order:
             owners = [s for s in runners if arm_name in s.shard["arms"][pname]]
@@ -117,6 +119,9 @@ def merge_shards(shards: list[ServedRecord]) -> tuple[ServedReport, ArmLines]:
             s, line = found[0]
             res.arms.append(s.arm_result(pname, line))
             lines.append((pname, line, s.requests(pname, arm_name)))
+        costs = [c for c in ((s.pairing_summary(pname) or {}).get("reference_cost") for s in runners) if c]
+        if costs:  # every shard ran its own classic reference: the merged record says what all of them cost
+            res.reference_cost = {k: sum(c.get(k) or 0 for c in costs) for k in costs[0]}
         judge_pairing(res)
         split = {arm: d for arm, d in base_digests.items() if len(d) > 1}
         if split:

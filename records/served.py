@@ -177,7 +177,8 @@ class ServedRecord:
         for p in self.summary.get("pairings") or []:
             res = PairingResult(p["name"], p["profile"], p["target"], p.get("draft"), Verdict(p["verdict"]),
                                 str(p.get("reason") or ""), findings=list(p.get("findings") or []),
-                                width_mode=WidthMode(p.get("width_mode") or WidthMode.PROCESS))
+                                width_mode=WidthMode(p.get("width_mode") or WidthMode.PROCESS),
+                                reference=dict(p.get("reference") or {}), reference_cost=p.get("reference_cost"))
             res.arms = [self.arm_result(res.name, a) for a in p.get("arms") or []]
             rep.pairings.append(res)
         return rep

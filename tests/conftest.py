@@ -80,3 +80,26 @@ def assert_report(rep) -> dict:
     lines = rep.lines()
     assert lines and all(isinstance(s, str) and "\n" not in s for s in lines)
     return d
+
+
+def run_reproduction(cli_bin: str, command: str, cwd: str | None = None) -> tuple[int, int | None, str]:
+    """Run a printed ``specparity replay ...`` reproduction; (exit code, first differing token index, output).
+
+    The index is where the replay's answer first leaves classic decode: a sequence replay's
+    ``first`` request's token, a single request's first mismatch.
+    """
+    import json
+    import shlex
+
+    argv = shlex.split(command)
+    assert argv[:2] == ["specparity", "replay"], command
+    r = run_cli(cli_bin, *argv[1:], "--json", cwd=cwd)
+    try:
+        out = json.loads(r.stdout)
+    except ValueError:
+        return r.returncode, None, r.stdout + r.stderr
+    if out.get("first") is not None:
+        return r.returncode, int(out["first"][1]), r.stdout
+    reqs = out.get("requests") or []
+    index = reqs[0].get("served_first_mismatch") if reqs else None
+    return r.returncode, index, r.stdout

@@ -29,7 +29,8 @@ JOB = {"widths": [2, 4], "max_tokens": 24, "sequence": ["fresh", "multi-turn"], 
                    "The cache holds keys and values for every position.",
                    "def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog."]}
 # process details and timings: everything else of a merged record must equal the unsharded one
-VOLATILE = {"seconds", "wall_seconds", "server_seconds", "generation_seconds", "server", "raw"}
+VOLATILE = {"seconds", "wall_seconds", "server_seconds", "generation_seconds", "server", "raw",
+            "reference_cost"}  # what the classic reference cost: each shard computes its own baselines' answers
 
 
 def _served(cli_bin, tmp: Path, pair, out: str, *extra: str) -> Path:
@@ -106,7 +107,7 @@ def test_shards_merged_equal_the_unsharded_record_apart_from_timings(served_reco
     assert (m_rec.verdict, m_rec.exit_code, m_rec.title) == (f_rec.verdict, f_rec.exit_code, f_rec.title)
     # verdicts, sha256 groups, findings, texts, evidence: the whole summary and every JSONL line, in order
     assert _strip(m_rec.summary) == _strip(f_rec.summary)
-    assert m_rec.summary["pairings"][0]["groups"] == [["baseline-start", "w2", "w4", "baseline-end"]]
+    assert m_rec.summary["pairings"][0]["groups"] == [["classic decode", "baseline-start", "w2", "w4", "baseline-end"]]
     assert list(m_rows) == list(f_rows) and _strip(m_rows) == _strip(f_rows)
     assert m_rows["cli-w4"][1]["id"] == "chat-1" and m_rows["cli-w4"][2]["text"]
     assert [s["index"] for s in m_id["shards"]] == [1, 2]
@@ -221,8 +222,9 @@ def test_show_prints_arms_by_requests_and_groups_and_the_chart_marks_the_first_d
     row = {ln.split()[0]: ln.split()[1:] for ln in out[head + 1:head + 5]}
     assert row["w2"] == ["2", "match", "match", "match", "match"]
     assert row["w4"][0] == "4" and row["w4"][1] == "diverged" and row["w4"][-1] == "diverged"
-    assert any(ln.strip().startswith("sha256 2 groups: {baseline x2, w2} {w4}") for ln in out)
-    assert any(ln.strip().startswith("w4 p0: diverged: first difference at token") for ln in out)
+    assert any(ln.strip().startswith("sha256 2 groups: {classic decode, baseline x2, w2} {w4}") for ln in out)
+    assert any(ln.strip().startswith("w4 p0: diverged: differs from classic decode: first difference at token")
+               for ln in out)
     rec, _, rows = read_record(_only(fault))
     svg = ET.parse(Path(rec.path).parent / "data" / rec.name / "chart-cli.svg").getroot()
     titles = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}title")]  # an empty one is None

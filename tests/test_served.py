@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import build, run_cli
+from conftest import build, run_cli, run_reproduction
 from specparity.harness.config import Job, Pairing
 from specparity.harness.lifecycle import group_alive
 from specparity.harness.run import ServedRun
@@ -51,11 +51,12 @@ def test_clean_pair_matches_one_group_witnessed_concurrency_matches_and_a_dead_s
     assert a["w4"].verdict == "error" and "exited with code 2" in a["w4"].reason
     assert "--no-such-flag" in a["w4"].server["log_tail"]
     assert seen == ["baseline-start", "w2", "w4", "concurrent", "baseline-end"]
-    assert report.pairings[0].groups() == [["baseline-start", "w2", "concurrent", "baseline-end"]]
+    # one group, classic decode computed in process its member too
+    assert report.pairings[0].groups() == [["classic decode", "baseline-start", "w2", "concurrent", "baseline-end"]]
     assert report.verdict == "error" and report.exit_code == 4
 
 
-def test_rows_fault_diverges_exactly_at_and_above_its_threshold(fixture_root, tmp_path):
+def test_rows_fault_diverges_exactly_at_and_above_its_threshold(fixture_root, tmp_path, cli_bin):
     pair = build(fixture_root, "llama-rows4-served", arch="llama",
                  faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}])
     report = ServedRun(job(pair, widths=[3, 4, 5], max_tokens=24), workdir=tmp_path).run()
@@ -67,7 +68,10 @@ def test_rows_fault_diverges_exactly_at_and_above_its_threshold(fixture_root, tm
     r = a["w4"].requests[0]
     assert r.divergence is not None and r.divergence.token_index is not None
     assert r.divergence.margin_reference is not None  # logprobs came back: the top-2 margin is reported
-    assert r.replay and r.replay.startswith("specparity replay --model ") and "--width 4" in r.replay
+    # the first request of a fresh server: mlx-lm's own speculative path rerun in process at that width
+    assert r.replay and r.replay.startswith("specparity replay --model ") and "--num-draft-tokens 3" in r.replay
+    code, index, out = run_reproduction(cli_bin, r.replay)
+    assert code == 1 and index == r.divergence.token_index, out
     assert report.exit_code == 1
     text = "\n".join(report.lines())
     assert "w4" in text and "first difference at token" in text and "reproduce in process" in text

@@ -49,6 +49,8 @@ FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profi
               help="Draws per distribution arm (default 600; implies the distribution arms).")
 @click.option("--dist-prefix", type=click.IntRange(min=1, max=4), default=None,
               help="Tokens per draw: the histogram is over the emitted k-prefix (default 1).")
+@click.option("--no-reference", "no_reference", is_flag=True,
+              help="Judge against the drafter-less server only, not against classic decode computed in process.")
 @json_option
 @record_option
 def served(config_path: str | None, model: str | None, draft_model: str | None, profile: str | None,
@@ -56,7 +58,7 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
            max_tokens: int | None,
            concurrency: int | None, repeats: int | None, start_timeout: float | None,
            request_timeout: float | None, shard_spec: str | None, temperature: float | None,
-           dist_requests: int | None, dist_prefix: int | None, quiet: bool, as_json: bool,
+           dist_requests: int | None, dist_prefix: int | None, no_reference: bool, quiet: bool, as_json: bool,
            record_dir: str | None) -> int:
     """Spawn servers with and without a drafter across widths and compare completions by sha256.
 
@@ -105,7 +107,7 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
         widths=parse_int_list(widths, "--widths", minimum=2) if widths is not None else None,
         width_mode=width_mode, max_tokens=max_tokens, concurrency=concurrency, repeats=repeats,
         start_timeout=start_timeout, request_timeout=request_timeout, temperature=temperature,
-        dist_requests=dist_requests, dist_prefix=dist_prefix)
+        dist_requests=dist_requests, dist_prefix=dist_prefix, reference=False if no_reference else None)
     try:
         job = apply_overrides(load_job(config_path) if config_path else None, overrides)
     except OverrideError as err:

@@ -1,0 +1,165 @@
+"""The oracle: classic decode computed in process, reached from the harness.
+
+Every served completion is judged against what the engine's classic path
+computes for the same request on the same weights (harness.reference). The
+reference runs in a worker process started with the interpreter the pairing's
+servers run in (``python -m specparity.harness.reference``), so a server in a
+pinned environment (mlx-lm 0.31.3, dflash-mlx) is judged by that environment's
+mlx-lm, and the harness itself never imports mlx. The worker loads the
+checkpoint once and answers each distinct request once (its cache); it exits
+when the harness closes its input or dies.
+
+    oracle = Oracle(checkpoint, trust_remote_code, python, env)
+    answer = oracle.complete("completions", body, settings, server_prompt_tokens=17)
+    answer.completion   # a ReferenceCompletion, or None with answer.error
+    oracle.cost(); oracle.close()
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from specparity.harness.reference import ReferenceCompletion, ReferenceStats, ServerSettings
+
+log = logging.getLogger(__name__)
+
+LOAD_TIMEOUT = 300.0
+
+
+@dataclass
+class Answer:
+    """The oracle's answer to one request: the completion, or why there is none."""
+
+    completion: ReferenceCompletion | None = None
+    error: str | None = None
+
+
+class Oracle:
+    """A classic-reference worker for one checkpoint (see the module docstring).
+
+    checkpoint: the original checkpoint the servers load (not a witness wrapper or a GGUF).
+    python / env: the interpreter and the environment variables the servers run with.
+    settings: the server flags the worker loads its tokenizer with (chat template).
+    timeout: seconds one answer may take.
+    """
+
+    def __init__(self, checkpoint: str, trust_remote_code: bool, python: str, env: dict[str, str | None] | None = None,
+                 settings: ServerSettings | None = None, timeout: float = 600.0):
+        self.checkpoint = checkpoint
+        self.trust_remote_code = trust_remote_code
+        self.python = python
+        self.env = env or {}
+        self.settings = settings or ServerSettings()
+        self.timeout = timeout
+        self.proc: subprocess.Popen[str] | None = None
+        self.failed: str | None = None
+        self.load_seconds: float | None = None
+        self._sel: selectors.BaseSelector | None = None
+
+    def _start(self) -> None:
+        argv = [self.python, "-P", "-m", "specparity.harness.reference", self.checkpoint,
+                "--settings", json.dumps(self.settings.to_dict())]
+        if self.trust_remote_code:
+            argv.append("--trust-remote-code")
+        env = dict(os.environ)
+        for k, v in self.env.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True, env=env, cwd=tempfile.gettempdir())
+        except OSError as err:
+            self.failed = f"the classic reference could not start ({err})"
+            return
+        self._sel = selectors.DefaultSelector()
+        assert self.proc.stdout is not None
+        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
+        hello = self._read(LOAD_TIMEOUT)
+        if hello is None or not hello.get("ready"):
+            why = (hello or {}).get("error") or "it exited or did not answer while loading"
+            self.failed = f"the classic reference could not load {self.checkpoint}: {why}"
+            self.close()
+            return
+        self.load_seconds = float(hello.get("load_seconds") or 0.0)
+
+    def _read(self, timeout: float) -> dict[str, Any] | None:
+        """The worker's next JSON line (lines that are not JSON objects are skipped); None: it ended or timed out."""
+        assert self.proc is not None and self.proc.stdout is not None and self._sel is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sel.select(left):
+                return None
+            line = self.proc.stdout.readline()
+            if not line:
+                return None
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        if self.proc is None and self.failed is None:
+            self._start()
+        if self.failed is not None or self.proc is None or self.proc.stdin is None:
+            return None
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            self.failed = "the classic reference process exited"
+            return None
+        reply = self._read(self.timeout)
+        if reply is None:
+            self.failed = f"the classic reference gave no answer within {self.timeout:g} s, or exited"
+            self.close()
+        return reply
+
+    def complete(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,
+                 server_prompt_tokens: int | None = None) -> Answer:
+        """Classic decode's answer to ``body`` (on ``endpoint``, under the server's ``settings``)."""
+        req: dict[str, Any] = {"endpoint": endpoint, "body": body, "server_prompt_tokens": server_prompt_tokens}
+        if settings is not None:
+            req["settings"] = settings.to_dict()
+        reply = self._ask(req)
+        if reply is None:
+            return Answer(error=self.failed or "the classic reference is unavailable")
+        if not reply.get("ok"):
+            return Answer(error=f"the classic reference refused this request: {reply.get('error')}")
+        return Answer(ReferenceCompletion.from_dict(reply["completion"]))
+
+    def cost(self) -> ReferenceStats | None:
+        """What the reference cost so far (None when it never ran)."""
+        if self.proc is None:
+            return None
+        reply = self._ask({"cost": True})
+        if reply is None or not reply.get("ok"):
+            return None
+        return ReferenceStats(**reply["cost"])
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait(10)
+        if self._sel is not None:
+            self._sel.close()
+            self._sel = None
