@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import build, run_cli
+from conftest import ROWS4, build, run_cli
 from specparity.checkpoint import load_checkpoint
 from specparity.decode import CacheOptions, Decoder
 from specparity.identity import device
@@ -82,7 +82,7 @@ def test_bf16_rows_fault_still_divergent_and_clean_bf16_equal(fixture_root):
     assert report.verdict == "equal"
     faulty = _model(build(fixture_root, "llama-bfloat16-rows4", arch="llama", dtype="bfloat16",
                           with_draft=False,
-                          faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}]), True)
+                          faults=[ROWS4]), True)
     report = probe_block_vs_chain(faulty, [2, 4], [0, 8], [TIE_PROMPT])
     assert [c.verdict for c in report.cells] == ["equal", "divergent", "equal", "divergent"]
 

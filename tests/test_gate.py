@@ -39,9 +39,8 @@ def test_key_changes_with_width_env_and_cache_options(fixture_root, monkeypatch)
     assert gate_key(info.target, 4, env_prefixes=("NOT_MLX_",))[0] == k4  # the list is configurable
 
 
-def test_divergent_declines_and_allow_inexact_forfeits(fixture_root, monkeypatch, caplog):
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
+def test_divergent_declines_and_allow_inexact_forfeits(rows4_pair, monkeypatch, caplog):
+    info = rows4_pair
     d = gate_check(info.target, 4, trust_remote_code=True, depths=(0,), walk=0)
     assert not d.allow and d.verdict == "divergent" and not d.forfeit
     assert d.line.startswith("specparity-gate: DECLINE width=4")
@@ -92,10 +91,8 @@ def test_corrupt_store_is_reported_and_rebuilt(fixture_root, caplog):
     assert json.loads(path.read_text())["entries"]
 
 
-def test_cli_gate_exit_codes_and_lines(cli_bin, fixture_root, isolated_home):
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
-    clean = build(fixture_root, "llama-float32", arch="llama")
+def test_cli_gate_exit_codes_and_lines(cli_bin, rows4_pair, llama_pair, isolated_home):
+    info, clean = rows4_pair, llama_pair
     env = {"SPECPARITY_HOME": str(isolated_home)}
     # (the rows4 fixture no longer allows width 2: the gate runs prefill parity, whose
     # 16-row one-shot prefill runs the faulty kernel)

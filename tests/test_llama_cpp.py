@@ -2,9 +2,10 @@
 
 llama-server is built from the llama.cpp that the pinned llama-cpp-python
 source distribution vendors (scripts/build-llama-server), once per machine,
-into a cache outside the repository: the first run on a fresh machine builds
-it (about 15 minutes on 2 cores), later runs find it at once. The tests skip
-only where no C++ toolchain exists.
+into a cache outside the repository. No test builds it: ``.ci/run`` runs the
+script before pytest; without the binary the tests that need it skip ("run
+scripts/build-llama-server"), and fail where ``CI`` is set (conftest's
+``llama_server_bin``).
 
 What they prove, on real server processes on 127.0.0.1:
 - greedy llama-server (temperature 0, top_k 1) emits exactly the tokens and
@@ -36,27 +37,6 @@ TEXT_PROMPTS = [
 ]
 N_PREDICT = 48
 WIDTHS = (4, 8)  # verify rows: --spec-draft-n-max 3 and 7
-
-
-@pytest.fixture(scope="module")
-def llama_server_bin(tmp_path_factory) -> str:
-    """The llama-server binary: found, else built now (slow once per machine), else a skip."""
-    from specparity.harness.llama import ensure_llama_server, find_llama_server, missing_toolchain
-
-    from specparity.errors import InfrastructureError
-
-    found = find_llama_server()
-    if found:
-        return found
-    why = missing_toolchain()
-    if why:
-        pytest.skip(f"llama-server is not built and cannot be built here: {why}")
-    log = tmp_path_factory.mktemp("llama-build") / "build.log"
-    try:
-        return ensure_llama_server(log_path=log)
-    except InfrastructureError as err:
-        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-        pytest.fail(f"{err}\n{tail}")
 
 
 @pytest.fixture(scope="module")

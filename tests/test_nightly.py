@@ -4,7 +4,7 @@ The loop a CI schedule runs: the same job twice on a clean pair (exit 0,
 JUnit all passed), then a fault fixture swapped in (a rows fault at 4+
 verify rows, scale 1.5, so a greedy token flips): exit 1 and a JUnit
 failure naming the width and the first differing token. Once on llama.cpp's
-llama-server too (skipped only where it cannot be built).
+llama-server too (conftest's llama_server_bin: skipped locally when not built, failed in CI).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import build
 from junitparser import Error, Failure, JUnitXml, Skipped
 from specparity.harness.profiles import NOT_EXERCISED, load_profile
 from specparity.records.junit import junit_xml
@@ -60,7 +59,7 @@ def _has_compare(cli_bin: str) -> bool:
 
 
 def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
-        llama_pair, fixture_root, tmp_path, cli_bin):
+        llama_pair, scaled_rows4_pair, tmp_path, cli_bin):
     out = tmp_path / "records"
     clean = _config(tmp_path, "clean", llama_pair)
     records = []
@@ -78,8 +77,7 @@ def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
     assert records[0] != records[1]  # never overwritten: night 2 is its own record
     assert len(list(out.glob("*.md"))) == 2
 
-    fault = build(fixture_root, "llama-rows4-nightly", arch="llama",
-                  faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}])
+    fault = scaled_rows4_pair
     junit = tmp_path / "night3.xml"
     args = [str(_config(tmp_path, "fault", fault)), "--out", str(out), "--junit", str(junit), "--quiet"]
     if _has_compare(cli_bin):
@@ -117,11 +115,7 @@ def test_nightly_bad_input_is_one_line_and_exit_2(cli_bin, tmp_path, llama_pair)
         assert run.returncode == 2 and "no 'records compare'" in run.stderr
 
 
-def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_pair, tmp_path, cli_bin):
-    from specparity.harness.llama import find_llama_server, missing_toolchain
-
-    if find_llama_server() is None:
-        pytest.skip(f"llama-server not built: {missing_toolchain() or 'run scripts/build-llama-server'}")
+def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_server_bin, llama_pair, tmp_path, cli_bin):
     out = tmp_path / "records"
     junit = tmp_path / "llama.xml"
     run = nightly(cli_bin, str(_config(tmp_path, "llama", llama_pair, profile="llama.cpp")), "--out", str(out),

@@ -33,9 +33,8 @@ def test_clean_fixtures_equal_at_depth_zero(fixture_root, arch):
     assert report.exit_code == 0
 
 
-def test_rows_fault_divergent_exactly_at_widths_past_its_threshold(fixture_root):
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
+def test_rows_fault_divergent_exactly_at_widths_past_its_threshold(rows4_pair):
+    info = rows4_pair
     report = probe_block_vs_chain(_load(info, True), [2, 3, 4, 8, 16], [0, 8], PROMPTS)
     for c in report.cells:
         if c.width < 4:
@@ -151,9 +150,8 @@ def test_measured_verdicts_every_arch_and_dtype(fixture_root, arch, dtype):
         assert verdicts == {"equal"}, [c for c in report.cells if c.verdict != "equal"][:1]
 
 
-def test_cli_probe_json_and_record(cli_bin, fixture_root, tmp_path):
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
+def test_cli_probe_json_and_record(cli_bin, rows4_pair, tmp_path):
+    info = rows4_pair
     rec = tmp_path / "records"
     out = run_cli(cli_bin, "probe", "--model", info.target, "--trust-remote-code",
                   "--widths", "2,4", "--depths", "0", "--walk", "8", "--json",

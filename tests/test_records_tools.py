@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import build, run_cli
+from conftest import run_cli
 from specparity.harness.shard import Shard, parse_shard, split
 from specparity.records.compare import compare_records
 from specparity.records.record import RecordSink, read_record
@@ -44,12 +44,10 @@ def _served(cli_bin, tmp: Path, pair, out: str, *extra: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served_records(tmp_path_factory, fixture_root, cli_bin):
+def served_records(tmp_path_factory, llama_pair, scaled_rows4_pair, cli_bin):
     """Records of the clean job unsharded, as two shards, and of the fault pair."""
     tmp = tmp_path_factory.mktemp("records-tools")
-    clean = build(fixture_root, "llama-float32", arch="llama")
-    fault = build(fixture_root, "llama-rows4-served", arch="llama",
-                  faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}])
+    clean, fault = llama_pair, scaled_rows4_pair
     full = _served(cli_bin, tmp, clean, "full")
     s1 = _served(cli_bin, tmp, clean, "s1", "--shard", "1/2")
     s2 = _served(cli_bin, tmp, clean, "s2", "--shard", "2/2")

@@ -55,9 +55,8 @@ def test_clean_pair_matches_one_group_witnessed_concurrency_matches_and_a_dead_s
     assert report.verdict == "error" and report.exit_code == 4
 
 
-def test_rows_fault_diverges_exactly_at_and_above_its_threshold(fixture_root, tmp_path):
-    pair = build(fixture_root, "llama-rows4-served", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}])
+def test_rows_fault_diverges_exactly_at_and_above_its_threshold(scaled_rows4_pair, tmp_path):
+    pair = scaled_rows4_pair
     report = ServedRun(job(pair, widths=[3, 4, 5], max_tokens=24), workdir=tmp_path).run()
     a = arms(report)
     assert [a[f"w{w}"].verdict for w in (3, 4, 5)] == ["match", "diverged", "diverged"]
