@@ -14,6 +14,19 @@ if TYPE_CHECKING:
     from specparity.fixtures import FixtureInfo
 
 
+# A test using one of these fixtures needs what the marker says (pyproject.toml, README): checked
+# at collection, so `-m "not model"` / `-m "not build"` never runs a test that needs one.
+FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [f"{item.nodeid} uses {fixture}: mark it {marker}"
+                for item in items for fixture, marker in FIXTURE_MARKERS.items()
+                if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None]
+    if unmarked:
+        raise pytest.UsageError("tests without the marker their fixtures need:\n" + "\n".join(unmarked))
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
     """Every test gets its own SPECPARITY_HOME (gate store, digests), never the user's."""

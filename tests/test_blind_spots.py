@@ -36,6 +36,7 @@ def _raw_argmax_chain(model, prompt, n):
 
 # -- item 1: the classic reference is mlx-lm's own greedy decode ----------------------------
 
+@pytest.mark.model
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_reference_follows_classic_ties_no_false_alarm_and_real_divergence_caught(fixture_root, dtype):
     from mlx_lm.generate import generate_step
@@ -72,6 +73,7 @@ def test_reference_follows_classic_ties_no_false_alarm_and_real_divergence_caugh
     assert "a near-tie flip: the served token is classic's runner-up" in "\n".join(report.lines())
 
 
+@pytest.mark.model
 @cpu_only
 def test_bf16_rows_fault_still_divergent_and_clean_bf16_equal(fixture_root):
     from specparity.probes.forward.blockchain import probe_block_vs_chain
@@ -89,6 +91,7 @@ def test_bf16_rows_fault_still_divergent_and_clean_bf16_equal(fixture_root):
 
 # -- item 2: captures are frozen; layer labels from each block ------------------------------
 
+@pytest.mark.model
 @cpu_only
 def test_bisect_under_quantized_kv_names_o_proj_not_rope(fixture_root):
     from specparity.bisect.run import bisect_model
@@ -108,6 +111,7 @@ def test_bisect_under_quantized_kv_names_o_proj_not_rope(fixture_root):
     assert report.verdict == "equal"
 
 
+@pytest.mark.model
 def test_layer_kinds_come_from_each_block_of_a_hybrid():
     import mlx.core as mx
     from mlx_lm.models import nemotron_h
@@ -132,6 +136,7 @@ def test_layer_kinds_come_from_each_block_of_a_hybrid():
 
 # -- item 3: blocks aimed at every cache boundary -------------------------------------------
 
+@pytest.mark.model
 @cpu_only
 def test_quantized_kv_start_missed_by_plain_cells_caught_by_aimed_ones(fixture_root):
     from specparity.probes.forward.blockchain import probe_block_vs_chain
@@ -154,6 +159,7 @@ def test_quantized_kv_start_missed_by_plain_cells_caught_by_aimed_ones(fixture_r
     assert gate_check(info.target, 2, CacheOptions(), depths=(0,), walk=0).allow
 
 
+@pytest.mark.model
 def test_sliding_window_aimed_and_max_kv_size_stated_ignored(fixture_root):
     from specparity.probes.forward.blockchain import probe_block_vs_chain
     from specparity.probes.forward.boundaries import describe_cache, find_boundaries
@@ -176,6 +182,7 @@ def test_sliding_window_aimed_and_max_kv_size_stated_ignored(fixture_root):
 
 # -- item 4: reproducibility before blame ---------------------------------------------------
 
+@pytest.mark.model
 def test_not_reproducible_forward_is_inconclusive_in_probe_replay_bisect_and_gate(fixture_root, cli_bin):
     from specparity.bisect.run import run_bisect
     from specparity.probes.forward.blockchain import probe_block_vs_chain

@@ -43,6 +43,7 @@ def _exiting_checkpoint(info: FixtureInfo, tmp_path: Path, code: int) -> Path:
     return ck
 
 
+@pytest.mark.model
 def test_a_model_file_raising_systemexit_is_a_bug_not_a_verdict(cli_bin, rows4_pair, tmp_path):
     code = 0  # the worst case: it used to read as "all pass"
     ck = _exiting_checkpoint(rows4_pair, tmp_path, code)
@@ -62,6 +63,7 @@ def test_a_rule_raising_systemexit_is_a_bug(cli_bin, tmp_path):
 # ---------------------------------------------------------------- one line, the right flag
 
 
+@pytest.mark.model
 def test_loader_failures_are_one_line(cli_bin, llama_pair, tmp_path):
     ck = tmp_path / "missing-layers"
     shutil.copytree(llama_pair.target, ck)
@@ -77,6 +79,8 @@ def test_loader_failures_are_one_line(cli_bin, llama_pair, tmp_path):
     assert d.returncode == 4 and "model.layers.7" in d.stderr  # the detail, behind --debug
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_a_bad_draft_model_is_named_draft_model(cli_bin, llama_pair, tmp_path):
     r = run_cli(cli_bin, "replay", "--model", llama_pair.target, "--draft-model",
                 str(tmp_path / "nope"), "--max-tokens", "8")
@@ -86,6 +90,7 @@ def test_a_bad_draft_model_is_named_draft_model(cli_bin, llama_pair, tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("Error: --draft-model "), r.stderr
 
 
+@pytest.mark.model
 def test_the_gate_decision_line_is_printed_once(cli_bin, rows4_pair, isolated_home):
     r = run_cli(cli_bin, "gate", "check", "--model", rows4_pair.target, "--trust-remote-code",
                 "--width", "4", env={"SPECPARITY_HOME": str(isolated_home)})
@@ -109,6 +114,7 @@ def _auto_map_checkpoint(src: str, dst: Path, marker: Path, extra: str = "") -> 
     return dst
 
 
+@pytest.mark.model
 def test_tokenizer_code_never_runs_without_the_flag(cli_bin, llama_pair, tmp_path):
     marker = tmp_path / "ran"
     ck = _auto_map_checkpoint(llama_pair.target, tmp_path / "automap", marker)
@@ -122,6 +128,7 @@ def test_tokenizer_code_never_runs_without_the_flag(cli_bin, llama_pair, tmp_pat
     assert marker.exists()  # with consent it does run: the detector is not vacuous
 
 
+@pytest.mark.model
 def test_tokenizer_files_are_in_the_fingerprint(llama_pair, tmp_path):
     from specparity.checkpoint import fingerprint
 

@@ -12,6 +12,8 @@ from conftest import ROWS4, build, run_cli
 from specparity.checkpoint import fingerprint
 from specparity.fixtures import build_pair
 
+pytestmark = pytest.mark.model
+
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5", "gemma3_text", "qwen3_moe"])
 def test_each_arch_loads_offline_with_a_round_tripping_tokenizer(fixture_root, arch):

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import time
 
 
+import pytest
 from conftest import build, run_cli
 from specparity.probes.gate import GateStore, gate_check, gate_key, store_path
 
@@ -15,6 +16,7 @@ def _refuse(*_a, **_k):
     raise AssertionError("a store hit must not probe or load the model")
 
 
+@pytest.mark.model
 def test_miss_probes_the_real_model_then_hit_answers_from_the_store(fixture_root, caplog):
     info = build(fixture_root, "llama-float32", arch="llama")
     caplog.set_level("INFO", logger="specparity.gate")
@@ -26,6 +28,7 @@ def test_miss_probes_the_real_model_then_hit_answers_from_the_store(fixture_root
     assert any("specparity-gate: ALLOW" in r.message for r in caplog.records)
 
 
+@pytest.mark.model
 def test_key_changes_with_width_env_and_cache_options(fixture_root, monkeypatch):
     from specparity.decode import CacheOptions
 
@@ -39,6 +42,7 @@ def test_key_changes_with_width_env_and_cache_options(fixture_root, monkeypatch)
     assert gate_key(info.target, 4, env_prefixes=("NOT_MLX_",))[0] == k4  # the list is configurable
 
 
+@pytest.mark.model
 def test_divergent_declines_and_allow_inexact_forfeits(rows4_pair, monkeypatch, caplog):
     info = rows4_pair
     d = gate_check(info.target, 4, trust_remote_code=True, depths=(0,), walk=0)
@@ -52,6 +56,7 @@ def test_divergent_declines_and_allow_inexact_forfeits(rows4_pair, monkeypatch, 
     assert any(r.message.startswith("specparity-gate: FORFEIT width=4") for r in caplog.records)
 
 
+@pytest.mark.model
 def test_not_run_declines(fixture_root):
     info = build(fixture_root, "llama-float32", arch="llama")
     d = gate_check(info.target, 1, depths=(0,), walk=0)
@@ -78,6 +83,7 @@ def test_concurrent_writers_lose_nothing(isolated_home):
     assert all(f"key-{i}-{j}" in entries for i in range(8) for j in range(10))
 
 
+@pytest.mark.model
 def test_corrupt_store_is_reported_and_rebuilt(fixture_root, caplog):
     info = build(fixture_root, "llama-float32", arch="llama")
     path = store_path()
@@ -91,6 +97,7 @@ def test_corrupt_store_is_reported_and_rebuilt(fixture_root, caplog):
     assert json.loads(path.read_text())["entries"]
 
 
+@pytest.mark.model
 def test_cli_gate_exit_codes_and_lines(cli_bin, rows4_pair, llama_pair, isolated_home):
     info, clean = rows4_pair, llama_pair
     env = {"SPECPARITY_HOME": str(isolated_home)}

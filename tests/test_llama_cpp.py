@@ -90,6 +90,7 @@ def _complete(srv, prompt: list[int] | str) -> dict:
     return r.json()
 
 
+@pytest.mark.build
 def test_build_script_is_idempotent(llama_server_bin, repo_root):
     """Once built, the script exits at once with the cached binary's path (no rebuild)."""
     from specparity.harness.llama import cached_binary
@@ -106,6 +107,7 @@ def test_build_script_is_idempotent(llama_server_bin, repo_root):
     assert "LLAMA_OPENSSL=OFF" in info and "CMAKE_BUILD_TYPE=Release" in info
 
 
+@pytest.mark.build
 def test_help_names_the_speculative_flags(llama_server_bin):
     """The flags the harness passes are the ones this llama-server documents."""
     r = subprocess.run([llama_server_bin, "--help"], capture_output=True, text=True, timeout=60, check=False)
@@ -115,6 +117,9 @@ def test_help_names_the_speculative_flags(llama_server_bin):
         assert flag in text, flag
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
 def test_greedy_llama_server_equals_mlx_lm_and_drafting_keeps_it(llama_server_bin, gguf_pair, mlx_greedy,
                                                                   tmp_path):
     target, draft = gguf_pair
@@ -158,6 +163,9 @@ def test_greedy_llama_server_equals_mlx_lm_and_drafting_keeps_it(llama_server_bi
         idle.stop()
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
 def test_llama_server_tokenizes_like_the_fixture_tokenizer(llama_server_bin, gguf_pair, mlx_greedy, tmp_path):
     import httpx
 
@@ -237,6 +245,9 @@ def _served(pair, tmp_path, profile: str, **kw):
     return report, {a.name: a for a in report.pairings[0].arms}
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
 def test_served_job_runs_on_llama_cpp_with_draft_n_as_evidence(llama_server_bin, llama_pair, tmp_path,
                                                                 monkeypatch):
     """The served harness, unchanged but for the profile: every drafting arm matches, witnessed by draft_n."""
@@ -251,6 +262,9 @@ def test_served_job_runs_on_llama_cpp_with_draft_n_as_evidence(llama_server_bin,
     assert report.exit_code == 0, "\n".join(report.lines())
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
 def test_served_llama_cpp_without_spec_type_is_not_engaged(llama_server_bin, llama_pair, tmp_path, monkeypatch):
     """The same drafter arms on a profile that forgets --spec-type: same text, no draft_n: not_engaged, exit 3."""
     import yaml

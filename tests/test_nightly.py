@@ -58,6 +58,9 @@ def _has_compare(cli_bin: str) -> bool:
     return subprocess.run([cli_bin, "records", "compare", "--help"], capture_output=True).returncode == 0
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
         llama_pair, scaled_rows4_pair, tmp_path, cli_bin):
     out = tmp_path / "records"
@@ -103,6 +106,7 @@ def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
         assert "w4" in run.stdout and "regress" in run.stdout.lower()
 
 
+@pytest.mark.model
 def test_nightly_bad_input_is_one_line_and_exit_2(cli_bin, tmp_path, llama_pair):
     for args, message in (([], "CONFIG: give a served job YAML"),
                           ([str(tmp_path / "nope.yaml")], "no such file"),
@@ -115,6 +119,9 @@ def test_nightly_bad_input_is_one_line_and_exit_2(cli_bin, tmp_path, llama_pair)
         assert run.returncode == 2 and "no 'records compare'" in run.stderr
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
 def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_server_bin, llama_pair, tmp_path, cli_bin):
     out = tmp_path / "records"
     junit = tmp_path / "llama.xml"
@@ -187,10 +194,12 @@ def test_junit_refuses_a_record_of_another_kind(cli_bin, tmp_path):
 
 
 # -- profiles written from documentation ----------------------------------------------------------
+@pytest.mark.model
 @pytest.mark.parametrize("name,flags", [
     ("vllm", ["serve", "--speculative-config"]),
-    ("sglang", ["sglang.launch_server", "--speculative-draft-model-path", "--speculative-num-draft-tokens"]),
-    ("mlxcel", ["--model-draft", "--draft"]),
+    pytest.param("sglang", ["sglang.launch_server", "--speculative-draft-model-path",
+                            "--speculative-num-draft-tokens"], marks=pytest.mark.slow),
+    pytest.param("mlxcel", ["--model-draft", "--draft"], marks=pytest.mark.slow),
 ])
 def test_unexercised_profiles_load_render_and_say_so(name, flags, cli_bin):
     prof = load_profile(name)
@@ -213,6 +222,9 @@ def test_unexercised_profiles_load_render_and_say_so(name, flags, cli_bin):
     assert load_profile("mlx-lm").exercised is True
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_a_prometheus_counter_rise_is_engagement_evidence_and_none_is_not(llama_pair, tmp_path):
     """vLLM's evidence path (counters at /metrics), proven on specparity serve's vLLM-named counters."""
     from specparity.harness.config import Job, Pairing

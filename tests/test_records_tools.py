@@ -87,6 +87,9 @@ def test_shard_split_is_round_robin_keeps_baselines_and_covers_every_arm_once():
 
 
 # -- merge -----------------------------------------------------------------------------------------
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_shards_merged_equal_the_unsharded_record_apart_from_timings(served_records, cli_bin, tmp_path):
     full, s1, s2 = (served_records[k] for k in ("full", "s1", "s2"))
     r1, _, _ = read_record(_only(s1))
@@ -116,6 +119,9 @@ def _copy(src: Path, dst: Path) -> Path:
     return data
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_merge_refuses_mixed_missing_duplicate_and_unsharded_records(served_records, cli_bin, tmp_path):
     s1, s2, full = served_records["s1"], served_records["s2"], served_records["full"]
     other_job = _copy(s2, tmp_path / "other-job")
@@ -140,6 +146,9 @@ def test_merge_refuses_mixed_missing_duplicate_and_unsharded_records(served_reco
 
 
 # -- compare ---------------------------------------------------------------------------------------
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_compare_a_clean_night_with_itself_and_its_merge_is_no_regression(served_records, cli_bin):
     full = served_records["full"]
     r = run_cli(cli_bin, "records", "compare", str(full), str(full), "--json")
@@ -149,6 +158,9 @@ def test_compare_a_clean_night_with_itself_and_its_merge_is_no_regression(served
     assert all(d[c] == [] for c in ("regressed", "fixed", "changed", "evidence", "identity", "coverage"))
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_compare_reports_the_regression_with_width_and_first_index_then_the_fix(served_records, cli_bin):
     full, fault = served_records["full"], served_records["fault"]
     r = run_cli(cli_bin, "records", "compare", str(full), str(fault))
@@ -169,6 +181,9 @@ def test_compare_reports_the_regression_with_width_and_first_index_then_the_fix(
     assert back.exit_code == 0 and "cli / w4 / p0" in {c.part for c in back.of("fixed")}
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_compare_names_evidence_identity_and_coverage_changes_and_refuses_other_kinds(served_records, tmp_path):
     full = served_records["full"]
     new = _copy(full, tmp_path / "new")
@@ -206,6 +221,9 @@ def test_compare_names_evidence_identity_and_coverage_changes_and_refuses_other_
 
 
 # -- show and the chart ----------------------------------------------------------------------------
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_show_prints_arms_by_requests_and_groups_and_the_chart_marks_the_first_divergence(
         served_records, cli_bin):
     fault = served_records["fault"]

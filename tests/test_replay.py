@@ -14,6 +14,8 @@ from specparity.identity import device
 from specparity.probes.replay.core import MODE_SNAPSHOT, MODE_TRIM, replay
 from specparity.probes.replay.logs import read_log
 
+pytestmark = pytest.mark.model
+
 PROMPT = list(range(20, 36))  # 16 tokens: the cache holds 15 positions after prefill
 # width 4: 140 rounds, 120 of them rewind (only the full accepts of 3 do not)
 MANY = [0, 1, 2, 3, 1, 0, 2] * 20
@@ -30,6 +32,7 @@ def llama(fixture_root):
     return _model(build(fixture_root, "llama-float32", arch="llama"))
 
 
+@pytest.mark.slow
 @cpu_only
 @pytest.mark.parametrize("policy", ["wrong-id", "correct-token"])
 def test_clean_fixture_agrees_over_100_rewinds(llama, policy):
@@ -176,6 +179,7 @@ def test_cli_draft_model_writes_log_and_record(fixture_root, tmp_path, cli_bin):
     assert out["verdict"] == "equal" and out["requests"][0]["positions"] >= 24
 
 
+@pytest.mark.slow
 def test_cli_exit_codes(fixture_root, tmp_path, cli_bin):
     info = build(fixture_root, "llama-stale-trim", arch="llama",
                  faults=[{"kind": "stale_trim"}], with_draft=False)
