@@ -44,7 +44,8 @@ def _exiting_checkpoint(info: FixtureInfo, tmp_path: Path, code: int) -> Path:
 
 
 @pytest.mark.model
-def test_a_model_file_raising_systemexit_is_a_bug_not_a_verdict(cli_bin, rows4_pair, tmp_path):
+def test_a_model_file_raising_systemexit_is_a_bug_not_a_verdict(cli_bin: str, rows4_pair: FixtureInfo,
+                                                                 tmp_path: Path) -> None:
     code = 0  # the worst case: it used to read as "all pass"
     ck = _exiting_checkpoint(rows4_pair, tmp_path, code)
     for debug in ((), ("--debug",)):
@@ -91,7 +92,7 @@ def test_a_bad_draft_model_is_named_draft_model(cli_bin, llama_pair, tmp_path):
 
 
 @pytest.mark.model
-def test_the_gate_decision_line_is_printed_once(cli_bin, rows4_pair, isolated_home):
+def test_the_gate_decision_line_is_printed_once(cli_bin: str, rows4_pair: FixtureInfo, isolated_home: Path) -> None:
     r = run_cli(cli_bin, "gate", "check", "--model", rows4_pair.target, "--trust-remote-code",
                 "--width", "4", env={"SPECPARITY_HOME": str(isolated_home)})
     assert r.returncode == 1

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROWS4, build, run_cli
 from specparity.checkpoint import fingerprint
-from specparity.fixtures import build_pair
+from specparity.fixtures import FixtureInfo, build_pair
 
 pytestmark = pytest.mark.model
 
@@ -35,7 +35,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
     assert fa.weight_files != fc.weight_files
 
 
-def test_the_test_session_cache_keys_on_every_argument(tmp_path):
+def test_the_test_session_cache_keys_on_every_argument(tmp_path: Path) -> None:
     """conftest.build: a name reused with other arguments gets its own pair, never the first one."""
     a = build(tmp_path, "reused", seed=3, with_draft=False)
     b = build(tmp_path, "reused", seed=4, with_draft=False)
@@ -57,11 +57,11 @@ def test_bfloat16_and_4bit_fixtures(fixture_root):
     assert any("scales" in k for k, _ in __import__("mlx.utils").utils.tree_flatten(model.parameters()))
 
 
-def test_fault_fixture_needs_trust_remote_code(rows4_pair):
+def test_fault_fixture_needs_trust_remote_code(rows4_pair: FixtureInfo) -> None:
     info = rows4_pair
     with pytest.raises(ValueError, match="trust_remote_code"):
         mlx_lm.load(info.target)
-    model, _ = mlx_lm.load(info.target, trust_remote_code=True)
+    model = mlx_lm.load(info.target, trust_remote_code=True)[0]
     assert len(model.layers) == 6
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import time
-
+from pathlib import Path
 
 import pytest
 from conftest import build, run_cli
+from specparity.fixtures import FixtureInfo
 from specparity.probes.gate import GateStore, gate_check, gate_key, store_path
 
 
@@ -43,7 +44,8 @@ def test_key_changes_with_width_env_and_cache_options(fixture_root, monkeypatch)
 
 
 @pytest.mark.model
-def test_divergent_declines_and_allow_inexact_forfeits(rows4_pair, monkeypatch, caplog):
+def test_divergent_declines_and_allow_inexact_forfeits(rows4_pair: FixtureInfo, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     info = rows4_pair
     d = gate_check(info.target, 4, trust_remote_code=True, depths=(0,), walk=0)
     assert not d.allow and d.verdict == "divergent" and not d.forfeit
@@ -98,7 +100,8 @@ def test_corrupt_store_is_reported_and_rebuilt(fixture_root, caplog):
 
 
 @pytest.mark.model
-def test_cli_gate_exit_codes_and_lines(cli_bin, rows4_pair, llama_pair, isolated_home):
+def test_cli_gate_exit_codes_and_lines(cli_bin: str, rows4_pair: FixtureInfo, llama_pair: FixtureInfo,
+                                       isolated_home: Path) -> None:
     info, clean = rows4_pair, llama_pair
     env = {"SPECPARITY_HOME": str(isolated_home)}
     # (the rows4 fixture no longer allows width 2: the gate runs prefill parity, whose

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from junitparser import Error, Failure, JUnitXml, Skipped
+from specparity.fixtures import FixtureInfo
 from specparity.harness.profiles import NOT_EXERCISED, load_profile
 from specparity.records.junit import junit_xml
 from specparity.records.record import Record
@@ -62,7 +63,7 @@ def _has_compare(cli_bin: str) -> bool:
 @pytest.mark.server
 @pytest.mark.slow
 def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
-        llama_pair, scaled_rows4_pair, tmp_path, cli_bin):
+        llama_pair: FixtureInfo, scaled_rows4_pair: FixtureInfo, tmp_path: Path, cli_bin: str) -> None:
     out = tmp_path / "records"
     clean = _config(tmp_path, "clean", llama_pair)
     records = []
@@ -122,7 +123,8 @@ def test_nightly_bad_input_is_one_line_and_exit_2(cli_bin, tmp_path, llama_pair)
 @pytest.mark.model
 @pytest.mark.server
 @pytest.mark.build
-def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_server_bin, llama_pair, tmp_path, cli_bin):
+def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_server_bin: str, llama_pair: FixtureInfo,
+                                                               tmp_path: Path, cli_bin: str) -> None:
     out = tmp_path / "records"
     junit = tmp_path / "llama.xml"
     run = nightly(cli_bin, str(_config(tmp_path, "llama", llama_pair, profile="llama.cpp")), "--out", str(out),

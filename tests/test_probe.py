@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from conftest import assert_report, build, run_cli
 from specparity.checkpoint import load_checkpoint
 from specparity.decode import CacheOptions
+from specparity.fixtures import FixtureInfo
 from specparity.identity import device
 from specparity.probes.forward.blockchain import probe_block_vs_chain
 from specparity.probes.forward.prefill import prefill_parity
@@ -35,7 +37,7 @@ def test_clean_fixtures_equal_at_depth_zero(fixture_root, arch):
 
 
 @pytest.mark.model
-def test_rows_fault_divergent_exactly_at_widths_past_its_threshold(rows4_pair):
+def test_rows_fault_divergent_exactly_at_widths_past_its_threshold(rows4_pair: FixtureInfo) -> None:
     info = rows4_pair
     report = probe_block_vs_chain(_load(info, True), [2, 3, 4, 8, 16], [0, 8], PROMPTS)
     for c in report.cells:
@@ -45,7 +47,7 @@ def test_rows_fault_divergent_exactly_at_widths_past_its_threshold(rows4_pair):
             assert c.verdict == "divergent", c
             assert c.prompt_index == 0 and c.first_row == 0
             assert c.absolute_position == 15 + c.depth
-            assert c.diff.differing_bytes > 0 and c.diff.max_abs_diff > 0
+            assert c.diff is not None and c.diff.differing_bytes > 0 and c.diff.max_abs_diff > 0
     assert report.exit_code == 1
     # the same defect is visible to prefill parity (a 16-row prefill runs the faulty kernel)
     pre = prefill_parity(_load(info, True), PROMPTS[:1])
@@ -160,7 +162,7 @@ def test_measured_verdicts_every_arch_and_dtype(fixture_root, arch, dtype):
 
 
 @pytest.mark.model
-def test_cli_probe_json_and_record(cli_bin, rows4_pair, tmp_path):
+def test_cli_probe_json_and_record(cli_bin: str, rows4_pair: FixtureInfo, tmp_path: Path) -> None:
     info = rows4_pair
     rec = tmp_path / "records"
     out = run_cli(cli_bin, "probe", "--model", info.target, "--trust-remote-code",

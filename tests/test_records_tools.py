@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from specparity.fixtures import FixtureInfo
 from specparity.harness.shard import Shard, parse_shard, split
 from specparity.records.compare import compare_records
 from specparity.records.record import RecordSink, read_record
@@ -44,7 +45,8 @@ def _served(cli_bin, tmp: Path, pair, out: str, *extra: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served_records(tmp_path_factory, llama_pair, scaled_rows4_pair, cli_bin):
+def served_records(tmp_path_factory: pytest.TempPathFactory, llama_pair: FixtureInfo, scaled_rows4_pair: FixtureInfo,
+                   cli_bin: str) -> dict[str, Path]:
     """Records of the clean job unsharded, as two shards, and of the fault pair."""
     tmp = tmp_path_factory.mktemp("records-tools")
     clean, fault = llama_pair, scaled_rows4_pair

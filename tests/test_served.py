@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import build, run_cli
+from specparity.fixtures import FixtureInfo
 from specparity.harness.config import Job, Pairing
 from specparity.harness.lifecycle import group_alive
 from specparity.harness.served import ServedRun
@@ -60,7 +61,7 @@ def test_clean_pair_matches_one_group_witnessed_concurrency_matches_and_a_dead_s
 @pytest.mark.model
 @pytest.mark.server
 @pytest.mark.slow
-def test_rows_fault_diverges_exactly_at_and_above_its_threshold(scaled_rows4_pair, tmp_path):
+def test_rows_fault_diverges_exactly_at_and_above_its_threshold(scaled_rows4_pair: FixtureInfo, tmp_path: Path) -> None:
     pair = scaled_rows4_pair
     report = ServedRun(job(pair, widths=[3, 4, 5], max_tokens=24), workdir=tmp_path).run()
     a = arms(report)
