@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from specparity.fixtures import FixtureInfo
+
+
+# A test using one of these fixtures needs what the marker says (pyproject.toml, README): checked
+# at collection, so `-m "not model"` / `-m "not build"` never runs a test that needs one.
+FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [f"{item.nodeid} uses {fixture}: mark it {marker}"
+                for item in items for fixture, marker in FIXTURE_MARKERS.items()
+                if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None]
+    if unmarked:
+        raise pytest.UsageError("tests without the marker their fixtures need:\n" + "\n".join(unmarked))
 
 
 @pytest.fixture(autouse=True)
@@ -22,22 +41,66 @@ def fixture_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fixtures")
 
 
-_BUILT: dict[tuple, object] = {}
+_BUILT: dict[tuple[str, str, str], FixtureInfo] = {}
 
 
-def build(root: Path, name: str, **kwargs):
-    """Build (once per session) the fixture pair ``name`` under ``root``."""
+def build(root: Path, name: str, **kwargs: Any) -> FixtureInfo:
+    """Build (once per session) the fixture pair ``name`` with ``kwargs`` under ``root``.
+
+    Keyed on every argument, and each distinct set of arguments gets its own
+    directory: build_pair returns whatever fixture already sits in a directory,
+    so a name reused with other arguments must not land in the same one.
+    """
     from specparity.fixtures import build_pair
 
-    key = (str(root), name)
+    spec = json.dumps(kwargs, sort_keys=True, default=str)
+    key = (str(root), name, spec)
     if key not in _BUILT:
-        _BUILT[key] = build_pair(root / name, **kwargs)
+        digest = hashlib.sha256(spec.encode()).hexdigest()[:8]
+        _BUILT[key] = build_pair(root / f"{name}-{digest}", **kwargs)
     return _BUILT[key]
 
 
+# A rows fault in layer 2's MLP that fires on verify blocks of 4+ rows: the probe, gate and CLI
+# tests' injected fault. SCALED_ROWS4 (x1.5) is large enough to flip a greedy token, which the
+# served, nightly and records tests need.
+ROWS4 = {"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}
+SCALED_ROWS4 = {**ROWS4, "scale": 1.5}
+
+
 @pytest.fixture(scope="session")
-def llama_pair(fixture_root):
+def llama_pair(fixture_root: Path) -> FixtureInfo:
+    """The clean llama pair (target and drafter), float32."""
     return build(fixture_root, "llama-float32", arch="llama")
+
+
+@pytest.fixture(scope="session")
+def rows4_pair(fixture_root: Path) -> FixtureInfo:
+    """The llama pair whose target carries ROWS4 (loading it needs trust_remote_code)."""
+    return build(fixture_root, "llama-rows4", arch="llama", faults=[ROWS4])
+
+
+@pytest.fixture(scope="session")
+def scaled_rows4_pair(fixture_root: Path) -> FixtureInfo:
+    """The llama pair whose target carries SCALED_ROWS4: a greedy token flips at 4+ verify rows."""
+    return build(fixture_root, "llama-rows4-scaled", arch="llama", faults=[SCALED_ROWS4])
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin() -> str:
+    """The llama-server that scripts/build-llama-server put in its cache (no test builds it).
+
+    Missing: a skip locally, a failure where ``CI`` is set, so CI never goes green by skipping.
+    """
+    from specparity.harness.engines.llama_cpp import find_llama_server
+
+    found = find_llama_server()
+    if found:
+        return found
+    why = "llama-server is not built: run scripts/build-llama-server"
+    if os.environ.get("CI"):
+        pytest.fail(f"{why} (CI is set: a missing build fails, never skips)")
+    pytest.skip(why)
 
 
 @pytest.fixture(scope="session")

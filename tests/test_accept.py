@@ -21,6 +21,8 @@ def e2e(fixture_root) -> ee.EndToEndReport:
     return ee.run_end_to_end(temperature=0.7, root=fixture_root)
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_mlx_lm_speculative_stream_at_t07_is_exact(e2e):
     text = ee.render_end_to_end(e2e)
     print(text)
@@ -39,6 +41,8 @@ def test_mlx_lm_speculative_stream_at_t07_is_exact(e2e):
     assert m.accepted > 50 and m.sits_on == "sum_prod" and m.verdict == am.OK
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_end_to_end_stream_test_would_notice_a_wrong_p(e2e):
     # The same emitted stream against the law mlx-lm would sample at T = 1.0 instead
     # of 0.7, and against p with two tokens swapped: both rejected.
@@ -59,6 +63,8 @@ def real(llama_pair) -> am.AcceptReport:
     )
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_mlx_lm_acceptance_sits_on_sum_prod(real):
     print(am.render_accept(real))
     mlx = real.measurements[0]
@@ -72,6 +78,8 @@ def test_mlx_lm_acceptance_sits_on_sum_prod(real):
     assert real.inconsistent == []
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_simulated_rules_sit_on_their_forms_and_a_wrong_one_is_flagged(real):
     by = {m.rule: m for m in real.measurements[1:]}
     assert by["sampler-match"].sits_on == "sum_prod"
@@ -93,6 +101,7 @@ def test_inconsistent_pair_is_flagged():
     assert am.inconsistent_positions(*closed_forms(p, q_bad)) == [0]
 
 
+@pytest.mark.model
 def test_cli_accept_default_rules_pass_with_record(cli_bin, llama_pair, tmp_path):
     r = run_cli(cli_bin, "accept", "--model", llama_pair.target, "--draft-model",
                 llama_pair.draft, "--temperature", "0.1", "--positions", "48", "--draws", "200",

@@ -58,6 +58,7 @@ def run_main(argv, capsys):
     return exc.value.code, out.out, out.err
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name,layer,subop", [
     ("llama-attn-1", 1, "self_attn"),
     ("llama-mlp-4", 4, "mlp"),
@@ -84,6 +85,7 @@ def test_fault_names_layer_and_subop(bisect_models, name, layer, subop):
     assert assert_report(report)["exit_code"] == 1
 
 
+@pytest.mark.model
 def test_linear_attention_layer_is_typed_and_its_state_compared(bisect_models):
     report = _bisect(bisect_models["qwen-linear-2"])
     kinds = [r.kind for r in report.rows if r.index is not None]
@@ -93,6 +95,7 @@ def test_linear_attention_layer_is_typed_and_its_state_compared(bisect_models):
     assert {c.name for c in row.cache} == {"cache.2.state.0", "cache.2.state.1"}
 
 
+@pytest.mark.model
 def test_layer_type_table(bisect_models):
     gemma = _bisect(bisect_models["clean-gemma3_text"], depth=0)
     kinds = [r.kind.split(" + ")[0] for r in gemma.rows if r.index is not None]
@@ -101,6 +104,7 @@ def test_layer_type_table(bisect_models):
     assert all(r.kind == "full attention + MoE" for r in moe.rows if r.index is not None)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", ["clean-llama", "clean-qwen3_5", "clean-gemma3_text"])
 def test_clean_fixture_reports_no_divergent_layer(bisect_models, name):
     report = _bisect(bisect_models[name], width=4, depth=2)
@@ -114,6 +118,7 @@ def test_clean_fixture_reports_no_divergent_layer(bisect_models, name):
     assert report.rows[-2].label == "final_norm"
 
 
+@pytest.mark.model
 def test_depth_fault_located_only_past_its_threshold(bisect_models):
     loaded = bisect_models["llama-depth-2"]
     below = _bisect(loaded, depth=4)  # block at offset 11 < 12
@@ -126,6 +131,7 @@ def test_depth_fault_located_only_past_its_threshold(bisect_models):
     assert "everything before it (embed, 0, 1) is byte-identical" in past.headline()
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", ["clean-llama", "qwen-linear-2", "clean-gemma3_text",
                                   "moe-mlp-1"])
 def test_capture_does_not_change_the_numbers(bisect_models, name):
@@ -156,6 +162,7 @@ def test_capture_does_not_change_the_numbers(bisect_models, name):
         assert all(compare_arrays(a.arrays[k], b.arrays[k]).equal for k in a.arrays)
 
 
+@pytest.mark.model
 def test_capture_restores_classes_on_error(bisect_models):
     from specparity.bisect.capture import capture
 
@@ -167,6 +174,7 @@ def test_capture_restores_classes_on_error(bisect_models):
     assert [type(m) for _, m in model.named_modules()] == classes
 
 
+@pytest.mark.model
 def test_cli_table_json_exit_codes_and_record(bisect_models, capsys, tmp_path):
     path = str(bisect_models["llama-mlp-4"].path)
     code, out, err = run_main(["bisect", "--model", path, "--trust-remote-code",
@@ -198,6 +206,7 @@ def test_cli_table_json_exit_codes_and_record(bisect_models, capsys, tmp_path):
     assert code == 0 and "no divergent layer" in out
 
 
+@pytest.mark.model
 def test_cli_usage_and_load_errors(bisect_models, capsys, tmp_path):
     clean = str(bisect_models["clean-llama"].path)
     code, _, err = run_main(["bisect", "--model", clean], capsys)

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import build
 
+pytestmark = pytest.mark.model
+
 PROMPT_IDS = "11,42,7,99,3,250,17,64"
 FAULT = {"kind": "rows", "layer": 3, "subop": "mlp", "min_rows": 2}
 # a real mlx variable that cannot touch CPU results (Metal command-buffer synchronisation)
@@ -140,6 +142,7 @@ def test_diff_refuses_other_model_width_or_non_dump(dump_models, tmp_path, capsy
     assert code == 2 and "holds only chain" in err
 
 
+@pytest.mark.slow
 def test_control_that_changes_nothing_is_void_not_negative(dump_models, capsys, tmp_path):
     code, out, err = run_main(["bisect", "--model", dump_models["fault"], "--trust-remote-code",
                                "--width", "2", "--prompt-ids", PROMPT_IDS,

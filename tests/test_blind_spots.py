@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import build, run_cli
+from conftest import ROWS4, build, run_cli
 from specparity.checkpoint import load_checkpoint
 from specparity.decode import CacheOptions, Decoder
 from specparity.identity import device
@@ -36,6 +36,7 @@ def _raw_argmax_chain(model, prompt, n):
 
 # -- item 1: the classic reference is mlx-lm's own greedy decode ----------------------------
 
+@pytest.mark.model
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_reference_follows_classic_ties_no_false_alarm_and_real_divergence_caught(fixture_root, dtype):
     from mlx_lm.generate import generate_step
@@ -72,6 +73,7 @@ def test_reference_follows_classic_ties_no_false_alarm_and_real_divergence_caugh
     assert "a near-tie flip: the served token is classic's runner-up" in "\n".join(report.lines())
 
 
+@pytest.mark.model
 @cpu_only
 def test_bf16_rows_fault_still_divergent_and_clean_bf16_equal(fixture_root):
     from specparity.probes.forward.blockchain import probe_block_vs_chain
@@ -82,13 +84,14 @@ def test_bf16_rows_fault_still_divergent_and_clean_bf16_equal(fixture_root):
     assert report.verdict == "equal"
     faulty = _model(build(fixture_root, "llama-bfloat16-rows4", arch="llama", dtype="bfloat16",
                           with_draft=False,
-                          faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}]), True)
+                          faults=[ROWS4]), True)
     report = probe_block_vs_chain(faulty, [2, 4], [0, 8], [TIE_PROMPT])
     assert [c.verdict for c in report.cells] == ["equal", "divergent", "equal", "divergent"]
 
 
 # -- item 2: captures are frozen; layer labels from each block ------------------------------
 
+@pytest.mark.model
 @cpu_only
 def test_bisect_under_quantized_kv_names_o_proj_not_rope(fixture_root):
     from specparity.bisect.run import bisect_model
@@ -108,6 +111,7 @@ def test_bisect_under_quantized_kv_names_o_proj_not_rope(fixture_root):
     assert report.verdict == "equal"
 
 
+@pytest.mark.model
 def test_layer_kinds_come_from_each_block_of_a_hybrid():
     import mlx.core as mx
     from mlx_lm.models import nemotron_h
@@ -132,6 +136,7 @@ def test_layer_kinds_come_from_each_block_of_a_hybrid():
 
 # -- item 3: blocks aimed at every cache boundary -------------------------------------------
 
+@pytest.mark.model
 @cpu_only
 def test_quantized_kv_start_missed_by_plain_cells_caught_by_aimed_ones(fixture_root):
     from specparity.probes.forward.blockchain import probe_block_vs_chain
@@ -154,6 +159,7 @@ def test_quantized_kv_start_missed_by_plain_cells_caught_by_aimed_ones(fixture_r
     assert gate_check(info.target, 2, CacheOptions(), depths=(0,), walk=0).allow
 
 
+@pytest.mark.model
 def test_sliding_window_aimed_and_max_kv_size_stated_ignored(fixture_root):
     from specparity.probes.forward.blockchain import probe_block_vs_chain
     from specparity.probes.forward.boundaries import describe_cache, find_boundaries
@@ -176,6 +182,7 @@ def test_sliding_window_aimed_and_max_kv_size_stated_ignored(fixture_root):
 
 # -- item 4: reproducibility before blame ---------------------------------------------------
 
+@pytest.mark.model
 def test_not_reproducible_forward_is_inconclusive_in_probe_replay_bisect_and_gate(fixture_root, cli_bin):
     from specparity.bisect.run import run_bisect
     from specparity.probes.forward.blockchain import probe_block_vs_chain

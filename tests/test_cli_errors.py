@@ -8,7 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import build, run_cli
+from conftest import run_cli
+from specparity.fixtures import FixtureInfo
 
 FAST = ("--widths", "2", "--depths", "0", "--walk", "0", "--no-prefill")
 
@@ -35,18 +36,18 @@ def test_debug_keeps_the_exit_code_and_adds_only_a_traceback(cli_bin, args, code
     assert off.returncode == code and "Traceback" not in off.stderr
 
 
-def _exiting_checkpoint(fixture_root: Path, tmp_path: Path, code: int) -> Path:
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
+def _exiting_checkpoint(info: FixtureInfo, tmp_path: Path, code: int) -> Path:
     ck = tmp_path / f"exits-{code}"
     shutil.copytree(info.target, ck)
     (ck / "specparity_fixture.py").write_text(f"import sys\nsys.exit({code})\n")
     return ck
 
 
-def test_a_model_file_raising_systemexit_is_a_bug_not_a_verdict(cli_bin, fixture_root, tmp_path):
+@pytest.mark.model
+def test_a_model_file_raising_systemexit_is_a_bug_not_a_verdict(cli_bin: str, rows4_pair: FixtureInfo,
+                                                                 tmp_path: Path) -> None:
     code = 0  # the worst case: it used to read as "all pass"
-    ck = _exiting_checkpoint(fixture_root, tmp_path, code)
+    ck = _exiting_checkpoint(rows4_pair, tmp_path, code)
     for debug in ((), ("--debug",)):
         r = run_cli(cli_bin, *debug, "probe", "--model", str(ck), "--trust-remote-code", *FAST)
         assert r.returncode == 70, (debug, r.returncode, r.stderr)
@@ -63,6 +64,7 @@ def test_a_rule_raising_systemexit_is_a_bug(cli_bin, tmp_path):
 # ---------------------------------------------------------------- one line, the right flag
 
 
+@pytest.mark.model
 def test_loader_failures_are_one_line(cli_bin, llama_pair, tmp_path):
     ck = tmp_path / "missing-layers"
     shutil.copytree(llama_pair.target, ck)
@@ -78,6 +80,8 @@ def test_loader_failures_are_one_line(cli_bin, llama_pair, tmp_path):
     assert d.returncode == 4 and "model.layers.7" in d.stderr  # the detail, behind --debug
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_a_bad_draft_model_is_named_draft_model(cli_bin, llama_pair, tmp_path):
     r = run_cli(cli_bin, "replay", "--model", llama_pair.target, "--draft-model",
                 str(tmp_path / "nope"), "--max-tokens", "8")
@@ -87,10 +91,9 @@ def test_a_bad_draft_model_is_named_draft_model(cli_bin, llama_pair, tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("Error: --draft-model "), r.stderr
 
 
-def test_the_gate_decision_line_is_printed_once(cli_bin, fixture_root, isolated_home):
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
-    r = run_cli(cli_bin, "gate", "check", "--model", info.target, "--trust-remote-code",
+@pytest.mark.model
+def test_the_gate_decision_line_is_printed_once(cli_bin: str, rows4_pair: FixtureInfo, isolated_home: Path) -> None:
+    r = run_cli(cli_bin, "gate", "check", "--model", rows4_pair.target, "--trust-remote-code",
                 "--width", "4", env={"SPECPARITY_HOME": str(isolated_home)})
     assert r.returncode == 1
     assert r.stderr.count("specparity-gate: DECLINE") == 1, r.stderr
@@ -112,6 +115,7 @@ def _auto_map_checkpoint(src: str, dst: Path, marker: Path, extra: str = "") -> 
     return dst
 
 
+@pytest.mark.model
 def test_tokenizer_code_never_runs_without_the_flag(cli_bin, llama_pair, tmp_path):
     marker = tmp_path / "ran"
     ck = _auto_map_checkpoint(llama_pair.target, tmp_path / "automap", marker)
@@ -125,6 +129,7 @@ def test_tokenizer_code_never_runs_without_the_flag(cli_bin, llama_pair, tmp_pat
     assert marker.exists()  # with consent it does run: the detector is not vacuous
 
 
+@pytest.mark.model
 def test_tokenizer_files_are_in_the_fingerprint(llama_pair, tmp_path):
     from specparity.checkpoint import fingerprint
 

@@ -45,6 +45,7 @@ def test_a_group_without_its_command_still_shows_its_help(cli_bin: str) -> None:
     assert r.returncode == 2 and "Usage: specparity records" in r.stderr and "compare" in r.stderr
 
 
+@pytest.mark.model
 def test_fixtures_gguf_bad_source_and_out_under_a_file_are_usage_errors(cli_bin: str, tmp_path: Path,
                                                                         llama_pair: Any) -> None:
     empty = tmp_path / "empty"

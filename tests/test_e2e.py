@@ -22,6 +22,8 @@ def pair(llama_pair):
     return load_checkpoint(llama_pair.target), load_checkpoint(llama_pair.draft)
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_clean_pair_matches_on_every_entry_point(pair):
     target, draft = pair
     run = run_e2e(target, draft, PROMPT, E2EOptions(max_tokens=24))
@@ -48,6 +50,7 @@ def test_clean_pair_matches_on_every_entry_point(pair):
     assert run.verdict == Verdict.MATCH and run.exit_code == 0
 
 
+@pytest.mark.model
 def test_dropped_option_and_processor_history_are_caught(pair):
     target, draft = pair
     opts = E2EOptions(max_tokens=32, max_kv_size=64,
@@ -94,6 +97,7 @@ def test_first_difference_context():
     assert t.token_index is None and t.index == 6
 
 
+@pytest.mark.model
 def test_cli_json_record_and_bad_input(llama_pair, tmp_path, cli_bin):
     rec = tmp_path / "rec"
     r = run_cli(cli_bin, "e2e", "--model", llama_pair.target, "--draft-model", llama_pair.draft,

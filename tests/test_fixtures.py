@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import mlx_lm
 import pytest
 
-from conftest import build, run_cli
+from conftest import ROWS4, build, run_cli
 from specparity.checkpoint import fingerprint
-from specparity.fixtures import build_pair
+from specparity.fixtures import FixtureInfo, build_pair
+
+pytestmark = pytest.mark.model
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5", "gemma3_text", "qwen3_moe"])
@@ -32,6 +35,18 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
     assert fa.weight_files != fc.weight_files
 
 
+def test_the_test_session_cache_keys_on_every_argument(tmp_path: Path) -> None:
+    """conftest.build: a name reused with other arguments gets its own pair, never the first one."""
+    a = build(tmp_path, "reused", seed=3, with_draft=False)
+    b = build(tmp_path, "reused", seed=4, with_draft=False)
+    faulty = build(tmp_path, "reused", seed=3, with_draft=False, faults=[ROWS4])
+    assert (a.seed, b.seed, a.faults, faulty.faults) == (3, 4, [], [ROWS4])
+    assert len({a.target, b.target, faulty.target}) == 3
+    assert fingerprint(a.target).weight_files != fingerprint(b.target).weight_files
+    assert "model_file" not in json.loads((Path(a.target) / "config.json").read_text())
+    assert build(tmp_path, "reused", with_draft=False, seed=3) is a  # keyword order is not a new pair
+
+
 def test_bfloat16_and_4bit_fixtures(fixture_root):
     bf = build(fixture_root, "llama-bfloat16", arch="llama", dtype="bfloat16")
     q4 = build(fixture_root, "llama-q4", arch="llama", bits=4)
@@ -42,12 +57,11 @@ def test_bfloat16_and_4bit_fixtures(fixture_root):
     assert any("scales" in k for k, _ in __import__("mlx.utils").utils.tree_flatten(model.parameters()))
 
 
-def test_fault_fixture_needs_trust_remote_code(fixture_root):
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
+def test_fault_fixture_needs_trust_remote_code(rows4_pair: FixtureInfo) -> None:
+    info = rows4_pair
     with pytest.raises(ValueError, match="trust_remote_code"):
         mlx_lm.load(info.target)
-    model, _ = mlx_lm.load(info.target, trust_remote_code=True)  # type: ignore[misc]  # (the same Union)
+    model = mlx_lm.load(info.target, trust_remote_code=True)[0]
     assert len(model.layers) == 6
 
 

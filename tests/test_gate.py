@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import time
+from pathlib import Path
 
-
+import pytest
 from conftest import build, run_cli
+from specparity.fixtures import FixtureInfo
 from specparity.probes.gate import GateStore, gate_check, gate_key, store_path
 
 
@@ -15,6 +17,7 @@ def _refuse(*_a, **_k):
     raise AssertionError("a store hit must not probe or load the model")
 
 
+@pytest.mark.model
 def test_miss_probes_the_real_model_then_hit_answers_from_the_store(fixture_root, caplog):
     info = build(fixture_root, "llama-float32", arch="llama")
     caplog.set_level("INFO", logger="specparity.gate")
@@ -26,6 +29,7 @@ def test_miss_probes_the_real_model_then_hit_answers_from_the_store(fixture_root
     assert any("specparity-gate: ALLOW" in r.message for r in caplog.records)
 
 
+@pytest.mark.model
 def test_key_changes_with_width_env_and_cache_options(fixture_root, monkeypatch):
     from specparity.decode import CacheOptions
 
@@ -39,9 +43,10 @@ def test_key_changes_with_width_env_and_cache_options(fixture_root, monkeypatch)
     assert gate_key(info.target, 4, env_prefixes=("NOT_MLX_",))[0] == k4  # the list is configurable
 
 
-def test_divergent_declines_and_allow_inexact_forfeits(fixture_root, monkeypatch, caplog):
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
+@pytest.mark.model
+def test_divergent_declines_and_allow_inexact_forfeits(rows4_pair: FixtureInfo, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    info = rows4_pair
     d = gate_check(info.target, 4, trust_remote_code=True, depths=(0,), walk=0)
     assert not d.allow and d.verdict == "divergent" and not d.forfeit
     assert d.line.startswith("specparity-gate: DECLINE width=4")
@@ -53,6 +58,7 @@ def test_divergent_declines_and_allow_inexact_forfeits(fixture_root, monkeypatch
     assert any(r.message.startswith("specparity-gate: FORFEIT width=4") for r in caplog.records)
 
 
+@pytest.mark.model
 def test_not_run_declines(fixture_root):
     info = build(fixture_root, "llama-float32", arch="llama")
     d = gate_check(info.target, 1, depths=(0,), walk=0)
@@ -79,6 +85,7 @@ def test_concurrent_writers_lose_nothing(isolated_home):
     assert all(f"key-{i}-{j}" in entries for i in range(8) for j in range(10))
 
 
+@pytest.mark.model
 def test_corrupt_store_is_reported_and_rebuilt(fixture_root, caplog):
     info = build(fixture_root, "llama-float32", arch="llama")
     path = store_path()
@@ -92,10 +99,10 @@ def test_corrupt_store_is_reported_and_rebuilt(fixture_root, caplog):
     assert json.loads(path.read_text())["entries"]
 
 
-def test_cli_gate_exit_codes_and_lines(cli_bin, fixture_root, isolated_home):
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
-    clean = build(fixture_root, "llama-float32", arch="llama")
+@pytest.mark.model
+def test_cli_gate_exit_codes_and_lines(cli_bin: str, rows4_pair: FixtureInfo, llama_pair: FixtureInfo,
+                                       isolated_home: Path) -> None:
+    info, clean = rows4_pair, llama_pair
     env = {"SPECPARITY_HOME": str(isolated_home)}
     # (the rows4 fixture no longer allows width 2: the gate runs prefill parity, whose
     # 16-row one-shot prefill runs the faulty kernel)

@@ -34,6 +34,7 @@ def _fake_probe(*_a, **_k):
     return "equal", "probed"
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("kind", sorted(BROKEN))
 def test_a_broken_store_is_set_aside_reported_once_and_rebuilt(llama_pair, caplog, kind):
     key, _ = gate_key(llama_pair.target, 2, probe_spec=gate_probe_spec((0,), 0))

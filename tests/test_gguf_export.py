@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
+pytestmark = pytest.mark.model
+
 TOKENS = [7, 30, 101, 250, 3, 64, 480, 12, 99, 200, 5, 311, 42, 17, 260, 88]
 
 

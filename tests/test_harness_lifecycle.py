@@ -29,6 +29,8 @@ def mlx_lm_argv(model: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", PORT_ARG, *extra]
 
 
+@pytest.mark.model
+@pytest.mark.server
 def test_real_mlx_lm_server_ready_serves_and_stops_with_its_group(llama_pair, tmp_path):
     log = tmp_path / "logs" / "srv.log"
     with Server(mlx_lm_argv(llama_pair.target), log_path=log, name="plain") as srv:
@@ -45,6 +47,7 @@ def test_real_mlx_lm_server_ready_serves_and_stops_with_its_group(llama_pair, tm
     assert "POST /v1/completions" in log.read_text()  # the log is kept
 
 
+@pytest.mark.server
 def test_server_that_exits_raises_at_once_with_its_log_tail(tmp_path):
     t0 = time.perf_counter()
     srv = Server(mlx_lm_argv(str(tmp_path / "no-such-model")), start_timeout=60, name="broken",

@@ -89,12 +89,14 @@ def test_check_token_ids_fires_on_every_impossible_id_and_passes_the_edges():
             check_token_ids([not_an_id], VOCAB, "--prompt-ids")
 
 
+@pytest.mark.model
 def test_vocab_size_is_the_embedding_rows(llama_pair):
     from specparity.checkpoint import load_checkpoint
 
     assert vocab_size(load_checkpoint(llama_pair.target)) == VOCAB
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("ids,code", [("1,2,511", 0), ("1,2,512", 2), ("1,2,999999", 2),
                                       ("-1,2", 2)])
 def test_probe_prompt_ids_outside_the_vocabulary(cli_bin, llama_pair, ids, code):
@@ -105,6 +107,8 @@ def test_probe_prompt_ids_outside_the_vocabulary(cli_bin, llama_pair, ids, code)
         assert "verdict" not in r.stdout
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_replay_checks_ids_from_the_flag_and_inside_a_log(cli_bin, llama_pair, tmp_path):
     base = {"format": "specparity.accepts/1", "width": 3, "accepts": [1, 1],
             "prompt_ids": [1, 2, 3]}
@@ -129,6 +133,7 @@ def test_replay_checks_ids_from_the_flag_and_inside_a_log(cli_bin, llama_pair, t
     assert r.returncode == 2 and "t.log:1 'bonus': token 9999" in r.stderr
 
 
+@pytest.mark.model
 def test_accept_and_bisect_check_prompt_ids(cli_bin, llama_pair):
     r = run_cli(cli_bin, "accept", "--model", llama_pair.target, "--draft-model",
                 llama_pair.draft, "--prompt-ids", "1,2,999999", "--positions", "4")
@@ -177,6 +182,7 @@ def test_a_width_inside_a_log_is_bounded(cli_bin, tmp_path):
     assert r.returncode == 2 and "w.jsonl:1 'width' 100000: 100000 is above the maximum" in r.stderr
 
 
+@pytest.mark.model
 def test_a_user_raises_a_limit_with_the_root_option(cli_bin, llama_pair):
     args = ("probe", "--model", llama_pair.target, "--widths", "3", "--depths", "0", "--walk", "0",
             "--no-prefill")
@@ -187,6 +193,7 @@ def test_a_user_raises_a_limit_with_the_root_option(cli_bin, llama_pair):
     assert env.returncode == 2
 
 
+@pytest.mark.model
 def test_gate_check_in_process_is_bounded(llama_pair):
     from specparity.probes.gate import gate_check
 

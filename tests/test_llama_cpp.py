@@ -2,9 +2,10 @@
 
 llama-server is built from the llama.cpp that the pinned llama-cpp-python
 source distribution vendors (scripts/build-llama-server), once per machine,
-into a cache outside the repository: the first run on a fresh machine builds
-it (about 15 minutes on 2 cores), later runs find it at once. The tests skip
-only where no C++ toolchain exists.
+into a cache outside the repository. No test builds it: ``.ci/run`` runs the
+script before pytest; without the binary the tests that need it skip ("run
+scripts/build-llama-server"), and fail where ``CI`` is set (conftest's
+``llama_server_bin``).
 
 What they prove, on real server processes on 127.0.0.1:
 - greedy llama-server (temperature 0, top_k 1) emits exactly the tokens and
@@ -36,27 +37,6 @@ TEXT_PROMPTS = [
 ]
 N_PREDICT = 48
 WIDTHS = (4, 8)  # verify rows: --spec-draft-n-max 3 and 7
-
-
-@pytest.fixture(scope="module")
-def llama_server_bin(tmp_path_factory) -> str:
-    """The llama-server binary: found, else built now (slow once per machine), else a skip."""
-    from specparity.harness.engines.llama_cpp import ensure_llama_server, find_llama_server, missing_toolchain
-
-    from specparity.errors import InfrastructureError
-
-    found = find_llama_server()
-    if found:
-        return found
-    why = missing_toolchain()
-    if why:
-        pytest.skip(f"llama-server is not built and cannot be built here: {why}")
-    log = tmp_path_factory.mktemp("llama-build") / "build.log"
-    try:
-        return ensure_llama_server(log_path=log)
-    except InfrastructureError as err:
-        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-        pytest.fail(f"{err}\n{tail}")
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +90,7 @@ def _complete(srv, prompt: list[int] | str) -> dict:
     return r.json()
 
 
+@pytest.mark.build
 def test_build_script_is_idempotent(llama_server_bin, repo_root):
     """Once built, the script exits at once with the cached binary's path (no rebuild)."""
     from specparity.harness.engines.llama_cpp import cached_binary
@@ -126,6 +107,7 @@ def test_build_script_is_idempotent(llama_server_bin, repo_root):
     assert "LLAMA_OPENSSL=OFF" in info and "CMAKE_BUILD_TYPE=Release" in info
 
 
+@pytest.mark.build
 def test_help_names_the_speculative_flags(llama_server_bin):
     """The flags the harness passes are the ones this llama-server documents."""
     r = subprocess.run([llama_server_bin, "--help"], capture_output=True, text=True, timeout=60, check=False)
@@ -135,6 +117,9 @@ def test_help_names_the_speculative_flags(llama_server_bin):
         assert flag in text, flag
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
 def test_greedy_llama_server_equals_mlx_lm_and_drafting_keeps_it(llama_server_bin, gguf_pair, mlx_greedy,
                                                                   tmp_path):
     target, draft = gguf_pair
@@ -178,6 +163,9 @@ def test_greedy_llama_server_equals_mlx_lm_and_drafting_keeps_it(llama_server_bi
         idle.stop()
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
 def test_llama_server_tokenizes_like_the_fixture_tokenizer(llama_server_bin, gguf_pair, mlx_greedy, tmp_path):
     import httpx
 
@@ -257,6 +245,9 @@ def _served(pair, tmp_path, profile: str, **kw):
     return report, {a.name: a for a in report.pairings[0].arms}
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
 def test_served_job_runs_on_llama_cpp_with_draft_n_as_evidence(llama_server_bin, llama_pair, tmp_path,
                                                                 monkeypatch):
     """The served harness, unchanged but for the profile: every drafting arm matches, witnessed by draft_n."""
@@ -271,6 +262,9 @@ def test_served_job_runs_on_llama_cpp_with_draft_n_as_evidence(llama_server_bin,
     assert report.exit_code == 0, "\n".join(report.lines())
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
 def test_served_llama_cpp_without_spec_type_is_not_engaged(llama_server_bin, llama_pair, tmp_path, monkeypatch):
     """The same drafter arms on a profile that forgets --spec-type: same text, no draft_n: not_engaged, exit 3."""
     import yaml

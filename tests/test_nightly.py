@@ -4,7 +4,7 @@ The loop a CI schedule runs: the same job twice on a clean pair (exit 0,
 JUnit all passed), then a fault fixture swapped in (a rows fault at 4+
 verify rows, scale 1.5, so a greedy token flips): exit 1 and a JUnit
 failure naming the width and the first differing token. Once on llama.cpp's
-llama-server too (skipped only where it cannot be built).
+llama-server too (conftest's llama_server_bin: skipped locally when not built, failed in CI).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import build
 from junitparser import Error, Failure, JUnitXml, Skipped
+from specparity.fixtures import FixtureInfo
 from specparity.harness.profiles import NOT_EXERCISED, load_profile
 from specparity.records.junit import junit_xml
 from specparity.records.record import Record
@@ -61,8 +61,11 @@ def _has_compare(cli_bin: str) -> bool:
     return subprocess.run([cli_bin, "records", "compare", "--help"], capture_output=True).returncode == 0
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
-        llama_pair, fixture_root, tmp_path, cli_bin):
+        llama_pair: FixtureInfo, scaled_rows4_pair: FixtureInfo, tmp_path: Path, cli_bin: str) -> None:
     out = tmp_path / "records"
     clean = _config(tmp_path, "clean", llama_pair)
     records = []
@@ -80,8 +83,7 @@ def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
     assert records[0] != records[1]  # never overwritten: night 2 is its own record
     assert len(list(out.glob("*.md"))) == 2
 
-    fault = build(fixture_root, "llama-rows4-nightly", arch="llama",
-                  faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}])
+    fault = scaled_rows4_pair
     junit = tmp_path / "night3.xml"
     args = [str(_config(tmp_path, "fault", fault)), "--out", str(out), "--junit", str(junit), "--quiet"]
     if _has_compare(cli_bin):
@@ -107,6 +109,7 @@ def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
         assert "w4" in run.stdout and "regress" in run.stdout.lower()
 
 
+@pytest.mark.model
 def test_nightly_bad_input_is_one_line_and_exit_2(cli_bin, tmp_path, llama_pair):
     for args, message in (([], "CONFIG: give a served job YAML"),
                           ([str(tmp_path / "nope.yaml")], "no such file"),
@@ -119,11 +122,11 @@ def test_nightly_bad_input_is_one_line_and_exit_2(cli_bin, tmp_path, llama_pair)
         assert run.returncode == 2 and "no 'records compare'" in run.stderr
 
 
-def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_pair, tmp_path, cli_bin):
-    from specparity.harness.engines.llama_cpp import find_llama_server, missing_toolchain
-
-    if find_llama_server() is None:
-        pytest.skip(f"llama-server not built: {missing_toolchain() or 'run scripts/build-llama-server'}")
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
+def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_server_bin: str, llama_pair: FixtureInfo,
+                                                               tmp_path: Path, cli_bin: str) -> None:
     out = tmp_path / "records"
     junit = tmp_path / "llama.xml"
     run = nightly(cli_bin, str(_config(tmp_path, "llama", llama_pair, profile="llama.cpp")), "--out", str(out),
@@ -196,10 +199,12 @@ def test_junit_refuses_a_record_of_another_kind(cli_bin, tmp_path):
 
 
 # -- profiles written from documentation ----------------------------------------------------------
+@pytest.mark.model
 @pytest.mark.parametrize("name,flags", [
     ("vllm", ["serve", "--speculative-config"]),
-    ("sglang", ["sglang.launch_server", "--speculative-draft-model-path", "--speculative-num-draft-tokens"]),
-    ("mlxcel", ["--model-draft", "--draft"]),
+    pytest.param("sglang", ["sglang.launch_server", "--speculative-draft-model-path",
+                            "--speculative-num-draft-tokens"], marks=pytest.mark.slow),
+    pytest.param("mlxcel", ["--model-draft", "--draft"], marks=pytest.mark.slow),
 ])
 def test_unexercised_profiles_load_render_and_say_so(name, flags, cli_bin):
     prof = load_profile(name)
@@ -222,6 +227,9 @@ def test_unexercised_profiles_load_render_and_say_so(name, flags, cli_bin):
     assert load_profile("mlx-lm").exercised is True
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_a_prometheus_counter_rise_is_engagement_evidence_and_none_is_not(llama_pair, tmp_path):
     """vLLM's evidence path (counters at /metrics), proven on specparity serve's vLLM-named counters."""
     from specparity.harness.config import Job, Pairing
@@ -244,6 +252,7 @@ def test_a_prometheus_counter_rise_is_engagement_evidence_and_none_is_not(llama_
     assert seen["no-counter"]["w2"].verdict == "not_engaged"
 
 
+@pytest.mark.model
 # -- issue 20, class 7: outputs and --previous checked before the job runs -------------------------
 def test_nightly_checks_junit_previous_and_out_before_the_job(cli_bin: str, tmp_path: Path, llama_pair: Any) -> None:
     from test_outputs import _served_record

@@ -54,6 +54,7 @@ def test_check_new_file_both_ways(tmp_path):
         check_new_file(tmp_path / "d.safetensors", "--out", also=(man,))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("record_dir", ["/etc/passwd/x", "/proc/specparity-records"])
 def test_record_dir_fails_before_the_run(cli_bin, llama_pair, record_dir):
     r = run_cli(cli_bin, "probe", "--model", llama_pair.target, *FAST, "--record-dir", record_dir)
@@ -61,6 +62,7 @@ def test_record_dir_fails_before_the_run(cli_bin, llama_pair, record_dir):
     assert r.stdout == "" and r.stderr.count("\n") == 1  # no probe ran
 
 
+@pytest.mark.model
 def test_record_dir_that_can_be_created_is_used(cli_bin, llama_pair, tmp_path):
     rec = tmp_path / "a" / "b"
     r = run_cli(cli_bin, "probe", "--model", llama_pair.target, *FAST, "--record-dir", str(rec))
@@ -68,6 +70,7 @@ def test_record_dir_that_can_be_created_is_used(cli_bin, llama_pair, tmp_path):
     assert list(rec.glob("probe-*.md"))
 
 
+@pytest.mark.model
 def test_save_log_exists_fails_before_recording_and_force_overwrites(cli_bin, llama_pair,
                                                                        tmp_path):
     log = tmp_path / "run.jsonl"
@@ -82,6 +85,7 @@ def test_save_log_exists_fails_before_recording_and_force_overwrites(cli_bin, ll
     assert '"specparity.accepts/1"' in log.read_text()
 
 
+@pytest.mark.model
 def test_dump_never_overwrites_a_checkpoint_file(cli_bin, llama_pair, tmp_path):
     import shutil
 
@@ -138,6 +142,7 @@ def _served_record(root: Path) -> Path:
     return md
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("command", ["junit", "gguf"])
 def test_existing_output_and_a_link_are_refused_and_force_replaces_the_name(cli_bin: str, llama_pair: Any,
                                                                              tmp_path: Path, command: str) -> None:

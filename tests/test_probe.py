@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from conftest import assert_report, build, run_cli
 from specparity.checkpoint import load_checkpoint
 from specparity.decode import CacheOptions
+from specparity.fixtures import FixtureInfo
 from specparity.identity import device
 from specparity.probes.forward.blockchain import probe_block_vs_chain
 from specparity.probes.forward.prefill import prefill_parity
@@ -23,6 +25,7 @@ def _load(info, trust=False):
     return load_checkpoint(info.target, trust_remote_code=trust).model
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5", "qwen3_moe"])
 @cpu_only
 def test_clean_fixtures_equal_at_depth_zero(fixture_root, arch):
@@ -33,9 +36,9 @@ def test_clean_fixtures_equal_at_depth_zero(fixture_root, arch):
     assert report.exit_code == 0
 
 
-def test_rows_fault_divergent_exactly_at_widths_past_its_threshold(fixture_root):
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
+@pytest.mark.model
+def test_rows_fault_divergent_exactly_at_widths_past_its_threshold(rows4_pair: FixtureInfo) -> None:
+    info = rows4_pair
     report = probe_block_vs_chain(_load(info, True), [2, 3, 4, 8, 16], [0, 8], PROMPTS)
     for c in report.cells:
         if c.width < 4:
@@ -54,6 +57,7 @@ def test_rows_fault_divergent_exactly_at_widths_past_its_threshold(fixture_root)
     assert tbt.layers_differing and min(tbt.layers_differing) == 3  # layer 2's MLP feeds layer 3's KV
 
 
+@pytest.mark.model
 def test_depth_fault_missed_at_depth_zero_caught_deeper_and_by_the_walk(fixture_root):
     info = build(fixture_root, "llama-depth40", arch="llama",
                  faults=[{"kind": "depth", "layer": 1, "subop": "self_attn",
@@ -71,6 +75,7 @@ def test_depth_fault_missed_at_depth_zero_caught_deeper_and_by_the_walk(fixture_
     assert assert_report(report)["exit_code"] == 1 and assert_report(walk)["exit_code"] == 1
 
 
+@pytest.mark.model
 @cpu_only
 def test_clean_walk_equal_over_128_positions(fixture_root):
     model = _load(build(fixture_root, "llama-float32", arch="llama"))
@@ -79,6 +84,7 @@ def test_clean_walk_equal_over_128_positions(fixture_root):
         (4, "equal", 128), (16, "equal", 128)]
 
 
+@pytest.mark.model
 @cpu_only
 def test_gemma3_sliding_window_diverges_only_past_the_window(fixture_root):
     """Measured on CPU: once the rotating cache of the sliding layers wraps (position 32),
@@ -97,6 +103,7 @@ def test_gemma3_sliding_window_diverges_only_past_the_window(fixture_root):
     assert report.walks[0].first_position == 32
 
 
+@pytest.mark.model
 @cpu_only
 def test_moe_in_bfloat16_is_not_run_on_cpu_with_its_reason(fixture_root):
     info = build(fixture_root, "qwen3_moe-bfloat16", arch="qwen3_moe", dtype="bfloat16",
@@ -107,6 +114,7 @@ def test_moe_in_bfloat16_is_not_run_on_cpu_with_its_reason(fixture_root):
     assert report.exit_code == 3
 
 
+@pytest.mark.model
 def test_width_one_is_not_run_never_a_pass(fixture_root):
     model = _load(build(fixture_root, "llama-float32", arch="llama"))
     report = probe_block_vs_chain(model, [1], [0], PROMPTS[:1])
@@ -115,6 +123,7 @@ def test_width_one_is_not_run_never_a_pass(fixture_root):
     assert report.exit_code == 3
 
 
+@pytest.mark.model
 @cpu_only
 def test_quantized_kv_block_straddling_quantized_kv_start_diverges(fixture_root):
     """Measured: classic decode quantizes the KV cache after the call that reaches
@@ -131,6 +140,7 @@ def test_quantized_kv_block_straddling_quantized_kv_start_diverges(fixture_root)
     assert plain.cells[0].verdict == "equal"
 
 
+@pytest.mark.model
 @pytest.mark.slow
 @cpu_only
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5", "gemma3_text", "qwen3_moe"])
@@ -153,9 +163,9 @@ def test_measured_verdicts_every_arch_and_dtype(fixture_root, arch, dtype):
         assert verdicts == {"equal"}, [c for c in report.cells if c.verdict != "equal"][:1]
 
 
-def test_cli_probe_json_and_record(cli_bin, fixture_root, tmp_path):
-    info = build(fixture_root, "llama-rows4", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
+@pytest.mark.model
+def test_cli_probe_json_and_record(cli_bin: str, rows4_pair: FixtureInfo, tmp_path: Path) -> None:
+    info = rows4_pair
     rec = tmp_path / "records"
     out = run_cli(cli_bin, "probe", "--model", info.target, "--trust-remote-code",
                   "--widths", "2,4", "--depths", "0", "--walk", "8", "--json",
@@ -193,6 +203,7 @@ def test_cli_bad_input_one_line(cli_bin, args, code, needle):
     assert len([ln for ln in out.stderr.splitlines() if ln.startswith("Error:")]) == 1
 
 
+@pytest.mark.model
 def test_cli_not_a_checkpoint_and_malformed_config(cli_bin, tmp_path, fixture_root):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -209,6 +220,7 @@ def test_cli_not_a_checkpoint_and_malformed_config(cli_bin, tmp_path, fixture_ro
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.model
 def test_without_model_the_embedded_default_is_built_once_then_reused(cli_bin, isolated_home):
     env = {"SPECPARITY_HOME": str(isolated_home)}
     args = ("probe", "--widths", "2", "--depths", "0", "--walk", "0", "--no-prefill", "--json")

@@ -38,6 +38,7 @@ def five_records(tmp_path_factory, llama_pair, cli_bin):
     return rec, out
 
 
+@pytest.mark.model
 def test_every_command_json_carries_verdict_and_exit_code(five_records):
     _, out = five_records
     for kind, (data, code) in out.items():
@@ -45,6 +46,7 @@ def test_every_command_json_carries_verdict_and_exit_code(five_records):
         assert data["record"].endswith(".md"), kind
 
 
+@pytest.mark.model
 def test_records_list_and_show_read_every_kind(five_records, cli_bin):
     rec, out = five_records
     r = run_cli(cli_bin, "records", "list", str(rec), "--json")
@@ -64,6 +66,7 @@ def test_records_list_and_show_read_every_kind(five_records, cli_bin):
     assert "cells: 2 finished (2 equal)" in probe_text and "walks: 2 finished" in probe_text
 
 
+@pytest.mark.model
 def test_records_show_imports_no_mlx(five_records, repo_root):
     rec, out = five_records
     code = ("import sys\nfrom specparity.cli import main\n"
@@ -82,6 +85,7 @@ def test_records_show_bad_path_is_a_usage_error(cli_bin, tmp_path):
     assert r.returncode == 2 and "not a record" in r.stderr
 
 
+@pytest.mark.model
 def test_sigint_mid_grid_leaves_a_readable_incomplete_record(cli_bin, llama_pair, tmp_path):
     rec = tmp_path / "rec"
     env = dict(os.environ)

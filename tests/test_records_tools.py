@@ -17,7 +17,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import build, run_cli
+from conftest import run_cli
+from specparity.fixtures import FixtureInfo
 from specparity.harness.shard import Shard, parse_shard, split
 from specparity.records.compare import compare_records
 from specparity.records.record import RecordSink, read_record
@@ -45,12 +46,11 @@ def _served(cli_bin, tmp: Path, pair, out: str, *extra: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served_records(tmp_path_factory, fixture_root, cli_bin):
+def served_records(tmp_path_factory: pytest.TempPathFactory, llama_pair: FixtureInfo, scaled_rows4_pair: FixtureInfo,
+                   cli_bin: str) -> dict[str, Path]:
     """Records of the clean job unsharded, as two shards, and of the fault pair."""
     tmp = tmp_path_factory.mktemp("records-tools")
-    clean = build(fixture_root, "llama-float32", arch="llama")
-    fault = build(fixture_root, "llama-rows4-served", arch="llama",
-                  faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}])
+    clean, fault = llama_pair, scaled_rows4_pair
     full = _served(cli_bin, tmp, clean, "full")
     s1 = _served(cli_bin, tmp, clean, "s1", "--shard", "1/2")
     s2 = _served(cli_bin, tmp, clean, "s2", "--shard", "2/2")
@@ -90,6 +90,9 @@ def test_shard_split_is_round_robin_keeps_baselines_and_covers_every_arm_once():
 
 
 # -- merge -----------------------------------------------------------------------------------------
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_shards_merged_equal_the_unsharded_record_apart_from_timings(served_records, cli_bin, tmp_path):
     full, s1, s2 = (served_records[k] for k in ("full", "s1", "s2"))
     r1, _, _ = read_record(_only(s1))
@@ -121,6 +124,9 @@ def _copy(src: Path, dst: Path) -> Path:
     return data
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_merge_refuses_mixed_missing_duplicate_and_unsharded_records(served_records, cli_bin, tmp_path):
     s1, s2, full = served_records["s1"], served_records["s2"], served_records["full"]
     other_job = _copy(s2, tmp_path / "other-job")
@@ -145,6 +151,9 @@ def test_merge_refuses_mixed_missing_duplicate_and_unsharded_records(served_reco
 
 
 # -- compare ---------------------------------------------------------------------------------------
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_compare_a_clean_night_with_itself_and_its_merge_is_no_regression(served_records, cli_bin):
     full = served_records["full"]
     r = run_cli(cli_bin, "records", "compare", str(full), str(full), "--json")
@@ -154,6 +163,9 @@ def test_compare_a_clean_night_with_itself_and_its_merge_is_no_regression(served
     assert all(d[c] == [] for c in ("regressed", "fixed", "changed", "evidence", "identity", "coverage"))
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_compare_reports_the_regression_with_width_and_first_index_then_the_fix(served_records, cli_bin):
     full, fault = served_records["full"], served_records["fault"]
     r = run_cli(cli_bin, "records", "compare", str(full), str(fault))
@@ -174,6 +186,9 @@ def test_compare_reports_the_regression_with_width_and_first_index_then_the_fix(
     assert back.exit_code == 0 and "cli / w4 / p0" in {c.part for c in back.of("fixed")}
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_compare_names_evidence_identity_and_coverage_changes_and_refuses_other_kinds(served_records, tmp_path):
     full = served_records["full"]
     new = _copy(full, tmp_path / "new")
@@ -211,6 +226,9 @@ def test_compare_names_evidence_identity_and_coverage_changes_and_refuses_other_
 
 
 # -- show and the chart ----------------------------------------------------------------------------
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_show_prints_arms_by_requests_and_groups_and_the_chart_marks_the_first_divergence(
         served_records, cli_bin):
     fault = served_records["fault"]

@@ -14,6 +14,8 @@ from specparity.identity import device
 from specparity.probes.replay.core import MODE_SNAPSHOT, MODE_TRIM, replay
 from specparity.probes.replay.logs import read_log
 
+pytestmark = pytest.mark.model
+
 PROMPT = list(range(20, 36))  # 16 tokens: the cache holds 15 positions after prefill
 # width 4: 140 rounds, 120 of them rewind (only the full accepts of 3 do not)
 MANY = [0, 1, 2, 3, 1, 0, 2] * 20
@@ -30,6 +32,7 @@ def llama(fixture_root):
     return _model(build(fixture_root, "llama-float32", arch="llama"))
 
 
+@pytest.mark.slow
 @cpu_only
 @pytest.mark.parametrize("policy", ["wrong-id", "correct-token"])
 def test_clean_fixture_agrees_over_100_rewinds(llama, policy):
@@ -141,6 +144,7 @@ def test_draft_model_record_then_replay(fixture_root):
     from specparity.probes.replay.recorder import record_speculative
 
     info = build(fixture_root, "llama-float32", arch="llama")
+    assert info.draft is not None
     target, draft = _model(info), load_checkpoint(info.draft).model
     req = record_speculative(target, draft, PROMPT, num_draft_tokens=3, max_tokens=40)
     assert req.tokens is not None and len(req.tokens) == 40
@@ -156,6 +160,7 @@ def test_draft_model_record_then_replay(fixture_root):
 @cpu_only
 def test_cli_draft_model_writes_log_and_record(fixture_root, tmp_path, cli_bin):
     info = build(fixture_root, "llama-float32", arch="llama")
+    assert info.draft is not None
     log, rec = tmp_path / "run.jsonl", tmp_path / "rec"
     r = run_cli(cli_bin, "replay", "--model", info.target, "--draft-model", info.draft,
                 "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", "24",
@@ -177,6 +182,7 @@ def test_cli_draft_model_writes_log_and_record(fixture_root, tmp_path, cli_bin):
     assert out["verdict"] == "equal" and out["requests"][0]["positions"] >= 24
 
 
+@pytest.mark.slow
 def test_cli_exit_codes(fixture_root, tmp_path, cli_bin):
     info = build(fixture_root, "llama-stale-trim", arch="llama",
                  faults=[{"kind": "stale_trim"}], with_draft=False)

@@ -35,6 +35,7 @@ def _mlx_classic(model, prompt, n, procs):
                                         logits_processors=procs.make() or None)]
 
 
+@pytest.mark.model
 def test_reference_with_processors_is_mlx_lm_classic_decode(pair):
     target, _ = pair
     # one round of width 1 per token: the chain is the reference, compared at every position
@@ -46,6 +47,7 @@ def test_reference_with_processors_is_mlx_lm_classic_decode(pair):
     assert plain != report.classic_tokens
 
 
+@pytest.mark.model
 def test_speculative_with_processors_diverges_from_the_reference(pair, text_prompt):
     """mlx-lm's speculative path feeds its processors the last prompt token and what it
     emitted, not the whole prompt: a penalty on a prompt token applies in one path only."""
@@ -67,8 +69,10 @@ def test_speculative_with_processors_diverges_from_the_reference(pair, text_prom
     assert report.served_first_mismatch is None and report.exit_code == 0
 
 
+@pytest.mark.model
 def test_served_tokens_compared_after_a_rewind_finding(fixture_root):
     info = build(fixture_root, "llama-stale-trim-pair", arch="llama", faults=[{"kind": "stale_trim"}])
+    assert info.draft is not None
     target = load_checkpoint(info.target, trust_remote_code=True).model
     draft = load_checkpoint(info.draft).model
     req = record_speculative(target, draft, PROMPT, num_draft_tokens=3, max_tokens=40)
@@ -82,6 +86,7 @@ def test_served_tokens_compared_after_a_rewind_finding(fixture_root):
     assert f"served tokens: differ from classic first at emitted index {first}" in "\n".join(report.lines())
 
 
+@pytest.mark.model
 def test_cli_processor_flags(llama_pair, cli_bin):
     r = run_cli(cli_bin, "replay", "--model", llama_pair.target, "--draft-model", llama_pair.draft,
                 "--prompt", TEXT, "--max-tokens", "32",

@@ -9,6 +9,8 @@ import pytest
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.model
+
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 

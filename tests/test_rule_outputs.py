@@ -91,6 +91,8 @@ def test_dist_still_judges_a_possible_rule(cli_bin, tmp_path):
     assert r.returncode == 1, r.stderr  # always-accept is wrong, and is judged as such
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_accept_reports_an_impossible_rule_output(cli_bin, llama_pair, tmp_path):
     rules = tmp_path / "rules.py"
     rules.write_text(RULES)

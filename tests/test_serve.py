@@ -96,6 +96,8 @@ def fault(fixture_root, logs, home):
                 s.stop()
 
 
+@pytest.mark.model
+@pytest.mark.server
 def test_clean_pair_engages_at_several_widths_with_baseline_text(clean, tmp_path, cli_bin):
     info, base, ours = clean
     engaged = []
@@ -135,6 +137,8 @@ def test_clean_pair_engages_at_several_widths_with_baseline_text(clean, tmp_path
         assert len(re.findall(rf"specparity-gate: ALLOW width={w} ", log_text)) == 1
 
 
+@pytest.mark.model
+@pytest.mark.server
 def test_streaming_and_sampled_requests_report_the_rule(clean):
     _, base, ours = clean
     want = text(complete(base, PROMPTS[0]))
@@ -155,6 +159,8 @@ def test_streaming_and_sampled_requests_report_the_rule(clean):
                      Path(ours.log_path).read_text())
 
 
+@pytest.mark.model
+@pytest.mark.server
 def test_metrics_count_what_the_responses_reported(clean):
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -181,6 +187,9 @@ def test_metrics_count_what_the_responses_reported(clean):
     assert delta("specparity_gate_decisions_total", (("decision", "ALLOW"), ("width", "3"))) == 3
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_repeated_and_prefix_sharing_requests_equal_a_fresh_process(clean, fixture_root):
     """The prompt cache reused across requests holds exactly its tokens (mlx-lm 0.32's does not)."""
     info, _, ours = clean
@@ -217,6 +226,9 @@ def _fresh_classic(model_dir: str, **cache_kw):
     return run
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_quantized_kv_cache_reuse_equals_a_fresh_process(fixture_root, logs, home):
     info = build(fixture_root, "llama-float32", arch="llama")
     kv = ["--kv-bits", "8", "--kv-group-size", "32", "--quantized-kv-start", "8"]
@@ -228,6 +240,9 @@ def test_quantized_kv_cache_reuse_equals_a_fresh_process(fixture_root, logs, hom
             assert spec["tokens"] == fresh(spec["prompt_ids"]), (prompt, k)
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_fault_declined_at_exactly_the_divergent_widths(fault, home):
     from specparity.probes.gate import GateStore, gate_key
 
@@ -257,6 +272,9 @@ def test_fault_declined_at_exactly_the_divergent_widths(fault, home):
         assert len(re.findall(rf"specparity-gate: ALLOW width={w} ", log_text)) == 1
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_allow_inexact_engages_the_declined_arm_and_it_diverges(fault, logs, home):
     info, base, _ = fault
     argv = _serve(info.target, info.draft, "--trust-remote-code", "--num-draft-tokens", "3")
@@ -274,6 +292,9 @@ def test_allow_inexact_engages_the_declined_arm_and_it_diverges(fault, logs, hom
     assert "decision=FORFEIT" in log_text
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_bad_input_keeps_the_server_serving(clean, logs, home, tmp_path):
     info, base, ours = clean
     # a width the server cannot draft, and one mlx-lm refuses: clear answers, then service

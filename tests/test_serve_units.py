@@ -106,6 +106,7 @@ def _pair(fixture_root):
     from mlx_lm import load
 
     info = build(fixture_root, "llama-float32", arch="llama")
+    assert info.draft is not None
     model, tok = load(info.target)  # type: ignore[misc]  # mlx-lm types load() as a 2- or 3-tuple Union
     draft, _ = load(info.draft)  # type: ignore[misc]
     return model, draft, tok
@@ -118,6 +119,7 @@ def _speculate(model, draft, tok, cache, prompt, n=12, **kw):
                                              prompt_cache=cache, num_draft_tokens=3, **kw)]
 
 
+@pytest.mark.model
 def test_upstream_files_a_speculative_cache_one_token_short_and_exact_cache_refiles_it(
         fixture_root):
     from mlx_lm.models.cache import make_prompt_cache
@@ -139,6 +141,7 @@ def test_upstream_files_a_speculative_cache_one_token_short_and_exact_cache_refi
     assert offsets(got) == [len(prompt) - len(rest)] * len(got)  # exactly what it is filed under
 
 
+@pytest.mark.model
 def test_split_cache_keeps_quantized_layers_that_mlx_lm_assigns_into_a_slice(fixture_root):
     from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import build, run_cli, run_reproduction
+from specparity.fixtures import FixtureInfo
 from specparity.harness.config import Job, Pairing
 from specparity.harness.lifecycle import group_alive
 from specparity.harness.run import ServedRun
@@ -34,6 +35,8 @@ def arms(report):
     return {a.name: a for a in report.pairings[0].arms}
 
 
+@pytest.mark.model
+@pytest.mark.server
 def test_clean_pair_matches_one_group_witnessed_concurrency_matches_and_a_dead_server_is_an_error(
         llama_pair, tmp_path):
     j = job(llama_pair, widths=[2, 4], concurrency=2, extra_args={"w4": ["--no-such-flag"]})
@@ -56,9 +59,12 @@ def test_clean_pair_matches_one_group_witnessed_concurrency_matches_and_a_dead_s
     assert report.verdict == "error" and report.exit_code == 4
 
 
-def test_rows_fault_diverges_exactly_at_and_above_its_threshold(fixture_root, tmp_path, cli_bin):
-    pair = build(fixture_root, "llama-rows4-served", arch="llama",
-                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}])
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+def test_rows_fault_diverges_exactly_at_and_above_its_threshold(scaled_rows4_pair: FixtureInfo, tmp_path: Path,
+                                                              cli_bin: str) -> None:
+    pair = scaled_rows4_pair
     report = ServedRun(job(pair, widths=[3, 4, 5], max_tokens=24), workdir=tmp_path).run()
     a = arms(report)
     assert [a[f"w{w}"].verdict for w in (3, 4, 5)] == ["match", "diverged", "diverged"]
@@ -77,6 +83,9 @@ def test_rows_fault_diverges_exactly_at_and_above_its_threshold(fixture_root, tm
     assert "w4" in text and "first difference at token" in text and "reproduce in process" in text
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_forward_not_reproducible_across_processes_is_inconclusive(fixture_root, tmp_path):
     # a bias this large decides every greedy token: two processes agree only if their biases
     # pick the same argmax (about 1 in 512), where scale 4 left them agreeing now and then
@@ -89,6 +98,9 @@ def test_forward_not_reproducible_across_processes_is_inconclusive(fixture_root,
     assert report.exit_code == 3
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_server_without_any_witness_is_not_engaged(llama_pair, tmp_path):
     prof = tmp_path / "blind.yaml"
     prof.write_text(yaml.safe_dump({"extends": "mlx-lm", "name": "blind-mlx-lm", "witness": []}))
@@ -112,6 +124,8 @@ def _children(pid: int) -> set[int]:
     return out
 
 
+@pytest.mark.model
+@pytest.mark.server
 def test_ctrl_c_mid_job_leaves_no_server_and_a_readable_record(llama_pair, tmp_path, cli_bin):
     cfg = tmp_path / "job.yaml"
     cfg.write_text(yaml.safe_dump({"pairings": [{"name": "p", "target": llama_pair.target,
@@ -158,6 +172,8 @@ def _safe_pgid(pid: int) -> bool:
         return False
 
 
+@pytest.mark.model
+@pytest.mark.server
 @pytest.mark.slow
 def test_builtin_job_runs_the_sequences_on_real_servers_and_reports_what_it_finds(cli_bin, tmp_path):
     """No --config: the embedded pair on mlx_lm.server, request sequences included.

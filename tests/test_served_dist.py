@@ -141,12 +141,17 @@ def test_bad_flags_are_one_line_and_exit_2(cli_bin, args, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_no_drafter_to_compare_is_a_usage_error(cli_bin, tmp_path):
     r = run_cli(cli_bin, "served", "--model", str(tmp_path), "--temperature", "0.7")
     assert r.returncode == 2 and "no pairing has a drafter" in r.stderr
 
 
 # -- real servers -------------------------------------------------------------------------------
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_clean_constant_pair_passes_fit_and_homogeneity_with_power_on_real_servers(
         constant_pair, tmp_path, cli_bin):
     target, draft = constant_pair
@@ -197,6 +202,9 @@ def test_clean_constant_pair_passes_fit_and_homogeneity_with_power_on_real_serve
     assert sum(r == 2 for r in rows) == 400
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_a_drafter_server_with_a_wrong_sampler_is_diverged(constant_pair, tmp_path):
     """The drafted server runs with ``--top-k 3``: a real served sampler known to be wrong."""
     target, draft = constant_pair

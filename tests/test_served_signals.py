@@ -80,6 +80,7 @@ def _cleanup(proc: subprocess.Popen, mark: str) -> None:
             pass
 
 
+@pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.server
 def test_a_run_without_record_dir_leaves_no_temporary_folder(cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
@@ -93,6 +94,7 @@ def test_a_run_without_record_dir_leaves_no_temporary_folder(cli_bin: str, llama
     assert not wait_gone(mark)
 
 
+@pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.server
 def test_sigterm_mid_request_marks_the_record_interrupted_and_stops_every_server(
@@ -113,6 +115,7 @@ def test_sigterm_mid_request_marks_the_record_interrupted_and_stops_every_server
     assert record.status == "interrupted" and record.error == "SIGTERM"
 
 
+@pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.server
 def test_sigterm_without_record_dir_leaves_no_temporary_folder(cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
@@ -127,6 +130,7 @@ def test_sigterm_without_record_dir_leaves_no_temporary_folder(cli_bin: str, lla
     assert not _left_in(tmp)
 
 
+@pytest.mark.model
 @pytest.mark.server
 def test_sigkill_mid_request_leaves_no_server(cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
     proc, mark, _ = _served(cli_bin, llama_pair, tmp_path, "stall")
