@@ -44,8 +44,8 @@ BLOCK_SIZES = (8, 16)
 DTYPES = ("float32", "bfloat16")
 FIT_TOKENS = 96  # greedy tokens per fit prompt
 EXTRA_FIT_PROMPTS = 5  # random-id prompts beside the built-in ones
-TRAIN_CHUNK = 100  # optimizer steps between two measurements of the mix
-MAX_TRAIN_STEPS = 800
+# optimizer steps after which the mix is measured (a small target loops early: look often at first)
+CHECKPOINTS = (25, 50, 75, 100, 150, 200, 300, 400, 500, 600, 800)
 
 _LINEAR = {"linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4}
 _HYBRID = {
@@ -133,10 +133,13 @@ class AcceptMix:
         """Full, partial and zero-accept blocks all occur."""
         return self.full > 0 and self.partial > 0 and self.zero > 0
 
+    def balance(self) -> float:
+        """The rarest kind of block's share of the rounds."""
+        return min(self.full, self.partial, self.zero) / max(self.rounds, 1)
+
     def balanced(self, floor: float = 0.1) -> bool:
         """Each kind of block is at least ``floor`` of the rounds."""
-        n = max(self.rounds, 1)
-        return all(k / n >= floor for k in (self.full, self.partial, self.zero))
+        return self.balance() >= floor
 
     def describe(self) -> str:
         mean = self.accepted / self.rounds if self.rounds else 0.0
@@ -316,19 +319,25 @@ def _fit_drafter(fit: _Fit, args: Any, dtype_name: str, seed: int) -> tuple[Any,
     step_fn = nn.value_and_grad(drafter, loss_fn)
     dtype = getattr(mx, dtype_name)
     steps = 0
-    mix = AcceptMix(fit.block)
-    while steps < MAX_TRAIN_STEPS:
-        for _ in range(TRAIN_CHUNK):
+    best: tuple[float, int, dict[str, Any], AcceptMix] | None = None
+    for checkpoint in CHECKPOINTS:
+        while steps < checkpoint:
             _, grads = step_fn(drafter, rng.randrange(fit.lo, fit.width - fit.block))
             opt.update(drafter, grads)
             mx.eval(drafter.parameters(), opt.state)
-        steps += TRAIN_CHUNK
+            steps += 1
+        weights_now = _cast(drafter, dtype)
         trial = DFlashDrafter(args)
-        trial.load_weights(list(_cast(drafter, dtype).items()))
+        trial.load_weights(list(weights_now.items()))
         mix = fit.mix(trial, dtype)
         log.info("dflash drafter after %d steps: %s", steps, mix.describe())
+        if best is None or mix.balance() > best[0]:
+            best = (mix.balance(), steps, weights_now, mix)
         if mix.balanced():
             break
+    assert best is not None
+    _, steps, chosen, mix = best
+    drafter.load_weights(list(chosen.items()))
     return drafter, mix, steps
 
 

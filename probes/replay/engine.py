@@ -365,3 +365,30 @@ def _next_first(run: EngineRun, index: int) -> int | None:
     if index + 1 < len(run.rounds):
         return run.rounds[index + 1].tokens[0]
     return None
+
+
+@dataclass
+class EngineReplayRun(ReportMixin):
+    """Every request of one ``replay --engine`` run.
+
+    engine: EngineInfo.to_dict(). requests: one report per request (prompt order).
+    """
+
+    engine: dict[str, Any]
+    requests: list[EngineReplayReport]
+
+    @property
+    def verdict(self) -> Verdict:
+        return combine([r.verdict for r in self.requests])
+
+    def lines(self) -> list[str]:
+        e = self.engine
+        out = [f"engine {e['name']} {e['version']} ({e['family']}); " + "; ".join(e.get("notes", []))]
+        for i, r in enumerate(self.requests):
+            out.append(f"request {i} ({r.prompt_len} prompt tokens):")
+            out += ["  " + line for line in r.lines()]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "exit_code": self.exit_code, "engine": self.engine,
+                "requests": [r.to_dict() for r in self.requests]}
