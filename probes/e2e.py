@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINTS = ("stream_generate", "generate", "cli")
 STEPS = ("generate_step", "speculative_generate_step")
+# the calls that draft: mlx-lm's speculative step, dflash-mlx's loop and its CLI (probes/e2e_dflash.py)
+DRAFTING_STEPS = ("speculative_generate_step", "stream_dflash_generate", "dflash generate")
 SPY_ENV = "SPECPARITY_E2E_SPY"
 CONTEXT = 3  # tokens shown either side of a first difference
 TEXT_CONTEXT = 24  # characters shown either side of a first text difference
@@ -415,7 +417,7 @@ class EntryResult(ReportMixin):
             return Verdict.NOT_RUN
         if self.tokens_diff or self.text_diff or self.dropped:
             return Verdict.DIVERGED
-        if self.drafter.step != "speculative_generate_step" or self.drafter.drafted == 0:
+        if self.drafter.step not in DRAFTING_STEPS or self.drafter.drafted == 0:
             return Verdict.NOT_ENGAGED
         return Verdict.MATCH
 
