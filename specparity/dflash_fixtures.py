@@ -5,7 +5,9 @@ linear attention with a full-attention layer every fourth) and plain Qwen3
 targets with z-lab's block drafters. The shapes here keep what the engine's
 code paths depend on, at a size a CPU runs in seconds: the layer pattern, the
 ratio of linear-attention value heads to key heads (the engine repeats key
-heads to value heads in its verify and rollback kernels), the attention output
+heads to value heads in its verify and rollback kernels; more than one key head,
+as every published config has, since one key head broadcasts where several do
+not), the attention output
 gate and head width, tied or untied output heads. Numbers from the published
 configs (``config.json`` of each checkpoint):
 
@@ -64,9 +66,9 @@ SHAPES: dict[str, tuple[dict[str, Any], str]] = {
         " attention 4:1 heads of 128",
     ),
     "qwen3_5-27b": (
-        {**_HYBRID, **_LINEAR, "linear_num_key_heads": 1, "linear_num_value_heads": 3,
+        {**_HYBRID, **_LINEAR, "linear_num_key_heads": 2, "linear_num_value_heads": 6,
          "num_attention_heads": 6, "num_key_value_heads": 1, "head_dim": 128},
-        "gated-delta hybrid, linear key:value heads 1:3 (Qwen3.5/3.6-27B: 16:48), attention 6:1 heads of 128",
+        "gated-delta hybrid, linear key:value heads 2:6 (Qwen3.5/3.6-27B: 16:48), attention 6:1 heads of 128",
     ),
     "qwen3_5-equal-heads": (
         {**_HYBRID, **_LINEAR, "linear_num_key_heads": 2, "linear_num_value_heads": 2,

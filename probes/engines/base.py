@@ -38,6 +38,14 @@ from specparity.decode import LayerState
 from specparity.errors import InfrastructureError
 
 
+# Names a known defect an adapter injects into the engine's own calls, to show a detector
+# fires (tests, and anyone checking the toolkit): ``stale-row`` (a rollback keeps one rejected
+# row: the KV cache one row long, the recurrent state replayed one step too far) or
+# ``verify-row`` (the verify block's rows past the first scaled by 1 + 2**-6).
+FAULT_ENV = "SPECPARITY_ENGINE_FAULT"
+FAULTS = ("stale-row", "verify-row")
+
+
 class EngineUnavailable(InfrastructureError):
     """The engine is not installed in this interpreter, or will not load the checkpoint."""
 
@@ -65,6 +73,8 @@ class EngineInfo:
       verifies when fewer tokens remain).
     family: the engine's name for the target's family (``hybrid_gdn``...).
     notes: how the engine runs here (backend, fallbacks), one line each.
+    packages: versions of the engine and of mlx / mlx-lm in this interpreter.
+    fault: an injected fault (:data:`FAULT_ENV`), None on a clean run.
     """
 
     name: str
@@ -75,6 +85,8 @@ class EngineInfo:
     widths: list[int]
     family: str = ""
     notes: list[str] = field(default_factory=list)
+    packages: dict[str, str | None] = field(default_factory=dict)
+    fault: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -39,6 +39,8 @@ from typing import Any
 
 from specparity.decode import LayerState, snapshot
 from specparity.probes.engines.base import (
+    FAULT_ENV,
+    FAULTS,
     Engine,
     EngineCannotRun,
     EngineInfo,
@@ -172,6 +174,32 @@ class DflashSession(TargetSession):
         return other
 
 
+class _FaultyOps:
+    """The engine's target adapter with a known defect injected (:data:`FAULT_ENV`)."""
+
+    def __init__(self, ops: Any, fault: str):
+        self._ops, self.fault = ops, fault
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ops, name)
+
+    def verify_block(self, **kwargs: Any) -> Any:
+        logits, hidden = self._ops.verify_block(**kwargs)
+        if self.fault == "verify-row" and logits.shape[1] > 1:
+            logits = logits.at[:, 1:].multiply(1.0 + 2.0 ** -6)
+        return logits, hidden
+
+    def restore_after_acceptance(self, cache_entries: list[Any], *, target_len: int, acceptance_length: int,
+                                 drafted_tokens: int = 0) -> int:
+        if self.fault == "stale-row" and acceptance_length < drafted_tokens:
+            # one rejected row kept: KV trimmed to one row more, the tape replayed one step further
+            return self._ops.restore_after_acceptance(cache_entries, target_len=target_len + 1,
+                                                      acceptance_length=acceptance_length + 1,
+                                                      drafted_tokens=drafted_tokens)
+        return self._ops.restore_after_acceptance(cache_entries, target_len=target_len,
+                                                  acceptance_length=acceptance_length, drafted_tokens=drafted_tokens)
+
+
 class _RecordingOps:
     """The engine's target adapter, with every verify block and rollback recorded."""
 
@@ -274,6 +302,20 @@ class DflashEngine(Engine):
             raise EngineUnavailable(f"dflash-mlx will not load {target}"
                                     f"{' with drafter ' + str(draft) if draft else ''}:"
                                     f" {type(err).__name__}: {err}") from err
+        import os
+
+        fault = os.environ.get(FAULT_ENV) or None
+        if fault is not None:
+            if fault not in FAULTS:
+                from specparity.errors import UsageError
+
+                raise UsageError(f"{FAULT_ENV}={fault!r}: choose from {', '.join(FAULTS)}")
+            self.target_ops = _FaultyOps(self.target_ops, fault)
+            if self.bundle is not None:
+                import dataclasses
+
+                self.bundle = dataclasses.replace(self.bundle, target_ops=self.target_ops)
+            log.warning("dflash-mlx: injected fault %s", fault)
         self._classic, _ = mlx_lm.load(str(target))
         ids = list(getattr(self.draft_model, "target_layer_ids", []) or [])
         self.capture_layer_ids = {i + 1 for i in ids} or None
@@ -283,8 +325,12 @@ class DflashEngine(Engine):
         if not mx.metal.is_available():
             notes.append(f"no Metal on this machine ({mx.default_device()}): dflash-mlx runs its pure-MLX"
                          " fallbacks, not its Metal kernels")
+        if fault is not None:
+            notes.append(f"injected fault: {fault}")
         self.info = EngineInfo(NAME, version("dflash-mlx"), str(target), str(draft) if draft else None, block,
-                               widths, family=str(self.target_ops.family(self.target_model)), notes=notes)
+                               widths, family=str(self.target_ops.family(self.target_model)), notes=notes,
+                               packages={"dflash-mlx": version("dflash-mlx"), "mlx": mx.__version__,
+                                         "mlx-lm": mlx_lm.__version__}, fault=fault)
         self.info.notes.append(f"mlx {mx.__version__}, mlx-lm {mlx_lm.__version__}")
 
     def session(self) -> DflashSession:

@@ -62,6 +62,7 @@ class MlxLmEngine(Engine):
 
     def __init__(self, loaded: Any, draft: Any = None, num_draft_tokens: int = 3,
                  opts: CacheOptions | None = None):
+        import mlx.core as mx
         import mlx_lm
 
         self.loaded = loaded
@@ -72,7 +73,8 @@ class MlxLmEngine(Engine):
         width = num_draft_tokens + 1
         self.info = EngineInfo("mlx-lm", mlx_lm.__version__, str(loaded.path),
                                str(draft.path) if draft is not None else None, width,
-                               list(range(2, width + 1)))
+                               list(range(2, width + 1)),
+                               packages={"mlx": mx.__version__, "mlx-lm": mlx_lm.__version__})
 
     def session(self) -> MlxLmSession:
         return MlxLmSession(self.model, self.opts)
