@@ -198,8 +198,8 @@ def load_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False,
     import mlx_lm
 
     # mlx-lm 0.31 has no trust_remote_code parameter (the check above already refused the code)
-    extra = ({"trust_remote_code": trust_remote_code}
-             if "trust_remote_code" in inspect.signature(mlx_lm.load).parameters else {})
+    extra: dict[str, Any] = ({"trust_remote_code": trust_remote_code}
+                             if "trust_remote_code" in inspect.signature(mlx_lm.load).parameters else {})
     try:
         # mypy cannot pick the 3-tuple arm of load's Union return from return_config=True
         model, tokenizer, config = mlx_lm.load(  # type: ignore[misc]

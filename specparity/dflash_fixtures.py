@@ -280,13 +280,15 @@ class _Fit:
 
     def mix(self, drafter: Any, dtype: Any) -> AcceptMix:
         import mlx.core as mx
+        import numpy as np
 
         mix = AcceptMix(self.block)
         for r, prompt in enumerate(self.prompts):
             accepts = []
             p = len(prompt)
             while p + self.block <= self.width:
-                pred = mx.argmax(self.block_logits(drafter, mx.array([r]), p, dtype)[0], axis=-1).tolist()
+                pred = [int(t) for t in np.array(mx.argmax(self.block_logits(drafter, mx.array([r]), p, dtype)[0],
+                                                           axis=-1))]
                 truth = self.trajs[r][p + 1:p + self.block]
                 a = 0
                 while a < len(pred) and pred[a] == truth[a]:
@@ -387,6 +389,7 @@ def build_dflash_pair(
 
         tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
         mask_id = tok.token_to_id(MASK_TOKEN)
+        assert mask_id is not None, "the tokenizer lost its mask token"
         prompts = [tok.encode(t).ids for t in DEFAULT_PROMPTS]
         rng = random.Random(seed)
         prompts += [[rng.randrange(2, VOCAB_SIZE) for _ in range(12)] for _ in range(EXTRA_FIT_PROMPTS)]

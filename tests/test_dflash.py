@@ -27,16 +27,17 @@ import importlib.util
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import run_cli
 
 pytestmark = pytest.mark.model
-_BUILT: dict[str, object] = {}
+_BUILT: dict[str, Any] = {}
 
 
-def dflash(root: Path, name: str, **kwargs):
+def dflash(root: Path, name: str, **kwargs: Any) -> Any:
     """A DFlash fixture pair built once per session under ``root``."""
     from specparity.dflash_fixtures import build_dflash_pair
 
@@ -77,7 +78,7 @@ def mlx_lm_minor(engine: dict) -> tuple[int, int]:
 # ---------------------------------------------------------------- fixtures (mlx-lm only)
 
 
-def test_dflash_fixture_is_a_real_drafter_with_a_spread_accept_mix(fixture_root):
+def test_dflash_fixture_is_a_real_drafter_with_a_spread_accept_mix(fixture_root: Path) -> None:
     """Config, weights and tokenizer as dflash-mlx's loader reads them; full, partial and zero blocks."""
     import mlx.core as mx
     from tokenizers import Tokenizer
@@ -89,6 +90,7 @@ def test_dflash_fixture_is_a_real_drafter_with_a_spread_accept_mix(fixture_root)
     assert cfg["dflash_config"] == {"target_layer_ids": [1, 2], "mask_token_id": info.mask_token_id}
     assert cfg["hidden_size"] == target_cfg["hidden_size"]
     weights = mx.load(str(Path(info.draft) / "model.safetensors"))
+    assert isinstance(weights, dict)
     assert weights["fc.weight"].shape == (64, 2 * 64)  # the two target layers' states, concatenated
     assert "hidden_norm.weight" in weights and "norm.weight" in weights
     assert not any(k.startswith(("embed_tokens", "lm_head", "model.embed")) for k in weights)
@@ -103,7 +105,7 @@ def test_dflash_fixture_is_a_real_drafter_with_a_spread_accept_mix(fixture_root)
 @pytest.mark.slow
 @pytest.mark.parametrize("shape,key,value", [("qwen3_5", 2, 4), ("qwen3_5-27b", 2, 6),
                                              ("qwen3_5-equal-heads", 2, 2)])
-def test_dflash_target_shapes_keep_the_published_head_ratios(shape, key, value):
+def test_dflash_target_shapes_keep_the_published_head_ratios(shape: str, key: int, value: int) -> None:
     from specparity.dflash_fixtures import target_config
     from specparity.fixtures import instantiate
 
@@ -120,7 +122,8 @@ def test_dflash_target_shapes_keep_the_published_head_ratios(shape, key, value):
 
 
 @pytest.mark.build
-def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(fixture_root, cli_bin, dflash_env):
+def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """Block vs chain per width, and every rollback, through dflash-mlx's own verify and rollback."""
     info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
@@ -147,7 +150,7 @@ def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(fi
 
 @pytest.mark.build
 @pytest.mark.slow
-def test_dflash_own_run_is_placed_round_by_round(fixture_root, cli_bin, dflash_env):
+def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """The engine's own loop: its state after a partial rollback differs, and its accept vector reproduces it."""
     info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
     seen = 0
@@ -182,7 +185,8 @@ def test_dflash_own_run_is_placed_round_by_round(fixture_root, cli_bin, dflash_e
 
 @pytest.mark.build
 @pytest.mark.slow
-def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(fixture_root, cli_bin, dflash_env):
+def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
     out = cli_json(cli_bin, dflash_env, "bisect", "--engine", "dflash-mlx", "--model", info.target,
                    "--width", "8", "--accepted", "3", code=1)
@@ -200,7 +204,8 @@ def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(fixture_root, cli_
 
 @pytest.mark.build
 @pytest.mark.slow
-def test_dflash_cannot_run_the_published_head_ratios_and_says_so(fixture_root, cli_bin, dflash_env):
+def test_dflash_cannot_run_the_published_head_ratios_and_says_so(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """1:2 linear key:value heads: every verify block is not_run with the engine's own error, never a pass."""
     info = dflash(fixture_root, "q35-b16-f32-tied", shape="qwen3_5", block_size=16, tied=True)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
@@ -216,7 +221,8 @@ def test_dflash_cannot_run_the_published_head_ratios_and_says_so(fixture_root, c
 
 @pytest.mark.build
 @pytest.mark.slow
-def test_dflash_bfloat16_breaks_exact_ties_the_other_way(fixture_root, cli_bin, dflash_env):
+def test_dflash_bfloat16_breaks_exact_ties_the_other_way(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """The rows equal classic decode's; the engine's raw-logit argmax leaves it at an exact logprob tie."""
     info = dflash(fixture_root, "qwen3-b8-bf16", shape="qwen3", block_size=8, dtype="bfloat16")
     found = 0
@@ -236,7 +242,8 @@ def test_dflash_bfloat16_breaks_exact_ties_the_other_way(fixture_root, cli_bin, 
 
 @pytest.mark.build
 @pytest.mark.slow
-def test_dflash_plain_qwen3_float32_is_the_clean_path(fixture_root, cli_bin, dflash_env):
+def test_dflash_plain_qwen3_float32_is_the_clean_path(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """Detectors stay silent: block, every rollback, prefill and the engine's own run equal classic decode."""
     info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
@@ -252,7 +259,8 @@ def test_dflash_plain_qwen3_float32_is_the_clean_path(fixture_root, cli_bin, dfl
 @pytest.mark.build
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["stale-row", "verify-row"])
-def test_dflash_detectors_fire_on_an_injected_fault(fixture_root, cli_bin, dflash_env, fault):
+def test_dflash_detectors_fire_on_an_injected_fault(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str], fault: str) -> None:
     """On the clean path, a rollback that keeps one stale row, or a verify row scaled, is named."""
     info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
     env = {**dflash_env, "SPECPARITY_ENGINE_FAULT": fault}
@@ -280,7 +288,8 @@ def test_dflash_detectors_fire_on_an_injected_fault(fixture_root, cli_bin, dflas
 
 @pytest.mark.build
 @pytest.mark.slow
-def test_dflash_generate_entry_points_against_classic(fixture_root, cli_bin, dflash_env):
+def test_dflash_generate_entry_points_against_classic(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
     out = cli_json(cli_bin, dflash_env, "e2e", "--engine", "dflash-mlx", "--model", info.target,
                    "--max-tokens", "48", code=0)

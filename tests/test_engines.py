@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from conftest import assert_report, build
@@ -17,12 +20,12 @@ cpu_only = pytest.mark.skipif(device() != "cpu",
 pytestmark = pytest.mark.model
 
 
-def _engine(info, trust=False):
+def _engine(info: Any, trust: bool = False) -> Any:
     return load_engine("mlx-lm", load_checkpoint(info.target, trust_remote_code=trust))
 
 
 @cpu_only
-def test_mlx_lm_adapter_is_silent_on_a_clean_path(fixture_root):
+def test_mlx_lm_adapter_is_silent_on_a_clean_path(fixture_root: Path) -> None:
     """Block, every rollback and the prefill through mlx-lm's adapter equal classic decode."""
     eng = _engine(build(fixture_root, "llama-float32", arch="llama"))
     rep = probe_engine(eng, [2, 4], [0, 5], [PROMPT])
@@ -38,7 +41,7 @@ def test_mlx_lm_adapter_is_silent_on_a_clean_path(fixture_root):
 
 
 @cpu_only
-def test_stale_trim_fires_at_the_first_rollback_and_names_every_layer(fixture_root):
+def test_stale_trim_fires_at_the_first_rollback_and_names_every_layer(fixture_root: Path) -> None:
     """A cache trim that keeps one stale row: the rollback detector names width, accept and layer."""
     info = build(fixture_root, "llama-stale-trim", arch="llama", faults=[{"kind": "stale_trim"}], with_draft=False)
     eng = _engine(info, True)

@@ -192,7 +192,7 @@ class Engine(ABC):
     def generate(self, prompt: list[int], max_tokens: int, record_states: bool = True) -> EngineRun:
         """The engine's own speculative loop over ``prompt``, recorded."""
 
-    def capture_block(self, session: TargetSession, tokens: list[int]) -> tuple[Any, list[Any]]:
+    def capture_block(self, session: TargetSession, tokens: list[int]) -> tuple[list[list[tuple[str, Any]]], Any]:
         """Run :meth:`TargetSession.verify` with bisect's capture on the engine's model.
 
         Returns (recorded model calls, the capture map); see :mod:`specparity.bisect.capture`.

@@ -316,7 +316,7 @@ class DflashEngine(Engine):
 
                 self.bundle = dataclasses.replace(self.bundle, target_ops=self.target_ops)
             log.warning("dflash-mlx: injected fault %s", fault)
-        self._classic, _ = mlx_lm.load(str(target))
+        self._classic = mlx_lm.load(str(target))[0]
         ids = list(getattr(self.draft_model, "target_layer_ids", []) or [])
         self.capture_layer_ids = {i + 1 for i in ids} or None
         block = int(self.draft_model.block_size) if self.draft_model is not None else None
@@ -329,9 +329,9 @@ class DflashEngine(Engine):
             notes.append(f"injected fault: {fault}")
         self.info = EngineInfo(NAME, version("dflash-mlx"), str(target), str(draft) if draft else None, block,
                                widths, family=str(self.target_ops.family(self.target_model)), notes=notes,
-                               packages={"dflash-mlx": version("dflash-mlx"), "mlx": mx.__version__,
-                                         "mlx-lm": mlx_lm.__version__}, fault=fault)
-        self.info.notes.append(f"mlx {mx.__version__}, mlx-lm {mlx_lm.__version__}")
+                               packages={"dflash-mlx": version("dflash-mlx"), "mlx": version("mlx"),
+                                         "mlx-lm": version("mlx-lm")}, fault=fault)
+        self.info.notes.append(f"mlx {version('mlx')}, mlx-lm {version('mlx-lm')}")
 
     def session(self) -> DflashSession:
         return DflashSession(self)

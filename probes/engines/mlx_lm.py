@@ -62,8 +62,8 @@ class MlxLmEngine(Engine):
 
     def __init__(self, loaded: Any, draft: Any = None, num_draft_tokens: int = 3,
                  opts: CacheOptions | None = None):
-        import mlx.core as mx
-        import mlx_lm
+        from importlib.metadata import version
+
 
         self.loaded = loaded
         self.model = loaded.model
@@ -71,10 +71,10 @@ class MlxLmEngine(Engine):
         self.num_draft_tokens = num_draft_tokens
         self.opts = opts or CacheOptions()
         width = num_draft_tokens + 1
-        self.info = EngineInfo("mlx-lm", mlx_lm.__version__, str(loaded.path),
+        self.info = EngineInfo("mlx-lm", version("mlx-lm"), str(loaded.path),
                                str(draft.path) if draft is not None else None, width,
                                list(range(2, width + 1)),
-                               packages={"mlx": mx.__version__, "mlx-lm": mlx_lm.__version__})
+                               packages={"mlx": version("mlx"), "mlx-lm": version("mlx-lm")})
 
     def session(self) -> MlxLmSession:
         return MlxLmSession(self.model, self.opts)

@@ -204,7 +204,7 @@ class EngineProbeReport(ReportMixin):
             from specparity.compare import index_ranges
 
             equal = [r.accepted for r in group if r.verdict == Verdict.EQUAL]
-            by_verdict = {}
+            by_verdict: dict[str, list[int]] = {}
             for r in bad:
                 by_verdict.setdefault(str(r.verdict), []).append(r.accepted)
             parts = [f"{v} at accepted {index_ranges(ks)}" for v, ks in by_verdict.items()]

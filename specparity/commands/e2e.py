@@ -105,8 +105,9 @@ def e2e(ctx, model, trust_remote_code, draft_model, entry_points, prompt_text, p
         return run.finish(result)
 
 
-def _engine_e2e(ctx, engine, model, draft_model, entry_points, prompt_text, prompt_ids, max_tokens, as_json,
-                record_dir, quiet):
+def _engine_e2e(ctx: click.Context, engine: str, model: str | None, draft_model: str | None,
+                entry_points: str | None, prompt_text: str | None, prompt_ids: str | None, max_tokens: int | None,
+                as_json: bool, record_dir: str | None, quiet: bool) -> int:
     """``e2e --engine dflash-mlx``: dflash-mlx's entry points against mlx-lm's classic arms."""
     from specparity.commands._engine import (
         dflash_paths, engine_prompts, explicit, load_dflash, rerun_elsewhere,

@@ -77,8 +77,8 @@ def make(out_dir, arch, dtype, bits, seed, faults, no_draft, overwrite, dflash_s
     return EXIT_OK
 
 
-def _make_dflash(out_dir, shape, block_size, dtype, tied, seed, overwrite, as_json, arch, bits, faults,
-                 no_draft):
+def _make_dflash(out_dir: str, shape: str, block_size: int, dtype: str, tied: bool, seed: int, overwrite: bool,
+                 as_json: bool, arch: str, bits: str | None, faults: tuple[str, ...], no_draft: bool) -> int:
     from pathlib import Path
 
     from specparity.dflash_fixtures import build_dflash_pair

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -116,8 +117,10 @@ def probe(ctx, model, trust_remote_code, widths, depths, prompts, prompt_ids, wa
         return run.finish(result, markdown=result.markdown(), extra={"model": fp.to_dict()})
 
 
-def _engine_probe(ctx, engine, model, draft_model, widths, depths, prompts, prompt_ids, rollback, verify_mode,
-                  as_json, record_dir, quiet, cache_kwargs):
+def _engine_probe(ctx: click.Context, engine: str, model: str | None, draft_model: str | None, widths: str,
+                  depths: str, prompts: tuple[str, ...], prompt_ids: tuple[str, ...], rollback: bool,
+                  verify_mode: str | None, as_json: bool, record_dir: str | None, quiet: bool,
+                  cache_kwargs: dict[str, Any]) -> int:
     """``probe --engine``: the engine's verify block, rollback and prefill against classic decode."""
     from specparity.commands._engine import engine_prompts, explicit, load_dflash, rerun_elsewhere
     from specparity.probes.forward.engine import probe_engine

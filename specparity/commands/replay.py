@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -271,9 +272,11 @@ def _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
         return run.finish(result)
 
 
-def _engine_replay(engine, model, draft_model, accepts_text, log_path, fmt, regex, request_index, max_tokens,
-                   prompt_text, prompt_ids, width, policy, wrong_id, verify_mode, algebra_only, locate, save_log,
-                   as_json, record_dir, quiet, cache_kwargs) -> int:
+def _engine_replay(engine: str, model: str | None, draft_model: str | None, accepts_text: str | None,
+                   log_path: str | None, fmt: str, regex: str | None, request_index: int | None, max_tokens: int,
+                   prompt_text: str | None, prompt_ids: str | None, width: int | None, policy: str, wrong_id: int,
+                   verify_mode: str | None, algebra_only: bool, locate: int | None, save_log: str | None,
+                   as_json: bool, record_dir: str | None, quiet: bool, cache_kwargs: dict[str, Any]) -> int:
     """``replay --engine``: rounds through the engine's verify and rollback, or the engine's own run."""
     from pathlib import Path
 
@@ -291,7 +294,7 @@ def _engine_replay(engine, model, draft_model, accepts_text, log_path, fmt, rege
     if len(sources) > 1 and not (draft_model is not None and len(sources) == 2):
         raise UsageError("give one of --accepts or --log, or --draft-model alone (the engine's own run)")
     own_run = accepts_text is None and log_path is None
-    requests: list = []
+    requests: list[logs.AcceptLog] = []
     if accepts_text is not None:
         requests = [logs.AcceptLog(logs.parse_accept_list(accepts_text), source="--accepts")]
     elif log_path is not None:
@@ -325,11 +328,10 @@ def _engine_replay(engine, model, draft_model, accepts_text, log_path, fmt, rege
         else:
             for req in requests:
                 check_accept_log(req, vocab)
-                w, ws = widths_for(req, width)
-                ws = ws or [w] * len(req.accepts)
+                w, given = widths_for(req, width)
+                ws = round_widths(req.accepts, w, given)
                 prompt = req.prompt_ids if req.prompt_ids and cli_ids is None and prompt_text is None else \
                     engine_prompts(eng, [prompt_text] if prompt_text else None, [cli_ids] if cli_ids else None)[0]
-                ws = round_widths(req.accepts, None, ws)
                 reports.append(replay_engine(eng, prompt, req.accepts, ws, wrong_id, observer=run.observer))
         for r in reports:
             run.observer.result("requests", r.to_dict())
