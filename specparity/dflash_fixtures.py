@@ -207,7 +207,8 @@ def target_config(shape: str, dtype: str, tied: bool) -> dict[str, Any]:
 
 
 def _embed(model: Any) -> Any:
-    return model.model.embed_tokens
+    # qwen3_5's outer Model gained a ``model`` property only in mlx-lm 0.32
+    return getattr(model, "language_model", model).model.embed_tokens
 
 
 def _head(model: Any, tied: bool) -> Any:
