@@ -80,7 +80,7 @@ def checks(engine: Any, prompts: list[list[int]], max_tokens: int) -> Callable[[
     from specparity.probes.replay.engine import check_engine_run
 
     def run() -> Any:
-        out = [probe_engine(engine, engine.info.widths, [0, 8], prompts)]
+        out: list[Any] = [probe_engine(engine, engine.info.widths, [0, 8], prompts)]
         for p in prompts:
             out.append(check_engine_run(engine, engine.generate(p, max_tokens)))
         return out
