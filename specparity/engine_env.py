@@ -49,7 +49,10 @@ def engine_python(engine: str) -> str:
     """The interpreter of ``engine``'s environment (see the module docstring); InfrastructureError if none."""
     var = python_var(engine)
     if os.environ.get(var):
-        return os.environ[var]
+        path = os.environ[var]
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise InfrastructureError(f"{var}={path}: no such interpreter")
+        return path
     try:
         environments: Any = importlib.import_module("specparity.environments")
     except ImportError:

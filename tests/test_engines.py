@@ -59,3 +59,21 @@ def test_stale_trim_fires_at_the_first_rollback_and_names_every_layer(fixture_ro
     assert rr.state is not None and (rr.state.round, rr.state.accepted) == (2, 1)
     assert rr.state.first.name == "offset" and rr.state.rounds_differing == 2
     assert rr.verdict == "divergent"
+
+
+def test_engine_errors_are_one_line_with_their_exit_code(cli_bin: str, tmp_path: Path) -> None:
+    """--accepted without an engine is usage (2); a missing engine interpreter is infrastructure (4)."""
+    import importlib.util
+
+    from conftest import run_cli
+
+    proc = run_cli(cli_bin, "bisect", "--width", "4", "--accepted", "2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "Error: --accepted rolls back an engine's block: give --engine"
+    if importlib.util.find_spec("dflash_mlx") is not None:
+        return  # in process here: no environment is looked for
+    proc = run_cli(cli_bin, "probe", "--engine", "dflash-mlx", "--model", str(tmp_path),
+                   env={"SPECPARITY_DFLASH_MLX_PYTHON": str(tmp_path / "no-python")})
+    assert proc.returncode == 4
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"Error: SPECPARITY_DFLASH_MLX_PYTHON={tmp_path / 'no-python'}: no such interpreter")
