@@ -172,12 +172,16 @@ class EngineReplayReport(ReportMixin):
         return combine(parts)
 
     def mix(self) -> str:
+        """Full, partial and zero-accept rounds (single-row rounds, which propose nothing, apart)."""
         from collections import Counter
 
-        full = sum(1 for a, w in zip(self.accepts, self.widths) if a == w - 1 and w > 1)
-        zero = sum(1 for a, w in zip(self.accepts, self.widths) if a == 0 and w > 1)
+        drafted = [(a, w) for a, w in zip(self.accepts, self.widths) if w > 1]
+        full = sum(1 for a, w in drafted if a == w - 1)
+        zero = sum(1 for a, _ in drafted if a == 0)
+        s = f"{full} full, {len(drafted) - full - zero} partial, {zero} zero-accept rounds"
+        if len(drafted) < len(self.accepts):
+            s += f", {len(self.accepts) - len(drafted)} single-row"
         src = Counter(self.sources)
-        s = f"{full} full, {len(self.accepts) - full - zero} partial, {zero} zero-accept rounds"
         if src:
             s += " (" + ", ".join(f"{n} {k}" for k, n in sorted(src.items())) + ")"
         return s

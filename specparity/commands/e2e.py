@@ -139,8 +139,8 @@ def _engine_e2e(ctx: click.Context, engine: str, model: str | None, draft_model:
     loaded = resolve_model(str(target), False)
     prompt = engine_prompts(eng, [prompt_text] if prompt_text else None,
                             parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]
-    run = CommandRun("e2e", f"e2e --engine {engine}: {target.name}", {"engine": eng.info.to_dict()},
-                     record_dir, as_json, quiet, slug=f"e2e-{engine}")
+    run = CommandRun("e2e", f"e2e --engine {engine}: {target.parent.name}/{target.name}",
+                     {"engine": eng.info.to_dict()}, record_dir, as_json, quiet, slug=f"e2e-{engine}")
     with run:
         result = run_dflash_e2e(eng, loaded, prompt, max_tokens or 64, chosen, observer=run.observer)
         return run.finish(result)

@@ -145,7 +145,7 @@ def _engine_probe(ctx: click.Context, engine: str, model: str | None, draft_mode
         w_list = list(eng.info.widths)
     prompt_list = engine_prompts(eng, list(prompts) or None, parse_prompt_ids(prompt_ids) or None)
     info = eng.info
-    run = CommandRun("probe", f"probe --engine {engine}: {Path(info.target).name}",
+    run = CommandRun("probe", f"probe --engine {engine}: {Path(info.target).parent.name}/{Path(info.target).name}",
                      {"engine": info.to_dict()}, record_dir, as_json, quiet, slug=f"probe-{engine}")
     with run:
         result = probe_engine(eng, w_list, d_list, prompt_list, rollback=rollback, observer=run.observer)

@@ -314,7 +314,8 @@ def _engine_replay(engine: str, model: str | None, draft_model: str | None, acce
     cli_ids = _prompt_ids(prompt_ids)
     vocab = vocab_size(eng.classic_model())
     check_token_ids([wrong_id], vocab, "--wrong-id")
-    run = CommandRun("replay", f"replay --engine {engine}: {Path(eng.info.target).name}",
+    where = Path(eng.info.target)
+    run = CommandRun("replay", f"replay --engine {engine}: {where.parent.name}/{where.name}",
                      {"engine": eng.info.to_dict()}, record_dir, as_json, quiet, slug=f"replay-{engine}")
     with run:
         reports = []
