@@ -297,3 +297,38 @@ def test_dflash_generate_entry_points_against_classic(
     assert set(entries) == {"dflash-stream", "dflash-cli"}
     assert entries["dflash-stream"]["verdict"] == "match" and entries["dflash-stream"]["drafter"]["drafted"] > 0
     assert entries["dflash-cli"]["verdict"] == "match"
+
+
+_SAME_DRAFT = """
+import json, sys
+import mlx.core as mx
+from dflash_mlx.runtime.loading import load_draft_bundle
+from specparity.compare import compare_arrays
+from specparity.fixture_models.dflash_draft import DFlashDrafter, DraftArgs
+d = sys.argv[1]
+cfg = json.load(open(d + "/config.json"))
+engine, _ = load_draft_bundle(d)
+keys = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "vocab_size", "num_target_layers", "block_size", "rms_norm_eps")
+ref = DFlashDrafter(DraftArgs(**{k: cfg[k] for k in keys}, **cfg["dflash_config"]))
+ref.load_weights(d + "/model.safetensors")
+mx.random.seed(1)
+dt = engine.norm.weight.dtype
+emb = mx.random.normal((1, cfg["block_size"], cfg["hidden_size"])).astype(dt)
+ctx = mx.random.normal((1, 20, 2 * cfg["hidden_size"])).astype(dt)
+print(compare_arrays(engine(noise_embedding=emb, target_hidden=ctx), ref(emb, ctx), row_axis=1).equal)
+"""
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_loads_the_fixture_drafter_as_its_own(fixture_root: Path, dflash_env: dict[str, str]) -> None:
+    """dflash-mlx's loader reads the drafter, and its block forward equals the fixture's model byte for byte."""
+    import subprocess
+    import sys
+
+    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    python = dflash_env.get("SPECPARITY_DFLASH_MLX_PYTHON", sys.executable)
+    proc = subprocess.run([python, "-P", "-c", _SAME_DRAFT, info.draft], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "True"
