@@ -180,3 +180,64 @@ def run_arms(model: Any, prompt: list[int], width: int, depth: int,
     if "block" in arms:
         out["block"] = ArmCapture("block", order, {n: block[n] for n in order}, axes, block_cache)
     return BisectCapture(width, depth, list(prompt), list(tokens), kinds, out, cmap, seconds, bracket)
+
+
+def run_engine_arms(engine: Any, prompt: list[int], width: int, depth: int, accepted: int | None = None,
+                    subop_depth: int = 2) -> BisectCapture:
+    """Classic decode's chain against an engine's own verify block, every layer captured.
+
+    Classic decode (mlx-lm's own path, :meth:`Engine.classic`) prefills, decodes
+    ``depth`` tokens and runs the chain with capture on; the engine starts from
+    an exact copy of that state (its own cache types) and runs its verify
+    forward over the same ``width`` tokens with capture on its own model. With
+    ``accepted``, the engine then rolls back to ``accepted`` its own way and the
+    block arm's cache is its state after the rollback, the chain arm's is
+    classic decode's after the ``accepted + 1`` kept tokens: the per-layer
+    report then names the first layer whose state the rollback got wrong.
+    """
+    import mlx.core as mx
+
+    from specparity.decode import advance_to_depth, greedy_chain, snapshot
+
+    seconds: dict[str, float] = {}
+    model = engine.classic_model()
+    t0 = time.perf_counter()
+    with engine.classic():
+        dec, first, _ = advance_to_depth(model, prompt, depth)
+        seconds["advance"] = time.perf_counter() - t0
+        with capture(model, subop_depth=subop_depth) as (rec, cmap):
+            t0 = time.perf_counter()
+            chain_dec = dec.fork()
+            kept = chain_dec.fork() if accepted is not None else None
+            tokens, chain_logits = greedy_chain(chain_dec, first, width)
+            chain_calls = rec.pop_calls()
+            seconds["chain"] = time.perf_counter() - t0
+            bracket = repeat_chain(dec, tokens, chain_logits, len(prompt) - 1 + depth,
+                                   f"width {width}, depth {depth}")
+            rec.pop_calls()
+        if kept is not None and accepted is not None:
+            for t in tokens[: accepted + 1]:
+                kept.forward([t])
+    session = engine.session()
+    session.adopt(dec.cache)
+    t0 = time.perf_counter()
+    block_calls, _ = engine.capture_block(session, tokens)
+    if accepted is not None:
+        session.rollback(accepted)
+    seconds["block"] = time.perf_counter() - t0
+    if len(chain_calls) != width or len(block_calls) != 1:
+        raise RuntimeError(f"expected {width} chain calls and 1 block call, recorded"
+                           f" {len(chain_calls)} and {len(block_calls)}")
+    block_order = [n for n, _ in block_calls[0]]
+    block = dict(block_calls[0])
+    chain_arrays, axes = _stack_chain(chain_calls, block, width)
+    order = [n for n in block_order if n in chain_arrays]
+    mx.eval(list(chain_arrays.values()), list(block.values()))
+    chain_cache = snapshot((kept if kept is not None else chain_dec).cache)
+    block_cache = session.state()
+    layers = model_layers(model)
+    aligned = len(chain_cache) == len(layers)
+    kinds = [layer_kind(layer, chain_cache[i].kind if aligned else None) for i, layer in enumerate(layers)]
+    out = {"chain": ArmCapture("chain", order, chain_arrays, axes, chain_cache),
+           "block": ArmCapture("block", order, {n: block[n] for n in order}, axes, block_cache)}
+    return BisectCapture(width, depth, list(prompt), list(tokens), kinds, out, cmap, seconds, bracket)

@@ -117,3 +117,30 @@ def run_bisect(loaded: Any, prompt: list[int], width: int, depth: int, opts: Cac
             ctrl = run_controls(controls, dump_args(str(loaded.path), trust_remote_code, width, depth,
                                                     prompt, opts), Path(tmp), width)
     return BisectRun(report, ctrl, bracket)
+
+
+def bisect_engine(engine: Any, prompt: list[int], width: int, depth: int, accepted: int | None = None,
+                  observer: Observer = NULL) -> BisectRun:
+    """Classic decode's chain vs an engine's verify block (and its rollback to ``accepted``), per layer."""
+    from specparity.bisect.arms import run_engine_arms
+
+    with observer.part("arms", total=2):
+        bc = run_engine_arms(engine, prompt, width, depth, accepted)
+        observer.item("arms", 2)
+    from specparity.checkpoint import fingerprint, model_dtype
+
+    info = engine.info
+    fp = fingerprint(info.target)
+    meta = {"model_type": fp.model_type, "fingerprint": fp.digest, "dtype": model_dtype(engine.classic_model()),
+            "path": info.target, "engine": info.to_dict(), "prompt_tokens": len(prompt),
+            "capture_bytes": bc.capture_bytes}
+    if accepted is not None:
+        meta["rollback"] = (f"block arm's cache: the engine's state after its rollback to {accepted} of"
+                            f" {width - 1} proposals; chain arm's: classic decode's after {accepted + 1} tokens")
+    report = compare_arms(bc.arms["chain"], bc.arms["block"], width, depth, bc.layer_kinds,
+                          "classic chain", f"{info.name} block", meta=meta)
+    assert bc.bracket is not None
+    observer.result("bracket", bc.bracket.to_dict())
+    for row in report.to_dict()["rows"]:
+        observer.result("layers", row)
+    return BisectRun(report, None, bc.bracket)

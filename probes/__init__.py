@@ -6,6 +6,8 @@ forward/    forward-pass checks at temperature 0 (specparity.probes.forward)
     render.py      probe, walk and prefill results as terminal text and record markdown
     probe.py       the probe run (block vs chain + walk + prefill) as one report
 gate.py     the memoized verdict a server asks before it speculates (``gate_check``)
+engines/    engine adapters (mlx-lm, dflash-mlx): load, verify block, roll back, read state
+e2e_dflash.py  dflash-mlx's own entry points (its loop, its CLI) vs mlx-lm's classic arms
 e2e.py      mlx-lm's own entry points (stream_generate, generate, the CLI) with vs
             without the drafter: outputs, dropped options, changed defaults (``specparity e2e``)
 replay/     a served run's rounds rebuilt in process (specparity.probes.replay)

@@ -194,13 +194,18 @@ def load_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False,
     if code and not trust_remote_code:
         raise UsageError(f"{flag} {path}: {code}; pass --trust-remote-code to run it")
     fp = fingerprint(d, flag)
+    import inspect
+
     import mlx_lm
 
+    # mlx-lm 0.31 has no trust_remote_code parameter (the check above already refused the code)
+    extra: dict[str, Any] = ({"trust_remote_code": trust_remote_code}
+                             if "trust_remote_code" in inspect.signature(mlx_lm.load).parameters else {})
     try:
         # mypy cannot pick the 3-tuple arm of load's Union return from return_config=True
         model, tokenizer, config = mlx_lm.load(  # type: ignore[misc]
-            str(d), return_config=True, trust_remote_code=trust_remote_code,
-            tokenizer_config={**(tokenizer_config or {}), "trust_remote_code": trust_remote_code},
+            str(d), return_config=True,
+            tokenizer_config={**(tokenizer_config or {}), "trust_remote_code": trust_remote_code}, **extra,
         )
     except SystemExit as err:  # the checkpoint's own code exited: a bug, never a verdict
         raise RuntimeError(f"{flag} {path}: code the checkpoint ships raised"

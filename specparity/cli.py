@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     debug = _debug_requested(args)
     code = EXIT_BUG
     try:
-        rv = cli.main(args=args, prog_name="specparity", standalone_mode=False)
+        # the argv rides along: a command that re-runs in an engine's environment passes it on
+        rv = cli.main(args=args, prog_name="specparity", standalone_mode=False, obj={"argv": args})
         code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
     except SpecparityError as err:
         _traceback(debug)

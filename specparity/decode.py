@@ -217,13 +217,14 @@ def greedy_token(logits_row: Any) -> int:
     """The token mlx-lm's classic greedy decode emits after ``logits_row``.
 
     The one place the reference chain (probe, walk, replay, bisect) picks a
-    token: mlx-lm's greedy sampler (``sample_utils.greedy_sampler``, argmax)
-    over :func:`classic_logprobs`. Logits processors, when a reference applies
-    them, act on the logits before this call, as in ``generate_step``.
+    token: mlx-lm's greedy sampler (``sample_utils.make_sampler(0.0)``, an argmax:
+    ``greedy_sampler`` in 0.32, a lambda in 0.31) over :func:`classic_logprobs`. Logits
+    processors, when a reference applies them, act on the logits before this call, as in
+    ``generate_step``.
     """
-    from mlx_lm.sample_utils import greedy_sampler
+    from mlx_lm.sample_utils import make_sampler
 
-    return int(greedy_sampler(classic_logprobs(logits_row)).reshape(-1)[0].item())  # type: ignore[arg-type]
+    return int(make_sampler(0.0)(classic_logprobs(logits_row)).reshape(-1)[0].item())  # type: ignore[arg-type]
 
 
 def greedy_tokens(logits: Any) -> list[int]:

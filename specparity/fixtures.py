@@ -129,8 +129,12 @@ def fixtures_home() -> Path:
     return home() / "fixtures"
 
 
-def build_tokenizer(out_dir: Path) -> None:
-    """A byte-level BPE tokenizer trained on a fixed corpus (deterministic)."""
+def build_tokenizer(out_dir: Path, extra_special: tuple[str, ...] = ()) -> None:
+    """A byte-level BPE tokenizer trained on a fixed corpus (deterministic).
+
+    ``extra_special``: special tokens after the EOS (ids 1, 2, ...), e.g. a DFlash
+    drafter's mask token; they are never produced by encoding text.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -138,7 +142,7 @@ def build_tokenizer(out_dir: Path) -> None:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=[EOS_TOKEN],
+        special_tokens=[EOS_TOKEN, *extra_special],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -169,7 +173,8 @@ def _config_for(arch: str, dtype: str) -> dict[str, Any]:
     return cfg
 
 
-def _instantiate(config: dict[str, Any]):
+def instantiate(config: dict[str, Any]) -> Any:
+    """An mlx-lm model of ``config`` with random weights in its ``torch_dtype``, evaluated."""
     import mlx.core as mx
     from mlx_lm.utils import _get_classes as get_model_classes
 
@@ -181,7 +186,8 @@ def _instantiate(config: dict[str, Any]):
     return model
 
 
-def _params(model) -> dict[str, Any]:
+def model_params(model: Any) -> dict[str, Any]:
+    """A model's parameters by name."""
     from mlx.utils import tree_flatten
 
     return dict(tree_flatten(model.parameters()))
@@ -236,7 +242,7 @@ def _save(out_dir: Path, config: dict[str, Any], params: dict[str, Any], model=N
         model.load_weights(list(params.items()))
         with contextlib.redirect_stdout(sys.stderr):  # mlx-lm prints its bits-per-weight
             model, config = quantize_model(model, config, group_size=32, bits=bits)
-        params = _params(model)
+        params = model_params(model)
     mx.save_safetensors(str(out_dir / "model.safetensors"), params, metadata={"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     build_tokenizer(out_dir)
@@ -271,8 +277,8 @@ def build_pair(
         raise UsageError(f"{out} exists and is not a specparity fixture: choose another DIR")
     config = _config_for(arch, dtype)
     mx.random.seed(seed)
-    target = _instantiate(config)
-    params = _params(target)
+    target = instantiate(config)
+    params = model_params(target)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -291,7 +297,7 @@ def build_pair(
             shutil.copy(Path(__file__).parent / "fixture_models" / FIXTURE_MODULE, tmp / "target")
         agreement = noise = None
         if with_draft:
-            draft = _instantiate(config)
+            draft = instantiate(config)
             prompt = list(range(7, 7 + 12))
             try:
                 noise, agreement = _tune_draft(target, draft, params, prompt, seed)
@@ -300,7 +306,7 @@ def build_pair(
                             arch, dtype, err)
                 noise, agreement = 0.05, None
                 draft.load_weights(list(_perturbed(params, noise, seed + 1).items()))
-            draft_params = _params(draft)
+            draft_params = model_params(draft)
             _save(tmp / "draft", config, draft_params, draft if bits else None, bits)
         info = FixtureInfo(
             target=str(out / "target"),
@@ -408,10 +414,10 @@ def build_plain_constant(root: Path, live: tuple[float, ...]) -> str:
     if (out / "fixture.json").exists():
         return str(out / "target")
     config = _config_for("llama", "float32")
-    model = _instantiate(config)
+    model = instantiate(config)
     # what the logits are (up to the RMSNorm factor): readers such as harness.distribution look here
     config["specparity"] = {"constant_logits": constant_logits(live), "plain": True}
-    params = _params(model)
+    params = model_params(model)
     row = mx.array(constant_logits(live), dtype=mx.float32)
     for name, w in params.items():
         if name == "model.embed_tokens.weight":

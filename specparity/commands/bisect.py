@@ -19,6 +19,7 @@ from specparity.commands._common import (
     record_option,
     resolve_model,
 )
+from specparity.commands._engine import engine_option
 from specparity.errors import EXIT_OK, UsageError
 from specparity.outputs import check_new_file, force_option
 
@@ -80,13 +81,17 @@ def _emit(run: CommandRun, result: Any) -> int:
 @click.option("--control", "controls", multiple=True, metavar="NAME=VALUE",
               help="Rerun both arms in a fresh process with this environment variable"
                    " set (repeatable), plus one process without; group arms by logits sha256.")
+@engine_option
+@click.option("--accepted", type=click.IntRange(min=0), default=None, metavar="K",
+              help="--engine: roll the engine's block back to K accepted proposals and compare its state"
+                   " with classic decode's over the K + 1 kept tokens, layer by layer.")
 @json_option
 @record_option
 @click.pass_context
 def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None,
            prompt_ids: str | None, model: str | None, trust_remote_code: bool,
-           controls: tuple[str, ...], as_json: bool, record_dir: str | None, quiet: bool,
-           **kwargs: Any) -> int | None:
+           controls: tuple[str, ...], engine: str, verify_mode: str | None, accepted: int | None,
+           as_json: bool, record_dir: str | None, quiet: bool, **kwargs: Any) -> int | None:
     """Locate the first divergent layer and sub-op between W single steps and one W-row block.
 
     From the state after prefill and --depth decoded tokens, runs the chain
@@ -99,15 +104,27 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
     Exit codes: 0 no divergent layer, 1 a divergent layer was found,
     2 usage error, 4 the checkpoint would not load or a control arm failed.
 
+    With --engine dflash-mlx the block arm is the engine's own verify forward
+    (captured on the engine's model, from an exact copy of classic decode's
+    state) and the chain arm is classic decode; --accepted K also rolls the
+    engine back to K accepted proposals and compares every layer's state with
+    classic decode's over the K + 1 kept tokens.
+
     \b
     Examples:
         specparity bisect --model ./ckpt --width 4 --depth 32
         specparity bisect --model ./ckpt --width 4 --control MLX_X=1 --record-dir results
+        specparity bisect --engine dflash-mlx --model ./fx/target --width 8 --accepted 3
         specparity bisect dump --model ./ckpt --width 4 --arm block --out cpu.safetensors
         specparity bisect diff cpu.safetensors metal.safetensors
     """
     if ctx.invoked_subcommand is not None:
         return None
+    if engine != "mlx-lm":
+        return _engine_bisect(engine, width, depth, prompt, prompt_ids, model, controls, verify_mode, accepted,
+                              as_json, record_dir, quiet, kwargs)
+    if accepted is not None:
+        raise UsageError("--accepted rolls back an engine's block: give --engine")
     from specparity.bisect.controls import parse_control
     from specparity.bisect.run import run_bisect
 
@@ -123,6 +140,33 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
     with run:
         return _emit(run, run_bisect(loaded, ids, w, depth, opts, parsed, trust_remote_code,
                                      observer=run.observer))
+
+
+def _engine_bisect(engine: str, width: int | None, depth: int, prompt: str | None, prompt_ids: str | None,
+                   model: str | None, controls: tuple[str, ...], verify_mode: str | None, accepted: int | None,
+                   as_json: bool, record_dir: str | None, quiet: bool, kwargs: dict[str, Any]) -> int:
+    from specparity.bisect.run import bisect_engine
+    from specparity.commands._engine import engine_prompts, load_dflash, rerun_elsewhere
+    from specparity.prompts import parse_prompt_ids
+
+    w = _need_width(width, depth)
+    if controls:
+        raise UsageError(f"--engine {engine}: --control reruns mlx-lm's arms; not with an engine")
+    if accepted is not None and accepted > w - 1:
+        raise UsageError(f"--accepted {accepted}: a {w}-row block holds at most {w - 1} proposals")
+    code = rerun_elsewhere(engine)
+    if code is not None:
+        return code
+    eng = load_dflash(model, None, need_draft=False, verify_mode=verify_mode,
+                      prefill_step_size=kwargs["prefill_step_size"])
+    ids = engine_prompts(eng, [prompt] if prompt else None, parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]
+    click.echo(f"bisect --engine {engine}: width {w}, depth {depth}, {len(ids)} prompt tokens"
+               + (f", rollback to {accepted}" if accepted is not None else ""), err=True)
+    run = CommandRun("bisect", f"bisect --engine {engine}: width {w} depth {depth}",
+                     {"engine": eng.info.to_dict(), "width": w, "depth": depth}, record_dir, as_json, quiet,
+                     slug=f"bisect-{engine}")
+    with run:
+        return _emit(run, bisect_engine(eng, ids, w, depth, accepted, observer=run.observer))
 
 
 @bisect.command("dump")

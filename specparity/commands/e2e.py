@@ -44,13 +44,17 @@ from specparity.commands._common import (
 @click.option("--quantized-kv-start", type=click.IntRange(min=0), default=None,
               help="Passed as quantized_kv_start.")
 @processor_options
+@click.option("--engine", type=click.Choice(["mlx-lm", "dflash-mlx"]), default="mlx-lm", show_default=True,
+              help="dflash-mlx: its own entry points (stream_dflash_generate, the dflash generate CLI) with"
+                   " --draft-model its DFlash drafter, against mlx-lm's classic arms.")
 @json_option
 @record_option
-def e2e(model: str | None, trust_remote_code: bool, draft_model: str | None,
+@click.pass_context
+def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_model: str | None,
         entry_points: str | None, prompt_text: str | None, prompt_ids: str | None, chat_template: bool,
         max_tokens: int | None, num_draft_tokens: int | None, max_kv_size: int | None,
         prefill_step_size: int | None, kv_bits: str | None, kv_group_size: str | None,
-        quantized_kv_start: int | None, as_json: bool, record_dir: str | None, quiet: bool,
+        quantized_kv_start: int | None, engine: str, as_json: bool, record_dir: str | None, quiet: bool,
         **proc_kwargs: Any) -> int:
     """Run mlx-lm's public entry points with and without the drafter; compare what they emit.
 
@@ -80,10 +84,15 @@ def e2e(model: str | None, trust_remote_code: bool, draft_model: str | None,
         specparity e2e --max-kv-size 64 --entry-points stream_generate,cli
         specparity e2e --repetition-penalty 1.3 --json
         specparity e2e --model ./chat-model --prompt "Hi" --chat-template
+        specparity e2e --engine dflash-mlx --model ./fx/target --draft-model ./fx/draft --max-tokens 64
     """
     from specparity.errors import UsageError
     from specparity.probes.e2e import E2EOptions, parse_entry_points, run_e2e
     from specparity.prompts import DEFAULT_PROMPTS, parse_prompt_ids
+
+    if engine != "mlx-lm":
+        return _engine_e2e(ctx, engine, model, draft_model, entry_points, prompt_text, prompt_ids, max_tokens,
+                           as_json, record_dir, quiet)
 
     entries = parse_entry_points(entry_points)
     if prompt_text is not None and prompt_ids is not None:
@@ -115,4 +124,45 @@ def e2e(model: str | None, trust_remote_code: bool, draft_model: str | None,
     with run:
         result = run_e2e(loaded, draft, prompt, options, entries, trust_remote_code, observer=run.observer,
                          chat_template=chat_template)
+        return run.finish(result)
+
+
+def _engine_e2e(ctx: click.Context, engine: str, model: str | None, draft_model: str | None,
+                entry_points: str | None, prompt_text: str | None, prompt_ids: str | None, max_tokens: int | None,
+                as_json: bool, record_dir: str | None, quiet: bool) -> int:
+    """``e2e --engine dflash-mlx``: dflash-mlx's entry points against mlx-lm's classic arms."""
+    from specparity.commands._engine import (
+        dflash_paths, engine_prompts, explicit, load_dflash, rerun_elsewhere,
+    )
+    from specparity.errors import UsageError
+    from specparity.probes.e2e_dflash import ENTRY_POINTS
+    from specparity.prompts import parse_prompt_ids
+
+    chosen = [e.strip() for e in (entry_points or ",".join(ENTRY_POINTS)).split(",") if e.strip()]
+    bad = [e for e in chosen if e not in ENTRY_POINTS]
+    if bad:
+        raise UsageError(f"--entry-points {entry_points!r}: with --engine {engine} choose from"
+                         f" {', '.join(ENTRY_POINTS)}")
+    ignored = [n for n in explicit(ctx, "num_draft_tokens", "max_kv_size", "prefill_step_size", "kv_bits",
+                                   "kv_group_size", "quantized_kv_start", "repetition_penalty",
+                                   "presence_penalty", "frequency_penalty", "logit_bias")]
+    if ignored:
+        raise UsageError(f"--engine {engine}: {', '.join('--' + n.replace('_', '-') for n in ignored)}"
+                         " are mlx-lm options (dflash-mlx's entry points run with their own defaults)")
+    if prompt_text is not None and prompt_ids is not None:
+        raise UsageError("give --prompt or --prompt-ids, not both")
+    code = rerun_elsewhere(engine)
+    if code is not None:
+        return code
+    from specparity.probes.e2e_dflash import run_dflash_e2e
+
+    target, _ = dflash_paths(model, draft_model)
+    eng = load_dflash(str(target), draft_model, need_draft=True, verify_mode=None)
+    loaded = resolve_model(str(target), False)
+    prompt = engine_prompts(eng, [prompt_text] if prompt_text else None,
+                            parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]
+    run = CommandRun("e2e", f"e2e --engine {engine}: {target.parent.name}/{target.name}",
+                     {"engine": eng.info.to_dict()}, record_dir, as_json, quiet, slug=f"e2e-{engine}")
+    with run:
+        result = run_dflash_e2e(eng, loaded, prompt, max_tokens or 64, chosen, observer=run.observer)
         return run.finish(result)

@@ -25,17 +25,34 @@ def fixtures() -> None:
               help='Inject a fault (JSON), e.g. \'{"kind":"rows","layer":2,"subop":"mlp","min_rows":4}\'.')
 @click.option("--no-draft", is_flag=True, help="Build the target only.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing fixture at OUT_DIR.")
+@click.option("--dflash", "dflash_shape", default=None, metavar="SHAPE",
+              help="Build a DFlash pair instead: a target in this shape (qwen3_5 | qwen3_5-27b |"
+                   " qwen3_5-equal-heads | qwen3) and a DFlash drafter dflash-mlx loads.")
+@click.option("--block-size", type=click.Choice(["8", "16"]), default="16", show_default=True,
+              help="--dflash: the drafter's block (verify rows).")
+@click.option("--tied-head", is_flag=True, help="--dflash: the target's output head is its embedding.")
 @json_option
 def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, faults: tuple[str, ...],
-         no_draft: bool, overwrite: bool, as_json: bool) -> int:
+         no_draft: bool, overwrite: bool, dflash_shape: str | None, block_size: str, tied_head: bool,
+         as_json: bool) -> int:
     """Build OUT_DIR/target and OUT_DIR/draft.
+
+    With --dflash, the target has the shape of a real DFlash target family and
+    the drafter is a DFlash block drafter fitted to it (its config names the
+    target layers it reads, its block size and the mask token, which the
+    tokenizer holds); the measured accept mix (full, partial and zero-accept
+    blocks on the fit prompts) is printed.
 
     \b
     Examples:
         specparity fixtures make ./fx/llama
         specparity fixtures make ./fx/hybrid --arch qwen3_5 --dtype bfloat16
         specparity fixtures make ./fx/bad --fault '{"kind":"rows","layer":3,"min_rows":4}'
+        specparity fixtures make ./fx/dflash --dflash qwen3_5-27b --block-size 8 --dtype bfloat16
     """
+    if dflash_shape is not None:
+        return _make_dflash(out_dir, dflash_shape, int(block_size), dtype, tied_head, seed, overwrite, as_json,
+                            arch, bits, faults, no_draft)
     import json
     from pathlib import Path
 
@@ -59,6 +76,31 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
             click.echo(f"draft:  {info.draft} (per-position greedy agreement {agree})")
         if info.faults:
             click.echo(f"faults: {json.dumps(info.faults)} (load with --trust-remote-code)")
+    return EXIT_OK
+
+
+def _make_dflash(out_dir: str, shape: str, block_size: int, dtype: str, tied: bool, seed: int, overwrite: bool,
+                 as_json: bool, arch: str, bits: str | None, faults: tuple[str, ...], no_draft: bool) -> int:
+    from pathlib import Path
+
+    from specparity.dflash_fixtures import build_dflash_pair
+    from specparity.errors import UsageError
+    from specparity.outputs import check_record_dir
+
+    if arch != "llama" or bits or faults or no_draft:
+        raise UsageError("--dflash builds its own pair: --arch, --bits, --fault and --no-draft do not apply")
+    check_record_dir(Path(out_dir).expanduser().absolute().parent, "OUT_DIR's parent")
+    click.echo(f"building a DFlash {shape} pair (block {block_size}, {dtype}); fitting the drafter takes"
+               " a minute on a CPU", err=True)
+    info = build_dflash_pair(out_dir, shape=shape, block_size=block_size, dtype=dtype, tied=tied, seed=seed,
+                             overwrite=overwrite)
+    if as_json:
+        emit_json(info.to_dict())
+    else:
+        click.echo(f"target: {info.target} ({info.shape_note}; {'tied' if info.tied else 'untied'} head)")
+        click.echo(f"draft:  {info.draft} (DFlash drafter: reads target layers {info.target_layer_ids},"
+                   f" mask token id {info.mask_token_id})")
+        click.echo(f"accept mix on the fit prompts: {info.accept_mix['summary']}")
     return EXIT_OK
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -16,6 +17,7 @@ from specparity.commands._common import (
     record_option,
     resolve_model,
 )
+from specparity.commands._engine import engine_option
 from specparity.errors import UsageError
 
 
@@ -37,13 +39,20 @@ from specparity.errors import UsageError
                    " (quantized-KV start, rotating size, sliding windows, prefill step).")
 @click.option("--aim-limit", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Aim only at boundaries up to this many positions; further ones are named in the report.")
+@click.option("--draft-model", default=None, metavar="DIR",
+              help="--engine dflash-mlx: the DFlash drafter (its block size sets the default widths).")
+@click.option("--rollback/--no-rollback", default=True, show_default=True,
+              help="--engine: also roll back to every accept k of each width and compare the engine's"
+                   " state with classic decode's over the k + 1 kept tokens.")
+@engine_option
 @cache_options
 @json_option
 @record_option
-def probe(model: str | None, trust_remote_code: bool, widths: str, depths: str,
+@click.pass_context
+def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths: str, depths: str,
           prompts: tuple[str, ...], prompt_ids: tuple[str, ...], walk: int, walk_widths: str | None,
-          prefill: bool, aim: bool, aim_limit: int, as_json: bool, record_dir: str | None,
-          quiet: bool, **cache_kwargs: Any) -> int:
+          prefill: bool, aim: bool, aim_limit: int, draft_model: str | None, rollback: bool, engine: str,
+          verify_mode: str | None, as_json: bool, record_dir: str | None, quiet: bool, **cache_kwargs: Any) -> int:
     """Compare W single-token steps with one W-row block, byte for byte.
 
     For each width W and depth D: prefill as classic decode does, decode D
@@ -61,12 +70,24 @@ def probe(model: str | None, trust_remote_code: bool, widths: str, depths: str,
     Exit codes: 0 all equal, 1 divergent, 2 usage, 3 not run or not
     reproducible, 4 load failure.
 
+    With --engine dflash-mlx the block is the engine's own verify forward
+    (its target adapter, from an exact copy of classic decode's state), and at
+    each width every rollback to k accepted is checked: the engine's state
+    against classic decode's over the k + 1 kept tokens; the engine's own
+    prefill is checked too. A shape the engine cannot run is not_run, with
+    the engine's error. Default widths: the engine's (the drafter's block and
+    its reduced block).
+
     \b
     Examples:
         specparity probe
         specparity probe --model ./mlx-model --widths 2-16 --depths 0,32,128
         specparity probe --kv-bits 8 --quantized-kv-start 0 --json
+        specparity probe --engine dflash-mlx --model ./fx/target --draft-model ./fx/draft
     """
+    if engine != "mlx-lm":
+        return _engine_probe(ctx, engine, model, draft_model, widths, depths, prompts, prompt_ids, rollback,
+                             verify_mode, as_json, record_dir, quiet, cache_kwargs)
     from specparity.probes.forward.probe import run_probe
     from specparity.inputs import check_positions, check_prompts
     from specparity.prompts import encode_prompts, parse_prompt_ids
@@ -95,3 +116,38 @@ def probe(model: str | None, trust_remote_code: bool, widths: str, depths: str,
                            walk_widths=ww, prefill=prefill, observer=run.observer, aim=aim,
                            aim_limit=aim_limit)
         return run.finish(result, markdown=result.markdown(), extra={"model": fp.to_dict()})
+
+
+def _engine_probe(ctx: click.Context, engine: str, model: str | None, draft_model: str | None, widths: str,
+                  depths: str, prompts: tuple[str, ...], prompt_ids: tuple[str, ...], rollback: bool,
+                  verify_mode: str | None, as_json: bool, record_dir: str | None, quiet: bool,
+                  cache_kwargs: dict[str, Any]) -> int:
+    """``probe --engine``: the engine's verify block, rollback and prefill against classic decode."""
+    from specparity.commands._engine import engine_prompts, explicit, load_dflash, rerun_elsewhere
+    from specparity.probes.forward.engine import probe_engine
+    from specparity.prompts import parse_prompt_ids
+
+    code = rerun_elsewhere(engine)
+    if code is not None:
+        return code
+    ignored = explicit(ctx, "walk", "walk_widths", "prefill", "aim", "aim_limit", "kv_bits", "max_kv_size",
+                       "quantized_kv_start", "kv_group_size", "trust_remote_code")
+    if ignored:
+        click.echo(f"--engine {engine}: not applied: {', '.join('--' + n.replace('_', '-') for n in ignored)}",
+                   err=True)
+    d_list = parse_int_list(depths, "--depths", minimum=0, limit="max_positions")
+    if not d_list:
+        raise UsageError("--depths: give at least one depth")
+    eng = load_dflash(model, draft_model, need_draft=False, verify_mode=verify_mode,
+                      prefill_step_size=cache_kwargs["prefill_step_size"])
+    if "widths" in explicit(ctx, "widths") or not eng.info.widths:
+        w_list = parse_int_list(widths, "--widths", minimum=1, limit="max_width")
+    else:
+        w_list = list(eng.info.widths)
+    prompt_list = engine_prompts(eng, list(prompts) or None, parse_prompt_ids(prompt_ids) or None)
+    info = eng.info
+    run = CommandRun("probe", f"probe --engine {engine}: {Path(info.target).parent.name}/{Path(info.target).name}",
+                     {"engine": info.to_dict()}, record_dir, as_json, quiet, slug=f"probe-{engine}")
+    with run:
+        result = probe_engine(eng, w_list, d_list, prompt_list, rollback=rollback, observer=run.observer)
+        return run.finish(result, extra={"engine": info.to_dict()})

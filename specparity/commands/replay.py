@@ -20,6 +20,7 @@ from specparity.commands._common import (
     resolve_model,
     resolve_path,
 )
+from specparity.commands._engine import engine_option
 from specparity.errors import EXIT_OK, Inconclusive, UsageError
 from specparity.inputs import (
     check_accept_log,
@@ -86,6 +87,7 @@ POLICIES = ("wrong-id", "correct-token")
               help="Check a transcript's round algebra without a model.")
 @click.option("--locate", type=click.IntRange(min=0), default=None, metavar="E",
               help="Print the round and row that emitted token index E, then exit.")
+@engine_option
 @cache_options
 @processor_options
 @json_option
@@ -97,7 +99,7 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
            stop_words: tuple[str, ...], stop_at_eos: bool, sequence_path: str | None,
            prompt_text: str | None, prompt_ids: str | None, width: int | None, policy: str,
            wrong_id: int, prefill_emits: bool | None, algebra_only: bool, locate: int | None,
-           as_json: bool, record_dir: str | None, quiet: bool, force: bool,
+           engine: str, verify_mode: str | None, as_json: bool, record_dir: str | None, quiet: bool, force: bool,
            **cache_kwargs: Any) -> int:
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
 
@@ -129,6 +131,15 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
     Exit codes: 0 agrees, 1 disagreement or finding, 2 usage,
     3 inconclusive (empty vector), 4 load failure.
 
+    With --engine dflash-mlx, every round goes through the engine's own
+    verify forward and rollback, and after every round the engine's whole
+    state is compared with classic decode's. --draft-model (the DFlash
+    drafter) runs the engine's own loop on the prompt instead: its emitted
+    tokens, kept rows and state after every rollback are walked against
+    classic decode (the first differing token, round, row and state), then
+    its acceptance history is replayed round by round from the accept vector
+    alone (target side vs drafting side).
+
     \b
     Examples:
         specparity replay --accepts 2,2,3,1,0,3 --width 4
@@ -138,8 +149,14 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
         specparity replay --draft-model ./draft --num-draft-tokens 3 --save-log run.jsonl
         specparity replay --draft-model ./draft --repetition-penalty 1.3
         specparity replay --sequence served-w4-p0.sequence.jsonl
+        specparity replay --engine dflash-mlx --model ./fx/target --draft-model ./fx/draft --max-tokens 64
     """
     from specparity.probes.replay import algebra, logs
+
+    if engine != "mlx-lm":
+        return _engine_replay(engine, model, draft_model, accepts_text, log_path, fmt, regex, request_index,
+                              max_tokens, prompt_text, prompt_ids, width, policy, wrong_id, verify_mode,
+                              algebra_only, locate, save_log, as_json, record_dir, quiet, cache_kwargs)
 
     sources = [s for s in (accepts_text, log_path, draft_model, sequence_path) if s is not None]
     if len(sources) != 1:
@@ -323,3 +340,70 @@ def _replay_all(loaded: Loaded, requests: list[AcceptLog], findings: list[Algebr
         result = run_replays(loaded, requests, findings, opts, cli_ids, prompt_text, width, policy,
                              wrong_id, observer=run.observer, processors=procs)
         return run.finish(result)
+
+
+def _engine_replay(engine: str, model: str | None, draft_model: str | None, accepts_text: str | None,
+                   log_path: str | None, fmt: str, regex: str | None, request_index: int | None, max_tokens: int,
+                   prompt_text: str | None, prompt_ids: str | None, width: int | None, policy: str, wrong_id: int,
+                   verify_mode: str | None, algebra_only: bool, locate: int | None, save_log: str | None,
+                   as_json: bool, record_dir: str | None, quiet: bool, cache_kwargs: dict[str, Any]) -> int:
+    """``replay --engine``: rounds through the engine's verify and rollback, or the engine's own run."""
+    from pathlib import Path
+
+    from specparity.commands._engine import engine_prompts, load_dflash, rerun_elsewhere
+    from specparity.probes.replay import logs
+    from specparity.probes.replay.core import round_widths
+    from specparity.probes.replay.engine import EngineReplayRun, check_engine_run, replay_engine
+    from specparity.probes.replay.run import widths_for
+
+    if algebra_only or locate is not None or save_log:
+        raise UsageError(f"--engine {engine}: --algebra-only, --locate and --save-log are mlx-lm replay options")
+    if policy != "wrong-id":
+        raise UsageError(f"--engine {engine}: rejected rows carry --wrong-id (--policy wrong-id)")
+    sources = [s for s in (accepts_text, log_path, draft_model) if s is not None]
+    if len(sources) > 1 and not (draft_model is not None and len(sources) == 2):
+        raise UsageError("give one of --accepts or --log, or --draft-model alone (the engine's own run)")
+    own_run = accepts_text is None and log_path is None
+    requests: list[logs.AcceptLog] = []
+    if accepts_text is not None:
+        requests = [logs.AcceptLog(logs.parse_accept_list(accepts_text), source="--accepts")]
+    elif log_path is not None:
+        requests = logs.read_log(log_path, fmt, regex)
+        if not requests:
+            raise Inconclusive(f"--log {log_path}: no accept vector found")
+        if request_index is not None:
+            requests = requests[request_index:request_index + 1]
+    for req in requests:
+        check_accept_widths(req)
+    check_positions(max_tokens, "--max-tokens")
+    code = rerun_elsewhere(engine)
+    if code is not None:
+        return code
+    eng = load_dflash(model, draft_model, need_draft=own_run, verify_mode=verify_mode,
+                      prefill_step_size=cache_kwargs["prefill_step_size"])
+    cli_ids = _prompt_ids(prompt_ids)
+    vocab = vocab_size(eng.classic_model())
+    check_token_ids([wrong_id], vocab, "--wrong-id")
+    where = Path(eng.info.target)
+    run = CommandRun("replay", f"replay --engine {engine}: {where.parent.name}/{where.name}",
+                     {"engine": eng.info.to_dict()}, record_dir, as_json, quiet, slug=f"replay-{engine}")
+    with run:
+        reports = []
+        if own_run:
+            prompt = engine_prompts(eng, [prompt_text] if prompt_text else None,
+                                    [cli_ids] if cli_ids else None)[0]
+            click.echo(f"running {engine}'s own loop: {max_tokens} tokens from a {len(prompt)}-token prompt",
+                       err=True)
+            reports.append(check_engine_run(eng, eng.generate(prompt, max_tokens), wrong_id=wrong_id,
+                                            observer=run.observer))
+        else:
+            for req in requests:
+                check_accept_log(req, vocab)
+                w, given = widths_for(req, width)
+                ws = round_widths(req.accepts, w, given)
+                prompt = req.prompt_ids if req.prompt_ids and cli_ids is None and prompt_text is None else \
+                    engine_prompts(eng, [prompt_text] if prompt_text else None, [cli_ids] if cli_ids else None)[0]
+                reports.append(replay_engine(eng, prompt, req.accepts, ws, wrong_id, observer=run.observer))
+        for r in reports:
+            run.observer.result("requests", r.to_dict())
+        return run.finish(EngineReplayRun(eng.info.to_dict(), reports))

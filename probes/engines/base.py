@@ -1,0 +1,210 @@
+"""The engine adapter interface: what the probe, replay and bisect need from an engine.
+
+An engine verifies blocks its own way (its own forward over the target, its
+own caches, its own rollback); the toolkit compares what it computes with
+classic decode on the same weights. An adapter exposes exactly that, and
+nothing of the engine's drafting:
+
+- :meth:`Engine.session`: a fresh target state for one request, the engine's
+  own cache types;
+- :meth:`TargetSession.prefill`: the prompt, fed as the engine feeds it;
+- :meth:`TargetSession.verify`: one verify block, through the engine's own
+  verify forward, returning its logits;
+- :meth:`TargetSession.rollback`: keep the block's first ``accepted + 1`` rows,
+  the engine's own way (trim, snapshot, tape replay...);
+- :meth:`TargetSession.state`: every layer's state, as
+  :func:`specparity.decode.snapshot` lays it out, so it compares with classic
+  decode's cache byte for byte;
+- :meth:`Engine.generate`: the engine's own speculative loop on one prompt,
+  recorded round by round (:class:`EngineRun`).
+
+Classic decode is mlx-lm's own path (:class:`specparity.decode.Decoder`) on
+the same weights; :meth:`Engine.classic` is the context it must run in (an
+engine that patches mlx-lm's classes takes its patches out there).
+
+One module per engine: ``mlx_lm.py``, ``dflash_mlx.py``. :func:`load_engine`
+(``probes/engines/__init__.py``) picks one by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specparity.decode import LayerState
+from specparity.errors import InfrastructureError
+
+
+# Names a known defect an adapter injects into the engine's own calls, to show a detector
+# fires (tests, and anyone checking the toolkit): ``stale-row`` (a rollback keeps one rejected
+# row: the KV cache one row long, the recurrent state replayed one step too far) or
+# ``verify-row`` (the verify block's rows past the first scaled by 1 + 2**-6).
+FAULT_ENV = "SPECPARITY_ENGINE_FAULT"
+FAULTS = ("stale-row", "verify-row")
+
+
+class EngineUnavailable(InfrastructureError):
+    """The engine is not installed in this interpreter, or will not load the checkpoint."""
+
+
+class EngineCannotRun(Exception):
+    """The engine raised while running this shape: reported as not run, with the engine's error.
+
+    shape: what was asked (``width 16 after 12 positions``...). error: the engine's
+    own error, ``Type: message``.
+    """
+
+    def __init__(self, shape: str, error: BaseException):
+        self.shape = shape
+        self.error = f"{type(error).__name__}: {error}"
+        super().__init__(f"the engine cannot run {shape}: {self.error}")
+
+
+@dataclass
+class EngineInfo:
+    """What was loaded.
+
+    name / version: the engine and its package version. target / draft: checkpoint paths.
+    block_size: rows of the engine's verify block (None: the engine has no fixed block).
+    widths: the verify widths the engine uses (its block, and the shorter blocks it
+      verifies when fewer tokens remain).
+    family: the engine's name for the target's family (``hybrid_gdn``...).
+    notes: how the engine runs here (backend, fallbacks), one line each.
+    packages: versions of the engine and of mlx / mlx-lm in this interpreter.
+    fault: an injected fault (:data:`FAULT_ENV`), None on a clean run.
+    """
+
+    name: str
+    version: str
+    target: str
+    draft: str | None
+    block_size: int | None
+    widths: list[int]
+    family: str = ""
+    notes: list[str] = field(default_factory=list)
+    packages: dict[str, str | None] = field(default_factory=dict)
+    fault: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TargetSession(ABC):
+    """One request's target state inside an engine."""
+
+    @abstractmethod
+    def prefill(self, prompt: list[int]) -> Any:
+        """Feed the whole prompt as the engine does; return the last row's logits (1, vocab)."""
+
+    @abstractmethod
+    def verify(self, tokens: list[int]) -> Any:
+        """One verify block over ``tokens`` through the engine's verify forward: logits (rows, vocab)."""
+
+    @abstractmethod
+    def rollback(self, accepted: int) -> None:
+        """After :meth:`verify`, keep its first ``accepted + 1`` rows, as the engine rolls back."""
+
+    @abstractmethod
+    def state(self) -> list[LayerState]:
+        """Every layer's state (:func:`specparity.decode.snapshot` layout)."""
+
+    @abstractmethod
+    def adopt(self, cache: list[Any]) -> None:
+        """Start from classic decode's cache (copied into the engine's own cache types)."""
+
+    @abstractmethod
+    def position(self) -> int:
+        """Positions the target state holds."""
+
+
+@dataclass
+class EngineRound:
+    """One round of the engine's own speculative loop.
+
+    index: 0-based. width: verify rows. accepted: proposals accepted.
+    source: who proposed (``dflash`` drafter, ``copyspec`` copy-from-history, ``none``).
+    tokens: the verify block's tokens. start: positions the target held before it.
+    """
+
+    index: int
+    width: int
+    accepted: int
+    source: str
+    tokens: list[int]
+    start: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class EngineRun:
+    """The engine's own run on one prompt.
+
+    prompt: token ids. tokens: what it emitted. rounds: its verify rounds, in order.
+    first_from_prefill: the first token came from the prefill's logits (no round).
+    logits: per round, the kept rows' logits (accepted + 1 rows), when recorded.
+    states: per round, every layer's state after its rollback, when recorded.
+    seconds: wall time of the engine's loop.
+    error: the engine's own error when its loop stopped on one (the rounds before it are kept).
+    """
+
+    prompt: list[int]
+    tokens: list[int]
+    rounds: list[EngineRound]
+    first_from_prefill: bool
+    logits: list[Any] = field(default_factory=list)
+    states: list[list[LayerState]] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def accepts(self) -> list[int]:
+        return [r.accepted for r in self.rounds]
+
+    @property
+    def widths(self) -> list[int]:
+        return [r.width for r in self.rounds]
+
+
+class Engine(ABC):
+    """An engine loaded on one target (and drafter)."""
+
+    info: EngineInfo
+
+    @abstractmethod
+    def session(self) -> TargetSession:
+        """A fresh target state (empty caches of the engine's own types)."""
+
+    @abstractmethod
+    def classic_model(self) -> Any:
+        """The target as an mlx-lm model for classic decode (same weights)."""
+
+    @contextlib.contextmanager
+    def classic(self) -> Iterator[None]:
+        """The context classic decode runs in (mlx-lm's own classes, as mlx-lm ships them)."""
+        yield
+
+    @abstractmethod
+    def generate(self, prompt: list[int], max_tokens: int, record_states: bool = True) -> EngineRun:
+        """The engine's own speculative loop over ``prompt``, recorded."""
+
+    def capture_block(self, session: TargetSession, tokens: list[int]) -> tuple[list[list[tuple[str, Any]]], Any]:
+        """Run :meth:`TargetSession.verify` with bisect's capture on the engine's model.
+
+        Returns (recorded model calls, the capture map); see :mod:`specparity.bisect.capture`.
+        """
+        from specparity.bisect.capture import capture
+
+        with capture(self.engine_model()) as (rec, cmap):
+            # the engine's verify returns (rows, vocab); the chain arm's model calls (1, rows, vocab)
+            rec.model_call(lambda _m, toks: session.verify(toks)[None], None, (tokens,), {})
+            calls = rec.pop_calls()
+        return calls, cmap
+
+    def engine_model(self) -> Any:
+        """The model object the engine's verify forward runs through."""
+        return self.classic_model()

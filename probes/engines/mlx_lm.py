@@ -1,0 +1,103 @@
+"""mlx-lm as an engine: the verify forward and rewind the probes have always run.
+
+The target state is a :class:`specparity.decode.Decoder`; a verify block is
+one model call; a rollback trims the rejected rows with mlx-lm's
+``trim_prompt_cache``, or, for caches it cannot trim (linear attention's
+``ArraysCache``), restores a copy taken before the block and feeds the kept
+rows again (what mlx-lm's own speculative decoding refuses to do). The
+engine's own loop is ``mlx_lm.generate.speculative_generate_step`` with a
+drafter checkpoint (:mod:`specparity.probes.replay.recorder`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from specparity.decode import CacheOptions, Decoder, LayerState, copy_cache, snapshot, trimmable
+from specparity.probes.engines.base import Engine, EngineInfo, EngineRound, EngineRun, TargetSession
+
+
+class MlxLmSession(TargetSession):
+    def __init__(self, model: Any, opts: CacheOptions):
+        self.dec = Decoder(model, opts)
+        self._saved: Decoder | None = None
+        self._block: list[int] = []
+
+    def prefill(self, prompt: list[int]) -> Any:
+        last = self.dec.prefill(prompt)
+        return self.dec.forward([last])[-1:]
+
+    def verify(self, tokens: list[int]) -> Any:
+        self._saved = None if trimmable(self.dec.cache) else self.dec.fork()
+        self._block = list(tokens)
+        return self.dec.forward(tokens)
+
+    def rollback(self, accepted: int) -> None:
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        rejected = len(self._block) - 1 - accepted
+        if rejected <= 0:
+            return
+        if self._saved is None:
+            trim_prompt_cache(self.dec.cache, rejected)
+        else:
+            self.dec = self._saved
+            self.dec.forward(self._block[: accepted + 1])
+        self._saved = None
+
+    def state(self) -> list[LayerState]:
+        return snapshot(self.dec.cache)
+
+    def adopt(self, cache: list[Any]) -> None:
+        self.dec.cache = copy_cache(cache)
+
+    def position(self) -> int:
+        offsets = [o for o in self.dec.offsets() if o is not None]
+        return max(offsets) if offsets else 0
+
+
+class MlxLmEngine(Engine):
+    """mlx-lm's verify forward and trim; its speculative loop with an mlx-lm drafter."""
+
+    def __init__(self, loaded: Any, draft: Any = None, num_draft_tokens: int = 3,
+                 opts: CacheOptions | None = None):
+        from importlib.metadata import version
+
+
+        self.loaded = loaded
+        self.model = loaded.model
+        self.draft = draft
+        self.num_draft_tokens = num_draft_tokens
+        self.opts = opts or CacheOptions()
+        width = num_draft_tokens + 1
+        self.info = EngineInfo("mlx-lm", version("mlx-lm"), str(loaded.path),
+                               str(draft.path) if draft is not None else None, width,
+                               list(range(2, width + 1)),
+                               packages={"mlx": version("mlx"), "mlx-lm": version("mlx-lm")})
+
+    def session(self) -> MlxLmSession:
+        return MlxLmSession(self.model, self.opts)
+
+    def classic_model(self) -> Any:
+        return self.model
+
+    def generate(self, prompt: list[int], max_tokens: int, record_states: bool = True) -> EngineRun:
+        from specparity.errors import UsageError
+        from specparity.probes.replay.recorder import record_speculative
+
+        if self.draft is None:
+            raise UsageError("mlx-lm's speculative loop needs a drafter checkpoint")
+        t0 = time.perf_counter()
+        rec = record_speculative(self.model, self.draft.model, prompt, self.num_draft_tokens, max_tokens,
+                                 self.opts)
+        widths = rec.widths or [self.num_draft_tokens + 1] * len(rec.accepts)
+        rounds, emitted, start = [], 0, len(prompt) - 1
+        toks = rec.tokens or []
+        for i, (a, w) in enumerate(zip(rec.accepts, widths)):
+            block = ([prompt[-1]] if i == 0 else [toks[emitted - 1]]) + toks[emitted: emitted + a]
+            rounds.append(EngineRound(i, w, a, "draft-model", block, start))
+            emitted += a + 1
+            start += a + 1
+        return EngineRun(list(prompt), list(toks), rounds, first_from_prefill=False,
+                         seconds=time.perf_counter() - t0)

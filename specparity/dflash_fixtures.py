@@ -1,0 +1,445 @@
+"""DFlash drafter fixtures: a target in the shape of a real DFlash family and a drafter fitted to it.
+
+dflash-mlx serves Qwen3.5/3.6 hybrid targets (mlx-lm ``qwen3_5``: gated-delta
+linear attention with a full-attention layer every fourth) and plain Qwen3
+targets with z-lab's block drafters. The shapes here keep what the engine's
+code paths depend on, at a size a CPU runs in seconds: the layer pattern, the
+ratio of linear-attention value heads to key heads (the engine repeats key
+heads to value heads in its verify and rollback kernels; more than one key head,
+as every published config has, since one key head broadcasts where several do
+not), the attention output
+gate and head width, tied or untied output heads. Numbers from the published
+configs (``config.json`` of each checkpoint):
+
+    Qwen3.5-4B / 9B, Qwen3.5/3.6-35B-A3B   linear key:value heads 16:32, attention 16:4 (or 16:2)
+    Qwen3.5-27B, Qwen3.6-27B               linear key:value heads 16:48, attention 24:4
+    Qwen3-4B (tied head), Qwen3-8B         plain attention, 32:8
+
+A random drafter accepts almost nothing, so the drafter is fitted the way real
+DFlash drafters are made, by distillation: it learns to predict the target's
+own greedy continuations of the fixture's prompts (the built-in probe prompts
+and a few more) from the target's hidden states. On those prompts its blocks
+are accepted in full, in part and not at all; :class:`AcceptMix` measures how
+often, teacher-forced along classic decode's tokens (what an exact engine
+accepts). The drafter knows nothing it was not shown: on other prompts it
+accepts little.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specparity.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+MASK_TOKEN = "<|mask|>"
+BLOCK_SIZES = (8, 16)
+DTYPES = ("float32", "bfloat16")
+FIT_TOKENS = 96  # greedy tokens per fit prompt
+EXTRA_FIT_PROMPTS = 5  # random-id prompts beside the built-in ones
+# optimizer steps after which the mix is measured (a small target loops early: look often at first)
+CHECKPOINTS = (25, 50, 75, 100, 150, 200, 300, 400, 500, 600, 800)
+
+_LINEAR = {"linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4}
+_HYBRID = {
+    "model_type": "qwen3_5",
+    "num_hidden_layers": 4,
+    "full_attention_interval": 4,
+    "rope_parameters": {"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+}
+
+# name -> (target config overrides, what it stands for)
+SHAPES: dict[str, tuple[dict[str, Any], str]] = {
+    "qwen3_5": (
+        {**_HYBRID, **_LINEAR, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+         "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 128},
+        "gated-delta hybrid, linear key:value heads 1:2 (Qwen3.5-4B/9B, 3.5/3.6-35B-A3B: 16:32),"
+        " attention 4:1 heads of 128",
+    ),
+    "qwen3_5-27b": (
+        {**_HYBRID, **_LINEAR, "linear_num_key_heads": 2, "linear_num_value_heads": 6,
+         "num_attention_heads": 6, "num_key_value_heads": 1, "head_dim": 128},
+        "gated-delta hybrid, linear key:value heads 2:6 (Qwen3.5/3.6-27B: 16:48), attention 6:1 heads of 128",
+    ),
+    "qwen3_5-equal-heads": (
+        {**_HYBRID, **_LINEAR, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 128},
+        "gated-delta hybrid with as many linear value heads as key heads (no published"
+        " checkpoint has it: the control shape for the head-repeat paths)",
+    ),
+    "qwen3": (
+        {"model_type": "qwen3", "num_hidden_layers": 4, "rope_theta": 10000.0,
+         "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32},
+        "plain attention, 4:1 heads (Qwen3-4B/8B: 32:8)",
+    ),
+}
+TARGET_LAYER_IDS = [1, 2]
+_COMMON: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+}
+_DRAFT: dict[str, Any] = {"num_hidden_layers": 1, "intermediate_size": 128, "num_attention_heads": 4,
+                          "num_key_value_heads": 2, "head_dim": 32}
+
+
+@dataclass
+class AcceptMix:
+    """How the drafter's blocks fare against the target's greedy tokens.
+
+    Rounds are simulated as an exact engine runs them: each block starts at the
+    token the last round emitted, its proposals are accepted up to the first
+    one classic decode would not emit, and the next block starts one past the
+    accepted ones. Only full-width blocks count.
+
+    block_size: rows per block (proposals = block_size - 1). rounds: blocks counted.
+    full / partial / zero: blocks with every / some / no proposal accepted.
+    accepted: proposals accepted in all. histogram: accepted count -> blocks.
+    per_prompt: each fit prompt's accept vector.
+    """
+
+    block_size: int
+    rounds: int = 0
+    full: int = 0
+    partial: int = 0
+    zero: int = 0
+    accepted: int = 0
+    histogram: dict[int, int] = field(default_factory=dict)
+    per_prompt: list[list[int]] = field(default_factory=list)
+
+    def add(self, accepts: list[int]) -> None:
+        self.per_prompt.append(list(accepts))
+        for a in accepts:
+            self.rounds += 1
+            self.accepted += a
+            self.histogram[a] = self.histogram.get(a, 0) + 1
+            if a == self.block_size - 1:
+                self.full += 1
+            elif a == 0:
+                self.zero += 1
+            else:
+                self.partial += 1
+
+    @property
+    def spread(self) -> bool:
+        """Full, partial and zero-accept blocks all occur."""
+        return self.full > 0 and self.partial > 0 and self.zero > 0
+
+    def balance(self) -> float:
+        """The rarest kind of block's share of the rounds."""
+        return min(self.full, self.partial, self.zero) / max(self.rounds, 1)
+
+    def balanced(self, floor: float = 0.1) -> bool:
+        """Each kind of block is at least ``floor`` of the rounds."""
+        return self.balance() >= floor
+
+    def describe(self) -> str:
+        mean = self.accepted / self.rounds if self.rounds else 0.0
+        return (f"{self.rounds} blocks of {self.block_size} rows: {self.full} full, {self.partial} partial,"
+                f" {self.zero} zero-accept (mean {mean:.2f} of {self.block_size - 1} proposals accepted)")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["histogram"] = {str(k): v for k, v in sorted(self.histogram.items())}
+        d["spread"] = self.spread
+        d["summary"] = self.describe()
+        return d
+
+
+@dataclass
+class DFlashFixtureInfo:
+    """What :func:`build_dflash_pair` made.
+
+    target / draft: checkpoint directories (mlx-lm target; DFlash drafter for dflash-mlx).
+    shape: a :data:`SHAPES` name; shape_note: what it stands for.
+    dtype, tied (the target's head is its embedding), block_size, seed: how they were built.
+    target_layer_ids: target layers the drafter reads. mask_token_id: the block's filler id.
+    accept_mix: the measured mix on the fit prompts (AcceptMix.to_dict()).
+    fit_prompts: the token-id prompts the drafter was fitted on (the built-in probe prompts first).
+    train_steps: optimizer steps taken.
+    """
+
+    target: str
+    draft: str
+    shape: str
+    shape_note: str
+    dtype: str
+    tied: bool
+    block_size: int
+    seed: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    accept_mix: dict[str, Any]
+    fit_prompts: list[list[int]]
+    train_steps: int
+    kind: str = "dflash"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DFlashFixtureInfo:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def target_config(shape: str, dtype: str, tied: bool) -> dict[str, Any]:
+    """The target's config.json (mlx-lm ``qwen3_5`` or ``qwen3``) for ``shape``."""
+    from specparity.fixtures import VOCAB_SIZE
+
+    if shape not in SHAPES:
+        raise UsageError(f"unknown DFlash target shape {shape!r}: choose from {', '.join(SHAPES)}")
+    if dtype not in DTYPES:
+        raise UsageError(f"DFlash fixtures are built in {' or '.join(DTYPES)}, not {dtype!r}")
+    cfg = dict(_COMMON)
+    cfg.update(SHAPES[shape][0])
+    cfg.update(vocab_size=VOCAB_SIZE, tie_word_embeddings=bool(tied), torch_dtype=dtype)
+    return cfg
+
+
+def _embed(model: Any) -> Any:
+    # qwen3_5's outer Model gained a ``model`` property only in mlx-lm 0.32
+    return getattr(model, "language_model", model).model.embed_tokens
+
+
+def _head(model: Any, tied: bool) -> Any:
+    if tied:
+        return _embed(model).as_linear
+    owner = getattr(model, "language_model", model)
+    return owner.lm_head
+
+
+def layer_features(model: Any, tokens: list[int], layer_ids: list[int]) -> Any:
+    """The outputs of ``layer_ids`` over ``tokens`` (one uncached forward), concatenated: (1, n, k * hidden)."""
+    import mlx.core as mx
+
+    got: dict[int, Any] = {}
+    swapped = []
+    for i in layer_ids:
+        layer = model.layers[i]
+        cls = type(layer)
+
+        def make(orig: Any, i: int = i) -> Any:
+            def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+                out = orig(self, *args, **kwargs)
+                got[i] = out
+                return out
+            return __call__
+
+        layer.__class__ = type(cls.__name__, (cls,), {"__call__": make(cls.__call__)})
+        swapped.append((layer, cls))
+    try:
+        model(mx.array(tokens, dtype=mx.uint32)[None])
+    finally:
+        for layer, cls in swapped:
+            layer.__class__ = cls
+    return mx.concatenate([got[i] for i in layer_ids], axis=-1)
+
+
+class _Fit:
+    """The fit prompts' classic trajectories, their target features, and the drafter's block forward."""
+
+    def __init__(self, target: Any, tied: bool, prompts: list[list[int]], n: int, mask_id: int,
+                 block: int):
+        import mlx.core as mx
+
+        from specparity.decode import advance_to_depth
+
+        self.target, self.tied, self.mask_id, self.block = target, tied, mask_id, block
+        self.prompts = prompts
+        width = max(len(p) for p in prompts) + n
+        self.trajs = []
+        for p in prompts:
+            _, _, emitted = advance_to_depth(target, p, width - len(p))
+            self.trajs.append(list(p) + emitted)
+        self.tokens = mx.array(self.trajs, dtype=mx.uint32)
+        self.features = mx.concatenate(
+            [layer_features(target, t, TARGET_LAYER_IDS) for t in self.trajs]).astype(mx.float32)
+        self.lo = max(len(p) for p in prompts)
+        self.width = width
+        mx.eval(self.features)
+
+    def block_logits(self, drafter: Any, rows: Any, p: int, dtype: Any) -> Any:
+        """The drafter's logits for proposals 1..block-1 of the block anchored at ``p``, for ``rows``."""
+        import mlx.core as mx
+
+        toks = self.tokens[rows]
+        blk = mx.concatenate([toks[:, p:p + 1],
+                              mx.full((toks.shape[0], self.block - 1), self.mask_id, dtype=toks.dtype)], axis=1)
+        emb = _embed(self.target)(blk).astype(dtype)
+        h = drafter(emb, self.features[rows, :p].astype(dtype))
+        return _head(self.target, self.tied)(h[:, 1:].astype(_embed(self.target).weight.dtype))
+
+    def mix(self, drafter: Any, dtype: Any) -> AcceptMix:
+        import mlx.core as mx
+        import numpy as np
+
+        mix = AcceptMix(self.block)
+        for r, prompt in enumerate(self.prompts):
+            accepts = []
+            p = len(prompt)
+            while p + self.block <= self.width:
+                pred = [int(t) for t in np.array(mx.argmax(self.block_logits(drafter, mx.array([r]), p, dtype)[0],
+                                                           axis=-1))]
+                truth = self.trajs[r][p + 1:p + self.block]
+                a = 0
+                while a < len(pred) and pred[a] == truth[a]:
+                    a += 1
+                accepts.append(a)
+                p += a + 1
+            mix.add(accepts)
+        return mix
+
+
+def _fit_drafter(fit: _Fit, args: Any, dtype_name: str, seed: int) -> tuple[Any, AcceptMix, int]:
+    """Distil the drafter on the fit trajectories until its accept mix is spread (or the step cap)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    from specparity.fixture_models.dflash_draft import DFlashDrafter
+
+    mx.random.seed(seed + 7)
+    drafter = DFlashDrafter(args)
+    mx.eval(drafter.parameters())
+    rng = random.Random(seed)
+    weights = mx.array([0.8 ** i for i in range(fit.block - 1)])
+    rows = mx.arange(len(fit.trajs))
+
+    def loss_fn(model: Any, p: int) -> Any:
+        logits = fit.block_logits(model, rows, p, mx.float32).astype(mx.float32)
+        labels = fit.tokens[:, p + 1:p + fit.block]
+        return (nn.losses.cross_entropy(logits, labels) * weights).mean()
+
+    opt = optim.Adam(learning_rate=3e-3)
+    step_fn = nn.value_and_grad(drafter, loss_fn)
+    dtype = getattr(mx, dtype_name)
+    steps = 0
+    best: tuple[float, int, dict[str, Any], AcceptMix] | None = None
+    for checkpoint in CHECKPOINTS:
+        while steps < checkpoint:
+            _, grads = step_fn(drafter, rng.randrange(fit.lo, fit.width - fit.block))
+            opt.update(drafter, grads)
+            mx.eval(drafter.parameters(), opt.state)
+            steps += 1
+        weights_now = _cast(drafter, dtype)
+        trial = DFlashDrafter(args)
+        trial.load_weights(list(weights_now.items()))
+        mix = fit.mix(trial, dtype)
+        log.info("dflash drafter after %d steps: %s", steps, mix.describe())
+        if best is None or mix.balance() > best[0]:
+            best = (mix.balance(), steps, weights_now, mix)
+        if mix.balanced():
+            break
+    assert best is not None
+    _, steps, chosen, mix = best
+    drafter.load_weights(list(chosen.items()))
+    return drafter, mix, steps
+
+
+def _cast(module: Any, dtype: Any) -> dict[str, Any]:
+    from specparity.decode import tree_items
+
+    return {k: v.astype(dtype) for k, v in tree_items(module.parameters())}
+
+
+def build_dflash_pair(
+    out: str | os.PathLike,
+    shape: str = "qwen3_5",
+    block_size: int = 16,
+    dtype: str = "float32",
+    tied: bool = False,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> DFlashFixtureInfo:
+    """Build ``out/target`` (mlx-lm) and ``out/draft`` (a DFlash drafter dflash-mlx loads), atomically.
+
+    An existing fixture at ``out`` is returned as it is unless ``overwrite``.
+    """
+    import mlx.core as mx
+
+    from specparity.fixture_models.dflash_draft import DraftArgs
+    from specparity.fixtures import VOCAB_SIZE, build_tokenizer, instantiate, model_params
+    from specparity.prompts import DEFAULT_PROMPTS
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        marker = out / "fixture.json"
+        if marker.exists():
+            data = json.loads(marker.read_text())
+            if data.get("kind") == "dflash":
+                return DFlashFixtureInfo.from_dict(data)
+        raise UsageError(f"{out} exists and is not a specparity DFlash fixture: choose another DIR")
+    if block_size not in BLOCK_SIZES:
+        raise UsageError(f"block size {block_size}: DFlash fixtures use {' or '.join(map(str, BLOCK_SIZES))}")
+    config = target_config(shape, dtype, tied)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        build_tokenizer(tmp, extra_special=(MASK_TOKEN,))
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+        mask_id = tok.token_to_id(MASK_TOKEN)
+        assert mask_id is not None, "the tokenizer lost its mask token"
+        prompts = [tok.encode(t).ids for t in DEFAULT_PROMPTS]
+        rng = random.Random(seed)
+        prompts += [[rng.randrange(2, VOCAB_SIZE) for _ in range(12)] for _ in range(EXTRA_FIT_PROMPTS)]
+
+        mx.random.seed(seed)
+        target = instantiate(config)
+        args = DraftArgs(hidden_size=config["hidden_size"], vocab_size=VOCAB_SIZE,
+                         num_target_layers=config["num_hidden_layers"], block_size=block_size,
+                         target_layer_ids=list(TARGET_LAYER_IDS), mask_token_id=mask_id,
+                         rms_norm_eps=config["rms_norm_eps"], **_DRAFT)
+        fit = _Fit(target, tied, prompts, FIT_TOKENS, mask_id, block_size)
+        drafter, mix, steps = _fit_drafter(fit, args, dtype, seed)
+
+        (tmp / "target").mkdir()
+        target_params = model_params(target)
+        mx.save_safetensors(str(tmp / "target" / "model.safetensors"), target_params, metadata={"format": "mlx"})
+        (tmp / "target" / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        (tmp / "draft").mkdir()
+        mx.save_safetensors(str(tmp / "draft" / "model.safetensors"), _cast(drafter, getattr(mx, dtype)),
+                            metadata={"format": "mlx"})
+        (tmp / "draft" / "config.json").write_text(json.dumps(args.config(dtype), indent=2, sort_keys=True))
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copy(tmp / name, tmp / "target" / name)
+            shutil.move(str(tmp / name), tmp / "draft" / name)
+        info = DFlashFixtureInfo(
+            target=str(out / "target"), draft=str(out / "draft"), shape=shape, shape_note=SHAPES[shape][1],
+            dtype=dtype, tied=bool(tied), block_size=block_size, seed=seed,
+            target_layer_ids=list(TARGET_LAYER_IDS), mask_token_id=mask_id, accept_mix=mix.to_dict(),
+            fit_prompts=prompts, train_steps=steps,
+        )
+        (tmp / "fixture.json").write_text(json.dumps(info.to_dict(), indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("built DFlash %s %s block %d fixture in %s: %s", shape, dtype, block_size, out, mix.describe())
+    return info
+
+
+def dflash_fixture_name(shape: str, block_size: int, dtype: str, tied: bool) -> str:
+    return f"dflash-{shape}-b{block_size}-{dtype}-{'tied' if tied else 'untied'}"
+
+
+def dflash_pair(shape: str = "qwen3_5", block_size: int = 16, dtype: str = "float32",
+                tied: bool = False) -> DFlashFixtureInfo:
+    """A DFlash fixture in the shared cache ($SPECPARITY_HOME/fixtures), built on first use."""
+    from specparity.fixtures import fixtures_home
+
+    return build_dflash_pair(fixtures_home() / dflash_fixture_name(shape, block_size, dtype, tied),
+                             shape=shape, block_size=block_size, dtype=dtype, tied=tied)

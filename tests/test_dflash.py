@@ -1,0 +1,334 @@
+"""DFlash drafter fixtures, and dflash-mlx 0.1.8 in process against classic decode.
+
+The fixture tests need only mlx-lm. The engine tests run the CLI with
+``--engine dflash-mlx``: in process where dflash-mlx imports, else in its own
+environment (``SPECPARITY_DFLASH_MLX_PYTHON``, or ``specparity.environments``).
+What they pin, on MLX's CPU backend (dflash-mlx runs its pure-MLX fallbacks):
+
+- the verify block equals classic decode's chain on mlx-lm 0.31.x, and differs
+  from its first row on mlx-lm 0.32 (dflash-mlx normalizes the gated-delta q/k
+  with mlx-lm 0.31's epsilon; 0.32 scales it);
+- a rollback to a partial accept leaves the gated-delta recurrent state wrong
+  (the CPU innovation tape is computed from the state before the block for
+  every step), while a rollback to 0 and a full accept are right;
+- linear-attention shapes with more value heads than key heads (every
+  published Qwen3.5/3.6 ratio) do not run: the engine's own broadcast error;
+- bfloat16: the engine picks the raw-logit argmax where classic decode's
+  logprob argmax breaks an exact tie toward the lower id;
+- untied qwen3_5 heads on mlx-lm 0.32: the engine takes its logits from the
+  embedding (the first token already differs);
+- plain qwen3 float32 targets: equal everywhere (the clean path).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.model
+_BUILT: dict[str, Any] = {}
+
+
+def dflash(root: Path, name: str, **kwargs: Any) -> Any:
+    """A DFlash fixture pair built once per session under ``root``."""
+    from specparity.dflash_fixtures import build_dflash_pair
+
+    if name not in _BUILT:
+        _BUILT[name] = build_dflash_pair(root / name, **kwargs)
+    return _BUILT[name]
+
+
+@pytest.fixture(scope="session")
+def dflash_env() -> dict[str, str]:
+    """Environment for a CLI run that reaches dflash-mlx (here, or its environment's interpreter)."""
+    if importlib.util.find_spec("dflash_mlx") is not None:
+        return {}
+    var = "SPECPARITY_DFLASH_MLX_PYTHON"
+    if os.environ.get(var):
+        return {var: os.environ[var]}
+    try:
+        environments = importlib.import_module("specparity.environments")
+    except ImportError:
+        pytest.skip(f"dflash-mlx is not installed here and no engine environment exists (set {var})")
+    return {var: str(environments.ensure_environment("dflash-mlx").python)}
+
+
+def cli_json(cli_bin: str, env: dict[str, str], *args: str, code: int | None = None) -> dict:
+    proc = run_cli(cli_bin, *args, "--json", env=env)
+    assert proc.stdout.strip(), proc.stderr
+    out = json.loads(proc.stdout)
+    if code is not None:
+        assert proc.returncode == code, proc.stderr[-2000:]
+    return out
+
+
+def mlx_lm_minor(engine: dict) -> tuple[int, int]:
+    major, minor = engine["packages"]["mlx-lm"].split(".")[:2]
+    return int(major), int(minor)
+
+
+# ---------------------------------------------------------------- fixtures (mlx-lm only)
+
+
+def test_dflash_fixture_is_a_real_drafter_with_a_spread_accept_mix(fixture_root: Path) -> None:
+    """Config, weights and tokenizer as dflash-mlx's loader reads them; full, partial and zero blocks."""
+    import mlx.core as mx
+    from tokenizers import Tokenizer
+
+    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    cfg = json.loads((Path(info.draft) / "config.json").read_text())
+    target_cfg = json.loads((Path(info.target) / "config.json").read_text())
+    assert cfg["block_size"] == 8 and cfg["num_target_layers"] == target_cfg["num_hidden_layers"] == 4
+    assert cfg["dflash_config"] == {"target_layer_ids": [1, 2], "mask_token_id": info.mask_token_id}
+    assert cfg["hidden_size"] == target_cfg["hidden_size"]
+    weights = mx.load(str(Path(info.draft) / "model.safetensors"))
+    assert isinstance(weights, dict)
+    assert weights["fc.weight"].shape == (64, 2 * 64)  # the two target layers' states, concatenated
+    assert "hidden_norm.weight" in weights and "norm.weight" in weights
+    assert not any(k.startswith(("embed_tokens", "lm_head", "model.embed")) for k in weights)
+    tok = Tokenizer.from_file(str(Path(info.target) / "tokenizer.json"))
+    assert tok.token_to_id("<|mask|>") == info.mask_token_id
+    mix = info.accept_mix
+    assert mix["spread"] and mix["full"] > 0 and mix["partial"] > 0 and mix["zero"] > 0
+    assert mix["rounds"] == mix["full"] + mix["partial"] + mix["zero"]
+    assert mix["summary"].startswith(f"{mix['rounds']} blocks of 8 rows: {mix['full']} full")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape,key,value", [("qwen3_5", 2, 4), ("qwen3_5-27b", 2, 6),
+                                             ("qwen3_5-equal-heads", 2, 2)])
+def test_dflash_target_shapes_keep_the_published_head_ratios(shape: str, key: int, value: int) -> None:
+    from specparity.dflash_fixtures import target_config
+    from specparity.fixtures import instantiate
+
+    cfg = target_config(shape, "bfloat16", tied=True)
+    assert (cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]) == (key, value)
+    assert cfg["full_attention_interval"] == 4 and cfg["tie_word_embeddings"] is True
+    model = instantiate(cfg)
+    kinds = ["linear" if getattr(layer, "is_linear", False) else "full" for layer in model.layers]
+    assert kinds == ["linear"] * 3 + ["full"]
+    assert not hasattr(model.language_model, "lm_head")  # tied: the embedding is the head
+
+
+# ---------------------------------------------------------------- dflash-mlx in process
+
+
+@pytest.mark.build
+def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+    """Block vs chain per width, and every rollback, through dflash-mlx's own verify and rollback."""
+    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
+                   "--depths", "0", "--prompt-ids", ",".join(map(str, info.fit_prompts[0])), code=1)
+    assert out["engine"]["name"] == "dflash-mlx" and out["engine"]["version"] == "0.1.8"
+    assert out["engine"]["widths"] == [4, 8]  # the drafter's block and the adaptive policy's reduced one
+    assert [p["verdict"] for p in out["prefill"]] == ["equal"]
+    cells = {c["width"]: c for c in out["cells"]}
+    rb = {(r["width"], r["accepted"]): r for r in out["rollbacks"]}
+    if mlx_lm_minor(out["engine"]) >= (0, 32):
+        # 0.32 scales the q/k norm epsilon; dflash-mlx's patched call does not
+        assert cells[8]["verdict"] == "divergent" and cells[8]["first_row"] == 0
+        return
+    assert cells[8]["verdict"] == "equal" and cells[4]["verdict"] == "equal"
+    for w in (4, 8):
+        assert rb[(w, 0)]["verdict"] == "equal"  # one step replayed from the right state
+        assert rb[(w, w - 1)]["verdict"] == "equal"  # a full accept rolls nothing back
+        for k in range(1, w - 1):
+            r = rb[(w, k)]
+            assert r["verdict"] == "divergent" and r["rows_equal"] is True
+            assert r["first"]["layer"] == 0 and r["first"]["name"] == "state.1"
+            assert set(r["layers"]) <= {0, 1, 2}  # the gated-delta layers; layer 3's KV is right
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+    """The engine's own loop: its state after a partial rollback differs, and its accept vector reproduces it."""
+    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    seen = 0
+    for prompt in info.fit_prompts:
+        out = cli_json(cli_bin, dflash_env, "replay", "--engine", "dflash-mlx", "--model", info.target,
+                       "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "64", "--verify-mode", "dflash")
+        req = out["requests"][0]
+        assert req["kind"] == "engine-run" and req["error"] is None
+        assert set(req["sources"]) <= {"dflash", "copyspec", "none"} and "dflash" in req["sources"]
+        if mlx_lm_minor(out["engine"]) >= (0, 32):
+            assert req["row"] is not None  # the verify rows themselves differ on 0.32
+            seen += 1
+            continue
+        if req["state"] is None:
+            # no partial rollback in this run: the engine's loop equals classic decode
+            assert all(a in (0, w - 1) for a, w in zip(req["accepts"], req["widths"]) if w > 1)
+            assert out["verdict"] == "equal"
+            continue
+        seen += 1
+        state = req["state"]
+        assert req["row"] is None or req["row"]["round"] > state["round"]  # rows differ only after it
+        assert 0 < state["accepted"] < state["width"] - 1
+        assert req["accepts"][state["round"]] == state["accepted"]
+        assert state["first"]["name"] == "state.1" and state["first"]["layer"] in (0, 1, 2)
+        if req["token"] is not None:  # a wrong state can flip a later token
+            assert req["token"]["round"] > state["round"]
+        # the same accept vector through the engine's verify and rollback: the target side
+        assert req["replay"]["state"]["round"] == state["round"]
+        assert out["verdict"] == "divergent"
+    assert seen > 0
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    out = cli_json(cli_bin, dflash_env, "bisect", "--engine", "dflash-mlx", "--model", info.target,
+                   "--width", "8", "--accepted", "3", code=1)
+    if mlx_lm_minor(out["meta"]["engine"]) >= (0, 32):
+        assert out["first_divergent"] == "0" and "linear_attn" in (out["drill"] or {}).get("subop", "")
+        return
+    assert out["first_divergent"] == "0" and out["first_components"] == ["cache state.1"]
+    rows = {r["label"]: r for r in out["rows"]}
+    assert not rows["logits"]["divergent"]  # the verify forward itself is right
+    assert not rows["3"]["divergent"]  # the attention layer's KV trim is right
+    plain = cli_json(cli_bin, dflash_env, "bisect", "--engine", "dflash-mlx", "--model", info.target,
+                     "--width", "8", "--accepted", "0", code=0)
+    assert plain["first_divergent"] is None
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_cannot_run_the_published_head_ratios_and_says_so(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+    """1:2 linear key:value heads: every verify block is not_run with the engine's own error, never a pass."""
+    info = dflash(fixture_root, "q35-b16-f32-tied", shape="qwen3_5", block_size=16, tied=True)
+    out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
+                   "--depths", "0", code=3)
+    assert out["verdict"] == "not_run"
+    assert {c["verdict"] for c in out["cells"]} == {"not_run"}
+    assert all("broadcast" in c["reason"] and "the engine cannot run" in c["reason"] for c in out["cells"])
+    run = cli_json(cli_bin, dflash_env, "replay", "--engine", "dflash-mlx", "--model", info.target,
+                   "--max-tokens", "16", code=3)
+    req = run["requests"][0]
+    assert req["own_verdict"] == "not_run" and "broadcast" in req["error"]
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_bfloat16_breaks_exact_ties_the_other_way(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+    """The rows equal classic decode's; the engine's raw-logit argmax leaves it at an exact logprob tie."""
+    info = dflash(fixture_root, "qwen3-b8-bf16", shape="qwen3", block_size=8, dtype="bfloat16")
+    found = 0
+    for prompt in info.fit_prompts:
+        out = cli_json(cli_bin, dflash_env, "replay", "--engine", "dflash-mlx", "--model", info.target,
+                       "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "64", "--verify-mode", "dflash")
+        req = out["requests"][0]
+        assert req["row"] is None and req["state"] is None  # the target side is exact
+        assert req["replay"]["verdict"] == "equal"
+        if req["token"] is not None:
+            found += 1
+            pick = req["token"]["pick"]
+            assert pick["tie_flip"] and pick["margin"] == 0.0
+            assert req["token"]["engine_token"] == pick["raw_argmax"] > req["token"]["classic_token"]
+    assert found > 0
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_plain_qwen3_float32_is_the_clean_path(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+    """Detectors stay silent: block, every rollback, prefill and the engine's own run equal classic decode."""
+    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
+                   "--depths", "0,8", code=0)
+    assert {c["verdict"] for c in out["cells"]} == {"equal"} and len(out["rollbacks"]) == 2 * (4 + 8)
+    run = cli_json(cli_bin, dflash_env, "replay", "--engine", "dflash-mlx", "--model", info.target,
+                   "--max-tokens", "64", "--verify-mode", "dflash", code=0)
+    req = run["requests"][0]
+    assert req["positions"] == 64 and req["replay"]["verdict"] == "equal"
+    assert any(0 < a < w - 1 for a, w in zip(req["accepts"], req["widths"]))  # partial rollbacks ran
+
+
+@pytest.mark.build
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["stale-row", "verify-row"])
+def test_dflash_detectors_fire_on_an_injected_fault(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str], fault: str) -> None:
+    """On the clean path, a rollback that keeps one stale row, or a verify row scaled, is named."""
+    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    env = {**dflash_env, "SPECPARITY_ENGINE_FAULT": fault}
+    out = cli_json(cli_bin, env, "probe", "--engine", "dflash-mlx", "--model", info.target, "--depths", "0",
+                   "--widths", "8", code=1)
+    assert out["engine"]["fault"] == fault
+    rb = {r["accepted"]: r for r in out["rollbacks"]}
+    if fault == "stale-row":
+        assert out["cells"][0]["verdict"] == "equal"
+        assert [rb[k]["verdict"] for k in range(8)] == ["divergent"] * 7 + ["equal"]
+        assert rb[0]["first"]["name"] == "offset" and rb[0]["first"]["note"] == "offset 16 vs 17"
+        assert rb[0]["layers"] == [0, 1, 2, 3]
+    else:
+        cell = out["cells"][0]
+        assert cell["verdict"] == "divergent" and cell["first_row"] == 1  # row 0 is untouched
+    run = cli_json(cli_bin, env, "replay", "--engine", "dflash-mlx", "--model", info.target, "--max-tokens", "64",
+                   "--verify-mode", "dflash", code=1)
+    req = run["requests"][0]
+    if fault == "stale-row":
+        first_partial = next(i for i, (a, w) in enumerate(zip(req["accepts"], req["widths"])) if a < w - 1)
+        assert req["state"]["round"] == first_partial and req["state"]["first"]["name"] == "offset"
+    else:
+        assert req["row"] is not None and req["row"]["row"] >= 1
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_generate_entry_points_against_classic(
+        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    out = cli_json(cli_bin, dflash_env, "e2e", "--engine", "dflash-mlx", "--model", info.target,
+                   "--max-tokens", "48", code=0)
+    entries = {e["entry"]: e for e in out["entries"]}
+    assert set(entries) == {"dflash-stream", "dflash-cli"}
+    assert entries["dflash-stream"]["verdict"] == "match" and entries["dflash-stream"]["drafter"]["drafted"] > 0
+    assert entries["dflash-cli"]["verdict"] == "match"
+
+
+_SAME_DRAFT = """
+import json, sys
+import mlx.core as mx
+from dflash_mlx.runtime.loading import load_draft_bundle
+from specparity.compare import compare_arrays
+from specparity.fixture_models.dflash_draft import DFlashDrafter, DraftArgs
+d = sys.argv[1]
+cfg = json.load(open(d + "/config.json"))
+engine, _ = load_draft_bundle(d)
+keys = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "vocab_size", "num_target_layers", "block_size", "rms_norm_eps")
+ref = DFlashDrafter(DraftArgs(**{k: cfg[k] for k in keys}, **cfg["dflash_config"]))
+ref.load_weights(d + "/model.safetensors")
+mx.random.seed(1)
+dt = engine.norm.weight.dtype
+emb = mx.random.normal((1, cfg["block_size"], cfg["hidden_size"])).astype(dt)
+ctx = mx.random.normal((1, 20, 2 * cfg["hidden_size"])).astype(dt)
+print(compare_arrays(engine(noise_embedding=emb, target_hidden=ctx), ref(emb, ctx), row_axis=1).equal)
+"""
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_loads_the_fixture_drafter_as_its_own(fixture_root: Path, dflash_env: dict[str, str]) -> None:
+    """dflash-mlx's loader reads the drafter, and its block forward equals the fixture's model byte for byte."""
+    import subprocess
+    import sys
+
+    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    python = dflash_env.get("SPECPARITY_DFLASH_MLX_PYTHON", sys.executable)
+    proc = subprocess.run([python, "-P", "-c", _SAME_DRAFT, info.draft], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "True"

@@ -1,0 +1,79 @@
+"""The engine adapter interface, through mlx-lm's adapter: clean paths equal, injected faults named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import assert_report, build
+from specparity.checkpoint import load_checkpoint
+from specparity.identity import device
+from specparity.probes.engines import load_engine
+from specparity.probes.forward.engine import probe_engine
+from specparity.probes.replay.engine import replay_engine
+
+PROMPT = list(range(20, 36))  # 16 tokens
+cpu_only = pytest.mark.skipif(device() != "cpu",
+                              reason="pins the CPU backend's measured block/chain exactness")
+pytestmark = pytest.mark.model
+
+
+def _engine(info: Any, trust: bool = False) -> Any:
+    return load_engine("mlx-lm", load_checkpoint(info.target, trust_remote_code=trust))
+
+
+@cpu_only
+def test_mlx_lm_adapter_is_silent_on_a_clean_path(fixture_root: Path) -> None:
+    """Block, every rollback and the prefill through mlx-lm's adapter equal classic decode."""
+    eng = _engine(build(fixture_root, "llama-float32", arch="llama"))
+    rep = probe_engine(eng, [2, 4], [0, 5], [PROMPT])
+    assert_report(rep)
+    assert rep.verdict == "equal" and rep.exit_code == 0
+    assert [c.verdict for c in rep.cells] == ["equal"] * 4
+    assert len(rep.rollbacks) == 2 * (2 + 4) and {r.verdict for r in rep.rollbacks} == {"equal"}
+    assert [p.verdict for p in rep.prefill] == ["equal"]
+    assert rep.bracket is not None and rep.bracket.reproducible
+    rr = replay_engine(eng, PROMPT, [3, 0, 2, 1, 3], [4] * 5)
+    assert rr.verdict == "equal" and rr.positions == 1 + sum(a + 1 for a in [3, 0, 2, 1, 3])
+    assert rr.token is None and rr.row is None and rr.state is None
+
+
+@cpu_only
+def test_stale_trim_fires_at_the_first_rollback_and_names_every_layer(fixture_root: Path) -> None:
+    """A cache trim that keeps one stale row: the rollback detector names width, accept and layer."""
+    info = build(fixture_root, "llama-stale-trim", arch="llama", faults=[{"kind": "stale_trim"}], with_draft=False)
+    eng = _engine(info, True)
+    rep = probe_engine(eng, [4], [0], [PROMPT])
+    assert [c.verdict for c in rep.cells] == ["equal"]  # the verify forward itself is right
+    by_k = {r.accepted: r for r in rep.rollbacks}
+    assert [by_k[k].verdict for k in range(4)] == ["divergent"] * 3 + ["equal"]  # k = 3: nothing rolled back
+    first = by_k[0].first
+    assert first is not None and first.name == "offset" and first.layer == 0
+    assert first.note == "offset 16 vs 17"  # classic holds 16 positions, the engine one stale row more
+    assert by_k[0].layers == list(range(6))
+    assert "divergent at accepted 0-2; equal at accepted 3" in "\n".join(rep.lines())
+    # replayed: rounds 0 and 1 accept everything, round 2 is the first rollback
+    rr = replay_engine(eng, PROMPT, [3, 3, 1, 2], [4] * 4)
+    assert rr.state is not None and (rr.state.round, rr.state.accepted) == (2, 1)
+    assert rr.state.first.name == "offset" and rr.state.rounds_differing == 2
+    assert rr.verdict == "divergent"
+
+
+def test_engine_errors_are_one_line_with_their_exit_code(cli_bin: str, tmp_path: Path) -> None:
+    """--accepted without an engine is usage (2); a missing engine interpreter is infrastructure (4)."""
+    import importlib.util
+
+    from conftest import run_cli
+
+    proc = run_cli(cli_bin, "bisect", "--width", "4", "--accepted", "2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "Error: --accepted rolls back an engine's block: give --engine"
+    if importlib.util.find_spec("dflash_mlx") is not None:
+        return  # in process here: no environment is looked for
+    proc = run_cli(cli_bin, "probe", "--engine", "dflash-mlx", "--model", str(tmp_path),
+                   env={"SPECPARITY_DFLASH_MLX_PYTHON": str(tmp_path / "no-python")})
+    assert proc.returncode == 4
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"Error: SPECPARITY_DFLASH_MLX_PYTHON={tmp_path / 'no-python'}: no such interpreter")
