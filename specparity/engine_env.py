@@ -52,7 +52,12 @@ def engine_environment(engine: str) -> tuple[str, dict[str, str]]:
         path = os.environ[var]
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise InfrastructureError(f"{var}={path}: no such interpreter")
-        return path, dict(os.environ)
+        import json
+
+        from specparity.environments import SOURCE_VAR, source_mapping
+
+        # an environment specparity built imports this checkout through $SPECPARITY_SOURCE
+        return path, {**os.environ, SOURCE_VAR: json.dumps(source_mapping())}
     from specparity.environments import ensure_environment
 
     env = ensure_environment(engine, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
