@@ -95,7 +95,9 @@ class CompletionDifference:
         if self.char_offset is not None:
             where.append(f"char {self.char_offset}")
         s = f"first difference at {', '.join(where) or 'the end'}"
-        if self.token_index is not None:
+        if self.token_index is not None and self.reference_token_count is None:
+            s += f" (the token index from {self.reference}'s pieces: the other side gave text only):"
+        elif self.token_index is not None:
             s += (f" (of {self.reference_token_count} {self.reference} / {self.other_token_count} {self.other}"
                   f" tokens): after {self.tokens_before}, {self.reference} {self.reference_tokens}"
                   + (f" {self.reference_pieces}" if self.reference_pieces is not None else "")

@@ -161,6 +161,8 @@ def run_reproduction(cli_bin: str, command: str, cwd: str | None = None) -> tupl
         out = json.loads(r.stdout)
     except ValueError:
         return r.returncode, None, r.stdout + r.stderr
+    if out.get("finding") is not None:  # a sequence replay: where the finding's own request leaves classic decode
+        return r.returncode, out["finding"][1], r.stdout
     if out.get("first") is not None:
         return r.returncode, int(out["first"][1]), r.stdout
     reqs = out.get("requests") or []

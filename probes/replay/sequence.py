@@ -469,6 +469,16 @@ class SequenceReport(ReportMixin):
         return None
 
     @property
+    def finding(self) -> tuple[str, int | None] | None:
+        """(request id, token index) where the replay of the header's finding request leaves classic
+        decode (index None: it does not); None when the header names no finding or the request is absent."""
+        want = (self.header.finding or {}).get("request")
+        for r in self.requests:
+            if want is not None and r.id == want:
+                return r.id, (r.replay_vs_classic.index if r.replay_vs_classic is not None else None)
+        return None
+
+    @property
     def served_first(self) -> tuple[str, int] | None:
         for r in self.requests:
             if r.served_vs_classic is not None:
@@ -508,6 +518,11 @@ class SequenceReport(ReportMixin):
             out.append(f"not replayed: {self.reason}")
         else:
             out.append("every request equals classic decode, in the replay and as served")
+        found, want = self.finding, self.header.finding or {}
+        if found is not None and found != first:
+            out.append(f"the served finding, request {found[0]} at token {want.get('token_index')}: "
+                       + ("the replay differs there too, at token " + str(found[1]) if found[1] is not None
+                          else "the replay equals classic decode there"))
         for r in self.requests:
             s = r.served
             where = (f"{s.path} path" + (f" ({s.why_sequential})" if s.path == PATH_SEQUENTIAL else "")
@@ -526,7 +541,8 @@ class SequenceReport(ReportMixin):
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "exit_code": self.exit_code, "header": self.header.to_dict(),
-                "first": self.first, "served_first": self.served_first, "reason": self.reason,
+                "first": self.first, "served_first": self.served_first, "finding": self.finding,
+                "reason": self.reason,
                 "requests": [r.to_dict() for r in self.requests], "seconds": self.seconds}
 
 
