@@ -67,6 +67,8 @@ class Profile:
     metrics_counter: a Prometheus counter (e.g. vLLM's ``vllm:spec_decode_num_draft_tokens``) read from
       ``metrics_path`` before and after each request: a rise is evidence the drafter ran.
     logprobs_request: request fields asking for logprobs; logprobs_path: where they are.
+    logprobs_real: False when the server's logprob values are not real numbers (dflash-mlx: a
+      constant 0.0): the client keeps the token ids and drops the values (no margins from them).
     flush: a request path that empties the prompt cache (None: cannot flush).
     version_command: argv printing the server's version (kept in the record).
     requires_module: a module that must be importable for the profile to run.
@@ -101,6 +103,7 @@ class Profile:
     metrics_path: str = "/metrics"
     logprobs_request: dict[str, Any] = field(default_factory=dict)
     logprobs_path: str = "choices.0.logprobs.content"
+    logprobs_real: bool = True
     flush: str | None = None
     version_command: list[str] | None = None
     requires_module: str | None = None
@@ -246,6 +249,8 @@ def load_profile(name_or_path: str) -> Profile:
             load_spec(environment)
         except UsageError as err:
             raise UsageError(f"{where}: environment: {err}") from None
+    if not isinstance(logprobs.get("values_real", True), bool):
+        raise UsageError(f"{where}: logprobs.values_real must be true or false")
     if not isinstance(raw.get("exercised", True), bool):
         raise UsageError(f"{where}: exercised must be true or false")
     return Profile(
@@ -269,6 +274,7 @@ def load_profile(name_or_path: str) -> Profile:
         metrics_path=str(evidence.get("metrics_path") or "/metrics"),
         logprobs_request=dict(logprobs.get("request") or {}),
         logprobs_path=str(logprobs.get("path", "choices.0.logprobs.content")),
+        logprobs_real=bool(logprobs.get("values_real", True)),
         flush=raw.get("flush"),
         version_command=raw.get("version_command"),
         requires_module=raw.get("requires_module"),
