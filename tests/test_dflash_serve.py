@@ -173,6 +173,68 @@ def test_the_baseline_arm_is_target_only_and_both_equal_classic_decode(
     assert got[f"w{BLOCK}"].requests[0].completion.token_ids == classic
 
 
+# both greedy chains of one prompt in process (the environment's mlx-lm): mlx-lm's (argmax of the
+# logprobs in the model's dtype) and the raw logits' argmax, and each step's top-2 of both
+_CHAINS = '''
+import json, sys
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.models.cache import make_prompt_cache
+model, tok = load(sys.argv[1])
+prompt, n = mx.array(tok.encode(sys.argv[2]))[None], int(sys.argv[3])
+out = {}
+for rule in ("logprobs", "logits"):
+    cache = make_prompt_cache(model)
+    logits = model(prompt, cache=cache)
+    chain, steps = [], []
+    for _ in range(n):
+        row = logits[0, -1]
+        lp = row - mx.logsumexp(row, keepdims=True)
+        y = int(mx.argmax(lp if rule == "logprobs" else row).item())
+        top = mx.argsort(-row.astype(mx.float32))[:2].tolist()
+        steps.append({"top": top, "logits": [float(row[t].item()) for t in top],
+                      "logprobs": [float(lp[t].item()) for t in top]})
+        chain.append(y)
+        logits = model(mx.array([[y]]), cache=cache)
+    out[rule] = {"chain": chain, "steps": steps}
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.model
+def test_on_a_bfloat16_hybrid_dflash_picks_the_larger_logit_where_classic_decode_sees_a_tie(
+        dflash_env: Environment, tmp_path: Path) -> None:
+    """dflash-mlx 0.1.8's greedy is the argmax of the raw logits; mlx-lm's (classic decode, and the
+    target-only baseline, mlx-lm's own server loop) is the argmax of the logprobs in the model's dtype.
+    In bfloat16 two close logits can round to one logprob: classic decode then takes the lower id, dflash
+    the larger logit. On the bfloat16 hybrid fixture (qwen3_5, as many linear value as key heads, block
+    16) every drafted arm emits the raw-logit chain, at every width; the baseline emits classic decode's;
+    where they part, classic decode's top two logprobs are equal and its logits are not."""
+    try:
+        pair = dflash_fixture(dflash_env, "qwen3_5-equal-heads", 16, "bfloat16")
+    except LookupError as err:
+        pytest.skip(str(err))
+    chains = in_env(dflash_env, _CHAINS, pair["target"], PROMPT, str(48))
+    classic, raw = chains["logprobs"]["chain"], chains["logits"]["chain"]
+    spec = Job(pairings=[Pairing("hybrid", pair["target"], pair["draft"], "dflash-mlx")], widths=[2, 16],
+               max_tokens=48, prompts=[PROMPT], sequence=["fresh"])
+    got = arms(ServedRun(spec, workdir=tmp_path).run())
+    assert got["baseline-start"].requests[0].completion.token_ids == classic
+    for name in ("w2", "w16"):
+        (req,) = got[name].requests
+        assert req.completion.token_ids == raw and req.evidence.engaged, name
+    if classic != raw:
+        k = next(i for i, (a, b) in enumerate(zip(classic, raw)) if a != b)
+        step = chains["logprobs"]["steps"][k]
+        assert step["logprobs"][0] == step["logprobs"][1] and step["logits"][0] > step["logits"][1]
+        assert (raw[k], classic[k]) == tuple(step["top"]) and classic[k] < raw[k]  # the tie goes to the lower id
+        assert all(r.verdict == Verdict.DIVERGED and r.divergence is not None and r.divergence.token_index == k
+                   for name in ("w2", "w16") for r in got[name].requests)
+
+
 @pytest.mark.slow
 @pytest.mark.build
 @pytest.mark.server
