@@ -116,7 +116,7 @@ def test_a_served_dflash_job_reads_every_round_keeps_the_ids_and_refuses_a_width
         arm = got[name]
         assert arm.verdict == Verdict.MATCH and "--fastpath-max-tokens" in arm.server["argv"]
         for r in arm.requests:
-            assert not r.evidence.engaged and "mode_used ar_fastpath" in r.evidence.lines[0]
+            assert not r.evidence.engaged and "mode_used ar_fastpath" in r.evidence.lines[0], r.evidence.lines
     # the drafted arm: width pinned, every round read, only DFlash-drafted rounds count as engagement
     w = got[f"w{BLOCK}"]
     argv = w.server["argv"]
@@ -342,8 +342,10 @@ def test_the_engines_error_is_the_last_exception_line_after_the_mark(tmp_path: P
 
 
 def test_arms_without_a_drafter_serve_target_only_and_cache_state_reads_usage(tmp_path: Path) -> None:
-    assert dflash_mlx.server_argv(False, tmp_path) == ["--fastpath-max-tokens", str(dflash_mlx.FASTPATH_ALL)]
-    assert dflash_mlx.server_argv(True, tmp_path)[-1] == str(tmp_path / dflash_mlx.DIAGNOSTICS_DIR)
+    where = str(tmp_path / dflash_mlx.DIAGNOSTICS_DIR)
+    assert dflash_mlx.server_argv(False, tmp_path) == ["--fastpath-max-tokens", str(dflash_mlx.FASTPATH_ALL),
+                                                       "--diagnostics", "basic", "--diagnostics-dir", where]
+    assert dflash_mlx.server_argv(True, tmp_path) == ["--diagnostics", "full", "--diagnostics-dir", where]
     assert dflash_mlx.cache_state({"prompt_tokens_details": {"cached_tokens": 0}}) == ("cold", 0)
     assert dflash_mlx.cache_state({"prompt_tokens_details": {"cached_tokens": 17}}) == ("warm", 17)
     assert dflash_mlx.cache_state({}) == (None, None)

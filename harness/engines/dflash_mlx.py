@@ -14,13 +14,17 @@ details). What the hooks do:
   line of ``<server_dir>/dflash-diagnostics/cycle_events.jsonl`` (rows, drafts
   accepted, and what proposed the block: ``dflash``, the DFlash drafter;
   ``copyspec``, a copy of an earlier stretch of the prompt and output;
-  ``none``, the last token alone).
+  ``none``, the last token alone). Every arm writes one line per request to
+  ``post_events.jsonl`` there (``--diagnostics basic`` without a drafter: no
+  effect on what it computes), the fields ``/metrics`` shows as
+  ``last_request``; read from the file, a request's evidence costs no request.
 - The widest width is the drafter's ``block_size`` (:func:`max_width`): the
   server would clamp a larger cap silently, so a wider arm is not run.
-- Per request (:func:`mark` before, :func:`evidence` after): ``/metrics`` JSON
-  ``last_request`` (``mode_used``: ``dflash`` ran the drafter's path,
-  ``dflash_fallback`` fell back to target-only decoding, a decline;
-  ``ar_fastpath``, target only) and the request's verify rounds. A request is
+- Per request (:func:`mark` before, :func:`evidence` after): its post event
+  (or, with no diagnostics folder, ``/metrics`` JSON ``last_request``), whose
+  ``mode_used`` is ``dflash`` (the drafter's path), ``dflash_fallback`` (fell
+  back to target-only decoding: a decline) or ``ar_fastpath`` (target only),
+  and the request's verify rounds. A request is
   engaged only when at least one round's block came from the DFlash drafter: a
   request whose only speculation was copied from its history says nothing of
   the drafter. The prompt cache's state comes from the response
@@ -46,6 +50,7 @@ log = logging.getLogger(__name__)
 
 DIAGNOSTICS_DIR = "dflash-diagnostics"
 CYCLE_EVENTS = "cycle_events.jsonl"
+POST_EVENTS = "post_events.jsonl"
 # every request's max_tokens is below this: the no-drafter arms serve every request target-only
 FASTPATH_ALL = 1_000_000_000
 ENGAGED_MODES = ("dflash",)
@@ -53,7 +58,7 @@ DECLINED_MODES = ("dflash_fallback",)
 BASELINE_MODES = ("ar_fastpath",)
 DFLASH_SOURCE = "dflash"
 COPY_SOURCE = "copyspec"
-# /metrics records a request after its last token is sent: how long to wait for it
+# the server records a request after its last token is sent: how long to wait for it
 METRICS_WAIT = 10.0
 METRICS_WAIT_FAILED = 2.0
 METRICS_TIMEOUT = 30.0
@@ -62,10 +67,12 @@ _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception)\b.*)$")
 
 
 def server_argv(drafts: bool, server_dir: Path) -> list[str]:
-    """A drafted arm writes its verify rounds under ``server_dir``; an arm without one serves target only."""
+    """A drafted arm writes its requests and verify rounds under ``server_dir``; an arm without one serves
+    target only and writes its requests there."""
+    where = ["--diagnostics-dir", str(Path(server_dir) / DIAGNOSTICS_DIR)]
     if not drafts:
-        return ["--fastpath-max-tokens", str(FASTPATH_ALL)]
-    return ["--diagnostics", "full", "--diagnostics-dir", str(Path(server_dir) / DIAGNOSTICS_DIR)]
+        return ["--fastpath-max-tokens", str(FASTPATH_ALL), "--diagnostics", "basic", *where]
+    return ["--diagnostics", "full", *where]
 
 
 def max_width(draft: str) -> int | None:
@@ -80,16 +87,21 @@ def max_width(draft: str) -> int | None:
 
 @dataclass
 class Mark:
-    """Where one request's evidence starts: the rounds file's size, the last request /metrics had done,
-    the server log's size."""
+    """Where one request's evidence starts: the rounds file's and the requests file's sizes (None: no
+    requests file, so /metrics), the last request /metrics had done (only then), the server log's size."""
 
     cycle_offset: int
+    post_offset: int | None
     request_id: int | None
     log_offset: int
 
 
 def cycle_file(server_dir: Path) -> Path:
     return Path(server_dir) / DIAGNOSTICS_DIR / CYCLE_EVENTS
+
+
+def post_file(server_dir: Path) -> Path:
+    return Path(server_dir) / DIAGNOSTICS_DIR / POST_EVENTS
 
 
 def _size(path: Path | None) -> int:
@@ -119,8 +131,45 @@ def _last_id(metrics: dict[str, Any] | None) -> int | None:
 
 
 def mark(session: Any) -> Mark:
-    return Mark(_size(cycle_file(session.server_dir)), _last_id(read_metrics(session.server.url)),
-                _size(session.server.log_path))
+    post = post_file(session.server_dir)
+    cycles, log_offset = _size(cycle_file(session.server_dir)), _size(session.server.log_path)
+    if post.is_file():
+        return Mark(cycles, _size(post), None, log_offset)
+    return Mark(cycles, None, _last_id(read_metrics(session.server.url)), log_offset)
+
+
+def wait_for_post(path: Path, offset: int, deadline: float) -> dict[str, Any] | None:
+    """The first request line written to ``post_events.jsonl`` after byte ``offset`` (None: none by the
+    deadline)."""
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read().decode("utf-8", "replace")
+        except OSError:
+            data = ""
+        for line in data.splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break  # still being written
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("request_id"), int):
+                return row
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+
+
+def request_record(session: Any, before: Mark, wait: float) -> dict[str, Any] | None:
+    """What the server recorded of the request sent after ``before``: its post event, or /metrics's
+    ``last_request`` where it writes none (the same fields; rounds are ``cycles_completed`` there,
+    ``cycles`` here)."""
+    deadline = time.monotonic() + wait
+    if before.post_offset is not None:
+        return wait_for_post(post_file(session.server_dir), before.post_offset, deadline)
+    return wait_for_request(session.server.url, before.request_id, deadline)
 
 
 def wait_for_request(url: str, after: int | None, deadline: float) -> dict[str, Any] | None:
@@ -208,25 +257,25 @@ def evidence(session: Any, completion: Any, before: Mark) -> EngineEvidence:
     if not completion.ok or completion.finish_reason is None:
         # no response, or a stream that ended without a finish: the engine failed it (and logged why)
         found.error = engine_error(session.server.log_path, before.log_offset)
-    wait = METRICS_WAIT if completion.ok else METRICS_WAIT_FAILED
-    last = wait_for_request(session.server.url, before.request_id, time.monotonic() + wait)
+    last = request_record(session, before, METRICS_WAIT if completion.ok else METRICS_WAIT_FAILED)
     if last is None:
-        found.lines.append("dflash-mlx /metrics: this request is not in last_request")
+        found.lines.append("dflash-mlx: the server recorded no such request")
         return found
     mode = str(last.get("mode_used"))
-    found.details = {"request_id": last.get("request_id"), "mode_used": mode, "cycles": last.get("cycles"),
+    cycles = last.get("cycles_completed", last.get("cycles"))
+    found.details = {"request_id": last.get("request_id"), "mode_used": mode, "cycles": cycles,
                      "copyspec_hits": last.get("copyspec_hits"), "cache_status": last.get("cache_status"),
                      "cache_hit_tokens": last.get("cache_hit_tokens")}
     if mode in BASELINE_MODES:
         found.engaged = False
-        found.lines.insert(0, f"dflash-mlx /metrics: mode_used {mode} (target only, the drafter set aside)")
+        found.lines.insert(0, f"dflash-mlx: mode_used {mode} (target only, the drafter set aside)")
         return found
     if mode in DECLINED_MODES:
         found.engaged, found.declined = False, True
-        found.lines.insert(0, f"dflash-mlx /metrics: mode_used {mode} (fell back to target-only decoding)")
+        found.lines.insert(0, f"dflash-mlx: mode_used {mode} (fell back to target-only decoding)")
         return found
     if mode not in ENGAGED_MODES:
-        found.lines.insert(0, f"dflash-mlx /metrics: mode_used {mode} (unknown)")
+        found.lines.insert(0, f"dflash-mlx: mode_used {mode} (unknown)")
         return found
     rounds = read_rounds(cycle_file(session.server_dir), before.cycle_offset, int(last["request_id"]))
     if rounds:
@@ -239,12 +288,12 @@ def evidence(session: Any, completion: Any, before: Mark) -> EngineEvidence:
             line += ": no round's block came from the DFlash drafter"
         found.lines.insert(0, f"dflash-mlx: mode_used dflash, {line}")
         return found
-    # no per-round file (diagnostics off): /metrics counts rounds and copied rounds; only the last
-    # round can go without a draft (one token left), so two rounds more than copied ones prove one
-    # round drafted by the DFlash drafter
-    cycles, copied = last.get("cycles"), last.get("copyspec_hits")
+    # no per-round file (diagnostics off): the request's record counts rounds and copied rounds; only
+    # the last round can go without a draft (one token left), so two rounds more than copied ones prove
+    # one round drafted by the DFlash drafter
+    copied = last.get("copyspec_hits")
     if isinstance(cycles, int) and isinstance(copied, int):
         found.engaged = cycles - copied >= 2
-        found.lines.insert(0, f"dflash-mlx /metrics: mode_used dflash, {cycles} verify rounds, {copied} copied from"
+        found.lines.insert(0, f"dflash-mlx: mode_used dflash, {cycles} verify rounds, {copied} copied from"
                               f" the history (copyspec){'' if found.engaged else ': no round proven DFlash-drafted'}")
     return found
