@@ -27,7 +27,7 @@ import pytest
 
 from specparity.environments import ENV_CACHE_VAR, Environment
 from specparity.harness.config import Job, Pairing
-from specparity.harness.engines import dflash_mlx
+import specparity.harness.engines.dflash_mlx as dflash_mlx
 from specparity.harness.lifecycle import Server
 from specparity.harness.profiles import load_profile
 from specparity.harness.results import ArmResult, ServedReport
@@ -265,8 +265,9 @@ def test_dflash_serve_itself_gives_ids_with_zero_logprobs_and_no_ids_with_top_lo
     profile = load_profile("dflash-mlx")
     argv = profile.render(profile.argv + profile.draft_argv, python=dflash_env.python, model=qwen3_pair["target"],
                           draft_model=qwen3_pair["draft"], host="127.0.0.1", port="{port}", width=BLOCK)
+    env: dict[str, str | None] = {**dflash_env.environ(base={})}
     with Server(argv, log_path=tmp_path / "raw.log", ready_path=profile.ready_path,
-                fail_regex=profile.fail_regex, env=dflash_env.environ(base={})) as srv:
+                fail_regex=profile.fail_regex, env=env) as srv:
         client = httpx.Client(base_url=srv.url, timeout=120)
         body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": True}
         plain = client.post("/v1/completions", json=body).json()
