@@ -350,3 +350,52 @@ def test_arms_without_a_drafter_serve_target_only_and_cache_state_reads_usage(tm
     assert dflash_mlx.cache_state({"prompt_tokens_details": {"cached_tokens": 0}}) == ("cold", 0)
     assert dflash_mlx.cache_state({"prompt_tokens_details": {"cached_tokens": 17}}) == ("warm", 17)
     assert dflash_mlx.cache_state({}) == (None, None)
+
+
+class _Srv:
+    """The two things the engine's evidence reads of a server: its log and its URL (never asked here)."""
+
+    def __init__(self, log_path: Path):
+        self.log_path = log_path
+        self.url = "http://127.0.0.1:9"
+
+
+class _Session:
+    def __init__(self, root: Path):
+        self.server_dir = root
+        self.server = _Srv(root / "server.log")
+        (root / dflash_mlx.DIAGNOSTICS_DIR).mkdir(parents=True)
+        for f in (dflash_mlx.POST_EVENTS, dflash_mlx.CYCLE_EVENTS):
+            (root / dflash_mlx.DIAGNOSTICS_DIR / f).touch()
+        self.server.log_path.touch()
+
+
+def _request(session: _Session, mode: str, rounds: list[dict[str, Any]], completion: Any) -> Any:
+    """One request's evidence as the engine reads it: its post event and rounds appended after the mark."""
+    before = dflash_mlx.mark(session)
+    diag = session.server_dir / dflash_mlx.DIAGNOSTICS_DIR
+    with open(diag / dflash_mlx.CYCLE_EVENTS, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rounds)
+    with open(diag / dflash_mlx.POST_EVENTS, "a") as f:
+        f.write(json.dumps({"request_id": 1, "mode_used": mode, "cycles_completed": len(rounds),
+                            "copyspec_hits": sum(r["draft_source"] == "copyspec" for r in rounds)}) + "\n")
+    return dflash_mlx.evidence(session, completion, before)
+
+
+def test_a_request_whose_only_speculation_was_copied_is_not_engaged_and_a_fallback_is_declined(
+        tmp_path: Path) -> None:
+    from specparity.harness.client import Completion
+
+    done = Completion(text="x", finish_reason="length", usage={"prompt_tokens_details": {"cached_tokens": 5}})
+    copied = _request(_Session(tmp_path / "a"), "dflash", [_round(1, "copyspec", 8, 7), _round(2, "none", 1, 0)],
+                      done)
+    assert copied.engaged is False and not copied.declined and (copied.cache, copied.cached_tokens) == ("warm", 5)
+    assert "no round's block came from the DFlash drafter" in copied.lines[0]
+    assert copied.accepts == [7, 0] and copied.widths == [8, 1]
+    drafted = _request(_Session(tmp_path / "b"), "dflash", [_round(1, "dflash", 8, 0), _round(2, "copyspec", 8, 7)],
+                       done)
+    assert drafted.engaged is True and drafted.details["draft_sources"] == ["dflash", "copyspec"]
+    fallback = _request(_Session(tmp_path / "c"), "dflash_fallback", [], done)
+    assert fallback.declined and not fallback.engaged and "fell back" in fallback.lines[0]
+    baseline = _request(_Session(tmp_path / "d"), "ar_fastpath", [], done)
+    assert baseline.engaged is False and not baseline.declined and "target only" in baseline.lines[0]
