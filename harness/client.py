@@ -145,8 +145,9 @@ def _read_json(resp: dict[str, Any], req: Request, profile: Profile, out: Comple
                 ids.append(int(entry["id"]))
                 lps.append(float(entry["logprob"]))
         out.token_ids = ids or None
-        out.logprobs = lps or None
-        out.top = tops or None
+        # a server whose logprob values are placeholders (dflash-mlx: 0.0) keeps its ids only
+        out.logprobs = (lps or None) if profile.logprobs_real else None
+        out.top = (tops or None) if profile.logprobs_real else None
 
 
 def _read_stream(client: Any, url: str, body: dict[str, Any], req: Request, out: Completion,

@@ -67,6 +67,8 @@ class Profile:
     metrics_counter: a Prometheus counter (e.g. vLLM's ``vllm:spec_decode_num_draft_tokens``) read from
       ``metrics_path`` before and after each request: a rise is evidence the drafter ran.
     logprobs_request: request fields asking for logprobs; logprobs_path: where they are.
+    logprobs_real: False when the server's logprob values are not real numbers (dflash-mlx: a
+      constant 0.0): the client keeps the token ids and drops the values (no margins from them).
     flush: a request path that empties the prompt cache (None: cannot flush).
     version_command: argv printing the server's version (kept in the record).
     requires_module: a module that must be importable for the profile to run.
@@ -105,6 +107,7 @@ class Profile:
     metrics_path: str = "/metrics"
     logprobs_request: dict[str, Any] = field(default_factory=dict)
     logprobs_path: str = "choices.0.logprobs.content"
+    logprobs_real: bool = True
     flush: str | None = None
     version_command: list[str] | None = None
     requires_module: str | None = None
@@ -290,6 +293,8 @@ def load_profile(name_or_path: str) -> Profile:
     arithmetic = raw.get("arithmetic", "mlx")
     if arithmetic not in ARITHMETIC:
         raise UsageError(f"{where}: arithmetic {arithmetic!r}: choose from {', '.join(ARITHMETIC)}")
+    if not isinstance(logprobs.get("values_real", True), bool):
+        raise UsageError(f"{where}: logprobs.values_real must be true or false")
     if not isinstance(raw.get("exercised", True), bool):
         raise UsageError(f"{where}: exercised must be true or false")
     return Profile(
@@ -313,6 +318,7 @@ def load_profile(name_or_path: str) -> Profile:
         metrics_path=str(evidence.get("metrics_path") or "/metrics"),
         logprobs_request=dict(logprobs.get("request") or {}),
         logprobs_path=str(logprobs.get("path", "choices.0.logprobs.content")),
+        logprobs_real=bool(logprobs.get("values_real", True)),
         flush=raw.get("flush"),
         version_command=raw.get("version_command"),
         requires_module=raw.get("requires_module"),

@@ -361,7 +361,10 @@ class PairingRun:
             comp.error = (comp.error or "") + f" (the server exited with code {code}; log tail: {srv.tail(5)!r})"
         after = evidence_mod.read_counter(client, srv.url, self.profile, timeout)
         ev = evidence_mod.collect(self.profile, session.witness_file, srv.log_path, comp, before, after)
-        evidence_mod.add_engine(ev, self.engine.evidence(session, comp, engine_mark))
+        found = self.engine.evidence(session, comp, engine_mark)
+        evidence_mod.add_engine(ev, found)
+        if found is not None and found.error:  # the engine failed it, even where a (partial) response came
+            comp.error = f"{comp.error + '; ' if comp.error else ''}the engine's error: {found.error}"
         return Exchange(req, comp, ev)
 
     def send_concurrent(self, client: Any, session: Session, requests: list[Request], fields: dict[str, Any],
@@ -455,12 +458,28 @@ class PairingRun:
             self.findings.append(finding)
 
     # -- one arm -------------------------------------------------------------------------------
+    def too_wide(self, plan: ArmPlan) -> str | None:
+        """Why the engine cannot run ``plan``'s width with its drafter (None: it can): never clamped."""
+        if plan.draft is None or plan.width is None:
+            return None
+        limit = self.engine.max_width(plan.draft)
+        if limit is None or plan.width.rows <= limit:
+            return None
+        if limit < 2:
+            return f"{self.profile.name} cannot draft with {plan.draft}: not a drafter its engine takes"
+        return (f"{plan.width.describe()} is wider than the {limit} rows {self.profile.name} verifies with drafter"
+                f" {plan.draft}: not run (the engine would clamp it)")
+
     def run_arm(self, plan: ArmPlan, baseline: dict[str, Completion], keep: bool) -> ArmResult:
         """Start (or reuse) the arm's server, send its sequence, judge each answer."""
         import httpx
 
         arm = ArmResult(plan.name, plan.kind, plan.width)
         t0 = time.perf_counter()
+        why = self.too_wide(plan)
+        if why:
+            arm.verdict, arm.reason = Verdict.NOT_RUN, why
+            return arm
         arm.served_by = WidthMode.REQUEST if plan.per_request else WidthMode.PROCESS
         session = self.sessions.get(plan.server_key)
         if session is None:

@@ -1,16 +1,16 @@
-"""dflash-mlx's server (``dflash serve``) live, from its environment, as the dflash-mlx profile starts it.
+"""dflash-mlx's server (``dflash serve``) live from its environment, as the dflash-mlx profile and its
+engine (harness/engines/dflash_mlx.py) drive it; and that engine's evidence readers on their own.
 
-What these pin (the evidence the served harness reads; /work/team/dflash-serve-notes.md):
-readiness on /health after both checkpoints load; ``logprobs`` without
-``top_logprobs`` carries token ids with a constant 0.0 logprob, and
-``top_logprobs`` empties every entry; per request prefix-cache state in
-``usage.prompt_tokens_details.cached_tokens`` and /metrics ``last_request``;
-per verify round evidence (rows, accepted, DFlash-drafted or copied from the
-history) in ``--diagnostics full``'s cycle_events.jsonl.
-
-The checkpoints: a plain qwen3 target and a DFlash drafter for it, random
-weights, made here in the environment. TEMPORARY: the DFlash drafter
-fixtures of specparity.fixtures replace this maker when they land.
+What these pin (/work/team/dflash-serve-notes.md has the reading behind them):
+the arms without a drafter are served target only (``/metrics`` mode_used
+ar_fastpath); a drafted arm's every verify round comes from ``--diagnostics
+full`` (rows, accepted, DFlash-drafted or copied from the history), and only a
+DFlash-drafted round is evidence the drafter ran; token ids are kept and the
+constant 0.0 logprob values dropped; each request's prompt cache is cold or
+warm; a width past the drafter's block is not run; a shape the engine cannot
+verify is an error with the engine's own message; a load failure ends the
+start at once. The pair comes from tests/dflash_pairs.py (one function to
+switch to the DFlash fixtures at merge).
 """
 
 from __future__ import annotations
@@ -24,63 +24,25 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from specparity.environments import Environment
-from specparity.harness.lifecycle import Server, ServerStartError
-from specparity.harness.profiles import PROFILE_DIR, load_profile
+from specparity.environments import ENV_CACHE_VAR, Environment
+from specparity.harness.config import Job, Pairing
+import specparity.harness.engines.dflash_mlx as dflash_mlx
+from specparity.harness.lifecycle import Server
+from specparity.harness.profiles import load_profile
+from specparity.harness.results import ArmResult, ServedReport
+from specparity.harness.run import ServedRun
+from specparity.verdicts import Verdict
 
-from test_environments import built
+from dflash_pairs import dflash_fixture
+from test_environments import REAL_CACHE, built
 
-pytestmark = [pytest.mark.build, pytest.mark.server]
-
-PROMPT = "The quick brown fox jumps over"
+PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 MAX_TOKENS = 24
 BLOCK = 8
 
-_MAKE_PAIR = '''
-import json, sys
-from pathlib import Path
-import mlx.core as mx
-from mlx.utils import tree_flatten
-from dflash_mlx.model import DFlashDraftModel, DFlashDraftModelArgs
-from specparity.fixtures import VOCAB_SIZE, build_pair, build_tokenizer
-
-out, arch, block = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-if arch == "qwen3":
-    from mlx_lm.models import qwen3
-    cfg = {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-5,
-           "vocab_size": VOCAB_SIZE, "max_position_embeddings": 4096, "rope_theta": 10000.0,
-           "tie_word_embeddings": False}
-    mx.random.seed(0)
-    model = qwen3.Model(qwen3.ModelArgs.from_dict(cfg))
-    mx.eval(model.parameters())
-    (out / "target").mkdir(parents=True)
-    mx.save_safetensors(str(out / "target" / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (out / "target" / "config.json").write_text(json.dumps(cfg))
-    build_tokenizer(out / "target")
-    target = out / "target"
-else:
-    target = Path(build_pair(out / "pair", arch=arch, with_draft=False).target)
-tc = json.loads((target / "config.json").read_text())
-draft = {"model_type": "qwen3", "hidden_size": tc["hidden_size"], "num_hidden_layers": 1,
-         "intermediate_size": tc["intermediate_size"], "num_attention_heads": tc["num_attention_heads"],
-         "num_key_value_heads": tc["num_key_value_heads"], "head_dim": tc["head_dim"],
-         "rms_norm_eps": tc["rms_norm_eps"], "vocab_size": tc["vocab_size"],
-         "max_position_embeddings": tc["max_position_embeddings"], "rope_theta": 10000.0,
-         "tie_word_embeddings": False, "num_target_layers": tc["num_hidden_layers"], "block_size": block,
-         "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": tc["vocab_size"] - 1}}
-mx.random.seed(1)
-drafter = DFlashDraftModel(DFlashDraftModelArgs.from_dict(draft))
-mx.eval(drafter.parameters())
-(out / "draft").mkdir(parents=True)
-mx.save_safetensors(str(out / "draft" / "model.safetensors"), dict(tree_flatten(drafter.parameters())))
-(out / "draft" / "config.json").write_text(json.dumps(draft))
-print(json.dumps({"target": str(target), "draft": str(out / "draft")}))
-'''
-
-# classic decode in process, with the environment's own mlx-lm (the server's): greedy argmax, one token a step
+# classic decode in process, with the environment's own mlx-lm (the server's): mlx-lm's greedy
+# (argmax of the logprobs in the model's dtype), one token a step
 _CLASSIC = '''
 import json, sys
 import mlx.core as mx
@@ -91,7 +53,8 @@ cache = make_prompt_cache(model)
 logits = model(mx.array(tok.encode(sys.argv[2]))[None], cache=cache)
 out = []
 for _ in range(int(sys.argv[3])):
-    y = int(mx.argmax(logits[0, -1]).item())
+    row = logits[0, -1]
+    y = int(mx.argmax(row - mx.logsumexp(row, keepdims=True)).item())
     out.append(y)
     logits = model(mx.array([[y]]), cache=cache)
 print(json.dumps(out))
@@ -105,6 +68,12 @@ def in_env(env: Environment, code: str, *args: str) -> Any:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(autouse=True)
+def real_environments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The served harness finds the built environments where scripts/build-env put them."""
+    monkeypatch.setenv(ENV_CACHE_VAR, str(REAL_CACHE))
+
+
 @pytest.fixture(scope="module")
 def dflash_env() -> Environment:
     return built("dflash-mlx")
@@ -112,121 +81,321 @@ def dflash_env() -> Environment:
 
 @pytest.fixture(scope="module")
 def qwen3_pair(dflash_env: Environment, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return in_env(dflash_env, _MAKE_PAIR, str(tmp_path_factory.mktemp("dflash-qwen3")), "qwen3", str(BLOCK))
+    return dflash_fixture(dflash_env, "qwen3", BLOCK, work=tmp_path_factory.mktemp("dflash-pairs"))
 
 
-def start(env: Environment, pair: dict[str, str], out: Path, role: str, width: int | None = BLOCK) -> Server:
-    """dflash serve as the profile starts it: a drafted arm at ``width`` rows, or (None) the baseline."""
-    profile = load_profile("dflash-mlx")
-    raw = yaml.safe_load((PROFILE_DIR / "dflash-mlx.yaml").read_text())  # the keys profiles.py does not read yet
-    items = profile.argv + (profile.draft_argv + raw["evidence_argv"] if width else raw["baseline_argv"])
-    argv = profile.render(items, python=env.python, model=pair["target"], draft_model=pair["draft"],
-                          host="127.0.0.1", port="{port}", width=width, server_dir=out / role)
-    return Server(argv, log_path=out / f"{role}.log", ready_path=profile.ready_path, fail_regex=profile.fail_regex,
-                  name=role).start()
+def served(pair: dict[str, str], work: Path, widths: list[int], sequence: list[str],
+           **job: Any) -> ServedReport:
+    """The served harness on one dflash-mlx pairing (its servers from the profile's environment)."""
+    spec = Job(pairings=[Pairing("dflash", pair["target"], pair["draft"], "dflash-mlx")], widths=widths,
+               max_tokens=MAX_TOKENS, prompts=[PROMPT, "def add(a, b):\n    return a + b\n"],
+               sequence=sequence, **job)
+    return ServedRun(spec, workdir=work).run()
 
 
-def complete(client: httpx.Client, **extra: Any) -> dict[str, Any]:
-    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, **extra})
-    assert r.status_code == 200, r.text
-    return dict(r.json())
+def arms(report: ServedReport) -> dict[str, ArmResult]:
+    return {a.name: a for a in report.pairings[0].arms}
 
 
-def rounds(server_dir: Path, request_id: int) -> list[dict[str, Any]]:
-    """The verify rounds of one request, from --diagnostics full's cycle_events.jsonl."""
-    rows = [json.loads(ln) for ln in (server_dir / "dflash-diagnostics" / "cycle_events.jsonl").open()]
-    return [r for r in rows if r.get("request_id") == request_id and "cycle" in r and "memory_phase" not in r]
-
-
-def test_dflash_serve_reports_ids_cache_state_and_its_rounds(dflash_env: Environment, qwen3_pair: dict[str, str],
-                                                            tmp_path: Path) -> None:
-    srv = start(dflash_env, qwen3_pair, tmp_path, "w8")
-    try:
-        client = httpx.Client(base_url=srv.url, timeout=120)
-        cold = complete(client, logprobs=True)
-        last = client.get("/metrics").json()["last_request"]
-        warm = complete(client, logprobs=True)
-        warm_last = client.get("/metrics").json()["last_request"]
-        top = complete(client, logprobs=True, top_logprobs=2)
-    finally:
-        srv.stop()
-    entries = cold["choices"][0]["logprobs"]["content"]
-    ids = [e["id"] for e in entries]
-    assert len(ids) == cold["usage"]["completion_tokens"] == MAX_TOKENS and all(isinstance(i, int) for i in ids)
-    assert {e["logprob"] for e in entries} == {0.0}, "dflash's logprob values are a constant, not real numbers"
-    assert [e["id"] for e in warm["choices"][0]["logprobs"]["content"]] == ids
-    assert top["choices"][0]["logprobs"]["content"] == [{}] * MAX_TOKENS, "top_logprobs drops the ids"
-    # per request prefix-cache state: cold first, then warm on the same prompt
-    prompt_tokens = cold["usage"]["prompt_tokens"]
-    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt_tokens
-    assert (last["request_id"], last["mode_used"], last["cache_status"]) == (1, "dflash", "COLD")
-    assert (warm_last["request_id"], warm_last["cache_status"], warm_last["cache_hit_tokens"]) == (
-        2, "WARM", prompt_tokens)
-    # every round of request 1: rows at most the width, commits adding up to the completion
-    seen = rounds(tmp_path / "w8", 1)
-    assert sum(r["commit_count"] for r in seen) == MAX_TOKENS
-    assert all(r["commit_count"] == r["acceptance_len"] + 1 for r in seen)
-    assert max(r["verify_token_count"] for r in seen) == BLOCK
-    assert {r["draft_source"] for r in seen} <= {"dflash", "copyspec", "none"} and any(
-        r["draft_source"] == "dflash" for r in seen)
-    assert last["cycles"] == len(seen) and last["copyspec_hits"] == sum(r["draft_source"] == "copyspec" for r in seen)
+# -- live: the served harness on dflash serve ------------------------------------------------------
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.model
+def test_a_served_dflash_job_reads_every_round_keeps_the_ids_and_refuses_a_width_past_the_block(
+        dflash_env: Environment, qwen3_pair: dict[str, str], tmp_path: Path) -> None:
+    report = served(qwen3_pair, tmp_path, [BLOCK, BLOCK + 1], ["fresh", "repeat"])
+    got = arms(report)
+    assert [a for a in got] == ["baseline-start", f"w{BLOCK}", f"w{BLOCK + 1}", "baseline-end"]
+    # the width past the drafter's block_size: not run, with the reason (dflash would clamp it silently)
+    wide = got[f"w{BLOCK + 1}"]
+    assert wide.verdict == Verdict.NOT_RUN and not wide.requests
+    assert f"wider than the {BLOCK} rows dflash-mlx verifies" in wide.reason
+    assert report.pairings[0].verdict == Verdict.NOT_RUN
+    # the arms without a drafter: dflash serve with its drafter set aside, target only
+    for name in ("baseline-start", "baseline-end"):
+        arm = got[name]
+        assert arm.verdict == Verdict.MATCH and "--fastpath-max-tokens" in arm.server["argv"]
+        for r in arm.requests:
+            assert not r.evidence.engaged and "mode_used ar_fastpath" in r.evidence.lines[0], r.evidence.lines
+    # the drafted arm: width pinned, every round read, only DFlash-drafted rounds count as engagement
+    w = got[f"w{BLOCK}"]
+    argv = w.server["argv"]
+    assert argv[argv.index("--verify-len-cap") + 1] == str(BLOCK) and "--diagnostics" in argv
+    assert w.verdict == Verdict.MATCH, [r.reason for r in w.requests]
+    base = {r.id: r for r in got["baseline-start"].requests}
+    for r in w.requests:
+        ev, comp = r.evidence, r.completion
+        assert ev.engaged and "engine" in ev.sources and "drafted by the DFlash drafter" in ev.lines[0]
+        assert sum(a + 1 for a in ev.accepts) == comp.usage["completion_tokens"] == MAX_TOKENS
+        assert max(ev.widths) <= BLOCK and all(0 <= a < wd for a, wd in zip(ev.accepts, ev.widths))
+        # ids kept (the same as the target-only baseline's), the placeholder logprob values dropped
+        assert comp.token_ids == base[r.id].completion.token_ids and len(comp.token_ids or []) == MAX_TOKENS
+        assert comp.logprobs is None and comp.top is None
+    # the prompt cache per request: the first cold, the same prompt again warm
+    cold, warm = w.requests
+    assert (cold.evidence.cache, cold.evidence.cached_tokens) == ("cold", 0)
+    assert warm.evidence.cache == "warm" and warm.evidence.cached_tokens == cold.completion.usage["prompt_tokens"]
 
 
 @pytest.mark.slow
-def test_the_baseline_arm_is_target_only_and_both_equal_classic_decode(dflash_env: Environment,
-                                                                      qwen3_pair: dict[str, str],
-                                                                      tmp_path: Path) -> None:
-    """On this pair (qwen3, float32, a random drafter) the DFlash path and the target-only path both
-    emit exactly classic decode's tokens (mlx-lm 0.31.3 in process, same environment)."""
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.model
+def test_every_request_kind_at_every_width_matches_and_a_fallback_is_declined(
+        dflash_env: Environment, qwen3_pair: dict[str, str], tmp_path: Path) -> None:
+    """fresh, repeat, shared prefix, stream and a two-turn chat at widths 2, 4 and the block; then the
+    same server made to fall back to target-only decoding (--dflash-max-ctx below the prompt): declined,
+    never a pass."""
+    report = served(qwen3_pair, tmp_path, [2, 4, BLOCK],
+                    ["fresh", "repeat", "shared-prefix", "stream", "multi-turn"],
+                    extra_args={"w4": ["--dflash-max-ctx", "8"]})
+    got = arms(report)
+    for name in ("w2", f"w{BLOCK}"):
+        assert got[name].verdict == Verdict.MATCH, [r.reason for r in got[name].requests]
+        assert [r.id for r in got[name].requests] == ["p0", "p0-again", "p0-prefix", "p1-stream", "chat-1", "chat-2"]
+        assert all(r.evidence.engaged for r in got[name].requests)
+    declined = got["w4"]
+    assert declined.verdict == Verdict.DECLINED
+    assert all(r.verdict == Verdict.DECLINED and "dflash_fallback" in r.reason for r in declined.requests)
+
+
+@pytest.mark.slow
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.model
+def test_the_baseline_arm_is_target_only_and_both_equal_classic_decode(
+        dflash_env: Environment, qwen3_pair: dict[str, str], tmp_path: Path) -> None:
+    """On this pair (qwen3, float32) the DFlash path and the target-only path both emit exactly classic
+    decode's tokens (mlx-lm 0.31.3 in process, same environment)."""
     classic = in_env(dflash_env, _CLASSIC, qwen3_pair["target"], PROMPT, str(MAX_TOKENS))
-    got = {}
-    for role, width in (("baseline", None), ("w8", BLOCK)):
-        srv = start(dflash_env, qwen3_pair, tmp_path, role, width)
-        try:
-            client = httpx.Client(base_url=srv.url, timeout=120)
-            entries = complete(client, logprobs=True)["choices"][0]["logprobs"]["content"]
-            mode = client.get("/metrics").json()["last_request"]["mode_used"]
-        finally:
-            srv.stop()
-        got[role] = [e["id"] for e in entries]
-        if width is None:
-            assert mode == "ar_fastpath"
-            assert all(e["logprob"] < 0 for e in entries), "the target-only path reports real logprobs"
-        else:
-            assert mode == "dflash"
-    assert got["baseline"] == classic and got["w8"] == classic
+    got = arms(served(qwen3_pair, tmp_path, [BLOCK], ["fresh"]))
+    assert got["baseline-start"].requests[0].completion.token_ids == classic
+    assert got[f"w{BLOCK}"].requests[0].completion.token_ids == classic
+
+
+# both greedy chains of one prompt in process (the environment's mlx-lm): mlx-lm's (argmax of the
+# logprobs in the model's dtype) and the raw logits' argmax, and each step's top-2 of both
+_CHAINS = '''
+import json, sys
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.models.cache import make_prompt_cache
+model, tok = load(sys.argv[1])
+prompt, n = mx.array(tok.encode(sys.argv[2]))[None], int(sys.argv[3])
+out = {}
+for rule in ("logprobs", "logits"):
+    cache = make_prompt_cache(model)
+    logits = model(prompt, cache=cache)
+    chain, steps = [], []
+    for _ in range(n):
+        row = logits[0, -1]
+        lp = row - mx.logsumexp(row, keepdims=True)
+        y = int(mx.argmax(lp if rule == "logprobs" else row).item())
+        top = mx.argsort(-row.astype(mx.float32))[:2].tolist()
+        steps.append({"top": top, "logits": [float(row[t].item()) for t in top],
+                      "logprobs": [float(lp[t].item()) for t in top]})
+        chain.append(y)
+        logits = model(mx.array([[y]]), cache=cache)
+    out[rule] = {"chain": chain, "steps": steps}
+print(json.dumps(out))
+'''
 
 
 @pytest.mark.slow
-def test_a_hybrid_target_with_more_value_than_key_heads_is_reported_as_not_run(dflash_env: Environment,
-                                                                              tmp_path: Path) -> None:
-    """dflash-mlx 0.1.8 on the CPU backend cannot verify on the qwen3_5 fixture (linear-attention value
-    heads 4, key heads 2, as the published Qwen3.5 configs have more value than key heads): its tape
-    recording (target_qwen_gdn.py, the non-Metal branch) does not repeat the key heads. The request
-    gets no response at all; the log holds the engine's error."""
-    pair = in_env(dflash_env, _MAKE_PAIR, str(tmp_path / "pair"), "qwen3_5", str(BLOCK))
-    srv = start(dflash_env, pair, tmp_path, "w8")
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.model
+def test_on_a_bfloat16_hybrid_dflash_picks_the_larger_logit_where_classic_decode_sees_a_tie(
+        dflash_env: Environment, tmp_path: Path) -> None:
+    """dflash-mlx 0.1.8's greedy is the argmax of the raw logits; mlx-lm's (classic decode, and the
+    target-only baseline, mlx-lm's own server loop) is the argmax of the logprobs in the model's dtype.
+    In bfloat16 two close logits can round to one logprob: classic decode then takes the lower id, dflash
+    the larger logit. On the bfloat16 hybrid fixture (qwen3_5, as many linear value as key heads, block
+    16) every drafted arm emits the raw-logit chain, at every width; the baseline emits classic decode's;
+    where they part, classic decode's top two logprobs are equal and its logits are not."""
     try:
-        client = httpx.Client(base_url=srv.url, timeout=120)
-        with pytest.raises(httpx.RemoteProtocolError):
-            client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0})
-        assert srv.alive() and client.get("/health").status_code == 200
-    finally:
-        srv.stop()
-    assert "ValueError: [broadcast_shapes] Shapes (1,8,4,32,32) and (1,8,2,1,32)" in srv.tail(200)
+        pair = dflash_fixture(dflash_env, "qwen3_5-equal-heads", 16, "bfloat16")
+    except LookupError as err:
+        pytest.skip(str(err))
+    chains = in_env(dflash_env, _CHAINS, pair["target"], PROMPT, str(48))
+    classic, raw = chains["logprobs"]["chain"], chains["logits"]["chain"]
+    spec = Job(pairings=[Pairing("hybrid", pair["target"], pair["draft"], "dflash-mlx")], widths=[2, 16],
+               max_tokens=48, prompts=[PROMPT], sequence=["fresh"])
+    got = arms(ServedRun(spec, workdir=tmp_path).run())
+    assert got["baseline-start"].requests[0].completion.token_ids == classic
+    for name in ("w2", "w16"):
+        (req,) = got[name].requests
+        assert req.completion.token_ids == raw and req.evidence.engaged, name
+    if classic != raw:
+        k = next(i for i, (a, b) in enumerate(zip(classic, raw)) if a != b)
+        step = chains["logprobs"]["steps"][k]
+        assert step["logprobs"][0] == step["logprobs"][1] and step["logits"][0] > step["logits"][1]
+        assert (raw[k], classic[k]) == tuple(step["top"]) and classic[k] < raw[k]  # the tie goes to the lower id
+        assert all(r.verdict == Verdict.DIVERGED and r.divergence is not None and r.divergence.token_index == k
+                   for name in ("w2", "w16") for r in got[name].requests)
 
 
 @pytest.mark.slow
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.model
+def test_a_hybrid_target_with_more_value_than_key_heads_is_an_error_with_the_engines_message(
+        dflash_env: Environment, tmp_path: Path) -> None:
+    """dflash-mlx 0.1.8 on the CPU backend cannot verify a qwen3_5 target whose linear-attention value
+    heads outnumber its key heads (as the published Qwen3.5 configs do): its tape recording
+    (target_qwen_gdn.py, the non-Metal branch) does not repeat the key heads. Every drafted request is
+    an error carrying the engine's message, the stream included (its response ends with no token)."""
+    pair = dflash_fixture(dflash_env, "qwen3_5", BLOCK, work=tmp_path / "pairs")
+    report = served(pair, tmp_path / "run", [BLOCK], ["fresh", "stream"])
+    got = arms(report)
+    assert got["baseline-start"].verdict == Verdict.MATCH
+    drafted = got[f"w{BLOCK}"]
+    assert drafted.verdict == Verdict.ERROR and report.pairings[0].verdict == Verdict.ERROR
+    for r in drafted.requests:
+        assert r.verdict == Verdict.ERROR
+        assert "the engine's error: ValueError: [broadcast_shapes]" in r.reason and "cannot be broadcast" in r.reason
+
+
+@pytest.mark.slow
+@pytest.mark.build
+@pytest.mark.server
+def test_dflash_serve_itself_gives_ids_with_zero_logprobs_and_no_ids_with_top_logprobs(
+        dflash_env: Environment, qwen3_pair: dict[str, str], tmp_path: Path) -> None:
+    """Why the profile asks for logprobs without top_logprobs and drops the values (the raw server)."""
+    profile = load_profile("dflash-mlx")
+    argv = profile.render(profile.argv + profile.draft_argv, python=dflash_env.python, model=qwen3_pair["target"],
+                          draft_model=qwen3_pair["draft"], host="127.0.0.1", port="{port}", width=BLOCK)
+    env: dict[str, str | None] = {**dflash_env.environ(base={})}
+    with Server(argv, log_path=tmp_path / "raw.log", ready_path=profile.ready_path,
+                fail_regex=profile.fail_regex, env=env) as srv:
+        client = httpx.Client(base_url=srv.url, timeout=120)
+        body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": True}
+        plain = client.post("/v1/completions", json=body).json()
+        top = client.post("/v1/completions", json={**body, "top_logprobs": 2}).json()
+    entries = plain["choices"][0]["logprobs"]["content"]
+    assert len(entries) == MAX_TOKENS and all(isinstance(e["id"], int) for e in entries)
+    assert {e["logprob"] for e in entries} == {0.0}, "dflash's logprob values are a constant, not real numbers"
+    assert top["choices"][0]["logprobs"]["content"] == [{}] * MAX_TOKENS, "top_logprobs drops the ids"
+
+
+@pytest.mark.slow
+@pytest.mark.build
+@pytest.mark.server
 def test_a_target_it_cannot_load_fails_the_start_at_once(dflash_env: Environment, qwen3_pair: dict[str, str],
                                                         tmp_path: Path) -> None:
     """A llama target (the embedded default pair): dflash's loader raises on its worker thread and the
     process keeps waiting (300 s); the profile's fail_regex ends the start with the engine's error."""
     from specparity.fixtures import default_pair
 
-    pair = {"target": default_pair().target, "draft": qwen3_pair["draft"]}
     t0 = time.perf_counter()
-    with pytest.raises(ServerStartError) as err:
-        start(dflash_env, pair, tmp_path, "llama")
-    assert time.perf_counter() - t0 < 120
-    assert "Unsupported target architecture for DFlash target ops: model_type=llama" in err.value.log_tail
+    report = served({"target": default_pair().target, "draft": qwen3_pair["draft"]}, tmp_path, [BLOCK], ["fresh"])
+    start = arms(report)["baseline-start"]
+    assert time.perf_counter() - t0 < 240
+    assert start.verdict == Verdict.ERROR and report.pairings[0].verdict == Verdict.ERROR
+    assert "Unsupported target architecture for DFlash target ops: model_type=llama" in start.server["log_tail"]
+
+
+# -- the engine's readers on their own (no server) -------------------------------------------------
+def _round(cycle: int, source: str, rows: int, accepted: int, request_id: int = 1) -> dict[str, Any]:
+    return {"request_id": request_id, "cycle": cycle, "block_len": rows, "verify_token_count": rows,
+            "acceptance_len": accepted, "commit_count": accepted + 1, "draft_source": source, "prefix_len": 7}
+
+
+def test_only_a_dflash_drafted_round_is_evidence_the_drafter_ran() -> None:
+    copied = [_round(1, "copyspec", 8, 7), _round(2, "copyspec", 8, 3), _round(3, "none", 1, 0)]
+    engaged, line = dflash_mlx.summarize_rounds(copied)
+    assert not engaged and "2 drafted by copying from the history (copyspec) (accepted 10 of 14)" in line
+    engaged, line = dflash_mlx.summarize_rounds([_round(1, "dflash", 8, 0), *copied])
+    assert engaged and "1 drafted by the DFlash drafter (accepted 0 of 7)" in line and "1 without a draft" in line
+    # a DFlash round with a single row proposed nothing
+    assert not dflash_mlx.summarize_rounds([_round(1, "dflash", 1, 0)])[0]
+
+
+def test_rounds_are_read_per_request_after_the_mark(tmp_path: Path) -> None:
+    path = tmp_path / "cycle_events.jsonl"
+    old = json.dumps(_round(1, "dflash", 8, 2, request_id=1)) + "\n"
+    lines = [_round(2, "dflash", 8, 1, request_id=2), {"request_id": 2, "cycle": 1, "memory_phase": "x"},
+             _round(1, "copyspec", 4, 3, request_id=2), _round(1, "dflash", 8, 5, request_id=3)]
+    path.write_text(old + "".join(json.dumps(x) + "\n" for x in lines) + "not json\n")
+    rounds = dflash_mlx.read_rounds(path, len(old), 2)
+    assert [(r["cycle"], r["draft_source"]) for r in rounds] == [(1, "copyspec"), (2, "dflash")]
+    assert dflash_mlx.read_rounds(tmp_path / "missing.jsonl", 0, 2) == []
+
+
+def test_max_width_is_the_drafters_block_size(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps({"block_size": 16}))
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert dflash_mlx.max_width(str(tmp_path / "d")) == 16
+    assert dflash_mlx.max_width(str(tmp_path / "t")) == 0  # not a DFlash drafter
+    assert dflash_mlx.max_width(str(tmp_path / "none")) is None
+
+
+def test_the_engines_error_is_the_last_exception_line_after_the_mark(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    before = "Traceback (most recent call last):\nRuntimeError: an earlier request\n"
+    log.write_text(before + "INFO serving\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   "ValueError: [broadcast_shapes] Shapes (1,8,4) and (1,8,2) cannot be broadcast.\n")
+    assert dflash_mlx.engine_error(log, len(before)) == (
+        "ValueError: [broadcast_shapes] Shapes (1,8,4) and (1,8,2) cannot be broadcast.")
+    assert dflash_mlx.engine_error(log, log.stat().st_size) is None
+
+
+def test_arms_without_a_drafter_serve_target_only_and_cache_state_reads_usage(tmp_path: Path) -> None:
+    where = str(tmp_path / dflash_mlx.DIAGNOSTICS_DIR)
+    assert dflash_mlx.extra_argv(False, tmp_path) == ["--fastpath-max-tokens", str(dflash_mlx.FASTPATH_ALL),
+                                                       "--diagnostics", "basic", "--diagnostics-dir", where]
+    assert dflash_mlx.extra_argv(True, tmp_path) == ["--diagnostics", "full", "--diagnostics-dir", where]
+    assert dflash_mlx.cache_state({"prompt_tokens_details": {"cached_tokens": 0}}) == ("cold", 0)
+    assert dflash_mlx.cache_state({"prompt_tokens_details": {"cached_tokens": 17}}) == ("warm", 17)
+    assert dflash_mlx.cache_state({}) == (None, None)
+
+
+class _Srv:
+    """The two things the engine's evidence reads of a server: its log and its URL (never asked here)."""
+
+    def __init__(self, log_path: Path):
+        self.log_path = log_path
+        self.url = "http://127.0.0.1:9"
+
+
+class _Session:
+    def __init__(self, root: Path):
+        self.server_dir = root
+        self.server = _Srv(root / "server.log")
+        (root / dflash_mlx.DIAGNOSTICS_DIR).mkdir(parents=True)
+        for f in (dflash_mlx.POST_EVENTS, dflash_mlx.CYCLE_EVENTS):
+            (root / dflash_mlx.DIAGNOSTICS_DIR / f).touch()
+        self.server.log_path.touch()
+
+
+def _request(session: _Session, mode: str, rounds: list[dict[str, Any]], completion: Any) -> Any:
+    """One request's evidence as the engine reads it: its post event and rounds appended after the mark."""
+    before = dflash_mlx.mark(session)
+    diag = session.server_dir / dflash_mlx.DIAGNOSTICS_DIR
+    with open(diag / dflash_mlx.CYCLE_EVENTS, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rounds)
+    with open(diag / dflash_mlx.POST_EVENTS, "a") as f:
+        f.write(json.dumps({"request_id": 1, "mode_used": mode, "cycles_completed": len(rounds),
+                            "copyspec_hits": sum(r["draft_source"] == "copyspec" for r in rounds)}) + "\n")
+    return dflash_mlx.evidence(session, completion, before)
+
+
+def test_a_request_whose_only_speculation_was_copied_is_not_engaged_and_a_fallback_is_declined(
+        tmp_path: Path) -> None:
+    from specparity.harness.client import Completion
+
+    done = Completion(text="x", finish_reason="length", usage={"prompt_tokens_details": {"cached_tokens": 5}})
+    copied = _request(_Session(tmp_path / "a"), "dflash", [_round(1, "copyspec", 8, 7), _round(2, "none", 1, 0)],
+                      done)
+    assert copied.engaged is False and not copied.declined and (copied.cache, copied.cached_tokens) == ("warm", 5)
+    assert "no round's block came from the DFlash drafter" in copied.lines[0]
+    assert copied.accepts == [7, 0] and copied.widths == [8, 1]
+    drafted = _request(_Session(tmp_path / "b"), "dflash", [_round(1, "dflash", 8, 0), _round(2, "copyspec", 8, 7)],
+                       done)
+    assert drafted.engaged is True and drafted.details["draft_sources"] == ["dflash", "copyspec"]
+    fallback = _request(_Session(tmp_path / "c"), "dflash_fallback", [], done)
+    assert fallback.declined and not fallback.engaged and "fell back" in fallback.lines[0]
+    baseline = _request(_Session(tmp_path / "d"), "ar_fastpath", [], done)
+    assert baseline.engaged is False and not baseline.declined and "target only" in baseline.lines[0]

@@ -72,9 +72,9 @@ def mlx_greedy(llama_pair):
 def _start(binary: str, model: str, tmp_path: Path, name: str, draft: str | None = None, n_max: int = 3,
            spec_type: str | None = "draft-simple"):
     from specparity.harness.lifecycle import Server
-    from specparity.harness.engines.llama_cpp import server_argv
+    from specparity.harness.engines.llama_cpp import llama_server_argv
 
-    argv = server_argv(binary, model, draft=draft, n_max=n_max, spec_type=spec_type)
+    argv = llama_server_argv(binary, model, draft=draft, n_max=n_max, spec_type=spec_type)
     srv = Server(argv, log_path=tmp_path / f"{name}.log",
                  ready_path="/health", start_timeout=120, name=name)
     return srv.start()
@@ -181,11 +181,11 @@ def test_llama_server_tokenizes_like_the_fixture_tokenizer(llama_server_bin, ggu
 
 
 def test_server_argv_without_a_drafter_has_no_spec_flags():
-    from specparity.harness.engines.llama_cpp import server_argv
+    from specparity.harness.engines.llama_cpp import llama_server_argv
 
-    plain = server_argv("llama-server", "t.gguf")
+    plain = llama_server_argv("llama-server", "t.gguf")
     assert not any(a.startswith("--spec") or a == "-md" for a in plain)
-    drafted = server_argv("llama-server", "t.gguf", draft="d.gguf", n_max=7)
+    drafted = llama_server_argv("llama-server", "t.gguf", draft="d.gguf", n_max=7)
     assert drafted[drafted.index("-md") + 1] == "d.gguf"
     assert drafted[drafted.index("--spec-type") + 1] == "draft-simple"
     assert drafted[drafted.index("--spec-draft-n-max") + 1] == "7"

@@ -243,7 +243,7 @@ def test_reference_against_llama_server_reports_every_difference_with_margins(ll
     GGUF was exported from, from llama-server's own prompt ids, and every difference carries both
     sides' top-2 margins and a near-tie call (none is hidden, none is called a pass)."""
     from specparity.fixtures import pair_gguf
-    from specparity.harness.engines.llama_cpp import find_llama_server, server_argv
+    from specparity.harness.engines.llama_cpp import find_llama_server, llama_server_argv
 
     binary = find_llama_server()
     if binary is None:
@@ -251,7 +251,7 @@ def test_reference_against_llama_server_reports_every_difference_with_margins(ll
     target_gguf, _ = pair_gguf(llama_pair)
     ref = ClassicReference(llama_pair.target)
     equal, calls = 0, []
-    with Server(server_argv(binary, target_gguf), log_path=tmp_path / "llama.log", name="llama-server") as srv:
+    with Server(llama_server_argv(binary, target_gguf), log_path=tmp_path / "llama.log", name="llama-server") as srv:
         for prompt in PROMPTS[:5]:
             ids = httpx.post(srv.url + "/tokenize", json={"content": prompt}, timeout=30).json()["tokens"]
             body = {"prompt": prompt, "max_tokens": 24, "temperature": 0}

@@ -15,10 +15,12 @@ it does not define is simply not used):
         argv appended to one server's (an arm with or without the drafter; ``server_dir``: the
         folder the record keeps for that server, e.g. for the engine's own diagnostics)
     max_width(draft: str) -> int | None
-        the widest verify block the engine takes with this drafter (None: no limit)
+        the widest verify block the engine takes with this drafter (None: no limit; 0: it
+        cannot draft with it). A wider arm is not run, with the reason (never clamped)
     mark(session) -> Any / evidence(session, completion, mark) -> EngineEvidence | None
         the engine's own evidence over one request: ``mark`` before it is sent, ``evidence``
-        after (accept vector and widths per round, what drafted each round, cache state)
+        after (accept vector and widths per round, what drafted each round, cache state, and
+        for a failed request the engine's own error message)
 
 Add a server: write one profile YAML (``harness/profiles/*.yaml`` documents
 every key; a user's file is passed by path). Add an engine that needs code (an
@@ -87,7 +89,9 @@ class EngineEvidence:
     engaged: the drafter ran (None: cannot tell). declined: the engine fell back to its classic
     path for this request. accepts / widths: accepted drafts and verify rows per round.
     lines: evidence lines for the report. cache: prompt-cache state (``cold`` / ``warm``, None:
-    unknown). cached_tokens: prompt tokens served from the cache. details: anything else to keep.
+    unknown). cached_tokens: prompt tokens served from the cache. error: the engine failed this request
+    (its own message, e.g. from its log): the request is an error, even where a response came.
+    details: anything else to keep.
     """
 
     engaged: bool | None = None
@@ -97,6 +101,7 @@ class EngineEvidence:
     lines: list[str] = field(default_factory=list)
     cache: str | None = None
     cached_tokens: int | None = None
+    error: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
 

@@ -128,7 +128,7 @@ FULL_PRECISION_KV = ("-ctk", "f32", "-ctv", "f32", "-fa", "off")
 FULL_PRECISION_KV_DRAFT = ("-ctkd", "f32", "-ctvd", "f32")
 
 
-def server_argv(binary: str, model: str, draft: str | None = None, n_max: int = 3,
+def llama_server_argv(binary: str, model: str, draft: str | None = None, n_max: int = 3,
                 ctx: int = 1024, threads: int = 1, spec_type: str | None = "draft-simple") -> list[str]:
     """argv for one llama-server on the lifecycle's host and port (``HOST_ARG`` / ``PORT_ARG``, filled at spawn).
 
@@ -150,7 +150,8 @@ def server_argv(binary: str, model: str, draft: str | None = None, n_max: int = 
     return argv
 
 
-# -- the engine hooks (harness.engines) --------------------------------------------------------
+# -- the engine hooks (harness.engines): a module-level function named like a hook IS that hook,
+# so helpers above have names no hook has (llama_server_argv) ----------------------------------
 LLAMA_SERVER_MISSING = ("llama-server not found ($SPECPARITY_LLAMA_SERVER, PATH, or the cache that"
                         " scripts/build-llama-server fills): run scripts/build-llama-server")
 
