@@ -105,13 +105,25 @@ def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, b
     if not comp.ok:
         res.reason = comp.error or "no completion"
         return res
+    if classic is not None and classic.side is not None and classic.summary.get("prompt_equal") is False:
+        # classic decode answered another prompt than the server did: nothing to compare
+        classic = Classic(None, "", dict(classic.summary), None,
+                          f"its prompt is not the server's ({classic.summary.get('prompt_check')})")
     if classic is not None:
-        res.reference = dict(classic.summary)
+        res.reference = {**classic.summary, "compared": classic.side is not None}
+        if classic.error:
+            res.reference["error"] = classic.error
         if classic.side is not None:
             res.classic = text_difference(classic.side, classic.sha256, comp, plan.name)
             if res.classic is not None and res.classic.token_index is None:
                 # a streamed answer has no ids: its token index comes from classic decode's pieces
                 res.classic.token_index = classic.token_index_at(res.classic.char_offset)
+            d = res.classic
+            if d is not None and not exact and d.reference_token_count is not None \
+                    and d.token_index == d.reference_token_count == d.other_token_count:
+                # another engine emitted classic decode's very tokens; only its detokenizer wrote other text
+                res.reference["detokenized"] = f"same tokens, other text from char {d.char_offset}"
+                res.classic = None
     if base is not None and base.ok and plan.name != BASELINE_START:
         res.baseline = text_difference(side(BASELINE_START, base), base.sha256, comp, plan.name)
     if cold is not None and cold.ok:
@@ -162,6 +174,8 @@ def _by_baseline(res: RequestResult, plan: ArmPlan, req: Request, ev: Evidence, 
                         logprob=lps[i] if lps is not None and i is not None and i < len(lps) else None)
         res.tie = call.to_dict()
         note = f"; differs from classic decode in MLX at token {i}: {call.line()}"
+    elif res.reference and res.reference.get("detokenized"):
+        note = f"; classic decode's tokens in MLX ({res.reference['detokenized']}: this engine's detokenizer)"
     if plan.name == BASELINE_START:
         res.verdict, res.reason = Verdict.MATCH, "the reference" + note
         return res
@@ -264,7 +278,9 @@ def scope_findings(res: PairingResult) -> list[str]:
     for a in arms:
         order += [r.id for r in a.requests if r.id not in order]
     for rid in order:
-        rows = [(a, r) for a in arms for r in a.requests if r.id == rid and r.completion.ok]
+        # the arms whose answer was compared with classic decode (a prompt the server formed otherwise is not)
+        rows = [(a, r) for a in arms for r in a.requests if r.id == rid and r.completion.ok
+                and r.reference and r.reference.get("compared")]
         off = [(a, r) for a, r in rows if r.classic is not None]
         if not off:
             continue

@@ -128,9 +128,11 @@ class Oracle:
         return reply
 
     def complete(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,
-                 server_prompt_tokens: int | None = None) -> Answer:
-        """Classic decode's answer to ``body`` (on ``endpoint``, under the server's ``settings``)."""
-        req: dict[str, Any] = {"endpoint": endpoint, "body": body, "server_prompt_tokens": server_prompt_tokens}
+                 server_prompt_tokens: int | None = None, prompt_ids: list[int] | None = None) -> Answer:
+        """Classic decode's answer to ``body`` (on ``endpoint``, under the server's ``settings``);
+        ``prompt_ids``: decode from exactly these (an engine that tokenizes on its own said so)."""
+        req: dict[str, Any] = {"endpoint": endpoint, "body": body, "server_prompt_tokens": server_prompt_tokens,
+                               "prompt_ids": prompt_ids}
         if settings is not None:
             req["settings"] = settings.to_dict()
         reply = self._ask(req)

@@ -81,6 +81,7 @@ class Exchange:
     request: Request
     completion: Completion
     evidence: Evidence = field(default_factory=Evidence)
+    prompt_ids: list[int] | None = None  # the prompt tokens the server says it decoded from (engine hook)
 
 
 def _dtype(checkpoint: str) -> str:
@@ -365,7 +366,8 @@ class PairingRun:
         evidence_mod.add_engine(ev, found)
         if found is not None and found.error:  # the engine failed it, even where a (partial) response came
             comp.error = f"{comp.error + '; ' if comp.error else ''}the engine's error: {found.error}"
-        return Exchange(req, comp, ev)
+        ids = self.engine.prompt_ids(client, srv.url, req) if comp.ok and self.job.reference else None
+        return Exchange(req, comp, ev, ids)
 
     def send_concurrent(self, client: Any, session: Session, requests: list[Request], fields: dict[str, Any],
                         n: int) -> list[Exchange]:
@@ -385,7 +387,8 @@ class PairingRun:
                 after = evidence_mod.read_counter(client, srv.url, self.profile, timeout)
                 for r, c in zip(batch, comps):
                     ev = evidence_mod.collect(self.profile, session.witness_file, srv.log_path, c, before, after)
-                    out.append(Exchange(r, c, ev))
+                    ids = self.engine.prompt_ids(client, srv.url, r) if c.ok and self.job.reference else None
+                    out.append(Exchange(r, c, ev, ids))
         return out
 
     # -- judging against classic decode -----------------------------------------------------------
@@ -414,7 +417,8 @@ class PairingRun:
         usage = ex.completion.usage or {}
         tokens = usage.get("prompt_tokens")
         answer = oracle.complete(ex.request.endpoint, {**ex.request.body, **fields}, settings,
-                                 server_prompt_tokens=tokens if isinstance(tokens, int) else None)
+                                 server_prompt_tokens=tokens if isinstance(tokens, int) else None,
+                                 prompt_ids=ex.prompt_ids)
         found = classic_answer(answer.completion, answer.error)
         if found.side is not None:
             self.reference[ex.request.id] = found.sha256
@@ -437,7 +441,8 @@ class PairingRun:
                 r.reproduction = self.reproduction(session, first + i, plan, r, ex)
                 r.replay = r.reproduction.get("command")
             if r.reference and r.reference.get("prompt_equal") is False:
-                self.note_once(f"request {r.id}: {r.reference.get('prompt_check')}")
+                self.note_once(f"request {r.id} ({plan.name}): classic decode's prompt is not the server's,"
+                               f" so it is not compared: {r.reference.get('prompt_check')}")
             arm.requests.append(r)
 
     def reproduction(self, session: Session, index: int, plan: ArmPlan, r: RequestResult,

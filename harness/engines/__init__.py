@@ -17,6 +17,9 @@ it does not define is simply not used):
     max_width(draft: str) -> int | None
         the widest verify block the engine takes with this drafter (None: no limit; 0: it
         cannot draft with it). A wider arm is not run, with the reason (never clamped)
+    prompt_ids(client, url, request) -> list[int] | None
+        the prompt tokens the server decodes a request from, asked of the server itself (its own
+        chat template and tokenizer): the classic reference decodes from exactly these
     mark(session) -> Any / evidence(session, completion, mark) -> EngineEvidence | None
         the engine's own evidence over one request: ``mark`` before it is sent, ``evidence``
         after (accept vector and widths per round, what drafted each round, cache state, and
@@ -72,6 +75,10 @@ class Engine:
     def max_width(self, draft: str) -> int | None:
         fn = self._hook("max_width")
         return fn(draft) if fn is not None else None
+
+    def prompt_ids(self, client: Any, url: str, request: Any) -> list[int] | None:
+        fn = self._hook("prompt_ids")
+        return fn(client, url, request) if fn is not None else None
 
     def mark(self, session: Any) -> Any:
         fn = self._hook("mark")

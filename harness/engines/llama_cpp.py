@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from specparity.errors import InfrastructureError
 
@@ -173,3 +174,27 @@ def prepare_checkpoint(path: str, role: str) -> str:
     from specparity.gguf_export import cached_gguf
 
     return cached_gguf(path)
+
+
+def prompt_ids(client: Any, url: str, request: Any) -> list[int] | None:
+    """The prompt tokens llama-server decodes ``request`` from: its own chat template (``/apply-template``,
+    chatml where the GGUF carries none) and tokenizer (``/tokenize``, special tokens added and parsed).
+    None when the server will not say."""
+    body = request.body
+    try:
+        if request.endpoint == "chat":
+            r = client.post(url + "/apply-template", json={"messages": body.get("messages")}, timeout=30)
+            prompt = r.json().get("prompt") if r.status_code == 200 else None
+        else:
+            prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            return None
+        r = client.post(url + "/tokenize", json={"content": prompt, "add_special": True, "parse_special": True},
+                        timeout=30)
+        tokens = r.json().get("tokens") if r.status_code == 200 else None
+    except Exception as err:  # any transport or format trouble: the server did not say
+        log.debug("llama-server prompt ids: %s", err)
+        return None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        return None
+    return list(tokens)
