@@ -252,7 +252,7 @@ def test_served_job_runs_on_llama_cpp_with_draft_n_as_evidence(llama_server_bin,
                                                                 monkeypatch):
     """The served harness, unchanged but for the profile: every drafting arm matches, witnessed by draft_n."""
     monkeypatch.setenv("SPECPARITY_LLAMA_SERVER", llama_server_bin)
-    report, arms = _served(llama_pair, tmp_path, "llama.cpp", sequence=["fresh", "repeat", "stream"])
+    report, arms = _served(llama_pair, tmp_path, "llama.cpp", sequence=["fresh", "repeat", "stream", "multi-turn"])
     for name in ("w2", "w4"):
         assert arms[name].verdict == "match", (name, arms[name].reason)
         for r in arms[name].requests:
@@ -260,6 +260,17 @@ def test_served_job_runs_on_llama_cpp_with_draft_n_as_evidence(llama_server_bin,
                 assert any(line.startswith("timings.draft_n: ") for line in r.evidence.lines), r.evidence
     assert arms["baseline-end"].verdict == "match"
     assert report.exit_code == 0, "\n".join(report.lines())
+    # classic decode in MLX on the weights the GGUF was exported from, from the prompt tokens the
+    # server says it decoded (its own chat template): every request compared; a difference, if any,
+    # reported with both margins and called a near tie or a confident one
+    p = report.pairings[0]
+    assert p.reference_cost is not None and p.reference_cost["computed"] == 3  # one prompt, two chat turns
+    for arm in p.arms:
+        for r in arm.requests:
+            assert r.reference is not None and r.reference["compared"] and r.reference["prompt_equal"], r.reference
+            if r.classic is not None:
+                assert r.tie is not None and r.tie["kind"] in ("near_tie", "confident", "unknown")
+                assert "margin_a" in r.tie and "differs from classic decode in MLX" in r.reason
 
 
 @pytest.mark.model
