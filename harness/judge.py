@@ -78,7 +78,7 @@ class Classic:
 def classic_answer(completion: object | None, error: str | None = None) -> Classic:
     """A harness.reference.ReferenceCompletion (or an error) as the judge reads it."""
     if completion is None:
-        return Classic(None, "", {"error": error or "no answer"}, None, error or "no answer")
+        return Classic(None, "", {"unavailable": error or "no answer"}, None, error or "no answer")
     from specparity.harness.reference import ReferenceCompletion
 
     assert isinstance(completion, ReferenceCompletion)
@@ -112,7 +112,7 @@ def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, b
     if classic is not None:
         res.reference = {**classic.summary, "compared": classic.side is not None}
         if classic.error:
-            res.reference["error"] = classic.error
+            res.reference["unavailable"] = classic.error
         if classic.side is not None:
             res.classic = text_difference(classic.side, classic.sha256, comp, plan.name)
             if res.classic is not None and res.classic.token_index is None:

@@ -86,7 +86,7 @@ class Oracle:
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
         hello = self._read(LOAD_TIMEOUT)
         if hello is None or not hello.get("ready"):
-            why = (hello or {}).get("error") or "it exited or did not answer while loading"
+            why = (hello or {}).get("message") or "it exited or did not answer while loading"
             self.failed = f"the classic reference could not load {self.checkpoint}: {why}"
             self.close()
             return
@@ -139,7 +139,7 @@ class Oracle:
         if reply is None:
             return Answer(error=self.failed or "the classic reference is unavailable")
         if not reply.get("ok"):
-            return Answer(error=f"the classic reference refused this request: {reply.get('error')}")
+            return Answer(error=f"the classic reference refused this request: {reply.get('message')}")
         return Answer(ReferenceCompletion.from_dict(reply["completion"]))
 
     def cost(self) -> ReferenceStats | None:

@@ -1047,7 +1047,7 @@ def worker(argv: list[str] | None = None) -> int:
     Loads the checkpoint once, prints ``{"ready": true, "load_seconds": s}``, then answers
     one JSON line per request line on stdin: ``{"endpoint", "body", "settings"?,
     "server_prompt_tokens"?, "prompt_ids"?}`` -> ``{"ok": true, "completion": {...}}`` or
-    ``{"ok": false, "error": "...", "kind": "usage" | "infra"}``; ``{"cost": true}`` ->
+    ``{"ok": false, "message": "...", "kind": "usage" | "infra"}``; ``{"cost": true}`` ->
     ``{"ok": true, "cost": {...}}``. It exits at end of input (its parent's end). The harness
     runs it with the servers' interpreter (harness.oracle), so a server in a pinned
     environment (another mlx-lm) is judged by that environment's classic decode.
@@ -1071,7 +1071,7 @@ def worker(argv: list[str] | None = None) -> int:
         ref = ClassicReference(args.checkpoint, trust_remote_code=args.trust_remote_code,
                                settings=ServerSettings.from_dict(json.loads(args.settings)))
     except SpecparityError as err:
-        say({"ready": False, "error": first_line(str(err))})
+        say({"ready": False, "message": first_line(str(err))})
         return 1
     say({"ready": True, "load_seconds": ref.cost().load_seconds})
     for line in sys.stdin:
@@ -1087,10 +1087,10 @@ def worker(argv: list[str] | None = None) -> int:
                               prompt_ids=req.get("prompt_ids"), settings=settings)
             say({"ok": True, "completion": rc.to_dict()})
         except SpecparityError as err:
-            say({"ok": False, "error": first_line(str(err)),
+            say({"ok": False, "message": first_line(str(err)),
                  "kind": "usage" if isinstance(err, UsageError) else "infra"})
         except (ValueError, KeyError, TypeError) as err:
-            say({"ok": False, "error": f"{type(err).__name__}: {first_line(str(err))}", "kind": "usage"})
+            say({"ok": False, "message": f"{type(err).__name__}: {first_line(str(err))}", "kind": "usage"})
     return 0
 
 

@@ -81,6 +81,7 @@ def mlx_lm_minor(engine: dict) -> tuple[int, int]:
 # ---------------------------------------------------------------- fixtures (mlx-lm only)
 
 
+@pytest.mark.slow
 def test_dflash_fixture_is_a_real_drafter_with_a_spread_accept_mix(fixture_root: Path) -> None:
     """Config, weights and tokenizer as dflash-mlx's loader reads them; full, partial and zero blocks."""
     import mlx.core as mx
@@ -125,6 +126,7 @@ def test_dflash_target_shapes_keep_the_published_head_ratios(shape: str, key: in
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """Block vs chain per width, and every rollback, through dflash-mlx's own verify and rollback."""

@@ -74,6 +74,8 @@ def test_cli_probe_by_hub_id_offline_and_a_clear_error_when_neither_cached_nor_r
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_served_resolves_hub_ids_like_every_command(tmp_path, cli_bin, llama_pair):
     """served --model / --draft-model and a job file's pairings take hub ids (the one resolver, offline)."""
     import yaml

@@ -112,6 +112,7 @@ def test_no_false_alarm_on_clean_fixtures(fixture_root: Path, tmp_path: Path, dt
         assert report.exit_code == 0, "\n".join(report.lines())
 
 
+@pytest.mark.slow
 def test_without_the_reference_the_baseline_decides(llama_pair: FixtureInfo, tmp_path: Path) -> None:
     """``reference: false`` (served --no-reference): the drafter-less server is the reference again, and
     the fault every server shares reads as a match (the reason the reference exists)."""
