@@ -82,7 +82,7 @@ def test_packaged_profiles_load_and_bad_ones_are_usage_errors(tmp_path):
         load_profile("openai")
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"extends": "mlx-lm", "endpoint": "embeddings"}))
-    with pytest.raises(UsageError, match=r"endpoint 'embeddings'.*bad.yaml|bad.yaml.*endpoint 'embeddings'"):
+    with pytest.raises(UsageError, match=r"bad.yaml: endpoint: expected one of completions, chat, got 'embeddings'"):
         load_profile(str(bad))
     loop = tmp_path / "loop.yaml"
     loop.write_text(yaml.safe_dump({"extends": str(loop)}))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from specparity.commands._common import (
@@ -39,9 +41,11 @@ from specparity.commands._common import (
 @processor_options
 @json_option
 @record_option
-def e2e(model, trust_remote_code, draft_model, entry_points, prompt_text, prompt_ids, max_tokens,
-        num_draft_tokens, max_kv_size, prefill_step_size, kv_bits, kv_group_size, quantized_kv_start,
-        as_json, record_dir, quiet, **proc_kwargs):
+def e2e(model: str | None, trust_remote_code: bool, draft_model: str | None, entry_points: str | None,
+        prompt_text: str | None, prompt_ids: str | None, max_tokens: int | None, num_draft_tokens: int | None,
+        max_kv_size: int | None, prefill_step_size: int | None, kv_bits: str | None, kv_group_size: str | None,
+        quantized_kv_start: int | None, as_json: bool, record_dir: str | None, quiet: bool,
+        **proc_kwargs: Any) -> int:
     """Run mlx-lm's public entry points with and without the drafter; compare what they emit.
 
     Each entry point (mlx_lm.stream_generate, mlx_lm.generate, and the
@@ -68,7 +72,13 @@ def e2e(model, trust_remote_code, draft_model, entry_points, prompt_text, prompt
     from specparity.probes.e2e import E2EOptions, parse_entry_points, run_e2e
     from specparity.prompts import DEFAULT_PROMPTS, parse_prompt_ids
 
+    from specparity.inputs import check_limit, check_positions
+
     entries = parse_entry_points(entry_points)
+    if max_tokens is not None:
+        check_positions(max_tokens, "--max-tokens")
+    if num_draft_tokens is not None:  # a round verifies num_draft_tokens + 1 rows
+        check_limit(num_draft_tokens + 1, "--num-draft-tokens", "max_width", num_draft_tokens)
     if prompt_text is not None and prompt_ids is not None:
         raise UsageError("give --prompt or --prompt-ids, not both")
     procs = processor_options_from(proc_kwargs)
