@@ -157,20 +157,25 @@ class Marks:
     counter: float | None = None
 
 
+METRICS_MAX_BYTES = 8 << 20
+
+
 def read_counter(client: Any, url: str, profile: Profile, timeout: float) -> float | None:
     """The profile's Prometheus counter summed over its labels (None: no counter, or unreadable)."""
     if not profile.metrics_counter:
         return None
-    try:
-        resp = client.get(url + profile.metrics_path, timeout=timeout)
+    from specparity.harness.client import fetch
+
+    try:  # within the request timeout in total: a /metrics that never ends is no reading
+        status, body = fetch(client, "GET", url + profile.metrics_path, timeout, max_bytes=METRICS_MAX_BYTES)
     except Exception as err:  # any transport failure: no reading, so no evidence either way
         log.debug("metrics %s: %s", profile.metrics_path, err)
         return None
-    if resp.status_code != 200:
+    if status != 200:
         return None
     names = (profile.metrics_counter, profile.metrics_counter + "_total")
     total = None
-    for line in resp.text.splitlines():
+    for line in body.decode("utf-8", "replace").splitlines():
         if line.startswith("#") or not line.strip():
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
