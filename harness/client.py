@@ -161,10 +161,8 @@ def send(client: Any, base_url: str, req: Request, profile: Profile, extra: dict
     t0 = time.perf_counter()
     try:
         out = within(timeout, lambda cancel: _exchange(client, url, body, req, profile, timeout, cancel))
-    except Late:
+    except (Late, httpx.TimeoutException):  # the deadline, or a read timeout (as long) a moment before it
         out = Completion(error=f"no complete answer within the request timeout of {timeout:g} s")
-    except httpx.TimeoutException:
-        out = Completion(error=f"no answer within the request timeout of {timeout:g} s")
     except httpx.TransportError as err:
         out = Completion(error=f"connection failed: {type(err).__name__}: {err}")
     except httpx.HTTPError as err:  # a body that does not decode (content-encoding), ...
