@@ -8,7 +8,8 @@ reference's and there is evidence the drafter ran (``not_engaged`` without),
 ``declined`` with a decline line, ``diverged`` with the first difference, and
 ``error`` without a completion. A pairing whose two baselines disagree is
 ``inconclusive``: no speculative arm is judged against a reference that does
-not reproduce.
+not reproduce. A pairing where no arm ran a drafter is ``not_run``: two
+baselines that agree prove nothing about speculative decoding.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ from specparity.harness.results import ArmResult, PairingResult, RequestResult
 from specparity.verdicts import SERVED_VERDICTS, Verdict, combine
 
 SELF_DRAFT_MIN_ACCEPTANCE = 0.9
+NOTHING_SPECULATIVE = ("nothing speculative was tested: no arm ran a drafter (the pairing has no draft"
+                       " model, and no self-draft arm ran)")
+
+
+def speculative(arm: ArmResult) -> bool:
+    """The arm ran a drafter: a width, self-draft or control arm, or the drafted distribution arm."""
+    return arm.drafts or (arm.kind == ArmKind.DISTRIBUTION and arm.width is not None)
 
 
 def side(name: str, completion: Completion) -> Side:
@@ -124,6 +132,11 @@ def judge_pairing(res: PairingResult) -> None:
     for a in res.arms:
         if a.kind == ArmKind.SELF_DRAFT and a.acceptance is not None and a.acceptance < SELF_DRAFT_MIN_ACCEPTANCE:
             res.findings.append(a.reason)
+    # -- issue 20, class 6: nothing speculative ran, nothing passed ---------------------------------
+    if not any(speculative(a) for a in res.arms):
+        res.verdict, res.reason = Verdict.NOT_RUN, NOTHING_SPECULATIVE
+        return
+    # ----------------------------------------------------------------------------------------------
     judged = [a.verdict for a in res.arms if a.kind != ArmKind.BASELINE or a.name == BASELINE_END]
     res.verdict = combine(judged or [Verdict.MATCH])
     assert res.verdict in (*SERVED_VERDICTS, Verdict.NOT_RUN)

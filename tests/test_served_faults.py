@@ -110,3 +110,33 @@ def test_served_on_stalled_and_keepalive_servers_times_each_request_out(cli_bin:
         for pid in left:
             os.kill(pid, 9)
     assert not left and not marked(mark), f"still running: {left}"
+
+
+# -- class 6: nothing that passes proves nothing -----------------------------------------------------
+def test_a_pairing_where_no_arm_drafts_is_not_run() -> None:
+    from specparity.harness.judge import NOTHING_SPECULATIVE, judge_pairing
+    from specparity.harness.plan import ArmKind
+    from specparity.harness.results import ArmResult, PairingResult
+    from specparity.verdicts import Verdict
+
+    res = PairingResult("p", "fake", "t", None)
+    res.arms = [ArmResult(name, ArmKind.BASELINE, None, Verdict.MATCH) for name in ("baseline-start", "baseline-end")]
+    res.arms.append(ArmResult("concurrent", ArmKind.CONCURRENT, None, Verdict.MATCH))
+    for a in res.arms:
+        a.requests = [object()]  # type: ignore[list-item]  # judge_pairing counts them only
+    judge_pairing(res)
+    assert (res.verdict, res.reason) == (Verdict.NOT_RUN, NOTHING_SPECULATIVE)
+
+
+@pytest.mark.slow
+def test_served_with_no_drafter_and_no_self_draft_is_not_run_exit_3(cli_bin: str, tmp_path: Path) -> None:
+    """Two baselines that agree said match, exit 0."""
+    code, err, record, mark = _run(cli_bin, tmp_path, [{"name": "plain", "profile": _profile(tmp_path, "ok"),
+                                                        "draft": None}])  # type: ignore[dict-item]
+    try:
+        assert code == 3, err
+        sr = read_served(record)
+        assert sr.record.verdict == "not_run"
+        assert "nothing speculative was tested" in str((sr.pairing_summary("plain") or {}).get("reason"))
+    finally:
+        assert not wait_gone(mark)
