@@ -219,8 +219,12 @@ def _schemas() -> tuple[Check, Check, Check]:
                          "top": Nullable(ListOf(ListOf(ListOf(Number(), min_len=2, max_len=2)))),
                          "usage": Nullable(names), "finish_reason": Nullable(Str()), "seconds": Nullable(Number()),
                          "status": Nullable(Int()), "error": Nullable(Str()), "raw": Nullable(names)}, open=True)
+    divergence = Fields({"token_index": Nullable(Int()), "char_offset": Nullable(Int()), "reference": Str(),
+                         "other": Str(), "margin_reference": Nullable(Number()), "margin_other": Nullable(Number()),
+                         "first_logprob_diff": Nullable(Int())}, open=True)
     request = Fields({"id": Str(nonempty=True), "kind": Str(), "verdict": verdict, "reason": Nullable(Str()),
-                      "completion": Nullable(completion), "evidence": Nullable(evidence), "divergence": Nullable(names),
+                      "completion": Nullable(completion), "evidence": Nullable(evidence),
+                      "divergence": Nullable(divergence),
                       "request": Nullable(names), "replay": Nullable(Str())},
                      required=("id", "kind", "verdict"), open=True)
     arm = Fields({"pairing": Str(), "name": Str(nonempty=True), "kind": Enum(k.value for k in ArmKind),
@@ -275,5 +279,5 @@ def _cell(v: Any) -> str:
 
 
 def _grid(head: list[str], table: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
+    widths = [max([len(h), *(len(t[i]) for t in table)]) for i, h in enumerate(head)]  # no arm finished: heads
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *table]]

@@ -131,3 +131,13 @@ def test_junit_of_an_interrupted_record_writes_nothing_and_exits_2(cli_bin: str,
     assert r.stderr.strip() == (f"Error: {record}: record is interrupted, not complete: no JUnit for a run that did"
                                 " not finish (its finished parts: specparity records show)")
     assert run_cli(cli_bin, "records", "show", str(record)).returncode == 0  # show still reads what finished
+
+
+def test_show_of_a_pairing_that_ran_no_arm(cli_bin: str, record: Path) -> None:
+    """A pairing whose profile could not run here has no arm lines: show printed its table with max() of
+    nothing (70). Found by the records property (tests/test_properties.py)."""
+    _edit(record, "report.json", lambda r: {**r, "summary": {**r["summary"], "pairings": [
+        *r["summary"]["pairings"], {"name": "q", "verdict": "error", "profile": "vllm", "arms": [],
+                                    "reason": "profile vllm cannot run here"}]}})
+    r = run_cli(cli_bin, "records", "show", str(record))
+    assert r.returncode == 0 and "pairing q: vllm server" in r.stdout, r.stderr
