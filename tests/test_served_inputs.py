@@ -183,3 +183,16 @@ def test_a_bad_config_is_one_line_and_exit_2_from_the_cli(cli_bin: str, tmp_path
     prof.write_text(yaml.safe_dump({**PROFILE, "fail_regex": "("}))
     r = run_cli(cli_bin, "served", "--profile", str(prof))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "fail_regex: '(' is not a regular" in r.stderr
+
+
+@pytest.mark.parametrize("config, message", [("{}", "config.json has no model_type"),
+                                             ("[1]", "config.json has no model_type"),
+                                             ("{not json", "config.json is not readable JSON")])
+def test_a_checkpoint_whose_config_is_not_mlx_lm_s_is_named(tmp_path: Path, config: str, message: str) -> None:
+    """served --model DIR with such a config.json exited 70 (KeyError 'model_type') wrapping it for the witness."""
+    from specparity.harness.witness import wrap_checkpoint
+
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "config.json").write_text(config)
+    with pytest.raises(UsageError, match=message):
+        wrap_checkpoint(tmp_path / "ck", tmp_path / "w", "target")
