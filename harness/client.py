@@ -120,7 +120,11 @@ def within(seconds: float, fn: Callable[[threading.Event], T]) -> T:
 
     worker = threading.Thread(target=run, name="specparity-request", daemon=True)
     worker.start()
-    worker.join(seconds)
+    try:
+        worker.join(seconds)
+    except BaseException:  # Ctrl-C / SIGTERM while waiting: the worker stops at its next chunk
+        cancel.set()
+        raise
     if not box:
         cancel.set()
         raise Late(f"no complete answer within {seconds:g} s")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -231,6 +232,7 @@ def test_gate_store_bytes(raw):
 _leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True),
                   st.text(max_size=8), st.sampled_from(["mlx-lm", "fresh", "stream", "chat", "process", "request",
                                                         "target", "{model}", "{port}", "(", "/health", "1", "-"]))
+J = dict[str, Any]  # a file's mapping
 values = st.recursive(_leaf, lambda c: st.one_of(st.lists(c, max_size=3),
                                                  st.dictionaries(st.one_of(st.text(max_size=6), st.integers()), c,
                                                                  max_size=3)), max_leaves=8)
@@ -268,7 +270,7 @@ _yaml_texts = st.one_of(st.none(), st.none(), st.sampled_from([
     "controls: [{env: {A: 1}, width: 2}]", "distribution: {temperature: .nan}", "request_timeout: .inf",
     "argv: [x]\nwidth: &w {rows_offset: *w}", "argv: ['{python}', '{model}']\nevidence: {log_engaged: '['}"]))
 
-_JOB = {"pairings": [{"name": "p", "target": "/t", "draft": "/d", "profile": "mlx-lm"}], "widths": [2, 3],
+_JOB: J = {"pairings": [{"name": "p", "target": "/t", "draft": "/d", "profile": "mlx-lm"}], "widths": [2, 3],
         "width_mode": "process", "max_tokens": 8, "prompts": ["a"], "params": {"seed": 0}, "endpoint": "completions",
         "sequence": ["fresh", "stream"], "concurrency": 0, "self_draft": True, "repeats": 0,
         "extra_args": {"*": ["--x"]}, "controls": [{"name": "c", "env": {"A": "1"}, "width": 2}], "env": {"B": "2"},
@@ -306,7 +308,7 @@ def test_job_files(raw, text):
     json.dumps(job.to_dict(), allow_nan=False)  # every value reaches a request body or a record as JSON
 
 
-_PROFILE_FILE = {"name": "p", "argv": ["{python}", "-m", "srv", "--model", "{model}", "--port", "{port}"],
+_PROFILE_FILE: J = {"name": "p", "argv": ["{python}", "-m", "srv", "--model", "{model}", "--port", "{port}"],
                  "draft_argv": ["--draft", "{draft_model}", "--n", "{num_draft}"], "trust_remote_code_argv": ["--t"],
                  "width": {"setting": "n", "rows_offset": 1, "per_request": None}, "ready_path": "/health",
                  "fail_regex": "^Traceback", "endpoint": "completions", "witness": ["target"],
@@ -339,9 +341,9 @@ def test_profile_files(raw, text):
     assert isinstance(prof.width(4).setting, int)
 
 
-_CHOICE = {"index": 0, "text": "a", "message": {"role": "assistant", "content": "a"}, "delta": {"content": "a"},
+_CHOICE: J = {"index": 0, "text": "a", "message": {"role": "assistant", "content": "a"}, "delta": {"content": "a"},
            "finish_reason": "length"}
-_ENTRY = {"id": 5, "logprob": -0.5, "top_logprobs": [{"id": 5, "logprob": -0.5}, {"id": 6, "logprob": -1.0}]}
+_ENTRY: J = {"id": 5, "logprob": -0.5, "top_logprobs": [{"id": 5, "logprob": -0.5}, {"id": 6, "logprob": -1.0}]}
 _choice = _mutated(_CHOICE, nested={"message": _mutated(_CHOICE["message"]), "delta": _mutated(_CHOICE["delta"])})
 _entry = _mutated(_ENTRY, nested={"top_logprobs": st.lists(st.one_of(values, _mutated(_ENTRY["top_logprobs"][0])),
                                                            max_size=2)})
@@ -392,11 +394,11 @@ def test_stream_events(lines, endpoint):
     assert isinstance(out.text, str) and isinstance(out.usage, dict) and isinstance(out.raw, dict)
 
 
-_ARM = {"pairing": "p", "name": "w2", "kind": "width", "width": 2, "setting": 1, "setting_name": "n",
+_ARM: J = {"pairing": "p", "name": "w2", "kind": "width", "width": 2, "setting": 1, "setting_name": "n",
         "verdict": "match", "reason": "", "served_by": "process", "server": {"log": "x"}, "seconds": 1.0,
         "generation_seconds": 0.5, "acceptance": 0.9, "digest": "d", "requests": 1, "verdicts": {"p0": "match"},
         "notes": []}
-_REQ = {"id": "p0", "kind": "fresh", "verdict": "match", "reason": "", "request": {"prompt": "a"},
+_REQ: J = {"id": "p0", "kind": "fresh", "verdict": "match", "reason": "", "request": {"prompt": "a"},
         "completion": {"text": "a", "sha256": "s", "token_ids": [1], "logprobs": [-0.1], "top": [[[1, -0.1]]],
                        "seconds": 0.1, "status": 200, "error": None, "usage": {}},
         "evidence": {"verify_calls": 1, "draft_calls": 1, "accepts": [1], "widths": [2], "lines": [], "declined": False,
@@ -406,10 +408,11 @@ _arm = _mutated(_ARM)
 _req = _mutated(_REQ, nested={"completion": _mutated(_REQ["completion"]), "evidence": _mutated(_REQ["evidence"]),
                               "divergence": _mutated({"token_index": 1, "char_offset": 2, "reference": "baseline",
                                                       "other": "arm", "margin_reference": 0.5})})
-_PAIRING = {"name": "p", "profile": "mlx-lm", "target": "/t", "draft": "/d", "verdict": "match", "reason": "",
+_PAIRING: J = {"name": "p", "profile": "mlx-lm", "target": "/t", "draft": "/d", "verdict": "match", "reason": "",
             "width_mode": "process", "groups": [["baseline-start", "w2"]], "request_groups": {}, "findings": [],
             "arms": [{**_ARM, "name": "baseline-start", "kind": "baseline", "width": None, "setting": None}, _ARM]}
-_REPORT = {"kind": "served", "title": "t", "argv": ["specparity", "served"], "status": "complete", "verdict": "match",
+_REPORT: J = {"kind": "served", "title": "t", "argv": ["specparity", "served"], "status": "complete",
+           "verdict": "match",
            "exit_code": 0, "started": "s", "finished": "f", "timings": {"total": 1.0}, "arms": {"arms": 2},
            "summary": {"verdict": "match", "pairings": [_PAIRING], "job": {"max_tokens": 8}},
            "error": None, "schema": 1}
