@@ -220,9 +220,12 @@ def collect(profile: Profile, witness_file: str | os.PathLike[str], log_path: st
         if isinstance(val, dict) and val.get("accepts") is not None:
             ev.sources.append("response")
             ev.lines.append(f"{fld}: accepts={val.get('accepts')}")
-            if not ev.accepts:
-                ev.accepts = list(val.get("accepts") or [])
-                ev.widths = list(val.get("widths") or [val.get("width")] * len(ev.accepts))
+            accepts = val.get("accepts")
+            widths = val.get("widths") or ([val.get("width")] * len(accepts) if isinstance(accepts, list) else None)
+            # rounds only from integers, one width per round: a response is data, never trusted to be well formed
+            if not ev.accepts and isinstance(accepts, list) and isinstance(widths, list) \
+                    and len(widths) == len(accepts) and _int_list(accepts) and _int_list(widths):
+                ev.accepts, ev.widths = list(accepts), list(widths)
         elif val:  # an empty list, dict, 0 or False is no evidence the drafter ran
             ev.sources.append("response")
             ev.lines.append(f"{fld}: {str(val)[:200]}")
@@ -244,6 +247,10 @@ def add_engine(ev: Evidence, found: EngineEvidence | None) -> None:
     ev.lines += found.lines
     ev.cache = found.cache if found.cache is not None else ev.cache
     ev.cached_tokens = found.cached_tokens if found.cached_tokens is not None else ev.cached_tokens
+
+
+def _int_list(v: Any) -> bool:
+    return isinstance(v, list) and all(_int(x) is not None for x in v)
 
 
 def _int(v: Any) -> int | None:

@@ -103,3 +103,18 @@ def test_wrap_keeps_faults_links_weights_and_refuses_a_foreign_model_file(tmp_pa
     (src / "config.json").write_text(json.dumps({"model_type": "llama", "model_file": "mine.py"}))
     with pytest.raises(UsageError, match="own model_file 'mine.py'"):
         wrap_checkpoint(src, tmp_path / "w2", "target")
+
+
+@pytest.mark.parametrize("field", [{"accepts": "abc"}, {"accepts": [1, "x"], "widths": [2, 2]},
+                                   {"accepts": [1, 2], "width": None}, {"accepts": [1], "widths": [2, 3]}])
+def test_a_response_evidence_field_that_is_not_rounds_gives_no_rounds(field: dict) -> None:
+    """A response is data (issue 20, class 4): `accepts: "abc"` became rounds ['a', 'b', 'c'] and the
+    arm's acceptance sum raised."""
+    from pathlib import Path
+
+    from specparity.harness.evidence import Marks, collect
+    from specparity.harness.profiles import Profile
+
+    comp = Completion(text="x", raw={"timings": field})
+    ev = collect(Profile("p", [], response_field="timings"), Path("/nonexistent"), None, comp, Marks(), None)
+    assert ev.accepts == [] and ev.widths == [] and ev.engaged and ev.acceptance is None

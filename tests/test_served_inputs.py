@@ -199,3 +199,13 @@ def test_a_checkpoint_whose_config_is_not_mlx_lm_s_is_named(tmp_path: Path, conf
     (tmp_path / "ck" / "config.json").write_text(config)
     with pytest.raises(UsageError, match=message):
         wrap_checkpoint(tmp_path / "ck", tmp_path / "w", "target")
+
+
+@pytest.mark.parametrize("key, value", [("start_timeout", float("nan")), ("start_timeout", 0),
+                                        ("stop_timeout", float("inf")), ("stop_timeout", True)])
+def test_a_server_refuses_a_timeout_that_is_no_deadline(key: str, value: Any) -> None:
+    """lifecycle.Server itself (every caller, not only served's flags): a nan start timeout waited forever."""
+    from specparity.harness.lifecycle import Server
+
+    with pytest.raises(UsageError, match=f"srv: {key}: .* is not a number of seconds"):
+        Server(["x"], name="srv", **{key: value})
