@@ -26,7 +26,7 @@ import os
 import re
 import reprlib
 import stat
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -367,18 +367,6 @@ class Json(Check):
                 self.check(v, (*path, k))
             return
         raise self.fail(value, path)
-
-
-class Custom(Check):
-    """``test(value)`` returns None when it fits, else what is wrong with it."""
-
-    def __init__(self, test: Callable[[Any], str | None], what: str):
-        self.test, self.what = test, what
-
-    def check(self, value: Any, path: tuple[Any, ...]) -> None:
-        problem = self.test(value)
-        if problem is not None:
-            raise Invalid(path, problem)
 
 
 # -- files ------------------------------------------------------------------------------------------
