@@ -141,3 +141,20 @@ def test_show_of_a_pairing_that_ran_no_arm(cli_bin: str, record: Path) -> None:
                                     "reason": "profile vllm cannot run here"}]}})
     r = run_cli(cli_bin, "records", "show", str(record))
     assert r.returncode == 0 and "pairing q: vllm server" in r.stdout, r.stderr
+
+
+def test_compare_reads_a_parts_own_words_as_a_change(tmp_path: Path) -> None:
+    """dist's control lines say rejected / accepted: compare raised ValueError (70) when one changed."""
+    from specparity.records.compare import compare_records
+
+    def dist_record(root: Path, word: str) -> Path:
+        data = root / "data" / "dist-h-2026-01-01"
+        data.mkdir(parents=True)
+        (data / "report.json").write_text(json.dumps({"kind": "dist", "title": "t", "argv": [], "status": "complete",
+                                                      "verdict": "pass", "exit_code": 0, "summary": {}}))
+        (data / "control.jsonl").write_text(json.dumps({"rule": "wrong", "verdict": word}) + "\n")
+        return root / "dist-h-2026-01-01.md"
+
+    rep = compare_records(dist_record(tmp_path / "a", "rejected"), dist_record(tmp_path / "b", "accepted"))
+    assert [(c.category, c.old, c.new) for c in rep.changes] == [("changed", "rejected", "accepted")]
+    assert rep.exit_code == 0
