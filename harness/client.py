@@ -1,14 +1,23 @@
-"""The HTTP client side: one OpenAI-style request, streamed or not, read into a Completion."""
+"""The HTTP client side: one OpenAI-style request, streamed or not, read into a Completion.
+
+A request has a total deadline (:func:`within`), not a per-read timeout; a response is data:
+whatever a server sends that is not an OpenAI-style answer (no choices, a choice that is not an
+object, text that is not a string, a chunk that is not JSON) is that request's ``error``, saying
+what was wrong (:func:`read_json`, :func:`read_events`), never an exception out of :func:`send`.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from specparity.harness.profiles import ENDPOINTS, Profile, dig
+from specparity.schema import kind
 
 
 @dataclass
@@ -81,9 +90,68 @@ class Completion:
         return d
 
 
+# what one response may hold: far above any completion, far below what exhausts a machine
+MAX_RESPONSE_BYTES = 64 << 20
+
+
+class BadResponse(ValueError):
+    """A response that is not what an OpenAI-style server sends; ``str()`` says what was wrong."""
+
+
+class Late(Exception):
+    """The request's total deadline passed before its answer was complete."""
+
+
+T = TypeVar("T")
+
+
+def within(seconds: float, fn: Callable[[threading.Event], T]) -> T:
+    """``fn(cancel)`` with a total deadline: its result (or its exception), or :class:`Late` once
+    ``seconds`` pass. ``fn`` runs in a daemon thread and should return soon after ``cancel`` is set
+    (it is set at the deadline); one blocked in a read ends when the server stops."""
+    box: list[tuple[bool, Any]] = []
+    cancel = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append((True, fn(cancel)))
+        except BaseException as err:  # handed to the caller, re-raised there
+            box.append((False, err))
+
+    worker = threading.Thread(target=run, name="specparity-request", daemon=True)
+    worker.start()
+    try:
+        worker.join(seconds)
+    except BaseException:  # Ctrl-C / SIGTERM while waiting: the worker stops at its next chunk
+        cancel.set()
+        raise
+    if not box:
+        cancel.set()
+        raise Late(f"no complete answer within {seconds:g} s")
+    ok, value = box[0]
+    if ok:
+        return cast(T, value)
+    raise value
+
+
+def fetch(client: Any, method: str, url: str, timeout: float, json_body: Any = None,
+          max_bytes: int = MAX_RESPONSE_BYTES) -> tuple[int, bytes]:
+    """One request's status and whole body within ``timeout`` seconds in total (raises Late, the
+    client's transport errors, or BadResponse for a body over ``max_bytes``)."""
+    def run(cancel: threading.Event) -> tuple[int, bytes]:
+        with client.stream(method, url, json=json_body, timeout=timeout) as r:
+            return r.status_code, _body(r, cancel, max_bytes)
+    return within(timeout, run)
+
+
 def send(client: Any, base_url: str, req: Request, profile: Profile, extra: dict[str, Any] | None = None,
          timeout: float = 120.0) -> Completion:
-    """POST ``req`` (plus ``extra`` fields) and read the answer; never raises for HTTP trouble."""
+    """POST ``req`` (plus ``extra`` fields) and read the answer; never raises for HTTP trouble.
+
+    ``timeout`` is the request's total deadline (a server that streams keep-alive comments, or
+    trickles bytes, is cut off at it), not a per-read timeout. Whatever comes back that is not an
+    OpenAI-style answer is the completion's ``error``, saying what was wrong.
+    """
     import httpx
 
     body = dict(req.body)
@@ -95,81 +163,200 @@ def send(client: Any, base_url: str, req: Request, profile: Profile, extra: dict
             body.setdefault(k, v)
     url = base_url + ENDPOINTS[req.endpoint]
     t0 = time.perf_counter()
-    out = Completion()
     try:
-        if req.stream:
-            _read_stream(client, url, body, req, out, timeout)
-        else:
-            r = client.post(url, json=body, timeout=timeout)
-            out.status = r.status_code
-            if r.status_code != 200:
-                out.error = f"HTTP {r.status_code}: {r.text[:300]}"
-            else:
-                _read_json(r.json(), req, profile, out)
-    except httpx.TimeoutException:
-        out.error = f"no answer within the request timeout of {timeout:g} s"
+        out = within(timeout, lambda cancel: _exchange(client, url, body, req, profile, timeout, cancel))
+    except (Late, httpx.TimeoutException):  # the deadline, or a read timeout (as long) a moment before it
+        out = Completion(error=f"no complete answer within the request timeout of {timeout:g} s")
     except httpx.TransportError as err:
-        out.error = f"connection failed: {type(err).__name__}: {err}"
-    except (ValueError, KeyError, TypeError) as err:
-        out.error = f"unreadable response: {type(err).__name__}: {err}"
+        out = Completion(error=f"connection failed: {type(err).__name__}: {err}")
+    except httpx.HTTPError as err:  # a body that does not decode (content-encoding), ...
+        out = Completion(error=f"unreadable response: {type(err).__name__}: {err}")
     out.seconds = time.perf_counter() - t0
     out.sha256 = hashlib.sha256(out.text.encode("utf-8")).hexdigest()
     return out
 
 
-def _choice_text(choice: dict[str, Any], endpoint: str, stream: bool) -> str:
-    if endpoint == "chat":
-        msg = choice.get("delta" if stream else "message") or {}
-        return msg.get("content") or ""
-    return choice.get("text") or ""
-
-
-def _read_json(resp: dict[str, Any], req: Request, profile: Profile, out: Completion) -> None:
-    choice = resp["choices"][0]
-    out.raw = resp
-    out.text = _choice_text(choice, req.endpoint, False)
-    out.finish_reason = choice.get("finish_reason")
-    out.usage = resp.get("usage") or {}
-    content = dig(resp, profile.logprobs_path)
-    if isinstance(content, list) and content:
-        ids, lps, tops = [], [], []
-        for entry in content:
-            top = [(int(t["id"]), float(t["logprob"])) for t in entry.get("top_logprobs") or [] if "id" in t]
-            if top:
-                # mlx-lm lists the top-k unordered; at temperature 0 the emitted token is the best
-                best = max(top, key=lambda t: t[1])
-                ids.append(best[0])
-                lps.append(best[1])
-                tops.append(sorted(top, key=lambda t: -t[1]))
-            elif "id" in entry:
-                ids.append(int(entry["id"]))
-                lps.append(float(entry["logprob"]))
-        out.token_ids = ids or None
-        # a server whose logprob values are placeholders (dflash-mlx: 0.0) keeps its ids only
-        out.logprobs = (lps or None) if profile.logprobs_real else None
-        out.top = (tops or None) if profile.logprobs_real else None
-
-
-def _read_stream(client: Any, url: str, body: dict[str, Any], req: Request, out: Completion,
-                 timeout: float) -> None:
-    parts: list[str] = []
+def _exchange(client: Any, url: str, body: dict[str, Any], req: Request, profile: Profile, timeout: float,
+              cancel: threading.Event) -> Completion:
+    out = Completion()
     with client.stream("POST", url, json=body, timeout=timeout) as r:
         out.status = r.status_code
-        if r.status_code != 200:
-            out.error = f"HTTP {r.status_code}: {r.read()[:300]!r}"
-            return
-        for line in r.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line[len("data: "):]
-            if data.strip() == "[DONE]":
-                break
+        try:
+            if r.status_code != 200:
+                head = _body(r, cancel, 300, cut=True)
+                out.error = f"HTTP {r.status_code}: {head.decode('utf-8', 'replace')}"
+            elif req.stream:
+                read_events(_lines(r, cancel), req, out)
+            else:
+                read_json(parse_json(_body(r, cancel, MAX_RESPONSE_BYTES)), req, profile, out)
+        except BadResponse as err:
+            out.error = f"unreadable response: {err}"
+    if out.error is not None:  # nothing half-read passes for an answer
+        out.text, out.token_ids, out.logprobs, out.top = "", None, None, None
+    return out
+
+
+def _chunks(r: Any, cancel: threading.Event, max_bytes: int) -> Iterator[bytes]:
+    """The body's bytes as they come; stops at the deadline, refuses more than ``max_bytes``."""
+    seen = 0
+    for chunk in r.iter_bytes():
+        if cancel.is_set():
+            raise Late("the request's deadline passed")
+        seen += len(chunk)
+        if seen > max_bytes:
+            raise BadResponse(f"more than {max_bytes} bytes")
+        yield chunk
+
+
+def _body(r: Any, cancel: threading.Event, max_bytes: int, cut: bool = False) -> bytes:
+    """The whole body, at most ``max_bytes`` (``cut``: its first ``max_bytes``, then stop reading)."""
+    data = bytearray()
+    for chunk in _chunks(r, cancel, 1 << 62 if cut else max_bytes):
+        data += chunk
+        if cut and len(data) >= max_bytes:
+            break
+    return bytes(data[:max_bytes])
+
+
+def _lines(r: Any, cancel: threading.Event) -> Iterator[str]:
+    """A streamed body's lines, decoded as they complete."""
+    buf = b""
+    for chunk in _chunks(r, cancel, MAX_RESPONSE_BYTES):
+        buf += chunk
+        *done, buf = buf.split(b"\n")
+        for line in done:
+            yield _utf8(line.rstrip(b"\r"))
+    if buf:
+        yield _utf8(buf)
+
+
+def _utf8(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadResponse(f"not UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start})") from None
+
+
+def parse_json(data: bytes) -> Any:
+    """A response body as JSON; anything else is a BadResponse quoting its start."""
+    try:
+        return json.loads(_utf8(data))
+    except RecursionError:
+        raise BadResponse("JSON nested too deeply") from None
+    except ValueError as err:
+        raise BadResponse(f"not JSON ({err}): {data[:80].decode('utf-8', 'replace')!r}") from None
+
+
+def _need(value: Any, types: type | tuple[type, ...], where: str, what: str) -> Any:
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise BadResponse(f"{where} is {kind(value)}, not {what}")
+    if not isinstance(value, types):
+        raise BadResponse(f"{where} is {kind(value)}, not {what}")
+    return value
+
+
+def _opt_str(value: Any, where: str) -> str | None:
+    return None if value is None else _need(value, str, where, "a string")
+
+
+def _choice_text(choice: Any, endpoint: str, stream: bool, where: str) -> str:
+    _need(choice, dict, where, "an object")
+    if endpoint == "chat":
+        key = "delta" if stream else "message"
+        msg = choice.get(key)
+        if msg is None:
+            return ""
+        _need(msg, dict, f"{where}.{key}", "an object")
+        return _opt_str(msg.get("content"), f"{where}.{key}.content") or ""
+    return _opt_str(choice.get("text"), f"{where}.text") or ""
+
+
+def _token_id(value: Any, where: str) -> int:
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return int(_need(value, int, where, "a token id"))
+
+
+def _logprob(value: Any, where: str) -> float:
+    return float(_need(value, (int, float), where, "a number"))
+
+
+def read_json(resp: Any, req: Request, profile: Profile, out: Completion) -> None:
+    """A non-streamed response into ``out``; a BadResponse says what is not as an OpenAI-style
+    server sends it (no choices, a choice or a logprobs entry that is not an object, text that is
+    not a string, ...)."""
+    _need(resp, dict, "the response", "an object")
+    choices = _need(resp.get("choices"), list, "choices", "a list")
+    if not choices:
+        raise BadResponse("choices is empty: no completion")
+    out.text = _choice_text(choices[0], req.endpoint, False, "choices[0]")
+    out.finish_reason = _opt_str(choices[0].get("finish_reason"), "choices[0].finish_reason")
+    usage = resp.get("usage")
+    out.usage = {} if usage is None else _need(usage, dict, "usage", "an object")
+    out.raw = resp
+    content = dig(resp, profile.logprobs_path)
+    if not isinstance(content, list) or not content:
+        return
+    ids, lps, tops = [], [], []
+    for i, entry in enumerate(content):
+        at = f"{profile.logprobs_path}[{i}]"
+        _need(entry, dict, at, "an object")
+        raw_top = entry.get("top_logprobs")
+        top = []
+        for j, t in enumerate(_need(raw_top, list, f"{at}.top_logprobs", "a list") if raw_top is not None else []):
+            _need(t, dict, f"{at}.top_logprobs[{j}]", "an object")
+            if "id" in t:
+                top.append((_token_id(t["id"], f"{at}.top_logprobs[{j}].id"),
+                            _logprob(t.get("logprob"), f"{at}.top_logprobs[{j}].logprob")))
+        if top:
+            # mlx-lm lists the top-k unordered; at temperature 0 the emitted token is the best
+            best = max(top, key=lambda t: t[1])
+            ids.append(best[0])
+            lps.append(best[1])
+            tops.append(sorted(top, key=lambda t: -t[1]))
+        elif "id" in entry:
+            ids.append(_token_id(entry["id"], f"{at}.id"))
+            lps.append(_logprob(entry.get("logprob"), f"{at}.logprob"))
+    out.token_ids = ids or None
+    # a server whose logprob values are placeholders (dflash-mlx: 0.0) keeps its ids only
+    out.logprobs = (lps or None) if profile.logprobs_real else None
+    out.top = (tops or None) if profile.logprobs_real else None
+
+
+def read_events(lines: Iterable[str], req: Request, out: Completion) -> None:
+    """A streamed response's server-sent events into ``out``, up to ``data: [DONE]``; a BadResponse
+    names the chunk that is not as an OpenAI-style server sends it."""
+    parts: list[str] = []
+    n, chosen = 0, False
+    for line in lines:
+        if not line.startswith("data: "):
+            continue  # comments (keep-alives), event names, blank separators
+        data = line[len("data: "):]
+        if data.strip() == "[DONE]":
+            break
+        n += 1
+        where = f"stream chunk {n}"
+        try:
             chunk = json.loads(data)
-            out.raw = chunk
-            if chunk.get("usage"):
-                out.usage = chunk["usage"]
-            for choice in chunk.get("choices") or []:
-                parts.append(_choice_text(choice, req.endpoint, True))
-                if choice.get("finish_reason"):
-                    out.finish_reason = choice["finish_reason"]
+        except RecursionError:
+            raise BadResponse(f"{where}: JSON nested too deeply") from None
+        except ValueError as err:
+            raise BadResponse(f"{where}: not JSON ({err}): {data[:80]!r}") from None
+        _need(chunk, dict, where, "an object")
+        usage = chunk.get("usage")
+        if usage:
+            out.usage = _need(usage, dict, f"{where} usage", "an object")
+        choices = chunk.get("choices")
+        for i, choice in enumerate(_need(choices, list, f"{where} choices", "a list") if choices is not None else []):
+            at = f"{where} choices[{i}]"
+            parts.append(_choice_text(choice, req.endpoint, True, at))
+            finish = _opt_str(choice.get("finish_reason"), f"{at}.finish_reason")
+            if finish:
+                out.finish_reason = finish
+            chosen = True
+        out.raw = chunk
+    if not n:
+        raise BadResponse("no data events in the stream")
+    if not chosen:
+        raise BadResponse(f"none of the stream's {n} chunks held a choice: no completion")
     out.text = "".join(parts)

@@ -1,4 +1,4 @@
-"""The served job: what to compare (YAML, ``yaml.safe_load``), and the request sequences.
+"""The served job: what to compare (YAML, read bounded and checked by type: JOB_SCHEMA), and the request sequences.
 
     # job.yaml
     pairings:                       # each: a target, a drafter, a profile
@@ -34,12 +34,33 @@ fixture pair (:func:`builtin_job`).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from specparity.errors import SpecparityError, UsageError
 from specparity.harness.profiles import packaged_profiles
+from specparity.schema import (
+    Bool,
+    Check,
+    Enum,
+    EnvName,
+    Fields,
+    Int,
+    Json,
+    ListOf,
+    MapOf,
+    Nullable,
+    Number,
+    Scalar,
+    Seconds,
+    Str,
+    check,
+    describe,
+    load_yaml_file,
+    read_text,
+)
 
 SEQUENCE_KINDS = ("fresh", "repeat", "shared-prefix", "stream", "multi-turn", "long")
 DEFAULT_SEQUENCE = ("fresh", "repeat", "shared-prefix", "stream", "multi-turn")
@@ -106,12 +127,9 @@ class DistSpec:
 
 def parse_spec(raw: Any, where: str) -> DistSpec:
     """The ``distribution`` key of a job file; problems name the file and key."""
-    if not isinstance(raw, dict):
+    check({"distribution": raw}, Fields({"distribution": JOB_SCHEMA.fields["distribution"]}), where)
+    if raw is None:
         raise UsageError(f"{where}: distribution: a mapping of temperature, requests, prefix, alpha, seed, width")
-    known = set(DistSpec.__dataclass_fields__)
-    bad = sorted(set(raw) - known)
-    if bad:
-        raise UsageError(f"{where}: distribution: unknown key {bad[0]!r} (known: {', '.join(sorted(known))})")
     spec = DistSpec(**raw)
     check_spec(spec, f"{where}: distribution.")
     return spec
@@ -171,132 +189,124 @@ def builtin_job() -> Job:
                widths=[2, 4], max_tokens=32, concurrency=3, self_draft=True, source="built-in")
 
 
-def _ints(value: Any, key: str, where: str, minimum: int) -> list[int]:
-    items = value if isinstance(value, list) else [value]
-    out = []
-    for v in items:
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise UsageError(f"{where}: {key}: {v!r} is not an integer >= {minimum}")
-        out.append(v)
-    return sorted(set(out))
+# bounds on the counts a job expands into arms and requests (widths and max_tokens are bounded by
+# specparity.inputs' --max-width and --max-positions, raisable)
+MAX_REPEATS = 64
+MAX_CONCURRENCY = 64
+_NAME = re.compile(r"^(?!\.\.?$)[^/\\\x00-\x1f]+$")  # a name that is also a folder name: no /, no . or ..
+
+
+def _width(lo: int) -> Check:
+    return Int(lo, limit="max_width")
+
+
+_ENV = MapOf(Scalar(), key=EnvName(), what="a mapping of environment variable to a string or number")
+_ARM_NAME = Str("a name (no /, not . or ..)", nonempty=True, pattern=_NAME)
+
+# The job file, key by key (see the module docstring); ranges beyond types are checked as they are read.
+JOB_SCHEMA = Fields({
+    "pairings": ListOf(Fields({
+        "name": _ARM_NAME,
+        "target": Str("a checkpoint path or hub id (a string)", nonempty=True),
+        "draft": Nullable(Str("a checkpoint path or hub id (a string)", nonempty=True)),
+        "profile": Str("a profile name or file", nonempty=True),
+        "trust_remote_code": Bool(),
+        "environment": Str("an environment name or file", nonempty=True),
+    }, required=("target",))),
+    "widths": ListOf(_width(1), min_len=1, scalar=True),
+    "width_mode": Enum(WIDTH_MODES),
+    "max_tokens": Int(1, limit="max_positions"),
+    "prompts": ListOf(Str(), min_len=1, what="a list of strings (not empty)"),
+    "prompts_file": Str("a file name", nonempty=True),
+    "params": Nullable(Fields({k: Json() for k in (*REQUEST_PARAMS, "stream", "temperature")},
+                              what="a mapping of request parameters")),
+    "endpoint": Nullable(Enum(("completions", "chat"))),
+    "sequence": ListOf(Enum(SEQUENCE_KINDS), min_len=1, scalar=True),
+    "concurrency": Int(0, MAX_CONCURRENCY),
+    "self_draft": Bool(),
+    "repeats": Int(0, MAX_REPEATS),
+    "extra_args": Nullable(MapOf(ListOf(Scalar()), what="a mapping of arm name (or '*') to a list of arguments")),
+    "controls": Nullable(ListOf(Fields({"name": _ARM_NAME, "env": _ENV, "width": _width(2)}, required=("env",)))),
+    "env": Nullable(_ENV),
+    "start_timeout": Seconds(),
+    "request_timeout": Seconds(),
+    "profile": Str("a profile name or file", nonempty=True),
+    "distribution": Nullable(Fields({"temperature": Number(), "requests": Int(), "prefix": Int(), "alpha": Number(),
+                                     "seed": Int(), "width": Nullable(_width(2))},
+                                    what="a mapping of temperature, requests, prefix, alpha, seed, width")),
+    "reference": Bool(),
+})
 
 
 def load_job(path: str | Path) -> Job:
-    """Read a job file; every problem is a UsageError naming the file and key."""
-    import yaml
+    """Read a job file; every problem is a UsageError naming the file and key.
 
+    The file is read bounded (size, YAML aliases: specparity.schema) and checked whole against
+    JOB_SCHEMA before any value is used.
+    """
     p = Path(path)
     where = f"--config {p}"
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except OSError as err:
-        raise UsageError(f"{where}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise UsageError(f"{where}: not valid YAML ({str(err).splitlines()[0]})") from None
+    raw = load_yaml_file(p, where)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise UsageError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
-    known = {"pairings", "widths", "width_mode", "max_tokens", "prompts", "prompts_file", "params", "endpoint",
-             "sequence", "concurrency", "self_draft", "repeats", "extra_args", "controls", "env",
-             "start_timeout", "request_timeout", "profile", "distribution", "reference"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        raise UsageError(f"{where}: expected a mapping of keys, got {describe(raw)}")
+    check(raw, JOB_SCHEMA, where)
     job = builtin_job() if not raw.get("pairings") else Job(pairings=[])
     job.source = str(p)
-    if raw.get("pairings"):
-        for i, item in enumerate(raw["pairings"]):
-            if not isinstance(item, dict) or not item.get("target"):
-                raise UsageError(f"{where}: pairings[{i}] needs a target")
-            target = resolve_model(str(item["target"]), p.parent, f"{where}: pairings[{i}].target")
-            draft = item.get("draft")
-            if draft is not None:
-                draft = resolve_model(str(draft), p.parent, f"{where}: pairings[{i}].draft")
-            env = item.get("environment")
-            if env is not None and (not isinstance(env, str) or not env):
-                raise UsageError(f"{where}: pairings[{i}].environment: {env!r} is not an environment name")
-            job.pairings.append(Pairing(str(item.get("name") or f"pairing{i}"), target, draft,
-                                        str(item.get("profile", "mlx-lm")), bool(item.get("trust_remote_code")),
-                                        env))
+    for i, item in enumerate(raw.get("pairings") or []):
+        target = resolve_model(str(item["target"]), p.parent, f"{where}: pairings[{i}].target")
+        draft = item.get("draft")
+        if draft is not None:
+            draft = resolve_model(str(draft), p.parent, f"{where}: pairings[{i}].draft")
+        job.pairings.append(Pairing(str(item.get("name") or f"pairing{i}"), target, draft,
+                                    str(item.get("profile", "mlx-lm")), bool(item.get("trust_remote_code")),
+                                    item.get("environment")))
     if "profile" in raw:
-        if not isinstance(raw["profile"], str) or not raw["profile"]:
-            raise UsageError(f"{where}: profile: {raw['profile']!r} is not a profile name or file")
         prof = raw["profile"]
         if prof not in packaged_profiles() and not Path(prof).is_absolute() and (p.parent / prof).is_file():
             prof = str((p.parent / prof).resolve())
         for pairing in job.pairings:
             pairing.profile = prof
     if "widths" in raw:
-        job.widths = _ints(raw["widths"], "widths", where, 1)
-    if "width_mode" in raw:
-        if raw["width_mode"] not in WIDTH_MODES:
-            raise UsageError(f"{where}: width_mode {raw['width_mode']!r}: choose from {', '.join(WIDTH_MODES)}")
-        job.width_mode = raw["width_mode"]
-    for key in ("max_tokens",):
+        widths = raw["widths"] if isinstance(raw["widths"], list) else [raw["widths"]]
+        job.widths = sorted(set(widths))
+    for key in ("width_mode", "max_tokens", "concurrency", "repeats", "self_draft"):
         if key in raw:
-            job.max_tokens = _ints(raw[key], key, where, 1)[0]
-    for key in ("concurrency", "repeats"):
-        if key in raw:
-            setattr(job, key, _ints(raw[key], key, where, 0)[0])
+            setattr(job, key, raw[key])
     for key in ("start_timeout", "request_timeout"):
         if key in raw:
-            if not isinstance(raw[key], (int, float)) or raw[key] <= 0:
-                raise UsageError(f"{where}: {key}: {raw[key]!r} is not a positive number of seconds")
             setattr(job, key, float(raw[key]))
     if raw.get("distribution") is not None:
         job.distribution = parse_spec(raw["distribution"], where)
-    if "self_draft" in raw:
-        job.self_draft = bool(raw["self_draft"])
     if "reference" in raw:
-        if not isinstance(raw["reference"], bool):
-            raise UsageError(f"{where}: reference: {raw['reference']!r} is not true or false")
         job.reference = raw["reference"]
     if "prompts_file" in raw:
         pf = p.parent / raw["prompts_file"]
-        try:
-            job.prompts = [ln for ln in pf.read_text().splitlines() if ln.strip()]
-        except OSError as err:
-            raise UsageError(f"{where}: prompts_file {pf}: {err.strerror}") from None
+        text = read_text(pf, f"{where}: prompts_file {pf}")
+        job.prompts = [ln for ln in text.splitlines() if ln.strip()]
     if "prompts" in raw:
-        if not isinstance(raw["prompts"], list) or not all(isinstance(x, str) for x in raw["prompts"]):
-            raise UsageError(f"{where}: prompts must be a list of strings")
         job.prompts = list(raw["prompts"])
     if not job.prompts:
         raise UsageError(f"{where}: no prompts")
     if "params" in raw:
         params = raw["params"] or {}
-        bad = sorted(set(params) - set(REQUEST_PARAMS) - {"stream", "temperature"})
-        if bad:
-            raise UsageError(f"{where}: params: unknown request parameter {bad[0]!r}"
-                             f" (known: {', '.join(REQUEST_PARAMS)})")
         if params.get("temperature", 0) != 0:
             raise UsageError(f"{where}: params.temperature: the served parity job is greedy (temperature 0)")
         job.params = dict(params)
     if "endpoint" in raw:
-        if raw["endpoint"] not in ("completions", "chat"):
-            raise UsageError(f"{where}: endpoint {raw['endpoint']!r}: choose from completions, chat")
         job.endpoint = raw["endpoint"]
     if "sequence" in raw:
-        seq = raw["sequence"] if isinstance(raw["sequence"], list) else [raw["sequence"]]
-        bad = [s for s in seq if s not in SEQUENCE_KINDS]
-        if bad or not seq:
-            raise UsageError(f"{where}: sequence {bad[0] if bad else '[]'!r}: choose from {', '.join(SEQUENCE_KINDS)}")
-        job.sequence = list(seq)
+        seq = raw["sequence"]
+        job.sequence = list(seq) if isinstance(seq, list) else [seq]
     if "extra_args" in raw:
-        ea = raw["extra_args"] or {}
-        if not isinstance(ea, dict) or not all(isinstance(v, list) for v in ea.values()):
-            raise UsageError(f"{where}: extra_args: a mapping of arm name (or '*') to a list of arguments")
-        job.extra_args = {str(k): [str(a) for a in v] for k, v in ea.items()}
+        job.extra_args = {str(k): [str(a) for a in v] for k, v in (raw["extra_args"] or {}).items()}
     if "env" in raw:
         job.env = {str(k): str(v) for k, v in (raw["env"] or {}).items()}
     for i, c in enumerate(raw.get("controls") or []):
-        if not isinstance(c, dict) or not isinstance(c.get("env"), dict):
-            raise UsageError(f"{where}: controls[{i}] needs env: {{VAR: value}}")
-        width = c.get("width", max(job.widths))
         job.controls.append(Control(str(c.get("name") or f"control{i}"),
                                     {str(k): str(v) for k, v in c["env"].items()},
-                                    _ints(width, f"controls[{i}].width", where, 2)[0]))
+                                    int(c.get("width", max(job.widths)))))
     return job
 
 
@@ -394,17 +404,28 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
     if o.widths is not None:
         if not o.widths:
             raise OverrideError("widths", "give at least one width")
+        for w in o.widths:
+            try:
+                check(w, _width(1), "widths")
+            except UsageError as err:
+                raise OverrideError("widths", str(err).split(": ", 1)[1]) from None
         job.widths = sorted(set(o.widths))
     if o.width_mode is not None:
         if o.width_mode not in WIDTH_MODES:
             raise OverrideError("width_mode", f"{o.width_mode!r}: choose from {', '.join(WIDTH_MODES)}")
         job.width_mode = o.width_mode
-    job.max_tokens = o.max_tokens if o.max_tokens is not None else job.max_tokens
-    job.concurrency = o.concurrency if o.concurrency is not None else job.concurrency
-    job.repeats = o.repeats if o.repeats is not None else job.repeats
+    for name, checker in (("max_tokens", Int(1, limit="max_positions")), ("concurrency", Int(0, MAX_CONCURRENCY)),
+                          ("repeats", Int(0, MAX_REPEATS)), ("start_timeout", Seconds()),
+                          ("request_timeout", Seconds())):
+        value = getattr(o, name)
+        if value is None:
+            continue
+        try:
+            check(value, checker, name)
+        except UsageError as err:
+            raise OverrideError(name, str(err).split(": ", 1)[1]) from None
+        setattr(job, name, float(value) if isinstance(checker, Seconds) else value)
     job.reference = o.reference if o.reference is not None else job.reference
-    job.start_timeout = o.start_timeout if o.start_timeout is not None else job.start_timeout
-    job.request_timeout = o.request_timeout if o.request_timeout is not None else job.request_timeout
     if o.temperature is not None or o.dist_requests is not None or o.dist_prefix is not None:
         spec = replace(job.distribution or DistSpec())
         if o.temperature is not None:

@@ -157,20 +157,25 @@ class Marks:
     counter: float | None = None
 
 
+METRICS_MAX_BYTES = 8 << 20
+
+
 def read_counter(client: Any, url: str, profile: Profile, timeout: float) -> float | None:
     """The profile's Prometheus counter summed over its labels (None: no counter, or unreadable)."""
     if not profile.metrics_counter:
         return None
-    try:
-        resp = client.get(url + profile.metrics_path, timeout=timeout)
+    from specparity.harness.client import fetch
+
+    try:  # within the request timeout in total: a /metrics that never ends is no reading
+        status, body = fetch(client, "GET", url + profile.metrics_path, timeout, max_bytes=METRICS_MAX_BYTES)
     except Exception as err:  # any transport failure: no reading, so no evidence either way
         log.debug("metrics %s: %s", profile.metrics_path, err)
         return None
-    if resp.status_code != 200:
+    if status != 200:
         return None
     names = (profile.metrics_counter, profile.metrics_counter + "_total")
     total = None
-    for line in resp.text.splitlines():
+    for line in body.decode("utf-8", "replace").splitlines():
         if line.startswith("#") or not line.strip():
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -215,9 +220,12 @@ def collect(profile: Profile, witness_file: str | os.PathLike[str], log_path: st
         if isinstance(val, dict) and val.get("accepts") is not None:
             ev.sources.append("response")
             ev.lines.append(f"{fld}: accepts={val.get('accepts')}")
-            if not ev.accepts:
-                ev.accepts = list(val.get("accepts") or [])
-                ev.widths = list(val.get("widths") or [val.get("width")] * len(ev.accepts))
+            accepts = val.get("accepts")
+            widths = val.get("widths") or ([val.get("width")] * len(accepts) if isinstance(accepts, list) else None)
+            # rounds only from integers, one width per round: a response is data, never trusted to be well formed
+            if not ev.accepts and isinstance(accepts, list) and isinstance(widths, list) \
+                    and len(widths) == len(accepts) and _int_list(accepts) and _int_list(widths):
+                ev.accepts, ev.widths = list(accepts), list(widths)
         elif val:  # an empty list, dict, 0 or False is no evidence the drafter ran
             ev.sources.append("response")
             ev.lines.append(f"{fld}: {str(val)[:200]}")
@@ -239,6 +247,10 @@ def add_engine(ev: Evidence, found: EngineEvidence | None) -> None:
     ev.lines += found.lines
     ev.cache = found.cache if found.cache is not None else ev.cache
     ev.cached_tokens = found.cached_tokens if found.cached_tokens is not None else ev.cached_tokens
+
+
+def _int_list(v: Any) -> bool:
+    return isinstance(v, list) and all(_int(x) is not None for x in v)
 
 
 def _int(v: Any) -> int | None:

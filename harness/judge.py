@@ -21,6 +21,8 @@ ran (``not_engaged`` without), ``declined`` with a decline line (when its text
 is classic decode's), ``error`` without a completion. A pairing whose two
 baselines disagree is ``inconclusive``: classic decode is not reproducible
 across processes, and nothing is blamed on the drafter.
+A pairing where no arm ran a drafter is ``not_run`` (two baselines that agree with classic
+decode prove nothing about speculative decoding), unless a baseline left classic decode.
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ from specparity.verdicts import SERVED_VERDICTS, Verdict, combine
 SELF_DRAFT_MIN_ACCEPTANCE = 0.9
 # request kinds that can meet a warm prompt cache (an earlier request shares their prefix)
 WARM_KINDS = ("repeat", "shared-prefix", "multi-turn")
+NOTHING_SPECULATIVE = ("nothing speculative was tested: no arm ran a drafter (the pairing has no draft"
+                       " model, and no self-draft arm ran)")
+
+
+def speculative(arm: ArmResult) -> bool:
+    """The arm ran a drafter: a width, self-draft or control arm, or the drafted distribution arm."""
+    return arm.drafts or (arm.kind == ArmKind.DISTRIBUTION and arm.width is not None)
 
 
 def side(name: str, completion: Completion) -> Side:
@@ -266,6 +275,11 @@ def judge_pairing(res: PairingResult) -> None:
             res.findings.append(a.reason)
     res.findings += scope_findings(res)
     res.verdict = combine([a.verdict for a in res.arms] or [Verdict.MATCH])
+    # -- issue 20, class 6: nothing speculative ran, nothing passed (a baseline that left classic
+    # decode is still that finding) ---------------------------------------------------------------
+    if not any(speculative(a) for a in res.arms) and res.verdict != Verdict.DIVERGED:
+        res.verdict, res.reason = Verdict.NOT_RUN, NOTHING_SPECULATIVE
+    # ----------------------------------------------------------------------------------------------
     assert res.verdict in (*SERVED_VERDICTS, Verdict.NOT_RUN)
 
 

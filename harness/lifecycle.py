@@ -54,7 +54,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
 
-from specparity.errors import InfrastructureError, Terminated
+from specparity.errors import InfrastructureError, Terminated, UsageError
 from specparity.harness import watchdog
 from specparity.harness.watchdog import group_alive
 
@@ -162,6 +162,14 @@ class Server:
     resolved_argv: list[str] = field(default_factory=list)
     _log_file: Any = None
     _watcher: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        from specparity.schema import seconds_problem
+
+        for key in ("start_timeout", "stop_timeout"):  # a nan deadline is never reached: a wait forever
+            problem = seconds_problem(getattr(self, key))
+            if problem is not None:
+                raise UsageError(f"{self.name}: {key}: {problem}")
 
     # -- properties --------------------------------------------------------------------------
     @property

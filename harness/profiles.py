@@ -1,6 +1,6 @@
 """Server profiles: how to start a server, map a width to it, and read its evidence.
 
-A profile is YAML (``yaml.safe_load``): the packaged ones live in
+A profile is YAML (read bounded and checked by type: PROFILE_SCHEMA): the packaged ones live in
 ``harness/profiles/*.yaml`` (``mlx-lm``, ``specparity-serve``, ``openai``);
 a user file is named by path. ``extends: NAME`` starts from another profile
 and overrides its keys (one level of dict merging). Keys: see
@@ -18,6 +18,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specparity.errors import InputError, UsageError
+from specparity.schema import (
+    Anything,
+    AnyOf,
+    Bool,
+    Enum,
+    Fields,
+    Int,
+    Json,
+    ListOf,
+    MapOf,
+    Module,
+    Nullable,
+    Regex,
+    Scalar,
+    Str,
+    check,
+    describe,
+    load_yaml_file,
+)
 
 if TYPE_CHECKING:
     from specparity.harness.engines import Engine
@@ -192,7 +211,7 @@ class Profile:
                 return f"environment {name} is not built (run scripts/build-env {name})"
             if self.requires_module and not env.has_module(self.requires_module):
                 return f"module {self.requires_module} is not installed in environment {env.name}"
-        elif self.requires_module and importlib.util.find_spec(self.requires_module) is None:
+        elif self.requires_module and not _importable(self.requires_module):
             return f"module {self.requires_module} is not installed"
         exe = self.argv[0] if self.argv else ""
         if "{" not in exe and shutil.which(exe) is None:
@@ -201,6 +220,14 @@ class Profile:
 
 
 NOT_EXERCISED = "(not yet exercised against a live server)"
+
+
+def _importable(module: str) -> bool:
+    """``module`` can be imported here (a missing parent package is a missing module, not an error)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _braces(text: str) -> str:
@@ -212,17 +239,59 @@ def packaged_profiles() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PROFILE_DIR.glob("*.yaml"))}
 
 
-def _read(path: Path) -> dict[str, Any]:
-    import yaml
+_ARGV = ListOf(Scalar(), what="a list of arguments (strings or numbers; no shell)")
+_OPT_STR = Nullable(Str())
+_OPT_REGEX = Nullable(Regex())
 
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise UsageError(f"profile {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise UsageError(f"profile {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+# Every key a profile file may hold (profiles/mlx-lm.yaml documents each), checked by type per file
+# before anything is used; ``extends`` merges files already checked. Keys marked "not read yet" are
+# what dflash-mlx's profile proposes (harness/profiles/dflash-mlx.yaml): accepted, typed, unused.
+PROFILE_SCHEMA = Fields({
+    "name": Str(nonempty=True),
+    "description": Str(),
+    "extends": Str("a profile name or file", nonempty=True),
+    "argv": Nullable(_ARGV),
+    "draft_argv": Nullable(_ARGV),
+    "trust_remote_code_argv": Nullable(_ARGV),
+    "width": Nullable(Fields({
+        "setting": Str(nonempty=True),
+        "rows_offset": Int(-16, 16),
+        "per_request": _OPT_STR,
+    })),
+    "ready_path": Str("a URL path (/health)", pattern=re.compile(r"^/")),
+    "fail_regex": _OPT_REGEX,
+    "endpoint": Enum(ENDPOINTS),
+    "witness": Nullable(ListOf(Enum(WITNESS_ROLES))),
+    "evidence": Nullable(Fields({
+        "log_engaged": _OPT_REGEX,
+        "log_declined": _OPT_REGEX,
+        "response_field": _OPT_STR,
+        "usage_field": _OPT_STR,
+        "metrics_counter": _OPT_STR,
+        "metrics_path": Nullable(Str("a URL path (/metrics)", pattern=re.compile(r"^/"))),
+    })),
+    "logprobs": Nullable(Fields({
+        "request": Nullable(MapOf(Json(), key=Str(), what="a mapping of request field to a JSON value")),
+        "path": Str(nonempty=True),
+        "values_real": Bool(),
+    })),
+    "flush": _OPT_STR,
+    "version_command": Nullable(_ARGV),
+    "requires_module": Nullable(Module()),
+    "engine": Nullable(Str("an engine module name", nonempty=True)),
+    "environment": Nullable(AnyOf(Str(nonempty=True), MapOf(Anything(), key=Str()),
+                                  what="a packaged environment name, a YAML file or a mapping")),
+    "arithmetic": Enum(ARITHMETIC),
+    "exercised": Bool(),
+})
+
+
+def _read(path: Path) -> dict[str, Any]:
+    where = f"profile {path}"
+    raw = load_yaml_file(path, where)
     if not isinstance(raw, dict):
-        raise UsageError(f"profile {path}: expected a mapping of keys, got {type(raw).__name__}")
+        raise UsageError(f"{where}: expected a mapping of keys, got {describe(raw)}")
+    check(raw, PROFILE_SCHEMA, where)
     return raw
 
 
@@ -249,7 +318,11 @@ def _raw(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict[str, Any],
 
 
 def load_profile(name_or_path: str) -> Profile:
-    """A packaged profile by name, or a YAML file by path; a bad one is a UsageError naming it."""
+    """A packaged profile by name, or a YAML file by path; a bad one is a UsageError naming it.
+
+    Each file is checked against PROFILE_SCHEMA, then the templates are rendered once with sample
+    values (:func:`dry_render`): a bad placeholder fails here, not when a server starts.
+    """
     raw, path = _raw(name_or_path)
     where = f"profile {path}"
     width = raw.get("width") or {}
@@ -257,12 +330,6 @@ def load_profile(name_or_path: str) -> Profile:
     logprobs = raw.get("logprobs") or {}
     if not raw.get("argv"):
         raise UsageError(f"{where}: argv is empty: give the server command (see {PROFILE_DIR / 'openai.yaml'})")
-    for key in ("argv", "draft_argv", "trust_remote_code_argv"):
-        if not isinstance(raw.get(key) or [], list):
-            raise UsageError(f"{where}: {key} must be a list of strings (no shell)")
-    endpoint = raw.get("endpoint", "completions")
-    if endpoint not in ENDPOINTS:
-        raise UsageError(f"{where}: endpoint {endpoint!r}: choose from {', '.join(ENDPOINTS)}")
     engine = raw.get("engine")
     if engine is not None:
         from specparity.harness.engines import load_engine
@@ -271,33 +338,16 @@ def load_profile(name_or_path: str) -> Profile:
             load_engine(str(engine))
         except UsageError as err:
             raise UsageError(f"{where}: {err}") from None
-    witness = list(raw.get("witness") or [])
-    if any(w not in WITNESS_ROLES for w in witness):
-        raise UsageError(f"{where}: witness {witness}: roles are {', '.join(WITNESS_ROLES)}")
-    for key in ("log_engaged", "log_declined"):
-        if evidence.get(key):
-            try:
-                re.compile(evidence[key])
-            except re.error as err:
-                raise UsageError(f"{where}: evidence.{key} {evidence[key]!r}: {err}") from None
     environment = raw.get("environment")
     if environment is not None:
         from specparity.environments import load_spec
 
-        if not isinstance(environment, (str, dict)):
-            raise UsageError(f"{where}: environment: a packaged name, a YAML file or a mapping")
         try:
             load_spec(environment)
         except UsageError as err:
             raise UsageError(f"{where}: environment: {err}") from None
     arithmetic = raw.get("arithmetic", "mlx")
-    if arithmetic not in ARITHMETIC:
-        raise UsageError(f"{where}: arithmetic {arithmetic!r}: choose from {', '.join(ARITHMETIC)}")
-    if not isinstance(logprobs.get("values_real", True), bool):
-        raise UsageError(f"{where}: logprobs.values_real must be true or false")
-    if not isinstance(raw.get("exercised", True), bool):
-        raise UsageError(f"{where}: exercised must be true or false")
-    return Profile(
+    profile = Profile(
         name=str(raw.get("name") or path.stem),
         description=str(raw.get("description") or ""),
         argv=[str(a) for a in raw["argv"]],
@@ -308,8 +358,8 @@ def load_profile(name_or_path: str) -> Profile:
         per_request=width.get("per_request"),
         ready_path=str(raw.get("ready_path", "/health")),
         fail_regex=raw.get("fail_regex"),
-        endpoint=endpoint,
-        witness=witness,
+        endpoint=raw.get("endpoint", "completions"),
+        witness=list(raw.get("witness") or []),
         log_engaged=evidence.get("log_engaged"),
         log_declined=evidence.get("log_declined"),
         response_field=evidence.get("response_field"),
@@ -320,7 +370,7 @@ def load_profile(name_or_path: str) -> Profile:
         logprobs_path=str(logprobs.get("path", "choices.0.logprobs.content")),
         logprobs_real=bool(logprobs.get("values_real", True)),
         flush=raw.get("flush"),
-        version_command=raw.get("version_command"),
+        version_command=[str(a) for a in raw["version_command"]] if raw.get("version_command") else None,
         requires_module=raw.get("requires_module"),
         engine=str(engine) if engine is not None else None,
         environment=environment,
@@ -328,6 +378,44 @@ def load_profile(name_or_path: str) -> Profile:
         exercised=bool(raw.get("exercised", True)),
         source=str(path),
     )
+    dry_render(profile)
+    return profile
+
+
+# what each template is rendered with at run time (harness.run, Profile.render's docstring)
+_SAMPLES = {"model": "/checkpoints/target", "draft_model": "/checkpoints/draft", "num_draft": 3, "width": 4,
+            "python": sys.executable, "host": "127.0.0.1", "port": 8080}
+_TEMPLATE_VALUES = {"argv": ("model", "draft_model", "python"),
+                    "draft_argv": ("draft_model", "num_draft", "width", "python"),
+                    "version_command": ("model", "python", "host", "port")}
+
+
+def dry_render(profile: Profile) -> None:
+    """Render every template once with sample values, as a run would: a UsageError names a bad one.
+
+    An engine's own placeholders (``{llama_server}``) take the engine's values where it can give
+    them here, a sample otherwise (a binary not built yet is said when a run needs it).
+    """
+    from string import Formatter
+
+    from specparity.errors import SpecparityError
+
+    extra: dict[str, str] = {}
+    if profile.engine is not None:
+        try:
+            extra = profile.engine_hooks().placeholders()
+        except SpecparityError:
+            names: set[str] = set()
+            for items in (profile.argv, profile.draft_argv, profile.version_command or []):
+                for item in items:
+                    try:
+                        names |= {n for _, n, _, _ in Formatter().parse(item) if n}
+                    except ValueError:
+                        continue  # named by the render below
+            extra = {n: f"/{n}" for n in names if n.isidentifier()}
+    for key, keys in _TEMPLATE_VALUES.items():
+        items = getattr(profile, key) or []
+        profile.render(items, **{**extra, **{k: _SAMPLES[k] for k in keys}})
 
 
 def dig(obj: Any, dotted: str) -> Any:

@@ -39,7 +39,12 @@ def wrap_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, role: str,
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise UsageError(f"{src}: no config.json: not an mlx-lm checkpoint")
-    config = json.loads(cfg_path.read_text())
+    try:
+        config = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{src}: config.json is not readable JSON ({err}): not an mlx-lm checkpoint") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise UsageError(f"{src}: config.json has no model_type: not an mlx-lm checkpoint")
     own = config.get("model_file")
     if own is not None and own != FIXTURE_MODULE:
         if not isinstance(own, str) or Path(own).name != own or not (src / own).is_file():

@@ -96,8 +96,19 @@ class CompareReport(ReportMixin):
         return out
 
 
+def _passes(word: Any) -> bool:
+    """A verdict word that passes; a part's own word that is no verdict (a control's ``rejected``) does not."""
+    try:
+        return is_pass(verdict(word))
+    except ValueError:
+        return False
+
+
 def _classify(old: str, new: str) -> str:
-    o, n = verdict(old), verdict(new)
+    try:
+        o, n = verdict(old), verdict(new)
+    except ValueError:  # a part's own vocabulary (dist controls: rejected / accepted): a change, never judged
+        return "changed"
     if (is_pass(o) and not is_pass(n)) or (n in DIVERGING and o not in DIVERGING):
         return "regressed"
     if not is_pass(o) and is_pass(n):
@@ -191,8 +202,8 @@ def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) ->
         raise UsageError(f"{np_}: a {nrec.kind} record, but {op} is a {orec.kind} record: compare one kind")
     rep = CompareReport(orec.kind, op, np_)
     if orec.kind == SERVED:
-        old = _served_parts(ServedRecord(op, orec, oid, orows))
-        new = _served_parts(ServedRecord(np_, nrec, nid, nrows))
+        old = _served_parts(ServedRecord.of(op, orec, oid, orows))
+        new = _served_parts(ServedRecord.of(np_, nrec, nid, nrows))
         if (orec.summary or {}).get("job") != (nrec.summary or {}).get("job"):
             rep.changes.append(Change("identity", "job config", (orec.summary or {}).get("job", {}).get("source"),
                                       (nrec.summary or {}).get("job", {}).get("source"),
@@ -211,11 +222,13 @@ def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) ->
         o, n = old[key], new[key]
         if o["verdict"] != n["verdict"]:
             rep.changes.append(Change(_classify(o["verdict"], n["verdict"]), key, o["verdict"], n["verdict"],
-                                      _detail(n if not is_pass(n["verdict"]) else o)))
+                                      _detail(n if not _passes(n["verdict"]) else o)))
         oe, ne = o.get("evidence"), n.get("evidence")
         if o.get("arm_kind") not in (None, ArmKind.BASELINE, ArmKind.REPEAT, ArmKind.CONCURRENT) and oe and ne:
             rep.changes += _evidence_changes(key, Evidence.from_dict(oe), Evidence.from_dict(ne), _detail(n))
-    oi, ni = _identity(oid, orec.summary), _identity(nid, nrec.summary)
+    # only a served summary's shape is known (checked by ServedRecord.of): other kinds' is not read
+    oi = _identity(oid, orec.summary if orec.kind == SERVED else None)
+    ni = _identity(nid, nrec.summary if nrec.kind == SERVED else None)
     for key in sorted(oi.keys() | ni.keys()):
         if oi.get(key) != ni.get(key):
             rep.changes.append(Change("identity", key, oi.get(key), ni.get(key)))

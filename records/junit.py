@@ -12,9 +12,9 @@ sequence (classname ``<pairing>.<arm>``, name ``<request id> (<kind>)``):
 An arm with no requests (its server never started) is one case named
 ``server``; an arm whose own verdict is worse than every request's (the
 self-draft acceptance check) adds a case named ``arm``. The XML is written
-with junitparser, never by hand. Reads an incomplete record too: its
-finished arms (``arms.jsonl``) become cases and the suite says it is
-incomplete.
+with junitparser, never by hand. A record that did not complete is refused
+(``records junit`` exits 2): its finished parts alone would read as a green
+suite.
 """
 
 from __future__ import annotations
@@ -166,4 +166,4 @@ def write_junit(sr: ServedRecord, out: str | Path) -> JunitSummary:
 
 def record_to_junit(record: str | Path, out: str | Path) -> JunitSummary:
     """A served record (its .md, data/<name>/ or report.json) -> JUnit XML at ``out``."""
-    return write_junit(read_served(record, complete=False), out)
+    return write_junit(read_served(record), out)

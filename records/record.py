@@ -26,8 +26,24 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from specparity.errors import UsageError
 from specparity.records.writer import RecordWriter
-from specparity.verdicts import Report
+from specparity.schema import (
+    Anything,
+    Enum,
+    Fields,
+    Int,
+    ListOf,
+    MapOf,
+    Nullable,
+    Number,
+    Str,
+    check,
+    describe,
+    kind,
+    read_text,
+)
+from specparity.verdicts import Report, Verdict
 
 REPORT_FILE = "report.json"
 IDENTITY_FILE = "identity.json"
@@ -199,62 +215,128 @@ class RecordSink:
                     error=what)
 
 
+def _record_schema() -> Fields:
+    """What report.json holds (Record's fields by type); keys a newer version adds are kept out."""
+    return Fields({
+        "kind": Str(nonempty=True), "title": Str(), "argv": ListOf(Str()), "status": Enum(STATUSES),
+        "verdict": Nullable(Enum(v.value for v in Verdict)), "exit_code": Nullable(Int()),
+        "started": Str(), "finished": Nullable(Str()), "timings": MapOf(Number(), key=Str()),
+        "arms": MapOf(Int(0), key=Str()), "summary": Nullable(MapOf(Anything(), key=Str())),
+        "error": Nullable(Str()), "schema": Int(1), "name": Str(), "path": Str(),
+    }, required=("kind", "title", "argv", "status"), open=True)
+
+
+# what readers take from identity.json (records compare, merge, show); other keys are any JSON
+IDENTITY_SCHEMA = Fields({
+    "model": Nullable(MapOf(Anything(), key=Str())),
+    "models": Nullable(MapOf(Nullable(MapOf(Nullable(Str()), key=Str())), key=Str())),
+    "environments": Nullable(MapOf(Nullable(Fields({"packages": Nullable(MapOf(Anything(), key=Str()))}, open=True)),
+                                   key=Str())),
+    "shards": Nullable(ListOf(MapOf(Anything(), key=Str()))),
+}, open=True)
+
+# a record's files are read whole; far above any record, far below what stalls a reader
+RECORD_FILE_MAX_BYTES = 1 << 30
+
+
 def read_record(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Read a record: a ``.md`` path, its ``data/<name>`` directory, or its report.json.
 
-    Returns (record, identity, arms: stem -> parsed JSONL lines). A line cut
-    short by a crash is skipped (it never finished). A missing report.json
-    (a record from before this format) is read as status unknown.
+    Returns (record, identity, arms: stem -> parsed JSONL lines). The one reader every
+    ``records`` command uses, so every command gives one answer about one file:
+
+    - not a record (no data directory with report.json, or identity.json for a record from
+      before report.json, which reads as status ``unknown``): FileNotFoundError;
+    - a file that is not what its writer writes (report.json not an object, a field of the
+      wrong type, a line whose ``verdict`` is not a word, a file that is a symlink out
+      of the record, text that is not UTF-8): a UsageError naming the file.
+
+    A JSONL line cut short by a crash (not JSON, or not an object) is skipped: it never finished.
     """
     data = _data_dir(Path(path))
+    root = data.resolve()
     report = data / REPORT_FILE
-    if report.exists():
-        raw = json.loads(report.read_text())
-        known = {k: v for k, v in raw.items() if k in Record.__dataclass_fields__}
-        rec = Record(**known)
+    if report.exists() or report.is_symlink():
+        raw = _json_file(report, root)
+        if not isinstance(raw, dict):
+            raise UsageError(f"{report}: not a record's report (expected an object, got {kind(raw)})")
+        check(raw, _record_schema(), str(report))
+        rec = Record(**{k: v for k, v in raw.items() if k in Record.__dataclass_fields__})
     else:
         rec = Record(kind="unknown", title=data.name, argv=[], status="unknown")
     rec.name = data.name
     rec.path = str(data.parent.parent / f"{data.name}.md")
     ident_path = data / IDENTITY_FILE
-    identity = json.loads(ident_path.read_text()) if ident_path.exists() else {}
+    identity: dict[str, Any] = {}
+    if ident_path.exists() or ident_path.is_symlink():
+        raw_ident = _json_file(ident_path, root)
+        if not isinstance(raw_ident, dict):
+            raise UsageError(f"{ident_path}: not a record's identity (expected an object, got {kind(raw_ident)})")
+        check(raw_ident, IDENTITY_SCHEMA, str(ident_path))
+        identity = raw_ident
     arms: dict[str, list[dict[str, Any]]] = {}
     for f in sorted(data.glob("*.jsonl")):
         rows = []
-        for line in f.read_text().splitlines():
+        for n, line in enumerate(_inside(f, root).splitlines(), 1):
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 continue
-            if isinstance(obj, dict):
-                rows.append(obj)
+            if not isinstance(obj, dict):
+                continue
+            if "verdict" in obj and not isinstance(obj["verdict"], str):  # a part's word: a verdict, or its own
+                raise UsageError(f"{f}: line {n}: verdict: expected a word (a string), got {describe(obj['verdict'])}")
+            rows.append(obj)
         arms[f.stem] = rows
     return rec, identity, arms
+
+
+def _inside(f: Path, root: Path) -> str:
+    """A record file's text, refused (naming it) when it leads out of the record or is not UTF-8."""
+    try:
+        target = f.resolve()
+    except (OSError, RuntimeError) as err:
+        raise UsageError(f"{f}: {err}") from None
+    if not target.is_relative_to(root):
+        raise UsageError(f"{f}: a link out of the record (to {target}): not read")
+    return read_text(f, str(f), RECORD_FILE_MAX_BYTES)
+
+
+def _json_file(f: Path, root: Path) -> Any:
+    try:
+        return json.loads(_inside(f, root))
+    except RecursionError:
+        raise UsageError(f"{f}: not JSON (nested too deeply)") from None
+    except ValueError as err:
+        raise UsageError(f"{f}: not JSON ({err})") from None
 
 
 def read_complete(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """``read_record`` for tools that need a finished run: a UsageError names a path that is
     not a record, not readable, or not complete."""
-    from specparity.errors import UsageError
-
     try:
         rec, ident, rows = read_record(path)
     except FileNotFoundError:
-        raise UsageError(f"{path}: not a record (no report.json)") from None
-    except (OSError, ValueError, TypeError) as err:
-        raise UsageError(f"{path}: not a readable record ({type(err).__name__}: {err})") from None
+        raise UsageError(f"{path}: not a record (no data/<name>/report.json)") from None
+    except OSError as err:
+        raise UsageError(f"{path}: not a readable record ({err.strerror or err})") from None
     if not rec.is_complete or rec.summary is None:
         raise UsageError(f"{path}: record is {rec.status}, not complete")
     return rec, ident, rows
 
 
 def _data_dir(p: Path) -> Path:
+    """The record's data directory; FileNotFoundError when ``p`` names none (a ``.md`` whose
+    ``data/<name>/`` is missing is no record, whatever it says)."""
     if p.name == REPORT_FILE:
-        return p.parent
-    if p.suffix == ".md":
-        return p.parent / "data" / p.stem
-    if p.is_dir() and ((p / REPORT_FILE).exists() or (p / IDENTITY_FILE).exists()):
-        return p
+        data = p.parent
+    elif p.suffix == ".md":
+        data = p.parent / "data" / p.stem
+    else:
+        data = p
+    if data.is_dir() and ((data / REPORT_FILE).exists() or (data / IDENTITY_FILE).exists()
+                          or (data / REPORT_FILE).is_symlink()):
+        return data
     raise FileNotFoundError(p)
 
 

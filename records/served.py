@@ -18,11 +18,27 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specparity.errors import UsageError
-from specparity.records.record import Record, read_complete, read_record
+from specparity.records.record import REPORT_FILE, Record, read_complete, read_record
 from specparity.records.writer import slugify
+from specparity.schema import (
+    AnyOf,
+    Anything,
+    Bool,
+    Check,
+    Enum,
+    Fields,
+    Int,
+    ListOf,
+    MapOf,
+    Nullable,
+    Number,
+    Str,
+    check,
+)
 
 if TYPE_CHECKING:
     from specparity.harness.results import ArmResult, PairingResult, ServedReport
@@ -82,10 +98,12 @@ class ServedRecord:
     @classmethod
     def of(cls, path: str | os.PathLike[str], record: Record, identity: dict[str, Any],
            rows: dict[str, list[dict[str, Any]]]) -> ServedRecord:
-        """A record already read (records.record.read_record), refused unless it is a served one."""
+        """A record already read (records.record.read_record), refused unless it is a served one
+        whose summary and lines are what ``served`` writes (:func:`check_served`)."""
         if record.kind != KIND:
             raise UsageError(f"{path}: a {record.kind} record: these tools read served records"
                              " (specparity served --record-dir)")
+        check_served(record, rows)
         return cls(str(path), record, identity, rows)
 
     @property
@@ -144,8 +162,8 @@ class ServedRecord:
             p = self.pairing_summary(pname)
             head = "incomplete (no pairing verdict)"
             if p:
-                head = (f"{p['profile']} server, widths per {p['width_mode']}, verdict {p['verdict']}"
-                        + (f" ({p['reason']})" if p["reason"] else ""))
+                head = (f"{p.get('profile')} server, widths per {p.get('width_mode')}, verdict {p['verdict']}"
+                        + (f" ({p['reason']})" if p.get("reason") else ""))
             out += ["", f"pairing {pname}: {head}"]
             table = []
             for a in lines:
@@ -175,13 +193,74 @@ class ServedRecord:
         rep = ServedReport([], dict(self.summary.get("job") or {}), float(self.summary.get("wall_seconds") or 0.0),
                            self.summary.get("shard"))
         for p in self.summary.get("pairings") or []:
-            res = PairingResult(p["name"], p["profile"], p["target"], p.get("draft"), Verdict(p["verdict"]),
+            res = PairingResult(p["name"], str(p.get("profile")), str(p.get("target")), p.get("draft"),
+                                Verdict(p["verdict"]),
                                 str(p.get("reason") or ""), findings=list(p.get("findings") or []),
                                 width_mode=WidthMode(p.get("width_mode") or WidthMode.PROCESS),
                                 reference=dict(p.get("reference") or {}), reference_cost=p.get("reference_cost"))
             res.arms = [self.arm_result(res.name, a) for a in p.get("arms") or []]
             rep.pairings.append(res)
         return rep
+
+
+def _schemas() -> tuple[Check, Check, Check]:
+    """(summary, arm line, request line): what served writes, by type. Readers rely on the
+    required keys; other keys are typed where a reader uses them, and any further key is kept."""
+    from specparity.harness.plan import ArmKind, WidthMode
+    from specparity.verdicts import Verdict
+
+    verdict = Enum(v.value for v in Verdict)
+    names = MapOf(Anything(), key=Str())
+    evidence = Fields({"verify_calls": Int(0), "draft_calls": Int(0), "accepts": ListOf(Int()),
+                       "widths": ListOf(Int()), "first_offset": Nullable(Int()), "lines": ListOf(Str()),
+                       "declined": Bool(), "sources": ListOf(Str()), "cache": Nullable(Str()),
+                       "cached_tokens": Nullable(Int())}, open=True)
+    completion = Fields({"text": Str(), "sha256": Str(), "token_ids": Nullable(ListOf(Int())),
+                         "logprobs": Nullable(ListOf(Number())),
+                         "top": Nullable(ListOf(ListOf(ListOf(Number(), min_len=2, max_len=2)))),
+                         "usage": Nullable(names), "finish_reason": Nullable(Str()), "seconds": Nullable(Number()),
+                         "status": Nullable(Int()), "error": Nullable(Str()), "raw": Nullable(names)}, open=True)
+    divergence = Fields({"token_index": Nullable(Int()), "char_offset": Nullable(Int()), "reference": Str(),
+                         "other": Str(), "margin_reference": Nullable(Number()), "margin_other": Nullable(Number()),
+                         "first_logprob_diff": Nullable(Int())}, open=True)
+    request = Fields({"id": Str(nonempty=True), "kind": Str(), "verdict": verdict, "reason": Nullable(Str()),
+                      "completion": Nullable(completion), "evidence": Nullable(evidence),
+                      "divergence": Nullable(divergence),
+                      "request": Nullable(names), "replay": Nullable(Str())},
+                     required=("id", "kind", "verdict"), open=True)
+    arm = Fields({"pairing": Str(), "name": Str(nonempty=True), "kind": Enum(k.value for k in ArmKind),
+                  "verdict": verdict, "width": Nullable(Int()), "setting": Nullable(Int()),
+                  "setting_name": Nullable(Str()), "reason": Nullable(Str()),
+                  "served_by": Nullable(Enum(m.value for m in WidthMode)), "server": Nullable(names),
+                  "seconds": Nullable(Number()), "generation_seconds": Nullable(Number()),
+                  "acceptance": Nullable(Number()), "digest": Nullable(Str()),
+                  "verdicts": Nullable(MapOf(verdict, key=Str())), "notes": Nullable(ListOf(Str())),
+                  "requests": AnyOf(Int(0), ListOf(request))}, required=("name", "kind", "verdict"), open=True)
+    groups = ListOf(ListOf(Str()))
+    pairing = Fields({"name": Str(nonempty=True), "profile": Str(), "target": Str(), "draft": Nullable(Str()),
+                      "verdict": verdict, "reason": Nullable(Str()),
+                      "width_mode": Nullable(Enum(m.value for m in WidthMode)), "groups": Nullable(groups),
+                      "request_groups": Nullable(MapOf(groups, key=Str())), "findings": Nullable(ListOf(Str())),
+                      "arms": ListOf(arm)}, required=("name", "verdict"), open=True)
+    arm_names = MapOf(ListOf(Str()), key=Str())
+    summary = Fields({"pairings": ListOf(pairing), "job": Nullable(names), "wall_seconds": Nullable(Number()),
+                      "shard": Nullable(Fields({"index": Int(1), "count": Int(1), "plan": arm_names, "arms": arm_names},
+                                               required=("index", "count", "plan", "arms"), open=True))},
+                     open=True)
+    return summary, arm, request
+
+
+def check_served(record: Record, rows: dict[str, list[dict[str, Any]]]) -> None:
+    """The summary and every line as ``served`` writes them; a UsageError names the file and entry
+    (a report.json of the wrong shape, an arm line without ``verdict``, ...)."""
+    summary, arm, request = _schemas()
+    data = Path(record.path).parent / "data" / record.name
+    if record.summary is not None:
+        check(record.summary, summary, f"{data / REPORT_FILE}: summary")
+    for stem, lines in rows.items():
+        line_check = arm if stem == ARMS else request
+        for i, line in enumerate(lines):
+            check(line, line_check, f"{data / stem}.jsonl, entry {i + 1}")
 
 
 def read_served(path: str | os.PathLike[str], complete: bool = True) -> ServedRecord:
@@ -201,5 +280,5 @@ def _cell(v: Any) -> str:
 
 
 def _grid(head: list[str], table: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
+    widths = [max([len(h), *(len(t[i]) for t in table)]) for i, h in enumerate(head)]  # no arm finished: heads
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *table]]

@@ -208,14 +208,9 @@ def load_spec(ref: str | Mapping[str, Any] | EnvSpec) -> EnvSpec:
     if not (ref.endswith((".yaml", ".yml")) or os.sep in ref) or not path.is_file():
         raise UsageError(f"environment {ref!r}: neither a packaged environment ({', '.join(PACKAGED)})"
                          f" nor a YAML file")
-    import yaml
+    from specparity.schema import load_yaml_file
 
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise UsageError(f"environment {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise UsageError(f"environment {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    raw = load_yaml_file(path, f"environment {path}")  # bounded: size, aliases, nesting
     if not isinstance(raw, Mapping):
         raise UsageError(f"environment {path}: expected a mapping of keys, got {type(raw).__name__}")
     return _from_mapping(raw, str(path), default_name=path.stem)
@@ -224,7 +219,7 @@ def load_spec(ref: str | Mapping[str, Any] | EnvSpec) -> EnvSpec:
 def _from_mapping(raw: Mapping[str, Any], source: str, default_name: str = "") -> EnvSpec:
     where = f"environment {source or dict(raw)}"
     known = {"name", "packages", "description", "imports", "with_specparity"}
-    extra = sorted(set(raw) - known)
+    extra = sorted(map(str, set(raw) - known))
     if extra:
         raise UsageError(f"{where}: unknown keys {', '.join(map(str, extra))} (known: {', '.join(sorted(known))})")
     packages = raw.get("packages")

@@ -82,7 +82,7 @@ def test_packaged_profiles_load_and_bad_ones_are_usage_errors(tmp_path):
         load_profile("openai")
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"extends": "mlx-lm", "endpoint": "embeddings"}))
-    with pytest.raises(UsageError, match=r"endpoint 'embeddings'.*bad.yaml|bad.yaml.*endpoint 'embeddings'"):
+    with pytest.raises(UsageError, match=r"bad.yaml: endpoint: expected one of completions, chat, got 'embeddings'"):
         load_profile(str(bad))
     loop = tmp_path / "loop.yaml"
     loop.write_text(yaml.safe_dump({"extends": str(loop)}))
@@ -112,3 +112,18 @@ def test_wrap_keeps_faults_links_weights_and_wraps_a_foreign_model_file_with_con
     assert cfg["model_file"] == "specparity_fixture.py" and cfg["specparity"] == {
         "module_file": "mine.py", "faults": [], "witness": "target"}
     assert (out / "mine.py").is_symlink()
+
+
+@pytest.mark.parametrize("field", [{"accepts": "abc"}, {"accepts": [1, "x"], "widths": [2, 2]},
+                                   {"accepts": [1, 2], "width": None}, {"accepts": [1], "widths": [2, 3]}])
+def test_a_response_evidence_field_that_is_not_rounds_gives_no_rounds(field: dict) -> None:
+    """A response is data (issue 20, class 4): `accepts: "abc"` became rounds ['a', 'b', 'c'] and the
+    arm's acceptance sum raised."""
+    from pathlib import Path
+
+    from specparity.harness.evidence import Marks, collect
+    from specparity.harness.profiles import Profile
+
+    comp = Completion(text="x", raw={"timings": field})
+    ev = collect(Profile("p", [], response_field="timings"), Path("/nonexistent"), None, comp, Marks(), None)
+    assert ev.accepts == [] and ev.widths == [] and ev.engaged and ev.acceptance is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -225,3 +226,233 @@ def test_gate_store_bytes(raw):
         store.put("k", {"verdict": "equal", "reason": "r", "fields": {}})
         entry = store.get("k")
         assert entry is not None and entry["reason"] == "r"
+
+
+# -- issue 20: the served half's parsers and readers -------------------------------------------------
+# any YAML / JSON value: what a hostile file can put at a key
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True),
+                  st.text(max_size=8), st.sampled_from(["mlx-lm", "fresh", "stream", "chat", "process", "request",
+                                                        "target", "{model}", "{port}", "(", "/health", "1", "-"]))
+J = dict[str, Any]  # a file's mapping
+values = st.recursive(_leaf, lambda c: st.one_of(st.lists(c, max_size=3),
+                                                 st.dictionaries(st.one_of(st.text(max_size=6), st.integers()), c,
+                                                                 max_size=3)), max_leaves=8)
+
+
+def _mutated(base: dict, *, nested: dict[str, st.SearchStrategy] | None = None) -> st.SearchStrategy:
+    """``base`` (a valid file) with up to three of its keys (or a key it lacks) given any value, and its
+    ``nested`` keys drawn from their own (mutated) strategies: the parser meets each bad value beside
+    otherwise good ones, so no earlier check hides it."""
+    keys = st.one_of(st.sampled_from(sorted(base)), st.text(max_size=6), st.integers(-2, 2))
+    over = st.dictionaries(keys, values, max_size=3)
+    inner = st.fixed_dictionaries({}, optional=nested or {})
+    return st.tuples(inner, over).map(lambda t: {**base, **t[0], **t[1]})
+
+
+def _spec_error(err: BaseException) -> None:
+    """What the CLI maps to a documented exit code (never 70): a SpecparityError, one line."""
+    from specparity.errors import SpecparityError
+
+    assert isinstance(err, SpecparityError), f"{type(err).__name__}: {err}"
+    assert str(err) and "\n" not in str(err)
+
+
+def _yaml_file(d: str, name: str, raw: object, text: str | None) -> Path:
+    import yaml
+
+    p = Path(d) / name
+    p.write_text(text if text is not None else yaml.safe_dump(raw, allow_unicode=True))
+    return p
+
+
+_yaml_texts = st.one_of(st.none(), st.none(), st.sampled_from([
+    "env: &a {A: *a}", "params: {stop: &s [x, *s]}", "prompts: !!binary aGk=", "widths: !!set {2: null}",
+    "params: {seed: 2020-13-45}", "max_tokens: !!float x", "- 1\n- 2", "\ufeffwidths: [2]", "env: {A: \x00}",
+    "controls: [{env: {A: 1}, width: 2}]", "distribution: {temperature: .nan}", "request_timeout: .inf",
+    "argv: [x]\nwidth: &w {rows_offset: *w}", "argv: ['{python}', '{model}']\nevidence: {log_engaged: '['}"]))
+
+_JOB: J = {"pairings": [{"name": "p", "target": "/t", "draft": "/d", "profile": "mlx-lm"}], "widths": [2, 3],
+        "width_mode": "process", "max_tokens": 8, "prompts": ["a"], "params": {"seed": 0}, "endpoint": "completions",
+        "sequence": ["fresh", "stream"], "concurrency": 0, "self_draft": True, "repeats": 0,
+        "extra_args": {"*": ["--x"]}, "controls": [{"name": "c", "env": {"A": "1"}, "width": 2}], "env": {"B": "2"},
+        "start_timeout": 5, "request_timeout": 5}
+_job = _mutated(_JOB, nested={
+    "pairings": st.lists(_mutated(_JOB["pairings"][0]), max_size=2),
+    "controls": st.lists(_mutated(_JOB["controls"][0]), max_size=2),
+    "params": _mutated({"stop": ["x"], "seed": 0, "logit_bias": {"5": -1}}),
+    "distribution": _mutated({"temperature": 0.7, "requests": 100, "prefix": 1, "alpha": 0.001, "seed": 0})})
+
+
+@PROFILE
+@given(_job, _yaml_texts)
+def test_job_files(raw, text):
+    """Any value at any key of a job file: a Job, or one line with a documented exit code."""
+    from unittest import mock
+
+    from specparity.errors import InfrastructureError
+    from specparity.harness.config import Job, Pairing, load_job
+
+    # no hub look-ups, no fixture builds: the parser is under test
+    builtin = lambda: Job(pairings=[Pairing("embedded", "/target", "/draft")])  # noqa: E731
+    with tempfile.TemporaryDirectory() as d, \
+            mock.patch("specparity.resolve.resolve_checkpoint", side_effect=InfrastructureError("offline")), \
+            mock.patch("specparity.harness.config.builtin_job", side_effect=builtin):
+        try:
+            job = load_job(_yaml_file(d, "job.yaml", raw, text))
+        except Exception as err:  # noqa: BLE001 (the property: only SpecparityError)
+            _spec_error(err)
+            return
+    assert isinstance(job, Job) and job.widths and all(1 <= w <= 64 for w in job.widths)
+    assert 1 <= job.max_tokens <= 256 and job.prompts and all(isinstance(p, str) for p in job.prompts)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in job.env.items())
+    assert job.repeats <= 64 and 0 < job.request_timeout < float("inf")
+    json.dumps(job.to_dict(), allow_nan=False)  # every value reaches a request body or a record as JSON
+
+
+_PROFILE_FILE: J = {"name": "p", "argv": ["{python}", "-m", "srv", "--model", "{model}", "--port", "{port}"],
+                 "draft_argv": ["--draft", "{draft_model}", "--n", "{num_draft}"], "trust_remote_code_argv": ["--t"],
+                 "width": {"setting": "n", "rows_offset": 1, "per_request": None}, "ready_path": "/health",
+                 "fail_regex": "^Traceback", "endpoint": "completions", "witness": ["target"],
+                 "evidence": {"log_engaged": "drafted", "response_field": "x.y"},
+                 "logprobs": {"request": {"logprobs": True}, "path": "choices.0.logprobs.content"},
+                 "version_command": ["{python}", "-V"], "requires_module": "json", "exercised": True}
+
+
+@PROFILE
+@given(_mutated(_PROFILE_FILE, nested={"width": _mutated(_PROFILE_FILE["width"]),
+                                       "evidence": _mutated(_PROFILE_FILE["evidence"]),
+                                       "logprobs": _mutated(_PROFILE_FILE["logprobs"]),
+                                       "argv": st.lists(st.sampled_from(["{python}", "{model}", "{port}", "{0}",
+                                                                         "{model", "x", "{width}", "}"]),
+                                                        min_size=1, max_size=4)}),
+       _yaml_texts)
+def test_profile_files(raw, text):
+    """Any value at any key of a profile: a Profile that renders, or one line with a documented exit code."""
+    from specparity.harness.profiles import Profile, load_profile
+
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            prof = load_profile(str(_yaml_file(d, "prof.yaml", raw, text)))
+        except Exception as err:  # noqa: BLE001
+            _spec_error(err)
+            return
+    assert isinstance(prof, Profile) and prof.argv and all(isinstance(a, str) for a in prof.argv)
+    prof.render(prof.argv, model="/m", draft_model="/d")  # it loaded: it renders
+    prof.render(prof.draft_argv, draft_model="/d", num_draft=1, width=2)
+    assert isinstance(prof.width(4).setting, int)
+
+
+_CHOICE: J = {"index": 0, "text": "a", "message": {"role": "assistant", "content": "a"}, "delta": {"content": "a"},
+           "finish_reason": "length"}
+_ENTRY: J = {"id": 5, "logprob": -0.5, "top_logprobs": [{"id": 5, "logprob": -0.5}, {"id": 6, "logprob": -1.0}]}
+_choice = _mutated(_CHOICE, nested={"message": _mutated(_CHOICE["message"]), "delta": _mutated(_CHOICE["delta"])})
+_entry = _mutated(_ENTRY, nested={"top_logprobs": st.lists(st.one_of(values, _mutated(_ENTRY["top_logprobs"][0])),
+                                                           max_size=2)})
+_response = st.one_of(values, _mutated({"choices": [_CHOICE], "usage": {"completion_tokens": 1}}, nested={
+    "choices": st.lists(st.one_of(values, _choice.map(
+        lambda c: {**c, "logprobs": {"content": [_ENTRY]}}),
+        st.tuples(_choice, st.lists(st.one_of(values, _entry), max_size=3)).map(
+            lambda t: {**t[0], "logprobs": {"content": t[1]}})), max_size=2)}))
+
+
+@PROFILE
+@given(_response, st.sampled_from(["completions", "chat"]))
+def test_response_bodies(resp, endpoint):
+    """Any JSON body: a completion, or a BadResponse saying what was wrong (the request's error)."""
+    from specparity.harness.client import BadResponse, Completion, Request, read_json
+    from specparity.harness.profiles import Profile
+
+    out = Completion()
+    try:
+        read_json(resp, Request("p0", "fresh", endpoint, {}), Profile("p", []), out)
+    except BadResponse as err:
+        assert str(err)
+        return
+    assert isinstance(out.text, str) and isinstance(out.usage, dict) and isinstance(out.raw, dict)
+    assert out.token_ids is None or all(isinstance(t, int) and not isinstance(t, bool) for t in out.token_ids)
+    assert out.logprobs is None or all(isinstance(x, float) for x in out.logprobs)
+    json.dumps(out.to_dict())
+
+
+_chunk = st.one_of(values, _mutated({"choices": [_CHOICE]}, nested={"choices": st.lists(st.one_of(values, _choice),
+                                                                                        max_size=2)}))
+
+
+@PROFILE
+@given(st.lists(st.one_of(_chunk.map(lambda c: "data: " + json.dumps(c)), st.just("data: [DONE]"),
+                          st.just(": keep-alive"), st.just(""), st.text(max_size=12)), max_size=5),
+       st.sampled_from(["completions", "chat"]))
+def test_stream_events(lines, endpoint):
+    """Any event stream: a completion, or a BadResponse naming the chunk."""
+    from specparity.harness.client import BadResponse, Completion, Request, read_events
+
+    out = Completion()
+    try:
+        read_events(lines, Request("p1-stream", "stream", endpoint, {"stream": True}), out)
+    except BadResponse as err:
+        assert str(err)
+        return
+    assert isinstance(out.text, str) and isinstance(out.usage, dict) and isinstance(out.raw, dict)
+
+
+_ARM: J = {"pairing": "p", "name": "w2", "kind": "width", "width": 2, "setting": 1, "setting_name": "n",
+        "verdict": "match", "reason": "", "served_by": "process", "server": {"log": "x"}, "seconds": 1.0,
+        "generation_seconds": 0.5, "acceptance": 0.9, "digest": "d", "requests": 1, "verdicts": {"p0": "match"},
+        "notes": []}
+_REQ: J = {"id": "p0", "kind": "fresh", "verdict": "match", "reason": "", "request": {"prompt": "a"},
+        "completion": {"text": "a", "sha256": "s", "token_ids": [1], "logprobs": [-0.1], "top": [[[1, -0.1]]],
+                       "seconds": 0.1, "status": 200, "error": None, "usage": {}},
+        "evidence": {"verify_calls": 1, "draft_calls": 1, "accepts": [1], "widths": [2], "lines": [], "declined": False,
+                     "sources": ["witness"]},
+        "divergence": None, "replay": None}
+_arm = _mutated(_ARM)
+_req = _mutated(_REQ, nested={"completion": _mutated(_REQ["completion"]), "evidence": _mutated(_REQ["evidence"]),
+                              "divergence": _mutated({"token_index": 1, "char_offset": 2, "reference": "baseline",
+                                                      "other": "arm", "margin_reference": 0.5})})
+_PAIRING: J = {"name": "p", "profile": "mlx-lm", "target": "/t", "draft": "/d", "verdict": "match", "reason": "",
+            "width_mode": "process", "groups": [["baseline-start", "w2"]], "request_groups": {}, "findings": [],
+            "arms": [{**_ARM, "name": "baseline-start", "kind": "baseline", "width": None, "setting": None}, _ARM]}
+_REPORT: J = {"kind": "served", "title": "t", "argv": ["specparity", "served"], "status": "complete",
+           "verdict": "match",
+           "exit_code": 0, "started": "s", "finished": "f", "timings": {"total": 1.0}, "arms": {"arms": 2},
+           "summary": {"verdict": "match", "pairings": [_PAIRING], "job": {"max_tokens": 8}},
+           "error": None, "schema": 1}
+_report = _mutated(_REPORT, nested={"summary": _mutated(_REPORT["summary"], nested={
+    "pairings": st.lists(_mutated(_PAIRING, nested={"arms": st.lists(_arm, max_size=2)}), max_size=2)})})
+
+
+@PROFILE
+@given(st.one_of(values, _report, _report.map(lambda r: {**r, "kind": "probe"})),
+       st.one_of(values, _mutated({"host": "h", "models": {"p": {"target": "x"}},
+                                   "environments": {"p": {"packages": {"mlx": "1"}}}})),
+       st.lists(st.one_of(_arm.map(json.dumps), st.text(max_size=10), values.map(json.dumps)), max_size=3),
+       st.lists(st.one_of(_req.map(json.dumps), values.map(json.dumps)), max_size=3))
+def test_records(report, identity, arm_lines, request_lines):
+    """Any report.json, identity.json and JSONL lines: every records command reads it, or names the file."""
+    from specparity.commands.records import show_lines
+    from specparity.records.compare import compare_records
+    from specparity.records.junit import junit_xml
+    from specparity.records.record import read_record
+    from specparity.records.served import KIND, ServedRecord
+
+    with tempfile.TemporaryDirectory() as d:
+        data = Path(d) / "data" / "rec"
+        data.mkdir(parents=True)
+        (data / "report.json").write_text(json.dumps(report))
+        (data / "identity.json").write_text(json.dumps(identity))
+        (data / "arms.jsonl").write_text("\n".join(arm_lines))
+        (data / "p-w2.jsonl").write_text("\n".join(request_lines))
+        md = Path(d) / "rec.md"
+        try:
+            rec, ident, rows = read_record(md)
+            assert all(isinstance(s, str) for s in show_lines(rec, ident, rows))
+            if rec.kind == KIND:
+                sr = ServedRecord.of(md, rec, ident, rows)
+                sr.table_lines()
+                junit_xml(sr)
+                if rec.is_complete and rec.summary is not None:
+                    sr.report().lines()
+            if rec.is_complete and rec.summary is not None:
+                compare_records(md, md).lines()
+        except Exception as err:  # noqa: BLE001
+            _spec_error(err)

@@ -90,11 +90,16 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
     from specparity.probes.e2e import E2EOptions, parse_entry_points, run_e2e
     from specparity.prompts import DEFAULT_PROMPTS, parse_prompt_ids
 
+    from specparity.inputs import check_limit, check_positions
     if engine != "mlx-lm":
         return _engine_e2e(ctx, engine, model, draft_model, entry_points, prompt_text, prompt_ids, max_tokens,
                            as_json, record_dir, quiet)
 
     entries = parse_entry_points(entry_points)
+    if max_tokens is not None:
+        check_positions(max_tokens, "--max-tokens")
+    if num_draft_tokens is not None:  # a round verifies num_draft_tokens + 1 rows
+        check_limit(num_draft_tokens + 1, "--num-draft-tokens", "max_width", num_draft_tokens)
     if prompt_text is not None and prompt_ids is not None:
         raise UsageError("give --prompt or --prompt-ids, not both")
     procs = processor_options_from(proc_kwargs)

@@ -36,14 +36,14 @@ def _open(path: str) -> tuple[Any, dict[str, Any], dict[str, list[dict[str, Any]
     if not p.exists():
         raise UsageError(f"{path}: no such file or directory")
     try:
-        return read_record(p)
+        return read_record(p)  # a malformed file is a UsageError naming it
     except FileNotFoundError:
         pass
-    except (OSError, ValueError, TypeError) as err:
-        raise UsageError(f"{path}: not a readable record ({type(err).__name__}: {err})") from None
+    except OSError as err:
+        raise UsageError(f"{path}: not a readable record ({err.strerror or err})") from None
     found = list_records(p) if p.is_dir() else []
     if not found:
-        raise UsageError(f"{path}: not a record (no report.json or identity.json) and holds none")
+        raise UsageError(f"{path}: not a record (no data/<name>/report.json) and holds none")
     newest = max(found, key=lambda md: (md.stat().st_mtime, md.name))
     return _open(str(newest))
 
@@ -142,8 +142,10 @@ def list_(directory: str, as_json: bool) -> int:
     for md in list_records(d):
         try:
             rec, _, _ = read_record(md)
-        except (OSError, ValueError, TypeError) as err:
-            rows.append({"name": md.stem, "status": f"unreadable ({type(err).__name__})"})
+        except FileNotFoundError:
+            continue  # its data directory holds neither report.json nor identity.json: no record
+        except (OSError, UsageError) as err:
+            rows.append({"name": md.stem, "status": f"unreadable ({err})"})
             continue
         rows.append({"name": rec.name, "kind": rec.kind, "status": rec.status, "verdict": rec.verdict,
                      "exit_code": rec.exit_code, "started": rec.started, "title": rec.title})
@@ -249,7 +251,8 @@ def junit(path: str, out: str, force: bool, as_json: bool) -> int:
     a failure carrying the width and the first divergence, declined and
     not_engaged are skipped with their reason, error is an error. Exits 0
     once the file is written, whatever the record's verdict (the run's own
-    exit code says that).
+    exit code says that); 2, writing nothing, for a record that did not
+    complete (interrupted, failed, or still running).
 
     \b
     Examples:
@@ -263,6 +266,9 @@ def junit(path: str, out: str, force: bool, as_json: bool) -> int:
     target = check_new_file(out, "--out", force, make_parents=True)
     rec, identity, parts = _open(path)
     sr = ServedRecord.of(rec.path, rec, identity, parts)
+    if not rec.is_complete:  # its finished parts would read as a green suite: refused, as compare does
+        raise UsageError(f"{rec.path}: record is {rec.status}, not complete: no JUnit for a run that did not"
+                         " finish (its finished parts: specparity records show)")
     if target is not None and target.is_symlink():
         target.unlink()  # --force replaces the link itself, never writes through it
     summary = write_junit(sr, out)

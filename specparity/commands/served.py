@@ -12,7 +12,8 @@ from specparity.inputs import parse_int_list
 
 # Overrides field -> the flag that sets it (library errors name the field; this command, the flag)
 FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profile", "widths": "--widths",
-         "environment": "--environment",
+         "environment": "--environment", "max_tokens": "--max-tokens", "concurrency": "--concurrency",
+         "repeats": "--repeats", "start_timeout": "--start-timeout", "request_timeout": "--request-timeout",
          "width_mode": "--width-mode", "temperature": "--temperature / --dist-requests / --dist-prefix"}
 
 
@@ -104,7 +105,7 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
         model=str(resolve_path(model, "target")) if model is not None else None,
         draft_model=str(resolve_path(draft_model, "draft")) if draft_model is not None else None,
         profile=profile, trust_remote_code=trust_remote_code, environment=environment,
-        widths=parse_int_list(widths, "--widths", minimum=2) if widths is not None else None,
+        widths=parse_int_list(widths, "--widths", minimum=2, limit="max_width") if widths is not None else None,
         width_mode=width_mode, max_tokens=max_tokens, concurrency=concurrency, repeats=repeats,
         start_timeout=start_timeout, request_timeout=request_timeout, temperature=temperature,
         dist_requests=dist_requests, dist_prefix=dist_prefix, reference=False if no_reference else None)

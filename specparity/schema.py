@@ -1,0 +1,454 @@
+"""Typed checks for the files users hand us: one declarative table per file kind.
+
+A job file (harness.config), a server profile (harness.profiles) and a record's
+JSON (records.record, records.served) are each described by a table of small
+checkers, and checked whole before any value is used::
+
+    JOB = Fields({"widths": ListOf(Int(1, limit="max_width"), scalar=True, min_len=1),
+                  "env": MapOf(EnvValue(), key=EnvName()), ...})
+    check(raw, JOB, "--config job.yaml")
+
+A value that does not fit is one :class:`~specparity.errors.UsageError` naming
+the file, the key path and what was expected::
+
+    --config job.yaml: pairings[0].target: expected a path or hub id (a string), got 5 (an integer)
+
+Files are read through :func:`read_text` (a regular file, bounded size, UTF-8)
+and YAML through :func:`load_yaml` (``yaml.SafeLoader`` with the document's
+expanded size and nesting bounded: an alias bomb is refused before anything
+walks it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import reprlib
+import stat
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from specparity.errors import UsageError
+
+# bounds on a user's file: far above any real job, profile or record, far below what stalls a machine
+MAX_FILE_BYTES = 4 << 20
+MAX_YAML_NODES = 200_000   # scalars, lists and mappings, every alias expanded
+MAX_YAML_DEPTH = 64
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_repr = reprlib.Repr()
+_repr.maxstring = 48
+_repr.maxother = 48
+_repr.maxlist = _repr.maxdict = _repr.maxset = 4
+_repr.maxlevel = 2
+
+
+class Invalid(Exception):
+    """A value that does not fit its checker: ``path`` (keys and indices from the top), ``message``."""
+
+    def __init__(self, path: tuple[Any, ...], message: str):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+def kind(value: Any) -> str:
+    """A value's type as a YAML or JSON reader says it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, (bytes, bytearray)):
+        return "binary data"
+    if isinstance(value, (set, frozenset)):
+        return "a set"
+    return f"a {type(value).__name__}"
+
+
+def describe(value: Any) -> str:
+    """``5 (an integer)``: the value, cut short, and its type."""
+    return f"{_repr.repr(value)} ({kind(value)})"
+
+
+def key_path(path: Iterable[Any]) -> str:
+    """``pairings[0].target``, ``env['A=B']``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int) and not isinstance(part, bool):
+            out += f"[{part}]"
+        elif isinstance(part, str) and _IDENT.match(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{_repr.repr(part)}]"
+    return out
+
+
+def check(value: Any, checker: Check, where: str) -> None:
+    """``value`` fits ``checker``, or a UsageError naming ``where`` (the file), the key path and the problem."""
+    try:
+        checker.check(value, ())
+    except Invalid as bad:
+        at = key_path(bad.path)
+        raise UsageError(f"{where}: {at + ': ' if at else ''}{bad.message}") from None
+
+
+class Check:
+    """A checker: ``what`` says what fits (``an integer >= 1``); :meth:`check` raises Invalid."""
+
+    what = "a value"
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        raise NotImplementedError
+
+    def fail(self, value: Any, path: tuple[Any, ...], what: str | None = None) -> Invalid:
+        return Invalid(path, f"expected {what or self.what}, got {describe(value)}")
+
+
+class Anything(Check):
+    what = "any value"
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        return None
+
+
+class Str(Check):
+    """A string (no NUL byte: it could not reach a file name, argv or environment).
+
+    nonempty: refuse ''. pattern: a regex it must match (``what`` says what that means).
+    """
+
+    def __init__(self, what: str = "a string", nonempty: bool = False, pattern: re.Pattern[str] | None = None):
+        self.what, self.nonempty, self.pattern = what, nonempty, pattern
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if not isinstance(value, str) or "\0" in value or (self.nonempty and not value.strip()) \
+                or (self.pattern is not None and not self.pattern.match(value)):
+            raise self.fail(value, path)
+
+
+class Scalar(Check):
+    """A string or a number, read as its text (an argv item: ``-c: 4096``); never true/false or null."""
+
+    what = "a string or a number"
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or \
+                (isinstance(value, str) and "\0" in value):
+            raise self.fail(value, path)
+
+
+class Bool(Check):
+    what = "true or false"
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if not isinstance(value, bool):
+            raise self.fail(value, path)
+
+
+class Int(Check):
+    """An integer (never true/false) in [lo, hi]; ``limit``: hi is that limit of specparity.inputs
+    (``max_width``, ``max_positions``), raisable as its message says."""
+
+    def __init__(self, lo: int | None = None, hi: int | None = None, limit: str | None = None):
+        self.lo, self.hi, self.limit = lo, hi, limit
+        self.what = (f"an integer in [{lo}, {hi}]" if lo is not None and hi is not None
+                     else f"an integer >= {lo}" if lo is not None else "an integer")
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(value, path)
+        if self.lo is not None and value < self.lo:
+            raise self.fail(value, path)
+        if self.hi is not None and value > self.hi:
+            raise self.fail(value, path)
+        if self.limit is not None:
+            from specparity.inputs import ENV, OPTION, limits
+
+            cap = getattr(limits(), self.limit)
+            if value > cap:
+                raise Invalid(path, f"{value} is above the maximum {cap}"
+                                    f" (raise it: specparity {OPTION[self.limit]} N ..., or {ENV[self.limit]}=N)")
+
+
+class Number(Check):
+    """A finite number (never true/false) with optional bounds: ``gt`` / ``ge`` below, ``lt`` / ``le`` above."""
+
+    def __init__(self, gt: float | None = None, ge: float | None = None, lt: float | None = None,
+                 le: float | None = None, what: str | None = None):
+        self.gt, self.ge, self.lt, self.le = gt, ge, lt, le
+        bounds = [f"> {gt:g}" if gt is not None else "", f">= {ge:g}" if ge is not None else "",
+                  f"< {lt:g}" if lt is not None else "", f"<= {le:g}" if le is not None else ""]
+        self.what = what or " ".join(["a finite number", *[b for b in bounds if b]])
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(value, path)
+        if (self.gt is not None and not value > self.gt) or (self.ge is not None and not value >= self.ge) or \
+                (self.lt is not None and not value < self.lt) or (self.le is not None and not value <= self.le):
+            raise self.fail(value, path)
+
+
+# a timeout: finite, > 0, and at most a week (socket timeouts overflow far above that)
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
+def seconds_problem(value: Any) -> str | None:
+    """Why ``value`` is not a timeout in seconds (None: it is one). Shared by job keys and flags."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{describe(value)} is not a number of seconds"
+    if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+        return f"{value!r} is not a number of seconds in (0, {MAX_SECONDS:g}]"
+    return None
+
+
+class Seconds(Check):
+    what = f"a number of seconds in (0, {MAX_SECONDS:g}]"
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if seconds_problem(value) is not None:
+            raise self.fail(value, path)
+
+
+class Enum(Check):
+    def __init__(self, values: Iterable[str]):
+        self.values = tuple(values)
+        self.what = "one of " + ", ".join(self.values)
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if not isinstance(value, str) or value not in self.values:
+            raise self.fail(value, path)
+
+
+class Regex(Check):
+    what = "a regular expression (a string)"
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        Str(self.what).check(value, path)
+        try:
+            re.compile(value)
+        except re.error as err:
+            raise Invalid(path, f"{_repr.repr(value)} is not a regular expression ({err})") from None
+
+
+def Module() -> Str:  # noqa: N802 (reads as the other checkers do)
+    """A dotted module name (``dflash_mlx``, ``mlx_lm.server``)."""
+    return Str("a module name (dotted identifiers)", pattern=_MODULE)
+
+
+def EnvName() -> Str:  # noqa: N802
+    """An environment variable's name."""
+    return Str("an environment variable name (letters, digits, _)", pattern=_ENV_NAME)
+
+
+class Nullable(Check):
+    """``inner``, or null."""
+
+    def __init__(self, inner: Check):
+        self.inner = inner
+        self.what = f"{inner.what} or null"
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if value is not None:
+            self.inner.check(value, path)
+
+
+class AnyOf(Check):
+    """The first of ``options`` that fits."""
+
+    def __init__(self, *options: Check, what: str | None = None):
+        self.options = options
+        self.what = what or " or ".join(o.what for o in options)
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        for o in self.options:
+            try:
+                o.check(value, path)
+                return
+            except Invalid:
+                continue
+        raise self.fail(value, path)
+
+
+class ListOf(Check):
+    """A list of ``item``; ``scalar``: one bare item stands for a list of it."""
+
+    def __init__(self, item: Check, min_len: int = 0, max_len: int | None = None, scalar: bool = False,
+                 what: str | None = None):
+        self.item, self.min_len, self.max_len, self.scalar = item, min_len, max_len, scalar
+        self.what = what or f"a list{' (not empty)' if min_len else ''}, each item {item.what}"
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if self.scalar and not isinstance(value, list):
+            value = [value]
+        if not isinstance(value, list):
+            raise self.fail(value, path)
+        if len(value) < self.min_len or (self.max_len is not None and len(value) > self.max_len):
+            raise self.fail(value, path)
+        for i, v in enumerate(value):
+            self.item.check(v, (*path, i))
+
+
+class MapOf(Check):
+    """A mapping of ``key`` (default: a string or a number, read as its text) to ``value``."""
+
+    def __init__(self, value: Check, key: Check | None = None, what: str | None = None):
+        self.value, self.key = value, key or Scalar()
+        self.what = what or f"a mapping, each value {value.what}"
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if not isinstance(value, dict):
+            raise self.fail(value, path)
+        for k, v in value.items():
+            try:
+                self.key.check(k, path)
+            except Invalid:
+                raise Invalid(path, f"key {_repr.repr(k)}: expected {self.key.what}") from None
+            self.value.check(v, (*path, k))
+
+
+class Fields(Check):
+    """A mapping with these keys (``required`` ones must be there); any other key is refused, named
+    with the known ones, unless ``open`` (a record written by a newer version may carry more)."""
+
+    def __init__(self, fields: Mapping[str, Check], required: Iterable[str] = (), open: bool = False,  # noqa: A002
+                 what: str = "a mapping"):
+        self.fields, self.required, self.open, self.what = dict(fields), tuple(required), open, what
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if not isinstance(value, dict):
+            raise self.fail(value, path)
+        if not self.open:
+            unknown = [k for k in value if k not in self.fields]
+            if unknown:
+                raise Invalid(path, f"unknown key {_repr.repr(unknown[0])}"
+                                    f" (known: {', '.join(sorted(self.fields))})")
+        for k in self.required:
+            if k not in value:
+                raise Invalid((*path, k), f"missing (expected {self.fields[k].what})")
+        for k, checker in self.fields.items():
+            if k in value:
+                checker.check(value[k], (*path, k))
+
+
+class Json(Check):
+    """A JSON value: strings, finite numbers, true/false, null, lists, mappings with string keys."""
+
+    what = "a JSON value (string, number, true/false, null, list, mapping)"
+
+    def check(self, value: Any, path: tuple[Any, ...]) -> None:
+        if value is None or isinstance(value, (str, bool, int)):
+            return
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise self.fail(value, path)
+            return
+        if isinstance(value, list):
+            for i, v in enumerate(value):
+                self.check(v, (*path, i))
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise Invalid(path, f"key {describe(k)}: a JSON key is a string")
+                self.check(v, (*path, k))
+            return
+        raise self.fail(value, path)
+
+
+# -- files ------------------------------------------------------------------------------------------
+def read_text(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """A regular file's text: UTF-8, at most ``max_bytes``; else a UsageError naming ``where``."""
+    p = Path(path)
+    try:
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{where}: not a regular file")
+        if st.st_size > max_bytes:
+            raise UsageError(f"{where}: {st.st_size} bytes, more than the {max_bytes} bytes a file may hold here")
+        with open(p, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as err:
+        raise UsageError(f"{where}: {err.strerror or err}") from None
+    if len(data) > max_bytes:
+        raise UsageError(f"{where}: more than the {max_bytes} bytes a file may hold here")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{where}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})") from None
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """One YAML document, read by ``yaml.SafeLoader`` once its node graph is known to be small:
+    at most MAX_YAML_NODES nodes with every alias expanded, MAX_YAML_DEPTH levels, no alias
+    inside itself. Anything else is a UsageError naming ``where``."""
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        def compose_document(self) -> Any:
+            node = super().compose_document()
+            _bound(node, where)
+            return node
+
+    try:
+        return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as err:
+        raise UsageError(f"{where}: not valid YAML ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply") from None
+    except (ValueError, TypeError, OverflowError) as err:  # a tagged scalar that does not construct
+        raise UsageError(f"{where}: not valid YAML ({str(err).splitlines()[0] if str(err) else err!r})") from None
+
+
+def load_yaml_file(path: str | os.PathLike[str], where: str) -> Any:
+    """:func:`read_text` then :func:`load_yaml`."""
+    return load_yaml(read_text(path, where), where)
+
+
+def _bound(root: Any, where: str) -> None:
+    """Count ``root``'s nodes as a reader that walks it sees them (every alias expanded), without
+    expanding anything: each node's expanded size once, memoized; a node reached from inside itself
+    is a recursive alias."""
+    import yaml
+
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        key = id(node)
+        if key in size:
+            continue
+        children: list[Any] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if key in on_path:  # every child is counted: this node's size is known now
+            on_path.discard(key)
+            size[key] = min(MAX_YAML_NODES + 1, 1 + sum(size[id(c)] for c in children))
+            if size[key] > MAX_YAML_NODES:
+                raise UsageError(f"{where}: more than {MAX_YAML_NODES} values once its aliases are expanded")
+            continue
+        if depth > MAX_YAML_DEPTH:
+            raise UsageError(f"{where}: nested deeper than {MAX_YAML_DEPTH} levels")
+        on_path.add(key)
+        stack.append((node, depth))
+        for c in children:
+            if id(c) in on_path:
+                raise UsageError(f"{where}: an alias refers to a value that holds it (a recursive alias)")
+            if id(c) not in size:
+                stack.append((c, depth + 1))

@@ -1,0 +1,160 @@
+"""Issue 20, classes 6 and 8: records read defensively, one reader, one answer.
+
+A record's files are read by records.record.read_record (and a served record's lines by
+records.served.check_served): a file that is not what its writer writes is one
+``Error:`` line naming the file, exit 2, for ``records show``, ``list``, ``compare``
+and ``junit`` alike (each exited 70, or disagreed, before). ``records junit`` of a
+record that did not complete writes nothing (it wrote an empty, green suite).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from test_outputs import _served_record
+
+from specparity.errors import UsageError
+from specparity.records.record import read_record
+
+
+def _data(md: Path) -> Path:
+    return md.parent / "data" / md.stem
+
+
+def _edit(md: Path, name: str, change: Callable[[dict], object]) -> None:
+    f = _data(md) / name
+    lines = [json.loads(ln) for ln in f.read_text().splitlines()] if name.endswith(".jsonl") else None
+    if lines is None:
+        f.write_text(json.dumps(change(json.loads(f.read_text()))))
+    else:
+        f.write_text("".join(json.dumps(change(obj)) + "\n" for obj in lines))
+
+
+def _drop(key: str) -> Callable[[dict], dict]:
+    return lambda obj: {k: v for k, v in obj.items() if k != key}
+
+
+# name, file, change, what the one line says (after the file's path)
+CASES = [
+    ("report-list", "report.json", lambda r: [r],
+     "report.json: not a record's report (expected an object, got a list)"),
+    ("report-not-json", "report.json", None, "report.json: not JSON ("),
+    ("timings-list", "report.json", lambda r: {**r, "timings": [1]}, "report.json: timings: expected a mapping"),
+    ("argv-string", "report.json", lambda r: {**r, "argv": "specparity served"},
+     "report.json: argv: expected a list, each item a string"),
+    ("status-int", "report.json", lambda r: {**r, "status": 5}, "report.json: status: expected one of running,"),
+    ("summary-pairings", "report.json", lambda r: {**r, "summary": {**r["summary"], "pairings": {"p": 1}}},
+     "report.json: summary: pairings: expected a list"),
+    ("identity-list", "identity.json", lambda r: [1], "identity.json: not a record's identity"),
+    ("arm-no-verdict", "arms.jsonl", _drop("verdict"), "arms.jsonl, entry 1: verdict: missing"),
+    ("request-no-verdict", "p-baseline-start.jsonl", _drop("verdict"),
+     "p-baseline-start.jsonl, entry 1: verdict: missing"),
+    ("request-verdict-int", "p-baseline-start.jsonl", lambda r: {**r, "verdict": 3},
+     "p-baseline-start.jsonl: line 1: verdict: expected a word (a string), got 3 (an integer)"),
+    ("request-bad-word", "p-baseline-start.jsonl", lambda r: {**r, "verdict": "fine"},
+     "p-baseline-start.jsonl, entry 1: verdict: expected one of "),
+    ("evidence-widths", "p-baseline-start.jsonl", lambda r: {**r, "evidence": {"widths": "2,3"}},
+     "p-baseline-start.jsonl, entry 1: evidence.widths: expected a list"),
+]
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> Path:
+    md = _served_record(tmp_path / "rec")
+    (_data(md) / "identity.json").write_text(json.dumps({"host": "h"}))
+    return md
+
+
+@pytest.mark.parametrize("name, file, change, message", CASES, ids=[c[0] for c in CASES])
+def test_a_malformed_record_file_is_named_by_every_command(cli_bin: str, record: Path, tmp_path: Path, name: str,
+                                                           file: str, change: Callable[[dict], object] | None,
+                                                           message: str) -> None:
+    if change is None:
+        (_data(record) / file).write_text("{not json")
+    else:
+        _edit(record, file, change)
+    good = _served_record(tmp_path / "good")
+    for args in (["show", str(record)], ["compare", str(good), str(record)],
+                 ["junit", str(record), "--out", str(tmp_path / "j.xml")]):
+        r = run_cli(cli_bin, "records", *args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        line = r.stderr.strip()
+        assert line.startswith(f"Error: {_data(record) / file}") and message in line and "\n" not in line, (args, line)
+    assert not (tmp_path / "j.xml").exists()
+    r = run_cli(cli_bin, "records", "list", str(record.parent))
+    if file == "report.json" and name != "summary-pairings":
+        # list reads the Record of report.json only: the record is listed as unreadable, the rest go on
+        assert r.returncode == 0 and f"{record.stem}  -  unreadable (" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_a_md_without_its_data_is_not_a_record_for_show_and_compare_alike(cli_bin: str, tmp_path: Path) -> None:
+    """show said 'INCOMPLETE (unknown)' where compare said 'not a record'."""
+    md = tmp_path / "served-host-2026-01-01.md"
+    md.write_text("# served\n")
+    with pytest.raises(FileNotFoundError):
+        read_record(md)
+    for args in (["show", str(md)], ["compare", str(md), str(md)], ["junit", str(md), "--out", str(tmp_path / "x")]):
+        r = run_cli(cli_bin, "records", *args)
+        assert r.returncode == 2 and r.stderr.startswith(f"Error: {md}: not a record"), (args, r.stderr)
+
+
+@pytest.mark.parametrize("file", ["report.json", "identity.json", "arms.jsonl"])
+def test_a_data_file_linked_out_of_the_record_is_not_followed(record: Path, tmp_path: Path, file: str) -> None:
+    f = _data(record) / file
+    outside = tmp_path / f"outside-{file}"
+    outside.write_text(f.read_text())
+    f.unlink()
+    f.symlink_to(outside)
+    with pytest.raises(UsageError, match=f"{file}: a link out of the record \\(to {outside}\\): not read"):
+        read_record(record)
+
+
+def test_a_link_inside_the_record_is_read(record: Path) -> None:
+    data = _data(record)
+    (data / "copy.json").write_text((data / "report.json").read_text())
+    (data / "report.json").unlink()
+    (data / "report.json").symlink_to("copy.json")
+    assert read_record(record)[0].status == "complete"
+
+
+def test_junit_of_an_interrupted_record_writes_nothing_and_exits_2(cli_bin: str, record: Path, tmp_path: Path) -> None:
+    """It wrote an empty, green JUnit file; compare already refused."""
+    _edit(record, "report.json", lambda r: {**r, "status": "interrupted", "verdict": None, "exit_code": None,
+                                           "summary": None, "error": "Ctrl-C (SIGINT)"})
+    out = tmp_path / "j.xml"
+    r = run_cli(cli_bin, "records", "junit", str(record), "--out", str(out))
+    assert r.returncode == 2 and not out.exists(), r.stderr
+    assert r.stderr.strip() == (f"Error: {record}: record is interrupted, not complete: no JUnit for a run that did"
+                                " not finish (its finished parts: specparity records show)")
+    assert run_cli(cli_bin, "records", "show", str(record)).returncode == 0  # show still reads what finished
+
+
+def test_show_of_a_pairing_that_ran_no_arm(cli_bin: str, record: Path) -> None:
+    """A pairing whose profile could not run here has no arm lines: show printed its table with max() of
+    nothing (70). Found by the records property (tests/test_properties.py)."""
+    _edit(record, "report.json", lambda r: {**r, "summary": {**r["summary"], "pairings": [
+        *r["summary"]["pairings"], {"name": "q", "verdict": "error", "profile": "vllm", "arms": [],
+                                    "reason": "profile vllm cannot run here"}]}})
+    r = run_cli(cli_bin, "records", "show", str(record))
+    assert r.returncode == 0 and "pairing q: vllm server" in r.stdout, r.stderr
+
+
+def test_compare_reads_a_parts_own_words_as_a_change(tmp_path: Path) -> None:
+    """dist's control lines say rejected / accepted: compare raised ValueError (70) when one changed."""
+    from specparity.records.compare import compare_records
+
+    def dist_record(root: Path, word: str) -> Path:
+        data = root / "data" / "dist-h-2026-01-01"
+        data.mkdir(parents=True)
+        (data / "report.json").write_text(json.dumps({"kind": "dist", "title": "t", "argv": [], "status": "complete",
+                                                      "verdict": "pass", "exit_code": 0, "summary": {}}))
+        (data / "control.jsonl").write_text(json.dumps({"rule": "wrong", "verdict": word}) + "\n")
+        return root / "dist-h-2026-01-01.md"
+
+    rep = compare_records(dist_record(tmp_path / "a", "rejected"), dist_record(tmp_path / "b", "accepted"))
+    assert [(c.category, c.old, c.new) for c in rep.changes] == [("changed", "rejected", "accepted")]
+    assert rep.exit_code == 0

@@ -1,0 +1,211 @@
+"""Issue 20, classes 1-3: job and profile files checked by type and bounded before use.
+
+Each case is a file (or flag) that exited 70, hung, or was read as something else
+before: now one UsageError naming the file, the key path and what was expected,
+raised before anything is expanded or started (the CLI: one ``Error:`` line, exit 2).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import run_cli
+
+from specparity.errors import UsageError
+from specparity.harness.config import Overrides, apply_overrides, load_job
+from specparity.harness.profiles import load_profile
+
+# a profile that loads: the cases below add one bad key to it
+PROFILE = {"name": "p", "argv": ["{python}", "-c", "pass", "{model}", "--port", "{port}"]}
+
+
+def _job(tmp_path: Path, text: str | bytes) -> Path:
+    cfg = tmp_path / "job.yaml"
+    if isinstance(text, bytes):
+        cfg.write_bytes(text)
+    else:
+        cfg.write_text(text)
+    return cfg
+
+
+@pytest.mark.parametrize("text, message", [
+    # class 1: every key checked by type, named by its path
+    ("env: [1, 2]", "env: expected a mapping of environment variable to a string or number, got [1, 2]"),
+    ("env: {'A=B': '1'}", "env: key 'A=B': expected an environment variable name"),
+    ("controls: 5", "controls: expected a list, each item a mapping, got 5 (an integer)"),
+    ("controls: [{env: {A: '1'}, colour: red}]", "controls[0]: unknown key 'colour'"),
+    ("prompts_file: 5", "prompts_file: expected a file name, got 5 (an integer)"),
+    ("pairings: [{target: 5}]", "pairings[0].target: expected a checkpoint path or hub id (a string), got 5"),
+    ("pairings: [{draft: ./d}]", "pairings[0].target: missing"),
+    ("pairings: [{target: ./t, name: ../up}]", "pairings[0].name: expected a name (no /, not . or ..)"),
+    ("self_draft: 'no'", "self_draft: expected true or false, got 'no' (a string)"),
+    ("params: {stop: !!binary aGk=}", "params.stop: expected a JSON value"),
+    ("params: {seed: 2020-01-01}", "params.seed: expected a JSON value"),
+    ("{1: 2, x: 3}", "unknown key 1 (known: "),
+    ("distribution: {1: 2, x: 3}", "distribution: unknown key 1"),
+    ("distribution: {temperature: hot}", "distribution.temperature: expected a finite number, got 'hot'"),
+    ("widths: []\ncontrols: [{env: {A: '1'}}]", "widths: expected a list (not empty)"),
+    ("sequence: [fresh, [1]]", "sequence[1]: expected one of fresh,"),
+    # class 2: counts bounded before anything is expanded
+    ("repeats: 100000000", "repeats: expected an integer in [0, 64], got 100000000"),
+    ("concurrency: 100000", "concurrency: expected an integer in [0, 64]"),
+    ("widths: [1000000000]", "widths[0]: 1000000000 is above the maximum 1024 (raise it: specparity --max-width N"),
+    ("controls: [{env: {A: '1'}, width: 5000}]", "controls[0].width: 5000 is above the maximum 1024"),
+    ("max_tokens: 100000000000", "max_tokens: 100000000000 is above the maximum 16384 (raise it: specparity"
+                                 " --max-positions N"),
+    ("max_tokens: 1e11", "max_tokens: expected an integer >= 1, got '1e11' (a string)"),
+    ("distribution: {width: 100000}", "distribution.width: 100000 is above the maximum 1024"),
+    # class 3: a timeout is a finite, positive number of seconds (true was read as 1 s)
+    ("request_timeout: true", "request_timeout: expected a number of seconds in (0, 604800], got True"),
+    ("start_timeout: .nan", "start_timeout: expected a number of seconds in (0, 604800], got nan"),
+    ("request_timeout: .inf", "request_timeout: expected a number of seconds"),
+    ("request_timeout: 1e300", "request_timeout: expected a number of seconds"),
+])
+def test_a_bad_job_key_is_named_with_its_path_and_type(tmp_path: Path, text: str, message: str) -> None:
+    cfg = _job(tmp_path, text)
+    with pytest.raises(UsageError) as err:
+        load_job(cfg)
+    assert str(err.value).startswith(f"--config {cfg}: ") and message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_non_utf8_config_and_prompts_files_are_named(tmp_path: Path) -> None:
+    cfg = _job(tmp_path, b'prompts: ["\xff\xfe"]\n')
+    with pytest.raises(UsageError, match=r"job.yaml: not UTF-8 text \(byte 0xff at offset 11\)"):
+        load_job(cfg)
+    (tmp_path / "p.txt").write_bytes(b"fine\n\xfe\n")
+    cfg = _job(tmp_path, "prompts_file: p.txt")
+    with pytest.raises(UsageError, match=r"prompts_file .*p.txt: not UTF-8 text \(byte 0xfe at offset 5\)"):
+        load_job(cfg)
+    cfg = _job(tmp_path, "prompts_file: .")
+    with pytest.raises(UsageError, match="prompts_file .*: not a regular file"):
+        load_job(cfg)
+
+
+BOMB = "env:\n  A: &a [x, x, x, x, x, x, x, x, x]\n" + "\n".join(
+    f"  {c.upper()}: &{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefg", "bcdefgh"))
+
+
+@pytest.mark.parametrize("text, message", [
+    (BOMB, "more than 200000 values once its aliases are expanded"),
+    ("params: {stop: &a [x, *a]}", "a recursive alias"),
+    ("params: {stop: " + "[" * 80 + "]" * 80 + "}", "nested deeper than 64 levels"),
+    ("prompts: ['" + "x" * (5 << 20) + "']", "more than the 4194304 bytes a file may hold here"),
+])
+def test_yaml_is_bounded_before_it_is_walked(tmp_path: Path, text: str, message: str) -> None:
+    """An alias bomb hung (str() of 9^8 items); a subprocess with a timeout turns a hang into a failure."""
+    cfg = _job(tmp_path, text)
+    code = ("import sys\nfrom specparity.harness.config import load_job\nfrom specparity.errors import UsageError\n"
+            f"try:\n    load_job({str(cfg)!r})\nexcept UsageError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
+    assert message in out.stdout, (out.stdout, out.stderr[-2000:])
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("width", {"rows_offset": "abc"}, "width.rows_offset: expected an integer in [-16, 16], got 'abc'"),
+    ("width", [1, 2], "width: expected a mapping, got [1, 2] (a list)"),
+    ("evidence", [1], "evidence: expected a mapping, got [1] (a list)"),
+    ("evidence", {"log_engaged": "("}, "evidence.log_engaged: '(' is not a regular expression (missing )"),
+    ("fail_regex", "(", "fail_regex: '(' is not a regular expression (missing ), unterminated subpattern"),
+    ("logprobs", {"request": [1, 2]}, "logprobs.request: expected a mapping of request field to a JSON value"),
+    ("requires_module", 5, "requires_module: expected a module name (dotted identifiers), got 5"),
+    ("requires_module", "a..b", "requires_module: expected a module name (dotted identifiers), got 'a..b'"),
+    ("colour", "red", "unknown key 'colour' (known: argv, "),
+    ("draft_argv", ["--x", True], "draft_argv[1]: expected a string or a number, got True"),
+    ("draft_argv", "--draft {draft_model}", "draft_argv: expected a list of arguments (strings or numbers; no shell)"),
+    ("ready_path", "health", "ready_path: expected a URL path (/health), got 'health'"),
+    ("witness", ["drafter"], "witness[0]: expected one of target, draft, got 'drafter'"),
+    ("exercised", "yes", "exercised: expected true or false, got 'yes'"),
+    # the dry render at load: a bad template fails now, not when a server starts
+    ("argv", ["{python}", "{0}"], "placeholder {0} in '{0}' has no value here"),
+    ("argv", ["x", "{model"], "'{model': expected '}' before end of string"),
+    ("draft_argv", ["--n", "{num_draft!z}"], "placeholder {num_draft} in '{num_draft!z}'"),
+    ("draft_argv", ["--n", "{modle}"], "placeholder {modle} in '{modle}' has no value here"),
+    ("version_command", ["{python}", "{width}"], "placeholder {width} in '{width}' has no value here"),
+])
+def test_a_bad_profile_key_is_named_with_its_path_and_type(tmp_path: Path, key: str, value: Any, message: str) -> None:
+    prof = tmp_path / "prof.yaml"
+    prof.write_text(yaml.safe_dump({**PROFILE, key: value}))
+    with pytest.raises(UsageError) as err:
+        load_profile(str(prof))
+    assert str(prof) in str(err.value) and message in str(err.value), str(err.value)
+
+
+def test_a_profile_that_extends_names_the_file_holding_the_bad_key(tmp_path: Path) -> None:
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({**PROFILE, "width": {"rows_offset": "one"}}))
+    child = tmp_path / "child.yaml"
+    child.write_text(yaml.safe_dump({"extends": str(base), "description": "d"}))
+    with pytest.raises(UsageError, match=r"base.yaml: width.rows_offset: expected an integer"):
+        load_profile(str(child))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (Overrides(widths=[2, 100000]), "widths: 100000 is above the maximum 1024"),
+    (Overrides(max_tokens=100_000_000), "max_tokens: 100000000 is above the maximum 16384"),
+    (Overrides(repeats=100_000_000), "repeats: expected an integer in [0, 64]"),
+    (Overrides(start_timeout=float("nan")), "start_timeout: expected a number of seconds"),
+    (Overrides(request_timeout=float("inf")), "request_timeout: expected a number of seconds"),
+])
+def test_overrides_are_bounded_as_job_keys_are(overrides: Overrides, message: str) -> None:
+    with pytest.raises(UsageError) as err:
+        apply_overrides(None, overrides)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["served", "--widths", "2-100000"], "Error: --widths '2-100000': 100000 is above the maximum 1024"),
+    # the same checks as the overrides above, through the flags (slow: each is a process)
+    pytest.param(["served", "--start-timeout", "nan"], "Error: --start-timeout: expected a number of seconds in"
+                 " (0, 604800], got nan", marks=pytest.mark.slow),
+    pytest.param(["served", "--request-timeout", "nan"], "Error: --request-timeout: expected a number of seconds",
+                 marks=pytest.mark.slow),
+    pytest.param(["served", "--max-tokens", "100000000"], "Error: --max-tokens: 100000000 is above the maximum"
+                 " 16384", marks=pytest.mark.slow),
+    (["e2e", "--max-tokens", "100000000"], "Error: --max-tokens 100000000: 100000000 is above the maximum 16384"),
+    (["e2e", "--num-draft-tokens", "5000"], "Error: --num-draft-tokens 5000: 5001 is above the maximum 1024"),
+])
+def test_flags_are_bounded_on_every_command(cli_bin: str, args: list[str], message: str) -> None:
+    r = run_cli(cli_bin, *args)
+    assert r.returncode == 2 and r.stderr.strip().startswith(message), r.stderr
+    assert r.stderr.strip().count("\n") == 0
+
+
+def test_a_bad_config_is_one_line_and_exit_2_from_the_cli(cli_bin: str, tmp_path: Path) -> None:
+    cfg = _job(tmp_path, "env: [1, 2]")
+    r = run_cli(cli_bin, "served", "--config", str(cfg))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"Error: --config {cfg}: env: expected a mapping of environment variable to a"
+                                " string or number, got [1, 2] (a list)")
+    prof = tmp_path / "prof.yaml"
+    prof.write_text(yaml.safe_dump({**PROFILE, "fail_regex": "("}))
+    r = run_cli(cli_bin, "served", "--profile", str(prof))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "fail_regex: '(' is not a regular" in r.stderr
+
+
+@pytest.mark.parametrize("config, message", [("{}", "config.json has no model_type"),
+                                             ("[1]", "config.json has no model_type"),
+                                             ("{not json", "config.json is not readable JSON")])
+def test_a_checkpoint_whose_config_is_not_mlx_lm_s_is_named(tmp_path: Path, config: str, message: str) -> None:
+    """served --model DIR with such a config.json exited 70 (KeyError 'model_type') wrapping it for the witness."""
+    from specparity.harness.witness import wrap_checkpoint
+
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "config.json").write_text(config)
+    with pytest.raises(UsageError, match=message):
+        wrap_checkpoint(tmp_path / "ck", tmp_path / "w", "target")
+
+
+@pytest.mark.parametrize("key, value", [("start_timeout", float("nan")), ("start_timeout", 0),
+                                        ("stop_timeout", float("inf")), ("stop_timeout", True)])
+def test_a_server_refuses_a_timeout_that_is_no_deadline(key: str, value: Any) -> None:
+    """lifecycle.Server itself (every caller, not only served's flags): a nan start timeout waited forever."""
+    from specparity.harness.lifecycle import Server
+
+    with pytest.raises(UsageError, match=f"srv: {key}: .* is not a number of seconds"):
+        Server(["x"], name="srv", **{key: value})
