@@ -122,8 +122,11 @@ def test_a_pairing_where_no_arm_drafts_is_not_run() -> None:
     res = PairingResult("p", "fake", "t", None)
     res.arms = [ArmResult(name, ArmKind.BASELINE, None, Verdict.MATCH) for name in ("baseline-start", "baseline-end")]
     res.arms.append(ArmResult("concurrent", ArmKind.CONCURRENT, None, Verdict.MATCH))
+    from specparity.harness.client import Completion
+    from specparity.harness.results import RequestResult
+
     for a in res.arms:
-        a.requests = [object()]  # type: ignore[list-item]  # judge_pairing counts them only
+        a.requests = [RequestResult("p0", "fresh", Verdict.MATCH, "", Completion(text="x", sha256="s"), {})]
     judge_pairing(res)
     assert (res.verdict, res.reason) == (Verdict.NOT_RUN, NOTHING_SPECULATIVE)
 
