@@ -61,17 +61,23 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
            request_timeout: float | None, shard_spec: str | None, temperature: float | None,
            dist_requests: int | None, dist_prefix: int | None, no_reference: bool, quiet: bool, as_json: bool,
            record_dir: str | None) -> int:
-    """Spawn servers with and without a drafter across widths and compare completions by sha256.
+    """Spawn servers with and without a drafter across widths; judge every completion against classic decode.
 
     Each arm (baseline at the start, one per width, the target drafting for
     itself, the sequence sent concurrently, env controls, baseline at the end)
     is its own server on 127.0.0.1, sent the same request sequence: a fresh
     request, the same again, a shared prefix, a streamed one, a multi-turn chat.
-    Every completion is compared with the first baseline's. Verdicts per arm and
-    request: match (identical, and the drafter is witnessed), diverged (first
-    differing token and character, snippets, logprobs and top-2 margins),
+    Every completion, baselines' included, is compared with classic decode
+    computed in process for that request (the server's own tokenization,
+    sampler and logits processors over the whole history), with the first
+    baseline's, and a repeated request with its own first answer. Verdicts per
+    arm and request: match (classic decode's text, and the drafter is
+    witnessed), diverged (first differing token and character, snippets,
+    logprobs and top-2 margins, and a command that reproduces it in process),
     declined, not_engaged (no evidence the drafter ran: never a pass), error.
-    Baselines that disagree make the pairing inconclusive.
+    Findings say whom a difference concerns: every server of the engine, only
+    with the drafter, only on a warm cache. Baselines that disagree make the
+    pairing inconclusive.
 
     With --temperature (or the job's distribution key) two more servers per
     pairing take many seeded draws at that temperature, without and with the
