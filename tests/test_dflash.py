@@ -333,7 +333,10 @@ def test_dflash_loads_the_fixture_drafter_as_its_own(fixture_root: Path, dflash_
     import sys
 
     info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
-    python = dflash_env.get("SPECPARITY_DFLASH_MLX_PYTHON", sys.executable)
-    proc = subprocess.run([python, "-P", "-c", _SAME_DRAFT, info.draft], capture_output=True, text=True, timeout=600)
+    from specparity.engine_env import engine_environment, importable
+
+    python, environ = (sys.executable, None) if importable("dflash-mlx") else engine_environment("dflash-mlx")
+    proc = subprocess.run([python, "-P", "-c", _SAME_DRAFT, info.draft], capture_output=True, text=True, timeout=600,
+                          env=environ)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "True"
