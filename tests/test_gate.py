@@ -97,8 +97,6 @@ def test_cli_gate_exit_codes_and_lines(cli_bin, fixture_root, isolated_home):
                  faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4}])
     clean = build(fixture_root, "llama-float32", arch="llama")
     env = {"SPECPARITY_HOME": str(isolated_home)}
-    # (the rows4 fixture no longer allows width 2: the gate runs prefill parity, whose
-    # 16-row one-shot prefill runs the faulty kernel)
     ok = run_cli(cli_bin, "gate", "check", "--model", clean.target, "--width", "2", env=env)
     assert ok.returncode == 0, ok.stderr
     assert "specparity-gate: ALLOW width=2" in ok.stderr
