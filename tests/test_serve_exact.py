@@ -85,14 +85,18 @@ def sequence(options: dict[str, dict[str, Any]] = OPTIONS) -> list[Ask]:
 class Classic:
     """Classic decode in this process: the reference (mlx-lm's stream_generate, fresh cache)."""
 
-    def __init__(self, model_dir: str, server_flags: tuple[str, ...] = ()):
+    def __init__(self, model_dir: str, server_flags: tuple[str, ...] = (),
+                 trust_remote_code: bool = False):
         from mlx_lm import load
 
-        self.model, self.tokenizer = load(model_dir)[:2]
-        flags = dict(zip(server_flags[::2], server_flags[1::2]))
+        self.model, self.tokenizer = load(model_dir, trust_remote_code=trust_remote_code)[:2]
+        valued = ("--kv-bits", "--kv-group-size", "--quantized-kv-start", "--prefill-step-size")
+        flags = {f: server_flags[i + 1] for i, f in enumerate(server_flags) if f in valued}
         self.cache_kw: dict[str, Any] = {}
+        if "--prefill-step-size" in flags:
+            self.cache_kw["prefill_step_size"] = int(flags["--prefill-step-size"])
         if "--kv-bits" in flags:
-            self.cache_kw = {"kv_bits": int(flags["--kv-bits"]),
+            self.cache_kw |= {"kv_bits": int(flags["--kv-bits"]),
                              "kv_group_size": int(flags.get("--kv-group-size", 64)),
                              "quantized_kv_start": int(flags.get("--quantized-kv-start", 5000))}
 
@@ -283,3 +287,71 @@ def test_every_request_equals_classic_decode_where_plain_mlx_lm_server_does_not(
     policy = re.search(r"specparity-serve: PROMPT-CACHE policy=(\S+)", log_text)
     assert policy is not None
     assert policy.group(1) == ("re-prefill" if flags == KV8 else "reuse")
+
+
+# -- the rows >= 5 fault checkpoint: the gate allows 2-4, declines 5+, the cache re-prefills ------
+
+# scale 1.5: large enough that computing a position in a 1-4 row call instead of a 5+ row
+# one flips greedy tokens (the default 1 + 2**-6 flips none on these prompts)
+ROWS5 = [{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 5, "scale": 1.5}]
+
+
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.model
+@pytest.mark.parametrize("step", [None, 4], ids=["default-step", "prefill-step-4"])
+def test_rows5_fault_allows_widths_2_to_4_and_re_prefills_what_chunking_would_change(
+        step, fixture_root, logs, home, capsys):
+    """A kernel fault in calls of >= 5 rows: verify blocks of 2-4 rows are exact, prefill is
+    chunk-dependent. Widths 2-4 are allowed, 5+ declined; the prompt-cache policy is
+    re-prefill, and every request (a repeat, a shared prefix, a chat's second turn) equals a
+    fresh classic decode, where a plain server's prompt cache returns other text."""
+    info = build(fixture_root, "llama-rows5", arch="llama", faults=ROWS5)
+    flags = ("--trust-remote-code",) + (("--prefill-step-size", str(step)) if step else ())
+    classic = Classic(info.target, flags, trust_remote_code=True)
+    prompt = "The quick brown fox jumps over the lazy dog. Pack my box"
+    asks = [
+        Ask("fresh", {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}),
+        Ask("repeat", {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}),
+        Ask("shared-prefix", {"prompt": prompt + " with", "max_tokens": MAX_TOKENS,
+                              "temperature": 0}),
+        Ask("chat-1/x", {"messages": [{"role": "user", "content": prompt}],
+                         "max_tokens": MAX_TOKENS, "temperature": 0}),
+        Ask("chat-2/x", {"max_tokens": MAX_TOKENS, "temperature": 0}, chat_turn=prompt),
+    ]
+    name = f"rows5-{step or 'default'}"
+    with _server(f"{name}-serve", serve_argv(info.target, info.draft, flags), logs, home) as srv:
+        widths = {k + 1: ask(srv, {"prompt": f"numbers: {k} 2 3 4 5", "max_tokens": 8,
+                                   "temperature": 0, "num_draft_tokens": k}).speculative
+                  for k in range(1, 7)}
+        served = run_sequence(srv, classic, asks)
+        log_text = Path(srv.log_path).read_text()
+    with _server(f"{name}-plain", plain_argv(info.target, None, flags), logs, home) as srv:
+        plain = run_sequence(srv, classic, asks)
+    with capsys.disabled():
+        print(f"\n[rows5 {name}] plain mlx_lm.server differs from classic decode on:"
+              f" {', '.join(wrong(plain)) or 'nothing'}")
+
+    for w, spec in widths.items():
+        assert spec is not None
+        assert spec["engaged"] == (w <= 4) and spec["declined"] == (w >= 5), (w, spec["reason"])
+        if w >= 5:
+            assert spec["reason"].startswith("divergent: divergent at width")
+    for w in (2, 3, 4):
+        assert re.search(rf"specparity-gate: ALLOW width={w} ", log_text)
+    for w in (5, 6, 7):
+        assert re.search(rf"specparity-gate: DECLINE width={w} ", log_text)
+    assert re.search(r"specparity-serve: PROMPT-CACHE policy=re-prefill .*prefill parity", log_text)
+
+    assert wrong(served) == [], wrong(served)
+    if step is None:  # its cache held the first reply decoded row by row, a fresh prefill not
+        assert "chat-2/x" in wrong(plain)
+    pcs = {name: got.speculative["prompt_cache"] for name, (got, _) in served.items()}
+    assert all(pc["policy"] == "re-prefill" for pc in pcs.values())
+    n = pcs["repeat"]["prompt_tokens"]
+    # the repeat reuses the prefill it shares whole (the same calls as a fresh one) ...
+    assert pcs["repeat"]["outcome"] == "hit" and pcs["repeat"]["reused"] == n - 1
+    # ... a longer prompt only the full prefill chunks it shares, else nothing
+    shared = pcs["shared-prefix"]
+    assert shared["shared"] >= n - 1 and shared["reused"] == ((n - 1) // step * step if step else 0)
+    assert shared["outcome"] == ("partial" if step else "re-prefilled") and shared["reason"]
