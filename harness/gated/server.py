@@ -44,11 +44,14 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 from specparity.harness.gated import DEFAULT_MAX_DRAFT_TOKENS
-from specparity.harness.gated.cancel import Cancelled, ClientWatch, install_prefill_check, watching
+from specparity.harness.gated.cancel import (
+    Cancelled, ClientWatch, check, install_prefill_check, watching,
+)
 from specparity.harness.gated.stats import ServeMetrics, SpecStats, rule_for
 
 from specparity.errors import EXIT_INTERRUPTED, InfrastructureError, UsageError
@@ -298,7 +301,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             self._stop = True
             active = self._active
             if active is not None:
-                active[0].cancel()
+                active[0].cancel("the server is stopping")
             self._generation_thread.join(timeout)
 
         # -- the prompt-cache policy -----------------------------------------------------------
@@ -352,6 +355,19 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
 
             return ctx, counted()
 
+        def _await_response(self, response_queue: Any) -> Any:
+            # a handler thread waiting for its request's next item: gives up when its client
+            # left (mlx-lm's batch loop drops a stopped request without a word to its queue)
+            from queue import Empty
+
+            while True:
+                try:
+                    return response_queue.get(timeout=0.25)
+                except Empty:
+                    if not self.generation_available():
+                        raise RuntimeError("generation thread died") from None
+                    check()
+
         def _serve_single(self, request: Any, stream: Any) -> None:
             _rqueue, req, args = request
             stats = getattr(req, "specparity", None)
@@ -378,8 +394,8 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 if stats.finished:
                     return
                 stats.finished = True
-            if stats.gone.is_set() and stats.cancelled is None:
-                stats.cancelled = "batch"  # mlx-lm's batch loop stopped it
+            if stats.gone.is_set() and stats.cancelled is None:  # mlx-lm's batch loop stopped it
+                stats.cancelled = "decode" if stats.tokens else "prefill"
             if stats.cancelled is not None:
                 log.warning("%s", stats.cancel_line())
             if stats.width is not None:
@@ -576,7 +592,8 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             if refused is not None:
                 self._send_json(refused[0], {"error": refused[1]})
                 return
-            self.spec = SpecStats(request_id=getattr(self, "request_id", ""))
+            self.spec = SpecStats(request_id=getattr(self, "request_id", ""),
+                                  max_tokens=self.max_tokens)
             generator: Any = self.response_generator
             provider = generator.model_provider
             if provider.draft_error:
@@ -585,12 +602,14 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 self.spec.width = self.num_draft_tokens + 1
             request.specparity = self.spec
             watch = ClientWatch(self.connection, self.spec.cancel).start()
+            watching(self.spec.gone)  # this handler thread stops waiting once its client left
             try:
                 super().handle_completion(request, stop_words)
             except (Cancelled, BrokenPipeError, ConnectionResetError):
                 self.spec.gone.set()  # the client is gone: nothing to answer
                 self.close_connection = True
             finally:
+                watching(None)
                 watch.stop()
             if not self.spec.finished:  # served by mlx-lm's batch loop, or never started
                 generator.finish(self.spec)
@@ -619,6 +638,15 @@ def _bind(host: str, port: int, factory: Any) -> Any:
 
     class Server(ThreadingHTTPServer):
         address_family = family
+        daemon_threads = True
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            # a client that hung up is not the server's error: one line, no traceback
+            err = sys.exc_info()[1]
+            if isinstance(err, ConnectionError):
+                log.debug("client %s left: %s", client_address, err)
+                return
+            super().handle_error(request, client_address)
 
     try:
         # (getaddrinfo's AF_UNIX tuple shape never comes back for SOCK_STREAM on a host name)
@@ -628,6 +656,24 @@ def _bind(host: str, port: int, factory: Any) -> Any:
     except OSError as err:
         raise InfrastructureError(f"cannot listen on {host}:{port} ({err.strerror or err});"
                                   " choose another --port") from None
+
+
+class _Starting(BaseHTTPRequestHandler):
+    """What the port answers while the model loads and the gate decides: 503, then the server."""
+
+    def _starting(self) -> None:
+        body = json.dumps({"status": "starting", "error": "the server is starting"}).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Retry-After", "1")
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _starting
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # readiness polls: not worth a line each
 
 
 def _interrupted(generator: Any) -> None:
@@ -671,10 +717,18 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
         holder: dict[str, Any] = {}
 
         def factory(*args: Any, **kwargs: Any) -> Any:
-            return handler_cls(holder["generator"], *args,
+            generator = holder.get("ready")
+            if generator is None:
+                return _Starting(*args, **kwargs)
+            return handler_cls(generator, *args,
                                system_fingerprint=up.get_system_fingerprint(), **kwargs)
 
         httpd = _bind(host, port, factory)  # before any thread: a failure here just exits
+        # the port answers (503) at once; the model loads and the gate decides on the
+        # generation thread, then requests are served
+        serving = threading.Thread(target=httpd.serve_forever, name="specparity-http",
+                                   daemon=True)
+        serving.start()
         generator = None
         try:
             if not config.gate:
@@ -685,9 +739,7 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
             prompt_cache = ExactPromptCache(cli.prompt_cache_size, step=cli.prefill_step_size,
                                             quantized_kv_start=quantized_start)
             generator = generator_cls(model_provider, prompt_cache, metrics, gate)
-            holder["generator"] = generator
             up.stream_generate = generator.stream_generate
-            # the model loads and the gate decides on the generation thread, before any request
             while not generator.started.wait(0.5):
                 pass
             if generator.startup_error is not None:
@@ -695,12 +747,15 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
                 detail = getattr(err, "detail", None) or f"{type(err).__name__}: {err}"
                 raise InfrastructureError(f"--model {cli.model}: would not load"
                                           f" ({str(detail).splitlines()[0]})")
+            holder["ready"] = generator
             log.info("Starting httpd at %s on port %s...", host, port)
-            httpd.serve_forever()
+            while serving.is_alive():
+                serving.join(0.5)
         except KeyboardInterrupt:
-            httpd.server_close()  # refuse new connections while generation stops
+            httpd.shutdown()  # refuse new requests while generation stops
             _interrupted(generator)
         finally:
+            httpd.shutdown()
             httpd.server_close()
 
     # mlx-lm configures logging itself; a handler installed earlier would silence it

@@ -77,8 +77,8 @@ class SpecStats:
     flags: per emitted token, whether it was an accepted proposal (mlx-lm's from_draft).
     seconds: wall time from the first to the last token.
     prompt_cache: what the prompt cache did (cache.CacheLookup.to_dict()), None before lookup.
-    cancelled: where the request stopped because its client left (queued | prefill |
-      decode), None when it ran to its end.
+    cancelled: where the request stopped because its client left or the server stopped
+      (queued | prefill | decode), None when it ran to its end.
     """
 
     request_id: str = ""
@@ -103,9 +103,13 @@ class SpecStats:
     _t0: float | None = None
     gone: threading.Event = field(default_factory=threading.Event, repr=False)
     ctx: Any = field(default=None, repr=False)
+    cancel_reason: str = "the client closed its connection"
 
-    def cancel(self) -> None:
-        """The client left: stop generating for it (mlx-lm's own stop flag, and ours for prefill)."""
+    def cancel(self, reason: str | None = None) -> None:
+        """Stop generating for this request (mlx-lm's own stop flag, and ours for prefill):
+        its client left, or the server is stopping."""
+        if reason is not None:
+            self.cancel_reason = reason
         self.gone.set()
         if self.ctx is not None:
             self.ctx.stop()
@@ -201,7 +205,7 @@ class SpecStats:
         """The line a request its client left logs."""
         return (f"{CANCELLED_MARKER} request={self.request_id} stage={self.cancelled}"
                 f" tokens={len(self.tokens)} max_tokens={self.max_tokens}"
-                f" prompt_tokens={len(self.prompt_ids)} (the client closed its connection)")
+                f" prompt_tokens={len(self.prompt_ids)} ({self.cancel_reason})")
 
     def log_line(self) -> str:
         """The request's one greppable line."""
