@@ -46,6 +46,13 @@ def serve(gate: str, env_prefixes: tuple[str, ...], allow_request_models: bool,
     engaged: `specparity replay` reads it, or the log) and llama.cpp's
     `timings.draft_n` / `timings.draft_n_accepted`.
 
+    Logits processors see the whole prompt and every emitted token on every
+    path. The prompt cache follows the checkpoint's policy, said at start-up:
+    reuse (one-shot and chunked prefill agree) or re-prefill (they differ: a
+    cached prefix is reused only where it was computed as a fresh prefill
+    computes it). Ctrl-C exits 130; a port in use exits 4; a client that
+    leaves cancels its request.
+
     \b
     Example:
         specparity serve --model ./target --draft-model ./draft --num-draft-tokens 3 --port 8080
