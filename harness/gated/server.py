@@ -43,7 +43,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -145,26 +145,29 @@ class GateMemo:
         self._memo: dict[tuple[str, str | None, int], Any] = {}
         self._policies: dict[tuple[str, str | None], Any] = {}
 
-    def decide(self, model_path: str, width: int, loaded: Any | None = None,
+    def decide(self, model_path: str, width: int, loaded: Callable[[], Any] | None = None,
                adapter: str | None = None) -> Any:
-        """The GateDecision for ``width`` rows on ``model_path`` (probing ``loaded`` on a miss)."""
+        """The GateDecision for ``width`` rows on ``model_path``; a miss probes ``loaded()``
+        (the model in memory, built only then) or loads the checkpoint."""
+        memo = (model_path, adapter, width)
+        if memo in self._memo:  # every request after the first at a width: nothing else
+            return self._memo[memo]
         from mlx_lm.utils import _download
 
         from specparity.probes.gate import GateDecision, gate_check
 
-        memo = (model_path, adapter, width)
-        if memo not in self._memo:
-            try:
-                self._memo[memo] = gate_check(
-                    _download(model_path), width, self.opts,
-                    env_prefixes=self.config.env_prefixes,
-                    trust_remote_code=self.trust_remote_code, loaded=loaded, adapter=adapter)
-            except Exception as err:  # noqa: BLE001 (any gate failure declines: never a pass)
-                reason = f"the gate could not run: {type(err).__name__}: {err}".replace('"', "'")
-                line = f'specparity-gate: DECLINE width={width} key=- reason="{reason}"'
-                log.warning("%s", line)
-                self._memo[memo] = GateDecision(False, Verdict.NOT_RUN.value, False, False, "",
-                                                width, reason, line)
+        try:
+            self._memo[memo] = gate_check(
+                _download(model_path), width, self.opts,
+                env_prefixes=self.config.env_prefixes,
+                trust_remote_code=self.trust_remote_code,
+                loaded=loaded() if loaded is not None else None, adapter=adapter)
+        except Exception as err:  # noqa: BLE001 (any gate failure declines: never a pass)
+            reason = f"the gate could not run: {type(err).__name__}: {err}".replace('"', "'")
+            line = f'specparity-gate: DECLINE width={width} key=- reason="{reason}"'
+            log.warning("%s", line)
+            self._memo[memo] = GateDecision(False, Verdict.NOT_RUN.value, False, False, "",
+                                            width, reason, line)
         return self._memo[memo]
 
     def policy(self, model_path: str, loaded: Any | None = None,
@@ -294,7 +297,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             cli = provider.cli_args
             if self.config.gate and provider.draft_model is not None:
                 self.gate.decide(str(provider.model_key[0]), cli.num_draft_tokens + 1,
-                                 loaded_model(provider), provider.model_key[1])
+                                 lambda: loaded_model(provider), provider.model_key[1])
 
         def shutdown(self, timeout: float) -> None:
             """Stop generating (the active request cancelled) and wait up to ``timeout`` s."""
@@ -507,7 +510,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 return True
             assert provider.model_key is not None  # a model is loaded
             decision = self.gate.decide(str(provider.model_key[0]), stats.width or 1,
-                                        loaded_model(provider), provider.model_key[1])
+                                        lambda: loaded_model(provider), provider.model_key[1])
             stats.gate_key = decision.key[:12]
             stats.reason = f"{decision.verdict}: {decision.reason}"
             stats.forfeit = decision.forfeit
@@ -570,8 +573,8 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
         def _refusal(self) -> tuple[int, str] | None:
             """(status, message) when the request asks for what this server does not serve."""
             cli = self.response_generator.cli_args
-            k = self.num_draft_tokens
-            if isinstance(k, int) and k > config.max_draft_tokens:
+            k = self.num_draft_tokens  # a flag's default above the limit was refused at start-up
+            if "num_draft_tokens" in self.body and isinstance(k, int) and k > config.max_draft_tokens:
                 return 400, (f"num_draft_tokens {k} is more than this server allows"
                              f" ({config.max_draft_tokens}: specparity serve --max-draft-tokens)")
             if config.allow_request_models:
