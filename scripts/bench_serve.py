@@ -23,8 +23,8 @@ measured the same way (plain against itself), shows what the run resolves.
 The goal is an overhead <= 1% *resolved*: the interval's upper end <= 1%. The
 last lines say whether it was, for tokens/s and for CPU per token.
 
-Usage: .venv/bin/python -P scripts/bench_serve.py [--rounds 3] [--passes 20] [--requests 2]
-       [--max-tokens 48]
+Usage: .venv/bin/python -P scripts/bench_serve.py [--rounds 3] [--passes 20] [--requests 3]
+       [--max-tokens 64]
 Prints one figure per line, ``name: value unit``.
 """
 
@@ -87,8 +87,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="fresh server processes, this many times")
     ap.add_argument("--passes", type=int, default=20, help="passes per round")
-    ap.add_argument("--requests", type=int, default=2, help="requests per server per pass")
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--requests", type=int, default=3, help="requests per server per pass")
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--num-draft-tokens", type=int, default=3)
     ap.add_argument("--no-noise-floor", dest="noise_floor", action="store_false",
                     help="skip the second plain server (plain against itself)")
@@ -116,9 +116,12 @@ def main() -> int:
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     for round_ in range(args.rounds):
         with contextlib.ExitStack() as stack:
-            servers = {n: stack.enter_context(Server(a, name=n, env={"SPECPARITY_HOME": home},
+            # started in rotating order too: a process started first is not always the same one
+            start = names[round_ % len(names):] + names[:round_ % len(names)]
+            servers = {n: stack.enter_context(Server(argvs[n], name=n,
+                                                     env={"SPECPARITY_HOME": home},
                                                      start_timeout=300))
-                       for n, a in argvs.items()}
+                       for n in start}
             client = stack.enter_context(httpx.Client(timeout=300))
             for srv in servers.values():  # warm-up (specparity serve's gate decided at start-up)
                 request(client, srv.url, "warm up", args.max_tokens)
@@ -130,8 +133,8 @@ def main() -> int:
                     cpu0, t0, tokens = cpu_seconds(srv.pid or 0), time.perf_counter(), 0
                     for j in range(args.requests):
                         w = WORDS[(i * args.requests + j) % len(WORDS)]
-                        tokens += request(client, srv.url,
-                                          f"{w} {round_}.{i}.{j}: the story of {name}",
+                        # the same prompt for every server (each cache misses it alike)
+                        tokens += request(client, srv.url, f"{w} {round_}.{i}.{j}: the story",
                                           args.max_tokens)
                     row[name] = (tokens, time.perf_counter() - t0,
                                  cpu_seconds(srv.pid or 0) - cpu0)

@@ -401,9 +401,9 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 stats.cancelled = "decode" if stats.tokens else "prefill"
             if stats.cancelled is not None:
                 log.warning("%s", stats.cancel_line())
-            if stats.width is not None:
-                line = stats.log_line()
-                (log.info if stats.engaged else log.warning)("%s", line)
+            level = logging.INFO if stats.engaged else logging.WARNING
+            if stats.width is not None and log.isEnabledFor(level):  # (--log-level WARNING: no work)
+                log.log(level, "%s", stats.log_line())
             self.metrics.observe(stats)
 
         def stream_generate(self, model: Any, tokenizer: Any, prompt: Any, max_tokens: int = 256,

@@ -101,6 +101,7 @@ class SpecStats:
     single: bool = False  # served by mlx-lm's _serve_single (else its batch loop)
     finished: bool = False
     _t0: float | None = None
+    _summary: tuple[tuple[int, bool], dict[str, Any]] | None = field(default=None, repr=False)
     gone: threading.Event = field(default_factory=threading.Event, repr=False)
     ctx: Any = field(default=None, repr=False)
     cancel_reason: str = "the client closed its connection"
@@ -130,7 +131,14 @@ class SpecStats:
         return accepts_from_flags(self.flags, self.num_draft_tokens, self.max_tokens)
 
     def summary(self) -> dict[str, Any]:
-        """Counts and rates of the rounds (all zero when not engaged)."""
+        """Counts and rates of the rounds (all zero when not engaged); computed once per length."""
+        if self._summary is not None and self._summary[0] == (len(self.flags), self.engaged):
+            return self._summary[1]
+        out = self._summarize()
+        self._summary = ((len(self.flags), self.engaged), out)
+        return out
+
+    def _summarize(self) -> dict[str, Any]:
         accepts, widths = self.rounds_view
         complete = sum(1 for f in self.flags if not f)  # rounds that ended in the target's token
         tested_at: list[int] = []
