@@ -1,7 +1,7 @@
 """``specparity serve``: mlx-lm's server that returns classic decode's text for every request it accepts.
 
 It is ``mlx_lm.server`` itself (its argument parser, endpoints, batching and
-prompt cache), run with three subclasses and one function swapped in:
+prompt cache), run with four subclasses and one function swapped in:
 
 - :class:`GatedProvider` (its ModelProvider): a draft model that will not load
   is reported at start-up and the server serves classic decode instead of
