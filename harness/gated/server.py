@@ -399,12 +399,12 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 stats.finished = True
             if stats.gone.is_set() and stats.cancelled is None:  # mlx-lm's batch loop stopped it
                 stats.cancelled = "decode" if stats.tokens else "prefill"
+            self.metrics.observe(stats)  # first: whoever reads the line finds it counted
             if stats.cancelled is not None:
                 log.warning("%s", stats.cancel_line())
             level = logging.INFO if stats.engaged else logging.WARNING
             if stats.width is not None and log.isEnabledFor(level):  # (--log-level WARNING: no work)
                 log.log(level, "%s", stats.log_line())
-            self.metrics.observe(stats)
 
         def stream_generate(self, model: Any, tokenizer: Any, prompt: Any, max_tokens: int = 256,
                             draft_model: Any = None, **kwargs: Any) -> Iterator[Any]:
@@ -545,6 +545,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
         """mlx-lm's handler plus ``/metrics``, the per-response facts, and the operator's models."""
 
         metrics: ServeMetrics
+        watch: ClientWatch | None = None
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -604,7 +605,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 self.spec.num_draft_tokens = self.num_draft_tokens
                 self.spec.width = self.num_draft_tokens + 1
             request.specparity = self.spec
-            watch = ClientWatch(self.connection, self.spec.cancel).start()
+            self.watch = ClientWatch(self.connection, self.spec.cancel).start()
             watching(self.spec.gone)  # this handler thread stops waiting once its client left
             try:
                 super().handle_completion(request, stop_words)
@@ -613,12 +614,15 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 self.close_connection = True
             finally:
                 watching(None)
-                watch.stop()
+                self.watch.stop()
             if not self.spec.finished:  # served by mlx-lm's batch loop, or never started
                 generator.finish(self.spec)
 
         def generate_response(self, text: Any, finish_reason: Any, *args: Any,
                               **kwargs: Any) -> dict[str, Any]:
+            if finish_reason is not None and getattr(self, "watch", None) is not None:
+                # the last packet: a client that closes after reading it has not given up
+                self.watch.stop()
             out = super().generate_response(text, finish_reason, *args, **kwargs)
             spec = getattr(self, "spec", None)
             if finish_reason is not None and spec is not None:
