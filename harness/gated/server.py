@@ -605,7 +605,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 self.spec.num_draft_tokens = self.num_draft_tokens
                 self.spec.width = self.num_draft_tokens + 1
             request.specparity = self.spec
-            self.watch = ClientWatch(self.connection, self.spec.cancel).start()
+            watch = self.watch = ClientWatch(self.connection, self.spec.cancel).start()
             watching(self.spec.gone)  # this handler thread stops waiting once its client left
             try:
                 super().handle_completion(request, stop_words)
@@ -614,13 +614,13 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 self.close_connection = True
             finally:
                 watching(None)
-                self.watch.stop()
+                watch.stop()
             if not self.spec.finished:  # served by mlx-lm's batch loop, or never started
                 generator.finish(self.spec)
 
         def generate_response(self, text: Any, finish_reason: Any, *args: Any,
                               **kwargs: Any) -> dict[str, Any]:
-            if finish_reason is not None and getattr(self, "watch", None) is not None:
+            if finish_reason is not None and self.watch is not None:
                 # the last packet: a client that closes after reading it has not given up
                 self.watch.stop()
             out = super().generate_response(text, finish_reason, *args, **kwargs)
