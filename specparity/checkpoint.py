@@ -168,6 +168,20 @@ def fingerprint(model_dir: str | os.PathLike, flag: str = "--model") -> Fingerpr
     )
 
 
+def adapter_digest(path: str | os.PathLike) -> str:
+    """sha256 over an adapter's files (a directory, mlx-lm's ``--adapter-path``), or one file.
+
+    A gate verdict probed on a model with an adapter applied holds for that adapter only.
+    """
+    p = Path(path).expanduser()
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    memo: dict[str, Any] = {}
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.relative_to(p) if p.is_dir() else f.name}={_file_digest(f, memo)}".encode())
+    return h.hexdigest()
+
+
 @dataclass
 class Loaded:
     """A loaded checkpoint: model, tokenizer, config and fingerprint."""

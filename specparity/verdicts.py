@@ -9,6 +9,7 @@ Vocabularies:
         two baselines disagree is inconclusive)
     statistical (dist, accept): pass, divergent, inconclusive
     gate decisions: ALLOW, DECLINE, FORFEIT
+    prompt-cache policies (the gate's prefill-parity decision): reuse, re-prefill
 
 Exit codes (errors.EXIT_*): 0 all pass, 1 a divergence was found, 2 usage,
 3 inconclusive (not run, not engaged, declined, underpowered), 4 infrastructure,
@@ -50,6 +51,19 @@ class Decision(StrEnum):
     ALLOW = "ALLOW"
     DECLINE = "DECLINE"
     FORFEIT = "FORFEIT"
+
+
+class CachePolicy(StrEnum):
+    """What a server may do with a cached prompt prefix, as the policy line spells it.
+
+    reuse: one-shot and chunked prefill agree, so a warm request (which prefills
+    only its uncached suffix) computes what a fresh one does.
+    re-prefill: they differ, so a cached prefix is reused only where it was computed
+    by the very calls a fresh prefill makes; otherwise the prompt is prefilled again.
+    """
+
+    REUSE = "reuse"
+    REPREFILL = "re-prefill"
 
 
 PROBE_VERDICTS = (Verdict.EQUAL, Verdict.DIVERGENT, Verdict.NOT_RUN, Verdict.INCONCLUSIVE)

@@ -71,9 +71,9 @@ def test_no_verdict_literal_or_exit_number_outside_the_contract(repo_root):
     and errors.py."""
     import ast
 
-    from specparity.verdicts import Decision, Verdict
+    from specparity.verdicts import CachePolicy, Decision, Verdict
 
-    words = {v.value for v in Verdict} | {d.value for d in Decision}
+    words = {v.value for v in Verdict} | {d.value for d in Decision} | {p.value for p in CachePolicy}
     found = []
     for path in _source_files(repo_root):
         tree = ast.parse(path.read_text(), str(path))

@@ -104,8 +104,6 @@ def test_cli_gate_exit_codes_and_lines(cli_bin: str, rows4_pair: FixtureInfo, ll
                                        isolated_home: Path) -> None:
     info, clean = rows4_pair, llama_pair
     env = {"SPECPARITY_HOME": str(isolated_home)}
-    # (the rows4 fixture no longer allows width 2: the gate runs prefill parity, whose
-    # 16-row one-shot prefill runs the faulty kernel)
     ok = run_cli(cli_bin, "gate", "check", "--model", clean.target, "--width", "2", env=env)
     assert ok.returncode == 0, ok.stderr
     assert "specparity-gate: ALLOW width=2" in ok.stderr
@@ -119,3 +117,36 @@ def test_cli_gate_exit_codes_and_lines(cli_bin: str, rows4_pair: FixtureInfo, ll
     assert time.perf_counter() - t0 < 30
     missing = run_cli(cli_bin, "gate", "check", "--model", "/nope", "--width", "4", env=env)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+@pytest.mark.model
+def test_width_and_prompt_cache_are_two_decisions_with_two_keys(fixture_root, monkeypatch, caplog):
+    """The width decision holds no prefill parity (a drafter-less server prefills in chunks as
+    much as a drafting one); prefill parity is the prompt-cache policy, keyed apart; both probe
+    a model the caller already loaded, never a second copy."""
+    import specparity.checkpoint as checkpoint
+    from specparity.probes.gate import policy_key, prompt_cache_policy
+
+    info = build(fixture_root, "llama-rows5", arch="llama",
+                 faults=[{"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 5}])
+    loaded = checkpoint.load_checkpoint(info.target, trust_remote_code=True)
+
+    def no_second_copy(*_a, **_k):
+        raise AssertionError("the gate loaded a second copy")
+
+    monkeypatch.setattr(checkpoint, "load_checkpoint", no_second_copy)
+    caplog.set_level("INFO", logger="specparity.gate")
+    got = {w: gate_check(info.target, w, depths=(0,), walk=16, loaded=loaded) for w in (2, 4, 5)}
+    assert got[2].allow and got[4].allow and not got[5].allow
+    assert "prefill parity" not in got[4].reason and "width 5" in got[5].reason
+    policy = prompt_cache_policy(info.target, loaded=loaded)
+    assert policy.policy == "re-prefill" and policy.verdict == "divergent"
+    assert policy.reason.startswith("prefill parity, prompt ")
+    assert policy.line.startswith("specparity-gate: PROMPT-CACHE policy=re-prefill key=")
+    key, fields = policy_key(info.target)
+    assert key == policy.key and fields["decision"] == "prompt-cache" and "width" not in fields
+    assert gate_key(info.target, 4)[1]["decision"] == "width"
+    again = prompt_cache_policy(info.target, probe=_refuse)  # a hit: no probe, no load
+    assert again.hit and again.policy == "re-prefill"
+    clean = build(fixture_root, "llama-float32", arch="llama")
+    assert prompt_cache_policy(clean.target, probe=lambda *a: ("equal", "x")).reuse

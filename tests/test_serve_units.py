@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import pytest
 from conftest import build
@@ -138,7 +140,7 @@ def test_upstream_files_a_speculative_cache_one_token_short_and_exact_cache_refi
     store = ExactPromptCache(4)
     store.insert_cache("m", key, cache)
     got, rest = store.fetch_nearest_cache("m", prompt)
-    assert offsets(got) == [len(prompt) - len(rest)] * len(got)  # exactly what it is filed under
+    assert got is not None and offsets(got) == [len(prompt) - len(rest)] * len(got)  # exactly what it is filed under
 
 
 @pytest.mark.model
@@ -172,3 +174,174 @@ def test_a_gate_that_cannot_run_declines_with_its_reason(tmp_path, caplog):
     assert memo.decide(str(tmp_path), 4) is d  # asked once per width
     lines = [r.message for r in caplog.records if "specparity-gate: DECLINE width=4" in r.message]
     assert len(lines) == 1
+
+
+# -- processors with classic decode's history (issue 18) ------------------------------------------
+
+def test_missing_prefix_per_path():
+    from specparity.harness.gated.history import missing_prefix
+
+    prompt = [5, 6, 7, 8]
+    assert missing_prefix(prompt, prompt, speculative=True) == [5, 6, 7]  # keeps only the last
+    assert missing_prefix(prompt, prompt, speculative=False) == []  # classic on the whole prompt
+    assert missing_prefix(prompt, [7, 8], speculative=False) == [5, 6]  # after a cache hit
+    assert missing_prefix(prompt, [8], speculative=True) == [5, 6, 7]
+    with pytest.raises(ValueError, match="not the end"):
+        missing_prefix(prompt, [6, 7], speculative=False)
+
+
+def test_with_history_hands_each_processor_the_prefix_first():
+    from specparity.harness.gated.history import with_history
+
+    seen = []
+
+    def record(tokens, logits):
+        seen.append(tokens.tolist())
+        return logits + 1
+
+    assert with_history(None, [1]) is None and with_history([record], []) == [record]
+    processors = with_history([record], [1, 2])
+    assert processors is not None
+    (wrapped,) = processors
+    out = wrapped(mx.array([3, 4], dtype=mx.int32), mx.zeros((1, 4)))
+    assert seen == [[1, 2, 3, 4]] and out.tolist() == [[1.0] * 4]
+
+
+@pytest.mark.model
+def test_penalized_speculative_and_warm_sequential_decode_equal_classic_in_process(fixture_root):
+    """mlx-lm 0.32's own paths differ from classic decode with a penalty; with the history
+    put back they do not (the speculative path at several widths, and a warm cache)."""
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_logits_processors
+    from specparity.harness.gated.history import missing_prefix, with_history
+
+    model, draft, tok = _pair(fixture_root)
+    prompt = tok.encode("def add(a, b):")
+
+    def run(procs, **kw):
+        return [r.token for r in stream_generate(model, tok, mx.array(kw.pop("fed", prompt)), 24,
+                                                 logits_processors=procs, **kw)]
+
+    procs = lambda: make_logits_processors(repetition_penalty=1.5)  # noqa: E731
+    classic = run(procs())
+    upstream = run(procs(), draft_model=draft, num_draft_tokens=3)
+    assert upstream != classic  # the speculative path saw only the last prompt token
+    for k in (1, 3, 5):
+        fixed = with_history(procs(), missing_prefix(prompt, prompt, speculative=True))
+        assert run(fixed, draft_model=draft, num_draft_tokens=k) == classic, k
+    for cut in (1, len(prompt) - 1):
+        def warm():
+            cache = make_prompt_cache(model)
+            model(mx.array(prompt[:cut])[None], cache=cache)
+            return cache
+        if cut == len(prompt) - 1:  # the history held only the last prompt token
+            assert run(procs(), fed=prompt[cut:], prompt_cache=warm()) != classic
+        fixed = with_history(procs(), missing_prefix(prompt, prompt[cut:], speculative=False))
+        assert run(fixed, fed=prompt[cut:], prompt_cache=warm()) == classic, cut
+
+
+# -- the prompt-cache policy -------------------------------------------------------------------------
+
+def test_proven_prefix_is_what_a_fresh_prefill_computes_alike():
+    from specparity.harness.gated.cache import proven_prefix
+
+    # an entry computed as the fresh prefill of a 10-token prompt (positions 0..8), step 2048
+    assert proven_prefix(9, 10, shared=9, step=2048) == 9  # the same prompt again: all of it
+    assert proven_prefix(9, 14, shared=9, step=2048) == 0  # longer: its one chunk ends elsewhere
+    assert proven_prefix(9, 14, shared=9, step=4) == 8  # the full chunks both made
+    assert proven_prefix(9, 6, shared=5, step=4) == 4
+    assert proven_prefix(None, 10, shared=9, step=4) == 0  # nothing known: nothing proven
+    assert proven_prefix(9, 10, shared=7, step=2048) == 0  # shares less than its prefill
+
+
+def _filled(model, tokens, **kv):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from specparity.harness.gated.cache import offsets
+
+    cache = make_prompt_cache(model)
+    model(mx.array(tokens)[None], cache=cache)
+    if kv:
+        from mlx_lm.generate import maybe_quantize_kv_cache
+
+        maybe_quantize_kv_cache(cache, kv["start"], 32, 8)
+    mx.eval([c.state for c in cache])
+    assert offsets(cache) == [len(tokens)] * len(cache)
+    return cache
+
+
+@pytest.mark.model
+def test_prompt_cache_reuses_by_policy_and_says_what_it_did(fixture_root):
+    from specparity.verdicts import CachePolicy
+
+    model, _, _ = _pair(fixture_root)
+    seen: list[Any] = []
+    policy = {"p": CachePolicy.REUSE}
+    store = ExactPromptCache(4, policy_for=lambda m: policy["p"], step=4, on_lookup=seen.append)
+    a = list(range(20, 30))
+    store.held_next = 9  # computed as a fresh prefill of a 10-token prompt (then 1 decoded)
+    store.insert_cache("m", a + [40], _filled(model, a + [40]))
+
+    # an exact hit keeps one token to feed (mlx-lm 0.32 returns none, and generation fails)
+    cache, rest = store.fetch_nearest_cache("m", a + [40])
+    assert cache is not None and rest == [40] and offsets(cache) == [10] * len(cache)
+    assert seen[-1].to_dict()["outcome"] == "hit" and seen[-1].reused == 10
+
+    policy["p"] = CachePolicy.REPREFILL
+    cache, rest = store.fetch_nearest_cache("m", a)  # the same prompt again
+    assert rest == a[9:] and seen[-1].reused == 9 and seen[-1].outcome == "hit"
+    cache, rest = store.fetch_nearest_cache("m", a + [41, 42, 43])  # longer: full chunks only
+    assert len(rest) == 13 - 8 and seen[-1].outcome == "partial" and "re-prefill" in seen[-1].reason
+    cache, rest = store.fetch_nearest_cache("m", a[:3] + [99])  # less than a chunk shared
+    assert cache is None and rest == a[:3] + [99] and seen[-1].outcome == "re-prefilled"
+    store.held_next = None
+    store.insert_cache("m", [7, 8, 9, 10, 11], _filled(model, [7, 8, 9, 10, 11]))
+    assert store.fetch_nearest_cache("m", [7, 8, 9, 10, 11, 12])[0] is None  # nothing proven
+    cache, _ = store.fetch_nearest_cache("m", [1, 2, 3])
+    assert cache is None and seen[-1].outcome == "miss"
+
+
+@pytest.mark.model
+def test_a_quantized_entry_is_not_cut_below_quantized_kv_start(fixture_root):
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    from specparity.verdicts import CachePolicy
+
+    model, _, _ = _pair(fixture_root)
+    seen: list[Any] = []
+    store = ExactPromptCache(4, policy_for=lambda m: CachePolicy.REUSE, quantized_kv_start=8,
+                             on_lookup=seen.append)
+    a = list(range(20, 32))
+    filled = _filled(model, a, start=8)
+    assert all(isinstance(c, QuantizedKVCache) for c in filled)
+    store.insert_cache("m", a, filled)
+    cache, rest = store.fetch_nearest_cache("m", a[:5] + [99, 98])  # shares 5 < 8
+    assert cache is None and "quantized" in seen[-1].reason
+    cache, rest = store.fetch_nearest_cache("m", a[:10] + [99])  # shares 10 >= 8: reused
+    assert rest == [99] and seen[-1].reused == 10
+
+
+def test_metrics_labels_stay_bounded_and_count_the_prompt_cache():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    m = ServeMetrics(max_width=5)
+    for w in (2, 5, 6, 10_000, 10_001):
+        m.observe(SpecStats(declined=True, decision="DECLINE", width=w, num_draft_tokens=w - 1))
+    s = SpecStats(prompt_cache={"policy": "re-prefill", "outcome": "partial", "shared": 9,
+                                "reused": 8}, cancelled="decode")
+    m.observe(s)
+    m.set_policy("re-prefill")
+    body, _ = m.exposition()
+    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
+               for f in text_string_to_metric_families(body.decode()) for x in f.samples}
+    widths = {dict(k[1]).get("width") for k in samples if k[0] == "specparity_gate_decisions_total"}
+    assert widths == {"2", "5", "other"}
+    assert samples[("specparity_prompt_cache_reused_tokens_total", (("policy", "re-prefill"),))] == 8
+    assert samples[("specparity_prompt_cache_reprefilled_tokens_total",
+                    (("policy", "re-prefill"),))] == 1
+    assert samples[("specparity_prompt_cache_lookups_total",
+                    (("outcome", "partial"), ("policy", "re-prefill")))] == 1
+    assert samples[("specparity_cancelled_requests_total", (("stage", "decode"),))] == 1
+    assert samples[("specparity_prompt_cache_policy", (("policy", "re-prefill"),))] == 1
+    assert samples[("specparity_prompt_cache_policy", (("policy", "reuse"),))] == 0

@@ -3,4 +3,8 @@
     server.py   the swapped-in subclasses of mlx_lm.server and :func:`serve`
     cache.py    serving-loop cache state: entries hold exactly the tokens they are filed under
     stats.py    per-request speculative counts, the log line, /metrics (prometheus-client)
+    history.py  logits processors with classic decode's history on every path
+    cancel.py   a client that leaves cancels its generation
 """
+
+DEFAULT_MAX_DRAFT_TOKENS = 16  # the largest num_draft_tokens a request may ask for

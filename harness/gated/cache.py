@@ -16,14 +16,30 @@ emitted token. Three ways upstream (mlx-lm 0.32) breaks that, each fixed here:
 3. A request served by classic decode in a server with a drafter leaves the
    drafter's layers behind. :func:`catch_up` runs the drafter over the tokens
    it missed, so the entry serves the next speculative request whole.
+
+And what it reuses follows the checkpoint's prompt-cache policy (the gate's
+prefill-parity decision, ``specparity.probes.gate.prompt_cache_policy``). A
+warm request prefills only its uncached suffix: a chunked prefill. Where
+one-shot and chunked prefill agree (``reuse``) any exact entry serves; where
+they differ (``re-prefill``) a cached prefix is reused only where the calls
+that computed it are the calls a fresh classic prefill of the new prompt makes
+(:func:`proven_prefix`), and otherwise the prompt is prefilled again. Under
+either policy a quantized entry is not cut back below ``quantized_kv_start``
+(a fresh request attends there over the unquantized cache), and an exact hit
+keeps one token to feed (mlx-lm 0.32 feeds none, and generation fails).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+from specparity.verdicts import CachePolicy
 
 log = logging.getLogger("specparity.serve")
 
@@ -63,17 +79,146 @@ def exact_entry(tokens: list[int], cache: list[Any]) -> list[int] | None:
     return list(tokens[:n])
 
 
+def proven_prefix(held: int | None, prompt_len: int, shared: int, step: int) -> int:
+    """How much of a cached entry a fresh classic prefill of the new prompt would compute alike.
+
+    ``held``: the entry's first ``held`` positions were computed exactly as a fresh
+    classic prefill of a ``held + 1``-token prompt computes them (chunks of ``step``
+    from position 0, the last one ending at ``held``); None when nothing is known.
+    Classic prefill of a ``prompt_len``-token prompt computes positions
+    ``[0, prompt_len - 1)`` in chunks of ``step`` from 0. The two make the same calls
+    up to every full chunk they share, and up to ``held`` itself when both end there
+    (the same prompt again, or one that differs only in its last token).
+    """
+    if held is None or step <= 0:
+        return 0
+    usable = min(shared, prompt_len - 1)
+    if held == prompt_len - 1 and usable >= held:
+        return held
+    return (min(usable, held) // step) * step
+
+
+@dataclass
+class CacheLookup:
+    """What the prompt cache did for one request (the response's ``prompt_cache`` field).
+
+    policy: the checkpoint's prompt-cache policy (reuse | re-prefill).
+    prompt_tokens: the prompt's length. shared: the most prompt tokens a cached entry
+    holds (at most prompt_tokens - 1: one is always fed). reused: the tokens served
+    from the cache. prefilled: prompt_tokens - reused. reason: why fewer than
+    ``shared`` were reused ('' when none were held back).
+    """
+
+    policy: str
+    prompt_tokens: int
+    shared: int = 0
+    reused: int = 0
+    reason: str = ""
+
+    @property
+    def prefilled(self) -> int:
+        return self.prompt_tokens - self.reused
+
+    @property
+    def outcome(self) -> str:
+        """miss (nothing shared) | hit (all shared reused) | partial | re-prefilled (none reused)."""
+        if self.shared == 0:
+            return "miss"
+        if self.reused == self.shared:
+            return "hit"
+        return "partial" if self.reused else "re-prefilled"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "prefilled": self.prefilled, "outcome": self.outcome}
+
+
 class ExactPromptCache(LRUPromptCache):
-    """mlx-lm's LRU prompt cache whose entries hold exactly the tokens they are filed under."""
+    """mlx-lm's LRU prompt cache whose entries hold exactly the tokens they are filed under,
+    and reuse what the checkpoint's prompt-cache policy allows.
+
+    policy_for(model_key): the policy of the model mlx-lm files entries under.
+    step: ``--prefill-step-size``. quantized_kv_start: ``--quantized-kv-start`` when
+    ``--kv-bits`` is set, else None. on_lookup: told what each fetch did.
+    ``held_next``: set by the server before it files an entry: how many leading
+    positions were computed as a fresh classic prefill computes them (None: unknown).
+    """
+
+    def __init__(self, max_size: int, policy_for: Callable[[Any], CachePolicy] | None = None,
+                 step: int = 2048, quantized_kv_start: int | None = None,
+                 on_lookup: Callable[[CacheLookup], None] | None = None):
+        super().__init__(max_size)
+        self.policy_for = policy_for or (lambda _model: CachePolicy.REUSE)
+        self.step = step
+        self.quantized_kv_start = quantized_kv_start
+        self.on_lookup = on_lookup
+        self.held_next: int | None = None
 
     def insert_cache(self, model: Any, tokens: list[int], prompt_cache: list[Any],
                      *, cache_type: str = "assistant") -> None:
+        held, self.held_next = self.held_next, None
         key = exact_entry(list(tokens), prompt_cache)
         if key is None:
             log.debug("specparity-serve: cache entry of %d tokens not filed (cannot be made exact)",
                       len(tokens))
             return
         super().insert_cache(model, key, prompt_cache, cache_type=cache_type)
+        entry = self._trie.get(model, key)
+        entry.specparity_held = None if held is None else min(held, len(key))
+
+    def fetch_nearest_cache(self, model: Any, tokens: list[int]) -> tuple[list[Any] | None, list[int]]:
+        tokens = list(tokens)
+        policy = self.policy_for(model)
+        lookup = CacheLookup(str(policy), len(tokens))
+        options: list[tuple[int, int, str, list[int], Any]] = []  # (reusable, shared, why, key, entry)
+        found = self._trie.search(model, tokens)
+        for candidate in (found.exact, found.longer, found.shorter):
+            if not candidate:
+                continue
+            key = list(candidate)
+            entry = self._trie.get(model, key)
+            shared = _common(key, tokens, len(tokens) - 1)
+            m, why = shared, ""
+            if policy == CachePolicy.REPREFILL:
+                m = proven_prefix(getattr(entry, "specparity_held", None), len(tokens), shared,
+                                  self.step)
+                if m < shared:
+                    why = (f"re-prefill policy: {m} of the {shared} cached tokens were computed"
+                           " as a fresh prefill computes them")
+            if m and self._quantized_below_start(entry.prompt_cache, m):
+                m, why = 0, (f"the entry is quantized and {m} < --quantized-kv-start"
+                             f" {self.quantized_kv_start}, where a fresh request is not")
+            if 0 < m < len(key) and not can_trim_prompt_cache(entry.prompt_cache):
+                m, why = 0, f"the entry's cache cannot be cut back to {m} tokens"
+            options.append((m, shared, why, key, entry))
+        if options:
+            lookup.shared = max(o[1] for o in options)
+            m, _, _, key, entry = max(options, key=lambda o: (o[0], o[1]))
+            lookup.reused = m
+            if m < lookup.shared:
+                lookup.reason = next((o[2] for o in sorted(options, key=lambda o: -o[1]) if o[2]), "")
+        if self.on_lookup is not None:
+            self.on_lookup(lookup)
+        if not lookup.reused:
+            return None, tokens
+        cache = copy.deepcopy(entry.prompt_cache)
+        if len(key) > m:
+            trim_prompt_cache(cache, len(key) - m)
+        return cache, tokens[m:]
+
+    def _quantized_below_start(self, cache: list[Any], m: int) -> bool:
+        from mlx_lm.models.cache import QuantizedKVCache
+
+        start = self.quantized_kv_start
+        return start is not None and m < start and any(isinstance(c, QuantizedKVCache) for c in cache)
+
+
+def _common(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y or n >= limit:
+            break
+        n += 1
+    return n
 
 
 class _Slice(list):

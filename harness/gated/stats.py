@@ -18,6 +18,10 @@ read three ways, all carrying the same facts:
 - llama.cpp-style ``timings`` (:meth:`SpecStats.timings`): ``draft_n``,
   ``draft_n_accepted``, ``predicted_n``, ``prompt_n``.
 
+Every response's ``speculative`` also says what the prompt cache did
+(``prompt_cache``: the policy, tokens shared, reused and prefilled, and why
+fewer were reused), whichever path served it.
+
 A round proposes ``width - 1`` tokens and tests them in order: it stops at its
 first rejection, so it tests ``accepted + 1`` positions (all of them on a full
 accept, and only the accepted ones on a last round cut by the token budget).
@@ -28,6 +32,7 @@ is accepted / rounds, in the accept vector's units.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +43,7 @@ from specparity.probes.replay.recorder import accepts_from_flags
 SPEC_MARKER = "specparity-serve: SPEC"
 DECLINED_MARKER = "specparity-serve: DECLINED"
 NOT_ENGAGED_MARKER = "specparity-serve: NOT-ENGAGED"
+CANCELLED_MARKER = "specparity-serve: CANCELLED"
 
 # The acceptance rule mlx-lm's speculative loop runs, by sampling mode.
 RULE_GREEDY = "greedy-argmax"
@@ -70,6 +76,9 @@ class SpecStats:
     prompt_ids: the whole prompt as token ids. tokens: the emitted tokens.
     flags: per emitted token, whether it was an accepted proposal (mlx-lm's from_draft).
     seconds: wall time from the first to the last token.
+    prompt_cache: what the prompt cache did (cache.CacheLookup.to_dict()), None before lookup.
+    cancelled: where the request stopped because its client left or the server stopped
+      (queued | prefill | decode), None when it ran to its end.
     """
 
     request_id: str = ""
@@ -87,8 +96,24 @@ class SpecStats:
     tokens: list[int] = field(default_factory=list)
     flags: list[bool] = field(default_factory=list)
     seconds: float = 0.0
+    prompt_cache: dict[str, Any] | None = None
+    cancelled: str | None = None
+    single: bool = False  # served by mlx-lm's _serve_single (else its batch loop)
     finished: bool = False
     _t0: float | None = None
+    _summary: tuple[tuple[int, bool], dict[str, Any]] | None = field(default=None, repr=False)
+    gone: threading.Event = field(default_factory=threading.Event, repr=False)
+    ctx: Any = field(default=None, repr=False)
+    cancel_reason: str = "the client closed its connection"
+
+    def cancel(self, reason: str | None = None) -> None:
+        """Stop generating for this request (mlx-lm's own stop flag, and ours for prefill):
+        its client left, or the server is stopping."""
+        if reason is not None:
+            self.cancel_reason = reason
+        self.gone.set()
+        if self.ctx is not None:
+            self.ctx.stop()
 
     def add(self, token: int, from_draft: bool) -> None:
         if self._t0 is None:
@@ -106,7 +131,14 @@ class SpecStats:
         return accepts_from_flags(self.flags, self.num_draft_tokens, self.max_tokens)
 
     def summary(self) -> dict[str, Any]:
-        """Counts and rates of the rounds (all zero when not engaged)."""
+        """Counts and rates of the rounds (all zero when not engaged); computed once per length."""
+        if self._summary is not None and self._summary[0] == (len(self.flags), self.engaged):
+            return self._summary[1]
+        out = self._summarize()
+        self._summary = ((len(self.flags), self.engaged), out)
+        return out
+
+    def _summarize(self) -> dict[str, Any]:
         accepts, widths = self.rounds_view
         complete = sum(1 for f in self.flags if not f)  # rounds that ended in the target's token
         tested_at: list[int] = []
@@ -160,6 +192,7 @@ class SpecStats:
             "gate_key": self.gate_key,
             "source": "specparity serve",
             "request_id": self.request_id,
+            "prompt_cache": self.prompt_cache,
         })
         out.update(self.summary())
         return out
@@ -175,6 +208,12 @@ class SpecStats:
             "draft_n": s["proposed"],
             "draft_n_accepted": s["accepted"],
         }
+
+    def cancel_line(self) -> str:
+        """The line a request its client left logs."""
+        return (f"{CANCELLED_MARKER} request={self.request_id} stage={self.cancelled}"
+                f" tokens={len(self.tokens)} max_tokens={self.max_tokens}"
+                f" prompt_tokens={len(self.prompt_ids)} ({self.cancel_reason})")
 
     def log_line(self) -> str:
         """The request's one greppable line."""
@@ -208,11 +247,21 @@ class ServeMetrics:
     draft position (0-based). specparity_gate_decisions{decision,width}: requests
     the gate allowed, declined or forfeited. specparity_engaged_requests /
     specparity_not_engaged_requests: requests the drafter ran for, or did not.
+    specparity_prompt_cache_policy{policy}: 1 for the served model's policy.
+    specparity_prompt_cache_lookups{policy,outcome}: prompt-cache lookups by what
+    they did (miss | hit | partial | re-prefilled). specparity_prompt_cache_reused_tokens /
+    specparity_prompt_cache_reprefilled_tokens{policy}: prompt tokens served from the
+    cache, and cached tokens the policy prefilled again.
+    specparity_cancelled_requests{stage}: requests stopped because their client left.
+
+    Every label takes a bounded set of values: widths and positions are bounded by
+    ``max_width`` (the server refuses wider requests before they reach a counter).
     """
 
-    def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter
+    def __init__(self, max_width: int = 1024) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
 
+        self.max_width = max_width
         self.registry = CollectorRegistry()
         r = self.registry
         self.drafts = Counter("spec_decode_num_drafts", "Speculative verify rounds.", registry=r)
@@ -231,10 +280,40 @@ class ServeMetrics:
         self.not_engaged = Counter("specparity_not_engaged_requests",
                                    "Requests that asked for drafting and ran classic decode.",
                                    registry=r)
+        self.policy = Gauge("specparity_prompt_cache_policy",
+                            "1 for the prompt-cache policy of the served model.", ["policy"],
+                            registry=r)
+        self.lookups = Counter("specparity_prompt_cache_lookups",
+                               "Prompt-cache lookups, by policy and what they did.",
+                               ["policy", "outcome"], registry=r)
+        self.reused = Counter("specparity_prompt_cache_reused_tokens",
+                              "Prompt tokens served from the prompt cache.", ["policy"], registry=r)
+        self.reprefilled = Counter("specparity_prompt_cache_reprefilled_tokens",
+                                   "Cached prompt tokens the policy prefilled again.", ["policy"],
+                                   registry=r)
+        self.cancelled = Counter("specparity_cancelled_requests",
+                                 "Requests stopped because their client left.", ["stage"],
+                                 registry=r)
+
+    def set_policy(self, policy: str) -> None:
+        from specparity.verdicts import CachePolicy
+
+        for p in CachePolicy:
+            self.policy.labels(policy=p.value).set(1 if p.value == policy else 0)
+
+    def _width(self, width: int | None) -> str:
+        return str(width) if width is not None and 0 < width <= self.max_width else "other"
 
     def observe(self, stats: SpecStats) -> None:
+        if stats.cancelled is not None:
+            self.cancelled.labels(stage=stats.cancelled).inc()
+        pc = stats.prompt_cache
+        if pc is not None:
+            self.lookups.labels(policy=pc["policy"], outcome=pc["outcome"]).inc()
+            self.reused.labels(policy=pc["policy"]).inc(pc["reused"])
+            self.reprefilled.labels(policy=pc["policy"]).inc(pc["shared"] - pc["reused"])
         if stats.decision is not None:
-            self.decisions.labels(decision=stats.decision, width=str(stats.width)).inc()
+            self.decisions.labels(decision=stats.decision, width=self._width(stats.width)).inc()
         if not stats.engaged:
             if stats.width is not None:
                 self.not_engaged.inc()
@@ -244,11 +323,10 @@ class ServeMetrics:
         self.drafts.inc(s["rounds"])
         self.draft_tokens.inc(s["proposed"])
         self.accepted.inc(s["accepted"])
-        for i, n in enumerate(s["accepted_per_position"]):
+        for i, n in enumerate(s["accepted_per_position"][: self.max_width]):
             self.accepted_per_pos.labels(position=str(i)).inc(n)
 
     def exposition(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
-

@@ -59,7 +59,7 @@ def check(model: str | None, trust_remote_code: bool, width: int, env_prefixes: 
 @json_option
 def list_(as_json: bool) -> int:
     """Show the memoized verdicts."""
-    from specparity.probes.gate import GateStore
+    from specparity.probes.gate import PROMPT_CACHE_DECISION, GateStore
 
     entries, problem = GateStore().read_only()
     if problem is not None:
@@ -70,5 +70,7 @@ def list_(as_json: bool) -> int:
         return EXIT_OK
     for key, e in sorted(entries.items()):
         f = e.get("fields", {})
-        click.echo(f"{key[:12]}  width={f.get('width')}  {e['verdict']:<9} {e['reason']}")
+        decision = f.get("decision")
+        what = decision if decision == PROMPT_CACHE_DECISION else f"width={f.get('width')}"
+        click.echo(f"{key[:12]}  {what}  {e['verdict']:<9} {e['reason']}")
     return EXIT_OK

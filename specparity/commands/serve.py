@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from specparity.harness.gated import DEFAULT_MAX_DRAFT_TOKENS
+
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
                                  "help_option_names": ["-h", "--help"]})
@@ -11,8 +13,17 @@ import click
               help="Consult the exactness gate before each drafting request.")
 @click.option("--env-prefix", "env_prefixes", multiple=True,
               help="Env var prefixes the gate key includes (default: MLX_).")
+@click.option("--allow-request-models", is_flag=True,
+              help="Let requests name other checkpoints, drafters and adapters (model,"
+                   " draft_model, adapters). Off: only what --model, --draft-model and"
+                   " --adapter-path name is served.")
+@click.option("--max-draft-tokens", type=click.IntRange(min=0, max=1023),
+              default=DEFAULT_MAX_DRAFT_TOKENS, show_default=True,
+              help="The largest num_draft_tokens a request may ask for (each new width is a"
+                   " gate probe and a /metrics series).")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
-def serve(gate: str, env_prefixes: tuple[str, ...], server_args: tuple[str, ...]) -> int:
+def serve(gate: str, env_prefixes: tuple[str, ...], allow_request_models: bool,
+          max_draft_tokens: int, server_args: tuple[str, ...]) -> int:
     """mlx-lm's OpenAI-compatible server with the exactness gate and per-request counts.
 
     Every other flag is mlx_lm.server's own (`mlx_lm.server --help`): --model,
@@ -35,6 +46,13 @@ def serve(gate: str, env_prefixes: tuple[str, ...], server_args: tuple[str, ...]
     engaged: `specparity replay` reads it, or the log) and llama.cpp's
     `timings.draft_n` / `timings.draft_n_accepted`.
 
+    Logits processors see the whole prompt and every emitted token on every
+    path. The prompt cache follows the checkpoint's policy, said at start-up:
+    reuse (one-shot and chunked prefill agree) or re-prefill (they differ: a
+    cached prefix is reused only where it was computed as a fresh prefill
+    computes it). Ctrl-C exits 130; a port in use exits 4; a client that
+    leaves cancels its request.
+
     \b
     Example:
         specparity serve --model ./target --draft-model ./draft --num-draft-tokens 3 --port 8080
@@ -42,5 +60,7 @@ def serve(gate: str, env_prefixes: tuple[str, ...], server_args: tuple[str, ...]
     from specparity.harness.gated.server import ServeConfig
     from specparity.harness.gated.server import serve as run_server
 
-    run_server(list(server_args), ServeConfig(gate=gate == "on", env_prefixes=env_prefixes or None))
+    run_server(list(server_args), ServeConfig(
+        gate=gate == "on", env_prefixes=env_prefixes or None,
+        allow_request_models=allow_request_models, max_draft_tokens=max_draft_tokens))
     return 0

@@ -22,6 +22,9 @@ reproducible); ``layer`` null puts it on the logits.
 ``process_noise``: ``{"kind": "process_noise", "scale": 4.0}`` adds to the logits a
 bias drawn once per process from the OS's entropy: reproducible within a process,
 not across processes (a served baseline that disagrees with itself).
+``slow``: ``{"kind": "slow", "seconds": 0.05, "min_rows": 8}`` sleeps that long in every
+call of at least ``min_rows`` rows (default 1): a forward that takes time, as a large
+model's prefill does, without changing a byte.
 ``witness``: when the environment names a file in ``SPECPARITY_WITNESS_FILE``,
 every forward appends ``<pid> <role> <rows> <cache offset>`` to it (the served
 harness's engine-agnostic evidence of verify blocks and drafter calls).
@@ -40,6 +43,7 @@ one submodule for a subclass with a different ``__call__``, nothing else.
 
 import importlib
 import os
+import time
 from typing import Any
 
 import mlx.core as mx
@@ -173,6 +177,7 @@ class Model(nn.Module):
         self._logit_noise = False
         self._witness = spec.get("witness")
         self._noise = next((float(f.get("scale", 4.0)) for f in self._faults if f["kind"] == "process_noise"), None)
+        self._slow = [f for f in self._faults if f["kind"] == "slow"]
         self._bias: mx.array | None = None
         for fault in self._faults:
             if fault["kind"] in ("rows", "depth") or (fault["kind"] == "noise" and fault.get("layer") is not None):
@@ -190,6 +195,9 @@ class Model(nn.Module):
         _CallState.calls += 1
         if self._witness:
             _witness_line(self._witness, _CallState.rows, _CallState.offset)
+        for f in self._slow:
+            if _CallState.rows >= int(f.get("min_rows", 1)):
+                time.sleep(float(f["seconds"]))
         out = self.inner(inputs, cache=cache, **kwargs)
         if self._logit_noise:
             out = _call_noise(out)

@@ -1,0 +1,222 @@
+"""specparity serve behaves like a server (issue 20, class 9), on real processes.
+
+A port in use is one line and exit 4, never a hang; Ctrl-C exits 130, idle or
+busy, never MLX's abort (134); /metrics label values are bounded whatever
+clients ask; a client that gives up cancels its generation, in prefill or in
+decode; requests get only the checkpoint the operator named unless the server
+was started with --allow-request-models, and no error says what exists on disk.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import build
+from specparity.harness.lifecycle import Server
+
+BIN = Path(sys.executable).parent
+# every forward sleeps 10 ms, one of 8 rows or more 50 ms more: a prefill of many chunks and
+# a long decode take seconds
+SLOW = [{"kind": "slow", "seconds": 0.01}, {"kind": "slow", "seconds": 0.05, "min_rows": 8}]
+NO_EOS = {"0": -100.0}  # the fixture's <|endoftext|>: a decode that runs to max_tokens
+STEP = ("--prefill-step-size", "8")
+LONG_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~400 tokens
+
+
+def _serve(model: str, *extra: str) -> list[str]:
+    return [str(BIN / "specparity"), "serve", "--model", model, "--port", "{port}", *extra]
+
+
+def _server(name: str, argv: list[str], tmp_path: Path) -> Server:
+    return Server(argv, log_path=tmp_path / f"{name}.log", name=name, start_timeout=300,
+                  env={"SPECPARITY_HOME": str(tmp_path / "home")})
+
+
+def _complete(srv: Server, **body) -> httpx.Response:
+    return httpx.post(srv.url + "/v1/completions", timeout=120,
+                      json={"prompt": "hello world", "max_tokens": 8, "temperature": 0, **body})
+
+
+def _wait_for(path: Path, pattern: str, timeout: float = 120.0) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(pattern, path.read_text(errors="replace"))
+        if m:
+            return m
+        time.sleep(0.05)
+    raise AssertionError(f"{pattern!r} not in {path} after {timeout:g} s")
+
+
+@pytest.fixture(scope="module")
+def pair(fixture_root):
+    return build(fixture_root, "llama-float32", arch="llama")
+
+
+@pytest.fixture(scope="module")
+def slow_pair(fixture_root):
+    return build(fixture_root, "llama-slow8", arch="llama", faults=SLOW)
+
+
+# -- a port in use: one line, exit 4, no hang (it bound before anything started) ---------------
+
+@pytest.mark.model
+@pytest.mark.server
+def test_a_port_in_use_is_one_line_and_exit_4(pair, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([str(BIN / "specparity"), "serve", "--model", pair.target,
+                            "--port", str(port)], capture_output=True, text=True, timeout=120,
+                           env={"SPECPARITY_HOME": str(tmp_path), "PATH": str(BIN)})
+    assert r.returncode == 4, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
+    assert lines == [f"Error: cannot listen on 127.0.0.1:{port} (Address already in use);"
+                     " choose another --port"], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# -- Ctrl-C: exit 130, idle or in the middle of a request ---------------------------------------
+
+def _interrupt(srv: Server) -> int:
+    assert srv.proc is not None
+    srv.proc.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends
+    return srv.proc.wait(120)
+
+
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.model
+def test_ctrl_c_exits_130_idle_and_busy(pair, slow_pair, tmp_path):
+    srv = _server("idle", _serve(pair.target, "--draft-model", pair.draft), tmp_path).start()
+    try:
+        assert _complete(srv).status_code == 200
+        assert _interrupt(srv) == 130
+    finally:
+        srv.stop()
+    argv = _serve(slow_pair.target, "--draft-model", slow_pair.draft, "--trust-remote-code", *STEP)
+    srv = _server("busy", argv, tmp_path).start()
+    try:
+        threading.Thread(target=lambda: _quietly(srv, prompt=LONG_PROMPT, max_tokens=2000),
+                         daemon=True).start()
+        _wait_for(Path(str(srv.log_path)), r'"POST /v1/completions HTTP/1.1" 200')  # generating
+        assert _interrupt(srv) == 130
+    finally:
+        srv.stop()
+    for name in ("idle", "busy"):
+        text = (tmp_path / f"{name}.log").read_text()
+        assert "specparity-serve: INTERRUPTED" in text
+        assert "terminate called" not in text and "Traceback" not in text
+
+
+def _quietly(srv: Server, timeout: float = 120, **body) -> None:
+    try:
+        httpx.post(srv.url + "/v1/completions", timeout=timeout,
+                   json={"temperature": 0, **body})
+    except httpx.HTTPError:
+        pass
+
+
+# -- /metrics: bounded label values --------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.model
+def test_metrics_label_values_stay_bounded_whatever_clients_ask(pair, tmp_path):
+    argv = _serve(pair.target, "--draft-model", pair.draft, "--max-draft-tokens", "4")
+    with _server("labels", argv, tmp_path) as srv:
+        for k in (5, 99, 10**6, 10**12):
+            r = _complete(srv, num_draft_tokens=k)
+            assert r.status_code == 400 and "--max-draft-tokens" in r.json()["error"], k
+        assert _complete(srv, num_draft_tokens=2).status_code == 200
+        metrics = httpx.get(srv.url + "/metrics", timeout=30).text
+    widths = set(re.findall(r'width="([^"]+)"', metrics))
+    positions = set(re.findall(r'position="([^"]+)"', metrics))
+    assert widths <= {"2", "3", "4", "5", "other"} and "3" in widths
+    assert positions <= {"0", "1", "2", "3"}
+    log_text = (tmp_path / "labels.log").read_text()
+    assert not re.search(r"specparity-gate: \w+ width=(?:6|100|1000001) ", log_text)  # no probe
+
+
+# -- a client that gives up cancels its generation ---------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.model
+def test_a_client_that_gives_up_cancels_its_generation(pair, slow_pair, tmp_path):
+    argv = _serve(slow_pair.target, "--trust-remote-code", *STEP)
+    with _server("cancel", argv, tmp_path) as srv:
+        log = Path(str(srv.log_path))
+        for i in range(8):  # a client that reads its whole answer, then closes, gave up nothing
+            assert _complete(srv, prompt=f"hello {i}", stream=bool(i % 2)).status_code == 200
+        # prefill: ~50 chunks of 8 rows at 50 ms each; the client leaves after 1 s
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/v1/completions", timeout=1.0,
+                       json={"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0})
+        m = _wait_for(log, r"specparity-serve: CANCELLED request=\S+ stage=(\w+) tokens=(\d+)")
+        assert m.group(1) == "prefill" and m.group(2) == "0"
+        # decode: 3000 one-row steps of 10 ms; the client leaves after 1 s
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/v1/completions", timeout=1.0,
+                       json={"prompt": "hello", "max_tokens": 3000, "temperature": 0, "seed": 1,
+                             "logit_bias": NO_EOS})
+        m = _wait_for(log, r"CANCELLED request=\S+ stage=decode tokens=(\d+) max_tokens=3000")
+        assert int(m.group(1)) < 3000
+        # the server is free and serves the next request whole
+        r = _complete(srv, max_tokens=6)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+        metrics = httpx.get(srv.url + "/metrics", timeout=30).text
+    cancelled = dict(re.findall(r'specparity_cancelled_requests_total\{stage="(\w+)"\} (\S+)', metrics))
+    assert cancelled == {"prefill": "1.0", "decode": "1.0"}, cancelled
+
+
+# -- only what the operator named; errors say nothing about the file system ----------------------
+
+FS_WORDS = ("No such file", "Errno", "config.json", "safetensors", "not a directory", "exist")
+
+
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.model
+def test_requests_get_only_the_operators_checkpoint(pair, fixture_root, tmp_path):
+    other = build(fixture_root, "llama-bfloat16", arch="llama", dtype="bfloat16")
+    missing, existing = str(tmp_path / "nope"), str(tmp_path)
+    with _server("named", _serve(pair.target), tmp_path) as srv:
+        for body in ({"model": missing}, {"model": existing}, {"model": other.target},
+                     {"model": "/etc"}, {"draft_model": pair.draft}, {"draft_model": missing},
+                     {"adapters": existing}, {"adapters": missing}):
+            r = _complete(srv, **body)
+            assert r.status_code == 404, (body, r.text)
+            error = r.json()["error"]
+            field, value = next(iter(body.items()))
+            assert error == (f"{field} {value!r} is not served here: this server serves what its"
+                             " operator named (GET /v1/models)")
+        for name in ("default_model", pair.target):
+            assert _complete(srv, model=name).status_code == 200
+        models = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]
+        assert [m["id"] for m in models] == [pair.target]
+        log_text = Path(str(srv.log_path)).read_text()
+    assert "MODEL-UNAVAILABLE" not in log_text and other.target not in log_text.split("POST")[0]
+
+    argv = _serve(pair.target, "--allow-request-models")
+    with _server("open", argv, tmp_path) as srv:
+        errors = []
+        for value in (missing, existing):
+            r = _complete(srv, model=value)
+            assert r.status_code == 404
+            errors.append(r.json()["error"])
+        assert errors == [f"model {missing!r} could not be loaded",
+                          f"model {existing!r} could not be loaded"]
+        assert not any(w in e for e in errors for w in FS_WORDS)
+        assert _complete(srv, model=other.target).status_code == 200  # the opt-in loads it
+        log_text = Path(str(srv.log_path)).read_text()
+    assert log_text.count("specparity-serve: MODEL-UNAVAILABLE") == 2  # the detail stays here
