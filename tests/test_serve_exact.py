@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import build
-from specparity.harness.lifecycle import Server
+from specparity.harness.lifecycle import PORT_ARG, Server
 
 BIN = Path(sys.executable).parent
 MAX_TOKENS = 24
@@ -195,12 +195,12 @@ def _server(name: str, argv: list[str], logs: Path, home: Path) -> Server:
 
 
 def plain_argv(model: str, draft: str | None, flags: tuple[str, ...]) -> list[str]:
-    argv = [str(BIN / "mlx_lm.server"), "--model", model, "--port", "{port}", *flags]
+    argv = [str(BIN / "mlx_lm.server"), "--model", model, "--port", PORT_ARG, *flags]
     return argv + (["--draft-model", draft, "--num-draft-tokens", "3"] if draft else [])
 
 
 def serve_argv(model: str, draft: str | None, flags: tuple[str, ...]) -> list[str]:
-    argv = [str(BIN / "specparity"), "serve", "--model", model, "--port", "{port}", *flags]
+    argv = [str(BIN / "specparity"), "serve", "--model", model, "--port", PORT_ARG, *flags]
     return argv + (["--draft-model", draft, "--num-draft-tokens", "3"] if draft else [])
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import build
-from specparity.harness.lifecycle import Server
+from specparity.harness.lifecycle import PORT_ARG, Server
 
 BIN = Path(sys.executable).parent
 # every forward sleeps 10 ms, one of 8 rows or more 50 ms more: a prefill of many chunks and
@@ -33,7 +33,7 @@ LONG_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # 
 
 
 def _serve(model: str, *extra: str) -> list[str]:
-    return [str(BIN / "specparity"), "serve", "--model", model, "--port", "{port}", *extra]
+    return [str(BIN / "specparity"), "serve", "--model", model, "--port", PORT_ARG, *extra]
 
 
 def _server(name: str, argv: list[str], tmp_path: Path) -> Server:
