@@ -32,6 +32,8 @@ from typing import Any
 import pytest
 
 from conftest import run_cli
+from specparity.environments import ENV_CACHE_VAR
+from test_environments import REAL_CACHE, built
 
 pytestmark = pytest.mark.model
 _BUILT: dict[str, Any] = {}
@@ -46,6 +48,13 @@ def dflash(root: Path, name: str, **kwargs: Any) -> Any:
     return _BUILT[name]
 
 
+@pytest.fixture(autouse=True)
+def real_environments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-run finds the dflash-mlx environment where scripts/build-env put it (the isolated
+    SPECPARITY_HOME has none: without this every test built its own, about 20 s each)."""
+    monkeypatch.setenv(ENV_CACHE_VAR, str(REAL_CACHE))
+
+
 @pytest.fixture(scope="session")
 def dflash_env() -> dict[str, str]:
     """Environment for a CLI run that reaches dflash-mlx (here, or its environment's interpreter)."""
@@ -54,14 +63,8 @@ def dflash_env() -> dict[str, str]:
     var = "SPECPARITY_DFLASH_MLX_PYTHON"
     if os.environ.get(var):
         return {var: os.environ[var]}
-    from specparity.environments import find_environment
-
-    if find_environment("dflash-mlx") is None:
-        why = "the dflash-mlx environment is not built: run scripts/build-env dflash-mlx"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return {}  # the command finds the built environment itself
+    built("dflash-mlx")  # skip when not built (fail under CI)
+    return {}  # the command finds the built environment itself (real_environments)
 
 
 def cli_json(cli_bin: str, env: dict[str, str], *args: str, code: int | None = None) -> dict:
