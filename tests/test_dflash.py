@@ -32,22 +32,11 @@ from typing import Any
 import pytest
 
 from conftest import run_cli
+from dflash_pairs import dflash_info
 from specparity.environments import ENV_CACHE_VAR
 from test_environments import REAL_CACHE, built
 
 pytestmark = pytest.mark.model
-_BUILT: dict[str, Any] = {}
-
-
-def dflash(root: Path, name: str, **kwargs: Any) -> Any:
-    """A DFlash fixture pair built once per session under ``root``."""
-    from specparity.dflash_fixtures import build_dflash_pair
-
-    if name not in _BUILT:
-        _BUILT[name] = build_dflash_pair(root / name, **kwargs)
-    return _BUILT[name]
-
-
 @pytest.fixture(autouse=True)
 def real_environments(monkeypatch: pytest.MonkeyPatch) -> None:
     """A re-run finds the dflash-mlx environment where scripts/build-env put it (the isolated
@@ -90,7 +79,7 @@ def test_dflash_fixture_is_a_real_drafter_with_a_spread_accept_mix(fixture_root:
     import mlx.core as mx
     from tokenizers import Tokenizer
 
-    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    info = dflash_info(fixture_root, "qwen3", 8)
     cfg = json.loads((Path(info.draft) / "config.json").read_text())
     target_cfg = json.loads((Path(info.target) / "config.json").read_text())
     assert cfg["block_size"] == 8 and cfg["num_target_layers"] == target_cfg["num_hidden_layers"] == 4
@@ -133,7 +122,7 @@ def test_dflash_target_shapes_keep_the_published_head_ratios(shape: str, key: in
 def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """Block vs chain per width, and every rollback, through dflash-mlx's own verify and rollback."""
-    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    info = dflash_info(fixture_root, "qwen3_5-equal-heads", 8, tied=True)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
                    "--depths", "0", "--prompt-ids", ",".join(map(str, info.fit_prompts[0])), code=1)
     assert out["engine"]["name"] == "dflash-mlx" and out["engine"]["version"] == "0.1.8"
@@ -160,7 +149,7 @@ def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
 @pytest.mark.slow
 def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """The engine's own loop: its state after a partial rollback differs, and its accept vector reproduces it."""
-    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    info = dflash_info(fixture_root, "qwen3_5-equal-heads", 8, tied=True)
     seen = 0
     for prompt in info.fit_prompts:
         out = cli_json(cli_bin, dflash_env, "replay", "--engine", "dflash-mlx", "--model", info.target,
@@ -195,7 +184,7 @@ def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: st
 @pytest.mark.slow
 def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
-    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    info = dflash_info(fixture_root, "qwen3_5-equal-heads", 8, tied=True)
     out = cli_json(cli_bin, dflash_env, "bisect", "--engine", "dflash-mlx", "--model", info.target,
                    "--width", "8", "--accepted", "3", code=1)
     if mlx_lm_minor(out["meta"]["engine"]) >= (0, 32):
@@ -215,7 +204,7 @@ def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(
 def test_dflash_cannot_run_the_published_head_ratios_and_says_so(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """1:2 linear key:value heads: every verify block is not_run with the engine's own error, never a pass."""
-    info = dflash(fixture_root, "q35-b16-f32-tied", shape="qwen3_5", block_size=16, tied=True)
+    info = dflash_info(fixture_root, "qwen3_5", 16, tied=True)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
                    "--depths", "0", code=3)
     assert out["verdict"] == "not_run"
@@ -232,7 +221,7 @@ def test_dflash_cannot_run_the_published_head_ratios_and_says_so(
 def test_dflash_bfloat16_breaks_exact_ties_the_other_way(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """The rows equal classic decode's; the engine's raw-logit argmax leaves it at an exact logprob tie."""
-    info = dflash(fixture_root, "qwen3-b8-bf16", shape="qwen3", block_size=8, dtype="bfloat16")
+    info = dflash_info(fixture_root, "qwen3", 8, "bfloat16")
     found = 0
     for prompt in info.fit_prompts:
         out = cli_json(cli_bin, dflash_env, "replay", "--engine", "dflash-mlx", "--model", info.target,
@@ -253,7 +242,7 @@ def test_dflash_bfloat16_breaks_exact_ties_the_other_way(
 def test_dflash_plain_qwen3_float32_is_the_clean_path(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """Detectors stay silent: block, every rollback, prefill and the engine's own run equal classic decode."""
-    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    info = dflash_info(fixture_root, "qwen3", 8)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
                    "--depths", "0,8", code=0)
     assert {c["verdict"] for c in out["cells"]} == {"equal"} and len(out["rollbacks"]) == 2 * (4 + 8)
@@ -270,7 +259,7 @@ def test_dflash_plain_qwen3_float32_is_the_clean_path(
 def test_dflash_detectors_fire_on_an_injected_fault(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str], fault: str) -> None:
     """On the clean path, a rollback that keeps one stale row, or a verify row scaled, is named."""
-    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    info = dflash_info(fixture_root, "qwen3", 8)
     env = {**dflash_env, "SPECPARITY_ENGINE_FAULT": fault}
     out = cli_json(cli_bin, env, "probe", "--engine", "dflash-mlx", "--model", info.target, "--depths", "0",
                    "--widths", "8", code=1)
@@ -298,7 +287,7 @@ def test_dflash_detectors_fire_on_an_injected_fault(
 @pytest.mark.slow
 def test_dflash_generate_entry_points_against_classic(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
-    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    info = dflash_info(fixture_root, "qwen3", 8)
     out = cli_json(cli_bin, dflash_env, "e2e", "--engine", "dflash-mlx", "--model", info.target,
                    "--max-tokens", "48", code=0)
     entries = {e["entry"]: e for e in out["entries"]}
@@ -335,7 +324,7 @@ def test_dflash_loads_the_fixture_drafter_as_its_own(fixture_root: Path, dflash_
     import subprocess
     import sys
 
-    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    info = dflash_info(fixture_root, "qwen3_5-equal-heads", 8, tied=True)
     from specparity.engine_env import engine_environment, importable
 
     python, environ = (sys.executable, None) if importable("dflash-mlx") else engine_environment("dflash-mlx")
