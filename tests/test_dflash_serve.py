@@ -34,7 +34,7 @@ from specparity.harness.results import ArmResult, ServedReport
 from specparity.harness.run import ServedRun
 from specparity.verdicts import Verdict
 
-from dflash_pairs import dflash_fixture
+from dflash_pairs import dflash_info, pair_dirs
 from test_environments import REAL_CACHE, built
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
@@ -81,7 +81,7 @@ def dflash_env() -> Environment:
 
 @pytest.fixture(scope="module")
 def qwen3_pair(dflash_env: Environment, fixture_root: Path) -> dict[str, str]:
-    return dflash_fixture(dflash_env, "qwen3", BLOCK, work=fixture_root)
+    return pair_dirs(dflash_info(fixture_root, "qwen3", BLOCK))
 
 
 def served(pair: dict[str, str], work: Path, widths: list[int], sequence: list[str],
@@ -214,7 +214,7 @@ def test_on_a_bfloat16_hybrid_dflash_picks_the_larger_logit_where_classic_decode
     16) every drafted arm emits the raw-logit chain, at every width; the baseline emits classic decode's;
     where they part, classic decode's top two logprobs are equal and its logits are not."""
     try:
-        pair = dflash_fixture(dflash_env, "qwen3_5-equal-heads", 16, "bfloat16", work=fixture_root)
+        pair = pair_dirs(dflash_info(fixture_root, "qwen3_5-equal-heads", 16, "bfloat16"))
     except LookupError as err:
         pytest.skip(str(err))
     chains = in_env(dflash_env, _CHAINS, pair["target"], PROMPT, str(48))
@@ -246,7 +246,7 @@ def test_a_hybrid_target_with_more_value_than_key_heads_is_an_error_with_the_eng
     (target_qwen_gdn.py, the non-Metal branch) does not repeat the key heads. Every drafted request is
     an error carrying the engine's message, the stream included (its response ends with no token). The pair
     is test_dflash.py's for the same finding in process (block 16, tied head), verified here 8 rows wide."""
-    pair = dflash_fixture(dflash_env, "qwen3_5", 16, tied=True, work=fixture_root)
+    pair = pair_dirs(dflash_info(fixture_root, "qwen3_5", 16, tied=True))
     report = served(pair, tmp_path / "run", [BLOCK], ["fresh", "stream"])
     got = arms(report)
     assert got["baseline-start"].verdict == Verdict.MATCH
