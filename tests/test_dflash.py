@@ -65,6 +65,25 @@ def cli_json(cli_bin: str, env: dict[str, str], *args: str, code: int | None = N
     return out
 
 
+def rollback_pair(root: Path) -> Any:
+    """The hybrid pair whose rollbacks the engine gets wrong (as many linear value as key heads, block 8).
+
+    Fitted further than the other test pairs (each kind of block at least 5% of the rounds, 150 steps):
+    at the first spread checkpoint its drafter accepts in part so rarely that the engine's own loop
+    shows the wrong state on 3 of the 8 fit prompts; fitted this far, on 6.
+    """
+    return dflash_info(root, "qwen3_5-equal-heads", 8, tied=True, balance=0.05)
+
+
+def own_runs(cli_bin: str, env: dict[str, str], info: Any) -> dict:
+    """The engine's own loop on every fit prompt (64 tokens, the drafter's block every round), one CLI run."""
+    prompts = [a for p in info.fit_prompts for a in ("--prompt-ids", ",".join(map(str, p)))]
+    out = cli_json(cli_bin, env, "replay", "--engine", "dflash-mlx", "--model", info.target, *prompts,
+                   "--max-tokens", "64", "--verify-mode", "dflash")
+    assert len(out["requests"]) == len(info.fit_prompts)
+    return out
+
+
 def mlx_lm_minor(engine: dict) -> tuple[int, int]:
     major, minor = engine["packages"]["mlx-lm"].split(".")[:2]
     return int(major), int(minor)
@@ -122,7 +141,7 @@ def test_dflash_target_shapes_keep_the_published_head_ratios(shape: str, key: in
 def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """Block vs chain per width, and every rollback, through dflash-mlx's own verify and rollback."""
-    info = dflash_info(fixture_root, "qwen3_5-equal-heads", 8, tied=True)
+    info = rollback_pair(fixture_root)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
                    "--depths", "0", "--prompt-ids", ",".join(map(str, info.fit_prompts[0])), code=1)
     assert out["engine"]["name"] == "dflash-mlx" and out["engine"]["version"] == "0.1.8"
@@ -149,12 +168,10 @@ def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
 @pytest.mark.slow
 def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """The engine's own loop: its state after a partial rollback differs, and its accept vector reproduces it."""
-    info = dflash_info(fixture_root, "qwen3_5-equal-heads", 8, tied=True)
+    info = rollback_pair(fixture_root)
     seen = 0
-    for prompt in info.fit_prompts:
-        out = cli_json(cli_bin, dflash_env, "replay", "--engine", "dflash-mlx", "--model", info.target,
-                       "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "64", "--verify-mode", "dflash")
-        req = out["requests"][0]
+    out = own_runs(cli_bin, dflash_env, info)
+    for req in out["requests"]:
         assert req["kind"] == "engine-run" and req["error"] is None
         assert set(req["sources"]) <= {"dflash", "copyspec", "none"} and "dflash" in req["sources"]
         if mlx_lm_minor(out["engine"]) >= (0, 32):
@@ -164,7 +181,7 @@ def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: st
         if req["state"] is None:
             # no partial rollback in this run: the engine's loop equals classic decode
             assert all(a in (0, w - 1) for a, w in zip(req["accepts"], req["widths"]) if w > 1)
-            assert out["verdict"] == "equal"
+            assert req["verdict"] == "equal"
             continue
         seen += 1
         state = req["state"]
@@ -176,15 +193,15 @@ def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: st
             assert req["token"]["round"] > state["round"]
         # the same accept vector through the engine's verify and rollback: the target side
         assert req["replay"]["state"]["round"] == state["round"]
-        assert out["verdict"] == "divergent"
-    assert seen > 0
+        assert req["verdict"] == "divergent"
+    assert seen > 0 and out["verdict"] == "divergent"
 
 
 @pytest.mark.build
 @pytest.mark.slow
 def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
-    info = dflash_info(fixture_root, "qwen3_5-equal-heads", 8, tied=True)
+    info = rollback_pair(fixture_root)
     out = cli_json(cli_bin, dflash_env, "bisect", "--engine", "dflash-mlx", "--model", info.target,
                    "--width", "8", "--accepted", "3", code=1)
     if mlx_lm_minor(out["meta"]["engine"]) >= (0, 32):
@@ -223,10 +240,7 @@ def test_dflash_bfloat16_breaks_exact_ties_the_other_way(
     """The rows equal classic decode's; the engine's raw-logit argmax leaves it at an exact logprob tie."""
     info = dflash_info(fixture_root, "qwen3", 8, "bfloat16")
     found = 0
-    for prompt in info.fit_prompts:
-        out = cli_json(cli_bin, dflash_env, "replay", "--engine", "dflash-mlx", "--model", info.target,
-                       "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "64", "--verify-mode", "dflash")
-        req = out["requests"][0]
+    for req in own_runs(cli_bin, dflash_env, info)["requests"]:
         assert req["row"] is None and req["state"] is None  # the target side is exact
         assert req["replay"]["verdict"] == "equal"
         if req["token"] is not None:
@@ -324,7 +338,7 @@ def test_dflash_loads_the_fixture_drafter_as_its_own(fixture_root: Path, dflash_
     import subprocess
     import sys
 
-    info = dflash_info(fixture_root, "qwen3_5-equal-heads", 8, tied=True)
+    info = rollback_pair(fixture_root)
     from specparity.engine_env import engine_environment, importable
 
     python, environ = (sys.executable, None) if importable("dflash-mlx") else engine_environment("dflash-mlx")
