@@ -48,6 +48,8 @@ FIT_TOKENS = 96  # greedy tokens per fit prompt
 EXTRA_FIT_PROMPTS = 5  # random-id prompts beside the built-in ones
 # optimizer steps after which the mix is measured (a small target loops early: look often at first)
 CHECKPOINTS = (25, 50, 75, 100, 150, 200, 300, 400, 500, 600, 800)
+# the fit stops once each kind of block (full, partial, zero) is at least this share of the rounds
+BALANCE = 0.1
 
 _LINEAR = {"linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4}
 _HYBRID = {
@@ -139,9 +141,9 @@ class AcceptMix:
         """The rarest kind of block's share of the rounds."""
         return min(self.full, self.partial, self.zero) / max(self.rounds, 1)
 
-    def balanced(self, floor: float = 0.1) -> bool:
-        """Each kind of block is at least ``floor`` of the rounds."""
-        return self.balance() >= floor
+    def balanced(self, floor: float = BALANCE) -> bool:
+        """Each kind of block occurs and is at least ``floor`` of the rounds."""
+        return self.spread and self.balance() >= floor
 
     def describe(self) -> str:
         mean = self.accepted / self.rounds if self.rounds else 0.0
@@ -166,7 +168,8 @@ class DFlashFixtureInfo:
     target_layer_ids: target layers the drafter reads. mask_token_id: the block's filler id.
     accept_mix: the measured mix on the fit prompts (AcceptMix.to_dict()).
     fit_prompts: the token-id prompts the drafter was fitted on (the built-in probe prompts first).
-    train_steps: optimizer steps taken.
+    train_steps: optimizer steps taken. balance: the share of the rounds each kind of block was
+    fitted towards (:data:`BALANCE`; 0: the first checkpoint where all three occur).
     """
 
     target: str
@@ -182,6 +185,7 @@ class DFlashFixtureInfo:
     accept_mix: dict[str, Any]
     fit_prompts: list[list[int]]
     train_steps: int
+    balance: float = BALANCE
     kind: str = "dflash"
 
     def to_dict(self) -> dict[str, Any]:
@@ -300,8 +304,8 @@ class _Fit:
         return mix
 
 
-def _fit_drafter(fit: _Fit, args: Any, dtype_name: str, seed: int) -> tuple[Any, AcceptMix, int]:
-    """Distil the drafter on the fit trajectories until its accept mix is spread (or the step cap)."""
+def _fit_drafter(fit: _Fit, args: Any, dtype_name: str, seed: int, balance: float) -> tuple[Any, AcceptMix, int]:
+    """Distil the drafter on the fit trajectories until its accept mix is ``balance``d (or the step cap)."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -338,7 +342,7 @@ def _fit_drafter(fit: _Fit, args: Any, dtype_name: str, seed: int) -> tuple[Any,
         log.info("dflash drafter after %d steps: %s", steps, mix.describe())
         if best is None or mix.balance() > best[0]:
             best = (mix.balance(), steps, weights_now, mix)
-        if mix.balanced():
+        if mix.balanced(balance):
             break
     assert best is not None
     _, steps, chosen, mix = best
@@ -360,10 +364,15 @@ def build_dflash_pair(
     tied: bool = False,
     seed: int = 0,
     overwrite: bool = False,
+    balance: float = BALANCE,
 ) -> DFlashFixtureInfo:
     """Build ``out/target`` (mlx-lm) and ``out/draft`` (a DFlash drafter dflash-mlx loads), atomically.
 
-    An existing fixture at ``out`` is returned as it is unless ``overwrite``.
+    The drafter is fitted until each kind of block (full, partial, zero-accept)
+    is at least ``balance`` of the rounds on the fit prompts; ``balance=0``
+    stops at the first checkpoint where all three occur (a few seconds: the
+    tests' pairs). An existing fixture at ``out`` is returned as it is unless
+    ``overwrite``.
     """
     import mlx.core as mx
 
@@ -402,7 +411,7 @@ def build_dflash_pair(
                          target_layer_ids=list(TARGET_LAYER_IDS), mask_token_id=mask_id,
                          rms_norm_eps=config["rms_norm_eps"], **_DRAFT)
         fit = _Fit(target, tied, prompts, FIT_TOKENS, mask_id, block_size)
-        drafter, mix, steps = _fit_drafter(fit, args, dtype, seed)
+        drafter, mix, steps = _fit_drafter(fit, args, dtype, seed, balance)
 
         (tmp / "target").mkdir()
         target_params = model_params(target)
@@ -419,7 +428,7 @@ def build_dflash_pair(
             target=str(out / "target"), draft=str(out / "draft"), shape=shape, shape_note=SHAPES[shape][1],
             dtype=dtype, tied=bool(tied), block_size=block_size, seed=seed,
             target_layer_ids=list(TARGET_LAYER_IDS), mask_token_id=mask_id, accept_mix=mix.to_dict(),
-            fit_prompts=prompts, train_steps=steps,
+            fit_prompts=prompts, train_steps=steps, balance=balance,
         )
         (tmp / "fixture.json").write_text(json.dumps(info.to_dict(), indent=2))
         if out.exists():

@@ -1,38 +1,69 @@
-"""DFlash fixture pairs (a target and a DFlash drafter dflash-mlx loads) for the served tests and bench.
+"""DFlash fixture pairs (a target and a DFlash drafter dflash-mlx loads) for the DFlash tests and bench.
 
-One function, :func:`dflash_fixture`: the fixture builder's pair
-(``specparity.dflash_fixtures.build_dflash_pair``: the drafter fitted to its
-target, with a spread accept mix), built once per ``work`` directory and name.
+The builder's pair (``specparity.dflash_fixtures.build_dflash_pair``: the drafter
+fitted to its target), built once per process and root: :func:`dflash_info`
+for the tests (under the session's ``fixture_root``, so tests/test_dflash.py and
+tests/test_dflash_serve.py share every pair), and :func:`dflash_fixture` for the
+bench's ``{"target", "draft"}``.
+
+The tests' pairs are fitted to :data:`TEST_BALANCE`: the drafter stops at the
+first checkpoint where full, partial and zero-accept blocks all occur (what the
+tests need, and what the fixture test asserts), a few seconds each; the bench's,
+like ``specparity fixtures make --dflash``, until each kind is a tenth of the rounds.
 """
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specparity.environments import Environment
 
-_BUILT: dict[str, dict[str, str]] = {}
+if TYPE_CHECKING:
+    from specparity.dflash_fixtures import DFlashFixtureInfo
+
+TEST_BALANCE = 0.0
+_BUILT: dict[str, DFlashFixtureInfo] = {}
 
 
-def fixture_name(shape: str, block_size: int, dtype: str, tied: bool) -> str:
-    from specparity.dflash_fixtures import dflash_fixture_name
+def fixture_name(shape: str, block_size: int, dtype: str, tied: bool, balance: float | None = None) -> str:
+    """The pair's directory name, from every argument (the builder's default balance is left unsaid)."""
+    from specparity.dflash_fixtures import BALANCE, dflash_fixture_name
 
-    return dflash_fixture_name(shape, block_size, dtype, tied)
+    name = dflash_fixture_name(shape, block_size, dtype, tied)
+    return name if balance is None or balance == BALANCE else f"{name}-balance{balance:g}"
+
+
+def dflash_info(root: Path, shape: str = "qwen3", block_size: int = 8, dtype: str = "float32",
+                tied: bool = False, balance: float = TEST_BALANCE) -> DFlashFixtureInfo:
+    """The DFlash pair of these arguments under ``root``, built on first use in this process.
+
+    Its directory is named by every argument (:func:`fixture_name`), so a cached
+    pair is never one built with other arguments.
+    """
+    from specparity.dflash_fixtures import build_dflash_pair
+
+    out = root / fixture_name(shape, block_size, dtype, tied, balance)
+    if str(out) not in _BUILT:
+        _BUILT[str(out)] = build_dflash_pair(out, shape=shape, block_size=block_size, dtype=dtype, tied=tied,
+                                             balance=balance)
+    return _BUILT[str(out)]
+
+
+def pair_dirs(info: DFlashFixtureInfo) -> dict[str, str]:
+    """``{"target": DIR, "draft": DIR, "fitted": "yes"}``: what a served pairing takes."""
+    return {"target": info.target, "draft": info.draft, "fitted": "yes"}
 
 
 def dflash_fixture(env: Environment, shape: str = "qwen3", block_size: int = 8, dtype: str = "float32",
                    tied: bool = False, work: Path | None = None) -> dict[str, str]:
-    """``{"target": DIR, "draft": DIR, "fitted": "yes"}`` for a DFlash pair of this shape, built under ``work``.
+    """:func:`pair_dirs` of a DFlash pair fitted as ``fixtures make --dflash`` fits one, built under ``work``.
 
     ``env``: the dflash-mlx environment the pair is served from (kept for the callers' signature: the
     builder runs here, in the toolkit's own interpreter).
     """
-    from specparity.dflash_fixtures import build_dflash_pair
+    from specparity.dflash_fixtures import BALANCE
 
     root = work or Path(tempfile.mkdtemp(prefix="dflash-pair-"))
-    out = root / fixture_name(shape, block_size, dtype, tied)
-    if str(out) not in _BUILT:
-        info = build_dflash_pair(out, shape=shape, block_size=block_size, dtype=dtype, tied=tied)
-        _BUILT[str(out)] = {"target": str(info.target), "draft": str(info.draft), "fitted": "yes"}
-    return _BUILT[str(out)]
+    return pair_dirs(dflash_info(root, shape, block_size, dtype, tied, balance=BALANCE))

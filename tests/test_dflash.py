@@ -32,18 +32,16 @@ from typing import Any
 import pytest
 
 from conftest import run_cli
+from dflash_pairs import dflash_info
+from specparity.environments import ENV_CACHE_VAR
+from test_environments import REAL_CACHE, built
 
 pytestmark = pytest.mark.model
-_BUILT: dict[str, Any] = {}
-
-
-def dflash(root: Path, name: str, **kwargs: Any) -> Any:
-    """A DFlash fixture pair built once per session under ``root``."""
-    from specparity.dflash_fixtures import build_dflash_pair
-
-    if name not in _BUILT:
-        _BUILT[name] = build_dflash_pair(root / name, **kwargs)
-    return _BUILT[name]
+@pytest.fixture(autouse=True)
+def real_environments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-run finds the dflash-mlx environment where scripts/build-env put it (the isolated
+    SPECPARITY_HOME has none: without this every test built its own, about 20 s each)."""
+    monkeypatch.setenv(ENV_CACHE_VAR, str(REAL_CACHE))
 
 
 @pytest.fixture(scope="session")
@@ -54,14 +52,8 @@ def dflash_env() -> dict[str, str]:
     var = "SPECPARITY_DFLASH_MLX_PYTHON"
     if os.environ.get(var):
         return {var: os.environ[var]}
-    from specparity.environments import find_environment
-
-    if find_environment("dflash-mlx") is None:
-        why = "the dflash-mlx environment is not built: run scripts/build-env dflash-mlx"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return {}  # the command finds the built environment itself
+    built("dflash-mlx")  # skip when not built (fail under CI)
+    return {}  # the command finds the built environment itself (real_environments)
 
 
 def cli_json(cli_bin: str, env: dict[str, str], *args: str, code: int | None = None) -> dict:
@@ -70,6 +62,25 @@ def cli_json(cli_bin: str, env: dict[str, str], *args: str, code: int | None = N
     out = json.loads(proc.stdout)
     if code is not None:
         assert proc.returncode == code, proc.stderr[-2000:]
+    return out
+
+
+def rollback_pair(root: Path) -> Any:
+    """The hybrid pair whose rollbacks the engine gets wrong (as many linear value as key heads, block 8).
+
+    Fitted further than the other test pairs (each kind of block at least 5% of the rounds, 150 steps):
+    at the first spread checkpoint its drafter accepts in part so rarely that the engine's own loop
+    shows the wrong state on 3 of the 8 fit prompts; fitted this far, on 6.
+    """
+    return dflash_info(root, "qwen3_5-equal-heads", 8, tied=True, balance=0.05)
+
+
+def own_runs(cli_bin: str, env: dict[str, str], info: Any) -> dict:
+    """The engine's own loop on every fit prompt (64 tokens, the drafter's block every round), one CLI run."""
+    prompts = [a for p in info.fit_prompts for a in ("--prompt-ids", ",".join(map(str, p)))]
+    out = cli_json(cli_bin, env, "replay", "--engine", "dflash-mlx", "--model", info.target, *prompts,
+                   "--max-tokens", "64", "--verify-mode", "dflash")
+    assert len(out["requests"]) == len(info.fit_prompts)
     return out
 
 
@@ -87,7 +98,7 @@ def test_dflash_fixture_is_a_real_drafter_with_a_spread_accept_mix(fixture_root:
     import mlx.core as mx
     from tokenizers import Tokenizer
 
-    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    info = dflash_info(fixture_root, "qwen3", 8)
     cfg = json.loads((Path(info.draft) / "config.json").read_text())
     target_cfg = json.loads((Path(info.target) / "config.json").read_text())
     assert cfg["block_size"] == 8 and cfg["num_target_layers"] == target_cfg["num_hidden_layers"] == 4
@@ -130,7 +141,7 @@ def test_dflash_target_shapes_keep_the_published_head_ratios(shape: str, key: in
 def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """Block vs chain per width, and every rollback, through dflash-mlx's own verify and rollback."""
-    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    info = rollback_pair(fixture_root)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
                    "--depths", "0", "--prompt-ids", ",".join(map(str, info.fit_prompts[0])), code=1)
     assert out["engine"]["name"] == "dflash-mlx" and out["engine"]["version"] == "0.1.8"
@@ -157,12 +168,10 @@ def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
 @pytest.mark.slow
 def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """The engine's own loop: its state after a partial rollback differs, and its accept vector reproduces it."""
-    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    info = rollback_pair(fixture_root)
     seen = 0
-    for prompt in info.fit_prompts:
-        out = cli_json(cli_bin, dflash_env, "replay", "--engine", "dflash-mlx", "--model", info.target,
-                       "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "64", "--verify-mode", "dflash")
-        req = out["requests"][0]
+    out = own_runs(cli_bin, dflash_env, info)
+    for req in out["requests"]:
         assert req["kind"] == "engine-run" and req["error"] is None
         assert set(req["sources"]) <= {"dflash", "copyspec", "none"} and "dflash" in req["sources"]
         if mlx_lm_minor(out["engine"]) >= (0, 32):
@@ -172,7 +181,7 @@ def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: st
         if req["state"] is None:
             # no partial rollback in this run: the engine's loop equals classic decode
             assert all(a in (0, w - 1) for a, w in zip(req["accepts"], req["widths"]) if w > 1)
-            assert out["verdict"] == "equal"
+            assert req["verdict"] == "equal"
             continue
         seen += 1
         state = req["state"]
@@ -184,15 +193,15 @@ def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: st
             assert req["token"]["round"] > state["round"]
         # the same accept vector through the engine's verify and rollback: the target side
         assert req["replay"]["state"]["round"] == state["round"]
-        assert out["verdict"] == "divergent"
-    assert seen > 0
+        assert req["verdict"] == "divergent"
+    assert seen > 0 and out["verdict"] == "divergent"
 
 
 @pytest.mark.build
 @pytest.mark.slow
 def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
-    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    info = rollback_pair(fixture_root)
     out = cli_json(cli_bin, dflash_env, "bisect", "--engine", "dflash-mlx", "--model", info.target,
                    "--width", "8", "--accepted", "3", code=1)
     if mlx_lm_minor(out["meta"]["engine"]) >= (0, 32):
@@ -212,7 +221,7 @@ def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(
 def test_dflash_cannot_run_the_published_head_ratios_and_says_so(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """1:2 linear key:value heads: every verify block is not_run with the engine's own error, never a pass."""
-    info = dflash(fixture_root, "q35-b16-f32-tied", shape="qwen3_5", block_size=16, tied=True)
+    info = dflash_info(fixture_root, "qwen3_5", 16, tied=True)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
                    "--depths", "0", code=3)
     assert out["verdict"] == "not_run"
@@ -229,12 +238,9 @@ def test_dflash_cannot_run_the_published_head_ratios_and_says_so(
 def test_dflash_bfloat16_breaks_exact_ties_the_other_way(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """The rows equal classic decode's; the engine's raw-logit argmax leaves it at an exact logprob tie."""
-    info = dflash(fixture_root, "qwen3-b8-bf16", shape="qwen3", block_size=8, dtype="bfloat16")
+    info = dflash_info(fixture_root, "qwen3", 8, "bfloat16")
     found = 0
-    for prompt in info.fit_prompts:
-        out = cli_json(cli_bin, dflash_env, "replay", "--engine", "dflash-mlx", "--model", info.target,
-                       "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "64", "--verify-mode", "dflash")
-        req = out["requests"][0]
+    for req in own_runs(cli_bin, dflash_env, info)["requests"]:
         assert req["row"] is None and req["state"] is None  # the target side is exact
         assert req["replay"]["verdict"] == "equal"
         if req["token"] is not None:
@@ -250,7 +256,7 @@ def test_dflash_bfloat16_breaks_exact_ties_the_other_way(
 def test_dflash_plain_qwen3_float32_is_the_clean_path(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """Detectors stay silent: block, every rollback, prefill and the engine's own run equal classic decode."""
-    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    info = dflash_info(fixture_root, "qwen3", 8)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
                    "--depths", "0,8", code=0)
     assert {c["verdict"] for c in out["cells"]} == {"equal"} and len(out["rollbacks"]) == 2 * (4 + 8)
@@ -267,7 +273,7 @@ def test_dflash_plain_qwen3_float32_is_the_clean_path(
 def test_dflash_detectors_fire_on_an_injected_fault(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str], fault: str) -> None:
     """On the clean path, a rollback that keeps one stale row, or a verify row scaled, is named."""
-    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    info = dflash_info(fixture_root, "qwen3", 8)
     env = {**dflash_env, "SPECPARITY_ENGINE_FAULT": fault}
     out = cli_json(cli_bin, env, "probe", "--engine", "dflash-mlx", "--model", info.target, "--depths", "0",
                    "--widths", "8", code=1)
@@ -295,7 +301,7 @@ def test_dflash_detectors_fire_on_an_injected_fault(
 @pytest.mark.slow
 def test_dflash_generate_entry_points_against_classic(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
-    info = dflash(fixture_root, "qwen3-b8-f32", shape="qwen3", block_size=8)
+    info = dflash_info(fixture_root, "qwen3", 8)
     out = cli_json(cli_bin, dflash_env, "e2e", "--engine", "dflash-mlx", "--model", info.target,
                    "--max-tokens", "48", code=0)
     entries = {e["entry"]: e for e in out["entries"]}
@@ -332,7 +338,7 @@ def test_dflash_loads_the_fixture_drafter_as_its_own(fixture_root: Path, dflash_
     import subprocess
     import sys
 
-    info = dflash(fixture_root, "eq-b8-f32-tied", shape="qwen3_5-equal-heads", block_size=8, tied=True)
+    info = rollback_pair(fixture_root)
     from specparity.engine_env import engine_environment, importable
 
     python, environ = (sys.executable, None) if importable("dflash-mlx") else engine_environment("dflash-mlx")

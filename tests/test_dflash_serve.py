@@ -9,8 +9,8 @@ DFlash-drafted round is evidence the drafter ran; token ids are kept and the
 constant 0.0 logprob values dropped; each request's prompt cache is cold or
 warm; a width past the drafter's block is not run; a shape the engine cannot
 verify is an error with the engine's own message; a load failure ends the
-start at once. The pair comes from tests/dflash_pairs.py (one function to
-switch to the DFlash fixtures at merge).
+start at once. The pairs come from tests/dflash_pairs.py, built once per session under
+``fixture_root`` and shared with tests/test_dflash.py.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from specparity.harness.results import ArmResult, ServedReport
 from specparity.harness.run import ServedRun
 from specparity.verdicts import Verdict
 
-from dflash_pairs import dflash_fixture
+from dflash_pairs import dflash_info, pair_dirs
 from test_environments import REAL_CACHE, built
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
@@ -80,8 +80,8 @@ def dflash_env() -> Environment:
 
 
 @pytest.fixture(scope="module")
-def qwen3_pair(dflash_env: Environment, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return dflash_fixture(dflash_env, "qwen3", BLOCK, work=tmp_path_factory.mktemp("dflash-pairs"))
+def qwen3_pair(dflash_env: Environment, fixture_root: Path) -> dict[str, str]:
+    return pair_dirs(dflash_info(fixture_root, "qwen3", BLOCK))
 
 
 def served(pair: dict[str, str], work: Path, widths: list[int], sequence: list[str],
@@ -206,7 +206,7 @@ print(json.dumps(out))
 @pytest.mark.server
 @pytest.mark.model
 def test_on_a_bfloat16_hybrid_dflash_picks_the_larger_logit_where_classic_decode_sees_a_tie(
-        dflash_env: Environment, tmp_path: Path) -> None:
+        dflash_env: Environment, fixture_root: Path, tmp_path: Path) -> None:
     """dflash-mlx 0.1.8's greedy is the argmax of the raw logits; mlx-lm's (classic decode, and the
     target-only baseline, mlx-lm's own server loop) is the argmax of the logprobs in the model's dtype.
     In bfloat16 two close logits can round to one logprob: classic decode then takes the lower id, dflash
@@ -214,7 +214,7 @@ def test_on_a_bfloat16_hybrid_dflash_picks_the_larger_logit_where_classic_decode
     16) every drafted arm emits the raw-logit chain, at every width; the baseline emits classic decode's;
     where they part, classic decode's top two logprobs are equal and its logits are not."""
     try:
-        pair = dflash_fixture(dflash_env, "qwen3_5-equal-heads", 16, "bfloat16")
+        pair = pair_dirs(dflash_info(fixture_root, "qwen3_5-equal-heads", 16, "bfloat16"))
     except LookupError as err:
         pytest.skip(str(err))
     chains = in_env(dflash_env, _CHAINS, pair["target"], PROMPT, str(48))
@@ -240,12 +240,13 @@ def test_on_a_bfloat16_hybrid_dflash_picks_the_larger_logit_where_classic_decode
 @pytest.mark.server
 @pytest.mark.model
 def test_a_hybrid_target_with_more_value_than_key_heads_is_an_error_with_the_engines_message(
-        dflash_env: Environment, tmp_path: Path) -> None:
+        dflash_env: Environment, fixture_root: Path, tmp_path: Path) -> None:
     """dflash-mlx 0.1.8 on the CPU backend cannot verify a qwen3_5 target whose linear-attention value
     heads outnumber its key heads (as the published Qwen3.5 configs do): its tape recording
     (target_qwen_gdn.py, the non-Metal branch) does not repeat the key heads. Every drafted request is
-    an error carrying the engine's message, the stream included (its response ends with no token)."""
-    pair = dflash_fixture(dflash_env, "qwen3_5", BLOCK, work=tmp_path / "pairs")
+    an error carrying the engine's message, the stream included (its response ends with no token). The pair
+    is test_dflash.py's for the same finding in process (block 16, tied head), verified here 8 rows wide."""
+    pair = pair_dirs(dflash_info(fixture_root, "qwen3_5", 16, tied=True))
     report = served(pair, tmp_path / "run", [BLOCK], ["fresh", "stream"])
     got = arms(report)
     assert got["baseline-start"].verdict == Verdict.MATCH
@@ -259,6 +260,7 @@ def test_a_hybrid_target_with_more_value_than_key_heads_is_an_error_with_the_eng
 @pytest.mark.slow
 @pytest.mark.build
 @pytest.mark.server
+@pytest.mark.model
 def test_dflash_serve_itself_gives_ids_with_zero_logprobs_and_no_ids_with_top_logprobs(
         dflash_env: Environment, qwen3_pair: dict[str, str], tmp_path: Path) -> None:
     """Why the profile asks for logprobs without top_logprobs and drops the values (the raw server)."""
@@ -281,6 +283,7 @@ def test_dflash_serve_itself_gives_ids_with_zero_logprobs_and_no_ids_with_top_lo
 @pytest.mark.slow
 @pytest.mark.build
 @pytest.mark.server
+@pytest.mark.model
 def test_a_target_it_cannot_load_fails_the_start_at_once(dflash_env: Environment, qwen3_pair: dict[str, str],
                                                         tmp_path: Path) -> None:
     """A llama target (the embedded default pair): dflash's loader raises on its worker thread and the

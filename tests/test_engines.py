@@ -62,7 +62,8 @@ def test_stale_trim_fires_at_the_first_rollback_and_names_every_layer(fixture_ro
 
 
 def test_engine_errors_are_one_line_with_their_exit_code(cli_bin: str, tmp_path: Path) -> None:
-    """--accepted without an engine is usage (2); a missing engine interpreter is infrastructure (4)."""
+    """--accepted without an engine, or several --prompt-ids for a replayed vector, is usage (2); a missing
+    engine interpreter is infrastructure (4)."""
     import importlib.util
 
     from conftest import run_cli
@@ -70,6 +71,13 @@ def test_engine_errors_are_one_line_with_their_exit_code(cli_bin: str, tmp_path:
     proc = run_cli(cli_bin, "bisect", "--width", "4", "--accepted", "2")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "Error: --accepted rolls back an engine's block: give --engine"
+    # several prompts are for an engine's own run only (one request each); a replayed vector has one prompt
+    several = ("--prompt-ids", "1,2,3", "--prompt-ids", "4,5,6")
+    for args in (("--accepts", "1,2"), ("--engine", "dflash-mlx", "--accepts", "1,2")):
+        proc = run_cli(cli_bin, "replay", *args, *several)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == ("Error: give one --prompt-ids: several are for an engine's own run"
+                                       " (--engine without --accepts or --log)")
     if importlib.util.find_spec("dflash_mlx") is not None:
         return  # in process here: no environment is looked for
     proc = run_cli(cli_bin, "probe", "--engine", "dflash-mlx", "--model", str(tmp_path),

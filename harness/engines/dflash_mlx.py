@@ -60,7 +60,7 @@ DFLASH_SOURCE = "dflash"
 COPY_SOURCE = "copyspec"
 # the server records a request after its last token is sent: how long to wait for it
 METRICS_WAIT = 10.0
-METRICS_WAIT_FAILED = 2.0
+METRICS_WAIT_FAILED = 2.0  # a request the engine failed (no response, or a stream with no finish)
 METRICS_TIMEOUT = 30.0
 # the last exception line of a Python traceback in the server log
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception)\b.*)$")
@@ -254,10 +254,11 @@ def evidence(session: Any, completion: Any, before: Mark) -> EngineEvidence:
     found.cache, found.cached_tokens = cache_state(completion.usage or {})
     if found.cache is not None:
         found.lines.append(f"dflash-mlx prompt cache: {found.cache} ({found.cached_tokens} cached prompt tokens)")
-    if not completion.ok or completion.finish_reason is None:
+    failed = not completion.ok or completion.finish_reason is None
+    if failed:
         # no response, or a stream that ended without a finish: the engine failed it (and logged why)
         found.error = engine_error(session.server.log_path, before.log_offset)
-    last = request_record(session, before, METRICS_WAIT if completion.ok else METRICS_WAIT_FAILED)
+    last = request_record(session, before, METRICS_WAIT_FAILED if failed else METRICS_WAIT)
     if last is None:
         found.lines.append("dflash-mlx: the server recorded no such request")
         return found

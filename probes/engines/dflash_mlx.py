@@ -75,13 +75,14 @@ def _original_call(cls: type) -> Any:
     return fn.__closure__[code.co_freevars.index("original_call")].cell_contents
 
 
-def _patched_classes(model: Any) -> list[type]:
-    seen: dict[type, None] = {}
-    for _, m in model.named_modules():
-        cls = type(m)
-        if any(cls.__dict__.get(f) for f in _HOOK_FLAGS):
-            seen[cls] = None
-    return list(seen)
+def _module_classes(model: Any) -> list[type]:
+    """The classes of ``model``'s modules, each once, in order."""
+    return list(dict.fromkeys(type(m) for _, m in model.named_modules()))
+
+
+def _patched_classes(classes: list[type]) -> list[type]:
+    """Those of ``classes`` dflash-mlx patched (checked each time: its hooks may be installed later)."""
+    return [cls for cls in classes if any(cls.__dict__.get(f) for f in _HOOK_FLAGS)]
 
 
 class DflashSession(TargetSession):
@@ -317,6 +318,8 @@ class DflashEngine(Engine):
                 self.bundle = dataclasses.replace(self.bundle, target_ops=self.target_ops)
             log.warning("dflash-mlx: injected fault %s", fault)
         self._classic = mlx_lm.load(str(target))[0]
+        # walked once: classic() runs around every classic step
+        self._classic_classes = _module_classes(self._classic)
         ids = list(getattr(self.draft_model, "target_layer_ids", []) or [])
         self.capture_layer_ids = {i + 1 for i in ids} or None
         block = int(self.draft_model.block_size) if self.draft_model is not None else None
@@ -345,7 +348,7 @@ class DflashEngine(Engine):
     @contextlib.contextmanager
     def classic(self) -> Iterator[None]:
         """mlx-lm's own ``__call__`` on every class dflash-mlx patched, for the duration."""
-        patched = {cls: cls.__dict__["__call__"] for cls in _patched_classes(self._classic)}
+        patched = {cls: cls.__dict__["__call__"] for cls in _patched_classes(self._classic_classes)}
         originals = {cls: _original_call(cls) for cls in patched}
         try:
             for cls, fn in originals.items():

@@ -73,7 +73,9 @@ POLICIES = ("wrong-id", "correct-token")
               help="Replay a served request sequence through one prompt cache as mlx_lm.server's loop"
                    " did (a sequence file the served job writes), each answer against classic decode.")
 @click.option("--prompt", "prompt_text", default=None, help="Prompt text.")
-@click.option("--prompt-ids", default=None, help="Prompt as token ids, e.g. 1,2,3.")
+@click.option("--prompt-ids", multiple=True,
+              help="Prompt as token ids, e.g. 1,2,3 (repeatable for an engine's own run: one request per"
+                   " prompt, the engine loaded once).")
 @click.option("--width", type=click.IntRange(min=1), default=None,
               help="Verify rows per round (when the log does not say).")
 @click.option("--policy", type=click.Choice(POLICIES), default="wrong-id", show_default=True,
@@ -97,7 +99,7 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
            log_path: str | None, fmt: str, regex: str | None, request_index: int | None,
            draft_model: str | None, num_draft_tokens: int, max_tokens: int, save_log: str | None,
            stop_words: tuple[str, ...], stop_at_eos: bool, sequence_path: str | None,
-           prompt_text: str | None, prompt_ids: str | None, width: int | None, policy: str,
+           prompt_text: str | None, prompt_ids: tuple[str, ...], width: int | None, policy: str,
            wrong_id: int, prefill_emits: bool | None, algebra_only: bool, locate: int | None,
            engine: str, verify_mode: str | None, as_json: bool, record_dir: str | None, quiet: bool, force: bool,
            **cache_kwargs: Any) -> int:
@@ -153,10 +155,14 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
     """
     from specparity.probes.replay import algebra, logs
 
+    if len(prompt_ids) > 1 and (engine == "mlx-lm" or accepts_text is not None or log_path is not None):
+        raise UsageError("give one --prompt-ids: several are for an engine's own run"
+                         " (--engine without --accepts or --log)")
     if engine != "mlx-lm":
         return _engine_replay(engine, model, draft_model, accepts_text, log_path, fmt, regex, request_index,
                               max_tokens, prompt_text, prompt_ids, width, policy, wrong_id, verify_mode,
                               algebra_only, locate, save_log, as_json, record_dir, quiet, cache_kwargs)
+    one_prompt_ids = prompt_ids[0] if prompt_ids else None
 
     sources = [s for s in (accepts_text, log_path, draft_model, sequence_path) if s is not None]
     if len(sources) != 1:
@@ -179,7 +185,7 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
         check_positions(max_tokens, "--max-tokens")
     opts = cache_options_from(cache_kwargs)
     procs = processor_options_from(cache_kwargs)
-    cli_ids = _prompt_ids(prompt_ids)
+    cli_ids = _prompt_ids(one_prompt_ids)
 
     requests: list[logs.AcceptLog] = []
     if accepts_text is not None:
@@ -212,7 +218,7 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
     vocab = vocab_size(loaded)
     check_token_ids([wrong_id], vocab, "--wrong-id")
     if cli_ids is not None:
-        check_token_ids(cli_ids, vocab, f"--prompt-ids {prompt_ids!r}")
+        check_token_ids(cli_ids, vocab, f"--prompt-ids {one_prompt_ids!r}")
     for req in requests:
         check_accept_log(req, vocab)
     if draft_model is not None:
@@ -344,7 +350,7 @@ def _replay_all(loaded: Loaded, requests: list[AcceptLog], findings: list[Algebr
 
 def _engine_replay(engine: str, model: str | None, draft_model: str | None, accepts_text: str | None,
                    log_path: str | None, fmt: str, regex: str | None, request_index: int | None, max_tokens: int,
-                   prompt_text: str | None, prompt_ids: str | None, width: int | None, policy: str, wrong_id: int,
+                   prompt_text: str | None, prompt_ids: tuple[str, ...], width: int | None, policy: str, wrong_id: int,
                    verify_mode: str | None, algebra_only: bool, locate: int | None, save_log: str | None,
                    as_json: bool, record_dir: str | None, quiet: bool, cache_kwargs: dict[str, Any]) -> int:
     """``replay --engine``: rounds through the engine's verify and rollback, or the engine's own run."""
@@ -381,7 +387,10 @@ def _engine_replay(engine: str, model: str | None, draft_model: str | None, acce
         return code
     eng = load_dflash(model, draft_model, need_draft=own_run, verify_mode=verify_mode,
                       prefill_step_size=cache_kwargs["prefill_step_size"])
-    cli_ids = _prompt_ids(prompt_ids)
+    from specparity.prompts import parse_prompt_ids
+
+    id_lists = parse_prompt_ids(list(prompt_ids))
+    cli_ids = id_lists[0] if id_lists else None
     vocab = vocab_size(eng.classic_model())
     check_token_ids([wrong_id], vocab, "--wrong-id")
     where = Path(eng.info.target)
@@ -390,12 +399,13 @@ def _engine_replay(engine: str, model: str | None, draft_model: str | None, acce
     with run:
         reports = []
         if own_run:
-            prompt = engine_prompts(eng, [prompt_text] if prompt_text else None,
-                                    [cli_ids] if cli_ids else None)[0]
-            click.echo(f"running {engine}'s own loop: {max_tokens} tokens from a {len(prompt)}-token prompt",
-                       err=True)
-            reports.append(check_engine_run(eng, eng.generate(prompt, max_tokens), wrong_id=wrong_id,
-                                            observer=run.observer))
+            # every --prompt-ids, one request each; else --prompt, or the first built-in prompt
+            prompts = engine_prompts(eng, [prompt_text] if prompt_text else None, id_lists or None)
+            for prompt in prompts if id_lists else prompts[:1]:
+                click.echo(f"running {engine}'s own loop: {max_tokens} tokens from a {len(prompt)}-token prompt",
+                           err=True)
+                reports.append(check_engine_run(eng, eng.generate(prompt, max_tokens), wrong_id=wrong_id,
+                                                observer=run.observer))
         else:
             for req in requests:
                 check_accept_log(req, vocab)
