@@ -137,7 +137,6 @@ def test_dflash_target_shapes_keep_the_published_head_ratios(shape: str, key: in
 
 
 @pytest.mark.build
-@pytest.mark.slow
 def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
         fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
     """Block vs chain per width, and every rollback, through dflash-mlx's own verify and rollback."""
