@@ -32,7 +32,6 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -377,7 +376,7 @@ def build_dflash_pair(
     import mlx.core as mx
 
     from specparity.fixture_models.dflash_draft import DraftArgs
-    from specparity.fixtures import VOCAB_SIZE, build_tokenizer, instantiate, model_params
+    from specparity.fixtures import VOCAB_SIZE, build_tokenizer, instantiate, model_params, publishing
     from specparity.prompts import DEFAULT_PROMPTS
 
     out = Path(out)
@@ -392,8 +391,7 @@ def build_dflash_pair(
         raise UsageError(f"block size {block_size}: DFlash fixtures use {' or '.join(map(str, BLOCK_SIZES))}")
     config = target_config(shape, dtype, tied)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with publishing(out) as tmp:
         build_tokenizer(tmp, extra_special=(MASK_TOKEN,))
         from tokenizers import Tokenizer
 
@@ -431,12 +429,6 @@ def build_dflash_pair(
             fit_prompts=prompts, train_steps=steps, balance=balance,
         )
         (tmp / "fixture.json").write_text(json.dumps(info.to_dict(), indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("built DFlash %s %s block %d fixture in %s: %s", shape, dtype, block_size, out, mix.describe())
     return info
 

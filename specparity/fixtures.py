@@ -15,6 +15,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,6 +250,21 @@ def _save(out_dir: Path, config: dict[str, Any], params: dict[str, Any], model=N
     build_tokenizer(out_dir)
 
 
+@contextmanager
+def publishing(out: Path) -> Iterator[Path]:
+    """A temporary folder beside ``out`` to build into; it replaces ``out`` when the block ends and is
+    removed when the block raises, so no reader ever sees a fixture half built (Ctrl-C included)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def build_pair(
     out: str | os.PathLike,
     arch: str = "llama",
@@ -280,8 +297,7 @@ def build_pair(
     target = instantiate(config)
     params = model_params(target)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with publishing(out) as tmp:
         target_config = dict(config)
         injected = bool(faults) or constant_logits is not None
         if injected:
@@ -320,12 +336,6 @@ def build_pair(
             faults=list(faults or []),
         )
         (tmp / "fixture.json").write_text(json.dumps(info.to_dict(), indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("built %s %s fixture in %s (agreement %s)", arch, dtype, out, agreement)
     return info
 
@@ -427,16 +437,9 @@ def build_plain_constant(root: Path, live: tuple[float, ...]) -> str:
         elif name.endswith(("o_proj.weight", "down_proj.weight")):
             params[name] = mx.zeros(w.shape, dtype=w.dtype)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=root))
-    try:
+    with publishing(out) as tmp:
         _save(tmp / "target", config, params)
         info = FixtureInfo(target=str(out / "target"), draft=None, arch="llama", dtype="float32", bits=None,
                            seed=0, agreement=None, noise=None)
         (tmp / "fixture.json").write_text(json.dumps(info.to_dict(), indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return info.target

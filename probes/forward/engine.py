@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from specparity.compare import Diff, StateDiff, compare_arrays, compare_states
 from specparity.decode import Decoder, LayerState, greedy_token, snapshot
 from specparity.probes.engines.base import Engine, EngineCannotRun
+from specparity.probes.forward.blockchain import Cell
 from specparity.progress import NULL, Observer
 from specparity.reproducibility import Bracket, repeat_chain
 from specparity.verdicts import ReportMixin, Verdict, combine
@@ -56,23 +57,9 @@ def first_state_diff(a: list[LayerState], b: list[LayerState]) -> tuple[StateDif
 
 
 @dataclass
-class EngineCell:
-    """Block vs chain for one (width, depth) through the engine's verify forward.
-
-    verdict: equal | divergent | not_run. prompts_tested: prompts compared.
-    prompt_index / first_row / absolute_position / diff: where it first differed.
-    reason: the engine's error when it could not run the block.
-    """
-
-    width: int
-    depth: int
-    verdict: Verdict
-    prompts_tested: int = 0
-    prompt_index: int | None = None
-    first_row: int | None = None
-    absolute_position: int | None = None
-    diff: Diff | None = None
-    reason: str | None = None
+class EngineCell(Cell):
+    """Block vs chain for one (width, depth) through the engine's verify forward (blockchain.Cell's
+    fields; reason: the engine's error when it could not run the block), with its report line."""
 
     def line(self) -> str:
         head = f"{self.width:>5} {self.depth:>5}  {self.verdict:<9} "
@@ -83,11 +70,6 @@ class EngineCell:
         assert self.diff is not None
         return head + (f"prompt {self.prompt_index}, first at row {self.first_row} (position"
                        f" {self.absolute_position}): {self.diff.summary('logit bytes')}")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["diff"] = self.diff.to_dict() if self.diff else None
-        return d
 
 
 @dataclass

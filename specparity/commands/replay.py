@@ -153,7 +153,7 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
         specparity replay --sequence served-w4-p0.sequence.jsonl
         specparity replay --engine dflash-mlx --model ./fx/target --draft-model ./fx/draft --max-tokens 64
     """
-    from specparity.probes.replay import algebra, logs
+    from specparity.probes.replay import algebra
 
     if len(prompt_ids) > 1 and (engine == "mlx-lm" or accepts_text is not None or log_path is not None):
         raise UsageError("give one --prompt-ids: several are for an engine's own run"
@@ -187,21 +187,7 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
     procs = processor_options_from(cache_kwargs)
     cli_ids = _prompt_ids(one_prompt_ids)
 
-    requests: list[logs.AcceptLog] = []
-    if accepts_text is not None:
-        requests = [logs.AcceptLog(logs.parse_accept_list(accepts_text), source="--accepts")]
-    elif log_path is not None:
-        requests = logs.read_log(log_path, fmt, regex)
-        if not requests:
-            raise Inconclusive(f"--log {log_path}: no accept vector found")
-        if request_index is not None:
-            if request_index >= len(requests):
-                raise UsageError(
-                    f"--request {request_index}: {log_path} holds {len(requests)} requests")
-            requests = [requests[request_index]]
-
-    for req in requests:
-        check_accept_widths(req)
+    requests = _accept_logs(accepts_text, log_path, fmt, regex, request_index)
     if prefill_emits is not None:
         for req in requests:
             req.prefill_emits = prefill_emits
@@ -227,6 +213,28 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
                             list(stop_words) if (stop_words or stop_at_eos) else None)]
     return _replay_all(loaded, requests, findings, cli_ids, prompt_text, width, policy,
                        wrong_id, opts, procs, as_json, record_dir, quiet)
+
+
+def _accept_logs(accepts_text: str | None, log_path: str | None, fmt: str, regex: str | None,
+                 request_index: int | None) -> list[Any]:
+    """The accept vectors to replay: ``--accepts``, or the requests of ``--log`` (one with ``--request``),
+    each checked against its widths; none from neither."""
+    from specparity.probes.replay import logs
+
+    requests: list[logs.AcceptLog] = []
+    if accepts_text is not None:
+        requests = [logs.AcceptLog(logs.parse_accept_list(accepts_text), source="--accepts")]
+    elif log_path is not None:
+        requests = logs.read_log(log_path, fmt, regex)
+        if not requests:
+            raise Inconclusive(f"--log {log_path}: no accept vector found")
+        if request_index is not None:
+            if request_index >= len(requests):
+                raise UsageError(f"--request {request_index}: {log_path} holds {len(requests)} requests")
+            requests = [requests[request_index]]
+    for req in requests:
+        check_accept_widths(req)
+    return requests
 
 
 def _prompt_ids(value: str | None) -> list[int] | None:
@@ -357,7 +365,6 @@ def _engine_replay(engine: str, model: str | None, draft_model: str | None, acce
     from pathlib import Path
 
     from specparity.commands._engine import engine_prompts, load_dflash, rerun_elsewhere
-    from specparity.probes.replay import logs
     from specparity.probes.replay.core import round_widths
     from specparity.probes.replay.engine import EngineReplayRun, check_engine_run, replay_engine
     from specparity.probes.replay.run import widths_for
@@ -370,17 +377,7 @@ def _engine_replay(engine: str, model: str | None, draft_model: str | None, acce
     if len(sources) > 1 and not (draft_model is not None and len(sources) == 2):
         raise UsageError("give one of --accepts or --log, or --draft-model alone (the engine's own run)")
     own_run = accepts_text is None and log_path is None
-    requests: list[logs.AcceptLog] = []
-    if accepts_text is not None:
-        requests = [logs.AcceptLog(logs.parse_accept_list(accepts_text), source="--accepts")]
-    elif log_path is not None:
-        requests = logs.read_log(log_path, fmt, regex)
-        if not requests:
-            raise Inconclusive(f"--log {log_path}: no accept vector found")
-        if request_index is not None:
-            requests = requests[request_index:request_index + 1]
-    for req in requests:
-        check_accept_widths(req)
+    requests = _accept_logs(accepts_text, log_path, fmt, regex, request_index)
     check_positions(max_tokens, "--max-tokens")
     code = rerun_elsewhere(engine)
     if code is not None:
