@@ -103,6 +103,18 @@ def row_axis(step_shape: tuple[int, ...], block_shape: tuple[int, ...], width: i
     return None
 
 
+def _paired(chain_calls: list[list[tuple[str, Any]]], block_calls: list[list[tuple[str, Any]]],
+            width: int) -> tuple[list[str], dict[str, Any], dict[str, Any], dict[str, int | None]]:
+    """The block's captures in order and by name, and the chain's stacked to match (W calls against 1)."""
+    if len(chain_calls) != width or len(block_calls) != 1:
+        raise RuntimeError(f"expected {width} chain calls and 1 block call, recorded"
+                           f" {len(chain_calls)} and {len(block_calls)}")
+    block_order = [n for n, _ in block_calls[0]]
+    block = dict(block_calls[0])
+    chain_arrays, axes = _stack_chain(chain_calls, block, width)
+    return block_order, block, chain_arrays, axes
+
+
 def _stack_chain(calls: list[list[tuple[str, Any]]], block: dict[str, Any],
                  width: int) -> tuple[dict[str, Any], dict[str, int | None]]:
     import mlx.core as mx
@@ -154,12 +166,7 @@ def run_arms(model: Any, prompt: list[int], width: int, depth: int,
         block_dec.forward(tokens)
         block_calls = rec.pop_calls()
         seconds["block"] = time.perf_counter() - t0
-    if len(chain_calls) != width or len(block_calls) != 1:
-        raise RuntimeError(f"expected {width} chain calls and 1 block call, recorded"
-                           f" {len(chain_calls)} and {len(block_calls)}")
-    block_order = [n for n, _ in block_calls[0]]
-    block = dict(block_calls[0])
-    chain_arrays, axes = _stack_chain(chain_calls, block, width)
+    block_order, block, chain_arrays, axes = _paired(chain_calls, block_calls, width)
     if not bracket.reproducible:
         repeat_arrays, _ = _stack_chain(repeat_calls, block, width)
         differing = next((n for n in block_order if n in chain_arrays and n in repeat_arrays
@@ -225,12 +232,7 @@ def run_engine_arms(engine: Any, prompt: list[int], width: int, depth: int, acce
     if accepted is not None:
         session.rollback(accepted)
     seconds["block"] = time.perf_counter() - t0
-    if len(chain_calls) != width or len(block_calls) != 1:
-        raise RuntimeError(f"expected {width} chain calls and 1 block call, recorded"
-                           f" {len(chain_calls)} and {len(block_calls)}")
-    block_order = [n for n, _ in block_calls[0]]
-    block = dict(block_calls[0])
-    chain_arrays, axes = _stack_chain(chain_calls, block, width)
+    block_order, block, chain_arrays, axes = _paired(chain_calls, block_calls, width)
     order = [n for n in block_order if n in chain_arrays]
     mx.eval(list(chain_arrays.values()), list(block.values()))
     chain_cache = snapshot((kept if kept is not None else chain_dec).cache)
