@@ -232,10 +232,13 @@ class PairingRun:
                 raise UsageError(f"pairing {self.pairing.name}: {what} {path} is not an mlx-lm checkpoint"
                                  " (no config.json)")
         if "target" in self.profile.witness:
-            self.target = str(wrap_checkpoint(self.target, self.work / "witness-target", "target"))
+            # a checkpoint with its own model_file is wrapped too, under the pairing's consent
+            self.target = str(wrap_checkpoint(self.target, self.work / "witness-target", "target",
+                                              trust_remote_code=self.pairing.trust_remote_code))
             self.trust = True
         if self.draft is not None and "draft" in self.profile.witness:
-            self.draft = str(wrap_checkpoint(self.draft, self.work / "witness-draft", "draft"))
+            self.draft = str(wrap_checkpoint(self.draft, self.work / "witness-draft", "draft",
+                                             trust_remote_code=self.pairing.trust_remote_code))
             self.trust = True
         engine = self.engine
         self.target = engine.prepare_checkpoint(self.target, "target")
@@ -243,7 +246,12 @@ class PairingRun:
             self.draft = engine.prepare_checkpoint(self.draft, "draft")
         if self.profile.draft_argv:
             # the target as its own drafter: unwrapped (servers load drafters without trust_remote_code)
-            self.self_draft = engine.prepare_checkpoint(self.pairing.target, "draft")
+            own_code = "model_file" in (Path(self.pairing.target) / "config.json").read_text()
+            if own_code and "draft" not in self.profile.witness:
+                self.note_once(f"no self-draft arm: {self.profile.name}'s server loads a drafter without"
+                               " trust_remote_code, and this target ships its own model_file")
+            else:
+                self.self_draft = engine.prepare_checkpoint(self.pairing.target, "draft")
         return None
 
     @property

@@ -65,3 +65,23 @@ def test_witness_wraps_a_checkpoint_with_its_own_model_file(llama_pair, tmp_path
     ev = evidence_from_calls(read_calls(witness), usage["prompt_tokens"], usage["completion_tokens"])
     assert ev.verify_calls > 0 and max(ev.widths) == 4, ev.lines
     assert Path(wrapped / "modeling_own.py").resolve() == (own / "modeling_own.py").resolve()
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+def test_served_runs_on_a_checkpoint_with_its_own_model_file(llama_pair, tmp_path, cli_bin):
+    """The served job on a trust-remote-code checkpoint: witnessed, judged against classic decode (which
+    runs the same model_file), a match; without the consent, one line and exit 2 before any server."""
+    import json
+
+    from conftest import run_cli
+
+    own = _own_model_checkpoint(llama_pair.target, tmp_path / "own")
+    args = ["served", "--model", str(own), "--draft-model", llama_pair.draft, "--widths", "3", "--max-tokens", "12"]
+    r = run_cli(cli_bin, *args, "--json", "--trust-remote-code", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    arms = {a["name"]: a for a in json.loads(r.stdout)["pairings"][0]["arms"]}
+    assert arms["w3"]["verdict"] == "match"
+    refused = run_cli(cli_bin, *args, cwd=str(tmp_path))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--trust-remote-code" in refused.stderr
