@@ -64,7 +64,10 @@ class Oracle:
         self.load_seconds: float | None = None
         self._sel: selectors.BaseSelector | None = None
 
-    def _start(self) -> None:
+    def spawn(self) -> None:
+        """Start the worker now, without waiting for it to load (it loads while servers start)."""
+        if self.proc is not None or self.failed is not None:
+            return
         argv = [self.python, "-P", "-m", "specparity.harness.reference", self.checkpoint,
                 "--settings", json.dumps(self.settings.to_dict())]
         if self.trust_remote_code:
@@ -84,6 +87,11 @@ class Oracle:
         self._sel = selectors.DefaultSelector()
         assert self.proc.stdout is not None
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
+
+    def _start(self) -> None:
+        self.spawn()
+        if self.proc is None or self.load_seconds is not None:
+            return
         hello = self._read(LOAD_TIMEOUT)
         if hello is None or not hello.get("ready"):
             why = (hello or {}).get("message") or "it exited or did not answer while loading"
@@ -111,7 +119,7 @@ class Oracle:
                 return obj
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        if self.proc is None and self.failed is None:
+        if self.failed is None and (self.proc is None or self.load_seconds is None):
             self._start()
         if self.failed is not None or self.proc is None or self.proc.stdin is None:
             return None

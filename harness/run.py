@@ -276,6 +276,8 @@ class PairingRun:
             arms = [a for a in arms if a.name in only]
         baseline: dict[str, Completion] = {}
         try:
+            if arms:  # the reference's worker loads while the first server starts
+                self.oracle([str(a) for a in self.new_session(arms[0]).history.argv])
             for i, plan in enumerate(arms):
                 self.run_.arm_started(p.name, plan.name)
                 arm = self.run_arm(plan, baseline, keep=any(a.server_key == plan.server_key for a in arms[i + 1:]))
@@ -400,8 +402,9 @@ class PairingRun:
         return out
 
     # -- judging against classic decode -----------------------------------------------------------
-    def oracle(self, session: Session) -> Oracle | None:
-        """The classic reference for this pairing (started on first use; None when the job asks for none)."""
+    def oracle(self, argv: list[str]) -> Oracle | None:
+        """The classic reference for this pairing (None when the job asks for none), its worker started
+        with the tokenizer settings of a server's ``argv`` (the chat template) the first time."""
         if not self.job.reference:
             return None
         if self._oracle is None:
@@ -410,13 +413,14 @@ class PairingRun:
             target, trust = self.replay_model
             self.run_.note("  starting the classic reference (classic decode in process)")
             self._oracle = Oracle(target, trust, self.python, self.server_env,
-                                  ServerSettings.from_argv([str(a) for a in session.history.argv]),
+                                  ServerSettings.from_argv([str(a) for a in argv]),
                                   timeout=max(self.run_.request_timeout, 60.0))
+            self._oracle.spawn()
         return self._oracle
 
     def classic(self, session: Session, ex: Exchange, fields: dict[str, Any]) -> Classic | None:
         """Classic decode's answer to this exchange's request under its server's settings."""
-        oracle = self.oracle(session)
+        oracle = self.oracle(session.history.argv)
         if oracle is None or not ex.completion.ok:
             return None
         from specparity.harness.reference import ServerSettings

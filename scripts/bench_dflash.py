@@ -98,21 +98,20 @@ def main() -> int:
     from specparity.probes.engines.dflash_mlx import available
 
     if not available():
-        from specparity.engine_env import RERUN_MARK, engine_python
-        from specparity.errors import SpecparityError
-
         import os
+
+        from specparity.engine_env import RERUN_MARK, engine_environment
+        from specparity.errors import SpecparityError
 
         if os.environ.get(RERUN_MARK):
             print("dflash_checks: skipped (dflash-mlx does not import in its environment)")
             return 0
         try:
-            python = engine_python("dflash-mlx")
+            python, environ = engine_environment("dflash-mlx")
         except SpecparityError as err:
             print(f"dflash_checks: skipped ({err})")
             return 0
-        return subprocess.call([python, "-P", __file__, *sys.argv[1:]],
-                               env={**os.environ, RERUN_MARK: "dflash-mlx"})
+        return subprocess.call([python, "-P", __file__, *sys.argv[1:]], env={**environ, RERUN_MARK: "dflash-mlx"})
 
     from specparity.decode import Decoder
     from specparity.dflash_fixtures import dflash_pair

@@ -7,7 +7,9 @@ time) and printed with their row counts:
 - probe: prefill, D + W chain steps, the bracket's W repeated chain steps
   (the probe always runs them: the reproducibility bracket), one W-row block;
 - bare: the same forwards as plain mlx-lm calls without the bracket (prefill,
-  D + W chain steps, one W-row block), no copies, comparisons or bookkeeping.
+  D + W chain steps with classic decode's greedy sampler over logprobs, as
+  mlx-lm's generate_step runs it, one W-row block), no copies, comparisons or
+  bookkeeping.
 
 The main figure is time per forward (probe) / time per forward (bare), goal
 <= 1.05. The bracket's cost is its own line: its W forwards, timed bare from
@@ -75,8 +77,9 @@ def bare_forwards(model: Any, prompt: list[int], depth: int, width: int) -> None
     y = prompt[-1]
     toks = []
     for _ in range(depth + width):
-        logits = model(mx.array([[y]]), cache=cache)
-        y = int(mx.argmax(logits[0, -1]))
+        logits = model(mx.array([[y]]), cache=cache)[0, -1]
+        # classic decode as mlx-lm runs it: the greedy sampler over logprobs (generate_step)
+        y = int(mx.argmax(logits - mx.logsumexp(logits, keepdims=True)))
         toks.append(y)
     for c in cache:
         c.trim(width)
