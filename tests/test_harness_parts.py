@@ -127,3 +127,20 @@ def test_a_response_evidence_field_that_is_not_rounds_gives_no_rounds(field: dic
     comp = Completion(text="x", raw={"timings": field})
     ev = collect(Profile("p", [], response_field="timings"), Path("/nonexistent"), None, comp, Marks(), None)
     assert ev.accepts == [] and ev.widths == [] and ev.engaged and ev.acceptance is None
+
+
+def test_two_entries_of_one_kind_get_distinct_ids_and_a_repeat_names_its_first_answer() -> None:
+    from specparity.harness.config import Job, Pairing
+    from specparity.harness.plan import build_sequence
+
+    job = Job(pairings=[Pairing("p", "t", "d")], prompts=["a", "b", "c", "d"],
+              sequence=["fresh", "repeat", "repeat", "multi-turn", "multi-turn"])
+    reqs = build_sequence(job, "completions", {"chat-1": "x", "chat-1-2": "y"})
+    ids = [r.id for r in reqs]
+    assert ids == ["p0", "p0-again", "p0-again-2", "chat-1", "chat-2", "chat-1-2", "chat-2-2"]
+    assert len(set(ids)) == len(ids)
+    by = {r.id: r for r in reqs}
+    assert by["p0-again"].repeats == "p0" and by["p0-again-2"].repeats == "p0" and by["p0"].repeats is None
+    assert by["chat-1-2"].repeats == "chat-1"  # the same first turn, answered before on the same server
+    assert by["chat-2-2"].body["messages"][1]["content"] == "y"  # each second turn carries its own first turn
+    assert [r.turn for r in reqs[3:]] == [1, 2, 1, 2]
