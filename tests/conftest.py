@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,15 @@ if TYPE_CHECKING:
 # A test using one of these fixtures needs what the marker says (pyproject.toml, README): checked
 # at collection, so `-m "not model"` / `-m "not build"` never runs a test that needs one.
 FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell without job control starts a background command with SIGINT ignored, and every process
+    # a test starts would inherit that: specparity then rightly leaves Ctrl-C alone, as under nohup,
+    # and the Ctrl-C tests could not test anything. A handler here (Python's own, as on a terminal) is
+    # reset to the default in every child at exec, so children start as they would from a terminal.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
