@@ -128,6 +128,7 @@ def main() -> int:
         for name in ("prefill", "verify", "rollback"):
             timers.wrap(DflashSession, name)
         timers.wrap(Decoder, "forward")
+        timers.wrap(Decoder, "step")
         t0 = time.perf_counter()
         try:
             run()

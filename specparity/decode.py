@@ -83,11 +83,42 @@ def tree_items(tree: Any) -> list[tuple[str, Any]]:
     return items
 
 
+# mlx-lm's cache classes whose arrays are their own attributes: evaluating those buffers is
+# evaluating the state (``state`` would slice them anew on every call, and classic decode
+# evaluates a cache on every step of a probe's chain). Any other class goes through ``state``.
+_BUFFER_ATTRS = {
+    "KVCache": ("keys", "values"),
+    "RotatingKVCache": ("keys", "values"),
+    "QuantizedKVCache": ("keys", "values"),
+    "ChunkedKVCache": ("keys", "values"),
+    "ArraysCache": ("cache",),
+    "MambaCache": ("cache",),
+}
+
+
+def _buffers(c: Any) -> list[Any] | None:
+    """The arrays a known mlx-lm cache holds, read from its attributes; None for any other class."""
+    cls = type(c)
+    attrs = _BUFFER_ATTRS.get(cls.__name__)
+    if attrs is None or not cls.__module__.startswith("mlx_lm."):
+        return None
+    out: list[Any] = []
+    for name in attrs:
+        value = getattr(c, name, None)
+        for a in value if isinstance(value, (list, tuple)) else (value,):
+            if hasattr(a, "shape"):
+                out.append(a)
+            elif a is not None:
+                return None  # a layout this reader does not know: ask ``state``
+    return out
+
+
 def cache_arrays(cache: list[Any]) -> list[Any]:
     """Every array a cache list holds (for mx.eval)."""
     out: list[Any] = []
     for c in cache:
-        out.extend(v for _, v in tree_items(c.state) if hasattr(v, "shape"))
+        fast = _buffers(c)
+        out.extend(fast if fast is not None else (v for _, v in tree_items(c.state) if hasattr(v, "shape")))
     return out
 
 
@@ -175,6 +206,21 @@ class Decoder:
         mx.eval(logits, cache_arrays(self.cache))
         return logits
 
+    def step(self, token: int) -> tuple[Any, int]:
+        """One single-token forward and classic decode's greedy token after it, evaluated together.
+
+        The same call and the same pick as ``forward([token])[-1]`` then :func:`greedy_token`,
+        in one evaluation instead of two (the chain of every probe runs this).
+        """
+        import mlx.core as mx
+
+        logits = self.model(mx.array([token], dtype=mx.uint32)[None], cache=self.cache)[0]
+        quantize_if_due(self.cache, self.opts)
+        row = logits[-1]
+        pick = _greedy_pick_lazy(row)
+        mx.eval(logits, pick, cache_arrays(self.cache))
+        return row, int(pick.item())
+
     def prefill(self, prompt: list[int]) -> int:
         """Classic prefill of all but the last prompt token; returns that last token."""
         if not prompt:
@@ -222,9 +268,14 @@ def greedy_token(logits_row: Any) -> int:
     processors, when a reference applies them, act on the logits before this call, as in
     ``generate_step``.
     """
+    return int(_greedy_pick_lazy(logits_row).item())
+
+
+def _greedy_pick_lazy(logits_row: Any) -> Any:
+    """:func:`greedy_token` as an unevaluated one-element array."""
     from mlx_lm.sample_utils import make_sampler
 
-    return int(make_sampler(0.0)(classic_logprobs(logits_row)).reshape(-1)[0].item())  # type: ignore[arg-type]
+    return make_sampler(0.0)(classic_logprobs(logits_row)).reshape(-1)
 
 
 def greedy_tokens(logits: Any) -> list[int]:
@@ -272,14 +323,16 @@ def greedy_pick(logits_row: Any) -> GreedyPick:
     import mlx.core as mx
     import numpy as np
 
-    lp = classic_logprobs(logits_row).reshape(-1)
-    token = greedy_token(logits_row)
-    values = np.array(lp.astype(mx.float32))
+    pick = _greedy_pick_lazy(logits_row)  # greedy_token's own computation
+    raw = mx.argmax(logits_row.reshape(-1))
+    lp = classic_logprobs(logits_row).reshape(-1).astype(mx.float32)
+    mx.eval(pick, raw, lp)  # one evaluation for the three
+    token = int(pick.item())
+    values = np.array(lp)
     others = values.copy()
     others[token] = -np.inf
     runner = int(np.argmax(others))
-    raw = int(mx.argmax(logits_row.reshape(-1)).item())  # type: ignore[arg-type]  # item() is int | float | complex
-    return GreedyPick(token, raw, runner,
+    return GreedyPick(token, int(raw.item()), runner,  # type: ignore[arg-type]
                       float(values[token] - values[runner]), float(values[token]))
 
 
@@ -294,7 +347,7 @@ def advance_to_depth(model: Any, prompt: list[int], depth: int,
     y = dec.prefill(prompt)
     emitted: list[int] = []
     for _ in range(depth):
-        y = greedy_token(dec.forward([y])[-1])
+        y = dec.step(y)[1]
         emitted.append(y)
     return dec, y, emitted
 

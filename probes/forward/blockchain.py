@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specparity.compare import Diff, compare_arrays
-from specparity.decode import CacheOptions, Decoder, greedy_token
+from specparity.decode import CacheOptions, Decoder
 from specparity.progress import NULL, Observer
 from specparity.probes.forward.render import cell_line, walk_line
 from specparity.reproducibility import Bracket, repeat_chain
@@ -211,9 +211,8 @@ def _chain_with_states(model: Any, prompt: list[int], n_steps: int, keep: set[in
         if s in keep:
             states[s] = dec.fork()
         tokens.append(y)
-        row = dec.forward([y])[-1]
+        row, y = dec.step(y)
         rows.append(row)
-        y = greedy_token(row)
     return tokens, rows, states
 
 

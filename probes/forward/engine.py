@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specparity.compare import Diff, StateDiff, compare_arrays, compare_states
-from specparity.decode import Decoder, LayerState, greedy_token, snapshot
+from specparity.decode import Decoder, LayerState, snapshot
 from specparity.probes.engines.base import Engine, EngineCannotRun
 from specparity.probes.forward.blockchain import Cell
 from specparity.progress import NULL, Observer
@@ -231,10 +231,9 @@ class _Classic:
             if s in keep:
                 self.decoders[s] = dec.fork()
             self.tokens.append(y)
-            row = dec.forward([y])[-1]
+            row, y = dec.step(y)
             self.rows.append(row)
             self.states.append(snapshot(dec.cache))
-            y = greedy_token(row)
         self.tokens.append(y)
 
 
