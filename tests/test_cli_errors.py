@@ -43,6 +43,7 @@ def _exiting_checkpoint(info: FixtureInfo, tmp_path: Path, code: int) -> Path:
     return ck
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_a_model_file_raising_systemexit_is_a_bug_not_a_verdict(cli_bin: str, rows4_pair: FixtureInfo,
                                                                  tmp_path: Path) -> None:
@@ -64,6 +65,7 @@ def test_a_rule_raising_systemexit_is_a_bug(cli_bin, tmp_path):
 # ---------------------------------------------------------------- one line, the right flag
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_loader_failures_are_one_line(cli_bin, llama_pair, tmp_path):
     ck = tmp_path / "missing-layers"

@@ -98,6 +98,7 @@ def arms(report: ServedReport) -> dict[str, ArmResult]:
 
 
 # -- live: the served harness on dflash serve ------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.build
 @pytest.mark.server
 @pytest.mark.model

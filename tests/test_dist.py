@@ -112,6 +112,7 @@ def test_support_check_names_the_first_offending_monte_carlo_draw():
     assert (v.draw, v.token) == (first, int(drafts[first]))
 
 
+@pytest.mark.slow
 def test_joint_test_of_a_chain_sees_what_the_first_token_cannot(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     prob = dist.make_problem(num_draft=2)

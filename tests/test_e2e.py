@@ -50,6 +50,7 @@ def test_clean_pair_matches_on_every_entry_point(pair):
     assert run.verdict == Verdict.MATCH and run.exit_code == 0
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_dropped_option_and_processor_history_are_caught(pair):
     target, draft = pair

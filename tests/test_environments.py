@@ -201,6 +201,7 @@ def test_build_once_then_found_at_once_offline(tiny_env: Tiny, monkeypatch: pyte
     assert again == env and again_notes == [] and time.perf_counter() - t0 < 1.0
 
 
+@pytest.mark.slow
 def test_a_missing_package_index_is_one_error_line_exit_4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           cli_bin: str) -> None:
     spec_file = tmp_path / "tiny.yaml"

@@ -75,6 +75,7 @@ def test_process_that_exits_raises_with_its_exit_code(tmp_path):
     assert err.value.returncode == 3 and "bad flag --x" in err.value.log_tail
 
 
+@pytest.mark.slow
 def test_never_ready_times_out_and_sigkill_takes_the_whole_group(tmp_path):
     srv = Server([sys.executable, "-c", HANG], start_timeout=1.5, stop_timeout=0.5, name="hang",
                  log_path=tmp_path / "hang.log")

@@ -273,6 +273,7 @@ def test_served_job_runs_on_llama_cpp_with_draft_n_as_evidence(llama_server_bin,
                 assert "margin_a" in r.tie and "differs from classic decode in MLX" in r.reason
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.server
 @pytest.mark.build

@@ -122,6 +122,7 @@ def test_nightly_bad_input_is_one_line_and_exit_2(cli_bin, tmp_path, llama_pair)
         assert run.returncode == 2 and "no 'records compare'" in run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.server
 @pytest.mark.build

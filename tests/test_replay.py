@@ -157,6 +157,7 @@ def test_draft_model_record_then_replay(fixture_root):
     assert report.exit_code == 0
 
 
+@pytest.mark.slow
 @cpu_only
 def test_cli_draft_model_writes_log_and_record(fixture_root, tmp_path, cli_bin):
     info = build(fixture_root, "llama-float32", arch="llama")

@@ -69,6 +69,7 @@ def test_speculative_with_processors_diverges_from_the_reference(pair, text_prom
     assert report.served_first_mismatch is None and report.exit_code == 0
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_served_tokens_compared_after_a_rewind_finding(fixture_root):
     info = build(fixture_root, "llama-stale-trim-pair", arch="llama", faults=[{"kind": "stale_trim"}])

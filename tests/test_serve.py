@@ -96,6 +96,7 @@ def fault(fixture_root, logs, home):
                 s.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.server
 def test_clean_pair_engages_at_several_widths_with_baseline_text(clean, tmp_path, cli_bin):

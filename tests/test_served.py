@@ -124,6 +124,7 @@ def _children(pid: int) -> set[int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.server
 def test_ctrl_c_mid_job_leaves_no_server_and_a_readable_record(llama_pair, tmp_path, cli_bin):

@@ -62,6 +62,7 @@ def _errors(record: Path, pairing: str, only: str | None = None) -> dict[str, li
     return out
 
 
+@pytest.mark.slow
 def test_served_on_malformed_answers_errors_each_request_and_exits_4(cli_bin: str, tmp_path: Path) -> None:
     modes = {"empty-choices": "choices is empty", "choice-string": "choices[0] is a string, not an object",
              "text-int": "choices[0].text is an integer, not a string",

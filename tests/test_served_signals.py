@@ -130,6 +130,7 @@ def test_sigterm_without_record_dir_leaves_no_temporary_folder(cli_bin: str, lla
     assert not _left_in(tmp)
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.server
 def test_sigkill_mid_request_leaves_no_server(cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
