@@ -156,6 +156,19 @@ def test_underpowered_run_is_inconclusive_never_a_pass(prob):
     assert "drafted-only-residual" in rep.reason
 
 
+def test_a_temperature_too_small_for_the_arithmetic_is_an_input_error_not_a_nan_law():
+    from specparity.errors import InputError
+
+    with pytest.raises(InputError, match="temperature 1e-40: too small") as err:
+        dist.make_problem(temperature=1e-40)  # logits / T overflow float32: the law would be NaN
+    assert err.value.param == "temperature"
+    with pytest.raises(InputError, match="overflows float64"):
+        dist.softmax64(np.array([3.0, 1.0]), 1e-308)
+    tiny = dist.make_problem(temperature=1e-30)  # no overflow: the law is one token, exactly
+    p = dist.softmax32(tiny.target_logits, tiny.temperature)
+    assert np.isfinite(p).all() and sorted(p.tolist())[-1] == 1.0
+
+
 def test_temperature_zero_is_the_exact_check():
     prob = dist.make_problem(temperature=0)
     rep = dist.run_dist(BUILTIN["greedy"], prob, samples=10_000)
@@ -216,6 +229,7 @@ def test_cli_underpowered_exit_3(cli_bin):
     (["--rule", f"{SAMPLE_RULES}:raises"], "raised RuntimeError at draw 0"),
     (["--temperature", "-1"], "--temperature -1.0: must be a finite number >= 0"),
     (["--temperature", "nan"], "--temperature nan"),
+    (["--temperature", "1e-40"], "--temperature 1e-40: too small for these logits"),  # was NaN laws, 'pass'
     (["--target-logits", "1,2,x", "--draft-logits", "1,2,3"], "'x' is not a number"),
     (["--target-logits", "1,2,3", "--draft-logits", "1,2"], "has 3 entries"),
     (["--target-logits", "1,2,3"], "go together"),

@@ -76,17 +76,30 @@ def softmax64(logits: np.ndarray, temperature: float) -> np.ndarray:
         idx = np.argmax(x, axis=-1)
         np.put_along_axis(out, np.expand_dims(idx, -1), 1.0, axis=-1)
         return out
-    z = x / temperature
+    z = _scaled(x, temperature, np.float64)
     z = z - z.max(axis=-1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def _scaled(x: np.ndarray, temperature: float, dtype: Any) -> np.ndarray:
+    """``x / temperature`` in ``dtype``; a temperature so small that a finite logit overflows is an
+    input error (the law would be NaN, and a NaN law must never read as a pass)."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        z = (np.asarray(x, dtype=dtype) / dtype(temperature)).astype(dtype)
+    if not np.isfinite(z[np.isfinite(x)]).all():
+        big = float(np.max(np.abs(x[np.isfinite(x)])))
+        raise InputError("temperature", f"{temperature:g}: too small for these logits: a logit of"
+                         f" magnitude {big:g} / {temperature:g} overflows {np.dtype(dtype).name}"
+                         " (0 means greedy)")
+    return z
 
 
 def softmax32(logits: np.ndarray, temperature: float) -> np.ndarray:
     """What an engine computes: float32 softmax (tiny probabilities underflow to 0)."""
     if temperature == 0:
         return softmax64(logits, 0)
-    z = (np.asarray(logits, dtype=np.float32) / np.float32(temperature)).astype(np.float32)
+    z = _scaled(np.asarray(logits, dtype=np.float32), temperature, np.float32)
     z = z - z.max(axis=-1, keepdims=True)
     e = np.exp(z, dtype=np.float32)
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float64)
