@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from specparity.harness.reference import ReferenceCompletion, ReferenceStats, ServerSettings
+from specparity.harness.reference import ColdAnswer, ReferenceCompletion, ReferenceStats, ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +136,13 @@ class Oracle:
         return reply
 
     def complete(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,
-                 server_prompt_tokens: int | None = None, prompt_ids: list[int] | None = None) -> Answer:
+                 server_prompt_tokens: int | None = None, prompt_ids: list[int] | None = None,
+                 server_prompt_ids: list[int] | None = None) -> Answer:
         """Classic decode's answer to ``body`` (on ``endpoint``, under the server's ``settings``);
-        ``prompt_ids``: decode from exactly these (an engine that tokenizes on its own said so)."""
+        ``prompt_ids``: decode from exactly these (an engine that tokenizes on its own said so);
+        ``server_prompt_ids``: the server's own ids, checked against the harness's tokenization."""
         req: dict[str, Any] = {"endpoint": endpoint, "body": body, "server_prompt_tokens": server_prompt_tokens,
-                               "prompt_ids": prompt_ids}
+                               "prompt_ids": prompt_ids, "server_prompt_ids": server_prompt_ids}
         if settings is not None:
             req["settings"] = settings.to_dict()
         reply = self._ask(req)
@@ -149,6 +151,19 @@ class Oracle:
         if not reply.get("ok"):
             return Answer(error=f"the classic reference refused this request: {reply.get('message')}")
         return Answer(ReferenceCompletion.from_dict(reply["completion"]))
+
+    def cold(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,
+             draft_model: str | None = None) -> tuple[ColdAnswer | None, str | None]:
+        """mlx_lm.server's loop answering ``body`` on a fresh prompt cache (ClassicReference.cold), or why not."""
+        req: dict[str, Any] = {"cold": True, "endpoint": endpoint, "body": body, "draft_model": draft_model}
+        if settings is not None:
+            req["settings"] = settings.to_dict()
+        reply = self._ask(req)
+        if reply is None:
+            return None, self.failed or "the classic reference is unavailable"
+        if not reply.get("ok"):
+            return None, f"mlx_lm.server's loop did not answer it in process: {reply.get('message')}"
+        return ColdAnswer(**reply["cold"]), None
 
     def cost(self) -> ReferenceStats | None:
         """What the reference cost so far (None when it never ran)."""

@@ -532,7 +532,12 @@ class ReferenceCompletion:
 
     key: the canonical request key (sha256) it was cached under.
     endpoint: completions or chat.
-    prompt_ids: the prompt tokens decoded from; prompt_check: those against the server's.
+    prompt_ids: the prompt tokens decoded from; prompt_check: those against what the server
+      said of its prompt (a mismatch: another prompt than the server's, not compared).
+    own_prompt: where it decoded from the server's own ids (an engine that tokenizes on its own),
+      the harness's own tokenization (mlx_lm.server's tokenize step) against those ids: a mismatch
+      is a finding, the comparison stands (classic decode decoded what the server decoded);
+      own_prompt_error: why the harness could not tokenize the request itself.
     token_ids: every emitted token, the final EOS / stop token included (the server's count).
     text: the completion text (chat: the message content) after stop words and the
       server's state machine; reasoning / tool_calls: what that machine set apart.
@@ -562,6 +567,8 @@ class ReferenceCompletion:
     params: dict[str, Any]
     settings: dict[str, Any]
     prompt_check: PromptCheck | None = None
+    own_prompt: PromptCheck | None = None
+    own_prompt_error: str | None = None
     reasoning: str = ""
     tool_calls: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -610,7 +617,9 @@ class ReferenceCompletion:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["prompt_check"] = self.prompt_check.to_dict() if self.prompt_check else None
+        for k in ("prompt_check", "own_prompt"):
+            check = getattr(self, k)
+            d[k] = check.to_dict() if check else None
         return d
 
     @classmethod
@@ -618,8 +627,9 @@ class ReferenceCompletion:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         kw["top"] = [[(int(a), float(b)) for a, b in t] for t in kw.get("top") or []]
-        if kw.get("prompt_check"):
-            kw["prompt_check"] = PromptCheck(**kw["prompt_check"])
+        for k in ("prompt_check", "own_prompt"):
+            if kw.get(k):
+                kw[k] = PromptCheck(**kw[k])
         return cls(**kw)
 
 
@@ -630,6 +640,8 @@ class ReferenceStats:
     computed: distinct requests decoded. hits: answers served from the cache.
     seconds: time spent decoding them (model load apart). load_seconds: loading the model.
     tokens: tokens generated. prompt_tokens: prompt tokens prefilled.
+    cold: cold answers computed (:meth:`ClassicReference.cold`, only for requests that left
+      classic decode); cold_seconds / cold_tokens: their time (drafter loads included) and tokens.
     """
 
     computed: int = 0
@@ -638,11 +650,36 @@ class ReferenceStats:
     load_seconds: float = 0.0
     tokens: int = 0
     prompt_tokens: int = 0
+    cold: int = 0
+    cold_seconds: float = 0.0
+    cold_tokens: int = 0
 
     def line(self) -> str:
         return (f"classic reference: {self.computed} distinct requests decoded in process"
                 f" ({self.tokens} tokens, {self.prompt_tokens} prompt tokens, {self.seconds:.2f} s;"
-                f" model load {self.load_seconds:.2f} s), {self.hits} answered from its cache")
+                f" model load {self.load_seconds:.2f} s), {self.hits} answered from its cache"
+                + (f"; {self.cold} cold answers through mlx_lm.server's loop ({self.cold_tokens} tokens,"
+                   f" {self.cold_seconds:.2f} s)" if self.cold else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ColdAnswer:
+    """A request answered by mlx_lm.server's own loop on a fresh prompt cache, in process.
+
+    text / token_ids / finish_reason: the answer as the server's response handler builds it.
+    path: the loop's path (``batched`` or ``sequential``). draft_model: the drafter it ran
+    with (None: none). seconds: what it took (a cache hit reports the first computation's).
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    path: str
+    draft_model: str | None = None
+    seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -872,6 +909,8 @@ class ClassicReference:
         self.checkpoint = Path(checkpoint)
         self.trust_remote_code = trust_remote_code
         self._cache: dict[str, ReferenceCompletion] = {}
+        self._cold: dict[str, ColdAnswer] = {}
+        self._drafts: dict[str, Any] = {}
         self._stats = ReferenceStats(load_seconds=time.perf_counter() - t0)
 
     @property
@@ -894,7 +933,9 @@ class ClassicReference:
         server_prompt_ids / server_prompt_tokens: what the server said about its prompt
           (its ids, its ``usage.prompt_tokens``): checked against the reference's, never used.
         prompt_ids: decode from exactly these ids (an engine that tokenizes on its own,
-          e.g. llama-server returning its tokens) instead of the server's tokenize step.
+          e.g. llama-server returning its tokens) instead of the server's tokenize step; the
+          count is then checked against ``server_prompt_tokens``, and the harness's own
+          tokenization against ``server_prompt_ids`` (``own_prompt``: a finding, not a bar).
         settings: the server's flags for this request (default: the constructor's;
           the chat template must be the constructor's, the tokenizer is loaded once).
         """
@@ -908,9 +949,64 @@ class ClassicReference:
             out = self._compute(key, endpoint, body, s, prompt_ids)
             self._cache[key] = out
             out = copy.copy(out)
-        if server_prompt_ids is not None or server_prompt_tokens is not None:
-            out.prompt_check = check_prompt(out.prompt_ids, server_prompt_ids, server_prompt_tokens)
+        if prompt_ids is None:
+            if server_prompt_ids is not None or server_prompt_tokens is not None:
+                out.prompt_check = check_prompt(out.prompt_ids, server_prompt_ids, server_prompt_tokens)
+            return out
+        # decoded from the server's own ids: checking them against themselves proves nothing, so the
+        # count is checked against its usage and the harness's own tokenization against its ids
+        if server_prompt_tokens is not None:
+            out.prompt_check = check_prompt(out.prompt_ids, None, server_prompt_tokens)
+        if server_prompt_ids is not None:
+            try:
+                own = server_prompt(self.tokenizer, endpoint, body, s).ids
+            except (UsageError, InfrastructureError) as err:
+                out.own_prompt_error = first_line(str(err))
+            else:
+                out.own_prompt = check_prompt(own, server_prompt_ids)
         return out
+
+    def cold(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,
+             draft_model: str | None = None, prompt_ids: list[int] | None = None) -> ColdAnswer:
+        """What ``mlx_lm.server``'s own loop answers ``body`` on a fresh prompt cache, with the drafter
+        ``draft_model`` (a checkpoint directory, loaded once) where the arm had one.
+
+        The arm's own cold answer for a request the server answered on a warm cache
+        (:class:`specparity.probes.replay.sequence.ServingLoop` with one entry): a difference
+        that is there cold too is not state-dependent. Computed once per distinct request and
+        drafter; its cost is counted apart from classic decode's (``ReferenceStats.cold``).
+        """
+        from specparity.probes.replay.sequence import ServingLoop
+
+        s = self._settings(settings)
+        key = request_key(endpoint, body, s, prompt_ids) + f"|cold|{draft_model}|{body.get('num_draft_tokens')}"
+        hit = self._cold.get(key)
+        if hit is not None:
+            return copy.copy(hit)
+        t0 = time.perf_counter()
+        draft = None
+        if draft_model is not None:
+            if draft_model not in self._drafts:
+                from specparity.checkpoint import load_checkpoint
+
+                self._drafts[draft_model] = load_checkpoint(draft_model, trust_remote_code=self.trust_remote_code,
+                                                            flag="draft").model
+            draft = self._drafts[draft_model]
+        loop = ServingLoop(self.model, self.tokenizer, s, draft)
+        try:
+            served = loop.serve(endpoint, body, prompt_ids)
+        finally:
+            loop.close()
+        if served.error is not None or served.decoded is None:
+            raise UsageError(f"{endpoint} request: mlx_lm.server's loop fails it ({served.error})")
+        dec = served.decoded
+        out = ColdAnswer(dec.text, list(dec.token_ids), dec.finish_reason, served.path, draft_model,
+                         time.perf_counter() - t0)
+        self._stats.cold += 1
+        self._stats.cold_seconds += out.seconds
+        self._stats.cold_tokens += len(out.token_ids)
+        self._cold[key] = out
+        return copy.copy(out)
 
     def cost(self) -> ReferenceStats:
         """What the reference has cost so far."""
@@ -919,6 +1015,7 @@ class ClassicReference:
     def forget(self) -> None:
         """Drop every cached answer (a new job on the same loaded model); the cost stays."""
         self._cache.clear()
+        self._cold.clear()
 
     def _settings(self, settings: ServerSettings | None) -> ServerSettings:
         s = settings or self.settings
@@ -1046,9 +1143,11 @@ def worker(argv: list[str] | None = None) -> int:
 
     Loads the checkpoint once, prints ``{"ready": true, "load_seconds": s}``, then answers
     one JSON line per request line on stdin: ``{"endpoint", "body", "settings"?,
-    "server_prompt_tokens"?, "prompt_ids"?}`` -> ``{"ok": true, "completion": {...}}`` or
-    ``{"ok": false, "message": "...", "kind": "usage" | "infra"}``; ``{"cost": true}`` ->
-    ``{"ok": true, "cost": {...}}``. It exits at end of input (its parent's end). The harness
+    "server_prompt_tokens"?, "server_prompt_ids"?, "prompt_ids"?}`` -> ``{"ok": true,
+    "completion": {...}}`` or ``{"ok": false, "message": "...", "kind": "usage" | "infra"}``;
+    ``{"cold": true, "endpoint", "body", "settings"?, "draft_model"?, "prompt_ids"?}`` ->
+    ``{"ok": true, "cold": {...ColdAnswer}}``; ``{"cost": true}`` -> ``{"ok": true, "cost":
+    {...}}``. It exits at end of input (its parent's end). The harness
     runs it with the servers' interpreter (harness.oracle), so a server in a pinned
     environment (another mlx-lm) is judged by that environment's classic decode.
     """
@@ -1083,13 +1182,20 @@ def worker(argv: list[str] | None = None) -> int:
                 say({"ok": True, "cost": ref.cost().to_dict()})
                 continue
             settings = ServerSettings.from_dict(req["settings"]) if req.get("settings") else None
-            rc = ref.complete(req["endpoint"], req["body"], server_prompt_tokens=req.get("server_prompt_tokens"),
+            if req.get("cold"):
+                cold = ref.cold(req["endpoint"], req["body"], settings, draft_model=req.get("draft_model"),
+                                prompt_ids=req.get("prompt_ids"))
+                say({"ok": True, "cold": cold.to_dict()})
+                continue
+            rc = ref.complete(req["endpoint"], req["body"], server_prompt_ids=req.get("server_prompt_ids"),
+                              server_prompt_tokens=req.get("server_prompt_tokens"),
                               prompt_ids=req.get("prompt_ids"), settings=settings)
             say({"ok": True, "completion": rc.to_dict()})
         except SpecparityError as err:
             say({"ok": False, "message": first_line(str(err)),
                  "kind": "usage" if isinstance(err, UsageError) else "infra"})
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            # AttributeError: another mlx-lm (a pinned environment) without a part the serving loop uses
             say({"ok": False, "message": f"{type(err).__name__}: {first_line(str(err))}", "kind": "usage"})
     return 0
 
