@@ -364,7 +364,8 @@ def server_prompt(tokenizer: Any, endpoint: str, body: dict[str, Any],
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise UsageError("chat request: no messages")
-        if any(True for _ in mlx_server._image_parts(messages)):
+        image_parts = getattr(mlx_server, "_image_parts", None)  # mlx-lm 0.31 serves text only: no such step
+        if image_parts is not None and any(True for _ in image_parts(messages)):
             raise UsageError("chat request with images: the classic reference is text only")
         request = mlx_server.CompletionRequest("chat", "", messages, body.get("tools") or None,
                                                body.get("role_mapping"))
@@ -384,7 +385,8 @@ def server_prompt(tokenizer: Any, endpoint: str, body: dict[str, Any],
         raise InfrastructureError(f"mlx-lm {_mlx_lm_version()}: its server's tokenize step moved ({err});"
                                   " the classic reference cannot tokenize as that server does") from None
     try:
-        ids, segments, types_, initial, _ = tokenize(_ProviderShim(s.chat_template_args), tokenizer, request, args)
+        # (prompt, segments, segment types, initial state) and, from mlx-lm 0.32, the prompt's images
+        ids, segments, types_, initial = tokenize(_ProviderShim(s.chat_template_args), tokenizer, request, args)[:4]
     except (ValueError, KeyError, TypeError) as err:
         raise UsageError(f"{endpoint} request: the server would refuse it ({type(err).__name__}: {err})") from None
     ids = [int(t) for t in ids]
@@ -468,6 +470,125 @@ def _text_state_machine_class() -> Any:
     from mlx_lm.generate import TextStateMachine
 
     return TextStateMachine
+
+
+class ResponseStream:
+    """The server's stop matcher and text machine over one generation, token by token.
+
+    ``step(token, segment, finish_reason)`` -> the finish reason (``stop`` where a stop sequence
+    ended it); ``finish(reason)`` -> the reason the server reports; then ``pieces`` (per token, the
+    text the server appends or streams there), ``text`` / ``reasoning`` / ``tool_calls`` as its
+    response carries them. mlx-lm 0.32's server: its stop sequences (``make_stop_sequences``) and
+    text machine (:class:`ResponseText`).
+    """
+
+    def __init__(self, tokenizer: Any, stop_words: list[str], initial_state: str = "normal"):
+        from mlx_lm.generate import make_stop_sequences
+
+        self._matcher = make_stop_sequences(tokenizer, stop_words).matcher()
+        self._text = ResponseText(tokenizer, stop_words, initial_state)
+        self._pieces: list[str] = []
+
+    def step(self, token: int, segment: str, finish_reason: str | None) -> str | None:
+        reason = "stop" if self._matcher.advance(token) else finish_reason
+        self._pieces.append(self._text.add(segment, reason))
+        return reason
+
+    @property
+    def pieces(self) -> list[str]:
+        return list(self._pieces)
+
+    def finish(self, finish_reason: str) -> str:
+        return self._text.finish(finish_reason)
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    @property
+    def reasoning(self) -> str:
+        return self._text.reasoning
+
+    @property
+    def tool_calls(self) -> list[str]:
+        return list(self._text.tool_calls)
+
+
+class ResponseStream031(ResponseStream):
+    """The same for mlx-lm 0.31's server (a pinned environment's: dflash-mlx's, the version matrix's).
+
+    Its ``SequenceStateMachine`` (the server's own ``_make_state_machine``: EOS and each stop word's
+    tokens end it; think and tool-call tokens switch state) gives each token a state; a token's text
+    goes where that state says (normal text, reasoning, a tool call) and nowhere where it is the end;
+    a matched sequence's tokens lose their text (its ``_process_control_tokens``); the response
+    collects them as its ``handle_completion`` does.
+    """
+
+    def __init__(self, tokenizer: Any, stop_words: list[str], initial_state: str = "normal"):
+        import types
+
+        from mlx_lm import server as mlx_server
+
+        shim = types.SimpleNamespace(_state_machine_cache={})
+        make: Any = mlx_server.ResponseGenerator._make_state_machine  # 0.31's signature, not 0.32's
+        sm, _ = make(shim, None, tokenizer, list(stop_words), initial_state=initial_state)
+        self._sm, self._state = sm, sm.make_state()
+        self._tokens: list[tuple[str, str | None]] = []  # (text, state after the token)
+
+    def step(self, token: int, segment: str, finish_reason: str | None) -> str | None:
+        self._state, matched, current = self._sm.match(self._state, token)
+        self._tokens.append((segment, current))
+        if matched is not None:  # the matched sequence's tokens carry no text
+            n = len(self._tokens)
+            self._tokens[n - len(matched):] = [("", st) for _, st in self._tokens[n - len(matched):]]
+        return "stop" if matched is not None and current is None else finish_reason
+
+    def _collect(self) -> tuple[str, str, list[str], bool]:
+        text, reasoning, tool_text, tools, made, prev = "", "", "", [], False, None
+        for segment, state in self._tokens:
+            if state == "reasoning":
+                reasoning += segment
+            elif state == "tool":
+                tool_text += segment
+            elif state == "normal":
+                if prev == "tool":
+                    tools.append(tool_text)
+                    tool_text, made = "", True
+                text += segment
+            prev = state
+        if prev == "tool" and tool_text:
+            tools.append(tool_text)
+            made = True
+        return text, reasoning, tools, made
+
+    def finish(self, finish_reason: str) -> str:
+        return "tool_calls" if finish_reason == "stop" and self._collect()[3] else finish_reason
+
+    @property
+    def pieces(self) -> list[str]:
+        return [segment if state == "normal" else "" for segment, state in self._tokens]
+
+    @property
+    def text(self) -> str:
+        return self._collect()[0]
+
+    @property
+    def reasoning(self) -> str:
+        return self._collect()[1]
+
+    @property
+    def tool_calls(self) -> list[str]:
+        return self._collect()[2]
+
+
+def response_stream(tokenizer: Any, stop_words: list[str], initial_state: str = "normal") -> ResponseStream:
+    """The stop matcher and text machine of the installed mlx-lm's server (0.32's, else 0.31's)."""
+    import importlib
+
+    # the module, not mlx_lm.generate the function (mlx_lm's __init__ binds that name)
+    gen = importlib.import_module("mlx_lm.generate")
+    cls = ResponseStream if hasattr(gen, "make_stop_sequences") else ResponseStream031
+    return cls(tokenizer, stop_words, initial_state)
 
 
 @dataclass
@@ -781,10 +902,7 @@ def collect(tokenizer: Any, responses: Any, stop_words: list[str], initial_state
     """
     import mlx.core as mx
 
-    from mlx_lm.generate import make_stop_sequences
-
-    matcher = make_stop_sequences(tokenizer, stop_words).matcher()
-    text = ResponseText(tokenizer, stop_words, initial_state)
+    machine = response_stream(tokenizer, stop_words, initial_state)
     out = Decoded()
     finish = "stop"
     rows: list[Any] = []
@@ -801,14 +919,11 @@ def collect(tokenizer: Any, responses: Any, stop_words: list[str], initial_state
         rows.clear()
 
     for gen in responses:
-        reason = gen.finish_reason
-        if matcher.advance(gen.token):
-            reason = "stop"
+        reason = machine.step(int(gen.token), gen.text, gen.finish_reason)
         out.token_ids.append(int(gen.token))
         rows.append(gen.logprobs)
         if len(rows) == _SETTLE_EVERY:
             settle()
-        out.pieces.append(text.add(gen.text, reason))
         if reason is not None:
             finish = reason
             break
@@ -817,8 +932,9 @@ def collect(tokenizer: Any, responses: Any, stop_words: list[str], initial_state
     for (idx, picked), emitted in lazy:
         out.top.extend(_top2_pairs(a, b) for a, b in zip(idx.tolist(), picked.tolist()))
         out.logprobs.extend(float(x) for x in emitted.tolist())
-    out.finish_reason = text.finish(finish)
-    out.text, out.reasoning, out.tool_calls = text.text, text.reasoning, list(text.tool_calls)
+    out.finish_reason = machine.finish(finish)
+    out.pieces = list(machine.pieces)
+    out.text, out.reasoning, out.tool_calls = machine.text, machine.reasoning, list(machine.tool_calls)
     return out
 
 
@@ -1194,8 +1310,8 @@ def worker(argv: list[str] | None = None) -> int:
         except SpecparityError as err:
             say({"ok": False, "message": first_line(str(err)),
                  "kind": "usage" if isinstance(err, UsageError) else "infra"})
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            # AttributeError: another mlx-lm (a pinned environment) without a part the serving loop uses
+        except (ValueError, KeyError, TypeError, AttributeError, ImportError) as err:
+            # AttributeError / ImportError: another mlx-lm (a pinned environment) without a part a loop uses
             say({"ok": False, "message": f"{type(err).__name__}: {first_line(str(err))}", "kind": "usage"})
     return 0
 
