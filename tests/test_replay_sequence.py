@@ -229,6 +229,7 @@ def test_cli_usage_errors(tmp_path, cli_bin):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_a_served_difference_the_replay_does_not_rebuild_is_not_reproduced_exit_3(llama_pair, tmp_path, cli_bin):
     """The served answer (here an injected one) leaves classic decode, the in-process loop does not:
     exit 3, the report says the finding is not reproduced in process and why, and names the token."""
