@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import SpecparityError, UsageError
+from specparity.errors import Name, SpecparityError, UsageError
 from specparity.harness.profiles import packaged_profiles
 from specparity.schema import (
     Bool,
@@ -327,13 +327,24 @@ def resolve_model(spec: str, base: Path | None, where: str) -> str:
 
 
 class OverrideError(UsageError):
-    """A command-line override that cannot apply; ``field`` names the Overrides field (the command
-    names its flag), ``detail`` says what is wrong."""
+    """A command-line override that cannot apply; ``field`` names the Overrides field (an
+    errors.Name: the command shows its flag), ``detail`` says what is wrong."""
 
     def __init__(self, field: str, detail: str):
-        super().__init__(f"{field}: {detail}")
+        super().__init__(Name(field), ": ", detail)
         self.field = field
         self.detail = detail
+
+
+def _override_checkpoint(field: str, spec: str) -> str:
+    """An override's checkpoint (a path or a hub id) as a local directory, resolved once; an
+    error names ``field`` as the checkpoint."""
+    from specparity.resolve import resolve_checkpoint
+
+    try:
+        return str(resolve_checkpoint(spec).resolve())
+    except SpecparityError as err:
+        raise err.renamed({"checkpoint": field}) from err
 
 
 @dataclass
@@ -376,10 +387,10 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
     if o.profile is not None:
         load_profile(o.profile)
     if o.draft_model is not None and o.model is None:
-        raise OverrideError("draft_model", "a drafter needs a target model")
+        raise UsageError(Name("draft_model"), " needs ", Name("model"))
     if o.model is not None:
-        target = resolve_model(o.model, None, "model")
-        draft = resolve_model(o.draft_model, None, "draft model") if o.draft_model is not None else None
+        target = _override_checkpoint("model", o.model)
+        draft = _override_checkpoint("draft_model", o.draft_model) if o.draft_model is not None else None
         pairing = Pairing("cli", target, draft, o.profile or "mlx-lm", o.trust_remote_code)
         job = replace(builtin_job(), pairings=[pairing], source="command line") if job is None \
             else replace(job, pairings=[pairing])

@@ -95,6 +95,11 @@ class Record:
     def is_complete(self) -> bool:
         return self.status == COMPLETE
 
+    @property
+    def data_dir(self) -> Path:
+        """The record's data directory (``<dir>/data/<name>/``), from where it lives."""
+        return Path(self.path).parent / "data" / self.name
+
 
 def _now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")

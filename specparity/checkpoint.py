@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import CheckpointError, UsageError, first_line
+from specparity.errors import CheckpointError, Name, UsageError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def load_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False,
     cfg = read_config(d)
     code = remote_code(d, cfg)
     if code and not trust_remote_code:
-        raise UsageError(f"{flag} {path}: {code}; pass --trust-remote-code to run it")
+        raise UsageError(f"{flag} {path}: {code}; pass ", Name("trust-remote-code"), " to run it")
     fp = fingerprint(d, flag)
     import inspect
 

@@ -15,7 +15,7 @@ import click
 
 from specparity import __version__, inputs
 from specparity.errors import (
-    EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, InputError, SpecparityError, Terminated, first_line,
+    EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, SpecparityError, Terminated, first_line,
 )
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     except SpecparityError as err:
         _traceback(debug)
         # a library names a bad input in its own terms; on the command line it is the flag
-        message = err.as_flag() if isinstance(err, InputError) else str(err)
+        message = err.as_flag()
         click.echo(f"Error: {first_line(message)}", err=True)
         code = err.exit_code
     except click.exceptions.Abort as err:

@@ -68,6 +68,7 @@ HANG = textwrap.dedent("""
 """)
 
 
+@pytest.mark.server
 def test_process_that_exits_raises_with_its_exit_code(tmp_path):
     srv = Server([sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"], name="quits")
     with pytest.raises(ServerStartError, match="exited with code 3") as err:
@@ -76,6 +77,7 @@ def test_process_that_exits_raises_with_its_exit_code(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_never_ready_times_out_and_sigkill_takes_the_whole_group(tmp_path):
     srv = Server([sys.executable, "-c", HANG], start_timeout=1.5, stop_timeout=0.5, name="hang",
                  log_path=tmp_path / "hang.log")
@@ -85,6 +87,7 @@ def test_never_ready_times_out_and_sigkill_takes_the_whole_group(tmp_path):
     assert srv.pgid is not None and not group_alive(srv.pgid)  # the grandchild went with it
 
 
+@pytest.mark.server
 def test_stop_all_stops_every_live_server(tmp_path):
     servers = [Server([sys.executable, "-c", "import time; time.sleep(600)"], name=f"s{i}") for i in range(2)]
     for s in servers:
@@ -211,6 +214,7 @@ def _kill_marked(mark: str) -> None:
             pass
 
 
+@pytest.mark.server
 def test_a_server_started_from_a_thread_that_ends_keeps_running(tmp_path: Path) -> None:
     """Linux sends the parent-death signal when the forking *thread* exits: servers are forked from
     one thread that lives as long as the process, never from the caller's."""
@@ -233,6 +237,7 @@ def test_a_server_started_from_a_thread_that_ends_keeps_running(tmp_path: Path) 
 
 
 # -- issue 20, class 10: placeholders only where they belong -------------------------------------
+@pytest.mark.server
 def test_a_model_path_holding_placeholders_reaches_the_server_as_it_is(tmp_path: Path) -> None:
     """The profile's {port} is the port; a {port} or {host} inside the model path is the path's."""
     import httpx
@@ -249,7 +254,7 @@ def test_a_model_path_holding_placeholders_reaches_the_server_as_it_is(tmp_path:
     p = load_profile(str(prof))
     model = str(tmp_path / "m-{port}-{host}-{{x}}-{0}")
     draft = str(tmp_path / "d-{port}")
-    # as harness/served.py renders it
+    # as harness.run.PairingRun.server_argv renders it
     argv = p.render(p.argv, model=model, host=HOST, port="{port}")
     argv += p.render(p.draft_argv, draft_model=draft, num_draft=3, width=4)
     with Server(argv, name="fake", log_path=tmp_path / "fake.log") as srv:
@@ -283,6 +288,7 @@ def test_a_bad_template_item_is_a_usage_error_naming_the_profile(tmp_path: Path,
         load_profile(str(prof))  # the dry render at load (issue 20, class 1): not when a server starts
 
 
+@pytest.mark.server
 def test_a_missing_executable_is_refused_at_spawn_behind_the_exec_wrapper(tmp_path: Path) -> None:
     for exe, words in (("specparity-no-such-server", "on PATH"), ("./no-such-server", "not an executable file")):
         srv = Server([exe, "--port", PORT_ARG], name="missing", log_path=tmp_path / "m.log", cwd=tmp_path)

@@ -74,6 +74,7 @@ def test_a_bad_job_key_is_named_with_its_path_and_type(tmp_path: Path, text: str
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.model  # a job file without pairings runs the built-in job: the embedded pair is built
 def test_non_utf8_config_and_prompts_files_are_named(tmp_path: Path) -> None:
     cfg = _job(tmp_path, b'prompts: ["\xff\xfe"]\n')
     with pytest.raises(UsageError, match=r"job.yaml: not UTF-8 text \(byte 0xff at offset 11\)"):
@@ -145,6 +146,7 @@ def test_a_profile_that_extends_names_the_file_holding_the_bad_key(tmp_path: Pat
         load_profile(str(child))
 
 
+@pytest.mark.model  # no job: the built-in one, on the embedded pair (built)
 @pytest.mark.parametrize("overrides, message", [
     (Overrides(widths=[2, 100000]), "widths: 100000 is above the maximum 1024"),
     (Overrides(max_tokens=100_000_000), "max_tokens: 100000000 is above the maximum 16384"),
@@ -162,11 +164,11 @@ def test_overrides_are_bounded_as_job_keys_are(overrides: Overrides, message: st
     (["served", "--widths", "2-100000"], "Error: --widths '2-100000': 100000 is above the maximum 1024"),
     # the same checks as the overrides above, through the flags (slow: each is a process)
     pytest.param(["served", "--start-timeout", "nan"], "Error: --start-timeout: expected a number of seconds in"
-                 " (0, 604800], got nan", marks=pytest.mark.slow),
+                 " (0, 604800], got nan", marks=[pytest.mark.slow, pytest.mark.model]),
     pytest.param(["served", "--request-timeout", "nan"], "Error: --request-timeout: expected a number of seconds",
-                 marks=pytest.mark.slow),
+                 marks=[pytest.mark.slow, pytest.mark.model]),
     pytest.param(["served", "--max-tokens", "100000000"], "Error: --max-tokens: 100000000 is above the maximum"
-                 " 16384", marks=pytest.mark.slow),
+                 " 16384", marks=[pytest.mark.slow, pytest.mark.model]),
     (["e2e", "--max-tokens", "100000000"], "Error: --max-tokens 100000000: 100000000 is above the maximum 16384"),
     (["e2e", "--num-draft-tokens", "5000"], "Error: --num-draft-tokens 5000: 5001 is above the maximum 1024"),
 ])

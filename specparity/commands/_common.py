@@ -109,7 +109,7 @@ def resolve_path(spec: str | None, role: str = "target") -> Path:
     try:
         return resolve_checkpoint(spec, role=role)
     except SpecparityError as err:
-        raise type(err)(str(err).replace("checkpoint ", f"{flag} ", 1)) from err
+        raise err.flagged({"checkpoint": flag}) from err
 
 
 def resolve_model(model: str | None, trust_remote_code: bool, role: str = "target") -> Loaded:

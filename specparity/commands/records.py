@@ -174,7 +174,7 @@ def _report(report: Any, as_json: bool, extra: dict[str, Any] | None = None) -> 
 
 def _resolve(path: str) -> str:
     rec, _, _ = _open(path)
-    return str(Path(rec.path).parent / "data" / rec.name)
+    return str(rec.data_dir)
 
 
 @records.command("compare")
