@@ -357,11 +357,12 @@ def test_arms_without_a_drafter_serve_target_only_and_cache_state_reads_usage(tm
 
 
 class _Srv:
-    """The two things the engine's evidence reads of a server: its log and its URL (never asked here)."""
+    """What the engine's evidence reads of a server: its log, its URL (never asked here) and its argv."""
 
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, url: str = "http://127.0.0.1:9", argv: list[str] | None = None):
         self.log_path = log_path
-        self.url = "http://127.0.0.1:9"
+        self.url = url
+        self.argv = argv or []
 
 
 class _Session:
@@ -403,3 +404,97 @@ def test_a_request_whose_only_speculation_was_copied_is_not_engaged_and_a_fallba
     assert fallback.declined and not fallback.engaged and "fell back" in fallback.lines[0]
     baseline = _request(_Session(tmp_path / "d"), "ar_fastpath", [], done)
     assert baseline.engaged is False and not baseline.declined and "target only" in baseline.lines[0]
+
+
+class _Metrics:
+    """A tiny /metrics server answering dflash serve's JSON, whose state a test changes between reads."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.state: dict[str, Any] = {"last_request": {"request_id": 4, "cycles": 9, "copyspec_hits": 0}}
+        self.reads = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+                outer.reads += 1
+                body = json.dumps(outer.state).encode() if self.path == "/metrics" else b"{}"
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Metrics:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+class _MetricsSession:
+    """A dflash serve session without diagnostics files (so /metrics is read), at a given verify cap."""
+
+    def __init__(self, root: Path, url: str, cap: int | None):
+        root.mkdir(parents=True)
+        self.server_dir = root
+        self.server = _Srv(root / "server.log", url,
+                           ["dflash", "serve"] + (["--verify-len-cap", str(cap)] if cap is not None else []))
+        self.server.log_path.touch()
+
+
+def test_without_diagnostics_the_metrics_record_waits_for_the_request_and_counts_its_rounds(tmp_path: Path) -> None:
+    """The /metrics fallback: the record of the request sent after the mark, once it is no longer current;
+    engaged only where the round counts prove a DFlash-drafted round that proposed tokens."""
+    import threading
+
+    from specparity.harness.client import Completion
+
+    done = Completion(text="x", finish_reason="length", usage={})
+    with _Metrics() as metrics:
+        s = _MetricsSession(tmp_path / "a", metrics.url, 8)
+        before = dflash_mlx.mark(s)
+        assert before.post_offset is None and before.request_id == 4
+        # the request is still being served: its id is already last_request's, its counts not final
+        metrics.state = {"current_request": {"request_id": 5},
+                         "last_request": {"request_id": 5, "mode_used": "dflash", "cycles": 1, "copyspec_hits": 1}}
+        final = {"request_id": 5, "mode_used": "dflash", "cycles": 6, "copyspec_hits": 4}
+        threading.Timer(0.3, lambda: metrics.state.update(current_request=None, last_request=final)).start()
+        ev = dflash_mlx.evidence(s, done, before)
+        assert ev.details["cycles"] == 6 and ev.engaged is True, ev.lines
+        assert ev.lines[0] == "dflash-mlx: mode_used dflash, 6 verify rounds, 4 copied from the history (copyspec)"
+        # one round not copied may be the last, one-token round: not proof the drafter ran
+        metrics.state = {"last_request": {"request_id": 6, "mode_used": "dflash", "cycles": 5, "copyspec_hits": 4}}
+        ev = dflash_mlx.evidence(s, done, dflash_mlx.Mark(0, None, 5, 0))
+        assert ev.engaged is False and "no round proven DFlash-drafted" in ev.lines[0]
+        # a verify cap of one row: every round drafted, none verified a proposal
+        one = _MetricsSession(tmp_path / "b", metrics.url, 1)
+        metrics.state = {"last_request": {"request_id": 7, "mode_used": "dflash", "cycles": 9, "copyspec_hits": 0}}
+        ev = dflash_mlx.evidence(one, done, dflash_mlx.Mark(0, None, 6, 0))
+        assert ev.engaged is False and "--verify-len-cap 1: no round verifies a proposed token" in ev.lines[0]
+        # nothing newer than the mark by the deadline: None, after polling until then
+        reads = metrics.reads
+        t0 = time.monotonic()
+        assert dflash_mlx.wait_for_request(metrics.url, 7, time.monotonic() + 0.3) is None
+        assert 0.3 <= time.monotonic() - t0 < 5 and metrics.reads - reads >= 2
+
+
+def test_the_counted_rule_needs_two_rounds_not_copied_and_a_cap_of_two_rows() -> None:
+    assert dflash_mlx.counted_engagement(2, 0, None) == (True, "")
+    assert dflash_mlx.counted_engagement(3, 1, 2)[0] is True
+    assert dflash_mlx.counted_engagement(1, 0, 16)[0] is False  # one round: it may have been the last, one row
+    assert dflash_mlx.counted_engagement(9, 0, 1)[0] is False
+    assert dflash_mlx.verify_cap(["x", "--verify-len-cap", "4"]) == 4
+    assert dflash_mlx.verify_cap(["--verify-len-cap=3"]) == 3 and dflash_mlx.verify_cap(["x"]) is None
