@@ -393,12 +393,6 @@ def build_dflash_pair(
     in their place. ``accept_mix["spread"]`` is false for a fit that stopped
     at the step cap before all three kinds of block occurred.
     """
-    import mlx.core as mx
-
-    from specparity.fixture_models.dflash_draft import DraftArgs
-    from specparity.fixtures import VOCAB_SIZE, build_tokenizer, instantiate, model_params, publishing
-    from specparity.prompts import DEFAULT_PROMPTS
-
     out = Path(out)
     if out.exists() and not overwrite:
         marker = out / "fixture.json"
@@ -414,6 +408,12 @@ def build_dflash_pair(
         raise UsageError(f"{out} exists and is not a specparity DFlash fixture: choose another DIR")
     if block_size not in BLOCK_SIZES:
         raise UsageError(f"block size {block_size}: DFlash fixtures use {' or '.join(map(str, BLOCK_SIZES))}")
+    import mlx.core as mx
+
+    from specparity.fixture_models.dflash_draft import DraftArgs
+    from specparity.fixtures import VOCAB_SIZE, build_tokenizer, instantiate, model_params, publishing
+    from specparity.prompts import DEFAULT_PROMPTS
+
     config = target_config(shape, dtype, tied)
     out.parent.mkdir(parents=True, exist_ok=True)
     with publishing(out) as tmp:

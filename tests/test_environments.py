@@ -316,6 +316,7 @@ def test_a_built_environment_lists_its_packages_and_imports_its_engine(name: str
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_dflash_mlx_on_mlx_lm_0_32_2_imports_its_engine_and_generate_but_not_its_server() -> None:
     """Why the in-process column of mlx-lm 0.32.2 has an environment of its own: dflash-mlx 0.1.8's
     generate and engine import there; its server needs a name 0.32 removed."""
