@@ -289,12 +289,36 @@ def evidence(session: Any, completion: Any, before: Mark) -> EngineEvidence:
             line += ": no round's block came from the DFlash drafter"
         found.lines.insert(0, f"dflash-mlx: mode_used dflash, {line}")
         return found
-    # no per-round file (diagnostics off): the request's record counts rounds and copied rounds; only
-    # the last round can go without a draft (one token left), so two rounds more than copied ones prove
-    # one round drafted by the DFlash drafter
+    # no per-round file (diagnostics off): the request's record counts rounds and copied rounds only
     copied = last.get("copyspec_hits")
     if isinstance(cycles, int) and isinstance(copied, int):
-        found.engaged = cycles - copied >= 2
+        found.engaged, why = counted_engagement(cycles, copied, verify_cap(getattr(session.server, "argv", [])))
         found.lines.insert(0, f"dflash-mlx: mode_used dflash, {cycles} verify rounds, {copied} copied from"
-                              f" the history (copyspec){'' if found.engaged else ': no round proven DFlash-drafted'}")
+                              f" the history (copyspec){'' if found.engaged else ': ' + why}")
     return found
+
+
+def verify_cap(argv: list[Any]) -> int | None:
+    """The server's ``--verify-len-cap`` (rows per verify forward; None: not given, the drafter's block)."""
+    args = [str(a) for a in argv]
+    for i, a in enumerate(args):
+        value = args[i + 1] if a == "--verify-len-cap" and i + 1 < len(args) else \
+            a.split("=", 1)[1] if a.startswith("--verify-len-cap=") else None
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def counted_engagement(cycles: int, copied: int, cap: int | None) -> tuple[bool, str]:
+    """Whether a request's round counts alone prove a DFlash-drafted round that proposed tokens, and if
+    not, why. dflash-mlx drafts a block of ``min(block, tokens left)`` rows each round; only a block of one
+    row (one token left: at most once, the last round) goes without a draft, so two rounds more than the
+    copied ones include a DFlash-drafted one. It proposed tokens only if the verify cap keeps 2+ rows."""
+    if cap is not None and cap < 2:
+        return False, f"--verify-len-cap {cap}: no round verifies a proposed token"
+    if cycles - copied >= 2:
+        return True, ""
+    return False, "no round proven DFlash-drafted (the one not copied may be the last, one-token round)"
