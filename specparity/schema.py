@@ -15,8 +15,8 @@ the file, the key path and what was expected::
 
 Files are read through :func:`read_text` (a regular file, bounded size, UTF-8)
 and YAML through :func:`load_yaml` (``yaml.SafeLoader`` with the document's
-expanded size and nesting bounded: an alias bomb is refused before anything
-walks it).
+expanded size, in values and in characters, and its nesting bounded: an alias
+bomb is refused before anything walks it).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from specparity.errors import UsageError
 # bounds on a user's file: far above any real job, profile or record, far below what stalls a machine
 MAX_FILE_BYTES = 4 << 20
 MAX_YAML_NODES = 200_000   # scalars, lists and mappings, every alias expanded
+MAX_YAML_CHARS = MAX_FILE_BYTES  # every scalar's characters, every alias expanded: what the file could hold
 MAX_YAML_DEPTH = 64
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
@@ -393,8 +394,9 @@ def read_text(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FIL
 
 def load_yaml(text: str, where: str) -> Any:
     """One YAML document, read by ``yaml.SafeLoader`` once its node graph is known to be small:
-    at most MAX_YAML_NODES nodes with every alias expanded, MAX_YAML_DEPTH levels, no alias
-    inside itself. Anything else is a UsageError naming ``where``."""
+    at most MAX_YAML_NODES nodes and MAX_YAML_CHARS characters of scalars with every alias
+    expanded, MAX_YAML_DEPTH levels, no alias inside itself. Anything else is a UsageError
+    naming ``where``."""
     import yaml
 
     class BoundedLoader(yaml.SafeLoader):
@@ -419,12 +421,13 @@ def load_yaml_file(path: str | os.PathLike[str], where: str) -> Any:
 
 
 def _bound(root: Any, where: str) -> None:
-    """Count ``root``'s nodes as a reader that walks it sees them (every alias expanded), without
-    expanding anything: each node's expanded size once, memoized; a node reached from inside itself
-    is a recursive alias."""
+    """Measure ``root`` as a reader that walks it sees it (every alias expanded), without expanding
+    anything: each node's expanded count of nodes and of scalar characters once, memoized; a node
+    reached from inside itself is a recursive alias. One long string aliased many times is as
+    large as that many copies (``stop: [&s '<3 MiB>', *s, *s, ...]``: gigabytes once serialized)."""
     import yaml
 
-    size: dict[int, int] = {}
+    size: dict[int, tuple[int, int]] = {}  # id(node) -> (nodes, scalar characters), both capped
     on_path: set[int] = set()
     stack: list[tuple[Any, int]] = [(root, 0)]
     while stack:
@@ -437,11 +440,20 @@ def _bound(root: Any, where: str) -> None:
             children = list(node.value)
         elif isinstance(node, yaml.MappingNode):
             children = [n for pair in node.value for n in pair]
-        if key in on_path:  # every child is counted: this node's size is known now
+        elif isinstance(node, yaml.ScalarNode):
+            size[key] = (1, len(node.value))
+            if size[key][1] > MAX_YAML_CHARS:
+                raise UsageError(f"{where}: more than {MAX_YAML_CHARS} characters once its aliases are expanded")
+            continue
+        if key in on_path:  # every child is measured: this node's size is known now
             on_path.discard(key)
-            size[key] = min(MAX_YAML_NODES + 1, 1 + sum(size[id(c)] for c in children))
-            if size[key] > MAX_YAML_NODES:
+            nodes = min(MAX_YAML_NODES + 1, 1 + sum(size[id(c)][0] for c in children))
+            chars = min(MAX_YAML_CHARS + 1, sum(size[id(c)][1] for c in children))
+            size[key] = (nodes, chars)
+            if nodes > MAX_YAML_NODES:
                 raise UsageError(f"{where}: more than {MAX_YAML_NODES} values once its aliases are expanded")
+            if chars > MAX_YAML_CHARS:
+                raise UsageError(f"{where}: more than {MAX_YAML_CHARS} characters once its aliases are expanded")
             continue
         if depth > MAX_YAML_DEPTH:
             raise UsageError(f"{where}: nested deeper than {MAX_YAML_DEPTH} levels")

@@ -96,6 +96,14 @@ BOMB = "env:\n  A: &a [x, x, x, x, x, x, x, x, x]\n" + "\n".join(
     ("params: {stop: &a [x, *a]}", "a recursive alias"),
     ("params: {stop: " + "[" * 80 + "]" * 80 + "}", "nested deeper than 64 levels"),
     ("prompts: ['" + "x" * (5 << 20) + "']", "more than the 4194304 bytes a file may hold here"),
+    # one long string aliased many times: few values, a 66 KB file, 6.5 MB of stop strings (the audit's
+    # 3 MiB x 100,000 was 314 GB once serialized)
+    ("params: {stop: [&s '" + "x" * (64 << 10) + "', " + ", ".join(["*s"] * 100) + "]}",
+     "more than 4194304 characters once its aliases are expanded"),
+    ("prompts: [&s '" + "x" * (64 << 10) + "', " + ", ".join(["*s"] * 100) + "]",
+     "more than 4194304 characters once its aliases are expanded"),
+    ("env: {A: &k " + "k" * (1 << 20) + "}\nparams: {logit_bias: {*k : 1, 'x': *k, 'y': [*k, *k]}}",
+     "more than 4194304 characters once its aliases are expanded"),
 ])
 def test_yaml_is_bounded_before_it_is_walked(tmp_path: Path, text: str, message: str) -> None:
     """An alias bomb hung (str() of 9^8 items); a subprocess with a timeout turns a hang into a failure."""
