@@ -271,6 +271,8 @@ def fake_argv_plain(fake_py: str) -> list[str]:
 @pytest.mark.parametrize("item, words", [
     ("{0}", "placeholder {0}"), ("{}", "placeholder {}"), ("{model", "expected '}'"), ("x}", "Single '}'"),
     ("{model.__class__}", "placeholder {model.__class__}"), ("{nope}", "has no value here"),
+    ("{model:>99999999999}", "argv: placeholder {model:>99999999999} in '{model:>99999999999}': no format spec"),
+    ("{model!r}", "argv: placeholder {model!r} in '{model!r}': no format spec or conversion"),
 ])
 def test_a_bad_template_item_is_a_usage_error_naming_the_profile(tmp_path: Path, item: str, words: str) -> None:
     import yaml

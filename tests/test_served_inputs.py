@@ -132,7 +132,16 @@ def test_yaml_is_bounded_before_it_is_walked(tmp_path: Path, text: str, message:
     # the dry render at load: a bad template fails now, not when a server starts
     ("argv", ["{python}", "{0}"], "placeholder {0} in '{0}' has no value here"),
     ("argv", ["x", "{model"], "'{model': expected '}' before end of string"),
-    ("draft_argv", ["--n", "{num_draft!z}"], "placeholder {num_draft} in '{num_draft!z}'"),
+    ("draft_argv", ["--n", "{num_draft!z}"], "draft_argv: placeholder {num_draft!z} in '{num_draft!z}': no format"
+                                             " spec or conversion"),
+    # a format spec pads a value to any size: {model:>99999999999} was a MemoryError (70), 300000000 took 300 MB
+    ("argv", ["{python}", "{model:>99999999999}"], "argv: placeholder {model:>99999999999} in"
+                                                   " '{model:>99999999999}': no format spec or conversion"
+                                                   " (a placeholder is its whole value: {model})"),
+    ("argv", ["{python}", "--m={model:>300000000}"], "argv: placeholder {model:>300000000} in"),
+    ("argv", ["{python}", "{model!r}"], "argv: placeholder {model!r} in '{model!r}': no format spec"),
+    ("argv", ["{python}", "--port", "{port:d}"], "argv: placeholder {port:d} in '{port:d}': no format spec"),
+    ("version_command", ["{python}", "{model!s:>5}"], "version_command: placeholder {model!s:>5} in"),
     ("draft_argv", ["--n", "{modle}"], "placeholder {modle} in '{modle}' has no value here"),
     ("version_command", ["{python}", "{width}"], "placeholder {width} in '{width}' has no value here"),
 ])
@@ -142,6 +151,7 @@ def test_a_bad_profile_key_is_named_with_its_path_and_type(tmp_path: Path, key: 
     with pytest.raises(UsageError) as err:
         load_profile(str(prof))
     assert str(prof) in str(err.value) and message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_a_profile_that_extends_names_the_file_holding_the_bad_key(tmp_path: Path) -> None:
