@@ -177,12 +177,17 @@ class Int(Check):
         if self.hi is not None and value > self.hi:
             raise self.fail(value, path)
         if self.limit is not None:
-            from specparity.inputs import ENV, OPTION, limits
+            _within(value, self.limit, path, f"{value} is")
 
-            cap = getattr(limits(), self.limit)
-            if value > cap:
-                raise Invalid(path, f"{value} is above the maximum {cap}"
-                                    f" (raise it: specparity {OPTION[self.limit]} N ..., or {ENV[self.limit]}=N)")
+
+def _within(n: int, limit: str, path: tuple[Any, ...], what: str) -> None:
+    """``n`` within ``limit`` of specparity.inputs (``max_width``, ``max_items``...), else Invalid
+    saying ``what`` (``5000 is``, ``2000 items are``) and how to raise it."""
+    from specparity.inputs import limits, raise_it
+
+    cap = getattr(limits(), limit)
+    if n > cap:
+        raise Invalid(path, f"{what} above the maximum {cap} {raise_it(limit)}")
 
 
 class Number(Check):
@@ -285,11 +290,12 @@ class AnyOf(Check):
 
 
 class ListOf(Check):
-    """A list of ``item``; ``scalar``: one bare item stands for a list of it."""
+    """A list of ``item``; ``scalar``: one bare item stands for a list of it. ``limit``: its length
+    is within that limit of specparity.inputs (``max_items``), checked before any item."""
 
     def __init__(self, item: Check, min_len: int = 0, max_len: int | None = None, scalar: bool = False,
-                 what: str | None = None):
-        self.item, self.min_len, self.max_len, self.scalar = item, min_len, max_len, scalar
+                 what: str | None = None, limit: str | None = None):
+        self.item, self.min_len, self.max_len, self.scalar, self.limit = item, min_len, max_len, scalar, limit
         self.what = what or f"a list{' (not empty)' if min_len else ''}, each item {item.what}"
 
     def check(self, value: Any, path: tuple[Any, ...]) -> None:
@@ -299,6 +305,8 @@ class ListOf(Check):
             raise self.fail(value, path)
         if len(value) < self.min_len or (self.max_len is not None and len(value) > self.max_len):
             raise self.fail(value, path)
+        if self.limit is not None:
+            _within(len(value), self.limit, path, f"{len(value)} items are")
         for i, v in enumerate(value):
             self.item.check(v, (*path, i))
 
@@ -346,9 +354,13 @@ class Fields(Check):
 
 
 class Json(Check):
-    """A JSON value: strings, finite numbers, true/false, null, lists, mappings with string keys."""
+    """A JSON value: strings, finite numbers, true/false, null, lists, mappings with string keys.
+    ``limit``: every list in it is within that limit of specparity.inputs (``max_items``)."""
 
     what = "a JSON value (string, number, true/false, null, list, mapping)"
+
+    def __init__(self, limit: str | None = None):
+        self.limit = limit
 
     def check(self, value: Any, path: tuple[Any, ...]) -> None:
         if value is None or isinstance(value, (str, bool, int)):
@@ -358,6 +370,8 @@ class Json(Check):
                 raise self.fail(value, path)
             return
         if isinstance(value, list):
+            if self.limit is not None:
+                _within(len(value), self.limit, path, f"{len(value)} items are")
             for i, v in enumerate(value):
                 self.check(v, (*path, i))
             return

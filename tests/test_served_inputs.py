@@ -74,6 +74,131 @@ def test_a_bad_job_key_is_named_with_its_path_and_type(tmp_path: Path, text: str
     assert "\n" not in str(err.value)
 
 
+_P = "pairings: [{name: a, target: /t, draft: /d}"
+BUILTIN = "the name of a built-in arm"
+
+
+@pytest.mark.parametrize("text, message", [
+    # a control named as a built-in arm shares its server key (w2: the width's server, without the
+    # control's env: its match tested nothing) or its record file; dist-*: the distribution arms'
+    ("controls: [{name: w2, env: {A: '1'}}]", f"controls[0].name: 'w2' is {BUILTIN}"),
+    ("controls: [{name: W16, env: {A: '1'}}]", f"controls[0].name: 'W16' is {BUILTIN}"),
+    ("controls: [{name: baseline-start, env: {A: '1'}}]", f"controls[0].name: 'baseline-start' is {BUILTIN}"),
+    ("controls: [{name: 'baseline end', env: {A: '1'}}]", f"controls[0].name: 'baseline end' is {BUILTIN}"),
+    ("controls: [{name: self-draft, env: {A: '1'}}]", f"controls[0].name: 'self-draft' is {BUILTIN}"),
+    ("controls: [{name: concurrent, env: {A: '1'}}]", f"controls[0].name: 'concurrent' is {BUILTIN}"),
+    ("controls: [{name: ok, env: {A: '1'}}, {name: repeat7, env: {A: '1'}}]",
+     f"controls[1].name: 'repeat7' is {BUILTIN}"),
+    ("controls: [{name: drafter, env: {A: '1'}}]", f"controls[0].name: 'drafter' is {BUILTIN}"),
+    ("controls: [{name: dist-baseline, env: {A: '1'}}]", f"controls[0].name: 'dist-baseline' is {BUILTIN}"),
+    # two of one name share a work dir, a server key and record files
+    ("controls: [{name: c, env: {A: '1'}}, {name: c, env: {B: '1'}}]", "controls[1].name: 'c' is named twice"),
+    ("controls: [{env: {A: '1'}}, {name: control0, env: {B: '1'}}]", "controls[1].name: 'control0' is named twice"),
+    (_P + ", {name: a, target: /t2}]", "pairings[1].name: 'a' is named twice: give each a name of its own"),
+    (_P + ", {name: A, target: /t2}]", "pairings[1].name: 'A' and 'a' name the same files ('A', compared"
+                                       " case-blind)"),
+    (_P + ", {name: 'a!', target: /t2}]", "pairings[1].name: 'a!' and 'a' name the same files"),
+    (_P + ", {target: /t2}, {name: pairing1, target: /t3}]", "pairings[2].name: 'pairing1' is named twice"),
+    # <pairing>-<arm>.jsonl: pairing a-b's w2 and pairing a's control b-w2 would write one file
+    ("pairings: [{name: a-b, target: /t, draft: /d}, {name: a, target: /t, draft: /d}]\nwidths: [2]\n"
+     "controls: [{name: b-w2, env: {A: '1'}}]", "pairing 'a' arm 'b-w2' and pairing 'a-b' arm 'w2' would write one"
+                                                " record file (a-b-w2.jsonl)"),
+    # class 2: every count capped (specparity --max-items, 3 here) before anything is expanded
+    (_P + ", {name: b, target: /t}, {name: c, target: /t}, {name: d, target: /t}]",
+     "pairings: 4 items are above the maximum 3 (raise it: specparity --max-items N ..., or SPECPARITY_MAX_ITEMS=N)"),
+    ("controls: [" + ", ".join(f"{{name: c{i}, env: {{A: '1'}}}}" for i in range(4)) + "]",
+     "controls: 4 items are above the maximum 3"),
+    ("prompts: [a, b, c, d]", "prompts: 4 items are above the maximum 3"),
+    ("sequence: [fresh, fresh, fresh, fresh]", "sequence: 4 items are above the maximum 3"),
+    ("params: {stop: [a, b, c, d]}", "params.stop: 4 items are above the maximum 3"),
+    ("extra_args: {'*': [a, b, c, d]}", "extra_args['*']: 4 items are above the maximum 3"),
+    # ~user with no home: pathlib's RuntimeError was exit 70
+    ("pairings: [{target: '~nosuchuser/x'}]", "pairings[0].target ~nosuchuser/x: cannot expand '~nosuchuser':"
+                                              " user 'nosuchuser' has no home directory here"),
+    ("pairings: [{target: /t, draft: '~nosuchuser/d'}]", "pairings[0].draft ~nosuchuser/d: cannot expand"),
+])
+def test_names_and_counts_of_a_job_are_checked(tmp_path: Path, text: str, message: str) -> None:
+    from specparity.inputs import Limits, set_limits
+
+    # a pairing of its own: no build of the embedded pair the built-in job runs on
+    cfg = _job(tmp_path, text if text.startswith("pairings") else f"{_P}]\n{text}")
+    set_limits(Limits(max_items=3))
+    try:
+        with pytest.raises(UsageError) as err:
+            load_job(cfg)
+    finally:
+        set_limits(None)
+    assert str(err.value).startswith(f"--config {cfg}: ") and message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_prompts_file_is_capped_and_names_held_by_no_arm_pass(tmp_path: Path) -> None:
+    from specparity.inputs import Limits, set_limits
+
+    (tmp_path / "p.txt").write_text("a\nb\n\nc\nd\n")
+    set_limits(Limits(max_items=3))
+    try:
+        with pytest.raises(UsageError, match=r"prompts_file .*p.txt: 4 items are above the maximum 3"):
+            load_job(_job(tmp_path, f"{_P}]\nprompts_file: p.txt"))
+        # near a built-in name is not one; a control of the same name in two pairings is fine
+        job = load_job(_job(tmp_path, "pairings: [{name: p, target: /t, draft: /d}, {name: q, target: /t}]\n"
+                                      "controls: [{name: w2x, env: {A: '1'}}, {name: baseline, env: {A: '1'}},"
+                                      " {name: repeat, env: {A: '1'}}]"))
+    finally:
+        set_limits(None)
+    assert [c.name for c in job.controls] == ["w2x", "baseline", "repeat"]
+
+
+def test_every_arm_the_plan_names_is_reserved_from_controls(tmp_path: Path) -> None:
+    """The reserved names come from harness.plan itself: an arm it adds later is refused too."""
+    from specparity.harness.config import DistSpec
+    from specparity.harness.plan import plan_arms
+    from specparity.harness.profiles import Profile
+
+    job = load_job(_job(tmp_path, f"{_P}]\nwidths: [2, 5]\nself_draft: true\nconcurrency: 2\nrepeats: 2\n"
+                                  "controls: [{name: c, env: {A: '1'}}]"))
+    job.distribution = DistSpec(width=3)
+    arms, _ = plan_arms(job, Profile("p", ["x"]), "/d", "/t")
+    builtin = [a.name for a in arms if a.name != "c"] + ["dist-baseline", "dist-w3"]
+    assert {"baseline-start", "w2", "w5", "self-draft", "concurrent", "baseline-end", "repeat2"} <= set(builtin)
+    for name in builtin:
+        with pytest.raises(UsageError, match=f"controls\\[0\\].name: '{name}' is {BUILTIN}"):
+            load_job(_job(tmp_path, f"{_P}]\ncontrols: [{{name: {name}, env: {{A: '1'}}}}]"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["served", "--model", "~nosuchuser/x"], "Error: --model ~nosuchuser/x: cannot expand '~nosuchuser': user"
+                                             " 'nosuchuser' has no home directory here"),
+    (["probe", "--model", "~nosuchuser/x"], "Error: --model ~nosuchuser/x: cannot expand '~nosuchuser'"),
+    (["records", "show", "~nosuchuser/r"], "Error: ~nosuchuser/r: cannot expand '~nosuchuser'"),
+    pytest.param(["served", "--record-dir", "~nosuchuser/r"], "Error: --record-dir ~nosuchuser/r: cannot expand",
+                 marks=pytest.mark.slow),
+    pytest.param(["fixtures", "make", "~nosuchuser/f"], "Error: OUT_DIR ~nosuchuser/f: cannot expand",
+                 marks=pytest.mark.slow),
+])
+def test_an_unknown_users_home_is_one_line_and_exit_2(cli_bin: str, args: list[str], message: str) -> None:
+    """Path.expanduser raises RuntimeError for a user with no home: every command exited 70."""
+    r = run_cli(cli_bin, *args)
+    assert r.returncode == 2 and r.stderr.startswith(message), r.stderr
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+
+
+def test_an_unknown_users_home_is_a_usage_error_in_process(tmp_path: Path) -> None:
+    from specparity.errors import InputError
+    from specparity.outputs import check_new_file, check_record_dir
+    from specparity.records.writer import RecordWriter
+    from specparity.resolve import resolve_checkpoint
+
+    for call, words in ((lambda: check_record_dir("~nosuchuser/r"), "--record-dir ~nosuchuser/r: cannot expand"),
+                        (lambda: check_new_file("~nosuchuser/j.xml", "--out"), "--out ~nosuchuser/j.xml: cannot"),
+                        (lambda: resolve_checkpoint("~nosuchuser/m"), "checkpoint ~nosuchuser/m: cannot expand"),
+                        (lambda: RecordWriter("~nosuchuser/r", "s", {}), "record-dir ~nosuchuser/r: cannot expand")):
+        with pytest.raises(UsageError) as err:
+            call()
+        assert str(err.value).startswith(words), str(err.value)
+    assert not isinstance(err.value, InputError) or err.value.param == "record-dir"
+
+
 def test_non_utf8_config_and_prompts_files_are_named(tmp_path: Path) -> None:
     cfg = _job(tmp_path, b'prompts: ["\xff\xfe"]\n')
     with pytest.raises(UsageError, match=r"job.yaml: not UTF-8 text \(byte 0xff at offset 11\)"):

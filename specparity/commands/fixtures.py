@@ -54,15 +54,14 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
         return _make_dflash(out_dir, dflash_shape, int(block_size), dtype, tied_head, seed, overwrite, as_json,
                             arch, bits, faults, no_draft)
     import json
-    from pathlib import Path
 
     from specparity.fixtures import ARCH_CONFIGS, build_pair
-    from specparity.inputs import parse_fault
+    from specparity.inputs import expand_user, parse_fault
 
     from specparity.outputs import check_record_dir
 
     # the build happens in a temporary sibling of OUT_DIR, renamed into place
-    check_record_dir(Path(out_dir).expanduser().absolute().parent, "OUT_DIR's parent")
+    check_record_dir(expand_user(out_dir, "OUT_DIR").absolute().parent, "OUT_DIR's parent")
     layers = ARCH_CONFIGS.get(arch, {}).get("num_hidden_layers")
     parsed = [parse_fault(f, layers) for f in faults]
     info = build_pair(out_dir, arch=arch, dtype=dtype, bits=int(bits) if bits else None,
@@ -81,15 +80,14 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
 
 def _make_dflash(out_dir: str, shape: str, block_size: int, dtype: str, tied: bool, seed: int, overwrite: bool,
                  as_json: bool, arch: str, bits: str | None, faults: tuple[str, ...], no_draft: bool) -> int:
-    from pathlib import Path
-
     from specparity.dflash_fixtures import build_dflash_pair
     from specparity.errors import UsageError
+    from specparity.inputs import expand_user
     from specparity.outputs import check_record_dir
 
     if arch != "llama" or bits or faults or no_draft:
         raise UsageError("--dflash builds its own pair: --arch, --bits, --fault and --no-draft do not apply")
-    check_record_dir(Path(out_dir).expanduser().absolute().parent, "OUT_DIR's parent")
+    check_record_dir(expand_user(out_dir, "OUT_DIR").absolute().parent, "OUT_DIR's parent")
     click.echo(f"building a DFlash {shape} pair (block {block_size}, {dtype}); fitting the drafter takes"
                " a minute on a CPU", err=True)
     info = build_dflash_pair(out_dir, shape=shape, block_size=block_size, dtype=dtype, tied=tied, seed=seed,
