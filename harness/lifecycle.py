@@ -69,6 +69,8 @@ DEFAULT_READY_PATH = "/health"
 DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_STOP_TIMEOUT = 10.0
 LOG_TAIL_LINES = 30
+READY_POLL = 2.0  # seconds one readiness poll may take in total (never past the start deadline)
+READY_MAX_BYTES = 1 << 20
 
 
 class ServerStartError(InfrastructureError):
@@ -253,13 +255,17 @@ class Server:
             raise interrupted
 
     def wait_ready(self) -> None:
-        """Poll ``ready_path`` until 200; raise at once if the process exits."""
+        """Poll ``ready_path`` until 200; raise at once if the process exits. ``start_timeout`` is a
+        deadline for the whole wait, each poll included (a ready path that trickles bytes, or
+        stalls, answers nothing by then)."""
         import httpx
+
+        from specparity.harness.client import BadResponse, Late, fetch
 
         assert self.proc is not None
         deadline = self._t0 + self.start_timeout
         delay = 0.05
-        with httpx.Client(timeout=httpx.Timeout(2.0)) as client:
+        with httpx.Client() as client:
             while True:
                 rc = self.proc.poll()
                 if rc is not None:
@@ -270,14 +276,16 @@ class Server:
                     raise ServerStartError(
                         f"{self.name} failed while starting (its log matches {self.fail_regex!r});"
                         f" log {self.log_path}", self.tail())
+                left = deadline - time.perf_counter()
                 try:
-                    r = client.get(self.url + self.ready_path)
-                    if r.status_code == 200:
+                    status, _ = fetch(client, "GET", self.url + self.ready_path, max(0.05, min(READY_POLL, left)),
+                                      max_bytes=READY_MAX_BYTES)
+                    if status == 200:
                         self.times.start = time.perf_counter() - self._t0
                         log.info("%s ready in %.2f s", self.name, self.times.start)
                         return
-                except httpx.TransportError:
-                    pass
+                except (httpx.TransportError, Late, BadResponse):
+                    pass  # not ready yet: no answer, no whole answer in time, or not a health answer
                 if time.perf_counter() > deadline:
                     raise ServerStartError(
                         f"{self.name} not ready on {self.ready_path} after {self.start_timeout:g} s;"

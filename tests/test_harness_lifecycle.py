@@ -96,6 +96,57 @@ def test_stop_all_stops_every_live_server(tmp_path):
         assert s.pgid is not None and not group_alive(s.pgid)
 
 
+@pytest.mark.server
+def test_a_ready_path_that_trickles_bytes_is_not_ready_by_the_deadline(tmp_path: Path) -> None:
+    """Each poll had a 2 s per-read timeout and the deadline was checked only between polls: a
+    /health that sends a byte every 0.2 s, forever, held start-up for good."""
+    from fakeserver import argv, bounded
+
+    srv = Server(argv("--trickle", "/health"), start_timeout=1.5, name="trickle", log_path=tmp_path / "t.log")
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ServerStartError, match="trickle not ready on /health after 1.5 s"):
+            bounded(srv.start, 60)
+    finally:
+        srv.stop()
+    assert time.monotonic() - t0 < 30  # the deadline, with any slack a loaded machine needs
+    assert "fakeserver: trickling /health" in (tmp_path / "t.log").read_text()  # it was polled, and answered so
+    assert srv.pgid is not None and not group_alive(srv.pgid)
+
+
+def test_marked_processes_are_found_through_ps_as_through_proc(tmp_path: Path) -> None:
+    """The fallback macOS takes (no /proc), run here on procps: the same processes, zombies left out."""
+    import uuid
+
+    from fakeserver import MARK_ENV, marked, marked_by_ps
+
+    mark = uuid.uuid4().hex
+    env = {**os.environ, MARK_ENV: mark}
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env) for _ in range(2)]
+    try:
+        want = {p.pid for p in procs}
+        deadline = time.monotonic() + 30
+        while set(marked_by_ps(mark)) != want and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert set(marked_by_ps(mark)) == want
+        if Path("/proc").is_dir():
+            assert set(marked(mark)) == want
+        procs[0].kill()
+        while not _is_zombie(procs[0].pid) and time.monotonic() < deadline:  # killed, not reaped yet
+            time.sleep(0.05)
+        assert set(marked_by_ps(mark)) == {procs[1].pid}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert marked_by_ps(mark) == []
+
+
+def _is_zombie(pid: int) -> bool:
+    out = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
+    return out.stdout.strip().startswith("Z")
+
+
 PARENT = textwrap.dedent("""
     import sys, time
     from specparity.harness.lifecycle import Server
