@@ -230,6 +230,75 @@ def test_sigkill_of_the_harness_leaves_no_server_or_child(tmp_path: Path, pdeath
         _kill_marked(mark)
 
 
+ORACLE_OWNER = textwrap.dedent("""
+    import sys, time
+    from specparity.harness import lifecycle
+    from specparity.harness.oracle import Oracle
+    lifecycle.PARENT_DEATH_SIGNAL = {pdeath!r}
+    oracle = Oracle("/checkpoint", False, {busy!r})
+    oracle.spawn()
+    print(oracle.proc.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def _busy_worker(tmp_path: Path) -> str:
+    """A stand-in for the classic reference's interpreter: a worker that is busy (never reads its
+    input, as one computing a large model's answer for minutes does not)."""
+    busy = tmp_path / "busy-python"
+    busy.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+    busy.chmod(0o755)
+    return str(busy)
+
+
+@pytest.mark.parametrize("pdeath", [True, False], ids=["parent-death-signal-and-watcher", "watcher-only"])
+def test_sigkill_of_the_harness_takes_a_busy_classic_reference_worker(tmp_path: Path, pdeath: bool) -> None:
+    """The worker lived on after SIGKILL of served until it next read its input (minutes on a big model)."""
+    import uuid
+
+    from fakeserver import MARK_ENV, marked, wait_gone
+
+    if pdeath and not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    mark = uuid.uuid4().hex
+    owner = subprocess.Popen([sys.executable, "-P", "-c", ORACLE_OWNER.format(pdeath=pdeath,
+                                                                              busy=_busy_worker(tmp_path))],
+                             stdout=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, MARK_ENV: mark})
+    try:
+        line = owner.stdout.readline() if owner.stdout else ""
+        assert line.strip().isdigit(), "the owner did not start its worker"
+        worker = int(line)
+        assert worker in marked(mark) and len(marked(mark)) == 3  # owner, worker, the worker's watcher
+        owner.kill()
+        owner.wait(30)
+        left = wait_gone(mark)
+        assert not left, f"still running after the harness was SIGKILLed: {left}"
+    finally:
+        _kill_marked(mark)
+
+
+def test_stop_all_stops_the_classic_reference_worker(tmp_path: Path) -> None:
+    """Ctrl-C and SIGTERM run stop_all: the worker (in a session of its own, so the terminal's
+    Ctrl-C no longer reaches it) is stopped with the servers, and says so."""
+    from specparity.harness.oracle import Oracle
+
+    oracle = Oracle("/checkpoint", False, _busy_worker(tmp_path))
+    oracle.spawn()
+    assert oracle.proc is not None
+    pid = oracle.proc.pid
+    try:
+        assert os.getpgid(pid) == pid  # its own group: the watcher stops all of it
+        stop_all()
+    finally:
+        if oracle.proc is not None:
+            oracle.proc.kill()
+            oracle.proc.wait()
+    assert oracle.proc is None and oracle.failed == "the classic reference was stopped"
+    assert not group_alive(pid)
+    answer = oracle.complete("completions", {"prompt": "x"})
+    assert answer.completion is None and answer.error == "the classic reference was stopped"
+
+
 @pytest.mark.slow
 @pytest.mark.server
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
