@@ -58,7 +58,9 @@ def _job(tmp_path: Path, text: str | bytes) -> Path:
     ("controls: [{env: {A: '1'}, width: 5000}]", "controls[0].width: 5000 is above the maximum 1024"),
     ("max_tokens: 100000000000", "max_tokens: 100000000000 is above the maximum 16384 (raise it: specparity"
                                  " --max-positions N"),
-    ("max_tokens: 1e11", "max_tokens: expected an integer >= 1, got '1e11' (a string)"),
+    # YAML 1.1 reads 1e11 as a string (refused before and after): 1.0e+11 is the number
+    ("max_tokens: 1.0e+11", "max_tokens: expected an integer >= 1, got 100000000000.0 (a number)"),
+    ("max_tokens: 8.0", "max_tokens: expected an integer >= 1, got 8.0 (a number)"),
     ("distribution: {width: 100000}", "distribution.width: 100000 is above the maximum 1024"),
     # class 3: a timeout is a finite, positive number of seconds (true was read as 1 s)
     ("request_timeout: true", "request_timeout: expected a number of seconds in (0, 604800], got True"),
