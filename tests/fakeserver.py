@@ -23,7 +23,9 @@ in a byte at a time and never ends. ``--child`` starts a grandchild in the serve
 group (what an engine's workers are); ``--ignore-term`` ignores SIGTERM. Any
 other flag (a profile's ``--model``, ``--num-draft-tokens``) is accepted and
 printed: the server's first log line is ``fakeserver argv: [...]`` (JSON), and
-``GET /argv`` answers the same list, ``GET /pid`` its pid and its child's.
+``GET /argv`` answers the same list, ``GET /pid`` its pid and its child's. A server
+started with ``--draft-model`` names it in each plain answer (``"drafted": {"draft_model": ...}``):
+evidence for a profile whose ``evidence.response_field`` is ``drafted``.
 
 Standard library only, so it starts in a few tens of milliseconds.
 """
@@ -231,9 +233,12 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "choice-string":
             choice = text
         usage = {"prompt_tokens": 4, "completion_tokens": len(words), "total_tokens": 4 + len(words)}
-        return {"id": "fake-1", "object": "chat.completion" if chat else "text_completion",
-                "model": self.opts.model or "fake", "choices": [] if mode == "empty-choices" else [choice],
-                "usage": usage}
+        out = {"id": "fake-1", "object": "chat.completion" if chat else "text_completion",
+               "model": self.opts.model or "fake", "choices": [] if mode == "empty-choices" else [choice],
+               "usage": usage}
+        if self.opts.draft_model:
+            out["drafted"] = {"draft_model": self.opts.draft_model}
+        return out
 
     def _stream(self, mode: str, chat: bool, words: list[tuple[int, str]]) -> None:
         self.send_response(200)

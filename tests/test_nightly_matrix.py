@@ -64,3 +64,16 @@ def test_matrix_bad_input_is_one_line_and_exit_2(cli_bin: str, tmp_path: Path) -
                           (["--matrix", "a,../b"], "is not an environment name")):
         run = nightly(cli_bin, str(cfg), *args)
         assert run.returncode == 2 and run.stderr.startswith("Error: ") and message in run.stderr, run.stderr
+
+
+def test_matrix_refuses_an_existing_junit_file_of_any_environment(cli_bin: str, tmp_path: Path) -> None:
+    """--junit parity.xml writes parity-ENV.xml per environment: each is checked before any job runs."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("widths: [2]\n")
+    (tmp_path / "parity-b.xml").write_text("last night's")
+    out = tmp_path / "records"
+    run = nightly(cli_bin, str(cfg), "--matrix", "a,b", "--junit", str(tmp_path / "parity.xml"), "--out", str(out))
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == f"Error: --junit {tmp_path / 'parity-b.xml'}: exists (pass --force to overwrite it)"
+    assert not out.exists() and not (tmp_path / "parity-a.xml").exists()
+    assert (tmp_path / "parity-b.xml").read_text() == "last night's"
