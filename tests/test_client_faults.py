@@ -113,8 +113,8 @@ def test_the_engines_side_requests_have_total_deadlines(trickler: Server, monkey
     from specparity.harness.engines import dflash_mlx, llama_cpp
 
     t0 = time.monotonic()
-    assert bounded(lambda: dflash_mlx.read_metrics(trickler.url, timeout=1.0), 60) is None
-    monkeypatch.setattr(llama_cpp, "PROMPT_IDS_TIMEOUT", 1.0)
+    assert bounded(lambda: dflash_mlx.read_metrics(trickler.url, timeout=0.5), 60) is None
+    monkeypatch.setattr(llama_cpp, "PROMPT_IDS_TIMEOUT", 0.5)
     with httpx.Client() as client:
         assert bounded(lambda: llama_cpp.prompt_ids(client, trickler.url, _request("ok")), 60) is None
     assert time.monotonic() - t0 < 30

@@ -102,10 +102,10 @@ def test_a_ready_path_that_trickles_bytes_is_not_ready_by_the_deadline(tmp_path:
     /health that sends a byte every 0.2 s, forever, held start-up for good."""
     from fakeserver import argv, bounded
 
-    srv = Server(argv("--trickle", "/health"), start_timeout=1.5, name="trickle", log_path=tmp_path / "t.log")
+    srv = Server(argv("--trickle", "/health"), start_timeout=2.0, name="trickle", log_path=tmp_path / "t.log")
     t0 = time.monotonic()
     try:
-        with pytest.raises(ServerStartError, match="trickle not ready on /health after 1.5 s"):
+        with pytest.raises(ServerStartError, match="trickle not ready on /health after 2 s"):
             bounded(srv.start, 60)
     finally:
         srv.stop()
