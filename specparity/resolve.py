@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 from specparity.errors import InfrastructureError, Name, UsageError
+from specparity.inputs import expand_user
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def resolve_checkpoint(spec: str | os.PathLike | None, role: str = "target") -> 
         path = default_target() if role == "target" else default_drafter()
         log.info("using the embedded default %s %s", role, path)
         return path
-    p = Path(spec).expanduser()
+    p = expand_user(spec, CHECKPOINT)
     if p.exists() or not is_repo_id(str(spec)):
         return p  # checkpoint.resolve_model_dir says what is wrong with a bad path
     return _from_hub(str(spec))

@@ -136,3 +136,16 @@ def test_every_example_job_loads_as_served_reads_it(llama_pair: Any, isolated_ho
         assert folder in made, f"{p.name}: no `fixtures make` line in the header builds {folder}"
         args, block = made[folder], re.search(r"-b(\d+)", p.name)
         assert args[0] == "--dflash" and block and args[args.index("--block-size") + 1] == block.group(1), args
+
+
+def test_matrix_refuses_an_existing_junit_file_of_any_environment(cli_bin: str, tmp_path: Path) -> None:
+    """--junit parity.xml writes parity-ENV.xml per environment: each is checked before any job runs."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("widths: [2]\n")
+    (tmp_path / "parity-b.xml").write_text("last night's")
+    out = tmp_path / "records"
+    run = nightly(cli_bin, str(cfg), "--matrix", "a,b", "--junit", str(tmp_path / "parity.xml"), "--out", str(out))
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == f"Error: --junit {tmp_path / 'parity-b.xml'}: exists (pass --force to overwrite it)"
+    assert not out.exists() and not (tmp_path / "parity-a.xml").exists()
+    assert (tmp_path / "parity-b.xml").read_text() == "last night's"

@@ -62,6 +62,7 @@ COPY_SOURCE = "copyspec"
 METRICS_WAIT = 10.0
 METRICS_WAIT_FAILED = 2.0  # a request the engine failed (no response, or a stream with no finish)
 METRICS_TIMEOUT = 30.0
+METRICS_MAX_BYTES = 8 << 20  # a /metrics answer far larger than any dflash-mlx sends is no reading
 # the last exception line of a Python traceback in the server log
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception)\b.*)$")
 
@@ -115,10 +116,13 @@ def read_metrics(url: str, timeout: float = METRICS_TIMEOUT) -> dict[str, Any] |
     """``GET /metrics`` as JSON (None: no answer, or not JSON)."""
     import httpx
 
-    try:
-        r = httpx.get(url + "/metrics", timeout=timeout)
-        data = r.json() if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError) as err:
+    from specparity.harness.client import BadResponse, Late, fetch, parse_json
+
+    try:  # ``timeout`` in total: a /metrics that trickles bytes is no reading
+        with httpx.Client() as client:
+            status, body = fetch(client, "GET", url + "/metrics", timeout, max_bytes=METRICS_MAX_BYTES)
+        data = parse_json(body) if status == 200 else None
+    except (httpx.HTTPError, Late, BadResponse) as err:
         log.debug("dflash /metrics: %s", err)
         return None
     return data if isinstance(data, dict) else None

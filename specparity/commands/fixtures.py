@@ -62,15 +62,14 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
         return _make_dflash(out_dir, dflash_shape, int(block_size), dtype, tied_head, seed, overwrite, as_json,
                             arch, bits, faults, no_draft)
     import json
-    from pathlib import Path
 
     from specparity.fixtures import ARCH_CONFIGS, build_pair
-    from specparity.inputs import parse_fault
+    from specparity.inputs import expand_user, parse_fault
 
     from specparity.outputs import check_record_dir
 
     # the build happens in a temporary sibling of OUT_DIR, renamed into place
-    check_record_dir(Path(out_dir).expanduser().absolute().parent, "OUT_DIR's parent")
+    check_record_dir(expand_user(out_dir, "OUT_DIR").absolute().parent, "OUT_DIR's parent")
     layers = ARCH_CONFIGS.get(arch, {}).get("num_hidden_layers")
     parsed = [parse_fault(f, layers) for f in faults]
     info = build_pair(out_dir, arch=arch, dtype=dtype, bits=int(bits) if bits else None,
@@ -104,11 +103,12 @@ def _make_dflash(out_dir: str, shape: str, block_size: int, dtype: str, tied: bo
 
     from specparity.dflash_fixtures import FixtureMismatch, build_dflash_pair
     from specparity.errors import UsageError
+    from specparity.inputs import expand_user
     from specparity.outputs import check_record_dir
 
     if arch != "llama" or bits or faults or no_draft:
         raise UsageError("--dflash builds its own pair: --arch, --bits, --fault and --no-draft do not apply")
-    check_record_dir(Path(out_dir).expanduser().absolute().parent, "OUT_DIR's parent")
+    check_record_dir(expand_user(out_dir, "OUT_DIR").absolute().parent, "OUT_DIR's parent")
     if not (Path(out_dir) / "fixture.json").is_file() or overwrite:
         click.echo(f"building a DFlash {shape} pair (block {block_size}, {dtype}); fitting the drafter takes"
                    " a minute on a CPU", err=True)
