@@ -178,7 +178,11 @@ PACKAGED: dict[str, EnvSpec] = {
 def cache_root() -> Path:
     """``$SPECPARITY_ENV_CACHE``, else ``$SPECPARITY_HOME/envs`` (see :func:`specparity.paths.home`)."""
     env = os.environ.get(ENV_CACHE_VAR)
-    return Path(env).expanduser() if env else paths.home() / "envs"
+    if not env:
+        return paths.home() / "envs"
+    from specparity.inputs import expand_user
+
+    return expand_user(env, ENV_CACHE_VAR)
 
 
 def specparity_requirements() -> list[str]:

@@ -179,10 +179,15 @@ def test_every_arm_the_plan_names_is_reserved_from_controls(tmp_path: Path) -> N
                  marks=pytest.mark.slow),
     pytest.param(["fixtures", "make", "~nosuchuser/f"], "Error: OUT_DIR ~nosuchuser/f: cannot expand",
                  marks=pytest.mark.slow),
+    pytest.param(["dist", "--rule", "~nosuchuser/r.py:rule"], "Error: --rule ~nosuchuser/r.py: cannot expand",
+                 marks=pytest.mark.slow),
+    pytest.param(["env", "list"], "Error: SPECPARITY_HOME ~nosuchuser/h: cannot expand", marks=pytest.mark.slow),
 ])
 def test_an_unknown_users_home_is_one_line_and_exit_2(cli_bin: str, args: list[str], message: str) -> None:
-    """Path.expanduser raises RuntimeError for a user with no home: every command exited 70."""
-    r = run_cli(cli_bin, *args)
+    """Path.expanduser raises RuntimeError for a user with no home: every command exited 70 (a
+    SPECPARITY_HOME of such a user too: the last case sets it)."""
+    env = {"SPECPARITY_HOME": "~nosuchuser/h"} if args == ["env", "list"] else None
+    r = run_cli(cli_bin, *args, env=env)
     assert r.returncode == 2 and r.stderr.startswith(message), r.stderr
     assert r.stderr.strip().count("\n") == 0, r.stderr
 
