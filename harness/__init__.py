@@ -3,23 +3,30 @@
     config.py       the job: pairings, widths, prompts, params, sequence, controls, the
                     distribution spec (YAML), and the command line's overrides
     profiles.py     server profiles (YAML in profiles/): argv, width setting, readiness, evidence
-    engines/        code a profile needs beyond YAML, one module per engine (llama_cpp)
-    plan.py         arms in run order (ArmKind, Width carried whole), each arm's request sequence
+    profiles/       the packaged profiles; mlx-lm.yaml documents every key a profile may hold
+    engines/        code a profile needs beyond YAML, one module per engine, named by the
+                    profile's ``engine`` key (llama_cpp, dflash_mlx); engines/__init__.py lists the hooks
+    plan.py         arms in run order (ArmKind, the built-in arm names, Width carried whole),
+                    each arm's request sequence
+    shard.py        --shard i/n: which planned arms a runner takes
     lifecycle.py    the one server lifecycle: spawn, ready, stop with the process group
+    watchdog.py     what kills a server when the harness dies, even by SIGKILL (run by lifecycle)
     client.py       one OpenAI-style request (streamed or not) read into a Completion
     witness.py      checkpoints wrapped so their forwards are logged (engine-agnostic evidence)
     evidence.py     what shows a request ran the drafter: witness, log, response, metrics
     run.py          the runner: sessions, requests, arms, pairings (public API for new arms)
+    reference.py    classic decode computed in process for one served request (the reference)
+    oracle.py       the reference's worker process, in the pairing's environment, reached by the runner
     judge.py        request, arm and pairing verdicts (public: merge judges with it too)
+    reproduce.py    the in-process command that reproduces a finding, or why there is none
     results.py      typed results with to_dict / from_dict, and the report's text
     distribution.py temperature > 0 arms: seeded draws, homogeneity and fit, controls
-    shard.py        --shard i/n: which arms a runner takes
 
 The record a served run writes lives in specparity.records.served (the one
 module that writes and reads its layout).
 
     gated/          a product of its own: ``specparity serve``, mlx-lm's server behind the
-                    exactness gate (server.py, cache.py, stats.py)
+                    exactness gate (map in gated/__init__.py)
 
 Add a server: one profile YAML (profiles/mlx-lm.yaml documents every key; a
 user's file is passed by path with --profile). Add an engine that needs code

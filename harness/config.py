@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import SpecparityError, UsageError
+from specparity.errors import Name, SpecparityError, UsageError
 from specparity.harness.profiles import packaged_profiles
 from specparity.schema import (
     Bool,
@@ -201,6 +201,8 @@ def _width(lo: int) -> Check:
 
 
 _ENV = MapOf(Scalar(), key=EnvName(), what="a mapping of environment variable to a string or number")
+_ITEMS = "max_items"  # every list a job expands into servers or requests: specparity --max-items
+_PROMPTS = ListOf(Str(), min_len=1, what="a list of strings (not empty)", limit=_ITEMS)
 _ARM_NAME = Str("a name (no /, not . or ..)", nonempty=True, pattern=_NAME)
 
 # The job file, key by key (see the module docstring); ranges beyond types are checked as they are read.
@@ -212,21 +214,23 @@ JOB_SCHEMA = Fields({
         "profile": Str("a profile name or file", nonempty=True),
         "trust_remote_code": Bool(),
         "environment": Str("an environment name or file", nonempty=True),
-    }, required=("target",))),
+    }, required=("target",)), limit=_ITEMS),
     "widths": ListOf(_width(1), min_len=1, scalar=True),
     "width_mode": Enum(WIDTH_MODES),
     "max_tokens": Int(1, limit="max_positions"),
-    "prompts": ListOf(Str(), min_len=1, what="a list of strings (not empty)"),
+    "prompts": _PROMPTS,
     "prompts_file": Str("a file name", nonempty=True),
-    "params": Nullable(Fields({k: Json() for k in (*REQUEST_PARAMS, "stream", "temperature")},
+    "params": Nullable(Fields({k: Json(limit=_ITEMS) for k in (*REQUEST_PARAMS, "stream", "temperature")},
                               what="a mapping of request parameters")),
     "endpoint": Nullable(Enum(("completions", "chat"))),
-    "sequence": ListOf(Enum(SEQUENCE_KINDS), min_len=1, scalar=True),
+    "sequence": ListOf(Enum(SEQUENCE_KINDS), min_len=1, scalar=True, limit=_ITEMS),
     "concurrency": Int(0, MAX_CONCURRENCY),
     "self_draft": Bool(),
     "repeats": Int(0, MAX_REPEATS),
-    "extra_args": Nullable(MapOf(ListOf(Scalar()), what="a mapping of arm name (or '*') to a list of arguments")),
-    "controls": Nullable(ListOf(Fields({"name": _ARM_NAME, "env": _ENV, "width": _width(2)}, required=("env",)))),
+    "extra_args": Nullable(MapOf(ListOf(Scalar(), limit=_ITEMS),
+                                 what="a mapping of arm name (or '*') to a list of arguments")),
+    "controls": Nullable(ListOf(Fields({"name": _ARM_NAME, "env": _ENV, "width": _width(2)}, required=("env",)),
+                                limit=_ITEMS)),
     "env": Nullable(_ENV),
     "start_timeout": Seconds(),
     "request_timeout": Seconds(),
@@ -285,6 +289,8 @@ def load_job(path: str | Path) -> Job:
         pf = p.parent / raw["prompts_file"]
         text = read_text(pf, f"{where}: prompts_file {pf}")
         job.prompts = [ln for ln in text.splitlines() if ln.strip()]
+        if job.prompts:
+            check(job.prompts, _PROMPTS, f"{where}: prompts_file {pf}")
     if "prompts" in raw:
         job.prompts = list(raw["prompts"])
     if not job.prompts:
@@ -307,15 +313,73 @@ def load_job(path: str | Path) -> Job:
         job.controls.append(Control(str(c.get("name") or f"control{i}"),
                                     {str(k): str(v) for k, v in c["env"].items()},
                                     int(c.get("width", max(job.widths)))))
+    check_names(job, where)
     return job
+
+
+def _arm_names(job: Job) -> list[str]:
+    """Every arm name a pairing of ``job`` can run (with a drafter and self-draft, as planned; the
+    distribution arms included)."""
+    from specparity.harness.plan import plan_arms
+    from specparity.harness.profiles import Profile
+
+    arms, _ = plan_arms(job, Profile("names", ["x"]), True, True)
+    return [a.name for a in arms]
+
+
+def _builtin(slug: str) -> bool:
+    """A control named so would share a built-in arm's server key (w2: the width's server, without the
+    control's env) or its record files; ``dist-`` is the distribution arms' prefix, reserved whole."""
+    from specparity.harness.plan import is_builtin_arm_name
+
+    key = slug.casefold()
+    return is_builtin_arm_name(key) or key.startswith("dist-")
+
+
+def check_names(job: Job, where: str) -> None:
+    """Pairing and control names unique, controls not named as a built-in arm, and every record
+    file name (``<pairing>-<arm>``, slugified) distinct: compared as slugs and case-blind, as a
+    case-insensitive file system (macOS) compares them."""
+    from specparity.records.served import request_stem
+    from specparity.records.writer import slugify
+
+    def unique(names: list[str], what: str) -> None:
+        seen: dict[str, str] = {}
+        for i, n in enumerate(names):
+            key = slugify(n).casefold()
+            if key in seen:
+                same = "is named twice" if seen[key] == n else \
+                    f"and {seen[key]!r} name the same files ({slugify(n)!r}, compared case-blind)"
+                raise UsageError(f"{where}: {what}[{i}].name: {n!r} {same}: give each a name of its own")
+            seen[key] = n
+
+    unique([p.name for p in job.pairings], "pairings")
+    for i, c in enumerate(job.controls):
+        slug = slugify(c.name)
+        if _builtin(slug):
+            raise UsageError(f"{where}: controls[{i}].name: {c.name!r} is the name of a built-in arm"
+                             " (baseline-start, baseline-end, w<N>, self-draft, concurrent, repeat<N>, dist-...,"
+                             " drafter): name the control otherwise")
+    unique([c.name for c in job.controls], "controls")
+    stems: dict[str, tuple[str, str]] = {}
+    arms = _arm_names(job)
+    for p in job.pairings:
+        for a in arms:
+            key = request_stem(p.name, a).casefold()
+            if key in stems and stems[key] != (p.name, a):
+                other = stems[key]
+                raise UsageError(f"{where}: pairing {p.name!r} arm {a!r} and pairing {other[0]!r} arm {other[1]!r}"
+                                 f" would write one record file ({request_stem(p.name, a)}.jsonl): rename one")
+            stems[key] = (p.name, a)
 
 
 def resolve_model(spec: str, base: Path | None, where: str) -> str:
     """A pairing's checkpoint as a local directory: a path (relative to ``base``, the config's
     folder) or a Hugging Face repo id (the one resolver, specparity.resolve)."""
+    from specparity.inputs import expand_user
     from specparity.resolve import is_repo_id, resolve_checkpoint
 
-    path = Path(spec).expanduser()
+    path = expand_user(spec, where)
     if not path.is_absolute() and base is not None and (base / path).exists():
         return str((base / path).resolve())
     if path.exists() or not is_repo_id(spec):
@@ -327,13 +391,24 @@ def resolve_model(spec: str, base: Path | None, where: str) -> str:
 
 
 class OverrideError(UsageError):
-    """A command-line override that cannot apply; ``field`` names the Overrides field (the command
-    names its flag), ``detail`` says what is wrong."""
+    """A command-line override that cannot apply; ``field`` names the Overrides field (an
+    errors.Name: the command shows its flag), ``detail`` says what is wrong."""
 
     def __init__(self, field: str, detail: str):
-        super().__init__(f"{field}: {detail}")
+        super().__init__(Name(field), ": ", detail)
         self.field = field
         self.detail = detail
+
+
+def _override_checkpoint(field: str, spec: str) -> str:
+    """An override's checkpoint (a path or a hub id) as a local directory, resolved once; an
+    error names ``field`` as the checkpoint."""
+    from specparity.resolve import resolve_checkpoint
+
+    try:
+        return str(resolve_checkpoint(spec).resolve())
+    except SpecparityError as err:
+        raise err.renamed({"checkpoint": field}) from err
 
 
 @dataclass
@@ -376,10 +451,10 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
     if o.profile is not None:
         load_profile(o.profile)
     if o.draft_model is not None and o.model is None:
-        raise OverrideError("draft_model", "a drafter needs a target model")
+        raise UsageError(Name("draft_model"), " needs ", Name("model"))
     if o.model is not None:
-        target = resolve_model(o.model, None, "model")
-        draft = resolve_model(o.draft_model, None, "draft model") if o.draft_model is not None else None
+        target = _override_checkpoint("model", o.model)
+        draft = _override_checkpoint("draft_model", o.draft_model) if o.draft_model is not None else None
         pairing = Pairing("cli", target, draft, o.profile or "mlx-lm", o.trust_remote_code)
         job = replace(builtin_job(), pairings=[pairing], source="command line") if job is None \
             else replace(job, pairings=[pairing])
@@ -441,5 +516,6 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
         job.distribution = spec
     if job.distribution is not None and not any(p.draft for p in job.pairings):
         raise OverrideError("temperature", "no pairing has a drafter to compare with")
+    check_names(job, f"--config {job.source}")  # only a config's names can meet an override's (its widths)
     return job
 

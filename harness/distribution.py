@@ -59,7 +59,7 @@ import numpy as np
 from specparity.harness.client import Request
 from specparity.harness.config import DistSpec
 from specparity.harness.lifecycle import ServerStartError
-from specparity.harness.plan import ArmKind, ArmPlan, width_arm_name
+from specparity.harness.plan import DIST_WRONG_T, ArmKind, ArmPlan
 from specparity.harness.results import ArmResult, RequestResult
 from specparity.probes.sampling.stats import Homogeneity, homogeneity
 from specparity.verdicts import Verdict
@@ -179,29 +179,32 @@ def _key(r: RequestResult, prefix: int) -> str | None:
     return "text:" + c.text
 
 
-def run_distribution(pr: PairingRun) -> list[ArmResult]:
-    """The two distribution arms of one pairing, judged (the drafted arm carries the verdict)."""
+def run_distribution(pr: PairingRun, plans: list[ArmPlan]) -> list[ArmResult]:
+    """The two distribution arms of one pairing as planned (plan.plan_arms: dist-baseline, then the
+    drafted arm), judged; the drafted arm carries the verdict."""
     import httpx
 
     job = pr.job
     spec = job.distribution
-    assert spec is not None and pr.draft is not None
-    width = pr.profile.width(spec.width or max(job.widths or [2]))
+    assert spec is not None and len(plans) == 2 and not plans[0].drafts and plans[1].drafts
     n = spec.requests
     wrong_t = spec.temperature * WRONG_T_FACTOR
     prompt = job.prompts[0]
     params = dict(job.params)
-    plans = [ArmPlan("dist-baseline", KIND, server_key="dist-baseline"),
-             ArmPlan(f"dist-{width_arm_name(width.rows)}", KIND, width, pr.draft,
-                     server_key=f"dist-{width_arm_name(width.rows)}", server_width=width)]
     seeds = {"baseline": range(spec.seed, spec.seed + n), "drafted": range(spec.seed + n, spec.seed + 2 * n),
              "wrong-temperature": range(spec.seed + 2 * n, spec.seed + 3 * n)}
     arms: list[ArmResult] = []
     wrong: list[RequestResult] = []
+    # the engine's widest block applies here as to every drafted arm: never clamped, so not run
+    too_wide = pr.too_wide(plans[1])
     for plan in plans:
         pr.run_.arm_started(pr.pairing.name, plan.name)
         arm = ArmResult(plan.name, KIND, plan.width)
         arms.append(arm)
+        if too_wide:
+            arm.verdict = Verdict.NOT_RUN
+            arm.reason = too_wide if plan.drafts else f"its drafted arm {plans[1].name} is not run"
+            continue
         t0 = time.perf_counter()
         session = pr.new_session(plan)
         try:
@@ -217,7 +220,7 @@ def run_distribution(pr: PairingRun) -> list[ArmResult]:
                                 seeds["drafted" if plan.drafts else "baseline"], plan.name), arm.requests)]
             if not plan.drafts:
                 batches.append((_bodies(spec, pr.endpoint, prompt, params, wrong_t, seeds["wrong-temperature"],
-                                        "dist-wrong-t"), wrong))
+                                        DIST_WRONG_T), wrong))
             arm.verdict = Verdict.NOT_RUN  # until judged
             with httpx.Client() as client:
                 for reqs, into in batches:
@@ -234,6 +237,8 @@ def run_distribution(pr: PairingRun) -> list[ArmResult]:
             pr.stop_session(session)
             arm.server["returncode"] = session.server.proc.returncode if session.server.proc else None
             arm.seconds = time.perf_counter() - t0
+    if too_wide:
+        return arms
     judge(arms[0], arms[1], wrong, spec, wrong_t, seeds, known_logits(pr.pairing.target),
           known_logits(pr.pairing.draft) if pr.pairing.draft else None, params)
     return arms

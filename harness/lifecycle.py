@@ -20,9 +20,11 @@ tests, bisect's control arms) goes through :class:`Server`:
   every system a watcher process stops its whole group when a pipe only the
   harness holds closes (see :mod:`specparity.harness.watchdog`).
 
-A module registry remembers every live server: :func:`stop_all` stops them,
-and is run at interpreter exit and on SIGINT / SIGTERM (the handlers are
-installed the first time a server starts and chain to the previous ones).
+:func:`spawn_tied` starts each such process (the servers, and the classic
+reference's worker of harness.oracle). A module registry remembers every live
+one: :func:`stop_all` stops them, and is run at interpreter exit and on SIGINT /
+SIGTERM (the handlers are installed the first time one starts and chain to the
+previous ones).
 SIGTERM then raises :class:`~specparity.errors.Terminated` in the main thread,
 as SIGINT raises KeyboardInterrupt, so records close as interrupted.
 :func:`scratch_dir` gives a temporary directory removed at exit, after the
@@ -52,15 +54,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from specparity.errors import InfrastructureError, Terminated, UsageError
 from specparity.harness import watchdog
 from specparity.harness.watchdog import group_alive
 
-__all__ = ["ArgTemplate", "HOST", "HOST_ARG", "PORT_ARG", "Server", "ServerStartError", "ServerTimes",
-           "catch_sigterm", "free_port", "group_alive", "live_servers", "log_tail", "remove_scratch",
-           "resolve_argv", "scratch_dir", "stop_all"]
+__all__ = ["ArgTemplate", "HOST", "HOST_ARG", "PORT_ARG", "Server", "ServerStartError", "ServerTimes", "Stoppable",
+           "catch_sigterm", "end_watcher", "free_port", "group_alive", "live_servers", "log_tail", "register",
+           "remove_scratch", "resolve_argv", "scratch_dir", "spawn_tied", "stop_all", "unregister"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ DEFAULT_READY_PATH = "/health"
 DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_STOP_TIMEOUT = 10.0
 LOG_TAIL_LINES = 30
+READY_POLL = 2.0  # seconds one readiness poll may take in total (never past the start deadline)
+READY_MAX_BYTES = 1 << 20
 
 
 class ServerStartError(InfrastructureError):
@@ -205,7 +209,6 @@ class Server:
     def spawn(self) -> None:
         if self.proc is not None:
             raise RuntimeError(f"{self.name} already started")
-        _install_handlers()
         self.port = self.port or free_port()
         self.resolved_argv = resolve_argv(self.argv, self.port)
         for a in self.argv:
@@ -236,30 +239,29 @@ class Server:
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (open for the life of the process)
         log.info("starting %s on port %d: %s", self.name, self.port, " ".join(self.resolved_argv))
         self._t0 = time.perf_counter()
-        argv = self.resolved_argv
-        if PARENT_DEATH_SIGNAL:
-            argv = [sys.executable, "-I", "-S", WATCHDOG, "exec", str(os.getpid()), "--", *argv]
         try:
-            self.proc, interrupted = _SPAWNER.popen(
-                argv, cwd=str(self.cwd), env=env, stdin=subprocess.DEVNULL,
-                stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,
-            )
+            self.proc, self._watcher, interrupted = spawn_tied(
+                self.resolved_argv, self.stop_timeout, self._log_file, cwd=str(self.cwd), env=env,
+                stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT)
         except OSError as err:
             self._log_file.close()
             raise ServerStartError(f"{self.name}: cannot run {self.resolved_argv[0]!r}: {err}") from None
-        _REGISTRY.add(self)
-        self._watcher = _watch(self.proc.pid, self.stop_timeout, str(self.cwd), self._log_file)
+        register(self)
         if interrupted is not None:
             raise interrupted
 
     def wait_ready(self) -> None:
-        """Poll ``ready_path`` until 200; raise at once if the process exits."""
+        """Poll ``ready_path`` until 200; raise at once if the process exits. ``start_timeout`` is a
+        deadline for the whole wait, each poll included (a ready path that trickles bytes, or
+        stalls, answers nothing by then)."""
         import httpx
+
+        from specparity.harness.client import BadResponse, Late, fetch
 
         assert self.proc is not None
         deadline = self._t0 + self.start_timeout
         delay = 0.05
-        with httpx.Client(timeout=httpx.Timeout(2.0)) as client:
+        with httpx.Client() as client:
             while True:
                 rc = self.proc.poll()
                 if rc is not None:
@@ -270,14 +272,16 @@ class Server:
                     raise ServerStartError(
                         f"{self.name} failed while starting (its log matches {self.fail_regex!r});"
                         f" log {self.log_path}", self.tail())
+                left = deadline - time.perf_counter()
                 try:
-                    r = client.get(self.url + self.ready_path)
-                    if r.status_code == 200:
+                    status, _ = fetch(client, "GET", self.url + self.ready_path, max(0.05, min(READY_POLL, left)),
+                                      max_bytes=READY_MAX_BYTES)
+                    if status == 200:
                         self.times.start = time.perf_counter() - self._t0
                         log.info("%s ready in %.2f s", self.name, self.times.start)
                         return
-                except httpx.TransportError:
-                    pass
+                except (httpx.TransportError, Late, BadResponse):
+                    pass  # not ready yet: no answer, no whole answer in time, or not a health answer
                 if time.perf_counter() > deadline:
                     raise ServerStartError(
                         f"{self.name} not ready on {self.ready_path} after {self.start_timeout:g} s;"
@@ -305,9 +309,9 @@ class Server:
             except subprocess.TimeoutExpired:
                 log.error("%s (pid %d) survived SIGKILL", self.name, proc.pid)
         finally:
-            _REGISTRY.discard(self)
+            unregister(self)
             if self._watcher is not None:
-                _end(self._watcher)
+                end_watcher(self._watcher)
                 self._watcher = None
             if self._log_file is not None and not self._log_file.closed:
                 self._log_file.close()
@@ -348,6 +352,26 @@ def _pipe_read_end() -> int:
         return _PIPE[0]
 
 
+def spawn_tied(argv: Sequence[str], grace: float, watcher_out: Any = subprocess.DEVNULL, **popen: Any
+               ) -> tuple[subprocess.Popen, subprocess.Popen | None, BaseException | None]:
+    """Start ``argv`` (``popen``: subprocess.Popen's keywords) tied to this process's life: in a
+    session and process group of its own, behind the exec wrapper that asks for the parent-death
+    signal (Linux), forked from the spawner thread, with a watcher (writing to ``watcher_out``)
+    that stops its group ``grace`` seconds after SIGTERM once this process is gone, however it died.
+
+    Returns the process, its watcher (None when it could not start: a warning says so) and the
+    Ctrl-C / SIGTERM that arrived while it was forked (register the process, then raise it).
+    Every server starts so (:class:`Server`), and the classic reference's worker (harness.oracle).
+    """
+    _install_handlers()
+    wrapped = list(argv)
+    if PARENT_DEATH_SIGNAL:
+        wrapped = [sys.executable, "-I", "-S", WATCHDOG, "exec", str(os.getpid()), "--", *wrapped]
+    proc, interrupted = _SPAWNER.popen(wrapped, start_new_session=True, **popen)
+    watcher = _watch(proc.pid, grace, str(popen.get("cwd") or tempfile.gettempdir()), watcher_out)
+    return proc, watcher, interrupted
+
+
 def _watch(pgid: int, grace: float, cwd: str, log_file: Any) -> subprocess.Popen | None:
     """Start the watcher of group ``pgid``, in a session of its own; None (and a warning) if it cannot run."""
     fd = _pipe_read_end()
@@ -361,8 +385,9 @@ def _watch(pgid: int, grace: float, cwd: str, log_file: Any) -> subprocess.Popen
         return None
 
 
-def _end(proc: subprocess.Popen) -> None:
-    """Kill and reap a child of ours (never a reused pid: it is ours until reaped)."""
+def end_watcher(proc: subprocess.Popen) -> None:
+    """Kill and reap a watcher of ours, once what it guards is stopped (never a reused pid: it is
+    ours until reaped)."""
     if proc.poll() is None:
         try:
             proc.kill()
@@ -423,24 +448,33 @@ _SPAWNER = _Spawner()
 
 
 # -- the registry: every live server, stopped at exit and on SIGINT / SIGTERM -------------------
+class Stoppable(Protocol):
+    """What the registry stops: a :class:`Server`, the classic reference's worker."""
+
+    @property
+    def name(self) -> str: ...
+
+    def stop(self) -> Any: ...
+
+
 class _Registry:
     def __init__(self) -> None:
         # reentrant: a signal handler runs stop_all in the main thread, maybe while it holds the lock
         self._lock = threading.RLock()
-        self._servers: list[Server] = []
+        self._live: list[Stoppable] = []
 
-    def add(self, s: Server) -> None:
+    def add(self, s: Stoppable) -> None:
         with self._lock:
-            self._servers.append(s)
+            self._live.append(s)
 
-    def discard(self, s: Server) -> None:
+    def discard(self, s: Stoppable) -> None:
         with self._lock:
-            if s in self._servers:
-                self._servers.remove(s)
+            if s in self._live:
+                self._live.remove(s)
 
-    def live(self) -> list[Server]:
+    def live(self) -> list[Stoppable]:
         with self._lock:
-            return list(self._servers)
+            return list(self._live)
 
 
 _REGISTRY = _Registry()
@@ -450,11 +484,20 @@ _TERMINATING = False
 
 
 def live_servers() -> list[Server]:
-    return _REGISTRY.live()
+    return [s for s in _REGISTRY.live() if isinstance(s, Server)]
+
+
+def register(s: Stoppable) -> None:
+    """``s`` is stopped by :func:`stop_all` (at exit, on SIGINT / SIGTERM) until :func:`unregister`."""
+    _REGISTRY.add(s)
+
+
+def unregister(s: Stoppable) -> None:
+    _REGISTRY.discard(s)
 
 
 def stop_all() -> None:
-    """Stop every server this process started and has not stopped yet."""
+    """Stop every server (and other registered process) this process started and has not stopped yet."""
     for s in reversed(_REGISTRY.live()):
         try:
             s.stop()

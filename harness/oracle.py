@@ -7,7 +7,10 @@ servers run in (``python -m specparity.harness.reference``), so a server in a
 pinned environment (mlx-lm 0.31.3, dflash-mlx) is judged by that environment's
 mlx-lm, and the harness itself never imports mlx. The worker loads the
 checkpoint once and answers each distinct request once (its cache); it exits
-when the harness closes its input or dies.
+when the harness closes its input. It starts as the servers do
+(harness.lifecycle.spawn_tied): stopped with them on Ctrl-C and SIGTERM, and
+unable to outlive the harness, SIGKILL included, even while it computes (a
+large model's answer can take minutes before it reads its input again).
 
     oracle = Oracle(checkpoint, trust_remote_code, python, env)
     answer = oracle.complete("completions", body, settings, server_prompt_tokens=17)
@@ -21,17 +24,20 @@ import json
 import logging
 import os
 import selectors
+import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from specparity.harness.lifecycle import end_watcher, register, spawn_tied, unregister
 from specparity.harness.reference import ColdAnswer, ReferenceCompletion, ReferenceStats, ServerSettings
 
 log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT = 300.0
+CLOSE_TIMEOUT = 10.0  # seconds the worker has to exit once its input is closed
 
 
 @dataclass
@@ -49,10 +55,13 @@ class Oracle:
     python / env: the interpreter and the environment variables the servers run with.
     settings: the server flags the worker loads its tokenizer with (chat template).
     timeout: seconds one answer may take.
+    batches: the servers batch the requests they can, as mlx_lm.server does (False: every request
+      on the sequential path, as dflash serve's target-only path, mlx_lm.server's ``_serve_single``).
     """
 
     def __init__(self, checkpoint: str, trust_remote_code: bool, python: str, env: dict[str, str | None] | None = None,
-                 settings: ServerSettings | None = None, timeout: float = 600.0):
+                 settings: ServerSettings | None = None, timeout: float = 600.0, batches: bool = True):
+        self.batches = batches
         self.checkpoint = checkpoint
         self.trust_remote_code = trust_remote_code
         self.python = python
@@ -63,6 +72,11 @@ class Oracle:
         self.failed: str | None = None
         self.load_seconds: float | None = None
         self._sel: selectors.BaseSelector | None = None
+        self._watcher: subprocess.Popen | None = None
+
+    @property
+    def name(self) -> str:
+        return f"classic reference of {self.checkpoint}"
 
     def spawn(self) -> None:
         """Start the worker now, without waiting for it to load (it loads while servers start)."""
@@ -72,6 +86,8 @@ class Oracle:
                 "--settings", json.dumps(self.settings.to_dict())]
         if self.trust_remote_code:
             argv.append("--trust-remote-code")
+        if not self.batches:
+            argv.append("--sequential")
         env = dict(os.environ)
         for k, v in self.env.items():
             if v is None:
@@ -79,14 +95,18 @@ class Oracle:
             else:
                 env[k] = v
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, text=True, env=env, cwd=tempfile.gettempdir())
+            self.proc, self._watcher, interrupted = spawn_tied(
+                argv, CLOSE_TIMEOUT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True, env=env, cwd=tempfile.gettempdir())
         except OSError as err:
             self.failed = f"the classic reference could not start ({err})"
             return
+        register(self)
         self._sel = selectors.DefaultSelector()
         assert self.proc.stdout is not None
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if interrupted is not None:
+            raise interrupted
 
     def _start(self) -> None:
         self.spawn()
@@ -175,16 +195,44 @@ class Oracle:
         return ReferenceStats(**reply["cost"])
 
     def close(self) -> None:
+        """Close the worker's input and let it exit (killed after CLOSE_TIMEOUT)."""
+        self._end(graceful=True)
+
+    def stop(self) -> None:
+        """Kill the worker's process group now (harness.lifecycle.stop_all: Ctrl-C, SIGTERM, exit)."""
+        if self.proc is not None and self.failed is None:
+            self.failed = "the classic reference was stopped"
+        self._end(graceful=False)
+
+    def _end(self, graceful: bool) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
             return
         try:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            proc.wait(10)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait(10)
-        if self._sel is not None:
-            self._sel.close()
-            self._sel = None
+            if graceful:  # EOF on its input: the worker's own way out
+                try:
+                    if proc.stdin is not None:
+                        proc.stdin.close()
+                    proc.wait(CLOSE_TIMEOUT)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # its own group: anything it started goes too
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait(CLOSE_TIMEOUT)
+        finally:
+            unregister(self)
+            if self._watcher is not None:
+                end_watcher(self._watcher)
+                self._watcher = None
+            for f in (proc.stdin, proc.stdout):
+                if f is not None and not f.closed:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
+            if self._sel is not None:
+                self._sel.close()
+                self._sel = None

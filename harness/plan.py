@@ -9,7 +9,11 @@ Arms (their kinds are :class:`ArmKind`):
     <control>        env control arms: a drafter server with env set
     baseline-end     no drafter again: the noise floor
     repeat<i>        optional extra baseline processes
-    dist-*           the temperature > 0 distribution arms (harness.distribution)
+    dist-baseline    temperature > 0: seeded draws without a drafter (harness.distribution)
+    dist-w<T>        temperature > 0: seeded draws with the drafter at T verify rows
+
+Each built-in name is a constant here (BUILTIN_ARM_NAMES, BUILTIN_ARM_PATTERN): code and job
+validation import them rather than spell them.
 
 A :class:`~specparity.harness.profiles.Width` is made once, by the profile (:meth:`Profile.width`), and
 carried whole from here to the server's argv, the request field, the evidence
@@ -18,6 +22,7 @@ and the printed reproduction: nothing converts rows to a setting again.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -45,10 +50,26 @@ class ArmKind(StrEnum):
 
 # arms that run the drafter (and so are judged on it); the others are baselines of a kind
 DRAFTING_KINDS = (ArmKind.WIDTH, ArmKind.SELF_DRAFT, ArmKind.CONTROL)
+
+# The built-in arms' names (each is also its server key). A job's own arms (controls) must not take
+# one: a control named like a built-in arm would share its server and its records.
 BASELINE_START = "baseline-start"
 BASELINE_END = "baseline-end"
+SELF_DRAFT = "self-draft"
+CONCURRENT = "concurrent"
+DIST_BASELINE = "dist-baseline"
 # the server key of the one drafter server that serves every width per request
 SHARED_DRAFTER = "drafter"
+# the request ids of dist-baseline's wrong-temperature control draws (harness.distribution)
+DIST_WRONG_T = "dist-wrong-t"
+BUILTIN_ARM_NAMES = (BASELINE_START, BASELINE_END, SELF_DRAFT, CONCURRENT, DIST_BASELINE, SHARED_DRAFTER)
+# the names built-in arms take by number: w<T>, repeat<i>, dist-w<T>
+BUILTIN_ARM_PATTERN = re.compile(r"(dist-)?w\d+|repeat\d+")
+
+
+def is_builtin_arm_name(name: str) -> bool:
+    """A name a built-in arm (or server) may take: no job's own arm can have it."""
+    return name in BUILTIN_ARM_NAMES or BUILTIN_ARM_PATTERN.fullmatch(name) is not None
 
 
 class WidthMode(StrEnum):
@@ -58,12 +79,23 @@ class WidthMode(StrEnum):
     REQUEST = "request"
 
 
+class Drafter(StrEnum):
+    """Which of the pairing's checkpoints an arm's server loads as its drafter.
+
+    The plan names the role, not a path: the runner prepares the checkpoints (witness wrappers,
+    engine exports) after planning, and maps the role to what it prepared.
+    """
+
+    DRAFT = "draft"  # the pairing's drafter
+    TARGET = "target"  # the target drafting for itself (self-draft)
+
+
 @dataclass
 class ArmPlan:
     """One arm before it runs.
 
     name: as records show it. kind: what it is for. width: verify width (None: no drafter).
-    draft: the drafter checkpoint the server loads (None: none). env: extra server env.
+    draft: which checkpoint the server loads as its drafter (None: none). env: extra server env.
     concurrency: requests sent at once (0: one at a time). server_key: arms with the same key
     share one server process. server_width: the width the server process is started with
     (the widest, for a server that takes the width per request).
@@ -72,7 +104,7 @@ class ArmPlan:
     name: str
     kind: ArmKind
     width: Width | None = None
-    draft: str | None = None
+    draft: Drafter | None = None
     env: dict[str, str] = field(default_factory=dict)
     concurrency: int = 0
     server_key: str = ""
@@ -92,12 +124,28 @@ def width_arm_name(rows: int) -> str:
     return f"w{rows}"
 
 
-def plan_arms(job: Job, profile: Profile, draft: str | None, self_draft: str | None) -> tuple[list[ArmPlan], WidthMode]:
-    """The arms in the order they run, and whether widths share a server (request) or not (process)."""
+def repeat_arm_name(i: int) -> str:
+    """The i-th extra baseline process (from 1)."""
+    return f"repeat{i}"
+
+
+def dist_arm_name(rows: int) -> str:
+    """The drafted distribution arm at ``rows`` verify rows."""
+    return f"dist-{width_arm_name(rows)}"
+
+
+def plan_arms(job: Job, profile: Profile, drafts: bool, self_drafts: bool) -> tuple[list[ArmPlan], WidthMode]:
+    """Every arm of one pairing in the order they run (the distribution arms last), and whether
+    widths share a server (request) or not (process).
+
+    drafts: the pairing has a drafter. self_drafts: the target can be its own drafter here (the
+    profile loads drafters, and the target's code allows it: PairingRun decides).
+    """
     mode = WidthMode(job.width_mode)
     if mode == WidthMode.REQUEST and not profile.per_request:
         mode = WidthMode.PROCESS
     widest = profile.width(max(job.widths)) if job.widths else None
+    draft = Drafter.DRAFT if drafts else None
     arms = [ArmPlan(BASELINE_START, ArmKind.BASELINE, server_key=BASELINE_START)]
     if draft is not None:
         for rows in job.widths:
@@ -107,18 +155,24 @@ def plan_arms(job: Job, profile: Profile, draft: str | None, self_draft: str | N
                 arms.append(ArmPlan(name, ArmKind.WIDTH, w, draft, server_key=SHARED_DRAFTER, server_width=widest))
             else:
                 arms.append(ArmPlan(name, ArmKind.WIDTH, w, draft, server_key=name, server_width=w))
-    if job.self_draft and self_draft is not None and widest is not None:
-        arms.append(ArmPlan("self-draft", ArmKind.SELF_DRAFT, widest, self_draft, server_key="self-draft",
+    if job.self_draft and self_drafts and widest is not None:
+        arms.append(ArmPlan(SELF_DRAFT, ArmKind.SELF_DRAFT, widest, Drafter.TARGET, server_key=SELF_DRAFT,
                             server_width=widest))
     if job.concurrency:
-        arms.append(ArmPlan("concurrent", ArmKind.CONCURRENT, concurrency=job.concurrency, server_key="concurrent"))
+        arms.append(ArmPlan(CONCURRENT, ArmKind.CONCURRENT, concurrency=job.concurrency, server_key=CONCURRENT))
     if draft is not None:
         for c in job.controls:
             w = profile.width(c.width)
             arms.append(ArmPlan(c.name, ArmKind.CONTROL, w, draft, dict(c.env), server_key=c.name, server_width=w))
     arms.append(ArmPlan(BASELINE_END, ArmKind.BASELINE, server_key=BASELINE_END))
-    for i in range(job.repeats):
-        arms.append(ArmPlan(f"repeat{i + 1}", ArmKind.REPEAT, server_key=f"repeat{i + 1}"))
+    for i in range(1, job.repeats + 1):
+        arms.append(ArmPlan(repeat_arm_name(i), ArmKind.REPEAT, server_key=repeat_arm_name(i)))
+    if job.distribution is not None and draft is not None:
+        spec = job.distribution
+        w = profile.width(spec.width or max(job.widths or [2]))
+        arms += [ArmPlan(DIST_BASELINE, ArmKind.DISTRIBUTION, server_key=DIST_BASELINE),
+                 ArmPlan(dist_arm_name(w.rows), ArmKind.DISTRIBUTION, w, draft, server_key=dist_arm_name(w.rows),
+                         server_width=w)]
     return arms, mode
 
 

@@ -152,13 +152,16 @@ class Profile:
 
         return load_engine(self.engine)
 
-    def render(self, items: list[str], **values: Any) -> list[str]:
-        """``items`` (the profile's templates) with their ``{name}`` fields filled from ``values``.
+    def render(self, items: list[str], key: str = "", /, **values: Any) -> list[str]:
+        """``items`` (the profile's templates, its ``key``: argv, draft_argv...) with their ``{name}``
+        fields filled from ``values``.
 
-        str.format syntax over the template only: a value goes in as it is, braces and all
-        (a model path holding ``{port}`` stays that path). ``{port}`` and ``{host}`` given no
-        value (or given as themselves) stay fields the lifecycle fills at spawn: such an item
-        comes back as a ``lifecycle.ArgTemplate``, every other one as a plain string.
+        str.format's field syntax over the template only: a value goes in as it is, braces and all
+        (a model path holding ``{port}`` stays that path), and a field is a whole value: a format
+        spec or a conversion (``{model:>99999}``, ``{model!r}``) is refused (it could pad an
+        argument to gigabytes). ``{port}`` and ``{host}`` given no value (or given as themselves)
+        stay fields the lifecycle fills at spawn: such an item comes back as a
+        ``lifecycle.ArgTemplate``, every other one as a plain string.
         """
         from string import Formatter
 
@@ -166,7 +169,7 @@ class Profile:
 
         subs = {"python": sys.executable, **{k: str(v) for k, v in values.items() if v is not None}}
         deferred = {k for k in ("port", "host") if subs.get(k, f"{{{k}}}") == f"{{{k}}}"}
-        where = f"profile {self.name} ({self.source})"
+        where = f"profile {self.name} ({self.source})" + (f": {key}" if key else "")
         wanted: set[str] = set()
         for item in items:
             try:
@@ -187,17 +190,18 @@ class Profile:
                 template.append(_braces(text))
                 if name is None:
                     continue
-                if name in deferred and not spec and not conv:
+                if spec or conv:
+                    field = f"{{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}"
+                    raise UsageError(f"{where}: placeholder {field} in {item!r}: no format spec or conversion"
+                                     f" (a placeholder is its whole value: {{{name}}})")
+                if name in deferred:
                     template.append(f"{{{name}}}")
                     is_template = True
                     continue
-                if name not in subs or "{" in (spec or ""):
+                if name not in subs:
                     raise UsageError(f"{where}: placeholder {{{name}}} in {item!r} has no value here"
                                      f" (known: {', '.join(sorted({*subs, *deferred}))})")
-                try:
-                    value = format(Formatter().convert_field(subs[name], conv) if conv else subs[name], spec or "")
-                except ValueError as err:
-                    raise UsageError(f"{where}: placeholder {{{name}}} in {item!r}: {err}") from None
+                value = subs[name]
                 plain.append(value)
                 template.append(_braces(value))
             out.append(ArgTemplate("".join(template)) if is_template else "".join(plain))
@@ -421,7 +425,7 @@ def dry_render(profile: Profile) -> None:
             extra = {n: f"/{n}" for n in names if n.isidentifier()}
     for key, keys in _TEMPLATE_VALUES.items():
         items = getattr(profile, key) or []
-        profile.render(items, **{**extra, **{k: _SAMPLES[k] for k in keys}})
+        profile.render(items, key, **{**extra, **{k: _SAMPLES[k] for k in keys}})
 
 
 def dig(obj: Any, dotted: str) -> Any:

@@ -583,11 +583,7 @@ class ResponseStream031(ResponseStream):
 
 def response_stream(tokenizer: Any, stop_words: list[str], initial_state: str = "normal") -> ResponseStream:
     """The stop matcher and text machine of the installed mlx-lm's server (0.32's, else 0.31's)."""
-    import importlib
-
-    # the module, not mlx_lm.generate the function (mlx_lm's __init__ binds that name)
-    gen = importlib.import_module("mlx_lm.generate")
-    cls = ResponseStream if hasattr(gen, "make_stop_sequences") else ResponseStream031
+    cls = ResponseStream031 if server_031() else ResponseStream
     return cls(tokenizer, stop_words, initial_state)
 
 
@@ -948,12 +944,14 @@ class Step:
     finish_reason: str | None = None
 
 
-def stream_steps(tokenizer: Any, steps: Any, max_tokens: int) -> Any:
+def stream_steps(tokenizer: Any, steps: Any, max_tokens: int, finalize: bool = True) -> Any:
     """``generate_step``'s (token, logprobs) as ``stream_generate`` turns them into responses.
 
     The same rules without its timing and memory readings: an EOS token ends the stream
     (finish ``stop``, not detokenized), the ``max_tokens``-th token ends it (``length``),
-    each text segment is the detokenizer's ``last_segment``.
+    each text segment is the detokenizer's ``last_segment``. ``finalize=False``: the last
+    token's segment without the detokenizer's held bytes, as mlx-lm 0.31's batched path
+    sends it (it never finalizes: a trailing partial character is dropped).
     """
     detok = tokenizer.detokenizer
     eos = tokenizer.eos_token_ids
@@ -964,10 +962,19 @@ def stream_steps(tokenizer: Any, steps: Any, max_tokens: int) -> Any:
             return
         detok.add_token(token)
         if n + 1 == max_tokens:
-            detok.finalize()
+            if finalize:
+                detok.finalize()
             yield Step(token, detok.last_segment, logprobs, "length")
             return
         yield Step(token, detok.last_segment, logprobs)
+
+
+def server_031() -> bool:
+    """The installed mlx-lm's server is 0.31's (no ``make_stop_sequences``), not 0.32's."""
+    import importlib
+
+    # the module, not mlx_lm.generate the function (mlx_lm's __init__ binds that name)
+    return not hasattr(importlib.import_module("mlx_lm.generate"), "make_stop_sequences")
 
 
 def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: RequestParams,
@@ -995,7 +1002,8 @@ def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: Req
                           prompt_cache=cache, prefill_step_size=settings.prefill_step_size,
                           kv_bits=settings.kv_bits, kv_group_size=settings.kv_group_size,
                           quantized_kv_start=settings.quantized_kv_start)
-    return collect(tokenizer, stream_steps(tokenizer, steps, params.max_tokens), params.stop,
+    finalize = not (path == PATH_BATCHED and server_031())
+    return collect(tokenizer, stream_steps(tokenizer, steps, params.max_tokens, finalize), params.stop,
                    prompt.initial_state)
 
 
@@ -1005,13 +1013,16 @@ class ClassicReference:
     ``checkpoint``: the mlx-lm checkpoint the server loaded (or the one a GGUF was
     exported from). ``trust_remote_code``: consent to run its ``model_file`` (as the
     server's ``--trust-remote-code``). ``settings``: the server's flags
-    (:meth:`ServerSettings.from_argv`).
+    (:meth:`ServerSettings.from_argv`). ``batches``: the server batches what it can, as
+    mlx_lm.server does (False: it serves every request on its sequential path, as dflash
+    serve's target-only path, mlx_lm.server's ``_serve_single``, does).
     """
 
     def __init__(self, checkpoint: str | os.PathLike[str], trust_remote_code: bool = False,
-                 settings: ServerSettings | None = None):
+                 settings: ServerSettings | None = None, batches: bool = True):
         from specparity.checkpoint import load_checkpoint
 
+        self.batches = batches
         self.settings = settings or ServerSettings()
         t0 = time.perf_counter()
         tok_cfg: dict[str, Any] = {}
@@ -1156,7 +1167,7 @@ class ClassicReference:
         check_token_ids(prompt.ids, vocab_size(self.loaded), "the prompt")
         if params.logit_bias:
             check_token_ids(list(params.logit_bias), vocab_size(self.loaded), "logit_bias")
-        path = PATH_BATCHED if batchable(params, settings, self.model) else PATH_SEQUENTIAL
+        path = PATH_BATCHED if self.batches and batchable(params, settings, self.model) else PATH_SEQUENTIAL
         try:
             dec = decode_classic(self.model, self.tokenizer, prompt, params, settings, path)
         except ValueError as err:  # mlx / mlx-lm refuse the settings (a group size the head does not divide)
@@ -1255,7 +1266,7 @@ def near_tie(margin_a: float | None, margin_b: float | None, *, dtype: str = "fl
 # --- a worker process: the reference in the interpreter the servers run in ----------------
 
 def worker(argv: list[str] | None = None) -> int:
-    """``python -m specparity.harness.reference CHECKPOINT [--trust-remote-code] [--settings JSON]``.
+    """``python -m specparity.harness.reference CHECKPOINT [--trust-remote-code] [--settings JSON] [--sequential]``.
 
     Loads the checkpoint once, prints ``{"ready": true, "load_seconds": s}``, then answers
     one JSON line per request line on stdin: ``{"endpoint", "body", "settings"?,
@@ -1275,6 +1286,7 @@ def worker(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--settings", default="{}")
+    p.add_argument("--sequential", action="store_true")
     args = p.parse_args(argv)
     out = sys.stdout
 
@@ -1284,7 +1296,8 @@ def worker(argv: list[str] | None = None) -> int:
 
     try:
         ref = ClassicReference(args.checkpoint, trust_remote_code=args.trust_remote_code,
-                               settings=ServerSettings.from_dict(json.loads(args.settings)))
+                               settings=ServerSettings.from_dict(json.loads(args.settings)),
+                               batches=not args.sequential)
     except SpecparityError as err:
         say({"ready": False, "message": first_line(str(err))})
         return 1

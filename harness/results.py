@@ -8,19 +8,24 @@ Nothing here imports mlx, numpy or the runner: ``records`` commands read these.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from specparity.completions import CompletionDifference
 from specparity.harness.client import Completion
 from specparity.harness.evidence import Evidence
-from specparity.harness.plan import BASELINE_START, DRAFTING_KINDS, ArmKind, WidthMode
+from specparity.harness.plan import BASELINE_END, BASELINE_START, DRAFTING_KINDS, ArmKind, WidthMode
 from specparity.harness.profiles import Width
 from specparity.verdicts import ReportMixin, Verdict, combine
 
 
 # how groups and findings name classic decode computed in process (harness.oracle)
 CLASSIC = "classic decode"
+# an arm's name -> its request lines (RequestResult.to_dict each), where a record keeps them apart
+ArmRequests = Callable[[str], list[dict[str, Any]]]
+# the two baselines a group counts as one ("baseline x2"); any other arm is named
+BASELINES = (BASELINE_START, BASELINE_END)
 
 
 def _completion_from_dict(d: dict[str, Any]) -> Completion:
@@ -213,24 +218,35 @@ class PairingResult:
     def arm(self, name: str) -> ArmResult | None:
         return next((a for a in self.arms if a.name == name), None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, with_requests: bool = False) -> dict[str, Any]:
         return {"name": self.name, "profile": self.profile, "target": self.target, "draft": self.draft,
                 "verdict": self.verdict, "reason": self.reason, "width_mode": self.width_mode,
                 "groups": self.groups(), "request_groups": self.request_groups(),
                 "findings": self.findings, "reference": self.reference, "reference_cost": self.reference_cost,
-                "arms": [a.to_dict() for a in self.arms]}
+                "arms": [a.to_dict(with_requests) for a in self.arms]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], requests: ArmRequests | None = None) -> PairingResult:
+        """A pairing from its ``to_dict``; ``requests``: arm name -> that arm's request lines (a record
+        keeps them in their own files), else each arm's own list (``to_dict(with_requests=True)``)."""
+        return cls(str(d["name"]), str(d.get("profile")), str(d.get("target")), d.get("draft"), Verdict(d["verdict"]),
+                   str(d.get("reason") or ""),
+                   [ArmResult.from_dict(a, requests(str(a["name"])) if requests is not None else None)
+                    for a in d.get("arms") or []],
+                   list(d.get("findings") or []), WidthMode(d.get("width_mode") or WidthMode.PROCESS),
+                   dict(d.get("reference") or {}), d.get("reference_cost"))
 
 
 def format_groups(groups: list[list[str]]) -> str:
     """``2 groups: {classic decode, baseline x2, w2, w3} {w4, w8}``."""
     def one(g: list[str]) -> str:
         names = [n for n in g if n == CLASSIC]
-        base = [n for n in g if n.startswith("baseline")]
+        base = [n for n in g if n in BASELINES]
         if len(base) > 1:
             names.append(f"baseline x{len(base)}")
         else:
             names += base
-        names += [n for n in g if not n.startswith("baseline") and n != CLASSIC]
+        names += [n for n in g if n not in BASELINES and n != CLASSIC]
         return "{" + ", ".join(names) + "}"
     return f"{len(groups)} group{'s' if len(groups) != 1 else ''}: " + " ".join(one(g) for g in groups)
 
@@ -261,13 +277,24 @@ class ServedReport(ReportMixin):
         return sum((a.server.get("start_seconds") or 0.0) + a.generation_seconds
                    for p in self.pairings for a in p.arms)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, with_requests: bool = False) -> dict[str, Any]:
         d = {"verdict": self.verdict, "exit_code": self.exit_code, "wall_seconds": round(self.wall_seconds, 3),
              "server_seconds": round(self.server_seconds(), 3),
-             "pairings": [p.to_dict() for p in self.pairings], "job": self.job}
+             "pairings": [p.to_dict(with_requests) for p in self.pairings], "job": self.job}
         if self.shard is not None:
             d["shard"] = self.shard
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any],
+                  requests: Callable[[str, str], list[dict[str, Any]]] | None = None) -> ServedReport:
+        """The job's results from its ``to_dict`` (a record's summary); ``requests``: (pairing, arm) ->
+        that arm's request lines, else each arm's own list (``to_dict(with_requests=True)``)."""
+        def of(pairing: str) -> ArmRequests | None:
+            return (lambda arm: requests(pairing, arm)) if requests is not None else None
+
+        return cls([PairingResult.from_dict(p, of(str(p["name"]))) for p in d.get("pairings") or []],
+                   dict(d.get("job") or {}), float(d.get("wall_seconds") or 0.0), d.get("shard"))
 
     def lines(self) -> list[str]:
         out: list[str] = []
@@ -307,8 +334,3 @@ class ServedReport(ReportMixin):
             out.append(f"  pairing verdict: {p.verdict}" + (f" ({p.reason})" if p.reason else ""))
         return out
 
-
-def baseline_answers(pairing: PairingResult) -> dict[str, Completion]:
-    """baseline-start's completion of each request id (what every other arm is compared with)."""
-    start = pairing.arm(BASELINE_START)
-    return {r.id: r.completion for r in start.requests} if start is not None else {}

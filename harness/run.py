@@ -40,7 +40,7 @@ from specparity.harness.evidence import Evidence
 from specparity.harness.judge import Classic, Cold, classic_answer, judge_arm, judge_pairing, judge_request
 from specparity.harness.lifecycle import HOST, Server, ServerStartError, scratch_dir
 from specparity.harness.oracle import Oracle
-from specparity.harness.plan import BASELINE_START, ArmKind, ArmPlan, WidthMode, build_sequence, plan_arms
+from specparity.harness.plan import BASELINE_START, ArmKind, ArmPlan, Drafter, WidthMode, build_sequence, plan_arms
 from specparity.harness.profiles import NOT_EXERCISED, Profile, load_profile
 from specparity.harness.reproduce import Finding, Sent, ServerHistory, reproduce
 from specparity.harness.results import ArmResult, PairingResult, RequestResult, ServedReport
@@ -85,14 +85,19 @@ class Exchange:
     prompt_ids: list[int] | None = None  # the prompt tokens the server says it decoded from (engine hook)
 
 
-def _dtype(checkpoint: str) -> str:
-    """The dtype a checkpoint computes in, as its config says (float32 when it does not)."""
+def _config(checkpoint: str) -> dict[str, Any]:
+    """A checkpoint's config.json ({} where it cannot be read: preparing the pairing names that)."""
     import json
 
     try:
         cfg = json.loads((Path(checkpoint) / "config.json").read_text())
     except (OSError, ValueError):
-        return "float32"
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _dtype(cfg: dict[str, Any]) -> str:
+    """The dtype a checkpoint computes in, as its config says (float32 when it does not)."""
     if cfg.get("quantization"):
         return "quantized"
     return str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
@@ -151,15 +156,12 @@ class ServedRun:
 
     def run(self) -> ServedReport:
         t0 = time.perf_counter()
-        plans = [(p, load_profile(p.profile)) for p in self.job.pairings]
-        full = [(p.name, [(a.name, a.kind.value) for a in
-                          plan_arms(self.job, prof, p.draft, p.target if prof.draft_argv else None)[0]])
-                for p, prof in plans]
-        self.arm_total = sum(len(arms) for _, arms in full)
-        if self.job.distribution is not None:
-            if self.shard is not None:
-                raise UsageError("shards: the distribution arms (temperature > 0) run unsharded only")
-            self.arm_total += 2 * sum(p.draft is not None for p in self.job.pairings)
+        if self.job.distribution is not None and self.shard is not None:
+            raise UsageError("shards: the distribution arms (temperature > 0) run unsharded only")
+        # planned once: the count, the shard plan and the arms each pairing runs are the same arms
+        pairings = [PairingRun(self, p, load_profile(p.profile)) for p in self.job.pairings]
+        full = [(pr.pairing.name, [(a.name, a.kind) for a in pr.arms]) for pr in pairings]
+        self.arm_total = sum(len(pr.arms) for pr in pairings)
         report = ServedReport([], self.job.to_dict())
         keep: dict[str, list[str]] | None = None
         if self.shard is not None:
@@ -168,11 +170,10 @@ class ServedRun:
             report.shard = {"index": self.shard.index, "count": self.shard.count,
                             "plan": {name: [a for a, _ in arms] for name, arms in full}, "arms": keep}
         with self.observer.part(ARMS_PART, total=self.arm_total):
-            for p, prof in plans:
-                if keep is not None and p.name not in keep:
+            for pr in pairings:
+                if keep is not None and pr.pairing.name not in keep:
                     continue
-                pr = PairingRun(self, p, prof)
-                report.pairings.append(pr.run(None if keep is None else keep.get(p.name, [])))
+                report.pairings.append(pr.run(None if keep is None else keep[pr.pairing.name]))
         report.wall_seconds = time.perf_counter() - t0
         return report
 
@@ -212,7 +213,25 @@ class PairingRun:
         self.reference: dict[str, str] = {}  # request id -> classic decode's text sha256
         self._prompt_ids: dict[str, list[int]] = {}
         self.findings: list[str] = []
-        self.dtype = _dtype(pairing.target)
+        config = _config(pairing.target)
+        self.dtype = _dtype(config)
+        # the target ships its own model code: servers and reproductions need trust_remote_code for it
+        self.own_code = "model_file" in config
+        self.arms, self.width_mode = plan_arms(self.job, profile, pairing.draft is not None, self._self_drafts())
+        if not profile.exercised:
+            self.findings.append(f"profile {profile.name} {NOT_EXERCISED}")
+            log.warning("profile %s %s", profile.name, NOT_EXERCISED)
+
+    def _self_drafts(self) -> bool:
+        """Whether the target can be its own drafter on this profile (a finding says why not)."""
+        if not self.profile.draft_argv:
+            return False
+        if self.own_code and "draft" not in self.profile.witness:
+            # the target as its own drafter is loaded unwrapped, and servers load drafters without trust_remote_code
+            self.note_once(f"no self-draft arm: {self.profile.name}'s server loads a drafter without"
+                           " trust_remote_code, and this target ships its own model_file")
+            return False
+        return True
 
     # -- the pairing ---------------------------------------------------------------------------
     def prepare(self) -> str | None:
@@ -245,40 +264,37 @@ class PairingRun:
         self.target = engine.prepare_checkpoint(self.target, "target")
         if self.draft is not None:
             self.draft = engine.prepare_checkpoint(self.draft, "draft")
-        if self.profile.draft_argv:
+        if any(a.draft == Drafter.TARGET for a in self.arms):
             # the target as its own drafter: unwrapped (servers load drafters without trust_remote_code)
-            own_code = "model_file" in (Path(self.pairing.target) / "config.json").read_text()
-            if own_code and "draft" not in self.profile.witness:
-                self.note_once(f"no self-draft arm: {self.profile.name}'s server loads a drafter without"
-                               " trust_remote_code, and this target ships its own model_file")
-            else:
-                self.self_draft = engine.prepare_checkpoint(self.pairing.target, "draft")
+            self.self_draft = engine.prepare_checkpoint(self.pairing.target, "draft")
         return None
+
+    def drafter(self, plan: ArmPlan) -> str | None:
+        """The checkpoint ``plan``'s server loads as its drafter, as prepared (None: no drafter)."""
+        if plan.draft == Drafter.TARGET:
+            return self.self_draft
+        return self.draft if plan.draft == Drafter.DRAFT else None
 
     @property
     def replay_model(self) -> tuple[str, bool]:
         """The checkpoint a printed reproduction loads, and whether it needs --trust-remote-code."""
-        needs_code = "model_file" in (Path(self.pairing.target) / "config.json").read_text()
-        return self.pairing.target, self.pairing.trust_remote_code or needs_code
+        return self.pairing.target, self.pairing.trust_remote_code or self.own_code
 
     def run(self, only: list[str] | None) -> PairingResult:
         """Every arm of the pairing (``only``: these arm names), judged; the distribution arms last."""
         p = self.pairing
-        res = PairingResult(p.name, self.profile.name, p.target, p.draft)
+        res = PairingResult(p.name, self.profile.name, p.target, p.draft, width_mode=self.width_mode)
         why = self.prepare()
         if why:
             res.verdict, res.reason = Verdict.ERROR, why
             return res
-        if not self.profile.exercised:
-            res.findings.append(f"profile {self.profile.name} {NOT_EXERCISED}")
-            self.run_.note(f"profile {self.profile.name} {NOT_EXERCISED}")
-        arms, res.width_mode = plan_arms(self.job, self.profile, self.draft, self.self_draft)
-        if only is not None:
-            arms = [a for a in arms if a.name in only]
+        planned = [a for a in self.arms if only is None or a.name in only]
+        arms = [a for a in planned if a.kind != ArmKind.DISTRIBUTION]
+        dist = [a for a in planned if a.kind == ArmKind.DISTRIBUTION]
         baseline: dict[str, Completion] = {}
         try:
             if arms:  # the reference's worker loads while the first server starts
-                self.oracle([str(a) for a in self.new_session(arms[0]).history.argv])
+                self.oracle([str(a) for a in self.server_argv(arms[0])])
             for i, plan in enumerate(arms):
                 self.run_.arm_started(p.name, plan.name)
                 arm = self.run_arm(plan, baseline, keep=any(a.server_key == plan.server_key for a in arms[i + 1:]))
@@ -286,10 +302,10 @@ class PairingRun:
                     baseline = {r.id: r.completion for r in arm.requests}
                 res.arms.append(arm)
                 self.run_.arm_finished(res, arm)
-            if self.job.distribution is not None and self.draft is not None:
+            if dist:
                 from specparity.harness.distribution import run_distribution
 
-                for arm in run_distribution(self):
+                for arm in run_distribution(self, dist):
                     res.arms.append(arm)
                     self.run_.arm_finished(res, arm)
         finally:
@@ -307,20 +323,30 @@ class PairingRun:
         return res
 
     # -- sessions ------------------------------------------------------------------------------
-    def new_session(self, plan: ArmPlan) -> Session:
-        """A server for ``plan`` (not started): argv from the profile, env, log and witness files."""
+    def server_dir(self, plan: ArmPlan) -> Path:
+        """The folder the record keeps for ``plan``'s server (an engine's own diagnostics)."""
+        return self.work / f"server-{plan.server_key}"
+
+    def server_argv(self, plan: ArmPlan) -> list[str]:
+        """The argv ``plan``'s server starts with ({port} still to fill); no side effect."""
         profile = self.profile
         # the pairing's drafter: an engine that always loads one ({draft_model} in argv) has it in every arm
         argv = profile.render(profile.argv, model=self.target, python=self.python, draft_model=self.draft)
-        w = plan.server_width
-        if plan.draft is not None and w is not None:
-            argv += profile.render(profile.draft_argv, draft_model=plan.draft, num_draft=w.setting, width=w.rows,
+        w, draft = plan.server_width, self.drafter(plan)
+        if draft is not None and w is not None:
+            argv += profile.render(profile.draft_argv, draft_model=draft, num_draft=w.setting, width=w.rows,
                                    python=self.python)
         if self.trust:
             argv += profile.trust_remote_code_argv
-        server_dir = self.work / f"server-{plan.server_key}"
-        argv += self.engine.extra_argv(plan.draft is not None, server_dir)
+        argv += self.engine.extra_argv(draft is not None, self.server_dir(plan))
         argv += self.job.extra_args.get("*", []) + self.job.extra_args.get(plan.name, [])
+        return argv  # ArgTemplate items kept: the lifecycle fills {port} in them
+
+    def new_session(self, plan: ArmPlan) -> Session:
+        """A server for ``plan`` (not started): argv from the profile, env, log and a fresh witness file."""
+        profile = self.profile
+        argv = self.server_argv(plan)
+        server_dir = self.server_dir(plan)
         witness = self.work / f"witness-{plan.server_key}.log"
         witness.unlink(missing_ok=True)
         env: dict[str, str | None] = {**self.server_env, **self.job.env, **plan.env, WITNESS_ENV: str(witness)}
@@ -413,9 +439,15 @@ class PairingRun:
 
             target, trust = self.replay_model
             self.run_.note("  starting the classic reference (classic decode in process)")
+            from specparity.harness.reproduce import SPECPARITY_SERVE_LOOP
+            from specparity.probes.replay.sequence import LOOP
+
+            # mlx_lm.server (and specparity serve, its batch loop kept) batch what they can; another loop's
+            # classic path is its sequential one (dflash serve: mlx_lm.server's _serve_single)
             self._oracle = Oracle(target, trust, self.python, self.server_env,
                                   ServerSettings.from_argv([str(a) for a in argv]),
-                                  timeout=max(self.run_.request_timeout, 60.0))
+                                  timeout=max(self.run_.request_timeout, 60.0),
+                                  batches=self.profile.loop in (LOOP, SPECPARITY_SERVE_LOOP))
             self._oracle.spawn()
         return self._oracle
 
@@ -525,9 +557,9 @@ class PairingRun:
 
     def _original_draft(self, plan: ArmPlan) -> str | None:
         """The drafter checkpoint an arm ran, as the user gave it (no witness wrapper, no export)."""
-        if not plan.drafts:
-            return None
-        return self.pairing.target if plan.kind == ArmKind.SELF_DRAFT else self.pairing.draft
+        if plan.draft == Drafter.TARGET:
+            return self.pairing.target
+        return self.pairing.draft if plan.draft == Drafter.DRAFT else None
 
     def reproduction(self, session: Session, index: int, plan: ArmPlan, r: RequestResult,
                      ex: Exchange) -> dict[str, Any]:
@@ -551,15 +583,16 @@ class PairingRun:
     # -- one arm -------------------------------------------------------------------------------
     def too_wide(self, plan: ArmPlan) -> str | None:
         """Why the engine cannot run ``plan``'s width with its drafter (None: it can): never clamped."""
-        if plan.draft is None or plan.width is None:
+        draft = self.drafter(plan)
+        if draft is None or plan.width is None:
             return None
-        limit = self.engine.max_width(plan.draft)
+        limit = self.engine.max_width(draft)
         if limit is None or plan.width.rows <= limit:
             return None
         if limit < 2:
-            return f"{self.profile.name} cannot draft with {plan.draft}: not a drafter its engine takes"
+            return f"{self.profile.name} cannot draft with {draft}: not a drafter its engine takes"
         return (f"{plan.width.describe()} is wider than the {limit} rows {self.profile.name} verifies with drafter"
-                f" {plan.draft}: not run (the engine would clamp it)")
+                f" {draft}: not run (the engine would clamp it)")
 
     def run_arm(self, plan: ArmPlan, baseline: dict[str, Completion], keep: bool) -> ArmResult:
         """Start (or reuse) the arm's server, send its sequence, judge each answer."""

@@ -16,9 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from specparity.errors import UsageError
-
-BASELINE_KIND = "baseline"
+from specparity.errors import InputError
+from specparity.harness.plan import ArmKind
 
 
 @dataclass(frozen=True)
@@ -32,18 +31,18 @@ class Shard:
         return f"{self.index}/{self.count}"
 
 
-def parse_shard(text: str, flag: str = "--shard") -> Shard:
-    """``"2/4"`` -> Shard(2, 4); anything else is a UsageError naming the flag and value."""
+def parse_shard(text: str) -> Shard:
+    """``"2/4"`` -> Shard(2, 4); anything else is an InputError naming ``shard`` and the value."""
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
     if not m:
-        raise UsageError(f"{flag} {text!r}: expected i/n, e.g. 1/2")
+        raise InputError("shard", f"{text!r}: expected i/n, e.g. 1/2")
     i, n = int(m.group(1)), int(m.group(2))
     if n < 1 or not 1 <= i <= n:
-        raise UsageError(f"{flag} {text}: need 1 <= i <= n")
+        raise InputError("shard", f"{text}: need 1 <= i <= n")
     return Shard(i, n)
 
 
-def split(plans: list[tuple[str, list[tuple[str, str]]]], shard: Shard) -> dict[str, list[str]]:
+def split(plans: list[tuple[str, list[tuple[str, ArmKind]]]], shard: Shard) -> dict[str, list[str]]:
     """Which arms ``shard`` runs, per pairing.
 
     plans: (pairing name, [(arm name, arm kind), ...] in run order) for every pairing of the job.
@@ -54,15 +53,15 @@ def split(plans: list[tuple[str, list[tuple[str, str]]]], shard: Shard) -> dict[
     k = 0
     for pairing, arms in plans:
         mine = set()
-        if all(kind == BASELINE_KIND for _, kind in arms) and shard.index == 1:
+        if all(kind == ArmKind.BASELINE for _, kind in arms) and shard.index == 1:
             out[pairing] = [name for name, _ in arms]  # baselines only: shard 1 runs them
             continue
         for name, kind in arms:
-            if kind == BASELINE_KIND:
+            if kind == ArmKind.BASELINE:
                 continue
             if k % shard.count == shard.index - 1:
                 mine.add(name)
             k += 1
         if mine:
-            out[pairing] = [name for name, kind in arms if kind == BASELINE_KIND or name in mine]
+            out[pairing] = [name for name, kind in arms if kind == ArmKind.BASELINE or name in mine]
     return out

@@ -26,7 +26,7 @@ from typing import Any
 
 from specparity.errors import InputError
 from specparity.harness.plan import BASELINE_START
-from specparity.records.served import ServedRecord, read_served
+from specparity.records.served import ServedRecord
 from specparity.verdicts import Verdict, combine
 
 # XML 1.0 forbids these code points even escaped: a completion may carry them
@@ -163,7 +163,3 @@ def write_junit(sr: ServedRecord, out: str | Path) -> JunitSummary:
         raise InputError("out", f"{out}: {err.strerror or err}") from None
     return JunitSummary(path, int(xml.tests), int(xml.failures), int(xml.errors), int(xml.skipped))
 
-
-def record_to_junit(record: str | Path, out: str | Path) -> JunitSummary:
-    """A served record (its .md, data/<name>/ or report.json) -> JUnit XML at ``out``."""
-    return write_junit(read_served(record), out)

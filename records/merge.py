@@ -21,15 +21,15 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from specparity.errors import UsageError
+from specparity.errors import Name, UsageError
 from specparity.records.record import RecordSink
-from specparity.records.served import ARMS, SERVERS_DIR, ServedRecord, read_served, request_stem, served_markdown
+from specparity.records.served import ARMS, SERVERS_DIR, ServedRecord, read_served, served_markdown, write_arm
 from specparity.verdicts import Verdict
 
 if TYPE_CHECKING:
-    from specparity.harness.results import ServedReport
+    from specparity.harness.results import ArmResult, ServedReport
 
 IDENTITY_KEYS = ("specparity", "git_commit", "mlx", "mlx_lm", "python", "device", "platform", "env", "job")
 
@@ -42,7 +42,7 @@ def read_shard(path: str | os.PathLike[str]) -> ServedRecord:
     """A complete ``served --shard`` record, or a UsageError naming ``path``."""
     s = read_served(path)
     if not s.shard:
-        raise UsageError(f"{path}: not a shard (recorded without --shard)")
+        raise UsageError(f"{path}: not a shard (recorded without ", Name("shard"), ")")
     return s
 
 
@@ -84,13 +84,10 @@ def check_shards(shards: list[ServedRecord]) -> None:
                          f" (have {', '.join(f'{i}/{count}' for i in sorted(seen))})")
 
 
-ArmLines = list[tuple[str, dict[str, Any], list[dict[str, Any]]]]
-
-
-def merge_shards(shards: list[ServedRecord]) -> tuple[ServedReport, ArmLines]:
-    """The merged ServedReport, and the JSONL lines in the unsharded run's order: (pairing, arm line, requests)."""
+def merge_shards(shards: list[ServedRecord]) -> tuple[ServedReport, list[tuple[str, ArmResult]]]:
+    """The merged ServedReport, and each arm as its shard wrote it (before the pairing was judged
+    again), in the unsharded run's order: (pairing, arm)."""
     from specparity.harness.judge import judge_pairing
-    from specparity.harness.plan import WidthMode
     from specparity.harness.results import PairingResult, ServedReport
 
     check_shards(shards)
@@ -98,16 +95,17 @@ def merge_shards(shards: list[ServedRecord]) -> tuple[ServedReport, ArmLines]:
     plan: dict[str, list[str]] = shards[0].shard["plan"]
     report = ServedReport([], shards[0].summary["job"],
                           wall_seconds=max(float(s.summary.get("wall_seconds") or 0.0) for s in shards))
-    lines: ArmLines = []
+    written: list[tuple[str, ArmResult]] = []
     for pname, order in plan.items():
         runners = [s for s in shards if pname in s.shard["arms"]]
         if not runners:
             continue
         meta = runners[0].pairing_summary(pname) or {}
-        res = PairingResult(pname, meta["profile"], meta["target"], meta.get("draft"),
-                            width_mode=WidthMode(meta.get("width_mode") or WidthMode.PROCESS),
-                            reference={k: v for s in runners for k, v in ((s.pairing_summary(pname) or {})
-                                                                          .get("reference") or {}).items()})
+        # the pairing as the first shard recorded it, less what the merge judges again from every shard's arms
+        res = PairingResult.from_dict({**meta, "name": pname, "verdict": Verdict.NOT_RUN, "reason": "",
+                                       "findings": [], "arms": [], "reference_cost": None})
+        res.reference = {k: v for s in runners for k, v in ((s.pairing_summary(pname) or {})
+                                                            .get("reference") or {}).items()}
         base_digests: dict[str, dict[str, int]] = {}
         for arm_name in order:
             owners = [s for s in runners if arm_name in s.shard["arms"][pname]]
@@ -118,7 +116,7 @@ def merge_shards(shards: list[ServedRecord]) -> tuple[ServedReport, ArmLines]:
                 base_digests.setdefault(arm_name, {}).setdefault(a["digest"], _index(s))
             s, line = found[0]
             res.arms.append(s.arm_result(pname, line))
-            lines.append((pname, line, s.requests(pname, arm_name)))
+            written.append((pname, s.arm_result(pname, line)))  # its own copy: judging the pairing changes res's
         costs = [c for c in ((s.pairing_summary(pname) or {}).get("reference_cost") for s in runners) if c]
         if costs:  # every shard ran its own classic reference: the merged record says what all of them cost
             res.reference_cost = {k: sum(c.get(k) or 0 for c in costs) for k in costs[0]}
@@ -131,7 +129,7 @@ def merge_shards(shards: list[ServedRecord]) -> tuple[ServedReport, ArmLines]:
                                       for arm, d in split.items())
                           + "): classic decode is not reproducible across processes")
         report.pairings.append(res)
-    return report, lines
+    return report, written
 
 
 def merge_records(paths: list[str], out_dir: str | os.PathLike[str],
@@ -141,20 +139,18 @@ def merge_records(paths: list[str], out_dir: str | os.PathLike[str],
     Returns (the merged ServedReport, the record's markdown path).
     """
     shards = [read_shard(p) for p in paths]
-    report, lines = merge_shards(shards)
+    report, written = merge_shards(shards)
     shards.sort(key=_index)
     ident = {**shards[0].identity,
              "shards": [{"index": _index(s), "count": s.shard["count"], "record": s.path,
                          "host": s.identity.get("host")} for s in shards]}
     with RecordSink(out_dir, "served", shards[0].record.title, ident, argv=argv, slug="served") as sink:
-        for pname, arm, reqs in lines:
-            sink.append(ARMS, arm)
-            for r in reqs:
-                sink.append(request_stem(pname, arm["name"]), r)
-            sink.timing(f"{pname}/{arm['name']}", float(arm.get("seconds") or 0.0))
+        for pname, arm in written:
+            write_arm(sink.append, pname, arm)
+            sink.timing(f"{pname}/{arm.name}", arm.seconds)
         assert sink.writer is not None
         for s in shards:
-            src = Path(s.record.path).parent / "data" / s.record.name / SERVERS_DIR
+            src = s.record.data_dir / SERVERS_DIR
             if src.is_dir():
                 shutil.copytree(src, sink.writer.data_dir / SERVERS_DIR / f"shard{_index(s)}")
         path = sink.finish(report, served_markdown(report, sink))

@@ -95,6 +95,11 @@ class Record:
     def is_complete(self) -> bool:
         return self.status == COMPLETE
 
+    @property
+    def data_dir(self) -> Path:
+        """The record's data directory (``<dir>/data/<name>/``), from where it lives."""
+        return Path(self.path).parent / "data" / self.name
+
 
 def _now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -249,11 +254,14 @@ def read_record(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[s
       before report.json, which reads as status ``unknown``): FileNotFoundError;
     - a file that is not what its writer writes (report.json not an object, a field of the
       wrong type, a line whose ``verdict`` is not a word, a file that is a symlink out
-      of the record, text that is not UTF-8): a UsageError naming the file.
+      of the record, text that is not UTF-8): a UsageError naming the file; a data
+      directory that is itself a symlink: a UsageError naming it.
 
     A JSONL line cut short by a crash (not JSON, or not an object) is skipped: it never finished.
     """
     data = _data_dir(Path(path))
+    if data.is_symlink():  # the record's own folder, elsewhere: nothing in it is the record's
+        raise UsageError(f"{data}: a link out of the record (to {data.resolve()}): not read")
     root = data.resolve()
     report = data / REPORT_FILE
     if report.exists() or report.is_symlink():

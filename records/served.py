@@ -9,19 +9,19 @@ A served record is a record (records.record) whose data directory holds:
     chart-<pairing>.svg         first divergence by width (records.chart)
     servers/<pairing>/...       the servers' logs and witness files
 
-``specparity served`` and ``records merge`` write it through :func:`write_arm`
-and :func:`served_markdown`; ``records show / compare / merge / junit`` read it
+``specparity served`` and ``records merge`` write it through :func:`served_identity`,
+:func:`write_arm` and :func:`served_markdown`; ``records show / compare / merge / junit`` read it
 through :func:`read_served`. Nothing here imports the runner or mlx.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specparity.errors import UsageError
+from specparity.errors import SpecparityError, UsageError
 from specparity.records.record import REPORT_FILE, Record, read_complete, read_record
 from specparity.records.writer import slugify
 from specparity.schema import (
@@ -41,8 +41,8 @@ from specparity.schema import (
 )
 
 if TYPE_CHECKING:
-    from specparity.harness.results import ArmResult, PairingResult, ServedReport
-    from specparity.progress import Observer
+    from specparity.harness.config import Job
+    from specparity.harness.results import ArmResult, ServedReport
     from specparity.records.record import RecordSink
 
 KIND = "served"
@@ -59,15 +59,41 @@ def chart_name(pairing: str) -> str:
     return f"chart-{slugify(pairing)}.svg"
 
 
-def arm_line(pairing: PairingResult, arm: ArmResult) -> dict[str, Any]:
-    return {"pairing": pairing.name, **arm.to_dict()}
+def write_arm(append: Callable[[str, dict[str, Any]], None], pairing: str, arm: ArmResult) -> None:
+    """One finished arm of ``pairing`` into the record: its line in arms.jsonl, then its requests' lines.
 
-
-def write_arm(observer: Observer, pairing: PairingResult, arm: ArmResult) -> None:
-    """One finished arm into the record: its line in arms.jsonl, then its requests' lines."""
-    observer.result(ARMS, arm_line(pairing, arm))
+    append: (JSONL stem, line) -> None, e.g. an observer's ``result`` or a sink's ``append``.
+    """
+    append(ARMS, {"pairing": pairing, **arm.to_dict()})
     for r in arm.requests:
-        observer.result(request_stem(pairing.name, arm.name), r.to_dict())
+        append(request_stem(pairing, arm.name), r.to_dict())
+
+
+def served_identity(job: Job) -> dict[str, Any]:
+    """What a served record's identity.json adds to the host's: the job as run, each pairing's
+    target and drafter fingerprint digests (what ``records compare`` sets side by side), and the
+    pinned environment each pairing's servers run in (its pins and installed packages)."""
+    from specparity.checkpoint import fingerprint
+    from specparity.environments import find_environment
+    from specparity.harness.profiles import load_profile
+
+    def digest(path: str | None) -> str | None:
+        if path is None:
+            return None
+        try:
+            return fingerprint(path).digest
+        except (SpecparityError, OSError):
+            return None  # the run itself names a missing or broken checkpoint
+
+    environments: dict[str, Any] = {}
+    for p in job.pairings:
+        ref = p.environment or load_profile(p.profile).environment
+        env = find_environment(ref) if ref is not None else None
+        if env is not None:
+            environments[p.name] = env.identity()
+    return {"job": job.to_dict(),
+            "models": {p.name: {"target": digest(p.target), "draft": digest(p.draft)} for p in job.pairings},
+            "environments": environments}
 
 
 def served_markdown(report: ServedReport, sink: RecordSink) -> list[str]:
@@ -185,22 +211,10 @@ class ServedRecord:
         return out
 
     def report(self) -> ServedReport:
-        """The complete record's ServedReport, rebuilt from its lines."""
-        from specparity.harness.results import PairingResult, ServedReport
-        from specparity.harness.plan import WidthMode
-        from specparity.verdicts import Verdict
+        """The complete record's ServedReport, rebuilt from its summary and request lines."""
+        from specparity.harness.results import ServedReport
 
-        rep = ServedReport([], dict(self.summary.get("job") or {}), float(self.summary.get("wall_seconds") or 0.0),
-                           self.summary.get("shard"))
-        for p in self.summary.get("pairings") or []:
-            res = PairingResult(p["name"], str(p.get("profile")), str(p.get("target")), p.get("draft"),
-                                Verdict(p["verdict"]),
-                                str(p.get("reason") or ""), findings=list(p.get("findings") or []),
-                                width_mode=WidthMode(p.get("width_mode") or WidthMode.PROCESS),
-                                reference=dict(p.get("reference") or {}), reference_cost=p.get("reference_cost"))
-            res.arms = [self.arm_result(res.name, a) for a in p.get("arms") or []]
-            rep.pairings.append(res)
-        return rep
+        return ServedReport.from_dict(self.summary, self.requests)
 
 
 def _schemas() -> tuple[Check, Check, Check]:
@@ -254,7 +268,7 @@ def check_served(record: Record, rows: dict[str, list[dict[str, Any]]]) -> None:
     """The summary and every line as ``served`` writes them; a UsageError names the file and entry
     (a report.json of the wrong shape, an arm line without ``verdict``, ...)."""
     summary, arm, request = _schemas()
-    data = Path(record.path).parent / "data" / record.name
+    data = record.data_dir
     if record.summary is not None:
         check(record.summary, summary, f"{data / REPORT_FILE}: summary")
     for stem, lines in rows.items():

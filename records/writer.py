@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.errors import InputError
+from specparity.inputs import expand_user
 
 
 def slugify(s: str) -> str:
@@ -32,7 +33,7 @@ class RecordWriter:
     """
 
     def __init__(self, record_dir: str | os.PathLike, slug: str, identity: dict[str, Any]):
-        root = Path(record_dir).expanduser()
+        root = expand_user(record_dir, "record-dir")
         if root.exists() and not root.is_dir():
             raise InputError("record-dir", f"{record_dir}: exists and is not a directory")
         try:

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import CheckpointError, UsageError, first_line
+from specparity.errors import CheckpointError, Name, UsageError, first_line
+from specparity.inputs import expand_user
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def resolve_model_dir(path: str | os.PathLike, flag: str = "--model") -> Path:
     """The checkpoint directory, or a one-line UsageError naming ``flag`` and what is wrong."""
     if str(path).strip() == "":
         raise UsageError(f"{flag} {str(path)!r}: empty path")
-    p = Path(path).expanduser()
+    p = expand_user(path, flag)
     if not p.exists():
         raise UsageError(f"{flag} {path}: no such file or directory")
     if not p.is_dir():
@@ -173,7 +174,7 @@ def adapter_digest(path: str | os.PathLike) -> str:
 
     A gate verdict probed on a model with an adapter applied holds for that adapter only.
     """
-    p = Path(path).expanduser()
+    p = expand_user(path, "adapter")
     files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
     memo: dict[str, Any] = {}
     h = hashlib.sha256()
@@ -206,7 +207,7 @@ def load_checkpoint(path: str | os.PathLike, trust_remote_code: bool = False,
     cfg = read_config(d)
     code = remote_code(d, cfg)
     if code and not trust_remote_code:
-        raise UsageError(f"{flag} {path}: {code}; pass --trust-remote-code to run it")
+        raise UsageError(f"{flag} {path}: {code}; pass ", Name("trust-remote-code"), " to run it")
     fp = fingerprint(d, flag)
     import inspect
 

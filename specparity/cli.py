@@ -15,7 +15,7 @@ import click
 
 from specparity import __version__, inputs
 from specparity.errors import (
-    EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, InputError, SpecparityError, Terminated, first_line,
+    EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, SpecparityError, Terminated, first_line,
 )
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
@@ -70,9 +70,12 @@ def _module_exists(name: str) -> bool:
               help="Most tokens decoded past the prompt (depth, walk, replayed or generated tokens).")
 @click.option("--max-samples", type=click.IntRange(min=1), default=inputs.DEFAULT_MAX_SAMPLES, show_default=True,
               envvar="SPECPARITY_MAX_SAMPLES", help="Most Monte-Carlo draws (dist, accept).")
+@click.option("--max-items", type=click.IntRange(min=1), default=inputs.DEFAULT_MAX_ITEMS, show_default=True,
+              envvar="SPECPARITY_MAX_ITEMS",
+              help="Most entries of one list in a served job file (pairings, controls, prompts, sequence, stop).")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, verbose: bool, max_width: int, max_positions: int,
-        max_samples: int) -> None:
+        max_samples: int, max_items: int) -> None:
     """Prove or disprove that a speculative-decoding path is exactly classic decode.
 
     \b
@@ -86,7 +89,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool, max_width: int, max_posi
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-    inputs.set_limits(inputs.Limits(max_width, max_positions, max_samples))
+    inputs.set_limits(inputs.Limits(max_width, max_positions, max_samples, max_items))
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(name)s: %(message)s",
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     except SpecparityError as err:
         _traceback(debug)
         # a library names a bad input in its own terms; on the command line it is the flag
-        message = err.as_flag() if isinstance(err, InputError) else str(err)
+        message = err.as_flag()
         click.echo(f"Error: {first_line(message)}", err=True)
         code = err.exit_code
     except click.exceptions.Abort as err:

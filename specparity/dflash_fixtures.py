@@ -194,6 +194,23 @@ class DFlashFixtureInfo:
     def from_dict(cls, d: dict[str, Any]) -> DFlashFixtureInfo:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
+    def differs(self, **asked: Any) -> dict[str, tuple[Any, Any]]:
+        """The build arguments among ``asked`` this fixture was built with otherwise: name -> (built, asked)."""
+        return {k: (getattr(self, k), v) for k, v in asked.items() if getattr(self, k) != v}
+
+
+class FixtureMismatch(UsageError):
+    """A DFlash fixture already at ``out`` was built with other arguments than the ones asked.
+
+    differs: argument name (``block_size``, ``dtype``...) -> (what it was built with, what was asked).
+    """
+
+    def __init__(self, out: Path, differs: dict[str, tuple[Any, Any]]):
+        self.out, self.differs = out, differs
+        said = ", ".join(f"{k} {built!r} (asked {want!r})" for k, (built, want) in differs.items())
+        super().__init__(f"{out} holds a DFlash fixture built with {said}: build into another directory,"
+                         " or pass overwrite=True to rebuild it")
+
 
 def target_config(shape: str, dtype: str, tied: bool) -> dict[str, Any]:
     """The target's config.json (mlx-lm ``qwen3_5`` or ``qwen3``) for ``shape``."""
@@ -370,25 +387,33 @@ def build_dflash_pair(
     The drafter is fitted until each kind of block (full, partial, zero-accept)
     is at least ``balance`` of the rounds on the fit prompts; ``balance=0``
     stops at the first checkpoint where all three occur (a few seconds: the
-    tests' pairs). An existing fixture at ``out`` is returned as it is unless
-    ``overwrite``.
+    tests' pairs). An existing fixture at ``out`` built with these arguments is
+    returned as it is unless ``overwrite``; one built with others is refused
+    (:class:`FixtureMismatch`, naming each argument that differs), never returned
+    in their place. ``accept_mix["spread"]`` is false for a fit that stopped
+    at the step cap before all three kinds of block occurred.
     """
-    import mlx.core as mx
-
-    from specparity.fixture_models.dflash_draft import DraftArgs
-    from specparity.fixtures import VOCAB_SIZE, build_tokenizer, instantiate, model_params, publishing
-    from specparity.prompts import DEFAULT_PROMPTS
-
     out = Path(out)
     if out.exists() and not overwrite:
         marker = out / "fixture.json"
         if marker.exists():
             data = json.loads(marker.read_text())
             if data.get("kind") == "dflash":
-                return DFlashFixtureInfo.from_dict(data)
+                found = DFlashFixtureInfo.from_dict(data)
+                differs = found.differs(shape=shape, block_size=block_size, dtype=dtype, tied=bool(tied),
+                                        seed=seed, balance=balance)
+                if differs:
+                    raise FixtureMismatch(out, differs)
+                return found
         raise UsageError(f"{out} exists and is not a specparity DFlash fixture: choose another DIR")
     if block_size not in BLOCK_SIZES:
         raise UsageError(f"block size {block_size}: DFlash fixtures use {' or '.join(map(str, BLOCK_SIZES))}")
+    import mlx.core as mx
+
+    from specparity.fixture_models.dflash_draft import DraftArgs
+    from specparity.fixtures import VOCAB_SIZE, build_tokenizer, instantiate, model_params, publishing
+    from specparity.prompts import DEFAULT_PROMPTS
+
     config = target_config(shape, dtype, tied)
     out.parent.mkdir(parents=True, exist_ok=True)
     with publishing(out) as tmp:
@@ -433,14 +458,27 @@ def build_dflash_pair(
     return info
 
 
-def dflash_fixture_name(shape: str, block_size: int, dtype: str, tied: bool) -> str:
-    return f"dflash-{shape}-b{block_size}-{dtype}-{'tied' if tied else 'untied'}"
+def dflash_fixture_name(shape: str, block_size: int, dtype: str, tied: bool, balance: float = BALANCE) -> str:
+    """A pair's directory name, from every argument it was built with (the default balance left unsaid)."""
+    name = f"dflash-{shape}-b{block_size}-{dtype}-{'tied' if tied else 'untied'}"
+    return name if balance == BALANCE else f"{name}-balance{balance:g}"
 
 
-def dflash_pair(shape: str = "qwen3_5", block_size: int = 16, dtype: str = "float32",
-                tied: bool = False) -> DFlashFixtureInfo:
-    """A DFlash fixture in the shared cache ($SPECPARITY_HOME/fixtures), built on first use."""
+# the default pair of `--engine dflash-mlx` without --model: the gated-delta hybrid in a shape the engine
+# runs (the published head ratios do not), with a head mlx-lm 0.31 and 0.32 both give it, its drafter
+# fitted until each kind of block is 5% of the rounds (150 steps here; a tenth is never reached, and
+# fitting for it runs all 800 steps to keep the same 150-step drafter)
+DEFAULT_PAIR: dict[str, Any] = {"shape": "qwen3_5-equal-heads", "block_size": 8, "dtype": "float32", "tied": True,
+                                "balance": 0.05}
+DEFAULT_PAIR_NOTE = "qwen3_5-equal-heads, block 8, float32, tied head"
+
+
+def dflash_pair(shape: str = DEFAULT_PAIR["shape"], block_size: int = DEFAULT_PAIR["block_size"],
+                dtype: str = DEFAULT_PAIR["dtype"], tied: bool = DEFAULT_PAIR["tied"],
+                balance: float = DEFAULT_PAIR["balance"]) -> DFlashFixtureInfo:
+    """A DFlash fixture in the shared cache ($SPECPARITY_HOME/fixtures), built on first use (default:
+    :data:`DEFAULT_PAIR`), in a directory named by every argument."""
     from specparity.fixtures import fixtures_home
 
-    return build_dflash_pair(fixtures_home() / dflash_fixture_name(shape, block_size, dtype, tied),
-                             shape=shape, block_size=block_size, dtype=dtype, tied=tied)
+    return build_dflash_pair(fixtures_home() / dflash_fixture_name(shape, block_size, dtype, tied, balance),
+                             shape=shape, block_size=block_size, dtype=dtype, tied=tied, balance=balance)

@@ -11,9 +11,14 @@ identity lists that interpreter's packages.
 Where the environment's interpreter comes from, first found:
 
 1. ``SPECPARITY_<ENGINE>_PYTHON`` (``SPECPARITY_DFLASH_MLX_PYTHON``): an
-   interpreter that has the engine and specparity;
+   interpreter that has the engine and specparity (such as another built
+   environment's: ``specparity env path --python dflash-mlx-mlx-lm-0.32.2``);
 2. :func:`specparity.environments.ensure_environment` (the cached, pinned
    environment per engine, built once).
+
+When that interpreter is a built environment's, the re-run is told which
+(:data:`ENVIRONMENT_VAR`) and its record's identity lists it under
+``environments`` (:func:`running_environment`): name, digest, pins, packages.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 from specparity.errors import InfrastructureError
 
@@ -32,6 +39,8 @@ log = logging.getLogger(__name__)
 ENGINE_MODULES = {"dflash-mlx": "dflash_mlx"}
 # set in a re-run's environment: the re-run must not re-run again
 RERUN_MARK = "SPECPARITY_ENGINE_RERUN"
+# set in a re-run's environment: the directory of the built environment it runs in
+ENVIRONMENT_VAR = "SPECPARITY_ENGINE_ENVIRONMENT"
 
 
 def python_var(engine: str) -> str:
@@ -47,6 +56,8 @@ def importable(engine: str) -> bool:
 def engine_environment(engine: str) -> tuple[str, dict[str, str]]:
     """The interpreter of ``engine``'s environment and the process environment to run specparity there
     (see the module docstring); InfrastructureError if there is none."""
+    from specparity.environments import environment_at, interpreter
+
     var = python_var(engine)
     if os.environ.get(var):
         path = os.environ[var]
@@ -57,11 +68,29 @@ def engine_environment(engine: str) -> tuple[str, dict[str, str]]:
         from specparity.environments import SOURCE_VAR, source_mapping
 
         # an environment specparity built imports this checkout through $SPECPARITY_SOURCE
-        return path, {**os.environ, SOURCE_VAR: json.dumps(source_mapping())}
+        environ = {**os.environ, SOURCE_VAR: json.dumps(source_mapping())}
+        environ.pop(ENVIRONMENT_VAR, None)
+        home = Path(path).absolute().parent.parent
+        if environment_at(home) is not None and interpreter(home).absolute() == Path(path).absolute():
+            environ[ENVIRONMENT_VAR] = str(home)
+        return path, environ
     from specparity.environments import ensure_environment
 
     env = ensure_environment(engine, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
-    return str(env.python), env.environ()
+    return str(env.python), {**env.environ(), ENVIRONMENT_VAR: str(env.path)}
+
+
+def running_environment() -> dict[str, Any]:
+    """``{engine: Environment.identity()}`` of the built environment this process is an engine's re-run in
+    ({}: none), keyed as a served record keys its pairings' (so ``records compare`` sets two versions side
+    by side). Only when this interpreter is that environment's own: a value inherited elsewhere says nothing."""
+    from specparity.environments import environment_at
+
+    where = os.environ.get(ENVIRONMENT_VAR)
+    env = environment_at(where) if where else None
+    if env is None or Path(sys.prefix).resolve() != env.path.resolve():
+        return {}
+    return {os.environ.get(RERUN_MARK) or env.name: env.identity()}
 
 
 def engine_python(engine: str) -> str:

@@ -26,9 +26,10 @@ time, not a copy made at build time: a ``.pth`` hook installs an import finder
 from ``$SPECPARITY_SOURCE`` (see :meth:`Environment.environ`), so one built
 environment serves every checkout and never runs stale code.
 
-Packaged specs (:data:`PACKAGED`): ``mlx-lm-0.31.3``, ``mlx-lm-0.32.2`` and
-``dflash-mlx``. A spec may also be a YAML file (keys as :class:`EnvSpec`) or a
-mapping given inline in a profile.
+Packaged specs (:data:`PACKAGED`): ``mlx-lm-0.31.3``, ``mlx-lm-0.32.2``,
+``dflash-mlx`` and ``dflash-mlx-mlx-lm-0.32.2`` (dflash-mlx in process on mlx-lm
+0.32.2). A spec may also be a YAML file (keys as :class:`EnvSpec`) or a mapping
+given inline in a profile.
 """
 
 from __future__ import annotations
@@ -163,6 +164,13 @@ PACKAGED: dict[str, EnvSpec] = {
         EnvSpec("dflash-mlx", ("dflash-mlx==0.1.8", "mlx-lm==0.31.3", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
                 "dflash-mlx 0.1.8 (dflash serve / generate) on mlx-lm 0.31.3",
                 imports=("mlx_lm", "dflash_mlx", "dflash_mlx.serve")),
+        # the in-process column of mlx-lm 0.32.2: dflash-mlx's generate and its engine API import with it,
+        # its server does not (so no dflash_mlx.serve here)
+        EnvSpec("dflash-mlx-mlx-lm-0.32.2",
+                ("dflash-mlx==0.1.8", "mlx-lm==0.32.2", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
+                "dflash-mlx 0.1.8 in process (dflash generate, no server) on mlx-lm 0.32.2",
+                imports=("mlx_lm", "dflash_mlx", "dflash_mlx.generate", "dflash_mlx.runtime.bundle",
+                         "dflash_mlx.engine.spec_epoch")),
     )
 }
 
@@ -170,7 +178,11 @@ PACKAGED: dict[str, EnvSpec] = {
 def cache_root() -> Path:
     """``$SPECPARITY_ENV_CACHE``, else ``$SPECPARITY_HOME/envs`` (see :func:`specparity.paths.home`)."""
     env = os.environ.get(ENV_CACHE_VAR)
-    return Path(env).expanduser() if env else paths.home() / "envs"
+    if not env:
+        return paths.home() / "envs"
+    from specparity.inputs import expand_user
+
+    return expand_user(env, ENV_CACHE_VAR)
 
 
 def specparity_requirements() -> list[str]:
@@ -336,6 +348,22 @@ def require_environment(ref: str | Mapping[str, Any] | EnvSpec) -> Environment:
         raise InfrastructureError(f"environment {spec.name} is not built: run scripts/build-env {spec.name}"
                                   f" (or specparity env build {spec.name})")
     return env
+
+
+def environment_at(path: str | os.PathLike) -> Environment | None:
+    """The built environment in the directory ``path`` (as its manifest describes it), or None: not one.
+
+    Nothing is run; a directory of any cache, current or stale, is read as it was built."""
+    path = Path(path)
+    try:
+        data = json.loads((path / MANIFEST).read_text())
+        spec = _from_mapping({k: v for k, v in data["spec"].items() if k in _SPEC_KEYS}, str(path / MANIFEST))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UsageError):
+        return None
+    return Environment(spec=spec, path=path, manifest=data)
+
+
+_SPEC_KEYS = ("name", "packages", "description", "imports", "with_specparity")
 
 
 def _read_built(spec: EnvSpec, path: Path) -> Environment | None:
@@ -644,17 +672,11 @@ def list_environments() -> list[Listed]:
     root = cache_root()
     if root.is_dir():
         for d in sorted(root.iterdir()):
-            if d.name.startswith(".") or d.name in current or not (d / MANIFEST).is_file():
+            if d.name.startswith(".") or d.name in current:
                 continue
-            try:
-                data = json.loads((d / MANIFEST).read_text())
-                spec = _from_mapping({k: v for k, v in data["spec"].items()
-                                      if k in ("name", "packages", "description", "imports", "with_specparity")},
-                                     str(d / MANIFEST))
-            except (OSError, ValueError, KeyError, UsageError):
-                continue
-            env = Environment(spec=spec, path=d, manifest=data)
-            rows.append(Listed(spec.name, d.name, PACKAGED.get(spec.name), env, spec.dirname == d.name))
+            env = environment_at(d)
+            if env is not None:
+                rows.append(Listed(env.name, d.name, PACKAGED.get(env.name), env, env.spec.dirname == d.name))
     return rows
 
 

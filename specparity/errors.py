@@ -8,6 +8,10 @@
     +-- InfrastructureError      4  a checkpoint would not load, a server would not start
         +-- CheckpointError      4  the checkpoint exists but mlx-lm cannot load it
 
+A message may name the inputs it is about in library terms (:class:`Name`: ``width``,
+``checkpoint``); ``str(err)`` says those words, and the CLI prints each as the command's flag
+(``--width``, or the flag a command maps it to with :meth:`SpecparityError.flagged`).
+
 The CLI prints ``Error: <message>`` on one line and exits with ``exit_code``;
 anything else is a bug: one line, exit 70 (``EXIT_BUG``, sysexits' EX_SOFTWARE,
 never a verdict's code), and its traceback behind ``--debug``.
@@ -19,6 +23,10 @@ never a verdict's code), and its traceback behind ``--debug``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
 EXIT_OK = 0
 EXIT_DIVERGENT = 1
 EXIT_USAGE = 2
@@ -29,10 +37,62 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: the shell's 128 + SIGINT
 EXIT_TERMINATED = 143  # SIGTERM: the shell's 128 + SIGTERM
 
 
+@dataclass(frozen=True)
+class Name:
+    """An input a message names: ``param`` in library terms; on the command line ``flag`` (None: ``--<param>``)."""
+
+    param: str
+    flag: str | None = None
+
+    def render(self, as_flag: bool) -> str:
+        return (self.flag or f"--{self.param}") if as_flag else self.param
+
+
+E = TypeVar("E", bound="SpecparityError")
+
+
+def _render(parts: tuple[str | Name, ...], as_flag: bool) -> str:
+    return "".join(p.render(as_flag) if isinstance(p, Name) else str(p) for p in parts)
+
+
 class SpecparityError(Exception):
-    """A failure the user can act on; ``str(err)`` is the one-line message."""
+    """A failure the user can act on; ``str(err)`` is the one-line message.
+
+    parts: the message as strings and :class:`Name` s, the inputs it names (one string, as most are).
+    """
 
     exit_code = EXIT_USAGE
+
+    def __init__(self, *parts: str | Name):
+        self.parts = parts
+        super().__init__(_render(parts, False))
+
+    def as_flag(self) -> str:
+        """The message with each input it names shown as its command-line flag."""
+        return _render(self.parts, True)
+
+    def names(self) -> list[str]:
+        """The inputs the message names, in library terms."""
+        return [p.param for p in self.parts if isinstance(p, Name)]
+
+    def renamed(self: E, params: Mapping[str, str]) -> E:
+        """This error with the inputs it names called otherwise (``params``: old -> new library name),
+        e.g. a resolver's ``checkpoint`` as the caller's ``draft_model``."""
+        return self._with(tuple(replace(p, param=params[p.param]) if isinstance(p, Name) and p.param in params
+                                else p for p in self.parts))
+
+    def flagged(self: E, flags: Mapping[str, str]) -> E:
+        """This error with the inputs it names shown as ``flags`` (library name -> flag) on the command line."""
+        return self._with(tuple(replace(p, flag=flags[p.param]) if isinstance(p, Name) and p.param in flags
+                                else p for p in self.parts))
+
+    def _with(self: E, parts: tuple[str | Name, ...]) -> E:
+        # the same class and attributes, other parts (subclasses take other constructor arguments)
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.parts = parts
+        new.args = (_render(parts, False),)
+        return new
 
 
 class UsageError(SpecparityError):
@@ -50,14 +110,7 @@ class InputError(UsageError):
     def __init__(self, param: str, detail: str):
         self.param = param
         self.detail = detail
-        super().__init__(self._join(param))
-
-    def _join(self, name: str) -> str:
-        return f"{name}{'' if self.detail.startswith((':', ';', ',')) else ' '}{self.detail}"
-
-    def as_flag(self) -> str:
-        """The message with the input named as its command-line flag."""
-        return self._join(f"--{self.param}")
+        super().__init__(Name(param), "" if detail.startswith((":", ";", ",")) else " ", detail)
 
 
 class Inconclusive(SpecparityError):

@@ -7,8 +7,9 @@ of input (a flag, a log, a record), so the class of input is closed once.
 
 Limits a user may legitimately need raised are options of the root command
 (``specparity --max-width N --max-positions N ...``) and environment variables
-(``SPECPARITY_MAX_WIDTH``, ``SPECPARITY_MAX_POSITIONS``, ``SPECPARITY_MAX_SAMPLES``),
-so an in-process caller (a server's ``gate_check``) sees the same limits.
+(``SPECPARITY_MAX_WIDTH``, ``SPECPARITY_MAX_POSITIONS``, ``SPECPARITY_MAX_SAMPLES``,
+``SPECPARITY_MAX_ITEMS``), so an in-process caller (a server's ``gate_check``) sees the
+same limits.
 """
 
 from __future__ import annotations
@@ -17,24 +18,28 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from specparity.errors import InputError, UsageError
+from specparity.errors import InputError, Name, UsageError
 
 # Defaults: far above any real verify block or probe, far below what exhausts a machine.
 DEFAULT_MAX_WIDTH = 1024
 DEFAULT_MAX_POSITIONS = 16384
 DEFAULT_MAX_SAMPLES = 100_000_000
+DEFAULT_MAX_ITEMS = 1024
 
 ENV = {
     "max_width": "SPECPARITY_MAX_WIDTH",
     "max_positions": "SPECPARITY_MAX_POSITIONS",
     "max_samples": "SPECPARITY_MAX_SAMPLES",
+    "max_items": "SPECPARITY_MAX_ITEMS",
 }
 OPTION = {
     "max_width": "--max-width",
     "max_positions": "--max-positions",
     "max_samples": "--max-samples",
+    "max_items": "--max-items",
 }
 
 
@@ -47,11 +52,15 @@ class Limits:
     max_positions: tokens decoded past the prompt (depths, the long walk, replayed
       emitted tokens, generated tokens, tested positions).
     max_samples: Monte-Carlo draws (dist --samples, accept --draws, sweep draws).
+    max_items: entries of one list in a served job file (pairings, controls, prompts or the lines
+      of a prompts_file, sequence, a request parameter's list such as params.stop): each becomes
+      servers, requests or bytes of every request body.
     """
 
     max_width: int = DEFAULT_MAX_WIDTH
     max_positions: int = DEFAULT_MAX_POSITIONS
     max_samples: int = DEFAULT_MAX_SAMPLES
+    max_items: int = DEFAULT_MAX_ITEMS
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -83,10 +92,14 @@ def set_limits(new: Limits | None) -> None:
     _current = new
 
 
+def raise_it(limit: str) -> str:
+    """How a user raises ``limit``: ``(raise it: specparity --max-width N ..., or SPECPARITY_MAX_WIDTH=N)``."""
+    return f"(raise it: specparity {OPTION[limit]} N ..., or {ENV[limit]}=N)"
+
+
 def _above(flag: str, value: Any, n: int, limit: str) -> UsageError:
     cap = getattr(limits(), limit)
-    return UsageError(f"{flag} {value!r}: {n} is above the maximum {cap}"
-                      f" (raise it: specparity {OPTION[limit]} N ..., or {ENV[limit]}=N)")
+    return UsageError(f"{flag} {value!r}: {n} is above the maximum {cap} {raise_it(limit)}")
 
 
 def check_limit(n: int, flag: str, limit: str, value: Any = None) -> int:
@@ -94,6 +107,21 @@ def check_limit(n: int, flag: str, limit: str, value: Any = None) -> int:
     if n > getattr(limits(), limit):
         raise _above(flag, n if value is None else value, n, limit)
     return n
+
+
+def expand_user(path: str | os.PathLike[str], name: str | Name = "") -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded. A user with no home directory here is a
+    UsageError naming ``name`` (the flag or key, or a library :class:`Name` the command shows as its
+    flag; the message starts with the path when empty), not the RuntimeError pathlib raises."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        user = str(path)[1:].split("/", 1)[0]
+        who = f"user {user!r}" if user else "the current user"
+        rest = f"{path}: cannot expand '~{user}': {who} has no home directory here"
+        if isinstance(name, Name):
+            raise UsageError(name, " " + rest) from None
+        raise UsageError(f"{name + ' ' if name else ''}{rest}") from None
 
 
 def check_width(width: int, flag: str = "--width") -> int:

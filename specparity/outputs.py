@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.errors import UsageError
+from specparity.inputs import expand_user
 
 
 def _probe_write(directory: Path) -> str | None:
@@ -40,7 +41,7 @@ def check_record_dir(path: str | os.PathLike | None, flag: str = "--record-dir")
         return None
     if str(path).strip() == "":
         raise UsageError(f"{flag} {str(path)!r}: empty path")
-    p = Path(path).expanduser().absolute()
+    p = expand_user(path, flag).absolute()
     if p.exists() and not p.is_dir():
         raise UsageError(f"{flag} {path}: exists and is not a directory")
     created: list[Path] = []
@@ -79,8 +80,8 @@ def check_new_file(path: str | os.PathLike | None, flag: str, force: bool = Fals
         return None
     if str(path).strip() == "":
         raise UsageError(f"{flag} {str(path)!r}: empty path")
-    p = Path(path).expanduser()
-    for target in [p, *(Path(a).expanduser() for a in also)]:
+    p = expand_user(path, flag)
+    for target in [p, *(expand_user(a, flag) for a in also)]:
         if target.is_dir():
             raise UsageError(f"{flag} {target}: is a directory")
         if (target.exists() or target.is_symlink()) and not force:

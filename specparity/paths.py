@@ -10,7 +10,9 @@ from pathlib import Path
 def home() -> Path:
     env = os.environ.get("SPECPARITY_HOME")
     if env:
-        return Path(env).expanduser()
+        from specparity.inputs import expand_user
+
+        return expand_user(env, "SPECPARITY_HOME")
     if sys.platform == "darwin":
         base = Path.home() / "Library" / "Caches"
     else:

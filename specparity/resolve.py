@@ -8,8 +8,8 @@ One resolver for every command and every role (``--model``, ``--draft-model``):
   mlx-lm resolves it: the local hub cache first (``HF_HUB_CACHE`` /
   ``HF_HOME``), then a download only where the hub is reachable.
 
-Errors are library errors in library terms ("checkpoint ..."); the CLI names
-the flag.
+Errors are library errors in library terms: they name the input ``checkpoint``
+(errors.Name), which a command shows as its flag (``--model``, ``--draft-model``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ import os
 import re
 from pathlib import Path
 
-from specparity.errors import InfrastructureError, UsageError
+from specparity.errors import InfrastructureError, Name, UsageError
+from specparity.inputs import expand_user
 
 log = logging.getLogger(__name__)
+
+# how errors name the input being resolved (a command maps it to --model / --draft-model)
+CHECKPOINT = Name("checkpoint")
 
 # owner/name as the hub spells repo ids (no leading dot or slash, one slash)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -60,7 +64,7 @@ def resolve_checkpoint(spec: str | os.PathLike | None, role: str = "target") -> 
         path = default_target() if role == "target" else default_drafter()
         log.info("using the embedded default %s %s", role, path)
         return path
-    p = Path(spec).expanduser()
+    p = expand_user(spec, CHECKPOINT)
     if p.exists() or not is_repo_id(str(spec)):
         return p  # checkpoint.resolve_model_dir says what is wrong with a bad path
     return _from_hub(str(spec))
@@ -71,7 +75,7 @@ def _from_hub(repo_id: str) -> Path:
         from huggingface_hub import constants, snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError:  # mlx-lm depends on it; only a broken install lacks it
-        raise UsageError(f"checkpoint {repo_id}: no such directory (huggingface_hub is not installed"
+        raise UsageError(CHECKPOINT, f" {repo_id}: no such directory (huggingface_hub is not installed"
                          " to resolve it as a hub id)") from None
     cache = constants.HF_HUB_CACHE
     try:
@@ -82,7 +86,7 @@ def _from_hub(repo_id: str) -> Path:
         log.info("hub cache lookup of %s failed: %s", repo_id, err)
     if constants.HF_HUB_OFFLINE:
         raise InfrastructureError(
-            f"checkpoint {repo_id}: not a local directory and not in the hub cache {cache}"
+            CHECKPOINT, f" {repo_id}: not a local directory and not in the hub cache {cache}"
             " (HF_HUB_OFFLINE is set, so no download was tried)")
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_ALLOW))
@@ -90,8 +94,8 @@ def _from_hub(repo_id: str) -> Path:
         from huggingface_hub.errors import RepositoryNotFoundError
 
         if isinstance(err, RepositoryNotFoundError):
-            raise UsageError(f"checkpoint {repo_id}: no such directory, and no such repository"
+            raise UsageError(CHECKPOINT, f" {repo_id}: no such directory, and no such repository"
                              " on the hub") from err
         raise InfrastructureError(
-            f"checkpoint {repo_id}: not a local directory, not in the hub cache {cache},"
+            CHECKPOINT, f" {repo_id}: not a local directory, not in the hub cache {cache},"
             f" and the hub is unreachable ({type(err).__name__})") from err

@@ -15,8 +15,8 @@ the file, the key path and what was expected::
 
 Files are read through :func:`read_text` (a regular file, bounded size, UTF-8)
 and YAML through :func:`load_yaml` (``yaml.SafeLoader`` with the document's
-expanded size and nesting bounded: an alias bomb is refused before anything
-walks it).
+expanded size, in values and in characters, and its nesting bounded: an alias
+bomb is refused before anything walks it).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from specparity.errors import UsageError
 # bounds on a user's file: far above any real job, profile or record, far below what stalls a machine
 MAX_FILE_BYTES = 4 << 20
 MAX_YAML_NODES = 200_000   # scalars, lists and mappings, every alias expanded
+MAX_YAML_CHARS = MAX_FILE_BYTES  # every scalar's characters, every alias expanded: what the file could hold
 MAX_YAML_DEPTH = 64
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
@@ -176,12 +177,17 @@ class Int(Check):
         if self.hi is not None and value > self.hi:
             raise self.fail(value, path)
         if self.limit is not None:
-            from specparity.inputs import ENV, OPTION, limits
+            _within(value, self.limit, path, f"{value} is")
 
-            cap = getattr(limits(), self.limit)
-            if value > cap:
-                raise Invalid(path, f"{value} is above the maximum {cap}"
-                                    f" (raise it: specparity {OPTION[self.limit]} N ..., or {ENV[self.limit]}=N)")
+
+def _within(n: int, limit: str, path: tuple[Any, ...], what: str) -> None:
+    """``n`` within ``limit`` of specparity.inputs (``max_width``, ``max_items``...), else Invalid
+    saying ``what`` (``5000 is``, ``2000 items are``) and how to raise it."""
+    from specparity.inputs import limits, raise_it
+
+    cap = getattr(limits(), limit)
+    if n > cap:
+        raise Invalid(path, f"{what} above the maximum {cap} {raise_it(limit)}")
 
 
 class Number(Check):
@@ -284,11 +290,12 @@ class AnyOf(Check):
 
 
 class ListOf(Check):
-    """A list of ``item``; ``scalar``: one bare item stands for a list of it."""
+    """A list of ``item``; ``scalar``: one bare item stands for a list of it. ``limit``: its length
+    is within that limit of specparity.inputs (``max_items``), checked before any item."""
 
     def __init__(self, item: Check, min_len: int = 0, max_len: int | None = None, scalar: bool = False,
-                 what: str | None = None):
-        self.item, self.min_len, self.max_len, self.scalar = item, min_len, max_len, scalar
+                 what: str | None = None, limit: str | None = None):
+        self.item, self.min_len, self.max_len, self.scalar, self.limit = item, min_len, max_len, scalar, limit
         self.what = what or f"a list{' (not empty)' if min_len else ''}, each item {item.what}"
 
     def check(self, value: Any, path: tuple[Any, ...]) -> None:
@@ -298,6 +305,8 @@ class ListOf(Check):
             raise self.fail(value, path)
         if len(value) < self.min_len or (self.max_len is not None and len(value) > self.max_len):
             raise self.fail(value, path)
+        if self.limit is not None:
+            _within(len(value), self.limit, path, f"{len(value)} items are")
         for i, v in enumerate(value):
             self.item.check(v, (*path, i))
 
@@ -345,9 +354,13 @@ class Fields(Check):
 
 
 class Json(Check):
-    """A JSON value: strings, finite numbers, true/false, null, lists, mappings with string keys."""
+    """A JSON value: strings, finite numbers, true/false, null, lists, mappings with string keys.
+    ``limit``: every list in it is within that limit of specparity.inputs (``max_items``)."""
 
     what = "a JSON value (string, number, true/false, null, list, mapping)"
+
+    def __init__(self, limit: str | None = None):
+        self.limit = limit
 
     def check(self, value: Any, path: tuple[Any, ...]) -> None:
         if value is None or isinstance(value, (str, bool, int)):
@@ -357,6 +370,8 @@ class Json(Check):
                 raise self.fail(value, path)
             return
         if isinstance(value, list):
+            if self.limit is not None:
+                _within(len(value), self.limit, path, f"{len(value)} items are")
             for i, v in enumerate(value):
                 self.check(v, (*path, i))
             return
@@ -393,8 +408,9 @@ def read_text(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FIL
 
 def load_yaml(text: str, where: str) -> Any:
     """One YAML document, read by ``yaml.SafeLoader`` once its node graph is known to be small:
-    at most MAX_YAML_NODES nodes with every alias expanded, MAX_YAML_DEPTH levels, no alias
-    inside itself. Anything else is a UsageError naming ``where``."""
+    at most MAX_YAML_NODES nodes and MAX_YAML_CHARS characters of scalars with every alias
+    expanded, MAX_YAML_DEPTH levels, no alias inside itself. Anything else is a UsageError
+    naming ``where``."""
     import yaml
 
     class BoundedLoader(yaml.SafeLoader):
@@ -419,12 +435,13 @@ def load_yaml_file(path: str | os.PathLike[str], where: str) -> Any:
 
 
 def _bound(root: Any, where: str) -> None:
-    """Count ``root``'s nodes as a reader that walks it sees them (every alias expanded), without
-    expanding anything: each node's expanded size once, memoized; a node reached from inside itself
-    is a recursive alias."""
+    """Measure ``root`` as a reader that walks it sees it (every alias expanded), without expanding
+    anything: each node's expanded count of nodes and of scalar characters once, memoized; a node
+    reached from inside itself is a recursive alias. One long string aliased many times is as
+    large as that many copies (``stop: [&s '<3 MiB>', *s, *s, ...]``: gigabytes once serialized)."""
     import yaml
 
-    size: dict[int, int] = {}
+    size: dict[int, tuple[int, int]] = {}  # id(node) -> (nodes, scalar characters), both capped
     on_path: set[int] = set()
     stack: list[tuple[Any, int]] = [(root, 0)]
     while stack:
@@ -437,11 +454,20 @@ def _bound(root: Any, where: str) -> None:
             children = list(node.value)
         elif isinstance(node, yaml.MappingNode):
             children = [n for pair in node.value for n in pair]
-        if key in on_path:  # every child is counted: this node's size is known now
+        elif isinstance(node, yaml.ScalarNode):
+            size[key] = (1, len(node.value))
+            if size[key][1] > MAX_YAML_CHARS:
+                raise UsageError(f"{where}: more than {MAX_YAML_CHARS} characters once its aliases are expanded")
+            continue
+        if key in on_path:  # every child is measured: this node's size is known now
             on_path.discard(key)
-            size[key] = min(MAX_YAML_NODES + 1, 1 + sum(size[id(c)] for c in children))
-            if size[key] > MAX_YAML_NODES:
+            nodes = min(MAX_YAML_NODES + 1, 1 + sum(size[id(c)][0] for c in children))
+            chars = min(MAX_YAML_CHARS + 1, sum(size[id(c)][1] for c in children))
+            size[key] = (nodes, chars)
+            if nodes > MAX_YAML_NODES:
                 raise UsageError(f"{where}: more than {MAX_YAML_NODES} values once its aliases are expanded")
+            if chars > MAX_YAML_CHARS:
+                raise UsageError(f"{where}: more than {MAX_YAML_CHARS} characters once its aliases are expanded")
             continue
         if depth > MAX_YAML_DEPTH:
             raise UsageError(f"{where}: nested deeper than {MAX_YAML_DEPTH} levels")

@@ -45,6 +45,38 @@ def isolated_home(tmp_path, monkeypatch):
     return home
 
 
+@pytest.fixture(autouse=True)
+def marked_for_what_it_does(request, isolated_home, tmp_path, monkeypatch):
+    """What a test did, checked against its markers after it ran (the fixtures' are checked at collection).
+
+    server: it started a server through the one lifecycle (harness.lifecycle.Server.spawn, in this
+    process), or a command it ran left server logs in its tmp_path (a record's servers/ folder). A
+    command run without a record removes its servers' folder, so that case is the test's to mark.
+    model: a model was built into its SPECPARITY_HOME (the embedded default pair a command falls back
+    on, a DFlash or constant fixture), which also loads it.
+    """
+    from specparity.harness import lifecycle
+
+    started: list[str] = []
+    spawn = lifecycle.Server.spawn
+
+    def counted(self: lifecycle.Server) -> None:
+        started.append(self.name)
+        spawn(self)
+
+    monkeypatch.setattr(lifecycle.Server, "spawn", counted)
+    yield
+    missing = []
+    if request.node.get_closest_marker("server") is None:
+        logs = [] if started else sorted(tmp_path.rglob("server-*.log"))[:1]
+        if started or logs:
+            missing.append(f"started {started[0] if started else 'a server (' + logs[0].name + ')'}: mark it server")
+    if request.node.get_closest_marker("model") is None and (isolated_home / "fixtures").exists():
+        missing.append(f"built a model into {isolated_home / 'fixtures'}: mark it model")
+    if missing:
+        pytest.fail(f"{request.node.nodeid}: " + "; ".join(missing), pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def fixture_root(tmp_path_factory) -> Path:
     """One directory per test session holding every built fixture."""

@@ -27,24 +27,16 @@ TEST_BALANCE = 0.0
 _BUILT: dict[str, DFlashFixtureInfo] = {}
 
 
-def fixture_name(shape: str, block_size: int, dtype: str, tied: bool, balance: float | None = None) -> str:
-    """The pair's directory name, from every argument (the builder's default balance is left unsaid)."""
-    from specparity.dflash_fixtures import BALANCE, dflash_fixture_name
-
-    name = dflash_fixture_name(shape, block_size, dtype, tied)
-    return name if balance is None or balance == BALANCE else f"{name}-balance{balance:g}"
-
-
 def dflash_info(root: Path, shape: str = "qwen3", block_size: int = 8, dtype: str = "float32",
                 tied: bool = False, balance: float = TEST_BALANCE) -> DFlashFixtureInfo:
     """The DFlash pair of these arguments under ``root``, built on first use in this process.
 
-    Its directory is named by every argument (:func:`fixture_name`), so a cached
-    pair is never one built with other arguments.
+    Its directory is named by every argument (``dflash_fixture_name``, as the
+    shared cache names it), so a cached pair is never one built with other arguments.
     """
-    from specparity.dflash_fixtures import build_dflash_pair
+    from specparity.dflash_fixtures import build_dflash_pair, dflash_fixture_name
 
-    out = root / fixture_name(shape, block_size, dtype, tied, balance)
+    out = root / dflash_fixture_name(shape, block_size, dtype, tied, balance)
     if str(out) not in _BUILT:
         _BUILT[str(out)] = build_dflash_pair(out, shape=shape, block_size=block_size, dtype=dtype, tied=tied,
                                              balance=balance)

@@ -17,11 +17,15 @@ served job starts a real engine, and choose what it answers:
 
 ``--mode M`` sets it for every request; ``--draft-mode M`` for a server started
 with ``--draft-model`` (a served drafter arm); a prompt holding ``[[fake:M]]``
-sets it for that request. ``--child`` starts a grandchild in the server's process
+sets it for that request. ``--trickle PATH`` (repeatable) answers any GET or POST
+of PATH (``/health``, ``/metrics``, ``/tokenize``) with a 200 whose body trickles
+in a byte at a time and never ends. ``--child`` starts a grandchild in the server's process
 group (what an engine's workers are); ``--ignore-term`` ignores SIGTERM. Any
 other flag (a profile's ``--model``, ``--num-draft-tokens``) is accepted and
 printed: the server's first log line is ``fakeserver argv: [...]`` (JSON), and
-``GET /argv`` answers the same list, ``GET /pid`` its pid and its child's.
+``GET /argv`` answers the same list, ``GET /pid`` its pid and its child's. A server
+started with ``--draft-model`` names it in each plain answer (``"drafted": {"draft_model": ...}``):
+evidence for a profile whose ``evidence.response_field`` is ``drafted``.
 
 Standard library only, so it starts in a few tens of milliseconds.
 """
@@ -38,13 +42,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar, cast
 
 MODES = ("ok", "empty-choices", "choice-string", "text-int", "logprobs-not-objects", "chunk-list", "not-json",
          "http-500", "keepalive", "stall", "die")
 _DIRECTIVE = re.compile(r"\[\[fake:([a-z0-9-]+)\]\]")
 FOREVER = 3600.0
+T = TypeVar("T")
 
 
 def argv(*extra: str) -> list[str]:
@@ -59,7 +65,10 @@ MARK_ENV = "SPECPARITY_TEST_MARK"
 
 def marked(mark: str) -> list[int]:
     """Live processes (zombies not counted) whose environment holds ``MARK_ENV=mark``: everything a
-    test started with that mark, however re-parented, found by scanning /proc."""
+    test started with that mark, however re-parented, found by scanning /proc, or by asking ps
+    where there is no /proc (macOS)."""
+    if not os.path.isdir("/proc"):
+        return marked_by_ps(mark)
     needle = f"{MARK_ENV}={mark}".encode()
     found = []
     for d in os.scandir("/proc"):
@@ -75,6 +84,45 @@ def marked(mark: str) -> list[int]:
         if state != b"Z" and needle in env:
             found.append(int(d.name))
     return found
+
+
+# every process with its state, command line and environment: macOS's ps, and procps' (Linux)
+PS_WITH_ENV = (["ps", "-E", "-ww", "-axo", "pid=,stat=,command="] if sys.platform == "darwin"
+               else ["ps", "axeww", "-o", "pid=,stat=,command="])
+
+
+def marked_by_ps(mark: str) -> list[int]:
+    """:func:`marked` through ps: its environment words follow the command on each line."""
+    needle = f"{MARK_ENV}={mark}"
+    out = subprocess.run(PS_WITH_ENV, capture_output=True, text=True, errors="replace", timeout=60, check=True)
+    found = []
+    for line in out.stdout.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) == 3 and parts[0].isdigit() and not parts[1].startswith("Z") and needle in parts[2].split():
+            found.append(int(parts[0]))
+    return found
+
+
+def bounded(fn: Callable[[], T], seconds: float) -> T:
+    """``fn()`` in a thread, failing the test if it has not returned within ``seconds``: a regression
+    that hangs fails instead of stalling the suite (clean up what ``fn`` waits on afterwards)."""
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as err:  # noqa: BLE001 (re-raised in the test)
+            box.append((False, err))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    if not box:
+        raise AssertionError(f"still running after {seconds:g} s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return cast(T, value)
 
 
 def wait_gone(mark: str, seconds: float = 60.0) -> list[int]:
@@ -103,7 +151,9 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- GET ---------------------------------------------------------------------------------
     def do_GET(self) -> None:
-        if self.path == "/health":
+        if self.path in self.opts.trickle:
+            self._trickle()
+        elif self.path == "/health":
             self._json(200, {"status": "ok"})
         elif self.path == "/argv":
             self._json(200, sys.argv)
@@ -120,6 +170,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
+        if self.path in self.opts.trickle:
+            self._trickle()
+            return
         chat = self.path.endswith("/chat/completions")
         if not (chat or self.path.endswith("/completions")):
             self._json(404, {"error": f"no route {self.path}"})
@@ -180,9 +233,12 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "choice-string":
             choice = text
         usage = {"prompt_tokens": 4, "completion_tokens": len(words), "total_tokens": 4 + len(words)}
-        return {"id": "fake-1", "object": "chat.completion" if chat else "text_completion",
-                "model": self.opts.model or "fake", "choices": [] if mode == "empty-choices" else [choice],
-                "usage": usage}
+        out = {"id": "fake-1", "object": "chat.completion" if chat else "text_completion",
+               "model": self.opts.model or "fake", "choices": [] if mode == "empty-choices" else [choice],
+               "usage": usage}
+        if self.opts.draft_model:
+            out["drafted"] = {"draft_model": self.opts.draft_model}
+        return out
 
     def _stream(self, mode: str, chat: bool, words: list[tuple[int, str]]) -> None:
         self.send_response(200)
@@ -205,6 +261,21 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
+    def _trickle(self) -> None:
+        """A 200 promising a megabyte, a byte every 0.2 s: a per-read timeout never fires."""
+        print(f"fakeserver: trickling {self.path}", flush=True)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:  # the client gave up
+            return
+
     def _json(self, status: int, obj: Any) -> None:
         self._send(status, json.dumps(obj).encode(), "application/json")
 
@@ -224,6 +295,8 @@ def main(args: list[str] | None = None) -> None:
     ap.add_argument("--draft-mode", choices=MODES, default=None)
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft-model", default=None)
+    ap.add_argument("--trickle", action="append", default=[], metavar="PATH",
+                    help="answer PATH with a body that never ends (repeatable)")
     ap.add_argument("--child", action="store_true", help="start a grandchild in this process group")
     ap.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM")
     opts, unknown = ap.parse_known_args(args)

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fakeserver import argv
+from fakeserver import argv, bounded
 
 from specparity.harness.client import Request, send
 from specparity.harness.lifecycle import Server
@@ -87,13 +87,37 @@ def test_a_well_formed_answer_still_reads(fake: Server, endpoint: str, stream: b
 
 @pytest.mark.parametrize("mode, stream", [("keepalive", True), ("keepalive", False), ("stall", False)])
 def test_a_request_has_a_total_deadline(fake: Server, mode: str, stream: bool) -> None:
-    """keep-alive bytes every 0.2 s never let a per-read timeout fire: the old client waited forever."""
+    """keep-alive bytes every 0.2 s never let a per-read timeout fire: the old client waited forever
+    (run in a thread: a regression fails at 60 s instead of hanging the suite)."""
     t0 = time.monotonic()
     with httpx.Client() as client:
-        comp = send(client, fake.url, _request(mode, stream=stream), PROFILE, timeout=1.0)
+        comp = bounded(lambda: send(client, fake.url, _request(mode, stream=stream), PROFILE, timeout=1.0), 60)
     assert comp.error == "no complete answer within the request timeout of 1 s", comp.error
     assert time.monotonic() - t0 < 60  # a deadline, with any slack a loaded machine needs
     assert fake.alive()
+
+
+@pytest.fixture(scope="module")
+def trickler() -> Iterator[Server]:
+    """Ready, but its engine side-channels (dflash-mlx's /metrics, llama-server's /tokenize) never finish."""
+    srv = Server(argv("--trickle", "/metrics", "--trickle", "/tokenize"), name="trickler").start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_the_engines_side_requests_have_total_deadlines(trickler: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dflash-mlx's /metrics read and llama-server's /tokenize had per-read timeouts only: a server that
+    trickles bytes held the job there for good."""
+    from specparity.harness.engines import dflash_mlx, llama_cpp
+
+    t0 = time.monotonic()
+    assert bounded(lambda: dflash_mlx.read_metrics(trickler.url, timeout=0.5), 60) is None
+    monkeypatch.setattr(llama_cpp, "PROMPT_IDS_TIMEOUT", 0.5)
+    with httpx.Client() as client:
+        assert bounded(lambda: llama_cpp.prompt_ids(client, trickler.url, _request("ok")), 60) is None
+    assert time.monotonic() - t0 < 30
 
 
 def test_a_server_that_dies_mid_answer_is_the_requests_error() -> None:

@@ -44,16 +44,42 @@ def real_environments(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_CACHE_VAR, str(REAL_CACHE))
 
 
+DEFAULT_ENV = "dflash-mlx"
+# the in-process column of mlx-lm 0.32.2 (dflash-mlx 0.1.8 in its own environment), in the slow tier
+ENGINE_ENVS = [DEFAULT_ENV, pytest.param("dflash-mlx-mlx-lm-0.32.2", marks=pytest.mark.slow)]
+PYTHON_VAR = "SPECPARITY_DFLASH_MLX_PYTHON"
+
+
+class EngineEnv(dict[str, str]):
+    """The process environment of a CLI run that reaches dflash-mlx, and where that run goes.
+
+    name: the pinned environment (None: dflash-mlx imports here, or $SPECPARITY_DFLASH_MLX_PYTHON).
+    mlx_lm: that environment's mlx-lm version (None: not known before the run).
+    """
+
+    def __init__(self, values: dict[str, str], name: str | None, mlx_lm: str | None):
+        super().__init__(values)
+        self.name, self.mlx_lm = name, mlx_lm
+
+
 @pytest.fixture(scope="session")
-def dflash_env() -> dict[str, str]:
-    """Environment for a CLI run that reaches dflash-mlx (here, or its environment's interpreter)."""
+def dflash_env(request: pytest.FixtureRequest) -> EngineEnv:
+    """Environment for a CLI run that reaches dflash-mlx: here, its environment's interpreter (dflash-mlx,
+    on mlx-lm 0.31.3), or with ``parametrize("dflash_env", ENGINE_ENVS, indirect=True)`` each of them."""
+    name = getattr(request, "param", DEFAULT_ENV)
     if importlib.util.find_spec("dflash_mlx") is not None:
-        return {}
-    var = "SPECPARITY_DFLASH_MLX_PYTHON"
-    if os.environ.get(var):
-        return {var: os.environ[var]}
-    built("dflash-mlx")  # skip when not built (fail under CI)
-    return {}  # the command finds the built environment itself (real_environments)
+        if name != DEFAULT_ENV:
+            pytest.skip(f"dflash-mlx imports here: the command runs here, not in {name}")
+        return EngineEnv({}, None, None)
+    if name == DEFAULT_ENV and os.environ.get(PYTHON_VAR):
+        return EngineEnv({PYTHON_VAR: os.environ[PYTHON_VAR]}, None, None)
+    env = built(name)  # skip when not built (fail under CI)
+    # the default is found by the command itself (real_environments); another is named by its interpreter
+    return EngineEnv({} if name == DEFAULT_ENV else {PYTHON_VAR: str(env.python)}, name, env.packages()["mlx-lm"])
+
+
+# the in-process checks whose findings depend on mlx-lm's version: run under both columns
+both_columns = pytest.mark.parametrize("dflash_env", ENGINE_ENVS, indirect=True)
 
 
 def cli_json(cli_bin: str, env: dict[str, str], *args: str, code: int | None = None) -> dict:
@@ -66,13 +92,24 @@ def cli_json(cli_bin: str, env: dict[str, str], *args: str, code: int | None = N
 
 
 def rollback_pair(root: Path) -> Any:
-    """The hybrid pair whose rollbacks the engine gets wrong (as many linear value as key heads, block 8).
+    """The hybrid pair whose rollbacks the engine gets wrong (as many linear value as key heads, block 8,
+    tied head): the default pair of ``--engine dflash-mlx`` without --model (DEFAULT_PAIR).
 
     Fitted further than the other test pairs (each kind of block at least 5% of the rounds, 150 steps):
     at the first spread checkpoint its drafter accepts in part so rarely that the engine's own loop
     shows the wrong state on 3 of the 8 fit prompts; fitted this far, on 6.
     """
-    return dflash_info(root, "qwen3_5-equal-heads", 8, tied=True, balance=0.05)
+    from specparity.dflash_fixtures import DEFAULT_PAIR
+
+    return dflash_info(root, **DEFAULT_PAIR)
+
+
+def as_default_pair(info: Any, home: Path) -> None:
+    """``info`` where a command without --model finds the default DFlash pair (``$SPECPARITY_HOME/fixtures``)."""
+    from specparity.dflash_fixtures import DEFAULT_PAIR, dflash_fixture_name
+
+    (home / "fixtures").mkdir(parents=True, exist_ok=True)
+    (home / "fixtures" / dflash_fixture_name(**DEFAULT_PAIR)).symlink_to(Path(info.target).parent)
 
 
 def own_runs(cli_bin: str, env: dict[str, str], info: Any) -> dict:
@@ -133,17 +170,81 @@ def test_dflash_target_shapes_keep_the_published_head_ratios(shape: str, key: in
     assert not hasattr(model.language_model, "lm_head")  # tied: the embedding is the head
 
 
+def _stored_fixture(out: Path, spread: bool, **built: Any) -> Path:
+    """A DFlash fixture's record (fixture.json) as the builder writes it, built with ``built`` (the
+    builder's defaults otherwise); no weights: the command reads the record before anything else."""
+    from specparity.dflash_fixtures import BALANCE, DFlashFixtureInfo
+
+    args: dict[str, Any] = {"shape": "qwen3", "block_size": 8, "dtype": "float32", "tied": False, "seed": 0,
+                            "balance": BALANCE, **built}
+    mix = {"spread": spread, "rounds": 10, "summary": f"10 blocks of {args['block_size']} rows: "
+           + ("3 full, 4 partial, 3 zero-accept" if spread else "0 full, 0 partial, 10 zero-accept")}
+    info = DFlashFixtureInfo(target=str(out / "target"), draft=str(out / "draft"), shape_note="",
+                             target_layer_ids=[1, 2], mask_token_id=3, accept_mix=mix, fit_prompts=[[5, 6]],
+                             train_steps=25, **args)
+    out.mkdir(parents=True)
+    (out / "fixture.json").write_text(json.dumps(info.to_dict()))
+    return out / "fixture.json"
+
+
+def test_fixtures_make_dflash_refuses_a_fixture_built_otherwise_and_warns_on_a_fit_that_never_spread(
+        tmp_path: Path, cli_bin: str) -> None:
+    """An OUT_DIR holding a DFlash fixture of other arguments is refused, each differing flag named (exit 2),
+    and left as it was; one of the same arguments is returned, with a warning when its blocks never spread."""
+    record = _stored_fixture(tmp_path / "fx", spread=False, block_size=8, dtype="bfloat16", tied=True)
+    before = record.read_text()
+    r = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--dflash", "qwen3", "--block-size", "16")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"Error: OUT_DIR {tmp_path / 'fx'} holds a DFlash fixture built with --block-size 8 (asked 16),"
+        " --dtype bfloat16 (asked float32), --tied-head (asked without): --overwrite rebuilds it,"
+        " or choose another OUT_DIR"]
+    assert record.read_text() == before
+    r = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--dflash", "qwen3_5", "--block-size", "8",
+                "--dtype", "bfloat16", "--tied-head", "--seed", "3")
+    assert r.returncode == 2 and "--dflash qwen3 (asked qwen3_5), --seed 0 (asked 3):" in r.stderr, r.stderr
+    # the same arguments: the fixture as it is, and the fit that never spread said on stderr
+    r = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--dflash", "qwen3", "--block-size", "8",
+                "--dtype", "bfloat16", "--tied-head")
+    assert r.returncode == 0, r.stderr
+    assert f"target: {tmp_path / 'fx' / 'target'}" in r.stdout and "0 full, 0 partial, 10 zero-accept" in r.stdout
+    assert "warning: the drafter's blocks never spread on its fit prompts" in r.stderr
+    assert "building" not in r.stderr and record.read_text() == before
+    _stored_fixture(tmp_path / "spread", spread=True, balance=0.0)
+    r = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "spread"), "--dflash", "qwen3", "--block-size", "8")
+    assert r.returncode == 2 and "its drafter fitted to balance 0 (this command fits to 0.1)" in r.stderr
+    _stored_fixture(tmp_path / "same", spread=True)
+    r = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "same"), "--dflash", "qwen3", "--block-size", "8")
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
 # ---------------------------------------------------------------- dflash-mlx in process
 
 
+@both_columns
 @pytest.mark.build
 def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
-        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
-    """Block vs chain per width, and every rollback, through dflash-mlx's own verify and rollback."""
+        fixture_root: Path, cli_bin: str, dflash_env: EngineEnv, isolated_home: Path) -> None:
+    """Block vs chain per width, and every rollback, through dflash-mlx's own verify and rollback; on the
+    default pair (no --model), a shape the engine runs."""
     info = rollback_pair(fixture_root)
-    out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
-                   "--depths", "0", "--prompt-ids", ",".join(map(str, info.fit_prompts[0])), code=1)
+    as_default_pair(info, isolated_home)
+    records = isolated_home / "records"
+    proc = run_cli(cli_bin, "probe", "--engine", "dflash-mlx", "--depths", "0", "--prompt-ids",
+                   ",".join(map(str, info.fit_prompts[0])), "--json", "--record-dir", str(records), env=dflash_env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "using the default DFlash fixture (qwen3_5-equal-heads, block 8, float32, tied head)" in proc.stderr
+    out = json.loads(proc.stdout)
+    assert Path(out["engine"]["target"]).resolve() == Path(info.target).resolve()
     assert out["engine"]["name"] == "dflash-mlx" and out["engine"]["version"] == "0.1.8"
+    if dflash_env.name is not None:
+        # re-run in a pinned environment: the record lists that environment, all its packages, as run
+        assert out["engine"]["packages"]["mlx-lm"] == dflash_env.mlx_lm
+        (ident_file,) = records.glob("data/*/identity.json")
+        env = json.loads(ident_file.read_text())["environments"]["dflash-mlx"]
+        assert env["name"] == dflash_env.name and env["digest"] and "dflash-mlx==0.1.8" in env["pins"]
+        assert env["packages"]["mlx-lm"] == dflash_env.mlx_lm and env["packages"]["dflash-mlx"] == "0.1.8"
+        assert len(env["packages"]) > 20  # every installed package, not only the engine's three
     assert out["engine"]["widths"] == [4, 8]  # the drafter's block and the adaptive policy's reduced one
     assert [p["verdict"] for p in out["prefill"]] == ["equal"]
     cells = {c["width"]: c for c in out["cells"]}
@@ -163,9 +264,10 @@ def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
             assert set(r["layers"]) <= {0, 1, 2}  # the gated-delta layers; layer 3's KV is right
 
 
+@both_columns
 @pytest.mark.build
 @pytest.mark.slow
-def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: str, dflash_env: EngineEnv) -> None:
     """The engine's own loop: its state after a partial rollback differs, and its accept vector reproduces it."""
     info = rollback_pair(fixture_root)
     seen = 0
@@ -196,10 +298,11 @@ def test_dflash_own_run_is_placed_round_by_round(fixture_root: Path, cli_bin: st
     assert seen > 0 and out["verdict"] == "divergent"
 
 
+@both_columns
 @pytest.mark.build
 @pytest.mark.slow
 def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(
-        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+        fixture_root: Path, cli_bin: str, dflash_env: EngineEnv) -> None:
     info = rollback_pair(fixture_root)
     out = cli_json(cli_bin, dflash_env, "bisect", "--engine", "dflash-mlx", "--model", info.target,
                    "--width", "8", "--accepted", "3", code=1)
@@ -215,10 +318,11 @@ def test_dflash_bisect_names_the_layer_the_rollback_got_wrong(
     assert plain["first_divergent"] is None
 
 
+@both_columns
 @pytest.mark.build
 @pytest.mark.slow
 def test_dflash_cannot_run_the_published_head_ratios_and_says_so(
-        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+        fixture_root: Path, cli_bin: str, dflash_env: EngineEnv) -> None:
     """1:2 linear key:value heads: every verify block is not_run with the engine's own error, never a pass."""
     info = dflash_info(fixture_root, "qwen3_5", 16, tied=True)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
@@ -234,8 +338,20 @@ def test_dflash_cannot_run_the_published_head_ratios_and_says_so(
 
 @pytest.mark.build
 @pytest.mark.slow
+def test_dflash_cannot_run_the_27b_head_ratio_either(fixture_root: Path, cli_bin: str, dflash_env: EngineEnv) -> None:
+    """1:3 linear key:value heads (Qwen3.5/3.6-27B), bfloat16, block 8: not run, the engine's broadcast error."""
+    info = dflash_info(fixture_root, "qwen3_5-27b", 8, "bfloat16")
+    out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
+                   "--depths", "0", "--no-rollback", code=3)
+    assert {c["width"] for c in out["cells"]} == {4, 8} and {c["verdict"] for c in out["cells"]} == {"not_run"}
+    assert all("broadcast" in c["reason"] and "the engine cannot run" in c["reason"] for c in out["cells"])
+
+
+@both_columns
+@pytest.mark.build
+@pytest.mark.slow
 def test_dflash_bfloat16_breaks_exact_ties_the_other_way(
-        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+        fixture_root: Path, cli_bin: str, dflash_env: EngineEnv) -> None:
     """The rows equal classic decode's; the engine's raw-logit argmax leaves it at an exact logprob tie."""
     info = dflash_info(fixture_root, "qwen3", 8, "bfloat16")
     found = 0
@@ -250,10 +366,11 @@ def test_dflash_bfloat16_breaks_exact_ties_the_other_way(
     assert found > 0
 
 
+@both_columns
 @pytest.mark.build
 @pytest.mark.slow
 def test_dflash_plain_qwen3_float32_is_the_clean_path(
-        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+        fixture_root: Path, cli_bin: str, dflash_env: EngineEnv) -> None:
     """Detectors stay silent: block, every rollback, prefill and the engine's own run equal classic decode."""
     info = dflash_info(fixture_root, "qwen3", 8)
     out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
@@ -268,9 +385,27 @@ def test_dflash_plain_qwen3_float32_is_the_clean_path(
 
 @pytest.mark.build
 @pytest.mark.slow
+def test_dflash_runs_a_block_of_16_rows_and_every_rollback_of_it_exactly(
+        fixture_root: Path, cli_bin: str, dflash_env: EngineEnv) -> None:
+    """A drafter block of 16 the engine runs (plain qwen3, bfloat16, tied head: the served table's row): the
+    16-row verify block and the reduced 4-row one equal classic decode's chain, and so does the state after
+    every rollback (0..15 of 15 accepted, and 0..3 of 3), at two depths."""
+    info = dflash_info(fixture_root, "qwen3", 16, "bfloat16", tied=True)
+    out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target,
+                   "--depths", "0,8", code=0)
+    assert out["engine"]["widths"] == [4, 16] and out["engine"]["block_size"] == 16
+    assert {(c["width"], c["verdict"]) for c in out["cells"]} == {(4, "equal"), (16, "equal")}
+    assert len(out["cells"]) == 4 and out["prefill"] and {p["verdict"] for p in out["prefill"]} == {"equal"}
+    rb = out["rollbacks"]
+    assert len(rb) == 2 * (16 + 4) and {r["verdict"] for r in rb} == {"equal"}
+    assert {r["accepted"] for r in rb if r["width"] == 16} == set(range(16))
+
+
+@pytest.mark.build
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["stale-row", "verify-row"])
 def test_dflash_detectors_fire_on_an_injected_fault(
-        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str], fault: str) -> None:
+        fixture_root: Path, cli_bin: str, dflash_env: EngineEnv, fault: str) -> None:
     """On the clean path, a rollback that keeps one stale row, or a verify row scaled, is named."""
     info = dflash_info(fixture_root, "qwen3", 8)
     env = {**dflash_env, "SPECPARITY_ENGINE_FAULT": fault}
@@ -296,10 +431,11 @@ def test_dflash_detectors_fire_on_an_injected_fault(
         assert req["row"] is not None and req["row"]["row"] >= 1
 
 
+@both_columns
 @pytest.mark.build
 @pytest.mark.slow
 def test_dflash_generate_entry_points_against_classic(
-        fixture_root: Path, cli_bin: str, dflash_env: dict[str, str]) -> None:
+        fixture_root: Path, cli_bin: str, dflash_env: EngineEnv) -> None:
     info = dflash_info(fixture_root, "qwen3", 8)
     out = cli_json(cli_bin, dflash_env, "e2e", "--engine", "dflash-mlx", "--model", info.target,
                    "--max-tokens", "48", code=0)
@@ -307,6 +443,66 @@ def test_dflash_generate_entry_points_against_classic(
     assert set(entries) == {"dflash-stream", "dflash-cli"}
     assert entries["dflash-stream"]["verdict"] == "match" and entries["dflash-stream"]["drafter"]["drafted"] > 0
     assert entries["dflash-cli"]["verdict"] == "match"
+
+
+# what the engine's target adapter takes its logits from, on the target it loaded itself
+_HEAD = """
+import json, sys
+import mlx.core as mx
+from dflash_mlx.runtime.loading import load_target_bundle
+tb = load_target_bundle(sys.argv[1])
+model, ops = tb.model, tb.target_ops
+text = getattr(model, "language_model", model)
+mx.random.seed(0)
+h = mx.random.normal((1, 3, text.model.embed_tokens.weight.shape[1]))
+logits = ops.logits_from_hidden(model, h)
+print(json.dumps({"wrapper_is_outer": ops.text_wrapper(model) is model,
+                  "embedding": bool(mx.array_equal(logits, text.model.embed_tokens.as_linear(h)).item()),
+                  "lm_head": bool(mx.array_equal(logits, text.lm_head(h)).item())}))
+"""
+
+
+def engine_python(dflash_env: EngineEnv) -> tuple[str, dict[str, str] | None]:
+    """The interpreter (and its process environment) a re-run with ``dflash_env`` goes to."""
+    import sys
+
+    from specparity.engine_env import engine_environment, importable
+
+    if importable("dflash-mlx"):
+        return sys.executable, None
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in dflash_env.items():
+            mp.setenv(k, v)
+        return engine_environment("dflash-mlx")
+
+
+@both_columns
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_reads_an_untied_hybrid_head_from_the_embedding_on_mlx_lm_0_32(
+        fixture_root: Path, cli_bin: str, dflash_env: EngineEnv) -> None:
+    """An untied qwen3_5 head (its own lm_head): on mlx-lm 0.31 the engine's logits are the head's and its
+    prefill equals classic decode's; on 0.32, whose qwen3_5.Model exposes ``.model``, dflash-mlx takes the
+    outer model for the text model, reads a tie_word_embeddings it does not have, defaults to tied, and its
+    logits come from the embedding: the prefill's logits already differ."""
+    import subprocess
+
+    info = dflash_info(fixture_root, "qwen3_5-equal-heads", 8)
+    python, environ = engine_python(dflash_env)
+    proc = subprocess.run([python, "-P", "-c", _HEAD, info.target], capture_output=True, text=True, timeout=600,
+                          env=environ)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    head = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = cli_json(cli_bin, dflash_env, "probe", "--engine", "dflash-mlx", "--model", info.target, "--depths", "0",
+                   "--widths", "4", "--no-rollback", "--prompt-ids", ",".join(map(str, info.fit_prompts[0])))
+    assert out["engine"]["packages"]["mlx-lm"] == dflash_env.mlx_lm or dflash_env.mlx_lm is None
+    (prefill,) = out["prefill"]
+    if mlx_lm_minor(out["engine"]) >= (0, 32):
+        assert head == {"wrapper_is_outer": True, "embedding": True, "lm_head": False}
+        assert prefill["verdict"] == "divergent" and out["exit_code"] == 1
+    else:
+        assert head == {"wrapper_is_outer": False, "embedding": False, "lm_head": True}
+        assert prefill["verdict"] == "equal" and out["exit_code"] == 0, out["cells"]
 
 
 _SAME_DRAFT = """
@@ -332,7 +528,7 @@ print(compare_arrays(engine(noise_embedding=emb, target_hidden=ctx), ref(emb, ct
 
 @pytest.mark.build
 @pytest.mark.slow
-def test_dflash_loads_the_fixture_drafter_as_its_own(fixture_root: Path, dflash_env: dict[str, str]) -> None:
+def test_dflash_loads_the_fixture_drafter_as_its_own(fixture_root: Path, dflash_env: EngineEnv) -> None:
     """dflash-mlx's loader reads the drafter, and its block forward equals the fixture's model byte for byte."""
     import subprocess
     import sys

@@ -97,6 +97,18 @@ def arms(report: ServedReport) -> dict[str, ArmResult]:
     return {a.name: a for a in report.pairings[0].arms}
 
 
+# The classic reference (harness/reference.py) runs in dflash-mlx's environment, mlx-lm 0.31.3, with that
+# server's own tokenize step and stop and text machine: every request of a dflash-mlx served job is compared
+# with classic decode (these tests also compute it by their own scripts, _CLASSIC and _CHAINS).
+
+
+def assert_reference_compared(report: ServedReport) -> None:
+    """Every request of every arm was compared with the classic reference (see above)."""
+    for arm in report.pairings[0].arms:
+        for r in arm.requests:
+            assert r.reference is not None and r.reference["compared"] is True, (arm.name, r.id, r.reference)
+
+
 # -- live: the served harness on dflash serve ------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.build
@@ -151,6 +163,7 @@ def test_every_request_kind_at_every_width_matches_and_a_fallback_is_declined(
                     ["fresh", "repeat", "shared-prefix", "stream", "multi-turn"],
                     extra_args={"w4": ["--dflash-max-ctx", "8"]})
     got = arms(report)
+    assert_reference_compared(report)
     for name in ("w2", f"w{BLOCK}"):
         assert got[name].verdict == Verdict.MATCH, [r.reason for r in got[name].requests]
         assert [r.id for r in got[name].requests] == ["p0", "p0-again", "p0-prefix", "p1-stream", "chat-1", "chat-2"]
@@ -220,20 +233,78 @@ def test_on_a_bfloat16_hybrid_dflash_picks_the_larger_logit_where_classic_decode
         pytest.skip(str(err))
     chains = in_env(dflash_env, _CHAINS, pair["target"], PROMPT, str(48))
     classic, raw = chains["logprobs"]["chain"], chains["logits"]["chain"]
+    # the pair is seeded: its two greedy rules part within 48 tokens (at token 26), whatever the fit
+    assert classic != raw
     spec = Job(pairings=[Pairing("hybrid", pair["target"], pair["draft"], "dflash-mlx")], widths=[2, 16],
                max_tokens=48, prompts=[PROMPT], sequence=["fresh"])
-    got = arms(ServedRun(spec, workdir=tmp_path).run())
+    report = ServedRun(spec, workdir=tmp_path).run()
+    got = arms(report)
+    assert_reference_compared(report)
     assert got["baseline-start"].requests[0].completion.token_ids == classic
     for name in ("w2", "w16"):
         (req,) = got[name].requests
         assert req.completion.token_ids == raw and req.evidence.engaged, name
-    if classic != raw:
-        k = next(i for i, (a, b) in enumerate(zip(classic, raw)) if a != b)
-        step = chains["logprobs"]["steps"][k]
-        assert step["logprobs"][0] == step["logprobs"][1] and step["logits"][0] > step["logits"][1]
-        assert (raw[k], classic[k]) == tuple(step["top"]) and classic[k] < raw[k]  # the tie goes to the lower id
-        assert all(r.verdict == Verdict.DIVERGED and r.divergence is not None and r.divergence.token_index == k
-                   for name in ("w2", "w16") for r in got[name].requests)
+    k = next(i for i, (a, b) in enumerate(zip(classic, raw)) if a != b)
+    assert k == 26
+    step = chains["logprobs"]["steps"][k]
+    assert step["logprobs"][0] == step["logprobs"][1] and step["logits"][0] > step["logits"][1]
+    assert (raw[k], classic[k]) == tuple(step["top"]) and classic[k] < raw[k]  # the tie goes to the lower id
+    assert all(r.verdict == Verdict.DIVERGED and r.divergence is not None and r.divergence.token_index == k
+               for name in ("w2", "w16") for r in got[name].requests)
+
+
+@pytest.mark.slow
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.model
+def test_qwen3_bfloat16_tied_block_16_serves_classic_decodes_tokens_at_every_width(
+        dflash_env: Environment, fixture_root: Path, tmp_path: Path) -> None:
+    """The served table's qwen3 row in bfloat16 with a tied head and blocks of 16 (the block-16 shape the
+    engine runs): at widths 2 and 16 every drafted request is engaged and emits classic decode's tokens
+    (no exact logprob tie on this prompt: the raw-logit chain is the same one)."""
+    pair = pair_dirs(dflash_info(fixture_root, "qwen3", 16, "bfloat16", tied=True))
+    chains = in_env(dflash_env, _CHAINS, pair["target"], PROMPT, str(MAX_TOKENS))
+    classic = chains["logprobs"]["chain"]
+    assert chains["logits"]["chain"] == classic
+    report = served(pair, tmp_path, [2, 16], ["fresh", "multi-turn"])
+    got = arms(report)
+    assert report.pairings[0].verdict == Verdict.MATCH, [(a.name, a.reason) for a in got.values()]
+    for name in ("w2", "w16"):
+        assert [r.id for r in got[name].requests] == ["p0", "chat-1", "chat-2"]
+        assert all(r.verdict == Verdict.MATCH and r.evidence.engaged for r in got[name].requests), name
+        assert got[name].requests[0].completion.token_ids == classic, name
+        assert max(w for r in got[name].requests for w in r.evidence.widths) == int(name[1:])
+
+
+@pytest.mark.slow
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.model
+def test_a_served_hybrid_leaves_classic_decode_after_a_partly_accepted_block(
+        dflash_env: Environment, fixture_root: Path, tmp_path: Path) -> None:
+    """The in-process rollback finding, served: on the float32 hybrid with as many linear value as key
+    heads (block 8), a verify round of 8 rows accepted in part leaves the gated-delta state wrong
+    (test_dflash.py), and 48 tokens of p0 at width 8 leave classic decode at token 26, after such a round;
+    the target-only baseline emits classic decode's tokens."""
+    pair = pair_dirs(dflash_info(fixture_root, "qwen3_5-equal-heads", BLOCK))
+    classic = in_env(dflash_env, _CLASSIC, pair["target"], PROMPT, "48")
+    spec = Job(pairings=[Pairing("hybrid", pair["target"], pair["draft"], "dflash-mlx")], widths=[BLOCK],
+               max_tokens=48, prompts=[PROMPT], sequence=["fresh"])
+    got = arms(ServedRun(spec, workdir=tmp_path).run())
+    assert got["baseline-start"].requests[0].completion.token_ids == classic
+    (req,) = got[f"w{BLOCK}"].requests
+    ids = req.completion.token_ids or []
+    assert req.verdict == Verdict.DIVERGED and req.evidence.engaged
+    assert req.divergence is not None and req.divergence.token_index == 26
+    assert ids[:26] == classic[:26] and ids[26] != classic[26]
+    # the rounds before token 26 (the first token is the prefill's): one of them accepted its block in part
+    start, partial_before = 1, False
+    for a, w in zip(req.evidence.accepts, req.evidence.widths):
+        if start >= 26:
+            break
+        partial_before = partial_before or 0 < a < w - 1
+        start += a + 1
+    assert partial_before, (req.evidence.accepts, req.evidence.widths)
 
 
 @pytest.mark.slow
@@ -357,11 +428,12 @@ def test_arms_without_a_drafter_serve_target_only_and_cache_state_reads_usage(tm
 
 
 class _Srv:
-    """The two things the engine's evidence reads of a server: its log and its URL (never asked here)."""
+    """What the engine's evidence reads of a server: its log, its URL (never asked here) and its argv."""
 
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, url: str = "http://127.0.0.1:9", argv: list[str] | None = None):
         self.log_path = log_path
-        self.url = "http://127.0.0.1:9"
+        self.url = url
+        self.argv = argv or []
 
 
 class _Session:
@@ -403,3 +475,97 @@ def test_a_request_whose_only_speculation_was_copied_is_not_engaged_and_a_fallba
     assert fallback.declined and not fallback.engaged and "fell back" in fallback.lines[0]
     baseline = _request(_Session(tmp_path / "d"), "ar_fastpath", [], done)
     assert baseline.engaged is False and not baseline.declined and "target only" in baseline.lines[0]
+
+
+class _Metrics:
+    """A tiny /metrics server answering dflash serve's JSON, whose state a test changes between reads."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.state: dict[str, Any] = {"last_request": {"request_id": 4, "cycles": 9, "copyspec_hits": 0}}
+        self.reads = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+                outer.reads += 1
+                body = json.dumps(outer.state).encode() if self.path == "/metrics" else b"{}"
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Metrics:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+class _MetricsSession:
+    """A dflash serve session without diagnostics files (so /metrics is read), at a given verify cap."""
+
+    def __init__(self, root: Path, url: str, cap: int | None):
+        root.mkdir(parents=True)
+        self.server_dir = root
+        self.server = _Srv(root / "server.log", url,
+                           ["dflash", "serve"] + (["--verify-len-cap", str(cap)] if cap is not None else []))
+        self.server.log_path.touch()
+
+
+def test_without_diagnostics_the_metrics_record_waits_for_the_request_and_counts_its_rounds(tmp_path: Path) -> None:
+    """The /metrics fallback: the record of the request sent after the mark, once it is no longer current;
+    engaged only where the round counts prove a DFlash-drafted round that proposed tokens."""
+    import threading
+
+    from specparity.harness.client import Completion
+
+    done = Completion(text="x", finish_reason="length", usage={})
+    with _Metrics() as metrics:
+        s = _MetricsSession(tmp_path / "a", metrics.url, 8)
+        before = dflash_mlx.mark(s)
+        assert before.post_offset is None and before.request_id == 4
+        # the request is still being served: its id is already last_request's, its counts not final
+        metrics.state = {"current_request": {"request_id": 5},
+                         "last_request": {"request_id": 5, "mode_used": "dflash", "cycles": 1, "copyspec_hits": 1}}
+        final = {"request_id": 5, "mode_used": "dflash", "cycles": 6, "copyspec_hits": 4}
+        threading.Timer(0.3, lambda: metrics.state.update(current_request=None, last_request=final)).start()
+        ev = dflash_mlx.evidence(s, done, before)
+        assert ev.details["cycles"] == 6 and ev.engaged is True, ev.lines
+        assert ev.lines[0] == "dflash-mlx: mode_used dflash, 6 verify rounds, 4 copied from the history (copyspec)"
+        # one round not copied may be the last, one-token round: not proof the drafter ran
+        metrics.state = {"last_request": {"request_id": 6, "mode_used": "dflash", "cycles": 5, "copyspec_hits": 4}}
+        ev = dflash_mlx.evidence(s, done, dflash_mlx.Mark(0, None, 5, 0))
+        assert ev.engaged is False and "no round proven DFlash-drafted" in ev.lines[0]
+        # a verify cap of one row: every round drafted, none verified a proposal
+        one = _MetricsSession(tmp_path / "b", metrics.url, 1)
+        metrics.state = {"last_request": {"request_id": 7, "mode_used": "dflash", "cycles": 9, "copyspec_hits": 0}}
+        ev = dflash_mlx.evidence(one, done, dflash_mlx.Mark(0, None, 6, 0))
+        assert ev.engaged is False and "--verify-len-cap 1: no round verifies a proposed token" in ev.lines[0]
+        # nothing newer than the mark by the deadline: None, after polling until then
+        reads = metrics.reads
+        t0 = time.monotonic()
+        assert dflash_mlx.wait_for_request(metrics.url, 7, time.monotonic() + 0.3) is None
+        assert 0.3 <= time.monotonic() - t0 < 5 and metrics.reads - reads >= 2
+
+
+def test_the_counted_rule_needs_two_rounds_not_copied_and_a_cap_of_two_rows() -> None:
+    assert dflash_mlx.counted_engagement(2, 0, None) == (True, "")
+    assert dflash_mlx.counted_engagement(3, 1, 2)[0] is True
+    assert dflash_mlx.counted_engagement(1, 0, 16)[0] is False  # one round: it may have been the last, one row
+    assert dflash_mlx.counted_engagement(9, 0, 1)[0] is False
+    assert dflash_mlx.verify_cap(["x", "--verify-len-cap", "4"]) == 4
+    assert dflash_mlx.verify_cap(["--verify-len-cap=3"]) == 3 and dflash_mlx.verify_cap(["x"]) is None

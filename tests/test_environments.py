@@ -119,6 +119,10 @@ def test_packaged_specs_pin_the_engines_and_specparity_comes_along() -> None:
     assert "mlx-lm==0.31.3" in specs["mlx-lm-0.31.3"].packages
     assert "mlx-lm==0.32.2" in specs["mlx-lm-0.32.2"].packages
     assert {"dflash-mlx==0.1.8", "mlx-lm==0.31.3"} <= set(specs["dflash-mlx"].packages)
+    # dflash-mlx in process on the other mlx-lm: only mlx-lm differs, and its server is not asked to import
+    a, b = (set(specs[n].packages) for n in ("dflash-mlx", "dflash-mlx-mlx-lm-0.32.2"))
+    assert a ^ b == {"mlx-lm==0.31.3", "mlx-lm==0.32.2"}
+    assert "dflash_mlx.serve" not in specs["dflash-mlx-mlx-lm-0.32.2"].imports
     reqs = specs["dflash-mlx"].requirements()
     assert "httpx" in reqs and not any("pytest" in r for r in reqs)  # runtime deps only, no extras
     # what differs between the two mlx-lm environments is mlx-lm alone
@@ -300,7 +304,7 @@ def built(name: str) -> envs.Environment:
 
 @pytest.mark.build
 @pytest.mark.parametrize("name, mlx_lm", [("mlx-lm-0.31.3", "0.31.3"), ("mlx-lm-0.32.2", "0.32.2"),
-                                          ("dflash-mlx", "0.31.3")])
+                                          ("dflash-mlx", "0.31.3"), ("dflash-mlx-mlx-lm-0.32.2", "0.32.2")])
 def test_a_built_environment_lists_its_packages_and_imports_its_engine(name: str, mlx_lm: str) -> None:
     env = built(name)
     packages = env.packages()
@@ -309,6 +313,22 @@ def test_a_built_environment_lists_its_packages_and_imports_its_engine(name: str
     assert ident["name"] == name and ident["digest"] == env.spec.digest and ident["packages"] == packages
     for module in env.spec.imports:
         assert env.has_module(module), module
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_mlx_on_mlx_lm_0_32_2_imports_its_engine_and_generate_but_not_its_server() -> None:
+    """Why the in-process column of mlx-lm 0.32.2 has an environment of its own: dflash-mlx 0.1.8's
+    generate and engine import there; its server needs a name 0.32 removed."""
+    env = built("dflash-mlx-mlx-lm-0.32.2")
+    code = ("import importlib, sys\nfor m in sys.argv[1:]:\n    try:\n        importlib.import_module(m)\n"
+            "        print(m, 'ok')\n    except ImportError as e:\n        print(m, 'ImportError', e)\n")
+    out = subprocess.run([str(env.python), "-P", "-c", code, "dflash_mlx.generate", "dflash_mlx.runtime.bundle",
+                          "dflash_mlx.serve"], env=env.environ(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[:2] == ["dflash_mlx.generate ok", "dflash_mlx.runtime.bundle ok"]
+    assert lines[2].startswith("dflash_mlx.serve ImportError") and "SequenceStateMachine" in lines[2], lines
 
 
 @pytest.mark.build

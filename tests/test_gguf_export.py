@@ -171,17 +171,13 @@ def test_cli_fixtures_gguf(cli_bin, llama_pair, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing", "not-a-checkpoint", "fault"])
-def test_cli_fixtures_gguf_refuses_bad_input(cli_bin, llama_pair, tmp_path, case):
-    from specparity.fixtures import build_pair
-
+def test_cli_fixtures_gguf_refuses_bad_input(cli_bin, llama_pair, tmp_path, case, request):
     if case == "missing":
         src, code, words = str(tmp_path / "nope"), 2, "SRC_DIR"
     elif case == "not-a-checkpoint":
         src, code, words = str(tmp_path), 2, "no config.json"  # as e2e and probe say (issue 20)
-    else:
-        fx = build_pair(tmp_path / "bad", with_draft=False,
-                        faults=[{"kind": "rows", "layer": 2, "min_rows": 4}])
-        src, code, words = fx.target, 2, "fault fixture"
+    else:  # the shared rows-4 fault pair, built once per session
+        src, code, words = request.getfixturevalue("rows4_pair").target, 2, "fault fixture"
     r = run_cli(cli_bin, "fixtures", "gguf", src, str(tmp_path / "o.gguf"))
     assert r.returncode == code, (r.returncode, r.stderr)
     assert r.stderr.startswith("Error: ") and words in r.stderr and "Traceback" not in r.stderr

@@ -68,6 +68,7 @@ HANG = textwrap.dedent("""
 """)
 
 
+@pytest.mark.server
 def test_process_that_exits_raises_with_its_exit_code(tmp_path):
     srv = Server([sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"], name="quits")
     with pytest.raises(ServerStartError, match="exited with code 3") as err:
@@ -76,6 +77,7 @@ def test_process_that_exits_raises_with_its_exit_code(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_never_ready_times_out_and_sigkill_takes_the_whole_group(tmp_path):
     srv = Server([sys.executable, "-c", HANG], start_timeout=1.5, stop_timeout=0.5, name="hang",
                  log_path=tmp_path / "hang.log")
@@ -85,6 +87,7 @@ def test_never_ready_times_out_and_sigkill_takes_the_whole_group(tmp_path):
     assert srv.pgid is not None and not group_alive(srv.pgid)  # the grandchild went with it
 
 
+@pytest.mark.server
 def test_stop_all_stops_every_live_server(tmp_path):
     servers = [Server([sys.executable, "-c", "import time; time.sleep(600)"], name=f"s{i}") for i in range(2)]
     for s in servers:
@@ -94,6 +97,57 @@ def test_stop_all_stops_every_live_server(tmp_path):
     assert not live_servers()
     for s in servers:
         assert s.pgid is not None and not group_alive(s.pgid)
+
+
+@pytest.mark.server
+def test_a_ready_path_that_trickles_bytes_is_not_ready_by_the_deadline(tmp_path: Path) -> None:
+    """Each poll had a 2 s per-read timeout and the deadline was checked only between polls: a
+    /health that sends a byte every 0.2 s, forever, held start-up for good."""
+    from fakeserver import argv, bounded
+
+    srv = Server(argv("--trickle", "/health"), start_timeout=2.0, name="trickle", log_path=tmp_path / "t.log")
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ServerStartError, match="trickle not ready on /health after 2 s"):
+            bounded(srv.start, 60)
+    finally:
+        srv.stop()
+    assert time.monotonic() - t0 < 30  # the deadline, with any slack a loaded machine needs
+    assert "fakeserver: trickling /health" in (tmp_path / "t.log").read_text()  # it was polled, and answered so
+    assert srv.pgid is not None and not group_alive(srv.pgid)
+
+
+def test_marked_processes_are_found_through_ps_as_through_proc(tmp_path: Path) -> None:
+    """The fallback macOS takes (no /proc), run here on procps: the same processes, zombies left out."""
+    import uuid
+
+    from fakeserver import MARK_ENV, marked, marked_by_ps
+
+    mark = uuid.uuid4().hex
+    env = {**os.environ, MARK_ENV: mark}
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env) for _ in range(2)]
+    try:
+        want = {p.pid for p in procs}
+        deadline = time.monotonic() + 30
+        while set(marked_by_ps(mark)) != want and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert set(marked_by_ps(mark)) == want
+        if Path("/proc").is_dir():
+            assert set(marked(mark)) == want
+        procs[0].kill()
+        while not _is_zombie(procs[0].pid) and time.monotonic() < deadline:  # killed, not reaped yet
+            time.sleep(0.05)
+        assert set(marked_by_ps(mark)) == {procs[1].pid}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert marked_by_ps(mark) == []
+
+
+def _is_zombie(pid: int) -> bool:
+    out = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
+    return out.stdout.strip().startswith("Z")
 
 
 PARENT = textwrap.dedent("""
@@ -179,6 +233,75 @@ def test_sigkill_of_the_harness_leaves_no_server_or_child(tmp_path: Path, pdeath
         _kill_marked(mark)
 
 
+ORACLE_OWNER = textwrap.dedent("""
+    import sys, time
+    from specparity.harness import lifecycle
+    from specparity.harness.oracle import Oracle
+    lifecycle.PARENT_DEATH_SIGNAL = {pdeath!r}
+    oracle = Oracle("/checkpoint", False, {busy!r})
+    oracle.spawn()
+    print(oracle.proc.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def _busy_worker(tmp_path: Path) -> str:
+    """A stand-in for the classic reference's interpreter: a worker that is busy (never reads its
+    input, as one computing a large model's answer for minutes does not)."""
+    busy = tmp_path / "busy-python"
+    busy.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+    busy.chmod(0o755)
+    return str(busy)
+
+
+@pytest.mark.parametrize("pdeath", [True, False], ids=["parent-death-signal-and-watcher", "watcher-only"])
+def test_sigkill_of_the_harness_takes_a_busy_classic_reference_worker(tmp_path: Path, pdeath: bool) -> None:
+    """The worker lived on after SIGKILL of served until it next read its input (minutes on a big model)."""
+    import uuid
+
+    from fakeserver import MARK_ENV, marked, wait_gone
+
+    if pdeath and not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    mark = uuid.uuid4().hex
+    owner = subprocess.Popen([sys.executable, "-P", "-c", ORACLE_OWNER.format(pdeath=pdeath,
+                                                                              busy=_busy_worker(tmp_path))],
+                             stdout=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, MARK_ENV: mark})
+    try:
+        line = owner.stdout.readline() if owner.stdout else ""
+        assert line.strip().isdigit(), "the owner did not start its worker"
+        worker = int(line)
+        assert worker in marked(mark) and len(marked(mark)) == 3  # owner, worker, the worker's watcher
+        owner.kill()
+        owner.wait(30)
+        left = wait_gone(mark)
+        assert not left, f"still running after the harness was SIGKILLed: {left}"
+    finally:
+        _kill_marked(mark)
+
+
+def test_stop_all_stops_the_classic_reference_worker(tmp_path: Path) -> None:
+    """Ctrl-C and SIGTERM run stop_all: the worker (in a session of its own, so the terminal's
+    Ctrl-C no longer reaches it) is stopped with the servers, and says so."""
+    from specparity.harness.oracle import Oracle
+
+    oracle = Oracle("/checkpoint", False, _busy_worker(tmp_path))
+    oracle.spawn()
+    assert oracle.proc is not None
+    pid = oracle.proc.pid
+    try:
+        assert os.getpgid(pid) == pid  # its own group: the watcher stops all of it
+        stop_all()
+    finally:
+        if oracle.proc is not None:
+            oracle.proc.kill()
+            oracle.proc.wait()
+    assert oracle.proc is None and oracle.failed == "the classic reference was stopped"
+    assert not group_alive(pid)
+    answer = oracle.complete("completions", {"prompt": "x"})
+    assert answer.completion is None and answer.error == "the classic reference was stopped"
+
+
 @pytest.mark.slow
 @pytest.mark.server
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
@@ -211,6 +334,7 @@ def _kill_marked(mark: str) -> None:
             pass
 
 
+@pytest.mark.server
 def test_a_server_started_from_a_thread_that_ends_keeps_running(tmp_path: Path) -> None:
     """Linux sends the parent-death signal when the forking *thread* exits: servers are forked from
     one thread that lives as long as the process, never from the caller's."""
@@ -233,6 +357,7 @@ def test_a_server_started_from_a_thread_that_ends_keeps_running(tmp_path: Path) 
 
 
 # -- issue 20, class 10: placeholders only where they belong -------------------------------------
+@pytest.mark.server
 def test_a_model_path_holding_placeholders_reaches_the_server_as_it_is(tmp_path: Path) -> None:
     """The profile's {port} is the port; a {port} or {host} inside the model path is the path's."""
     import httpx
@@ -249,7 +374,7 @@ def test_a_model_path_holding_placeholders_reaches_the_server_as_it_is(tmp_path:
     p = load_profile(str(prof))
     model = str(tmp_path / "m-{port}-{host}-{{x}}-{0}")
     draft = str(tmp_path / "d-{port}")
-    # as harness/served.py renders it
+    # as harness.run.PairingRun.server_argv renders it
     argv = p.render(p.argv, model=model, host=HOST, port="{port}")
     argv += p.render(p.draft_argv, draft_model=draft, num_draft=3, width=4)
     with Server(argv, name="fake", log_path=tmp_path / "fake.log") as srv:
@@ -271,6 +396,8 @@ def fake_argv_plain(fake_py: str) -> list[str]:
 @pytest.mark.parametrize("item, words", [
     ("{0}", "placeholder {0}"), ("{}", "placeholder {}"), ("{model", "expected '}'"), ("x}", "Single '}'"),
     ("{model.__class__}", "placeholder {model.__class__}"), ("{nope}", "has no value here"),
+    ("{model:>99999999999}", "argv: placeholder {model:>99999999999} in '{model:>99999999999}': no format spec"),
+    ("{model!r}", "argv: placeholder {model!r} in '{model!r}': no format spec or conversion"),
 ])
 def test_a_bad_template_item_is_a_usage_error_naming_the_profile(tmp_path: Path, item: str, words: str) -> None:
     import yaml
@@ -283,6 +410,7 @@ def test_a_bad_template_item_is_a_usage_error_naming_the_profile(tmp_path: Path,
         load_profile(str(prof))  # the dry render at load (issue 20, class 1): not when a server starts
 
 
+@pytest.mark.server
 def test_a_missing_executable_is_refused_at_spawn_behind_the_exec_wrapper(tmp_path: Path) -> None:
     for exe, words in (("specparity-no-such-server", "on PATH"), ("./no-such-server", "not an executable file")):
         srv = Server([exe, "--port", PORT_ARG], name="missing", log_path=tmp_path / "m.log", cwd=tmp_path)

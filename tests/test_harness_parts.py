@@ -90,6 +90,41 @@ def test_packaged_profiles_load_and_bad_ones_are_usage_errors(tmp_path):
         load_profile(str(loop))
 
 
+def _schema_keys(fields: object, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted path, key) of every key of a Fields schema, nested mappings included."""
+    from specparity.schema import Fields, Nullable
+
+    out: list[tuple[str, str]] = []
+    assert isinstance(fields, Fields)
+    for key, check in fields.fields.items():
+        out.append((prefix + key, key))
+        inner = check.inner if isinstance(check, Nullable) else check
+        if isinstance(inner, Fields):
+            out += _schema_keys(inner, f"{prefix}{key}.")
+    return out
+
+
+def test_the_mlx_lm_profile_documents_every_profile_key_and_loads_as_before():
+    """profiles/mlx-lm.yaml is where a newcomer reads what a profile can say: every PROFILE_SCHEMA
+    key is in it, set or (extends, which this file cannot use) named in a comment."""
+    import re
+
+    from specparity.harness.profiles import PROFILE_SCHEMA
+
+    text = packaged_profiles()["mlx-lm"].read_text()
+    raw = yaml.safe_load(text)
+    keys = _schema_keys(PROFILE_SCHEMA)
+    assert len(keys) > 30 and ("evidence.metrics_path", "metrics_path") in keys
+    missing = [path for path, key in keys if not re.search(rf"^\s*(# )?{re.escape(key)}:", text, re.MULTILINE)]
+    assert not missing, f"PROFILE_SCHEMA keys not documented in mlx-lm.yaml: {missing}"
+    unset = [path for path, _ in keys if "." not in path and path not in raw]
+    assert unset == ["extends"]  # every other top key is set, with its default said beside it
+    mlx = load_profile("mlx-lm")  # the values set are the defaults: nothing a run does changes
+    assert (mlx.arithmetic, mlx.exercised, mlx.engine, mlx.environment, mlx.requires_module) == (
+        "mlx", True, None, None, None)
+    assert (mlx.usage_field, mlx.metrics_counter, mlx.metrics_path, mlx.flush) == (None, None, "/metrics", None)
+
+
 def test_wrap_keeps_faults_links_weights_and_wraps_a_foreign_model_file_with_consent(tmp_path):
     src = tmp_path / "ckpt"
     src.mkdir()

@@ -17,7 +17,7 @@ from specparity.harness.judge import (
     EXACT_TIE, EXACT_TIE_WORDS, Classic, Cold, classic_answer, judge_pairing, judge_request, prompt_findings,
     scope_findings,
 )
-from specparity.harness.plan import ArmKind, ArmPlan
+from specparity.harness.plan import ArmKind, ArmPlan, Drafter
 from specparity.harness.profiles import Width
 from specparity.harness.reference import PromptCheck, ReferenceCompletion
 from specparity.harness.results import ArmResult, PairingResult, RequestResult
@@ -58,7 +58,8 @@ def _plan(name: str) -> ArmPlan:
     if name.startswith("baseline"):
         return ArmPlan(name, ArmKind.BASELINE, server_key=name)
     rows = int(name[1:])
-    return ArmPlan(name, ArmKind.WIDTH, Width(rows, rows - 1, "num_draft_tokens"), "/draft", server_key=name)
+    return ArmPlan(name, ArmKind.WIDTH, Width(rows, rows - 1, "num_draft_tokens"), Drafter.DRAFT,
+                   server_key=name)
 
 
 def _engaged() -> Evidence:
@@ -207,7 +208,7 @@ def test_a_loop_no_replay_rebuilds_has_no_cold_answer(tmp_path: Path) -> None:
 
     other = tmp_path / "other-loop.yaml"
     other.write_text(yaml.safe_dump({"extends": "mlx-lm", "name": "other-loop", "loop": "not-rebuilt"}))
-    plan = ArmPlan("w4", ArmKind.WIDTH, Width(4, 3, "num_draft_tokens"), "/d", server_key="w4")
+    plan = ArmPlan("w4", ArmKind.WIDTH, Width(4, 3, "num_draft_tokens"), Drafter.DRAFT, server_key="w4")
     ex = Exchange(Request("p0-prefix", "shared-prefix", "completions", {"prompt": "x"}), Completion(text="y"))
     for profile, words in ((str(other), "other-loop runs the serving loop not-rebuilt"),
                            ("specparity-serve", "specparity-serve runs the serving loop specparity-serve"),

@@ -37,9 +37,14 @@ def _is_type_checking(node: ast.If) -> bool:
         (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, here: str) -> list[tuple[str, list[str], int]]:
-    """(module, names imported from it, line) for every import outside TYPE_CHECKING blocks."""
+def _imports(tree: ast.AST, here: str, package: bool = False) -> list[tuple[str, list[str], int]]:
+    """(module, names imported from it, line) for every import outside TYPE_CHECKING blocks.
+
+    here: the importing module's name; package: it is a package's ``__init__`` (its relative
+    imports start from the package itself, not from its parent).
+    """
     out: list[tuple[str, list[str], int]] = []
+    base_parts = here.split(".") if package else here.split(".")[:-1]
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node):
@@ -51,7 +56,7 @@ def _imports(tree: ast.AST, here: str) -> list[tuple[str, list[str], int]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parts = here.split(".")[:-node.level]
+                parts = base_parts[:len(base_parts) - node.level + 1]
                 base = ".".join([*parts, base]) if base else ".".join(parts)
             out.append((base, [a.name for a in node.names], node.lineno))
         for child in ast.iter_child_nodes(node):
@@ -61,45 +66,147 @@ def _imports(tree: ast.AST, here: str) -> list[tuple[str, list[str], int]]:
     return out
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _defined_private(tree: ast.AST) -> set[str]:
+    """The private names a module defines: module-level and class-level names, methods, and
+    attributes its methods set on ``self`` / ``cls``."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            out.add(node.attr)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+    return {n for n in out if _private(n)}
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` as a string (None for anything but names and attributes)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner is not None else None
+    return None
+
+
+def private_uses(modules: dict[str, tuple[str, str]], project: str = "specparity") -> list[str]:
+    """Every place a module reaches another project module's private name.
+
+    modules: dotted name -> (file name as reported, source); ``__init__`` files name their package.
+    Found: an import of a private name from a project module; ``M._x`` or ``pkg.mod._x`` where the
+    expression is a project module other than this one; ``obj._x`` where ``obj`` is not self / cls /
+    super() and ``_x`` is private to another project module and not defined in this one (the
+    original offence: ``run._start`` on another module's object). Names reached through a
+    third-party module (``mlx_lm.x._y``) are that library's business.
+    """
+    trees = {name: ast.parse(src) for name, (_, src) in modules.items()}
+    own = {name: _defined_private(tree) for name, tree in trees.items()}
+    bad: list[str] = []
+    for name, tree in trees.items():
+        where = modules[name][0]
+        package = where.endswith("__init__.py")
+        others = set().union(*(own[m] for m in own if m != name)) if len(own) > 1 else set()
+        bound: dict[str, str] = {}  # local name -> the module (project or not) it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        for mod, names, line in _imports(tree, name, package):
+            for n in names:
+                if mod.startswith(project) and _private(n):
+                    bad.append(f"{where}:{line}: imports {n} from {mod}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level:
+                    parts = (name.split(".") if package else name.split(".")[:-1])
+                    parts = parts[:len(parts) - node.level + 1]
+                    mod = ".".join([*parts, mod]) if mod else ".".join(parts)
+                for a in node.names:
+                    bound[a.asname or a.name] = f"{mod}.{a.name}"
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+                continue
+            value = node.value
+            if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+                continue
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super":
+                continue
+            dotted = _dotted(value)
+            root = dotted.split(".")[0] if dotted else None
+            target = None
+            if dotted is not None and root in bound:
+                target = bound[root] + dotted[len(root):]
+            if target is not None and not target.startswith(project):
+                continue  # a third-party module's (or its object's) own business
+            if target is not None and target in modules and target != name:
+                bad.append(f"{where}:{node.lineno}: uses {target}.{node.attr}")
+            elif node.attr in others and node.attr not in own[name]:
+                bad.append(f"{where}:{node.lineno}: reaches {node.attr}, private to another module,"
+                           f" through {ast.unparse(value)}")
+    return sorted(bad, key=lambda b: (b.split(":")[0], int(b.split(":")[1])))
+
+
 def test_the_module_list_is_the_package():
     assert "specparity.harness.run" in MODULES and "specparity.records.served" in MODULES
     assert all(p.is_file() for p in MODULES.values())
 
 
-def test_no_module_imports_a_private_name_of_another():
-    bad = []
-    for name, path in MODULES.items():
-        tree = ast.parse(path.read_text())
-        aliases: dict[str, str] = {}  # local name -> specparity module it is bound to
-        for mod, names, line in _imports(tree, name):
-            if not mod.startswith("specparity"):
-                continue
-            for n in names:
-                if n.startswith("_") and not n.startswith("__"):
-                    bad.append(f"{path.relative_to(ROOT)}:{line}: imports {n} from {mod}")
-                if f"{mod}.{n}" in MODULES:
-                    aliases[n] = f"{mod}.{n}"
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    if a.name.startswith("specparity") and a.asname:
-                        aliases[a.asname] = a.name
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specparity"):
-                for a in node.names:
-                    if a.asname and f"{node.module}.{a.name}" in MODULES:
-                        aliases[a.asname] = f"{node.module}.{a.name}"
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                    and node.value.id in aliases and aliases[node.value.id] != name \
-                    and node.attr.startswith("_") and not node.attr.startswith("__"):
-                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: uses {aliases[node.value.id]}.{node.attr}")
+def test_no_module_reaches_a_private_name_of_another():
+    sources = {name: (str(path.relative_to(ROOT)), path.read_text()) for name, path in MODULES.items()}
+    bad = private_uses(sources)
     assert not bad, "\n".join(bad)
+
+
+def test_the_private_name_check_fires():
+    a = ("class Run:\n    def _start(self):\n        self._port = 1\n"
+         "_TABLE = {}\ndef _helper():\n    pass\n")
+    mods = {"specparity.a": ("a.py", a),
+            "specparity.pkg": ("pkg/__init__.py", "from . import mod\nfrom .mod import _hidden\n"),
+            "specparity.pkg.mod": ("pkg/mod.py", "_hidden = 1\n"),
+            "specparity.b": ("b.py", "\n".join([
+                "import specparity.a",
+                "import mlx_lm",
+                "from specparity import a as alias",
+                "from specparity.a import _helper",
+                "def go(run, tokenizer):",
+                "    run._start()",          # another module's private method on its object
+                "    specparity.a._TABLE",   # dotted access to a module's private name
+                "    alias._helper()",       # through a module alias
+                "    mlx_lm.models._x",      # third party: allowed
+                "    tokenizer._tokenizer",  # no project module defines it: allowed
+                "    self._port",            # self: allowed
+                "    super()._start()",      # the base class's: allowed
+            ]))}
+    bad = private_uses(mods)
+    assert bad == ["b.py:4: imports _helper from specparity.a",
+                   "b.py:6: reaches _start, private to another module, through run",
+                   "b.py:7: uses specparity.a._TABLE",
+                   "b.py:8: uses specparity.a._helper",
+                   "pkg/__init__.py:2: imports _hidden from specparity.pkg.mod"], bad
+    # a module's own private names are its own, also on another object of its class
+    mods["specparity.b"] = ("b.py", "class Run:\n    def _start(self):\n        pass\n"
+                                    "def go(run):\n    run._start()\n")
+    assert private_uses(mods) == ["pkg/__init__.py:2: imports _hidden from specparity.pkg.mod"]
+    # a package's relative import names the package itself
+    assert _imports(ast.parse("from . import mod\nfrom .mod import x\nfrom .. import y"), "specparity.pkg",
+                    package=True) == [("specparity.pkg", ["mod"], 1), ("specparity.pkg.mod", ["x"], 2),
+                                      ("specparity", ["y"], 3)]
+    assert _imports(ast.parse("from . import sib"), "specparity.pkg.mod") == [("specparity.pkg", ["sib"], 1)]
 
 
 def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for name, path in MODULES.items():
-        for mod, names, _ in _imports(ast.parse(path.read_text()), name):
+        for mod, names, _ in _imports(ast.parse(path.read_text()), name, path.name == "__init__.py"):
             targets = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in MODULES]
             if mod in MODULES and len(targets) < len(names or [None]):
                 targets.append(mod)
@@ -155,3 +262,15 @@ def test_no_import_cycle_even_through_lazy_imports():
 def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_harness_map_names_every_module_and_folder():
+    """harness/__init__.py is the map a newcomer reads: each file and sub-folder of harness/ is on it."""
+    import specparity.harness as harness
+
+    doc = harness.__doc__ or ""
+    folder = ROOT / "harness"
+    entries = [f.name for f in folder.glob("*.py") if f.name != "__init__.py"]
+    entries += [f"{d.name}/" for d in folder.iterdir() if d.is_dir() and not d.name.startswith(("_", "."))]
+    missing = [e for e in sorted(entries) if f"    {e}" not in doc]
+    assert not missing, f"harness/__init__.py's map lacks {missing}"

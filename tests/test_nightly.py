@@ -273,7 +273,7 @@ def test_nightly_checks_junit_previous_and_out_before_the_job(cli_bin: str, tmp_
     assert junit.read_text() == "last night's"
     link = tmp_path / "link.xml"
     link.symlink_to(junit)
-    refused("--junit", str(link), message="exists (pass --force")
+    refused("--junit", str(link), message=f"--junit {link}: exists as a link (pass --force")
     refused("--junit", str(tmp_path), message="is a directory")
     refused("--junit", str(junit / "x.xml"), message="cannot create its directory")
     if _has_compare(cli_bin):
@@ -284,8 +284,58 @@ def test_nightly_checks_junit_previous_and_out_before_the_job(cli_bin: str, tmp_
         report = tmp_path / "old" / "data" / incomplete.stem / "report.json"
         report.write_text(report.read_text().replace('"complete"', '"interrupted"'))
         refused("--previous", str(incomplete), message="not complete")
+        # complete, but a probe's: compare reads it (with itself), the nightly compare could not
+        probe = _served_record(tmp_path / "probe")
+        report = tmp_path / "probe" / "data" / probe.stem / "report.json"
+        report.write_text(report.read_text().replace('"kind": "served"', '"kind": "probe"'))
+        refused("--previous", str(probe), message=f"--previous {probe}: a probe record, not a served one")
         good = _served_record(tmp_path / "good")
         # a readable complete record passes its check: the run stops at the next one
         refused("--previous", str(good), "--junit", str(junit), message="--junit")
     run = nightly(cli_bin, cfg, "--out", str(junit / "records"))
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--out" in run.stderr, run.stderr
+    # a refused run creates nothing: the JUnit file's folder was made before --out was checked
+    run = nightly(cli_bin, cfg, "--out", str(junit / "sub"), "--junit", str(tmp_path / "new" / "x.xml"))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--out" in run.stderr, run.stderr
+    assert not (tmp_path / "new").exists()
+
+
+FAKE = str(Path(__file__).resolve().parent / "fakeserver.py")
+
+
+def _fake_night(tmp_path: Path) -> Path:
+    """A job on the fake server (no model): its drafted arm says it drafted, so the night passes (exit 0)."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "config.json").write_text("{}")
+    prof = tmp_path / "fake.yaml"
+    prof.write_text(yaml.safe_dump({
+        "name": "fake", "argv": ["{python}", "-I", FAKE, "--model", "{model}", "--host", "{host}", "--port", "{port}"],
+        "draft_argv": ["--draft-model", "{draft_model}", "--num-draft-tokens", "{num_draft}"],
+        "evidence": {"response_field": "drafted"}}))
+    cfg = tmp_path / "night.yaml"
+    cfg.write_text(yaml.safe_dump({"pairings": [{"name": "p", "target": str(ck), "draft": str(ck),
+                                                 "profile": str(prof)}],
+                                   "widths": [2], "sequence": ["fresh"], "max_tokens": 4, "reference": False,
+                                   "self_draft": False, "concurrency": 0}))
+    return cfg
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_nightly_force_replaces_an_existing_junit_file_and_a_link_not_its_target(cli_bin: str,
+                                                                                 tmp_path: Path) -> None:
+    cfg = str(_fake_night(tmp_path))
+    junit = tmp_path / "parity.xml"
+    junit.write_text("last night's")
+    run = nightly(cli_bin, cfg, "--out", str(tmp_path / "rec"), "--junit", str(junit), "--force", "--quiet")
+    assert run.returncode == 0, run.stderr
+    assert JUnitXml.fromfile(str(junit)).tests == 3  # baseline-start, w2, baseline-end: tonight's
+    target = tmp_path / "keep.xml"
+    target.write_text("not ours")
+    link = tmp_path / "link.xml"
+    link.symlink_to(target)
+    run = nightly(cli_bin, cfg, "--out", str(tmp_path / "rec"), "--junit", str(link), "--force", "--quiet")
+    assert run.returncode == 0, run.stderr
+    assert not link.is_symlink() and JUnitXml.fromfile(str(link)).tests == 3  # the link itself replaced
+    assert target.read_text() == "not ours"  # never written through

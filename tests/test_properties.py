@@ -232,18 +232,25 @@ def test_gate_store_bytes(raw):
 # any YAML / JSON value: what a hostile file can put at a key
 _leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True),
                   st.text(max_size=8), st.sampled_from(["mlx-lm", "fresh", "stream", "chat", "process", "request",
-                                                        "target", "{model}", "{port}", "(", "/health", "1", "-"]))
+                                                        "target", "{model}", "{port}", "(", "/health", "1", "-",
+                                                        "~x/y", "~nosuchuser/x", "{model:>999999999}", "{model!r}",
+                                                        "a\x00b", "\x00", "w2", "baseline-end", "llama_cpp",
+                                                        "dflash-mlx", "mlx", "other", "."]))
 J = dict[str, Any]  # a file's mapping
 values = st.recursive(_leaf, lambda c: st.one_of(st.lists(c, max_size=3),
                                                  st.dictionaries(st.one_of(st.text(max_size=6), st.integers()), c,
                                                                  max_size=3)), max_leaves=8)
 
 
-def _mutated(base: dict, *, nested: dict[str, st.SearchStrategy] | None = None) -> st.SearchStrategy:
+def _mutated(base: dict, *, nested: dict[str, st.SearchStrategy] | None = None,
+             schema: Any = None) -> st.SearchStrategy:
     """``base`` (a valid file) with up to three of its keys (or a key it lacks) given any value, and its
     ``nested`` keys drawn from their own (mutated) strategies: the parser meets each bad value beside
-    otherwise good ones, so no earlier check hides it."""
-    keys = st.one_of(st.sampled_from(sorted(base)), st.text(max_size=6), st.integers(-2, 2))
+    otherwise good ones, so no earlier check hides it. ``schema``: the file's Fields, whose every key
+    is drawn (not only those ``base`` holds)."""
+    missing = sorted(k for k in (schema.fields if schema is not None else ()) if k not in base)
+    keys = st.one_of(*([st.sampled_from(missing)] if missing else []), st.sampled_from(sorted(base)),
+                     st.text(max_size=6), st.integers(-2, 2))
     over = st.dictionaries(keys, values, max_size=3)
     inner = st.fixed_dictionaries({}, optional=nested or {})
     return st.tuples(inner, over).map(lambda t: {**base, **t[0], **t[1]})
@@ -276,11 +283,25 @@ _JOB: J = {"pairings": [{"name": "p", "target": "/t", "draft": "/d", "profile": 
         "sequence": ["fresh", "stream"], "concurrency": 0, "self_draft": True, "repeats": 0,
         "extra_args": {"*": ["--x"]}, "controls": [{"name": "c", "env": {"A": "1"}, "width": 2}], "env": {"B": "2"},
         "start_timeout": 5, "request_timeout": 5}
-_job = _mutated(_JOB, nested={
-    "pairings": st.lists(_mutated(_JOB["pairings"][0]), max_size=2),
-    "controls": st.lists(_mutated(_JOB["controls"][0]), max_size=2),
-    "params": _mutated({"stop": ["x"], "seed": 0, "logit_bias": {"5": -1}}),
-    "distribution": _mutated({"temperature": 0.7, "requests": 100, "prefix": 1, "alpha": 0.001, "seed": 0})})
+
+
+def _job_strategy() -> st.SearchStrategy:
+    from specparity.harness.config import JOB_SCHEMA
+
+    def part(key: str) -> Any:
+        checker = JOB_SCHEMA.fields[key]
+        checker = getattr(checker, "inner", checker)  # Nullable
+        return getattr(checker, "item", checker)  # ListOf
+
+    return _mutated(_JOB, schema=JOB_SCHEMA, nested={
+        "pairings": st.lists(_mutated(_JOB["pairings"][0], schema=part("pairings")), max_size=2),
+        "controls": st.lists(_mutated(_JOB["controls"][0], schema=part("controls")), max_size=2),
+        "params": _mutated({"stop": ["x"], "seed": 0, "logit_bias": {"5": -1}}, schema=part("params")),
+        "distribution": _mutated({"temperature": 0.7, "requests": 100, "prefix": 1, "alpha": 0.001, "seed": 0},
+                                 schema=part("distribution"))})
+
+
+_job = _job_strategy()
 
 
 @PROFILE
@@ -318,14 +339,24 @@ _PROFILE_FILE: J = {"name": "p", "argv": ["{python}", "-m", "srv", "--model", "{
                  "version_command": ["{python}", "-V"], "requires_module": "json", "exercised": True}
 
 
+def _profile_strategy() -> st.SearchStrategy:
+    from specparity.harness.profiles import PROFILE_SCHEMA
+
+    def part(key: str) -> Any:
+        return PROFILE_SCHEMA.fields[key].inner  # type: ignore[attr-defined]  # Nullable(Fields)
+
+    argv = st.lists(st.sampled_from(["{python}", "{model}", "{port}", "{0}", "{model", "x", "{width}", "}",
+                                     "{model:>999999999}", "{model!r}", "{port:d}", "a\x00b", "~x/{model}"]),
+                    min_size=1, max_size=4)
+    return _mutated(_PROFILE_FILE, schema=PROFILE_SCHEMA, nested={
+        "width": _mutated(_PROFILE_FILE["width"], schema=part("width")),
+        "evidence": _mutated(_PROFILE_FILE["evidence"], schema=part("evidence")),
+        "logprobs": _mutated(_PROFILE_FILE["logprobs"], schema=part("logprobs")),
+        "argv": argv, "draft_argv": argv, "version_command": argv})
+
+
 @PROFILE
-@given(_mutated(_PROFILE_FILE, nested={"width": _mutated(_PROFILE_FILE["width"]),
-                                       "evidence": _mutated(_PROFILE_FILE["evidence"]),
-                                       "logprobs": _mutated(_PROFILE_FILE["logprobs"]),
-                                       "argv": st.lists(st.sampled_from(["{python}", "{model}", "{port}", "{0}",
-                                                                         "{model", "x", "{width}", "}"]),
-                                                        min_size=1, max_size=4)}),
-       _yaml_texts)
+@given(_profile_strategy(), _yaml_texts)
 def test_profile_files(raw, text):
     """Any value at any key of a profile: a Profile that renders, or one line with a documented exit code."""
     from specparity.harness.profiles import Profile, load_profile

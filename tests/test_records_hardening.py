@@ -86,9 +86,13 @@ def test_a_malformed_record_file_is_named_by_every_command(cli_bin: str, record:
         assert line.startswith(f"Error: {_data(record) / file}") and message in line and "\n" not in line, (args, line)
     assert not (tmp_path / "j.xml").exists()
     r = run_cli(cli_bin, "records", "list", str(record.parent))
-    if file == "report.json" and name != "summary-pairings":
-        # list reads the Record of report.json only: the record is listed as unreadable, the rest go on
-        assert r.returncode == 0 and f"{record.stem}  -  unreadable (" in r.stdout, (r.stdout, r.stderr)
+    assert r.returncode == 0 and "unexpected" not in r.stderr and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+    try:  # list says what the one reader says: unreadable, naming the file, or the record as it reads
+        read_record(record)
+        assert f"{record.stem}  served  complete  match" in r.stdout, (r.stdout, r.stderr)
+    except UsageError as err:
+        assert f"{record.stem}  -  unreadable ({err})" in r.stdout, (r.stdout, r.stderr)
+        assert str(_data(record) / file) in str(err)
 
 
 def test_a_md_without_its_data_is_not_a_record_for_show_and_compare_alike(cli_bin: str, tmp_path: Path) -> None:
@@ -100,6 +104,7 @@ def test_a_md_without_its_data_is_not_a_record_for_show_and_compare_alike(cli_bi
     for args in (["show", str(md)], ["compare", str(md), str(md)], ["junit", str(md), "--out", str(tmp_path / "x")]):
         r = run_cli(cli_bin, "records", *args)
         assert r.returncode == 2 and r.stderr.startswith(f"Error: {md}: not a record"), (args, r.stderr)
+        assert r.stderr.strip().count("\n") == 0, (args, r.stderr)
 
 
 @pytest.mark.parametrize("file", ["report.json", "identity.json", "arms.jsonl"])
@@ -111,6 +116,31 @@ def test_a_data_file_linked_out_of_the_record_is_not_followed(record: Path, tmp_
     f.symlink_to(outside)
     with pytest.raises(UsageError, match=f"{file}: a link out of the record \\(to {outside}\\): not read"):
         read_record(record)
+
+
+@pytest.mark.parametrize("file", ["report.json", "data-dir"])
+def test_a_link_out_of_the_record_is_one_line_from_every_command(cli_bin: str, record: Path, tmp_path: Path,
+                                                                 file: str) -> None:
+    """report.json linked out, and the record's data/<name> folder itself a link to elsewhere (it was
+    followed: every file in it then counted as inside)."""
+    data = _data(record)
+    if file == "data-dir":
+        outside = tmp_path / "elsewhere"
+        data.rename(outside)
+        data.symlink_to(outside)
+        named = data
+    else:
+        outside = tmp_path / "outside-report.json"
+        outside.write_text((data / file).read_text())
+        (data / file).unlink()
+        (data / file).symlink_to(outside)
+        named = data / file
+    good = _served_record(tmp_path / "good")
+    for args in (["show", str(record)], ["compare", str(good), str(record)]):
+        r = run_cli(cli_bin, "records", *args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        want = f"Error: {named}: a link out of the record (to {outside}): not read"
+        assert r.stderr.strip() == want, (args, r.stderr)
 
 
 def test_a_link_inside_the_record_is_read(record: Path) -> None:

@@ -22,7 +22,8 @@ from specparity.fixtures import FixtureInfo
 from specparity.harness.shard import Shard, parse_shard, split
 from specparity.records.compare import compare_records
 from specparity.records.record import RecordSink, read_record
-from specparity.errors import UsageError
+from specparity.errors import InputError, UsageError
+from specparity.harness.plan import ArmKind
 
 JOB = {"widths": [2, 4], "max_tokens": 24, "sequence": ["fresh", "multi-turn"], "concurrency": 0,
        "self_draft": False,
@@ -73,10 +74,10 @@ def _strip(obj):
 
 # -- the split -------------------------------------------------------------------------------------
 def test_shard_split_is_round_robin_keeps_baselines_and_covers_every_arm_once():
-    plans = [("a", [("baseline-start", "baseline"), ("w2", "width"), ("w3", "width"), ("w4", "width"),
-                    ("baseline-end", "baseline")]),
-             ("b", [("baseline-start", "baseline"), ("w2", "width"), ("baseline-end", "baseline")]),
-             ("c", [("baseline-start", "baseline"), ("baseline-end", "baseline")])]
+    base, width = ArmKind.BASELINE, ArmKind.WIDTH
+    plans = [("a", [("baseline-start", base), ("w2", width), ("w3", width), ("w4", width), ("baseline-end", base)]),
+             ("b", [("baseline-start", base), ("w2", width), ("baseline-end", base)]),
+             ("c", [("baseline-start", base), ("baseline-end", base)])]
     s1, s2 = split(plans, Shard(1, 2)), split(plans, Shard(2, 2))
     # the k-th non-baseline arm across pairings goes to shard k % n + 1; baselines-only pairing c: shard 1
     assert s1 == {"a": ["baseline-start", "w2", "w4", "baseline-end"], "c": ["baseline-start", "baseline-end"]}
@@ -85,8 +86,9 @@ def test_shard_split_is_round_robin_keeps_baselines_and_covers_every_arm_once():
     assert split(plans, Shard(2, 2)) == s2  # deterministic
     assert parse_shard("2/3") == Shard(2, 3)
     for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
-        with pytest.raises(UsageError, match="--shard"):
+        with pytest.raises(InputError, match="^shard ") as err:  # the library's word; the command's flag
             parse_shard(bad)
+        assert err.value.as_flag().startswith("--shard ")
 
 
 # -- merge -----------------------------------------------------------------------------------------

@@ -39,8 +39,9 @@ def test_plain_list():
     assert parse_accept_list("2,2,3,1") == [2, 2, 3, 1]
     assert parse_accept_list("[0, 1]") == [0, 1]
     assert parse_accept_list("") == []
-    with pytest.raises(UsageError, match=r"--accepts '2,x': accept length: 'x' is not an integer"):
+    with pytest.raises(UsageError, match=r"^accepts '2,x': accept length: 'x' is not an integer") as err:
         parse_accept_list("2,x")
+    assert err.value.as_flag().startswith("--accepts '2,x': ")  # as the command line prints it
     with pytest.raises(UsageError, match="negative"):
         parse_accept_list("1,-1")
 
@@ -164,8 +165,9 @@ def test_user_regex(tmp_path):
     assert [r.accepts for r in reqs] == [[2, 0], [3]]
     q = _write(tmp_path, "req done lens=1,2,0\nreq done lens=[3]\n", "b.log")
     assert [r.accepts for r in read_log(q, regex=r"lens=(\S+)")] == [[1, 2, 0], [3]]
-    with pytest.raises(UsageError, match="b.log:1: --regex captured 'x'"):
+    with pytest.raises(UsageError, match="b.log:1: regex captured 'x'") as err:  # the CLI: --regex
         read_log(_write(tmp_path, "lens=x\n", "b.log"), regex=r"lens=(\S+)")
+    assert "b.log:1: --regex captured 'x'" in err.value.as_flag()
     with pytest.raises(UsageError, match="not a valid regular expression"):
         read_log(q, regex="lens=(")
     with pytest.raises(UsageError, match="needs a capture group"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from specparity.harness.client import Completion, Request
-from specparity.harness.plan import ArmKind, ArmPlan
+from specparity.harness.plan import ArmKind, ArmPlan, Drafter
 from specparity.harness.profiles import Width, load_profile
 from specparity.harness.reproduce import Finding, Sent, ServerHistory, reproduce
 from specparity.probes.replay.sequence import read_sequence
@@ -29,7 +29,7 @@ def _history(*bodies: dict) -> ServerHistory:
     return ServerHistory(["python", "-m", "mlx_lm", "server", "--model", "/t", "--num-draft-tokens", "3"], sent)
 
 
-W4 = ArmPlan("w4", ArmKind.WIDTH, Width(4, 3, "num_draft_tokens"), "/witness-draft", server_key="w4")
+W4 = ArmPlan("w4", ArmKind.WIDTH, Width(4, 3, "num_draft_tokens"), Drafter.DRAFT, server_key="w4")
 BASE = ArmPlan("baseline-start", ArmKind.BASELINE, server_key="baseline-start")
 
 
@@ -82,7 +82,7 @@ def test_dflash_mlx_replays_a_first_request_through_the_engine_and_says_why_not_
     assert argv[:4] == ["specparity", "replay", "--engine", "dflash-mlx"]
     assert argv[argv.index("--draft-model") + 1] == str(draft) and argv[argv.index("--verify-mode") + 1] == "dflash"
     assert argv[argv.index("--prompt-ids") + 1] == "1,5,9,13" and argv[argv.index("--max-tokens") + 1] == "12"
-    w2 = ArmPlan("w2", ArmKind.WIDTH, Width(2, 2, "verify_len_cap"), str(draft), server_key="w2")
+    w2 = ArmPlan("w2", ArmKind.WIDTH, Width(2, 2, "verify_len_cap"), Drafter.DRAFT, server_key="w2")
     capped = _run("dflash-mlx", w2, _history(BODY), 0, None, draft=str(draft))
     assert capped["command"] is None and "capped its blocks at 2" in capped["reason"]
     warm = _run("dflash-mlx", W4, _history(BODY, BODY), 1, None, draft=str(draft))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -77,7 +78,8 @@ def test_cli_probe_by_hub_id_offline_and_a_clear_error_when_neither_cached_nor_r
 @pytest.mark.server
 @pytest.mark.slow
 def test_served_resolves_hub_ids_like_every_command(tmp_path, cli_bin, llama_pair):
-    """served --model / --draft-model and a job file's pairings take hub ids (the one resolver, offline)."""
+    """served --model / --draft-model and a job file's pairings take hub ids (the one resolver, offline),
+    and the servers load what they resolve to."""
     import yaml
 
     hub = tmp_path / "hub"
@@ -93,6 +95,21 @@ def test_served_resolves_hub_ids_like_every_command(tmp_path, cli_bin, llama_pai
     p = json.loads(r.stdout)["pairings"][0]
     assert p["target"] == str(target.resolve()) and p["draft"] == str(draft.resolve())
     assert p["verdict"] == "match"
+    # the same ids as --model / --draft-model (a job file without pairings: the flags give its one)
+    flags = tmp_path / "flags.yaml"
+    flags.write_text(yaml.safe_dump({"widths": [2], "max_tokens": 4, "sequence": ["fresh"], "self_draft": False,
+                                     "concurrency": 0}))
+    r = run_cli(cli_bin, "served", "--config", str(flags), "--model", "specparity/tiny-llama", "--draft-model",
+                "specparity/tiny-draft", "--json", "--record-dir", str(tmp_path / "rec"), env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["pairings"][0]
+    assert (p["name"], p["target"], p["draft"]) == ("cli", str(target.resolve()), str(draft.resolve()))
+    argv = next(a for a in p["arms"] if a["name"] == "w2")["server"]["argv"]
+    # what the server loaded (its files kept by the record): the drafter as resolved, the target
+    # through its witness wrapper's links
+    assert argv[argv.index("--draft-model") + 1] == str(draft.resolve())
+    served_target = Path(argv[argv.index("--model") + 1])
+    assert (served_target / "model.safetensors").resolve() == (target / "model.safetensors").resolve()
     r = run_cli(cli_bin, "served", "--model", "specparity/tiny-llama", "--draft-model", "specparity/missing",
                 env=env, cwd=str(tmp_path))
     assert r.returncode == 4 and r.stderr.count("\n") == 1

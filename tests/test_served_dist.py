@@ -124,6 +124,7 @@ def test_bad_distribution_keys_name_the_key(raw, message):
         parse_spec(raw, "--config job.yaml")
 
 
+@pytest.mark.model  # a job file without pairings runs the built-in job: the embedded pair is built
 def test_the_job_key_reads_into_a_spec(tmp_path):
     cfg = tmp_path / "job.yaml"
     cfg.write_text(yaml.safe_dump({"distribution": {"temperature": 0.9, "requests": 200, "prefix": 2}}))

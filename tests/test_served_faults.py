@@ -68,7 +68,7 @@ def test_served_on_malformed_answers_errors_each_request_and_exits_4(cli_bin: st
              "text-int": "choices[0].text is an integer, not a string",
              "logprobs-not-objects": "choices.0.logprobs.content[0] is a number, not an object",
              "chunk-list": "is a list, not an object", "not-json": "not JSON", "http-500": "HTTP 500"}
-    pairings = [{"name": m, "profile": _profile(tmp_path, m)} for m in modes]
+    pairings = [{"name": m, "profile": _profile(tmp_path, m)} for m in (*modes, "die")]
     pairings.append({"name": "drafted-text-int", "profile": _profile(tmp_path, "ok", "text-int")})
     code, err, record, mark = _run(cli_bin, tmp_path, pairings)
     try:
@@ -82,6 +82,13 @@ def test_served_on_malformed_answers_errors_each_request_and_exits_4(cli_bin: st
             assert set(arms) == {"baseline-start", "w2", "baseline-end"}, arms
             fresh = [reasons[0] for reasons in arms.values()]
             assert all(message in r for r in fresh), (m, fresh)
+        # half an answer, then the server process exits: that request is cut short, the next finds no server
+        died = _errors(record, "die")
+        assert set(died) == {"baseline-start", "w2", "baseline-end"}, died
+        for arm, reasons in died.items():
+            assert reasons[0].startswith(("unreadable response: not JSON (Unterminated string",
+                                          "connection failed: ")), (arm, reasons)
+            assert all(r.startswith("connection failed: ") for r in reasons[1:]), (arm, reasons)
         # a malformed answer from the drafted server only: the baselines match, the drafted arm errs
         sr = read_served(record)
         verdicts = {a["name"]: a["verdict"] for a in sr.final_arms("drafted-text-int")}

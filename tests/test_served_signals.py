@@ -133,16 +133,22 @@ def test_sigterm_without_record_dir_leaves_no_temporary_folder(cli_bin: str, lla
 @pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.server
-def test_sigkill_mid_request_leaves_no_server(cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
+def test_sigkill_mid_request_leaves_no_server_and_no_reference_worker(cli_bin: str, llama_pair: Any,
+                                                                      tmp_path: Path) -> None:
+    """The classic reference's worker too: stopped (SIGSTOP) as one busy computing a large model's
+    answer is, it never reads the EOF of its input, and lived on after served's SIGKILL."""
     proc, mark, _ = _served(cli_bin, llama_pair, tmp_path, "stall")
     try:
         _wait_for_request(mark, proc)
+        workers = [p for p in marked(mark) if b"specparity.harness.reference" in _cmdline(p)]
+        assert len(workers) == 1, [(p, _cmdline(p)) for p in marked(mark)]
+        os.kill(workers[0], signal.SIGSTOP)
         proc.kill()
         proc.communicate(timeout=60)
         left = wait_gone(mark)
     finally:
         _cleanup(proc, mark)
-    assert not left, f"survived the SIGKILL of served: {left}"
+    assert not left, f"survived the SIGKILL of served: {[(p, _cmdline(p)) for p in left]}"
 
 
 @pytest.mark.slow

@@ -131,8 +131,11 @@ def load_engine(name: str | None) -> Engine:
         return GENERIC
     if not _NAME.match(name):
         raise UsageError(f"engine {name!r}: a module name under specparity.harness.engines (e.g. llama_cpp)")
+    module_name = f"{__name__}.{name}"
     try:
-        module = importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError:
-        raise UsageError(f"engine {name!r}: no module specparity.harness.engines.{name}") from None
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name != module_name:  # the engine module exists and a module it imports is missing: a bug to show
+            raise
+        raise UsageError(f"engine {name!r}: no module {module_name}") from None
     return Engine(name, module)

@@ -67,6 +67,7 @@ COPY_SOURCE = "copyspec"
 METRICS_WAIT = 10.0
 METRICS_WAIT_FAILED = 2.0  # a request the engine failed (no response, or a stream with no finish)
 METRICS_TIMEOUT = 30.0
+METRICS_MAX_BYTES = 8 << 20  # a /metrics answer far larger than any dflash-mlx sends is no reading
 # the last exception line of a Python traceback in the server log
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception)\b.*)$")
 
@@ -120,10 +121,13 @@ def read_metrics(url: str, timeout: float = METRICS_TIMEOUT) -> dict[str, Any] |
     """``GET /metrics`` as JSON (None: no answer, or not JSON)."""
     import httpx
 
-    try:
-        r = httpx.get(url + "/metrics", timeout=timeout)
-        data = r.json() if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError) as err:
+    from specparity.harness.client import BadResponse, Late, fetch, parse_json
+
+    try:  # ``timeout`` in total: a /metrics that trickles bytes is no reading
+        with httpx.Client() as client:
+            status, body = fetch(client, "GET", url + "/metrics", timeout, max_bytes=METRICS_MAX_BYTES)
+        data = parse_json(body) if status == 200 else None
+    except (httpx.HTTPError, Late, BadResponse) as err:
         log.debug("dflash /metrics: %s", err)
         return None
     return data if isinstance(data, dict) else None
@@ -294,15 +298,39 @@ def evidence(session: Any, completion: Any, before: Mark) -> EngineEvidence:
             line += ": no round's block came from the DFlash drafter"
         found.lines.insert(0, f"dflash-mlx: mode_used dflash, {line}")
         return found
-    # no per-round file (diagnostics off): the request's record counts rounds and copied rounds; only
-    # the last round can go without a draft (one token left), so two rounds more than copied ones prove
-    # one round drafted by the DFlash drafter
+    # no per-round file (diagnostics off): the request's record counts rounds and copied rounds only
     copied = last.get("copyspec_hits")
     if isinstance(cycles, int) and isinstance(copied, int):
-        found.engaged = cycles - copied >= 2
+        found.engaged, why = counted_engagement(cycles, copied, verify_cap(getattr(session.server, "argv", [])))
         found.lines.insert(0, f"dflash-mlx: mode_used dflash, {cycles} verify rounds, {copied} copied from"
-                              f" the history (copyspec){'' if found.engaged else ': no round proven DFlash-drafted'}")
+                              f" the history (copyspec){'' if found.engaged else ': ' + why}")
     return found
+
+
+def verify_cap(argv: list[Any]) -> int | None:
+    """The server's ``--verify-len-cap`` (rows per verify forward; None: not given, the drafter's block)."""
+    args = [str(a) for a in argv]
+    for i, a in enumerate(args):
+        value = args[i + 1] if a == "--verify-len-cap" and i + 1 < len(args) else \
+            a.split("=", 1)[1] if a.startswith("--verify-len-cap=") else None
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def counted_engagement(cycles: int, copied: int, cap: int | None) -> tuple[bool, str]:
+    """Whether a request's round counts alone prove a DFlash-drafted round that proposed tokens, and if
+    not, why. dflash-mlx drafts a block of ``min(block, tokens left)`` rows each round; only a block of one
+    row (one token left: at most once, the last round) goes without a draft, so two rounds more than the
+    copied ones include a DFlash-drafted one. It proposed tokens only if the verify cap keeps 2+ rows."""
+    if cap is not None and cap < 2:
+        return False, f"--verify-len-cap {cap}: no round verifies a proposed token"
+    if cycles - copied >= 2:
+        return True, ""
+    return False, "no round proven DFlash-drafted (the one not copied may be the last, one-token round)"
 
 
 def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_ids: list[int] | None,

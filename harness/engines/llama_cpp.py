@@ -176,23 +176,31 @@ def prepare_checkpoint(path: str, role: str) -> str:
     return cached_gguf(path)
 
 
+PROMPT_IDS_TIMEOUT = 30.0
+
+
 def prompt_ids(client: Any, url: str, request: Any) -> list[int] | None:
     """The prompt tokens llama-server decodes ``request`` from: its own chat template (``/apply-template``,
     chatml where the GGUF carries none) and tokenizer (``/tokenize``, special tokens added and parsed).
     None when the server will not say."""
+    from specparity.harness.client import fetch, parse_json
+
+    def ask(path: str, payload: dict[str, Any], key: str) -> Any:
+        # PROMPT_IDS_TIMEOUT in total, not per read: an answer that trickles in is no answer
+        status, data = fetch(client, "POST", url + path, PROMPT_IDS_TIMEOUT, json_body=payload)
+        answer = parse_json(data) if status == 200 else None
+        return answer.get(key) if isinstance(answer, dict) else None
+
     body = request.body
     try:
         if request.endpoint == "chat":
-            r = client.post(url + "/apply-template", json={"messages": body.get("messages")}, timeout=30)
-            prompt = r.json().get("prompt") if r.status_code == 200 else None
+            prompt = ask("/apply-template", {"messages": body.get("messages")}, "prompt")
         else:
             prompt = body.get("prompt")
         if not isinstance(prompt, str):
             return None
-        r = client.post(url + "/tokenize", json={"content": prompt, "add_special": True, "parse_special": True},
-                        timeout=30)
-        tokens = r.json().get("tokens") if r.status_code == 200 else None
-    except Exception as err:  # any transport or format trouble: the server did not say
+        tokens = ask("/tokenize", {"content": prompt, "add_special": True, "parse_special": True}, "tokens")
+    except Exception as err:  # any transport or format trouble, or the deadline: the server did not say
         log.debug("llama-server prompt ids: %s", err)
         return None
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):

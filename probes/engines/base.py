@@ -69,8 +69,10 @@ class EngineInfo:
 
     name / version: the engine and its package version. target / draft: checkpoint paths.
     block_size: rows of the engine's verify block (None: the engine has no fixed block).
-    widths: the verify widths the engine uses (its block, and the shorter blocks it
-      verifies when fewer tokens remain).
+    widths: the verify widths the probe checks by default: the engine's block and the
+      reduced block its own policy switches to (dflash-mlx: 4). A block the engine
+      shortens because fewer tokens remain (any width below its block) is not listed:
+      the engine's own run, replayed round by round, meets those; ``--widths`` probes them.
     family: the engine's name for the target's family (``hybrid_gdn``...).
     notes: how the engine runs here (backend, fallbacks), one line each.
     packages: versions of the engine and of mlx / mlx-lm in this interpreter.

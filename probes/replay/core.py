@@ -39,7 +39,7 @@ from specparity.compare import Diff, compare_arrays, index_ranges
 from specparity.decode import (
     CacheOptions, Decoder, GreedyPick, greedy_chain, greedy_pick, greedy_token, trimmable,
 )
-from specparity.errors import Inconclusive, InputError, UsageError
+from specparity.errors import Inconclusive, InputError, Name, UsageError
 from specparity.probes.replay.algebra import emitted_counts, locate
 from specparity.processors import process_row
 from specparity.progress import NULL, Observer
@@ -285,7 +285,7 @@ def round_widths(accepts: list[int], width: int | None, widths: list[int] | None
     """Rows per round, checked against the accepts (UsageError naming the round)."""
     if widths is None:
         if width is None:
-            raise UsageError("no width: pass --width (verify rows per round)")
+            raise UsageError("no width: pass ", Name("width"), " (verify rows per round)")
         widths = [width] * len(accepts)
     if len(widths) != len(accepts):
         raise UsageError(f"{len(widths)} widths for {len(accepts)} rounds")

@@ -60,9 +60,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specparity.errors import InputError, UsageError
+from specparity.errors import InputError, Name, UsageError
 
 log = logging.getLogger(__name__)
+
+# the user's accept-length pattern, as errors name it (the command line: --regex)
+REGEX = Name("regex")
 
 SPECPARITY_FORMAT = "specparity.accepts/1"
 FORMATS = ("auto", "specparity", "specparity-serve", "mlxcel-accept-lens", "mlxcel-transcript",
@@ -149,15 +152,15 @@ def parse_int_items(text: str, what: str) -> list[int]:
     return out
 
 
-def parse_accept_list(value: str, flag: str = "--accepts") -> list[int]:
-    """``"2,2,3,1"`` -> [2, 2, 3, 1]; a bad or negative item names the flag."""
+def parse_accept_list(value: str) -> list[int]:
+    """``"2,2,3,1"`` -> [2, 2, 3, 1]; a bad or negative item is an InputError naming ``accepts``."""
     try:
         out = parse_int_items(value, "accept length")
     except ValueError as err:
-        raise UsageError(f"{flag} {value!r}: {err}") from None
+        raise InputError("accepts", f"{value!r}: {err}") from None
     neg = [a for a in out if a < 0]
     if neg:
-        raise UsageError(f"{flag} {value!r}: accept length {neg[0]} is negative")
+        raise InputError("accepts", f"{value!r}: accept length {neg[0]} is negative")
     return out
 
 
@@ -191,7 +194,7 @@ def read_log(path: str | Path, fmt: str = "auto", regex: str | None = None) -> l
     if fmt not in FORMATS:
         raise InputError("format", f"{fmt!r}: choose from {', '.join(FORMATS)}")
     if fmt == "regex" and not regex:
-        raise InputError("format", "regex needs --regex PATTERN")
+        raise UsageError(Name("format"), " regex needs ", Name("regex"), " PATTERN")
     if regex and fmt in ("auto", "regex"):
         fmt = "regex"
     lines = _lines(p)
@@ -394,20 +397,20 @@ def _read_regex(path: Path, lines: list[str], pattern: str) -> list[AcceptLog]:
         where = f"{path}:{n}"
         captured = m.group(group)
         if captured is None:
-            raise UsageError(f"{where}: --regex matched but its accept group captured nothing")
+            raise UsageError(f"{where}: ", REGEX, " matched but its accept group captured nothing")
         try:
             values = parse_int_items(captured, "accepts")
         except ValueError as err:
-            raise UsageError(f"{where}: --regex captured {captured!r}: {err}") from None
+            raise UsageError(f"{where}: ", REGEX, f" captured {captured!r}: {err}") from None
         if any(v < 0 for v in values):
-            raise UsageError(f"{where}: --regex captured a negative accept length")
+            raise UsageError(f"{where}: ", REGEX, " captured a negative accept length")
         is_list = "," in captured or captured.strip().startswith("[")
         if is_list:
             out.append(AcceptLog(values, source=where, line=n))
             current = None
             continue
         if len(values) != 1:
-            raise UsageError(f"{where}: --regex captured {captured!r}, not one integer")
+            raise UsageError(f"{where}: ", REGEX, f" captured {captured!r}, not one integer")
         starts = "round" in rx.groupindex and m.group("round") is not None and int(
             m.group("round")) == 0
         if current is None or starts:

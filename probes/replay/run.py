@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specparity.decode import CacheOptions
-from specparity.errors import Inconclusive, InputError, UsageError
+from specparity.errors import Inconclusive, InputError, Name, UsageError
 from specparity.progress import NULL, Observer
 from specparity.verdicts import ReportMixin, Verdict, combine
 
@@ -72,10 +72,10 @@ def prompt_for(req: Any, tokenizer: Any, cli_ids: list[int] | None, prompt_text:
 
 
 def widths_for(req: Any, width: int | None) -> tuple[int | None, list[int] | None]:
-    """The log's width(s), else --width; a --width that contradicts the log is an error."""
+    """The log's width(s), else ``width``; a ``width`` that contradicts the log is an error."""
     if req.width is None and req.widths is None:
         if width is None:
-            raise UsageError(f"{req.source}: the log gives no width; pass --width (verify rows)")
+            raise UsageError(f"{req.source}: the log gives no width; pass ", Name("width"), " (verify rows)")
         return width, None
     if width is not None and width != req.width:
         said = f"width {req.width}" if req.width is not None else "a width per round"

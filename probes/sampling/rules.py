@@ -39,12 +39,12 @@ import logging
 import sys
 from dataclasses import dataclass
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specparity.errors import InputError, UsageError
+from specparity.errors import InputError, Name, UsageError
+from specparity.inputs import expand_user
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ def resolve_rule(spec: str) -> Rule:
 
 def _import_rule_module(spec: str, mod_name: str):
     if mod_name.endswith(".py") or "/" in mod_name or "\\" in mod_name:
-        path = Path(mod_name).expanduser()
+        path = expand_user(mod_name, Name("rule"))
         if not path.is_file():
             raise InputError("rule", f"{spec!r}: no such file {mod_name}")
         name = f"_specparity_rule_{abs(hash(str(path.resolve())))}"

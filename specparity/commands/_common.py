@@ -109,7 +109,7 @@ def resolve_path(spec: str | None, role: str = "target") -> Path:
     try:
         return resolve_checkpoint(spec, role=role)
     except SpecparityError as err:
-        raise type(err)(str(err).replace("checkpoint ", f"{flag} ", 1)) from err
+        raise err.flagged({"checkpoint": flag}) from err
 
 
 def resolve_model(model: str | None, trust_remote_code: bool, role: str = "target") -> Loaded:
@@ -145,7 +145,12 @@ class CommandRun:
         # whose mlx-lm server thread must not be unwound under it)
         catch_sigterm()
         self.as_json = as_json
-        self.sink = RecordSink(record_dir, kind, title, identity(**identity_extra), slug=slug)
+        from specparity.engine_env import running_environment
+
+        # a command re-run in an engine's pinned environment lists that environment's packages
+        envs = running_environment()
+        extra = {"environments": envs, **identity_extra} if envs else identity_extra
+        self.sink = RecordSink(record_dir, kind, title, identity(**extra), slug=slug)
         self.observer = CliObserver(self.sink, show=not (quiet or as_json) and sys.stderr.isatty())
 
     def __enter__(self) -> CommandRun:

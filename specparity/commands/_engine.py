@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import click
 
+from specparity.dflash_fixtures import DEFAULT_PAIR_NOTE
 from specparity.errors import UsageError
 
 ENGINE_CHOICES = ("mlx-lm", "dflash-mlx")
@@ -22,7 +23,9 @@ def engine_option(f: Callable) -> Callable:
     return click.option(
         "--engine", type=click.Choice(ENGINE_CHOICES), default="mlx-lm", show_default=True,
         help="Whose verify forward and rollback to check against classic decode. dflash-mlx runs in"
-             " process where it imports, else in its own environment.")(f)
+             " process where it imports, else in its own environment ($SPECPARITY_DFLASH_MLX_PYTHON, else"
+             f" the dflash-mlx one); without --model it runs on the default DFlash fixture ({DEFAULT_PAIR_NOTE};"
+             " built once).")(f)
 
 
 def rerun_elsewhere(engine: str) -> int | None:
@@ -43,7 +46,7 @@ def dflash_paths(model: str | None, draft_model: str | None) -> tuple[Path, Path
     if model is None:
         from specparity.dflash_fixtures import dflash_pair
 
-        click.echo("using the default DFlash fixture (qwen3_5 shape, block 16, float32)", err=True)
+        click.echo(f"using the default DFlash fixture ({DEFAULT_PAIR_NOTE}), built once", err=True)
         info = dflash_pair()
         return Path(info.target), Path(draft_model) if draft_model else Path(info.draft)
     target = resolve_model_dir(model, "--model")

@@ -46,6 +46,7 @@ def list_cmd(as_json: bool) -> int:
         emit_json({"cache": str(cache_root()), "environments": [r.to_dict() for r in rows]})
         return EXIT_OK
     click.echo(f"cache: {cache_root()}")
+    width = max([32, *(len(r.dirname) + 1 for r in rows)])
     for r in rows:
         e = r.environment
         if e is None:
@@ -54,7 +55,7 @@ def list_cmd(as_json: bool) -> int:
             size = e.manifest.get("size_bytes") or 0
             state = f"built, {size / 2**20:.0f} MiB" + ("" if r.current else ", stale: an older spec")
         desc = r.spec.description if r.spec else ""
-        click.echo(f"{r.dirname:32} {state:24} {desc}")
+        click.echo(f"{r.dirname:{width}} {state:24} {desc}")
     return EXIT_OK
 
 

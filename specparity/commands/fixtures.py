@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
 from specparity.commands._common import emit_json, json_option
@@ -24,7 +27,9 @@ def fixtures() -> None:
 @click.option("--fault", "faults", multiple=True,
               help='Inject a fault (JSON), e.g. \'{"kind":"rows","layer":2,"subop":"mlp","min_rows":4}\'.')
 @click.option("--no-draft", is_flag=True, help="Build the target only.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing fixture at OUT_DIR.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing fixture at OUT_DIR (--dflash: one built with other arguments is"
+                   " refused without it).")
 @click.option("--dflash", "dflash_shape", default=None, metavar="SHAPE",
               help="Build a DFlash pair instead: a target in this shape (qwen3_5 | qwen3_5-27b |"
                    " qwen3_5-equal-heads | qwen3) and a DFlash drafter dflash-mlx loads.")
@@ -41,7 +46,10 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
     the drafter is a DFlash block drafter fitted to it (its config names the
     target layers it reads, its block size and the mask token, which the
     tokenizer holds); the measured accept mix (full, partial and zero-accept
-    blocks on the fit prompts) is printed.
+    blocks on the fit prompts) is printed, with a warning on stderr when the
+    three kinds never all occurred. An OUT_DIR already holding a DFlash fixture
+    built with the same arguments is kept as it is; one built with other
+    arguments is refused, naming them (exit 2), unless --overwrite.
 
     \b
     Examples:
@@ -54,15 +62,14 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
         return _make_dflash(out_dir, dflash_shape, int(block_size), dtype, tied_head, seed, overwrite, as_json,
                             arch, bits, faults, no_draft)
     import json
-    from pathlib import Path
 
     from specparity.fixtures import ARCH_CONFIGS, build_pair
-    from specparity.inputs import parse_fault
+    from specparity.inputs import expand_user, parse_fault
 
     from specparity.outputs import check_record_dir
 
     # the build happens in a temporary sibling of OUT_DIR, renamed into place
-    check_record_dir(Path(out_dir).expanduser().absolute().parent, "OUT_DIR's parent")
+    check_record_dir(expand_user(out_dir, "OUT_DIR").absolute().parent, "OUT_DIR's parent")
     layers = ARCH_CONFIGS.get(arch, {}).get("num_hidden_layers")
     parsed = [parse_fault(f, layers) for f in faults]
     info = build_pair(out_dir, arch=arch, dtype=dtype, bits=int(bits) if bits else None,
@@ -79,21 +86,42 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
     return EXIT_OK
 
 
+# a build argument of a DFlash fixture as the command's flag says it: (built with, asked) -> words
+_DFLASH_FLAGS: dict[str, Callable[[Any, Any], str]] = {
+    "shape": lambda b, a: f"--dflash {b} (asked {a})",
+    "block_size": lambda b, a: f"--block-size {b} (asked {a})",
+    "dtype": lambda b, a: f"--dtype {b} (asked {a})",
+    "tied": lambda b, a: f"{'--tied-head' if b else 'no --tied-head'} (asked {'with' if a else 'without'})",
+    "seed": lambda b, a: f"--seed {b} (asked {a})",
+    "balance": lambda b, a: f"its drafter fitted to balance {b:g} (this command fits to {a:g})",
+}
+
+
 def _make_dflash(out_dir: str, shape: str, block_size: int, dtype: str, tied: bool, seed: int, overwrite: bool,
                  as_json: bool, arch: str, bits: str | None, faults: tuple[str, ...], no_draft: bool) -> int:
     from pathlib import Path
 
-    from specparity.dflash_fixtures import build_dflash_pair
+    from specparity.dflash_fixtures import FixtureMismatch, build_dflash_pair
     from specparity.errors import UsageError
+    from specparity.inputs import expand_user
     from specparity.outputs import check_record_dir
 
     if arch != "llama" or bits or faults or no_draft:
         raise UsageError("--dflash builds its own pair: --arch, --bits, --fault and --no-draft do not apply")
-    check_record_dir(Path(out_dir).expanduser().absolute().parent, "OUT_DIR's parent")
-    click.echo(f"building a DFlash {shape} pair (block {block_size}, {dtype}); fitting the drafter takes"
-               " a minute on a CPU", err=True)
-    info = build_dflash_pair(out_dir, shape=shape, block_size=block_size, dtype=dtype, tied=tied, seed=seed,
-                             overwrite=overwrite)
+    check_record_dir(expand_user(out_dir, "OUT_DIR").absolute().parent, "OUT_DIR's parent")
+    if not (Path(out_dir) / "fixture.json").is_file() or overwrite:
+        click.echo(f"building a DFlash {shape} pair (block {block_size}, {dtype}); fitting the drafter takes"
+                   " a minute on a CPU", err=True)
+    try:
+        info = build_dflash_pair(out_dir, shape=shape, block_size=block_size, dtype=dtype, tied=tied, seed=seed,
+                                 overwrite=overwrite)
+    except FixtureMismatch as err:
+        said = ", ".join(_DFLASH_FLAGS[k](built, want) for k, (built, want) in err.differs.items())
+        raise UsageError(f"OUT_DIR {out_dir} holds a DFlash fixture built with {said}: --overwrite rebuilds it,"
+                         " or choose another OUT_DIR") from None
+    if not info.accept_mix.get("spread"):
+        click.echo(f"warning: the drafter's blocks never spread on its fit prompts ({info.accept_mix['summary']}):"
+                   " a check on this pair may never see a partly accepted block", err=True)
     if as_json:
         emit_json(info.to_dict())
     else:

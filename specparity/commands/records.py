@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
 from specparity.commands._common import emit_json, json_option
 from specparity.errors import EXIT_OK, UsageError
+from specparity.inputs import expand_user
 from specparity.outputs import force_option
 
 from specparity.records.compare import ID_KEYS as _ID_KEYS
@@ -32,7 +32,7 @@ def records() -> None:
 def _open(path: str) -> tuple[Any, dict[str, Any], dict[str, list[dict[str, Any]]]]:
     from specparity.records.record import list_records, read_record
 
-    p = Path(path).expanduser()
+    p = expand_user(path)
     if not p.exists():
         raise UsageError(f"{path}: no such file or directory")
     try:
@@ -135,7 +135,7 @@ def list_(directory: str, as_json: bool) -> int:
     """One line per record in DIR: name, kind, status, verdict, started."""
     from specparity.records.record import list_records, read_record
 
-    d = Path(directory).expanduser()
+    d = expand_user(directory)
     if not d.is_dir():
         raise UsageError(f"{directory}: not a directory")
     rows: list[dict[str, Any]] = []
@@ -174,7 +174,7 @@ def _report(report: Any, as_json: bool, extra: dict[str, Any] | None = None) -> 
 
 def _resolve(path: str) -> str:
     rec, _, _ = _open(path)
-    return str(Path(rec.path).parent / "data" / rec.name)
+    return str(rec.data_dir)
 
 
 @records.command("compare")

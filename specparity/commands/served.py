@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
-from specparity.commands._common import CommandRun, json_option, record_option, resolve_path
-from specparity.errors import SpecparityError, UsageError
+from specparity.commands._common import CommandRun, json_option, record_option
+from specparity.errors import SpecparityError
+from specparity.harness.profiles import packaged_profiles
 from specparity.inputs import parse_int_list
 
-# Overrides field -> the flag that sets it (library errors name the field; this command, the flag)
+if TYPE_CHECKING:
+    from specparity.harness.config import Job
+    from specparity.harness.results import ArmResult, PairingResult, ServedReport
+    from specparity.harness.shard import Shard
+
+# The library's names of inputs (Overrides fields) -> the flag that sets each: library errors name
+# the field, this command the flag.
 FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profile", "widths": "--widths",
          "environment": "--environment", "max_tokens": "--max-tokens", "concurrency": "--concurrency",
          "repeats": "--repeats", "start_timeout": "--start-timeout", "request_timeout": "--request-timeout",
-         "width_mode": "--width-mode", "temperature": "--temperature / --dist-requests / --dist-prefix"}
+         "width_mode": "--width-mode", "temperature": "--temperature / --dist-requests / --dist-prefix",
+         "shard": "--shard"}
 
 
 @click.command()
@@ -24,8 +32,7 @@ FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profi
               help="Target checkpoint, a directory or a hub id (one pairing instead of the job's).")
 @click.option("--draft-model", default=None, metavar="DIR|REPO", help="Drafter checkpoint for --model.")
 @click.option("--profile", default=None, metavar="NAME|FILE",
-              help="Server profile for every pairing: mlx-lm, specparity-serve, llama.cpp, vllm, sglang, mlxcel,"
-                   " openai, or a YAML file.")
+              help=f"Server profile for every pairing: {', '.join(packaged_profiles())}, or a YAML file.")
 @click.option("--trust-remote-code", is_flag=True, help="Let the servers run --model's model_file.")
 @click.option("--environment", default=None, metavar="NAME|FILE",
               help="Run every pairing's servers in this pinned environment (specparity env list),"
@@ -101,41 +108,32 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
         specparity served --config nightly.yaml --shard 2/4 --record-dir shard2
         specparity served --model ./t --draft-model ./d --temperature 0.7 --dist-requests 1000
     """
-    from specparity.harness.config import OverrideError, Overrides, apply_overrides, load_job
+    from specparity.harness.config import Overrides, apply_overrides, load_job
     from specparity.harness.shard import parse_shard
+    from specparity.records.served import served_identity
 
-    shard = parse_shard(shard_spec) if shard_spec is not None else None
-    if draft_model is not None and model is None:
-        raise UsageError("--draft-model needs --model")
-    overrides = Overrides(
-        model=str(resolve_path(model, "target")) if model is not None else None,
-        draft_model=str(resolve_path(draft_model, "draft")) if draft_model is not None else None,
-        profile=profile, trust_remote_code=trust_remote_code, environment=environment,
-        widths=parse_int_list(widths, "--widths", minimum=2, limit="max_width") if widths is not None else None,
-        width_mode=width_mode, max_tokens=max_tokens, concurrency=concurrency, repeats=repeats,
-        start_timeout=start_timeout, request_timeout=request_timeout, temperature=temperature,
-        dist_requests=dist_requests, dist_prefix=dist_prefix, reference=False if no_reference else None)
     try:
+        shard = parse_shard(shard_spec) if shard_spec is not None else None
+        overrides = Overrides(
+            model=model, draft_model=draft_model, profile=profile, trust_remote_code=trust_remote_code,
+            environment=environment,
+            widths=parse_int_list(widths, "--widths", minimum=2, limit="max_width") if widths is not None else None,
+            width_mode=width_mode, max_tokens=max_tokens, concurrency=concurrency, repeats=repeats,
+            start_timeout=start_timeout, request_timeout=request_timeout, temperature=temperature,
+            dist_requests=dist_requests, dist_prefix=dist_prefix, reference=False if no_reference else None)
         job = apply_overrides(load_job(config_path) if config_path else None, overrides)
-    except OverrideError as err:
-        raise UsageError(f"{FLAGS.get(err.field, err.field)}: {err.detail}") from None
+    except SpecparityError as err:
+        raise err.flagged(FLAGS) from err
     if config_path is None and model is None and not quiet and not as_json:
         click.echo(f"using the built-in job on the embedded pair {job.pairings[0].target}", err=True)
-    from specparity.harness.profiles import NOT_EXERCISED, load_profile
-
-    for p in job.pairings:
-        prof = load_profile(p.profile)
-        if not prof.exercised:
-            click.echo(f"profile {prof.name} {NOT_EXERCISED}", err=True)
     title = f"served: {', '.join(p.name for p in job.pairings)} ({job.source} job)"
     slug = "served" if shard is None else f"served-shard{shard.index}of{shard.count}"
-    ident = {"job": job.to_dict(), "models": _fingerprints(job), "environments": _environments(job)}
-    cmd = CommandRun("served", title, ident, record_dir, as_json, quiet, slug=slug)
+    cmd = CommandRun("served", title, served_identity(job), record_dir, as_json, quiet, slug=slug)
     with cmd:
         return cmd.finish(*_run(cmd, job, shard))
 
 
-def _run(cmd: CommandRun, job: Any, shard: Any) -> tuple[Any, None, list[str]]:
+def _run(cmd: CommandRun, job: Job, shard: Shard | None) -> tuple[ServedReport, None, list[str]]:
     """The one library call: run the job into the record; (report, text lines, record body)."""
     from specparity.harness.run import ServedRun
     from specparity.records.served import SERVERS_DIR, served_markdown, write_arm
@@ -143,37 +141,9 @@ def _run(cmd: CommandRun, job: Any, shard: Any) -> tuple[Any, None, list[str]]:
     sink = cmd.sink
     workdir = sink.writer.data_dir / SERVERS_DIR if sink.writer is not None else None
 
-    def on_arm(pairing: Any, arm: Any) -> None:
-        write_arm(cmd.observer, pairing, arm)
+    def on_arm(pairing: PairingResult, arm: ArmResult) -> None:
+        write_arm(cmd.observer.result, pairing.name, arm)
         sink.timing(f"{pairing.name}/{arm.name}", arm.seconds)
 
     report = ServedRun(job, workdir=workdir, on_arm=on_arm, observer=cmd.observer, shard=shard).run()
     return report, None, served_markdown(report, sink)
-
-
-def _environments(job: Any) -> dict[str, Any]:
-    """Each pairing's environment (its pins and installed packages), where its servers run in one."""
-    from specparity.environments import find_environment
-    from specparity.harness.profiles import load_profile
-
-    out: dict[str, Any] = {}
-    for p in job.pairings:
-        ref = p.environment or load_profile(p.profile).environment
-        env = find_environment(ref) if ref is not None else None
-        if env is not None:
-            out[p.name] = env.identity()
-    return out
-
-
-def _fingerprints(job: Any) -> dict[str, dict[str, str | None]]:
-    """Each pairing's target and drafter fingerprint digests (what ``records compare`` sets side by side)."""
-    from specparity.checkpoint import fingerprint
-
-    def one(path: str | None) -> str | None:
-        if path is None:
-            return None
-        try:
-            return fingerprint(path).digest
-        except (SpecparityError, OSError):
-            return None  # the run itself names a missing or broken checkpoint
-    return {p.name: {"target": one(p.target), "draft": one(p.draft)} for p in job.pairings}
