@@ -165,16 +165,17 @@ def test_specparity_serve_equals_classic_decode_where_mlx_lm_server_does_not(
 
 @pytest.mark.slow
 def test_a_request_without_an_earlier_twin_is_judged_against_its_cold_answer(
-        llama_pair: FixtureInfo, scaled_rows4_pair: FixtureInfo, tmp_path: Path) -> None:
+        llama_pair: FixtureInfo, scaled_rows4_pair: FixtureInfo, cli_bin: str) -> None:
     """A shared-prefix request that left classic decode is compared with the same request answered cold,
     computed in process by mlx_lm.server's own loop with the arm's drafter and width: on the clean pair
     (mlx-lm 0.32.2's drafter cache bug) the cold answer equals classic decode, so the finding is named
     state-dependent; on the rows >= 4 fault the cold answer differs too, so it is not state-dependent.
-    (A loop no replay rebuilds: tests/test_judge.py.)"""
+    (A loop no replay rebuilds: tests/test_judge.py.) Run without a record: the first request of the rows
+    fault's drafter server replays alone (its command is run), the later ones say why nothing does."""
     job = Job(pairings=[Pairing("clean", llama_pair.target, llama_pair.draft),
                         Pairing("rows", scaled_rows4_pair.target, scaled_rows4_pair.draft)],
-              widths=[4], max_tokens=16, prompts=PROMPTS, sequence=["fresh", "shared-prefix"])
-    report = ServedRun(job, workdir=tmp_path / "w").run()
+              widths=[4], max_tokens=24, prompts=PROMPTS, sequence=["fresh", "shared-prefix"])
+    report = ServedRun(job).run()  # no record: a scratch folder, removed at exit
     by = {p.name: p for p in report.pairings}
 
     def finding(p: str) -> str:
@@ -191,4 +192,8 @@ def test_a_request_without_an_earlier_twin_is_judged_against_its_cold_answer(
     assert "not state-dependent in w4: the same request answered cold there differs from classic decode too" \
         in finding("rows")
     assert "only on a warm cache" not in finding("rows")
+    ran = {(x.pairing, x.request): x for x in check_reproductions(report, cli_bin)}
+    assert ran[("rows", "p0")].command and ran[("rows", "p0")].code == 1
+    for key in (("clean", "p0-prefix"), ("rows", "p0-prefix")):
+        assert ran[key].command is None and "the run keeps no files (pass --record-dir)" in str(ran[key].reason)
 
