@@ -79,10 +79,18 @@ def test_a_port_in_use_is_one_line_and_exit_4(pair, tmp_path):
                             "--port", str(port)], capture_output=True, text=True, timeout=120,
                            env={"SPECPARITY_HOME": str(tmp_path), "PATH": str(BIN)})
     assert r.returncode == 4, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
-    assert lines == [f"Error: cannot listen on 127.0.0.1:{port} (Address already in use);"
-                     " choose another --port"], r.stderr
-    assert "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == [f"Error: cannot listen on 127.0.0.1:{port} (Address already in use);"
+                                     " choose another --port"], r.stderr
+    assert r.stdout == ""
+
+
+def test_more_draft_tokens_than_max_draft_tokens_at_start_up_is_one_line_and_exit_2(tmp_path):
+    r = subprocess.run([str(BIN / "specparity"), "serve", "--max-draft-tokens", "4", "--model", "m",
+                        "--draft-model", "d", "--num-draft-tokens", "5", "--port", "0"],
+                       capture_output=True, text=True, timeout=120,
+                       env={"SPECPARITY_HOME": str(tmp_path), "PATH": str(BIN)})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == ["Error: --num-draft-tokens 5: more than --max-draft-tokens 4"]
 
 
 # -- Ctrl-C: exit 130, idle or in the middle of a request ---------------------------------------
@@ -190,22 +198,34 @@ FS_WORDS = ("No such file", "Errno", "config.json", "safetensors", "not a direct
 def test_requests_get_only_the_operators_checkpoint(pair, fixture_root, tmp_path):
     other = build(fixture_root, "llama-bfloat16", arch="llama", dtype="bfloat16")
     missing, existing = str(tmp_path / "nope"), str(tmp_path)
-    with _server("named", _serve(pair.target), tmp_path) as srv:
-        for body in ({"model": missing}, {"model": existing}, {"model": other.target},
-                     {"model": "/etc"}, {"draft_model": pair.draft}, {"draft_model": missing},
-                     {"adapters": existing}, {"adapters": missing}):
-            r = _complete(srv, **body)
+    named = tmp_path / "target-link"  # the operator names the model by another path to it
+    named.symlink_to(pair.target)
+    chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0}
+    refused = [(body, field) for field, body in (
+        ("model", {"model": missing}), ("model", {"model": existing}), ("model", {"model": other.target}),
+        ("model", {"model": "/etc"}), ("draft_model", {"draft_model": pair.draft}),
+        ("draft_model", {"draft_model": missing}), ("adapters", {"adapters": existing}),
+        ("adapters", {"adapters": missing}),
+        # mlx-lm would read this as the adapter folder ./default_model, unloading the served model
+        ("adapters", {"model": pair.target, "adapters": "default_model"}),
+        ("adapters", {"adapters": "default_model"}))]
+    with _server("named", _serve(str(named)), tmp_path) as srv:
+        for body, field in [*refused, ({**chat, "model": "/etc"}, "model")]:
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            r = httpx.post(srv.url + path, timeout=120,
+                           json={"prompt": "hello world", "max_tokens": 8, **body} if "messages" not in body
+                           else body)
             assert r.status_code == 404, (body, r.text)
-            error = r.json()["error"]
-            field, value = next(iter(body.items()))
-            assert error == (f"{field} {value!r} is not served here: this server serves what its"
-                             " operator named (GET /v1/models)")
-        for name in ("default_model", pair.target):
+            assert r.json()["error"] == (f"{field} {body[field]!r} is not served here: this server serves"
+                                         " what its operator named (GET /v1/models)")
+        # the operator's checkpoint by any of its names: the model loaded at start-up, never again
+        for name in ("default_model", str(named), pair.target):
             assert _complete(srv, model=name).status_code == 200
         models = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]
-        assert [m["id"] for m in models] == [pair.target]
+        assert [m["id"] for m in models] == [str(named)]
         log_text = Path(str(srv.log_path)).read_text()
     assert "MODEL-UNAVAILABLE" not in log_text and other.target not in log_text.split("POST")[0]
+    assert len(re.findall(r"specparity-serve: PROMPT-CACHE ", log_text)) == 1, log_text  # one load
 
     argv = _serve(pair.target, "--allow-request-models")
     with _server("open", argv, tmp_path) as srv:

@@ -200,10 +200,11 @@ class GateMemo:
         return self._policies.get((model_path, adapter))
 
 
-def _names(value: str | None) -> list[str]:
-    """How a request may name what the operator named: mlx-lm's ``default_model``, the flag's
-    value, or the path it resolves to (what /v1/models lists)."""
-    names = ["default_model"]
+def _names(value: str | None, default: bool = True) -> list[str]:
+    """How a request may name what the operator named: the flag's value, the path it resolves
+    to, and (``default``) mlx-lm's ``default_model``. Not for adapters: mlx-lm reads
+    ``adapters: default_model`` as a folder of that name, having unloaded the served model."""
+    names = ["default_model"] if default else []
     if value:
         names += [value, str(Path(value).expanduser().resolve())]
     return names
@@ -344,6 +345,12 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
         # -- the request being served (one generation thread) ----------------------------------
         def generate(self, request: Any, generation_args: Any,
                      progress_callback: Any = None) -> Any:
+            if not config.allow_request_models:
+                # a request names the operator's checkpoint (the handler refused anything else):
+                # load exactly the operator's key, never the path as spelled (a reload, and no
+                # --adapter-path for a model named by its path)
+                generation_args.model = up.ModelDescription("default_model", "default_model",
+                                                            None)
             ctx, response = super().generate(request, generation_args, progress_callback)
             stats = getattr(request, "specparity", None)
             if stats is None:
@@ -591,7 +598,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             for field_name, value, named in asked:
                 if field_name == "adapters" and value is None:
                     continue
-                if value not in _names(named):
+                if value not in _names(named, default=field_name != "adapters"):
                     return 404, (f"{field_name} {_shown(value)} is not served here: this server"
                                  " serves what its operator named (GET /v1/models)")
             return None
