@@ -157,11 +157,31 @@ def test_metrics_label_values_stay_bounded_whatever_clients_ask(pair, tmp_path):
 
 # -- a client that gives up cancels its generation ---------------------------------------------
 
+def _leave_stream(srv: Server, after: float = 1.0, **body) -> None:
+    """A streaming client that reads what comes for ``after`` seconds, then closes."""
+    t0 = time.monotonic()
+    try:
+        with httpx.stream("POST", srv.url + "/v1/completions", timeout=after,
+                          json={"temperature": 0, **body, "stream": True}) as r:
+            for _ in r.iter_lines():
+                if time.monotonic() - t0 > after:
+                    break
+    except httpx.ReadTimeout:
+        pass
+
+
+CANCELLED = r"specparity-serve: CANCELLED request=\S+ stage=(\w+) tokens=(\d+) max_tokens=(\d+) .* path=(\w+)"
+
+
 @pytest.mark.slow
 @pytest.mark.server
 @pytest.mark.model
-def test_a_client_that_gives_up_cancels_its_generation(pair, slow_pair, tmp_path):
-    argv = _serve(slow_pair.target, "--trust-remote-code", *STEP)
+@pytest.mark.parametrize("drafter", [False, True], ids=["no-drafter", "drafter"])
+def test_a_client_that_gives_up_cancels_its_generation(pair, slow_pair, tmp_path, drafter):
+    draft = ("--draft-model", slow_pair.draft) if drafter else ()
+    argv = _serve(slow_pair.target, *draft, "--trust-remote-code", *STEP)
+    # without a drafter an unseeded request joins mlx-lm's batch loop, a seeded one runs alone
+    batch, seeded = ("speculative", "speculative") if drafter else ("batch", "sequential")
     with _server("cancel", argv, tmp_path) as srv:
         log = Path(str(srv.log_path))
         for i in range(8):  # a client that reads its whole answer, then closes, gave up nothing
@@ -170,21 +190,26 @@ def test_a_client_that_gives_up_cancels_its_generation(pair, slow_pair, tmp_path
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(srv.url + "/v1/completions", timeout=1.0,
                        json={"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0})
-        m = _wait_for(log, r"specparity-serve: CANCELLED request=\S+ stage=(\w+) tokens=(\d+)")
-        assert m.group(1) == "prefill" and m.group(2) == "0"
-        # decode: 3000 one-row steps of 10 ms; the client leaves after 1 s
+        m = _wait_for(log, CANCELLED)
+        assert m.groups() == ("prefill", "0", "4", batch), m.group(0)
+        # the same, streamed (another prompt: nothing of the first one's is cached)
+        _leave_stream(srv, prompt=LONG_PROMPT.replace("fox", "cat"), max_tokens=5)
+        m = _wait_for(log, CANCELLED.replace(r"max_tokens=(\d+)", "max_tokens=(5)"))
+        assert m.groups() == ("prefill", "0", "5", batch), m.group(0)
+        # decode: 3000 steps of 10 ms; the client leaves after 1 s
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(srv.url + "/v1/completions", timeout=1.0,
                        json={"prompt": "hello", "max_tokens": 3000, "temperature": 0, "seed": 1,
                              "logit_bias": NO_EOS})
-        m = _wait_for(log, r"CANCELLED request=\S+ stage=decode tokens=(\d+) max_tokens=3000")
-        assert int(m.group(1)) < 3000
+        m = _wait_for(log, CANCELLED.replace(r"max_tokens=(\d+)", "max_tokens=(3000)"))
+        assert m.group(1) == "decode" and int(m.group(2)) < 3000 and m.group(4) == seeded, m.group(0)
         # the server is free and serves the next request whole
         r = _complete(srv, max_tokens=6)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+        assert r.json()["speculative"]["path"] == batch
         metrics = httpx.get(srv.url + "/metrics", timeout=30).text
     cancelled = dict(re.findall(r'specparity_cancelled_requests_total\{stage="(\w+)"\} (\S+)', metrics))
-    assert cancelled == {"prefill": "1.0", "decode": "1.0"}, cancelled
+    assert cancelled == {"prefill": "2.0", "decode": "1.0"}, cancelled
 
 
 # -- only what the operator named; errors say nothing about the file system ----------------------
