@@ -455,3 +455,17 @@ def test_a_response_says_which_path_served_it_and_what_its_draws_promise():
     drafted = _stats([True, False])
     drafted.temperature, drafted.seed = 0.8, 7  # mlx-lm's speculative sampling draws otherwise
     assert drafted.to_response()["draws"] == "distribution"
+
+
+def test_bench_serve_resolves_1_percent_only_with_an_interval_that_narrow(repo_root):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_serve", repo_root / "scripts" / "bench_serve.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # 4.8 points wide, a negative point estimate inside: it resolves nothing
+    assert "not resolved" in bench.verdict("x", -0.0325, 0.0155)
+    assert "resolved, <= 1%" in bench.verdict("x", -0.0065, 0.0082)
+    assert "resolved, > 1%" in bench.verdict("x", 0.012, 0.025)
+    assert "spans 1%" in bench.verdict("x", 0.002, 0.018)

@@ -351,8 +351,9 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 # a request names the operator's checkpoint (the handler refused anything else):
                 # load exactly the operator's key, never the path as spelled (a reload, and no
                 # --adapter-path for a model named by its path)
-                generation_args.model = up.ModelDescription("default_model", "default_model",
-                                                            None)
+                # (mlx-lm's own handler passes adapter None for a body without "adapters")
+                generation_args.model = up.ModelDescription(
+                    "default_model", "default_model", None)  # type: ignore[arg-type]
             stats = getattr(request, "specparity", None)
             if stats is not None:  # before the generation thread can read them
                 stats.temperature = float(generation_args.sampling.temperature or 0.0)
