@@ -348,10 +348,9 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
         def generate(self, request: Any, generation_args: Any,
                      progress_callback: Any = None) -> Any:
             if not config.allow_request_models:
-                # a request names the operator's checkpoint (the handler refused anything else):
-                # load exactly the operator's key, never the path as spelled (a reload, and no
-                # --adapter-path for a model named by its path)
-                # (mlx-lm's own handler passes adapter None for a body without "adapters")
+                # the handler let through only names of the operator's checkpoint: load the key
+                # loaded at start-up (a name as spelled reloads it, and a model named by its path
+                # loses --adapter-path); adapter None is what mlx-lm passes for no "adapters"
                 generation_args.model = up.ModelDescription(
                     "default_model", "default_model", None)  # type: ignore[arg-type]
             stats = getattr(request, "specparity", None)
