@@ -12,8 +12,9 @@ with ``--kv-bits`` (``--quantized-kv-start 4``: every prompt is quantized during
 ``--kv-bits`` the job exits 0. With it the gate declines the drafter (a verify block
 across the quantization boundary differs from the chain there), so the drafter's
 requests are ``declined``, each with classic decode's text, and the job exits 3, never 1.
-Plain ``mlx_lm.server`` 0.32.2 runs the same jobs, exits 1, and its stdout names the
-requests it gets wrong.
+Plain ``mlx_lm.server`` 0.32.2 runs the same jobs and exits 1 on each where it returns
+other text, its stdout naming those requests (at least those its known faults make it get
+wrong: ``UPSTREAM_WRONG``).
 """
 
 from __future__ import annotations
@@ -59,15 +60,15 @@ REQUEST = re.compile(r"^    (\S+) \(([\w-]+)\): (\w+): ")
 
 
 def job_yaml(pair: FixtureInfo, params: dict[str, Any], kv: bool) -> str:
-    import json
+    import yaml
 
-    lines = ["pairings:", f"  - {{name: p, target: {json.dumps(pair.target)}, draft: {json.dumps(pair.draft)}}}",
-             "widths: [3]", "max_tokens: 16", f"prompts: {json.dumps(PROMPTS)}",
-             "sequence: [fresh, repeat, shared-prefix, stream, multi-turn]",
-             f"params: {json.dumps(params)}"]
+    job: dict[str, Any] = {"pairings": [{"name": "p", "target": pair.target, "draft": pair.draft}],
+                           "widths": [3], "max_tokens": 16, "prompts": PROMPTS,
+                           "sequence": ["fresh", "repeat", "shared-prefix", "stream", "multi-turn"],
+                           "params": params}
     if kv:
-        lines.append(f'extra_args: {{"*": {json.dumps(KV)}}}')
-    return "\n".join(lines) + "\n"
+        job["extra_args"] = {"*": KV}
+    return yaml.safe_dump(job)
 
 
 def verdicts(stdout: str) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
