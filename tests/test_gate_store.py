@@ -90,3 +90,18 @@ def test_gate_list_reads_without_moving(cli_bin, isolated_home):
     clean.put("k", GOOD)
     r = run_cli(cli_bin, "gate", "list", env={"SPECPARITY_HOME": str(isolated_home)})
     assert r.returncode == 0 and r.stderr == ""
+
+
+@pytest.mark.model
+def test_gate_list_names_each_entrys_decision(llama_pair, cli_bin, isolated_home):
+    """One entry of each decision: ``width=N`` for a width's verdict, ``prompt-cache`` for the policy."""
+    from specparity.probes.gate import prompt_cache_policy
+
+    width = gate_check(llama_pair.target, 3, depths=(0,), walk=0, probe=_fake_probe)
+    policy = prompt_cache_policy(llama_pair.target, probe=lambda *_a: ("divergent", "chunked differs"))
+    assert policy.policy == "re-prefill"
+    r = run_cli(cli_bin, "gate", "list", env={"SPECPARITY_HOME": str(isolated_home)})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert sorted(r.stdout.splitlines()) == sorted([
+        f"{width.key[:12]}  width=3  equal     probed",
+        f"{policy.key[:12]}  prompt-cache  divergent chunked differs"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -154,10 +155,20 @@ def test_streaming_and_sampled_requests_report_the_rule(clean):
     last = chunks[-1]
     assert last["speculative"]["engaged"] and last["speculative"]["rule"] == "greedy-argmax"
     assert last["timings"]["draft_n"] == last["speculative"]["proposed"]
+    assert last["speculative"]["path"] == "speculative" and last["speculative"]["draws"] == "greedy"
     hot = complete(ours, PROMPTS[1], temperature=0.8, seed=7)
     assert hot["speculative"]["engaged"] and hot["speculative"]["rule"] == "sampler-match"
     assert re.search(rf"SPEC request={hot['id']} rule=sampler-match ",
                      Path(ours.log_path).read_text())
+    # drafted sampling: mlx-lm's sampler-match draws other tokens than classic decode with that
+    # seed (from the same distribution), and the response says so ...
+    assert hot["speculative"]["draws"] == "distribution"
+    # ... declined (one verify row): classic decode's own draws for the seed, a drafter-less
+    # server's text
+    declined = complete(ours, PROMPTS[1], temperature=0.8, seed=7, num_draft_tokens=0)
+    cold = declined["speculative"]
+    assert cold["declined"] and cold["path"] == "sequential" and cold["draws"] == "seeded-classic"
+    assert text(declined) == text(complete(base, PROMPTS[1], temperature=0.8, seed=7))
 
 
 @pytest.mark.model
@@ -179,6 +190,16 @@ def test_metrics_count_what_the_responses_reported(clean):
 
     def delta(name, labels=()):
         return after.get((name, labels), 0) - before.get((name, labels), 0)
+
+    # the prompt cache: the policy said at start-up, each lookup counted by what the response says
+    assert after[("specparity_prompt_cache_policy", (("policy", "reuse"),))] == 1
+    assert after[("specparity_prompt_cache_policy", (("policy", "re-prefill"),))] == 0
+    outcomes = Counter(s["prompt_cache"]["outcome"] for s in resps)
+    for outcome in ("miss", "hit", "partial", "re-prefilled"):
+        labels = (("outcome", outcome), ("policy", "reuse"))
+        assert delta("specparity_prompt_cache_lookups_total", labels) == outcomes[outcome], outcome
+    assert delta("specparity_prompt_cache_reused_tokens_total", (("policy", "reuse"),)) == sum(
+        s["prompt_cache"]["reused"] for s in resps)
 
     assert delta("spec_decode_num_drafts_total") == sum(s["rounds"] for s in resps)
     assert delta("spec_decode_num_draft_tokens_total") == sum(s["proposed"] for s in resps)

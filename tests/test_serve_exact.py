@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,7 +234,7 @@ def test_penalized_speculative_requests_equal_classic_decode_fresh_and_warm(pair
     for got, _ in results.values():
         spec = got.speculative
         assert spec is not None and spec["engaged"] and spec["decision"] == "ALLOW"
-        assert spec["prompt_cache"]["policy"] == "reuse"
+        assert spec["prompt_cache"]["policy"] == "reuse" and spec["path"] == "speculative"
     spec = results["repeat/repetition_penalty"][0].speculative
     assert spec is not None and spec["prompt_cache"]["reused"] > 0
 
@@ -283,6 +284,17 @@ def test_every_request_equals_classic_decode_where_plain_mlx_lm_server_does_not(
             assert pc["outcome"] == "miss", (name, pc)  # no other prompt warmed it
         if drafter:  # engaged, or declined with the gate's evidence: never silently other text
             assert spec["engaged"] or (spec["declined"] and spec["reason"]), name
+        # which of mlx-lm's paths served it: a drafter's, else the batch loop unless a seed,
+        # --kv-bits or the re-prefill policy sends it one at a time
+        body = next(a.body for a in asks if a.name == name)
+        if drafter:
+            want = "speculative" if spec["engaged"] else "sequential"
+        else:
+            want = "sequential" if body.get("seed") is not None or flags else "batch"
+        assert spec["path"] == want, (name, spec["path"])
+        temperature = body.get("temperature", 0)
+        assert spec["draws"] == ("greedy" if temperature == 0 else "distribution" if spec["engaged"]
+                                 else "seeded-classic"), name
     if drafter and not flags:
         assert all(got.speculative is not None and got.speculative["engaged"] for got, _ in served.values())
     policy = re.search(r"specparity-serve: PROMPT-CACHE policy=(\S+)", log_text)
@@ -327,8 +339,15 @@ def test_rows5_fault_allows_widths_2_to_4_and_re_prefills_what_chunking_would_ch
                   for k in range(1, 7)}
         served = run_sequence(srv, classic, asks)
         log_text = Path(str(srv.log_path)).read_text()
+        metrics = scrape(srv)
     with _server(f"{name}-plain", plain_argv(info.target, None, flags), logs, home) as srv:
         plain = run_sequence(srv, classic, asks)
+    if step is None:  # without a drafter, re-prefill serves requests one at a time: never batched
+        with _server(f"{name}-serve-alone", serve_argv(info.target, None, flags), logs, home) as srv:
+            alone = ask(srv, asks[0].body)
+        assert alone.speculative is not None and alone.text == served["fresh"][1].text
+        assert alone.speculative["path"] == "sequential"
+        assert alone.speculative["prompt_cache"]["policy"] == "re-prefill"
     with capsys.disabled():
         print(f"\n[rows5 {name}] plain mlx_lm.server differs from classic decode on:"
               f" {', '.join(wrong(plain)) or 'nothing'}")
@@ -356,3 +375,27 @@ def test_rows5_fault_allows_widths_2_to_4_and_re_prefills_what_chunking_would_ch
     shared = pcs["shared-prefix"]
     assert shared["shared"] >= n - 1 and shared["reused"] == ((n - 1) // step * step if step else 0)
     assert shared["outcome"] == ("partial" if step else "re-prefilled") and shared["reason"]
+
+    # /metrics says the same: the policy, and every lookup by what its response said it did
+    responses = [*widths.values(), *((got.speculative or {}) for got, _ in served.values())]
+    assert metrics[("specparity_prompt_cache_policy", (("policy", "re-prefill"),))] == 1
+    assert metrics[("specparity_prompt_cache_policy", (("policy", "reuse"),))] == 0
+    outcomes = Counter(spec["prompt_cache"]["outcome"] for spec in responses if spec)
+    assert {"miss", "hit"} <= set(outcomes) and len(responses) == 6 + len(asks)
+    lookups = {dict(k[1])["outcome"]: v for k, v in metrics.items()
+               if k[0] == "specparity_prompt_cache_lookups_total"}
+    assert lookups == {o: float(n) for o, n in outcomes.items()}, (lookups, outcomes)
+    assert all(dict(k[1])["policy"] == "re-prefill" for k in metrics
+               if k[0] == "specparity_prompt_cache_lookups_total")
+    assert metrics[("specparity_prompt_cache_reused_tokens_total", (("policy", "re-prefill"),))] == sum(
+        spec["prompt_cache"]["reused"] for spec in responses if spec)
+
+
+def scrape(srv: Server) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The server's /metrics samples by (name, sorted labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(srv.url + "/metrics", timeout=30)
+    assert r.status_code == 200
+    return {(x.name, tuple(sorted(x.labels.items()))): x.value
+            for f in text_string_to_metric_families(r.text) for x in f.samples}

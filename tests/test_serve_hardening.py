@@ -79,10 +79,18 @@ def test_a_port_in_use_is_one_line_and_exit_4(pair, tmp_path):
                             "--port", str(port)], capture_output=True, text=True, timeout=120,
                            env={"SPECPARITY_HOME": str(tmp_path), "PATH": str(BIN)})
     assert r.returncode == 4, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
-    assert lines == [f"Error: cannot listen on 127.0.0.1:{port} (Address already in use);"
-                     " choose another --port"], r.stderr
-    assert "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == [f"Error: cannot listen on 127.0.0.1:{port} (Address already in use);"
+                                     " choose another --port"], r.stderr
+    assert r.stdout == ""
+
+
+def test_more_draft_tokens_than_max_draft_tokens_at_start_up_is_one_line_and_exit_2(tmp_path):
+    r = subprocess.run([str(BIN / "specparity"), "serve", "--max-draft-tokens", "4", "--model", "m",
+                        "--draft-model", "d", "--num-draft-tokens", "5", "--port", "0"],
+                       capture_output=True, text=True, timeout=120,
+                       env={"SPECPARITY_HOME": str(tmp_path), "PATH": str(BIN)})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == ["Error: --num-draft-tokens 5: more than --max-draft-tokens 4"]
 
 
 # -- Ctrl-C: exit 130, idle or in the middle of a request ---------------------------------------
@@ -149,11 +157,31 @@ def test_metrics_label_values_stay_bounded_whatever_clients_ask(pair, tmp_path):
 
 # -- a client that gives up cancels its generation ---------------------------------------------
 
+def _leave_stream(srv: Server, after: float = 1.0, **body) -> None:
+    """A streaming client that reads what comes for ``after`` seconds, then closes."""
+    t0 = time.monotonic()
+    try:
+        with httpx.stream("POST", srv.url + "/v1/completions", timeout=after,
+                          json={"temperature": 0, **body, "stream": True}) as r:
+            for _ in r.iter_lines():
+                if time.monotonic() - t0 > after:
+                    break
+    except httpx.ReadTimeout:
+        pass
+
+
+CANCELLED = r"specparity-serve: CANCELLED request=\S+ stage=(\w+) tokens=(\d+) max_tokens=(\d+) .* path=(\w+)"
+
+
 @pytest.mark.slow
 @pytest.mark.server
 @pytest.mark.model
-def test_a_client_that_gives_up_cancels_its_generation(pair, slow_pair, tmp_path):
-    argv = _serve(slow_pair.target, "--trust-remote-code", *STEP)
+@pytest.mark.parametrize("drafter", [False, True], ids=["no-drafter", "drafter"])
+def test_a_client_that_gives_up_cancels_its_generation(pair, slow_pair, tmp_path, drafter):
+    draft = ("--draft-model", slow_pair.draft) if drafter else ()
+    argv = _serve(slow_pair.target, *draft, "--trust-remote-code", *STEP)
+    # without a drafter an unseeded request joins mlx-lm's batch loop, a seeded one runs alone
+    batch, seeded = ("speculative", "speculative") if drafter else ("batch", "sequential")
     with _server("cancel", argv, tmp_path) as srv:
         log = Path(str(srv.log_path))
         for i in range(8):  # a client that reads its whole answer, then closes, gave up nothing
@@ -162,21 +190,26 @@ def test_a_client_that_gives_up_cancels_its_generation(pair, slow_pair, tmp_path
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(srv.url + "/v1/completions", timeout=1.0,
                        json={"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0})
-        m = _wait_for(log, r"specparity-serve: CANCELLED request=\S+ stage=(\w+) tokens=(\d+)")
-        assert m.group(1) == "prefill" and m.group(2) == "0"
-        # decode: 3000 one-row steps of 10 ms; the client leaves after 1 s
+        m = _wait_for(log, CANCELLED)
+        assert m.groups() == ("prefill", "0", "4", batch), m.group(0)
+        # the same, streamed (another prompt: nothing of the first one's is cached)
+        _leave_stream(srv, prompt=LONG_PROMPT.replace("fox", "cat"), max_tokens=5)
+        m = _wait_for(log, CANCELLED.replace(r"max_tokens=(\d+)", "max_tokens=(5)"))
+        assert m.groups() == ("prefill", "0", "5", batch), m.group(0)
+        # decode: 3000 steps of 10 ms; the client leaves after 1 s
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(srv.url + "/v1/completions", timeout=1.0,
                        json={"prompt": "hello", "max_tokens": 3000, "temperature": 0, "seed": 1,
                              "logit_bias": NO_EOS})
-        m = _wait_for(log, r"CANCELLED request=\S+ stage=decode tokens=(\d+) max_tokens=3000")
-        assert int(m.group(1)) < 3000
+        m = _wait_for(log, CANCELLED.replace(r"max_tokens=(\d+)", "max_tokens=(3000)"))
+        assert m.group(1) == "decode" and int(m.group(2)) < 3000 and m.group(4) == seeded, m.group(0)
         # the server is free and serves the next request whole
         r = _complete(srv, max_tokens=6)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+        assert r.json()["speculative"]["path"] == batch
         metrics = httpx.get(srv.url + "/metrics", timeout=30).text
     cancelled = dict(re.findall(r'specparity_cancelled_requests_total\{stage="(\w+)"\} (\S+)', metrics))
-    assert cancelled == {"prefill": "1.0", "decode": "1.0"}, cancelled
+    assert cancelled == {"prefill": "2.0", "decode": "1.0"}, cancelled
 
 
 # -- only what the operator named; errors say nothing about the file system ----------------------
@@ -190,22 +223,34 @@ FS_WORDS = ("No such file", "Errno", "config.json", "safetensors", "not a direct
 def test_requests_get_only_the_operators_checkpoint(pair, fixture_root, tmp_path):
     other = build(fixture_root, "llama-bfloat16", arch="llama", dtype="bfloat16")
     missing, existing = str(tmp_path / "nope"), str(tmp_path)
-    with _server("named", _serve(pair.target), tmp_path) as srv:
-        for body in ({"model": missing}, {"model": existing}, {"model": other.target},
-                     {"model": "/etc"}, {"draft_model": pair.draft}, {"draft_model": missing},
-                     {"adapters": existing}, {"adapters": missing}):
-            r = _complete(srv, **body)
+    named = tmp_path / "target-link"  # the operator names the model by another path to it
+    named.symlink_to(pair.target)
+    chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0}
+    refused = [(body, field) for field, body in (
+        ("model", {"model": missing}), ("model", {"model": existing}), ("model", {"model": other.target}),
+        ("model", {"model": "/etc"}), ("draft_model", {"draft_model": pair.draft}),
+        ("draft_model", {"draft_model": missing}), ("adapters", {"adapters": existing}),
+        ("adapters", {"adapters": missing}),
+        # mlx-lm would read this as the adapter folder ./default_model, unloading the served model
+        ("adapters", {"model": pair.target, "adapters": "default_model"}),
+        ("adapters", {"adapters": "default_model"}))]
+    with _server("named", _serve(str(named)), tmp_path) as srv:
+        for body, field in [*refused, ({**chat, "model": "/etc"}, "model")]:
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            r = httpx.post(srv.url + path, timeout=120,
+                           json={"prompt": "hello world", "max_tokens": 8, **body} if "messages" not in body
+                           else body)
             assert r.status_code == 404, (body, r.text)
-            error = r.json()["error"]
-            field, value = next(iter(body.items()))
-            assert error == (f"{field} {value!r} is not served here: this server serves what its"
-                             " operator named (GET /v1/models)")
-        for name in ("default_model", pair.target):
+            assert r.json()["error"] == (f"{field} {body[field]!r} is not served here: this server serves"
+                                         " what its operator named (GET /v1/models)")
+        # the operator's checkpoint by any of its names: the model loaded at start-up, never again
+        for name in ("default_model", str(named), pair.target):
             assert _complete(srv, model=name).status_code == 200
         models = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]
-        assert [m["id"] for m in models] == [pair.target]
+        assert [m["id"] for m in models] == [str(named)]
         log_text = Path(str(srv.log_path)).read_text()
     assert "MODEL-UNAVAILABLE" not in log_text and other.target not in log_text.split("POST")[0]
+    assert len(re.findall(r"specparity-serve: PROMPT-CACHE ", log_text)) == 1, log_text  # one load
 
     argv = _serve(pair.target, "--allow-request-models")
     with _server("open", argv, tmp_path) as srv:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import mlx.core as mx
@@ -345,3 +346,126 @@ def test_metrics_labels_stay_bounded_and_count_the_prompt_cache():
     assert samples[("specparity_cancelled_requests_total", (("stage", "decode"),))] == 1
     assert samples[("specparity_prompt_cache_policy", (("policy", "re-prefill"),))] == 1
     assert samples[("specparity_prompt_cache_policy", (("policy", "reuse"),))] == 0
+
+
+# -- a gate miss in the server probes the model the server loaded (issue 18) ----------------------
+
+def _cli(model: str, **kw: Any) -> Any:
+    import argparse
+
+    base = {"model": model, "adapter_path": None, "draft_model": None, "trust_remote_code": False,
+            "chat_template": "", "use_default_chat_template": False, "pipeline": False,
+            "kv_bits": None, "kv_group_size": 64, "quantized_kv_start": 5000,
+            "prefill_step_size": 2048, "num_draft_tokens": 3}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def _refuse_load(*_a: Any, **_k: Any) -> Any:
+    raise AssertionError("a second load of the checkpoint")
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_gate_miss_in_the_server_probes_the_model_it_loaded(llama_pair, monkeypatch):
+    """GateMemo on the server's own provider: with every way to load a checkpoint broken, a
+    miss still decides (a load would make the gate decline with 'could not run')."""
+    import mlx_lm
+    import mlx_lm.server
+    import mlx_lm.utils
+    import specparity.checkpoint
+    from specparity.harness.gated.server import GateMemo, ServeConfig, _classes, loaded_model
+
+    provider_cls, _, _ = _classes(ServeConfig())
+    cli = _cli(llama_pair.target)
+    provider = provider_cls(cli)
+    provider.load_default()
+    assert provider.model is not None
+    for module, name in ((specparity.checkpoint, "load_checkpoint"), (mlx_lm.utils, "load"),
+                         (mlx_lm, "load"), (mlx_lm.server, "load")):
+        monkeypatch.setattr(module, name, _refuse_load)
+    memo = GateMemo(ServeConfig(), cli)
+    built = []
+
+    def loaded() -> Any:
+        built.append(1)
+        return loaded_model(provider)
+
+    d = memo.decide(llama_pair.target, 3, loaded)
+    assert d.allow and not d.hit and d.verdict == "equal", d.reason
+    assert memo.decide(llama_pair.target, 3, loaded) is d and built == [1]  # asked once
+    p = memo.policy(llama_pair.target, loaded_model(provider))
+    assert p.policy == "reuse" and not p.hit and p.verdict == "equal", p.reason
+
+
+# -- a fed prompt that is not the end of the request's prompt: classic decode, fresh cache ----------
+
+@pytest.mark.model
+def test_a_fed_prompt_that_is_not_the_prompts_end_runs_classic_on_a_fresh_cache(fixture_root, caplog):
+    """mlx-lm hands stream_generate the prompt past its cached prefix; when what it feeds is
+    not the end of the prompt, history.missing_prefix cannot say what the processors miss:
+    the request runs classic decode from an empty cache, and says why."""
+    import types
+
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_logits_processors
+    from specparity.harness.gated.server import ServeConfig, _classes
+
+    model, _, tok = _pair(fixture_root)
+    prompt = tok.encode("def add(a, b):")
+    want = [r.token for r in stream_generate(model, tok, mx.array(prompt), 12,
+                                             logits_processors=make_logits_processors(
+                                                 repetition_penalty=1.5))]
+    _, generator_cls, _ = _classes(ServeConfig())
+    gen = object.__new__(generator_cls)  # its serving state only: no generation thread
+    gen.config = ServeConfig()
+    gen.metrics = ServeMetrics()
+    gen._finish_lock = threading.Lock()
+    gen._pending = None
+    gen.model_provider = types.SimpleNamespace(draft_error=None, draft_model=None)
+    gen.prompt_cache = ExactPromptCache(2)
+    stats = SpecStats(request_id="cmpl-x", prompt_ids=list(prompt),
+                      prompt_cache={"policy": "reuse", "prompt_tokens": len(prompt), "shared": 3,
+                                    "reused": 3, "prefilled": len(prompt) - 3, "outcome": "partial",
+                                    "reason": ""})
+    gen._active = (stats, types.SimpleNamespace(sampling=types.SimpleNamespace(temperature=0.0),
+                                                seed=None))
+    cache = make_prompt_cache(model)
+    model(mx.array([7, 8, 9])[None], cache=cache)  # an entry that is not this prompt's prefix
+    caplog.set_level("WARNING", logger="specparity.serve")
+    got = [r.token for r in gen.stream_generate(
+        model, tok, mx.array(prompt[2:5]), 12, prompt_cache=cache,
+        logits_processors=make_logits_processors(repetition_penalty=1.5))]
+    assert got == want  # classic decode of the whole prompt, its processors on the whole history
+    # the fresh cache, filled by the whole prompt and what followed (not the 3 stale tokens + 3 fed)
+    assert offsets(cache) == [len(prompt) + len(got)] * len(cache)
+    pc = stats.prompt_cache
+    assert pc is not None and pc["reused"] == 0 and pc["prefilled"] == len(prompt)
+    assert pc["outcome"] == "re-prefilled" and "are not the end of the" in pc["reason"]
+    assert stats.path == "sequential" and not stats.engaged and stats.reason == pc["reason"]
+    assert any("specparity-serve: FRESH-CACHE request=cmpl-x" in r.message for r in caplog.records)
+
+
+def test_a_response_says_which_path_served_it_and_what_its_draws_promise():
+    greedy = SpecStats(path="batch")
+    assert greedy.to_response()["path"] == "batch" and greedy.to_response()["draws"] == "greedy"
+    seeded = SpecStats(path="sequential", temperature=0.8, seed=7)
+    assert seeded.to_response()["draws"] == "seeded-classic"
+    assert SpecStats(temperature=0.8).to_response()["draws"] == "distribution"  # no seed
+    drafted = _stats([True, False])
+    drafted.temperature, drafted.seed = 0.8, 7  # mlx-lm's speculative sampling draws otherwise
+    assert drafted.to_response()["draws"] == "distribution"
+
+
+def test_bench_serve_resolves_1_percent_only_with_an_interval_that_narrow(repo_root):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_serve", repo_root / "scripts" / "bench_serve.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # 4.8 points wide, a negative point estimate inside: it resolves nothing
+    assert "not resolved" in bench.verdict("x", -0.0325, 0.0155)
+    assert "resolved, <= 1%" in bench.verdict("x", -0.0065, 0.0082)
+    assert "resolved, > 1%" in bench.verdict("x", 0.012, 0.025)
+    assert "spans 1%" in bench.verdict("x", 0.002, 0.018)

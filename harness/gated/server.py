@@ -52,7 +52,9 @@ from specparity.harness.gated import DEFAULT_MAX_DRAFT_TOKENS
 from specparity.harness.gated.cancel import (
     Cancelled, ClientWatch, check, install_prefill_check, watching,
 )
-from specparity.harness.gated.stats import ServeMetrics, SpecStats, rule_for
+from specparity.harness.gated.stats import (
+    PATH_BATCH, PATH_SEQUENTIAL, PATH_SPECULATIVE, ServeMetrics, SpecStats, rule_for,
+)
 
 from specparity.errors import EXIT_INTERRUPTED, InfrastructureError, UsageError
 from specparity.verdicts import CachePolicy, Decision, Verdict
@@ -200,10 +202,11 @@ class GateMemo:
         return self._policies.get((model_path, adapter))
 
 
-def _names(value: str | None) -> list[str]:
-    """How a request may name what the operator named: mlx-lm's ``default_model``, the flag's
-    value, or the path it resolves to (what /v1/models lists)."""
-    names = ["default_model"]
+def _names(value: str | None, default: bool = True) -> list[str]:
+    """How a request may name what the operator named: the flag's value, the path it resolves
+    to, and (``default``) mlx-lm's ``default_model``. Not for adapters: mlx-lm reads
+    ``adapters: default_model`` as a folder of that name, having unloaded the served model."""
+    names = ["default_model"] if default else []
     if value:
         names += [value, str(Path(value).expanduser().resolve())]
     return names
@@ -344,8 +347,17 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
         # -- the request being served (one generation thread) ----------------------------------
         def generate(self, request: Any, generation_args: Any,
                      progress_callback: Any = None) -> Any:
-            ctx, response = super().generate(request, generation_args, progress_callback)
+            if not config.allow_request_models:
+                # the handler let through only names of the operator's checkpoint: load the key
+                # loaded at start-up (a name as spelled reloads it, and a model named by its path
+                # loses --adapter-path); adapter None is what mlx-lm passes for no "adapters"
+                generation_args.model = up.ModelDescription(
+                    "default_model", "default_model", None)  # type: ignore[arg-type]
             stats = getattr(request, "specparity", None)
+            if stats is not None:  # before the generation thread can read them
+                stats.temperature = float(generation_args.sampling.temperature or 0.0)
+                stats.seed = generation_args.seed
+            ctx, response = super().generate(request, generation_args, progress_callback)
             if stats is None:
                 return ctx, response
             stats.ctx = ctx
@@ -393,6 +405,8 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             if stats is not None:
                 stats.prompt_ids = [int(t) for t in out[0]]
                 self._pending = stats  # the lookup that follows is this request's
+                if self._active is None or self._active[0] is not stats:
+                    stats.path = PATH_BATCH  # mlx-lm tokenizes here as it admits it to its batch
             return out
 
         def finish(self, stats: SpecStats) -> None:
@@ -435,11 +449,23 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             engage = draft_model is not None and self._engage(stats, provider, cache, model,
                                                                kwargs)
             n_target = len(model.layers)
-            start = offsets(cache[:n_target]) if cache is not None else None
             fed = [int(t) for t in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
+            try:
+                prefix = missing_prefix(stats.prompt_ids, fed, engage) if stats.prompt_ids else []
+            except ValueError as err:
+                # what mlx-lm feeds is not the prompt past its cached prefix: nothing says what
+                # that cache holds, so the request runs as a fresh one does
+                if kwargs.get("input_embeddings") is not None:  # its image rows are for `fed`
+                    raise ValueError(f"{err}; an image request cannot be prefilled again") from None
+                engage = False
+                prompt, fed, prefix = mx.array(stats.prompt_ids), list(stats.prompt_ids), []
+                if cache is not None:
+                    cache[:] = self._fresh_cache(model, draft_model)
+                self._fresh_request(stats, f"{err}; served by classic decode on a fresh cache")
+            stats.path = PATH_SPECULATIVE if engage else PATH_SEQUENTIAL
+            start = offsets(cache[:n_target]) if cache is not None else None
             if kwargs.get("logits_processors"):
-                kwargs["logits_processors"] = with_history(
-                    kwargs["logits_processors"], missing_prefix(stats.prompt_ids, fed, engage))
+                kwargs["logits_processors"] = with_history(kwargs["logits_processors"], prefix)
             if args.seed is not None:  # again: a gate probe above must not move the draws
                 mx.random.seed(args.seed)
             split = SplitCache(cache if cache is not None else [])
@@ -485,6 +511,26 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                         self._file_next(stats)
                         if not engage and len(cache) > n_target:
                             self._catch_up_drafter(cache, n_target, start, fed + stats.tokens)
+
+        @staticmethod
+        def _fresh_cache(model: Any, draft_model: Any) -> list[Any]:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            fresh = make_prompt_cache(model)
+            return fresh + make_prompt_cache(draft_model) if draft_model is not None else fresh
+
+        @staticmethod
+        def _fresh_request(stats: SpecStats, reason: str) -> None:
+            """Say (response, log line) that the request runs classic decode from an empty cache."""
+            n = len(stats.prompt_ids)
+            pc = dict(stats.prompt_cache or {"policy": CachePolicy.REPREFILL.value, "shared": 0})
+            pc.update(prompt_tokens=n, reused=0, prefilled=n, reason=reason,
+                      outcome="re-prefilled" if pc.get("shared") else "miss")
+            stats.prompt_cache = pc
+            stats.engaged = False
+            stats.reason = reason
+            log.warning("specparity-serve: FRESH-CACHE request=%s reason=\"%s\"",
+                        stats.request_id, reason.replace('"', "'"))
 
         def _file_next(self, stats: SpecStats) -> None:
             """Tell the prompt cache how the entry mlx-lm files next was computed."""
@@ -591,7 +637,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             for field_name, value, named in asked:
                 if field_name == "adapters" and value is None:
                     continue
-                if value not in _names(named):
+                if value not in _names(named, default=field_name != "adapters"):
                     return 404, (f"{field_name} {_shown(value)} is not served here: this server"
                                  " serves what its operator named (GET /v1/models)")
             return None

@@ -18,9 +18,10 @@ read three ways, all carrying the same facts:
 - llama.cpp-style ``timings`` (:meth:`SpecStats.timings`): ``draft_n``,
   ``draft_n_accepted``, ``predicted_n``, ``prompt_n``.
 
-Every response's ``speculative`` also says what the prompt cache did
-(``prompt_cache``: the policy, tokens shared, reused and prefilled, and why
-fewer were reused), whichever path served it.
+Every response's ``speculative``, whichever path served it, also says what the
+prompt cache did (``prompt_cache``: the policy, tokens shared, reused and
+prefilled, and why fewer were reused), which of mlx-lm's paths served it
+(``path``), and what its tokens promise (``draws``).
 
 A round proposes ``width - 1`` tokens and tests them in order: it stops at its
 first rejection, so it tests ``accepted + 1`` positions (all of them on a full
@@ -48,6 +49,19 @@ CANCELLED_MARKER = "specparity-serve: CANCELLED"
 # The acceptance rule mlx-lm's speculative loop runs, by sampling mode.
 RULE_GREEDY = "greedy-argmax"
 RULE_SAMPLED = "sampler-match"
+
+# Which of mlx-lm's serving paths ran a request: speculative decoding, classic decode one
+# request at a time (a seed, --kv-bits, a drafter, or the re-prefill policy), or its batch loop.
+PATH_SPECULATIVE = "speculative"
+PATH_SEQUENTIAL = "sequential"
+PATH_BATCH = "batch"
+
+# What a response's tokens promise: greedy (temperature 0: classic decode's tokens),
+# seeded-classic (classic decode's own draws for that seed), distribution (only classic
+# decode's distribution: drafted sampling, or no seed).
+DRAWS_GREEDY = "greedy"
+DRAWS_SEEDED = "seeded-classic"
+DRAWS_DISTRIBUTION = "distribution"
 
 
 def rule_for(temperature: float) -> str:
@@ -79,6 +93,8 @@ class SpecStats:
     prompt_cache: what the prompt cache did (cache.CacheLookup.to_dict()), None before lookup.
     cancelled: where the request stopped because its client left or the server stopped
       (queued | prefill | decode), None when it ran to its end.
+    path: which of mlx-lm's paths served it (speculative | sequential | batch), None when
+      none started. temperature, seed: the request's sampling temperature and seed.
     """
 
     request_id: str = ""
@@ -98,6 +114,9 @@ class SpecStats:
     seconds: float = 0.0
     prompt_cache: dict[str, Any] | None = None
     cancelled: str | None = None
+    path: str | None = None
+    temperature: float = 0.0
+    seed: int | None = None
     single: bool = False  # served by mlx-lm's _serve_single (else its batch loop)
     finished: bool = False
     _t0: float | None = None
@@ -170,6 +189,16 @@ class SpecStats:
             "accepted_per_position": accepted_at,
         }
 
+    @property
+    def draws(self) -> str:
+        """What the tokens promise: mlx-lm's speculative sampling (sampler-match) draws other
+        tokens than classic decode with the same seed, from the same distribution."""
+        if self.temperature == 0:
+            return DRAWS_GREEDY
+        if self.engaged or self.seed is None:
+            return DRAWS_DISTRIBUTION
+        return DRAWS_SEEDED
+
     # -- the three readers -------------------------------------------------------------------
     def to_response(self) -> dict[str, Any]:
         """The ``speculative`` extension field of a response."""
@@ -187,6 +216,8 @@ class SpecStats:
             "forfeit": self.forfeit,
             "decision": self.decision,
             "rule": self.rule if self.engaged else None,
+            "path": self.path,
+            "draws": self.draws,
             "num_draft_tokens": self.num_draft_tokens,
             "reason": self.reason,
             "gate_key": self.gate_key,
@@ -213,7 +244,7 @@ class SpecStats:
         """The line a request its client left logs."""
         return (f"{CANCELLED_MARKER} request={self.request_id} stage={self.cancelled}"
                 f" tokens={len(self.tokens)} max_tokens={self.max_tokens}"
-                f" prompt_tokens={len(self.prompt_ids)} ({self.cancel_reason})")
+                f" prompt_tokens={len(self.prompt_ids)} path={self.path or '-'} ({self.cancel_reason})")
 
     def log_line(self) -> str:
         """The request's one greppable line."""
