@@ -12,9 +12,19 @@ Who is compared with whom (every request of every arm, baselines included):
   (and the reference itself where no classic answer could be computed, or the
   engine's arithmetic is not MLX's: then a difference from classic decode is a
   finding, a near tie told apart from a confident one, never hidden);
-- **its own first answer**: a request that repeats an earlier one of the same
-  arm (``Request.repeats``) is compared with it, so a state-dependent
-  difference is named as such.
+- **the same request answered cold**: a request that repeats an earlier one of
+  the same arm (``Request.repeats``) is compared with that first answer; a
+  later request that left classic decode with no earlier twin, with the arm's
+  cold answer computed in process where the server's loop can be rebuilt
+  (harness.run), so a state-dependent difference is named as such, and one
+  that is there cold too is named as not state-dependent.
+
+Where classic decode's top two logprobs tie exactly at the first differing
+token (in the model's dtype) and the other side took the runner-up, the
+divergence stays ``diverged`` and is labelled an exact tie broken the other
+way (``RequestResult.tie``, kind ``exact_tie``), with its own scope.
+Reproductions are not the judge's: every diverged request gets one from
+harness.reproduce, whoever decided it.
 
 A request of an arm that drafts is ``match`` only with evidence the drafter
 ran (``not_engaged`` without), ``declined`` with a decline line (when its text
@@ -28,9 +38,9 @@ decode prove nothing about speculative decoding), unless a baseline left classic
 from __future__ import annotations
 
 import hashlib
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from specparity.completions import CompletionDifference, Side, first_difference
 from specparity.harness.client import Completion, Request
@@ -44,6 +54,8 @@ SELF_DRAFT_MIN_ACCEPTANCE = 0.9
 WARM_KINDS = ("repeat", "shared-prefix", "multi-turn")
 NOTHING_SPECULATIVE = ("nothing speculative was tested: no arm ran a drafter (the pairing has no draft"
                        " model, and no self-draft arm ran)")
+EXACT_TIE = "exact_tie"
+EXACT_TIE_WORDS = "an exact tie in classic decode's logprobs, broken the other way (raw logits' argmax)"
 
 
 def speculative(arm: ArmResult) -> bool:
@@ -84,6 +96,19 @@ class Classic:
         return self.index_at(char_offset) if self.index_at is not None else None
 
 
+@dataclass
+class Cold:
+    """The same request answered cold, as the judge compares an answer with it.
+
+    completion: that answer (None: there is none; ``why`` says why). source: what it is
+    (``p0 (its first answer)``, ``its cold answer in process (...)``).
+    """
+
+    completion: Completion | None
+    source: str
+    why: str | None = None
+
+
 def classic_answer(completion: object | None, error: str | None = None) -> Classic:
     """A harness.reference.ReferenceCompletion (or an error) as the judge reads it."""
     if completion is None:
@@ -97,16 +122,21 @@ def classic_answer(completion: object | None, error: str | None = None) -> Class
                                   "prompt_tokens": len(completion.prompt_ids),
                                   "prompt_check": completion.prompt_check.line() if completion.prompt_check else None,
                                   "prompt_equal": completion.prompt_check.equal if completion.prompt_check else None}
+    if completion.own_prompt is not None or completion.own_prompt_error:
+        own = completion.own_prompt
+        summary["own_prompt_check"] = own.line() if own is not None else completion.own_prompt_error
+        summary["own_prompt_equal"] = own.equal if own is not None else None
     return Classic(completion.side(CLASSIC), sha, summary, completion.token_index_at)
 
 
 def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, base: Completion | None,
-                  target: str, trust_remote_code: bool, classic: Classic | None = None,
-                  cold: Completion | None = None, exact: bool = True, dtype: str = "float32") -> RequestResult:
+                  classic: Classic | None = None, cold: Cold | None = None, exact: bool = True,
+                  dtype: str = "float32") -> RequestResult:
     """One request's verdict.
 
     base: baseline-start's completion of the same request. classic: classic decode's answer
-    (None: no reference asked for). cold: the arm's own first answer to the same body.
+    (None: no reference asked for). cold: the same request answered cold (its first answer in
+    the arm, or computed in process), or why there is none (None: not asked).
     exact: the engine computes with MLX, so classic decode decides; else it is a finding.
     dtype: the model's dtype (the near-tie band of an engine whose arithmetic differs).
     """
@@ -135,23 +165,69 @@ def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, b
                 res.classic = None
     if base is not None and base.ok and plan.name != BASELINE_START:
         res.baseline = text_difference(side(BASELINE_START, base), base.sha256, comp, plan.name)
-    if cold is not None and cold.ok:
-        res.cold = text_difference(side(f"{req.repeats} (its first answer)", cold), cold.sha256, comp, plan.name)
+    if cold is not None:
+        _compare_cold(res, cold, classic, plan.name)
     decided_by_classic = exact and classic is not None and classic.side is not None
     if decided_by_classic:
-        return _by_classic(res, plan, ev)
-    return _by_baseline(res, plan, req, ev, base, target, trust_remote_code, classic, dtype)
+        assert classic is not None
+        return _by_classic(res, plan, ev, classic, dtype)
+    return _by_baseline(res, plan, ev, base, classic, dtype)
 
 
-def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence) -> RequestResult:
+def _compare_cold(res: RequestResult, cold: Cold, classic: Classic | None, name: str) -> None:
+    """The answer against the same request answered cold, and that cold answer against classic decode
+    (``res.reference["cold"]``: whether the difference is state-dependent)."""
+    c = cold.completion
+    if c is None or not c.ok:
+        if res.reference is not None:
+            res.reference["cold"] = {"source": cold.source, "unavailable": cold.why or (c.error if c else None)}
+        return
+    res.cold = text_difference(side(cold.source, c), c.sha256, res.completion, name)
+    if res.reference is None or classic is None or classic.side is None:
+        return
+    off = text_difference(classic.side, classic.sha256, c, cold.source)
+    if off is not None and off.token_index is None:
+        off.token_index = classic.token_index_at(off.char_offset)
+    res.reference["cold"] = {"source": cold.source, "equals_classic": off is None,
+                             "token_index": off.token_index if off is not None else None}
+
+
+def exact_tie(d: CompletionDifference, classic: Classic, dtype: str) -> dict[str, Any] | None:
+    """The tie label when classic decode's top two logprobs are equal where ``d`` parts (in the model's
+    dtype: the floats it computed) and the other side took the runner-up (None: no exact tie there)."""
+    i = d.token_index
+    top = classic.side.top if classic.side is not None else None
+    if i is None or top is None or i >= len(top) or len(top[i]) < 2 or top[i][0][1] != top[i][1][1]:
+        return None
+    (kept, logprob), (other, _) = top[i][0], top[i][1]
+    took = d.other_tokens[0] if d.other_tokens else None
+    if took is not None and took != other:
+        return None  # the other side took a third token: not this tie broken the other way
+    return {"kind": EXACT_TIE, "token_index": i, "logprob": logprob, "dtype": dtype,
+            "classic_token": kept, "other_token": took, "tied": [kept, other],
+            "other_known": took is not None}
+
+
+def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence, classic: Classic, dtype: str) -> RequestResult:
     d = res.classic
     if d is not None:
         res.verdict, res.divergence = Verdict.DIVERGED, d
         res.reason = "differs from classic decode: " + d.line()
+        tie = exact_tie(d, classic, dtype)
+        if tie is not None:
+            res.tie = tie
+            took = (f"{plan.name} took {tie['other_token']}" if tie["other_known"]
+                    else f"{plan.name}'s token there is not known (it gave text only)")
+            res.reason += (f"; {EXACT_TIE_WORDS}: logprob {tie['logprob']} for tokens {tie['tied'][0]} and"
+                           f" {tie['tied'][1]} in {dtype}, classic decode took {tie['classic_token']} (the"
+                           f" lower id), {took}")
         if ev.declined:
             res.reason = "declined (served by its classic path), yet " + res.reason
+        cold = (res.reference or {}).get("cold") or {}
         if res.cold is not None:
-            res.reason += f"; differs from its own first answer too, at token {res.cold.token_index}"
+            res.reason += f"; differs from {res.cold.reference} too, at token {res.cold.token_index}"
+        elif cold.get("equals_classic") is False:
+            res.reason += f"; {cold['source']} gives this same answer: not state-dependent"
         return res
     if ev.declined:
         res.verdict = Verdict.DECLINED
@@ -167,8 +243,8 @@ def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence) -> RequestResul
     return res
 
 
-def _by_baseline(res: RequestResult, plan: ArmPlan, req: Request, ev: Evidence, base: Completion | None,
-                 target: str, trust: bool, classic: Classic | None, dtype: str) -> RequestResult:
+def _by_baseline(res: RequestResult, plan: ArmPlan, ev: Evidence, base: Completion | None,
+                 classic: Classic | None, dtype: str) -> RequestResult:
     """The verdict against baseline-start (no classic answer, or an engine whose arithmetic is not MLX's)."""
     note = ""
     if classic is not None and classic.error:
@@ -199,9 +275,6 @@ def _by_baseline(res: RequestResult, plan: ArmPlan, req: Request, ev: Evidence, 
     if d is not None:
         res.verdict, res.divergence = Verdict.DIVERGED, d
         res.reason = d.line() + note
-        res.replay = replay_command(plan, req, ev, target, trust)
-        if res.replay:
-            res.reproduction = {"command": res.replay, "reason": None}
         return res
     if plan.drafts and not ev.engaged:
         res.verdict = Verdict.NOT_ENGAGED
@@ -210,19 +283,6 @@ def _by_baseline(res: RequestResult, plan: ArmPlan, req: Request, ev: Evidence, 
     res.verdict = Verdict.MATCH
     res.reason = ("; ".join(ev.lines[:1]) if plan.drafts else "") + note
     return res
-
-
-def replay_command(plan: ArmPlan, req: Request, ev: Evidence, target: str, trust_remote_code: bool) -> str | None:
-    """``specparity replay`` of this request's witnessed rounds (None without rounds or a plain prompt)."""
-    prompt = req.prompt_text()
-    if not ev.accepts or prompt is None or plan.width is None:
-        return None
-    argv = ["specparity", "replay", "--model", target, "--prompt", prompt,
-            "--accepts", ",".join(map(str, ev.accepts)), "--width", str(plan.width.rows),
-            "--max-tokens", str(req.body.get("max_tokens", 0))]
-    if trust_remote_code:
-        argv.append("--trust-remote-code")
-    return shlex.join(argv)
 
 
 def judge_arm(arm: ArmResult, plan: ArmPlan) -> None:
@@ -273,7 +333,7 @@ def judge_pairing(res: PairingResult) -> None:
     for a in res.arms:
         if a.kind == ArmKind.SELF_DRAFT and a.acceptance is not None and a.acceptance < SELF_DRAFT_MIN_ACCEPTANCE:
             res.findings.append(a.reason)
-    res.findings += scope_findings(res)
+    res.findings += prompt_findings(res) + scope_findings(res)
     res.verdict = combine([a.verdict for a in res.arms] or [Verdict.MATCH])
     # -- issue 20, class 6: nothing speculative ran, nothing passed (a baseline that left classic
     # decode is still that finding) ---------------------------------------------------------------
@@ -285,7 +345,9 @@ def judge_pairing(res: PairingResult) -> None:
 
 def scope_findings(res: PairingResult) -> list[str]:
     """Per request that left classic decode: whom it concerns (every server of the engine, only with
-    the drafter, only on a warm cache), and where a request differs from its own first answer."""
+    the drafter, every server without it, an exact or a near tie), whether it depends on the
+    server's state (only on a warm cache, not state-dependent, or no cold answer and why), and
+    where a request differs from the same request answered cold."""
     out: list[str] = []
     arms = [a for a in res.arms if a.kind != ArmKind.DISTRIBUTION and a.requests]
     order: list[str] = []
@@ -304,31 +366,73 @@ def scope_findings(res: PairingResult) -> list[str]:
         first = min(indices) if indices else None
         at = f" (first at token {first})" if first is not None else ""
         names = [a.name for a, _ in off]
-        plain = [a for a, _ in rows if a.kind not in DRAFTING_KINDS]
-        plain_off = [a for a, _ in off if a.kind not in DRAFTING_KINDS]
-        tie = [r.tie for _, r in off if r.tie]
         what = f"request {position} {rid} ({kind})"
-        if tie and all(t.get("kind") == "near_tie" for t in tie):
-            scope = "a near tie between this engine's arithmetic and MLX's (margins in each request's reason)"
-        elif plain and len(plain_off) == len(plain) and len(off) == len(rows):
-            scope = "every server of this engine"
-        elif not plain_off:
-            scope = "only with the drafter"
-        else:
-            scope = "some servers without the drafter too"
-        by_arm = {a.name: {q.id: q for q in a.requests} for a in arms}
-        warm_only = [a.name for a, r in off
-                     if r.request.get("repeats") in by_arm[a.name]
-                     and by_arm[a.name][r.request["repeats"]].classic is None
-                     and by_arm[a.name][r.request["repeats"]].completion.ok]
-        if warm_only:
-            scope += ("; only on a warm cache in " + ", ".join(warm_only)
-                      + ": the same request answered cold there equals classic decode")
-        elif kind in WARM_KINDS:
-            scope += f"; a request that can meet a warm prompt cache ({kind})"
+        scope = _whom(rows, off) + _state(kind, off)
         out.append(f"{what} differs from classic decode{at} in {', '.join(names)}: {scope}")
         for a, r in rows:
-            if r.cold is not None and r.request.get("repeats"):
-                out.append(f"{what} in {a.name} differs from its own fresh answer ({r.request['repeats']})"
-                           f" at token {r.cold.token_index}")
+            if r.cold is not None:
+                out.append(f"{what} in {a.name} differs from {r.cold.reference} at token {r.cold.token_index}")
     return out
+
+
+def _whom(rows: list[tuple[ArmResult, RequestResult]], off: list[tuple[ArmResult, RequestResult]]) -> str:
+    """Which servers a difference concerns, and an exact or near tie where every differing arm has one."""
+    plain = [a for a, _ in rows if a.kind not in DRAFTING_KINDS]
+    plain_off = [a for a, _ in off if a.kind not in DRAFTING_KINDS]
+    drafted_same = [a.name for a, r in rows if a.kind in DRAFTING_KINDS and r.classic is None]
+    ties = [r.tie for _, r in off if r.tie]
+    if ties and all(t.get("kind") == "near_tie" for t in ties):
+        return "a near tie between this engine's arithmetic and MLX's (margins in each request's reason)"
+    if plain and len(plain_off) == len(plain) and len(off) == len(rows):
+        who = "every server of this engine"
+    elif not plain_off:
+        who = "only with the drafter"
+    elif len(plain_off) == len(plain):
+        who = (f"every server without the drafter, and not {', '.join(drafted_same)} (with the drafter:"
+               " they equal classic decode)")
+    else:
+        who = f"some servers without the drafter too ({', '.join(a.name for a in plain_off)})"
+    if len(ties) == len(off) and all(t.get("kind") == EXACT_TIE for t in ties):
+        return f"{EXACT_TIE_WORDS}, {who}"
+    return who
+
+
+def _state(kind: str, off: list[tuple[ArmResult, RequestResult]]) -> str:
+    """Whether the difference depends on the server's state, from each arm's cold answer."""
+    cold = [(a.name, (r.reference or {}).get("cold")) for a, r in off]
+    warm_only = [n for n, c in cold if c and c.get("equals_classic") is True]
+    cold_too = [n for n, c in cold if c and c.get("equals_classic") is False]
+    why: dict[str, list[str]] = {}
+    for n, c in cold:
+        if c and c.get("unavailable"):
+            why.setdefault(str(c["unavailable"]), []).append(n)
+    out = ""
+    if warm_only:
+        out += ("; only on a warm cache in " + ", ".join(warm_only)
+                + ": the same request answered cold there equals classic decode")
+    if cold_too:
+        out += ("; not state-dependent in " + ", ".join(cold_too)
+                + ": the same request answered cold there differs from classic decode too")
+    for reason, who in why.items():
+        out += f"; no cold answer in {', '.join(who)}: {reason}"
+    if not out and kind in WARM_KINDS:
+        out = f"; a request that can meet a warm prompt cache ({kind})"
+    return out
+
+
+def prompt_findings(res: PairingResult) -> list[str]:
+    """Where classic decode's prompt is not the server's (that request is not compared), and where the
+    harness's own tokenization is not the prompt ids a server reported (a finding; the comparison,
+    from the server's own ids, stands)."""
+    out: dict[str, None] = {}
+    for a in res.arms:
+        for r in a.requests:
+            ref = r.reference or {}
+            if ref.get("prompt_equal") is False:
+                out[f"request {r.id} ({a.name}): classic decode's prompt is not the server's, so it is not"
+                    f" compared: {ref.get('prompt_check')}"] = None
+            if ref.get("own_prompt_equal") is False:
+                out[f"request {r.id}: the harness's own tokenization (mlx_lm.server's tokenize step) is not the"
+                    f" server's prompt: {ref.get('own_prompt_check')}; classic decode decoded from the server's"
+                    " ids"] = None
+    return list(out)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specparity.harness.lifecycle import end_watcher, register, spawn_tied, unregister
-from specparity.harness.reference import ReferenceCompletion, ReferenceStats, ServerSettings
+from specparity.harness.reference import ColdAnswer, ReferenceCompletion, ReferenceStats, ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +55,13 @@ class Oracle:
     python / env: the interpreter and the environment variables the servers run with.
     settings: the server flags the worker loads its tokenizer with (chat template).
     timeout: seconds one answer may take.
+    batches: the servers batch the requests they can, as mlx_lm.server does (False: every request
+      on the sequential path, as dflash serve's target-only path, mlx_lm.server's ``_serve_single``).
     """
 
     def __init__(self, checkpoint: str, trust_remote_code: bool, python: str, env: dict[str, str | None] | None = None,
-                 settings: ServerSettings | None = None, timeout: float = 600.0):
+                 settings: ServerSettings | None = None, timeout: float = 600.0, batches: bool = True):
+        self.batches = batches
         self.checkpoint = checkpoint
         self.trust_remote_code = trust_remote_code
         self.python = python
@@ -83,6 +86,8 @@ class Oracle:
                 "--settings", json.dumps(self.settings.to_dict())]
         if self.trust_remote_code:
             argv.append("--trust-remote-code")
+        if not self.batches:
+            argv.append("--sequential")
         env = dict(os.environ)
         for k, v in self.env.items():
             if v is None:
@@ -151,11 +156,13 @@ class Oracle:
         return reply
 
     def complete(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,
-                 server_prompt_tokens: int | None = None, prompt_ids: list[int] | None = None) -> Answer:
+                 server_prompt_tokens: int | None = None, prompt_ids: list[int] | None = None,
+                 server_prompt_ids: list[int] | None = None) -> Answer:
         """Classic decode's answer to ``body`` (on ``endpoint``, under the server's ``settings``);
-        ``prompt_ids``: decode from exactly these (an engine that tokenizes on its own said so)."""
+        ``prompt_ids``: decode from exactly these (an engine that tokenizes on its own said so);
+        ``server_prompt_ids``: the server's own ids, checked against the harness's tokenization."""
         req: dict[str, Any] = {"endpoint": endpoint, "body": body, "server_prompt_tokens": server_prompt_tokens,
-                               "prompt_ids": prompt_ids}
+                               "prompt_ids": prompt_ids, "server_prompt_ids": server_prompt_ids}
         if settings is not None:
             req["settings"] = settings.to_dict()
         reply = self._ask(req)
@@ -164,6 +171,19 @@ class Oracle:
         if not reply.get("ok"):
             return Answer(error=f"the classic reference refused this request: {reply.get('message')}")
         return Answer(ReferenceCompletion.from_dict(reply["completion"]))
+
+    def cold(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,
+             draft_model: str | None = None) -> tuple[ColdAnswer | None, str | None]:
+        """mlx_lm.server's loop answering ``body`` on a fresh prompt cache (ClassicReference.cold), or why not."""
+        req: dict[str, Any] = {"cold": True, "endpoint": endpoint, "body": body, "draft_model": draft_model}
+        if settings is not None:
+            req["settings"] = settings.to_dict()
+        reply = self._ask(req)
+        if reply is None:
+            return None, self.failed or "the classic reference is unavailable"
+        if not reply.get("ok"):
+            return None, f"mlx_lm.server's loop did not answer it in process: {reply.get('message')}"
+        return ColdAnswer(**reply["cold"]), None
 
     def cost(self) -> ReferenceStats | None:
         """What the reference cost so far (None when it never ran)."""

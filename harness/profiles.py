@@ -103,6 +103,9 @@ class Profile:
       looked for there, and the record's identity lists its packages. None: this interpreter.
     exercised: False for a profile written from the server's documentation and not yet run
       against a live server (vLLM, SGLang, mlxcel): runs say so.
+    loop: the serving loop the server runs (``mlx_lm.server``: the loop the sequence replay
+      rebuilds in process; another name, or None, a loop no in-process replay rebuilds), inherited
+      by ``extends``: reproductions and cold answers are decided by it, never by the profile's name.
     source: the YAML file it came from.
     """
 
@@ -134,6 +137,7 @@ class Profile:
     environment: str | dict[str, Any] | None = None
     arithmetic: str = "mlx"
     exercised: bool = True
+    loop: str | None = None
     source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -287,6 +291,7 @@ PROFILE_SCHEMA = Fields({
                                   what="a packaged environment name, a YAML file or a mapping")),
     "arithmetic": Enum(ARITHMETIC),
     "exercised": Bool(),
+    "loop": _OPT_STR,
 })
 
 
@@ -380,6 +385,7 @@ def load_profile(name_or_path: str) -> Profile:
         environment=environment,
         arithmetic=str(arithmetic),
         exercised=bool(raw.get("exercised", True)),
+        loop=raw.get("loop"),
         source=str(path),
     )
     dry_render(profile)

@@ -364,7 +364,8 @@ def server_prompt(tokenizer: Any, endpoint: str, body: dict[str, Any],
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise UsageError("chat request: no messages")
-        if any(True for _ in mlx_server._image_parts(messages)):
+        image_parts = getattr(mlx_server, "_image_parts", None)  # mlx-lm 0.31 serves text only: no such step
+        if image_parts is not None and any(True for _ in image_parts(messages)):
             raise UsageError("chat request with images: the classic reference is text only")
         request = mlx_server.CompletionRequest("chat", "", messages, body.get("tools") or None,
                                                body.get("role_mapping"))
@@ -384,7 +385,8 @@ def server_prompt(tokenizer: Any, endpoint: str, body: dict[str, Any],
         raise InfrastructureError(f"mlx-lm {_mlx_lm_version()}: its server's tokenize step moved ({err});"
                                   " the classic reference cannot tokenize as that server does") from None
     try:
-        ids, segments, types_, initial, _ = tokenize(_ProviderShim(s.chat_template_args), tokenizer, request, args)
+        # (prompt, segments, segment types, initial state) and, from mlx-lm 0.32, the prompt's images
+        ids, segments, types_, initial = tokenize(_ProviderShim(s.chat_template_args), tokenizer, request, args)[:4]
     except (ValueError, KeyError, TypeError) as err:
         raise UsageError(f"{endpoint} request: the server would refuse it ({type(err).__name__}: {err})") from None
     ids = [int(t) for t in ids]
@@ -470,6 +472,121 @@ def _text_state_machine_class() -> Any:
     return TextStateMachine
 
 
+class ResponseStream:
+    """The server's stop matcher and text machine over one generation, token by token.
+
+    ``step(token, segment, finish_reason)`` -> the finish reason (``stop`` where a stop sequence
+    ended it); ``finish(reason)`` -> the reason the server reports; then ``pieces`` (per token, the
+    text the server appends or streams there), ``text`` / ``reasoning`` / ``tool_calls`` as its
+    response carries them. mlx-lm 0.32's server: its stop sequences (``make_stop_sequences``) and
+    text machine (:class:`ResponseText`).
+    """
+
+    def __init__(self, tokenizer: Any, stop_words: list[str], initial_state: str = "normal"):
+        from mlx_lm.generate import make_stop_sequences
+
+        self._matcher = make_stop_sequences(tokenizer, stop_words).matcher()
+        self._text = ResponseText(tokenizer, stop_words, initial_state)
+        self._pieces: list[str] = []
+
+    def step(self, token: int, segment: str, finish_reason: str | None) -> str | None:
+        reason = "stop" if self._matcher.advance(token) else finish_reason
+        self._pieces.append(self._text.add(segment, reason))
+        return reason
+
+    @property
+    def pieces(self) -> list[str]:
+        return list(self._pieces)
+
+    def finish(self, finish_reason: str) -> str:
+        return self._text.finish(finish_reason)
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    @property
+    def reasoning(self) -> str:
+        return self._text.reasoning
+
+    @property
+    def tool_calls(self) -> list[str]:
+        return list(self._text.tool_calls)
+
+
+class ResponseStream031(ResponseStream):
+    """The same for mlx-lm 0.31's server (a pinned environment's: dflash-mlx's, the version matrix's).
+
+    Its ``SequenceStateMachine`` (the server's own ``_make_state_machine``: EOS and each stop word's
+    tokens end it; think and tool-call tokens switch state) gives each token a state; a token's text
+    goes where that state says (normal text, reasoning, a tool call) and nowhere where it is the end;
+    a matched sequence's tokens lose their text (its ``_process_control_tokens``); the response
+    collects them as its ``handle_completion`` does.
+    """
+
+    def __init__(self, tokenizer: Any, stop_words: list[str], initial_state: str = "normal"):
+        import types
+
+        from mlx_lm import server as mlx_server
+
+        shim = types.SimpleNamespace(_state_machine_cache={})
+        make: Any = mlx_server.ResponseGenerator._make_state_machine  # 0.31's signature, not 0.32's
+        sm, _ = make(shim, None, tokenizer, list(stop_words), initial_state=initial_state)
+        self._sm, self._state = sm, sm.make_state()
+        self._tokens: list[tuple[str, str | None]] = []  # (text, state after the token)
+
+    def step(self, token: int, segment: str, finish_reason: str | None) -> str | None:
+        self._state, matched, current = self._sm.match(self._state, token)
+        self._tokens.append((segment, current))
+        if matched is not None:  # the matched sequence's tokens carry no text
+            n = len(self._tokens)
+            self._tokens[n - len(matched):] = [("", st) for _, st in self._tokens[n - len(matched):]]
+        return "stop" if matched is not None and current is None else finish_reason
+
+    def _collect(self) -> tuple[str, str, list[str], bool]:
+        text, reasoning, tool_text, tools, made, prev = "", "", "", [], False, None
+        for segment, state in self._tokens:
+            if state == "reasoning":
+                reasoning += segment
+            elif state == "tool":
+                tool_text += segment
+            elif state == "normal":
+                if prev == "tool":
+                    tools.append(tool_text)
+                    tool_text, made = "", True
+                text += segment
+            prev = state
+        if prev == "tool" and tool_text:
+            tools.append(tool_text)
+            made = True
+        return text, reasoning, tools, made
+
+    def finish(self, finish_reason: str) -> str:
+        return "tool_calls" if finish_reason == "stop" and self._collect()[3] else finish_reason
+
+    @property
+    def pieces(self) -> list[str]:
+        return [segment if state == "normal" else "" for segment, state in self._tokens]
+
+    @property
+    def text(self) -> str:
+        return self._collect()[0]
+
+    @property
+    def reasoning(self) -> str:
+        return self._collect()[1]
+
+    @property
+    def tool_calls(self) -> list[str]:
+        return self._collect()[2]
+
+
+def response_stream(tokenizer: Any, stop_words: list[str], initial_state: str = "normal") -> ResponseStream:
+    """The stop matcher and text machine of the installed mlx-lm's server (0.32's, else 0.31's)."""
+    cls = ResponseStream031 if server_031() else ResponseStream
+    return cls(tokenizer, stop_words, initial_state)
+
+
 @dataclass
 class PromptCheck:
     """The reference's prompt tokens against what the server reported about its own.
@@ -532,7 +649,12 @@ class ReferenceCompletion:
 
     key: the canonical request key (sha256) it was cached under.
     endpoint: completions or chat.
-    prompt_ids: the prompt tokens decoded from; prompt_check: those against the server's.
+    prompt_ids: the prompt tokens decoded from; prompt_check: those against what the server
+      said of its prompt (a mismatch: another prompt than the server's, not compared).
+    own_prompt: where it decoded from the server's own ids (an engine that tokenizes on its own),
+      the harness's own tokenization (mlx_lm.server's tokenize step) against those ids: a mismatch
+      is a finding, the comparison stands (classic decode decoded what the server decoded);
+      own_prompt_error: why the harness could not tokenize the request itself.
     token_ids: every emitted token, the final EOS / stop token included (the server's count).
     text: the completion text (chat: the message content) after stop words and the
       server's state machine; reasoning / tool_calls: what that machine set apart.
@@ -562,6 +684,8 @@ class ReferenceCompletion:
     params: dict[str, Any]
     settings: dict[str, Any]
     prompt_check: PromptCheck | None = None
+    own_prompt: PromptCheck | None = None
+    own_prompt_error: str | None = None
     reasoning: str = ""
     tool_calls: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -610,7 +734,9 @@ class ReferenceCompletion:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["prompt_check"] = self.prompt_check.to_dict() if self.prompt_check else None
+        for k in ("prompt_check", "own_prompt"):
+            check = getattr(self, k)
+            d[k] = check.to_dict() if check else None
         return d
 
     @classmethod
@@ -618,8 +744,9 @@ class ReferenceCompletion:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         kw["top"] = [[(int(a), float(b)) for a, b in t] for t in kw.get("top") or []]
-        if kw.get("prompt_check"):
-            kw["prompt_check"] = PromptCheck(**kw["prompt_check"])
+        for k in ("prompt_check", "own_prompt"):
+            if kw.get(k):
+                kw[k] = PromptCheck(**kw[k])
         return cls(**kw)
 
 
@@ -630,6 +757,8 @@ class ReferenceStats:
     computed: distinct requests decoded. hits: answers served from the cache.
     seconds: time spent decoding them (model load apart). load_seconds: loading the model.
     tokens: tokens generated. prompt_tokens: prompt tokens prefilled.
+    cold: cold answers computed (:meth:`ClassicReference.cold`, only for requests that left
+      classic decode); cold_seconds / cold_tokens: their time (drafter loads included) and tokens.
     """
 
     computed: int = 0
@@ -638,11 +767,36 @@ class ReferenceStats:
     load_seconds: float = 0.0
     tokens: int = 0
     prompt_tokens: int = 0
+    cold: int = 0
+    cold_seconds: float = 0.0
+    cold_tokens: int = 0
 
     def line(self) -> str:
         return (f"classic reference: {self.computed} distinct requests decoded in process"
                 f" ({self.tokens} tokens, {self.prompt_tokens} prompt tokens, {self.seconds:.2f} s;"
-                f" model load {self.load_seconds:.2f} s), {self.hits} answered from its cache")
+                f" model load {self.load_seconds:.2f} s), {self.hits} answered from its cache"
+                + (f"; {self.cold} cold answers through mlx_lm.server's loop ({self.cold_tokens} tokens,"
+                   f" {self.cold_seconds:.2f} s)" if self.cold else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ColdAnswer:
+    """A request answered by mlx_lm.server's own loop on a fresh prompt cache, in process.
+
+    text / token_ids / finish_reason: the answer as the server's response handler builds it.
+    path: the loop's path (``batched`` or ``sequential``). draft_model: the drafter it ran
+    with (None: none). seconds: what it took (a cache hit reports the first computation's).
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    path: str
+    draft_model: str | None = None
+    seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -744,10 +898,7 @@ def collect(tokenizer: Any, responses: Any, stop_words: list[str], initial_state
     """
     import mlx.core as mx
 
-    from mlx_lm.generate import make_stop_sequences
-
-    matcher = make_stop_sequences(tokenizer, stop_words).matcher()
-    text = ResponseText(tokenizer, stop_words, initial_state)
+    machine = response_stream(tokenizer, stop_words, initial_state)
     out = Decoded()
     finish = "stop"
     rows: list[Any] = []
@@ -764,14 +915,11 @@ def collect(tokenizer: Any, responses: Any, stop_words: list[str], initial_state
         rows.clear()
 
     for gen in responses:
-        reason = gen.finish_reason
-        if matcher.advance(gen.token):
-            reason = "stop"
+        reason = machine.step(int(gen.token), gen.text, gen.finish_reason)
         out.token_ids.append(int(gen.token))
         rows.append(gen.logprobs)
         if len(rows) == _SETTLE_EVERY:
             settle()
-        out.pieces.append(text.add(gen.text, reason))
         if reason is not None:
             finish = reason
             break
@@ -780,8 +928,9 @@ def collect(tokenizer: Any, responses: Any, stop_words: list[str], initial_state
     for (idx, picked), emitted in lazy:
         out.top.extend(_top2_pairs(a, b) for a, b in zip(idx.tolist(), picked.tolist()))
         out.logprobs.extend(float(x) for x in emitted.tolist())
-    out.finish_reason = text.finish(finish)
-    out.text, out.reasoning, out.tool_calls = text.text, text.reasoning, list(text.tool_calls)
+    out.finish_reason = machine.finish(finish)
+    out.pieces = list(machine.pieces)
+    out.text, out.reasoning, out.tool_calls = machine.text, machine.reasoning, list(machine.tool_calls)
     return out
 
 
@@ -795,12 +944,14 @@ class Step:
     finish_reason: str | None = None
 
 
-def stream_steps(tokenizer: Any, steps: Any, max_tokens: int) -> Any:
+def stream_steps(tokenizer: Any, steps: Any, max_tokens: int, finalize: bool = True) -> Any:
     """``generate_step``'s (token, logprobs) as ``stream_generate`` turns them into responses.
 
     The same rules without its timing and memory readings: an EOS token ends the stream
     (finish ``stop``, not detokenized), the ``max_tokens``-th token ends it (``length``),
-    each text segment is the detokenizer's ``last_segment``.
+    each text segment is the detokenizer's ``last_segment``. ``finalize=False``: the last
+    token's segment without the detokenizer's held bytes, as mlx-lm 0.31's batched path
+    sends it (it never finalizes: a trailing partial character is dropped).
     """
     detok = tokenizer.detokenizer
     eos = tokenizer.eos_token_ids
@@ -811,10 +962,19 @@ def stream_steps(tokenizer: Any, steps: Any, max_tokens: int) -> Any:
             return
         detok.add_token(token)
         if n + 1 == max_tokens:
-            detok.finalize()
+            if finalize:
+                detok.finalize()
             yield Step(token, detok.last_segment, logprobs, "length")
             return
         yield Step(token, detok.last_segment, logprobs)
+
+
+def server_031() -> bool:
+    """The installed mlx-lm's server is 0.31's (no ``make_stop_sequences``), not 0.32's."""
+    import importlib
+
+    # the module, not mlx_lm.generate the function (mlx_lm's __init__ binds that name)
+    return not hasattr(importlib.import_module("mlx_lm.generate"), "make_stop_sequences")
 
 
 def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: RequestParams,
@@ -842,7 +1002,8 @@ def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: Req
                           prompt_cache=cache, prefill_step_size=settings.prefill_step_size,
                           kv_bits=settings.kv_bits, kv_group_size=settings.kv_group_size,
                           quantized_kv_start=settings.quantized_kv_start)
-    return collect(tokenizer, stream_steps(tokenizer, steps, params.max_tokens), params.stop,
+    finalize = not (path == PATH_BATCHED and server_031())
+    return collect(tokenizer, stream_steps(tokenizer, steps, params.max_tokens, finalize), params.stop,
                    prompt.initial_state)
 
 
@@ -852,13 +1013,16 @@ class ClassicReference:
     ``checkpoint``: the mlx-lm checkpoint the server loaded (or the one a GGUF was
     exported from). ``trust_remote_code``: consent to run its ``model_file`` (as the
     server's ``--trust-remote-code``). ``settings``: the server's flags
-    (:meth:`ServerSettings.from_argv`).
+    (:meth:`ServerSettings.from_argv`). ``batches``: the server batches what it can, as
+    mlx_lm.server does (False: it serves every request on its sequential path, as dflash
+    serve's target-only path, mlx_lm.server's ``_serve_single``, does).
     """
 
     def __init__(self, checkpoint: str | os.PathLike[str], trust_remote_code: bool = False,
-                 settings: ServerSettings | None = None):
+                 settings: ServerSettings | None = None, batches: bool = True):
         from specparity.checkpoint import load_checkpoint
 
+        self.batches = batches
         self.settings = settings or ServerSettings()
         t0 = time.perf_counter()
         tok_cfg: dict[str, Any] = {}
@@ -872,6 +1036,8 @@ class ClassicReference:
         self.checkpoint = Path(checkpoint)
         self.trust_remote_code = trust_remote_code
         self._cache: dict[str, ReferenceCompletion] = {}
+        self._cold: dict[str, ColdAnswer] = {}
+        self._drafts: dict[str, Any] = {}
         self._stats = ReferenceStats(load_seconds=time.perf_counter() - t0)
 
     @property
@@ -894,7 +1060,9 @@ class ClassicReference:
         server_prompt_ids / server_prompt_tokens: what the server said about its prompt
           (its ids, its ``usage.prompt_tokens``): checked against the reference's, never used.
         prompt_ids: decode from exactly these ids (an engine that tokenizes on its own,
-          e.g. llama-server returning its tokens) instead of the server's tokenize step.
+          e.g. llama-server returning its tokens) instead of the server's tokenize step; the
+          count is then checked against ``server_prompt_tokens``, and the harness's own
+          tokenization against ``server_prompt_ids`` (``own_prompt``: a finding, not a bar).
         settings: the server's flags for this request (default: the constructor's;
           the chat template must be the constructor's, the tokenizer is loaded once).
         """
@@ -908,9 +1076,64 @@ class ClassicReference:
             out = self._compute(key, endpoint, body, s, prompt_ids)
             self._cache[key] = out
             out = copy.copy(out)
-        if server_prompt_ids is not None or server_prompt_tokens is not None:
-            out.prompt_check = check_prompt(out.prompt_ids, server_prompt_ids, server_prompt_tokens)
+        if prompt_ids is None:
+            if server_prompt_ids is not None or server_prompt_tokens is not None:
+                out.prompt_check = check_prompt(out.prompt_ids, server_prompt_ids, server_prompt_tokens)
+            return out
+        # decoded from the server's own ids: checking them against themselves proves nothing, so the
+        # count is checked against its usage and the harness's own tokenization against its ids
+        if server_prompt_tokens is not None:
+            out.prompt_check = check_prompt(out.prompt_ids, None, server_prompt_tokens)
+        if server_prompt_ids is not None:
+            try:
+                own = server_prompt(self.tokenizer, endpoint, body, s).ids
+            except (UsageError, InfrastructureError) as err:
+                out.own_prompt_error = first_line(str(err))
+            else:
+                out.own_prompt = check_prompt(own, server_prompt_ids)
         return out
+
+    def cold(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,
+             draft_model: str | None = None, prompt_ids: list[int] | None = None) -> ColdAnswer:
+        """What ``mlx_lm.server``'s own loop answers ``body`` on a fresh prompt cache, with the drafter
+        ``draft_model`` (a checkpoint directory, loaded once) where the arm had one.
+
+        The arm's own cold answer for a request the server answered on a warm cache
+        (:class:`specparity.probes.replay.sequence.ServingLoop` with one entry): a difference
+        that is there cold too is not state-dependent. Computed once per distinct request and
+        drafter; its cost is counted apart from classic decode's (``ReferenceStats.cold``).
+        """
+        from specparity.probes.replay.sequence import ServingLoop
+
+        s = self._settings(settings)
+        key = request_key(endpoint, body, s, prompt_ids) + f"|cold|{draft_model}|{body.get('num_draft_tokens')}"
+        hit = self._cold.get(key)
+        if hit is not None:
+            return copy.copy(hit)
+        t0 = time.perf_counter()
+        draft = None
+        if draft_model is not None:
+            if draft_model not in self._drafts:
+                from specparity.checkpoint import load_checkpoint
+
+                self._drafts[draft_model] = load_checkpoint(draft_model, trust_remote_code=self.trust_remote_code,
+                                                            flag="draft").model
+            draft = self._drafts[draft_model]
+        loop = ServingLoop(self.model, self.tokenizer, s, draft)
+        try:
+            served = loop.serve(endpoint, body, prompt_ids)
+        finally:
+            loop.close()
+        if served.error is not None or served.decoded is None:
+            raise UsageError(f"{endpoint} request: mlx_lm.server's loop fails it ({served.error})")
+        dec = served.decoded
+        out = ColdAnswer(dec.text, list(dec.token_ids), dec.finish_reason, served.path, draft_model,
+                         time.perf_counter() - t0)
+        self._stats.cold += 1
+        self._stats.cold_seconds += out.seconds
+        self._stats.cold_tokens += len(out.token_ids)
+        self._cold[key] = out
+        return copy.copy(out)
 
     def cost(self) -> ReferenceStats:
         """What the reference has cost so far."""
@@ -919,6 +1142,7 @@ class ClassicReference:
     def forget(self) -> None:
         """Drop every cached answer (a new job on the same loaded model); the cost stays."""
         self._cache.clear()
+        self._cold.clear()
 
     def _settings(self, settings: ServerSettings | None) -> ServerSettings:
         s = settings or self.settings
@@ -943,7 +1167,7 @@ class ClassicReference:
         check_token_ids(prompt.ids, vocab_size(self.loaded), "the prompt")
         if params.logit_bias:
             check_token_ids(list(params.logit_bias), vocab_size(self.loaded), "logit_bias")
-        path = PATH_BATCHED if batchable(params, settings, self.model) else PATH_SEQUENTIAL
+        path = PATH_BATCHED if self.batches and batchable(params, settings, self.model) else PATH_SEQUENTIAL
         try:
             dec = decode_classic(self.model, self.tokenizer, prompt, params, settings, path)
         except ValueError as err:  # mlx / mlx-lm refuse the settings (a group size the head does not divide)
@@ -1042,13 +1266,15 @@ def near_tie(margin_a: float | None, margin_b: float | None, *, dtype: str = "fl
 # --- a worker process: the reference in the interpreter the servers run in ----------------
 
 def worker(argv: list[str] | None = None) -> int:
-    """``python -m specparity.harness.reference CHECKPOINT [--trust-remote-code] [--settings JSON]``.
+    """``python -m specparity.harness.reference CHECKPOINT [--trust-remote-code] [--settings JSON] [--sequential]``.
 
     Loads the checkpoint once, prints ``{"ready": true, "load_seconds": s}``, then answers
     one JSON line per request line on stdin: ``{"endpoint", "body", "settings"?,
-    "server_prompt_tokens"?, "prompt_ids"?}`` -> ``{"ok": true, "completion": {...}}`` or
-    ``{"ok": false, "message": "...", "kind": "usage" | "infra"}``; ``{"cost": true}`` ->
-    ``{"ok": true, "cost": {...}}``. It exits at end of input (its parent's end). The harness
+    "server_prompt_tokens"?, "server_prompt_ids"?, "prompt_ids"?}`` -> ``{"ok": true,
+    "completion": {...}}`` or ``{"ok": false, "message": "...", "kind": "usage" | "infra"}``;
+    ``{"cold": true, "endpoint", "body", "settings"?, "draft_model"?, "prompt_ids"?}`` ->
+    ``{"ok": true, "cold": {...ColdAnswer}}``; ``{"cost": true}`` -> ``{"ok": true, "cost":
+    {...}}``. It exits at end of input (its parent's end). The harness
     runs it with the servers' interpreter (harness.oracle), so a server in a pinned
     environment (another mlx-lm) is judged by that environment's classic decode.
     """
@@ -1060,6 +1286,7 @@ def worker(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--settings", default="{}")
+    p.add_argument("--sequential", action="store_true")
     args = p.parse_args(argv)
     out = sys.stdout
 
@@ -1069,7 +1296,8 @@ def worker(argv: list[str] | None = None) -> int:
 
     try:
         ref = ClassicReference(args.checkpoint, trust_remote_code=args.trust_remote_code,
-                               settings=ServerSettings.from_dict(json.loads(args.settings)))
+                               settings=ServerSettings.from_dict(json.loads(args.settings)),
+                               batches=not args.sequential)
     except SpecparityError as err:
         say({"ready": False, "message": first_line(str(err))})
         return 1
@@ -1083,13 +1311,20 @@ def worker(argv: list[str] | None = None) -> int:
                 say({"ok": True, "cost": ref.cost().to_dict()})
                 continue
             settings = ServerSettings.from_dict(req["settings"]) if req.get("settings") else None
-            rc = ref.complete(req["endpoint"], req["body"], server_prompt_tokens=req.get("server_prompt_tokens"),
+            if req.get("cold"):
+                cold = ref.cold(req["endpoint"], req["body"], settings, draft_model=req.get("draft_model"),
+                                prompt_ids=req.get("prompt_ids"))
+                say({"ok": True, "cold": cold.to_dict()})
+                continue
+            rc = ref.complete(req["endpoint"], req["body"], server_prompt_ids=req.get("server_prompt_ids"),
+                              server_prompt_tokens=req.get("server_prompt_tokens"),
                               prompt_ids=req.get("prompt_ids"), settings=settings)
             say({"ok": True, "completion": rc.to_dict()})
         except SpecparityError as err:
             say({"ok": False, "message": first_line(str(err)),
                  "kind": "usage" if isinstance(err, UsageError) else "infra"})
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, AttributeError, ImportError) as err:
+            # AttributeError / ImportError: another mlx-lm (a pinned environment) without a part a loop uses
             say({"ok": False, "message": f"{type(err).__name__}: {first_line(str(err))}", "kind": "usage"})
     return 0
 

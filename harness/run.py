@@ -19,6 +19,7 @@ metrics counter.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import subprocess
@@ -36,12 +37,12 @@ from specparity.harness import evidence as evidence_mod
 from specparity.harness.client import Completion, Request, send
 from specparity.harness.config import Job, Pairing
 from specparity.harness.evidence import Evidence
-from specparity.harness.judge import Classic, classic_answer, judge_arm, judge_pairing, judge_request
+from specparity.harness.judge import Classic, Cold, classic_answer, judge_arm, judge_pairing, judge_request
 from specparity.harness.lifecycle import HOST, Server, ServerStartError, scratch_dir
 from specparity.harness.oracle import Oracle
 from specparity.harness.plan import BASELINE_START, ArmKind, ArmPlan, Drafter, WidthMode, build_sequence, plan_arms
 from specparity.harness.profiles import NOT_EXERCISED, Profile, load_profile
-from specparity.harness.reproduce import Sent, ServerHistory, reproduce
+from specparity.harness.reproduce import Finding, Sent, ServerHistory, reproduce
 from specparity.harness.results import ArmResult, PairingResult, RequestResult, ServedReport
 from specparity.harness.shard import Shard, split
 from specparity.harness.witness import WITNESS_ENV, wrap_checkpoint
@@ -438,9 +439,15 @@ class PairingRun:
 
             target, trust = self.replay_model
             self.run_.note("  starting the classic reference (classic decode in process)")
+            from specparity.harness.reproduce import SPECPARITY_SERVE_LOOP
+            from specparity.probes.replay.sequence import LOOP
+
+            # mlx_lm.server (and specparity serve, its batch loop kept) batch what they can; another loop's
+            # classic path is its sequential one (dflash serve: mlx_lm.server's _serve_single)
             self._oracle = Oracle(target, trust, self.python, self.server_env,
                                   ServerSettings.from_argv([str(a) for a in argv]),
-                                  timeout=max(self.run_.request_timeout, 60.0))
+                                  timeout=max(self.run_.request_timeout, 60.0),
+                                  batches=self.profile.loop in (LOOP, SPECPARITY_SERVE_LOOP))
             self._oracle.spawn()
         return self._oracle
 
@@ -454,9 +461,11 @@ class PairingRun:
         settings = ServerSettings.from_argv([str(a) for a in session.history.argv])
         usage = ex.completion.usage or {}
         tokens = usage.get("prompt_tokens")
+        # an engine that reports its prompt ids is decoded from them, and they are checked against the
+        # harness's own tokenization (a mismatch is a finding)
         answer = oracle.complete(ex.request.endpoint, {**ex.request.body, **fields}, settings,
                                  server_prompt_tokens=tokens if isinstance(tokens, int) else None,
-                                 prompt_ids=ex.prompt_ids)
+                                 prompt_ids=ex.prompt_ids, server_prompt_ids=ex.prompt_ids)
         found = classic_answer(answer.completion, answer.error)
         if found.side is not None:
             self.reference[ex.request.id] = found.sha256
@@ -465,34 +474,105 @@ class PairingRun:
 
     def judge_exchanges(self, arm: ArmResult, plan: ArmPlan, session: Session, exchanges: list[Exchange],
                         baseline: dict[str, Completion], first: int) -> None:
-        """Judge each exchange against classic decode, baseline-start and its own first answer."""
-        target, trust = self.replay_model
+        """Judge each exchange against classic decode, baseline-start and the same request answered cold;
+        every diverged request gets its reproduction (a command, or why none)."""
         fields = self.request_fields(plan)
         own = {ex.request.id: ex.completion for ex in exchanges}
+        exact = self.profile.arithmetic == "mlx"
         for i, ex in enumerate(exchanges):
             classic = self.classic(session, ex, fields)
-            cold = own.get(ex.request.repeats) if ex.request.repeats else None
-            r = judge_request(plan, ex.request, ex.completion, ex.evidence, baseline.get(ex.request.id),
-                              target, trust, classic, cold, exact=self.profile.arithmetic == "mlx",
+            base = baseline.get(ex.request.id)
+            rep = ex.request.repeats
+            cold = (Cold(own[rep], f"its own fresh answer ({rep})")
+                    if rep and rep in own and own[rep].ok else None)
+            r = judge_request(plan, ex.request, ex.completion, ex.evidence, base, classic, cold, exact=exact,
                               dtype=self.dtype)
-            if r.verdict == Verdict.DIVERGED and r.classic is not None and r.reproduction is None:
+            if r.classic is not None and cold is None:
+                # it left classic decode with no earlier twin: compared with its cold answer, or told why none
+                cold = self.cold(session, first + i, plan, ex, fields)
+                r = judge_request(plan, ex.request, ex.completion, ex.evidence, base, classic, cold, exact=exact,
+                                  dtype=self.dtype)
+            if r.verdict == Verdict.DIVERGED and r.reproduction is None:
                 r.reproduction = self.reproduction(session, first + i, plan, r, ex)
                 r.replay = r.reproduction.get("command")
-            if r.reference and r.reference.get("prompt_equal") is False:
-                self.note_once(f"request {r.id} ({plan.name}): classic decode's prompt is not the server's,"
-                               f" so it is not compared: {r.reference.get('prompt_check')}")
             arm.requests.append(r)
+
+    def cold(self, session: Session, index: int, plan: ArmPlan, ex: Exchange, fields: dict[str, Any]) -> Cold:
+        """The arm's own cold answer to ``ex``'s request: its answer itself where it was the first request its
+        server received; mlx_lm.server's loop in process on a fresh cache where the server runs that loop
+        (only for requests that left classic decode: the cost is bounded, and counted in the reference's);
+        elsewhere why there is none."""
+        from specparity.probes.replay.sequence import LOOP
+
+        fresh = "its cold answer in process (mlx_lm.server's loop on a fresh prompt cache)"
+        if index == 0 and not plan.concurrency:
+            return Cold(ex.completion, "its own answer, the first request its server received (a fresh cache)")
+        if plan.concurrency:
+            return Cold(None, fresh, "requests sent concurrently: no cold answer stands for a batch's")
+        if plan.env:
+            return Cold(None, fresh, "a control arm: its environment variables do not reach the reference's worker")
+        loop = self.profile.loop
+        if loop != LOOP:
+            return Cold(None, fresh, f"{self.profile.name} runs the serving loop {loop or '(unknown)'}, which no"
+                                     " in-process replay rebuilds, and no fresh server answered this request")
+        other = self._other_mlx_lm()
+        if other is not None:  # the in-process loop is mlx_lm.server 0.32's
+            return Cold(None, fresh, other)
+        oracle = self.oracle(session.history.argv)
+        if oracle is None:
+            return Cold(None, fresh, "no classic reference in this run")
+        from specparity.harness.reference import RequestParams, ServerSettings
+
+        body = {**ex.request.body, **fields}
+        settings = ServerSettings.from_argv([str(a) for a in session.history.argv])
+        try:
+            params = RequestParams.from_body(body, settings)
+        except SpecparityError as err:
+            return Cold(None, fresh, str(err))
+        if not params.deterministic:
+            return Cold(None, fresh, f"sampled at temperature {params.temperature:g} without a seed: no process"
+                                     " draws what the server drew")
+        answer, why = oracle.cold(ex.request.endpoint, body, settings, self._original_draft(plan))
+        if answer is None:
+            return Cold(None, fresh, why)
+        comp = Completion(text=answer.text, sha256=hashlib.sha256(answer.text.encode("utf-8")).hexdigest(),
+                          token_ids=list(answer.token_ids), finish_reason=answer.finish_reason)
+        return Cold(comp, fresh)
+
+    def _other_mlx_lm(self) -> str | None:
+        """Why ``specparity replay`` (run with this interpreter's mlx-lm) is not the server's mlx-lm, where the
+        servers ran another one in a pinned environment (None: the same, or no environment)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        theirs = ((self.env_identity or {}).get("packages") or {}).get("mlx-lm")
+        try:
+            ours = version("mlx-lm")
+        except PackageNotFoundError:
+            ours = None
+        if theirs is None or theirs == ours:
+            return None
+        return (f"the server ran mlx-lm {theirs} (environment {(self.env_identity or {}).get('name')}): the"
+                f" in-process replays rebuild mlx_lm.server's loop and speculative path as mlx-lm {ours} runs"
+                " them, not that server's")
+
+    def _original_draft(self, plan: ArmPlan) -> str | None:
+        """The drafter checkpoint an arm ran, as the user gave it (no witness wrapper, no export)."""
+        if plan.draft == Drafter.TARGET:
+            return self.pairing.target
+        return self.pairing.draft if plan.draft == Drafter.DRAFT else None
 
     def reproduction(self, session: Session, index: int, plan: ArmPlan, r: RequestResult,
                      ex: Exchange) -> dict[str, Any]:
         target, trust = self.replay_model
-        draft = self.pairing.target if plan.kind == ArmKind.SELF_DRAFT else self.pairing.draft
         folder = self.work / "sequences" if self.run_.keeps_files else None
+        d = r.divergence
+        finding = Finding(self.profile.name, self.profile.loop, self.engine, session.info.get("version"),
+                          token_index=d.token_index if d is not None else None,
+                          prompt_ids=self._prompt_ids.get(r.id), declined=ex.evidence.declined,
+                          other_mlx_lm=self._other_mlx_lm())
         try:
-            return reproduce(session.history, index, plan, model=target, draft=draft, trust_remote_code=trust,
-                             engine=self.profile.name, engine_version=session.info.get("version"),
-                             token_index=r.classic.token_index if r.classic else None,
-                             prompt_ids=self._prompt_ids.get(r.id), accepts=ex.evidence.accepts, folder=folder)
+            return reproduce(session.history, index, plan, finding, model=target, draft=self._original_draft(plan),
+                             trust_remote_code=trust, folder=folder)
         except SpecparityError as err:
             return {"command": None, "reason": f"could not write the reproduction ({err})"}
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Served job overhead, and what the classic reference adds to it.
 
-Runs a small sequential served job on the embedded pair (baseline x2 and two
-widths on real mlx_lm.server processes), with and without the classic
-reference (every completion also judged against classic decode computed in
-process), alternating the two so machine load falls on both alike:
+Runs the built-in job (what ``specparity served`` runs without --config: the
+embedded pair on real mlx_lm.server processes, two baselines, widths 2 and 4,
+self-draft, the sequence sent 3 at once, every request kind) with and without
+the classic reference (every completion also judged against classic decode
+computed in process, cold answers and reproductions included), alternating the
+two so machine load falls on both alike:
 
 - served_overhead_ratio: the job's wall time (without the reference) / what
   its servers themselves took: start-up (spawn to the first 200 on /health)
@@ -16,13 +18,14 @@ process), alternating the two so machine load falls on both alike:
   its model load, as the record reports them (scripts/bench_reference.py has
   the reference's time over the bare generate_step it needs).
 
-Usage: .venv/bin/python -P scripts/bench_served.py [--widths 2,4] [--max-tokens 32] [--runs 3]
+Usage: .venv/bin/python -P scripts/bench_served.py [--runs 3]
 Prints one figure per line, ``name: value unit``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -33,23 +36,18 @@ REFERENCE_GOAL = 1.2
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--widths", default="2,4")
-    ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
 
-    from specparity.fixtures import default_pair
-    from specparity.harness.config import Job, Pairing
+    from specparity.harness.config import builtin_job
     from specparity.harness.run import ServedRun
 
-    pair = default_pair()
     walls: dict[bool, list[float]] = {False: [], True: []}
     overheads: list[float] = []
     costs = []
     for _ in range(args.runs):
         for reference in (False, True):
-            job = Job(pairings=[Pairing("bench", pair.target, pair.draft)], reference=reference,
-                      widths=[int(w) for w in args.widths.split(",")], max_tokens=args.max_tokens)
+            job = dataclasses.replace(builtin_job(), reference=reference)
             with tempfile.TemporaryDirectory() as work:
                 t0 = time.perf_counter()
                 report = ServedRun(job, workdir=work).run()
@@ -72,7 +70,9 @@ def main() -> None:
     if costs:
         c = costs[-1]
         print(f"reference_cost: {c['computed']} distinct requests decoded ({c['tokens']} tokens) in"
-              f" {c['seconds']:.2f} s, model load {c['load_seconds']:.2f} s, {c['hits']} answers from its cache")
+              f" {c['seconds']:.2f} s, model load {c['load_seconds']:.2f} s, {c['hits']} answers from its cache;"
+              f" {c.get('cold', 0)} cold answers ({c.get('cold_tokens', 0)} tokens) in"
+              f" {c.get('cold_seconds', 0.0):.2f} s")
 
 
 if __name__ == "__main__":

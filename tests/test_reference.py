@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import build
+from test_environments import REAL_CACHE, built  # at collection: the real cache, before any test's home
 
 from specparity.completions import Side, first_difference
 from specparity.errors import UsageError
@@ -142,6 +143,20 @@ def test_reference_equals_a_fresh_server_float32(llama_pair, tmp_path):
     cost = ref.cost()
     assert cost.computed == len(requests) + 2 and cost.hits >= 1 and cost.tokens > 0 and cost.seconds > 0
     assert "distinct requests" in cost.line()
+    # a fresh request's cold answer through mlx_lm.server's own loop is classic decode's; counted apart
+    cold = ref.cold(endpoint, body)
+    assert (cold.token_ids, cold.text) == (refs[0].token_ids, refs[0].text) and ref.cost().cold == 1
+    assert ref.cost().computed == cost.computed
+    # an engine's own prompt ids: decoded from, their count checked against its usage, and the harness's own
+    # tokenization checked against them (not the ids against themselves)
+    ids = ref.prompt(endpoint, body).ids
+    same = ref.complete(endpoint, body, server_prompt_ids=ids, server_prompt_tokens=len(ids), prompt_ids=ids)
+    assert same.prompt_check is not None and same.prompt_check.equal
+    assert same.own_prompt is not None and same.own_prompt.equal and same.own_prompt.server_ids_given
+    other = [ids[0], *ids[2:]]  # a server that tokenized otherwise, and counts its own ids
+    off = ref.complete(endpoint, body, server_prompt_ids=other, server_prompt_tokens=len(other), prompt_ids=other)
+    assert off.prompt_ids == other and off.prompt_check is not None and off.prompt_check.equal
+    assert off.own_prompt is not None and not off.own_prompt.equal and off.own_prompt.first_mismatch == 1
 
 
 @pytest.mark.model
@@ -261,9 +276,12 @@ def test_reference_against_llama_server_reports_every_difference_with_margins(ll
             served = Side("llama-server", resp["choices"][0]["text"], [e["id"] for e in content],
                           [e["logprob"] for e in content],
                           [[(t["id"], t["logprob"]) for t in e["top_logprobs"]] for e in content])
-            r = ref.complete("completions", body, server_prompt_ids=ids, prompt_ids=ids)
-            assert r.prompt_check is not None and r.prompt_check.equal  # the same prompt on both sides
-            assert ids == ref.prompt("completions", body).ids  # and the server tokenizes as mlx-lm does
+            r = ref.complete("completions", body, server_prompt_ids=ids, prompt_ids=ids,
+                             server_prompt_tokens=resp["usage"]["prompt_tokens"])
+            assert r.prompt_check is not None and r.prompt_check.equal  # decoded from its ids, its count agrees
+            # and the server tokenizes as mlx-lm does
+            assert r.own_prompt is not None and r.own_prompt.equal, r.own_prompt
+            assert ids == ref.prompt("completions", body).ids
             d = first_difference(r.side(), served, ref.tokenizer)
             if d is None:
                 equal += 1
@@ -290,3 +308,58 @@ def test_reference_equals_a_fresh_server_on_every_architecture(fixture_root, tmp
             ("completions", {"prompt": PROMPTS[1], "max_tokens": 24, "repetition_penalty": 1.3}),
             ("completions", {"prompt": PROMPTS[3], "max_tokens": 24, "seed": 3, "presence_penalty": 0.4}),
         ])
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
+@pytest.mark.slow
+def test_reference_in_a_pinned_environment_equals_that_environments_server(llama_pair, tmp_path, monkeypatch):
+    """mlx-lm 0.31.3's server (the version matrix's, and the one inside dflash serve) tokenizes into four
+    parts, not five, and has its own stop and text machine: the reference worker in that environment
+    (harness.oracle, as a served job runs it) answers as a fresh 0.31.3 server does, ids, logprobs, text
+    and finish reason, on every request its server serves as classic decode (it refused every request
+    before: "not enough values to unpack"). Found on the way: 0.31.3's batched path does not give the
+    logits processors classic decode's history, so a penalized request without a seed differs there
+    (a seeded one, served on its sequential path, equals the reference)."""
+    from specparity.environments import ENV_CACHE_VAR
+    from specparity.harness.oracle import Oracle
+
+    monkeypatch.setenv(ENV_CACHE_VAR, str(REAL_CACHE))
+    env = built("mlx-lm-0.31.3")
+    server_env: dict[str, str | None] = {**env.environ(base={}), "PYTHONPATH": None, "PYTHONHOME": None}
+    here = ClassicReference(llama_pair.target)  # this interpreter's: mlx-lm 0.32.2
+    reqs = _requests(here)
+    eos_bias = {**reqs[6][1], "seed": 1}  # a bias is a processor: seeded, so the sequential path serves it
+    # an answer cut by max_tokens inside a character: 0.31's batched path never finalizes its detokenizer,
+    # so its text drops the held bytes where 0.32 (and 0.31's sequential path) end it with U+FFFD
+    cut = next({"prompt": p, "max_tokens": k} for p in PROMPTS for k in range(6, 24)
+               if here.tokenizer.decode(here.complete("completions", {"prompt": p, "max_tokens": 24})
+                                        .token_ids[:k]).endswith("\ufffd"))
+    same = [reqs[0], reqs[4], reqs[3], ("completions", eos_bias), reqs[7], ("completions", cut),
+            ("chat", {"messages": [{"role": "user", "content": PROMPTS[4]}], "max_tokens": 20})]
+    oracle = Oracle(llama_pair.target, False, str(env.python), server_env)
+    argv = [str(env.python), "-m", "mlx_lm", "server", "--model", llama_pair.target, "--port", PORT_ARG]
+    try:
+        with Server(argv, log_path=tmp_path / "server.log", name="mlx_lm.server 0.31.3",
+                    env=dict(server_env)) as srv:
+            for endpoint, body in same:
+                resp = _post(srv, endpoint, body)
+                answer = oracle.complete(endpoint, body, server_prompt_tokens=resp["usage"]["prompt_tokens"])
+                assert answer.completion is not None, (body, answer.error)
+                r, served = answer.completion, _side(endpoint, resp)
+                assert (r.token_ids, r.text) == (served.token_ids, served.text), body
+                assert r.logprobs == served.logprobs, body  # bitwise: the same arithmetic
+                assert r.finish_reason == resp["choices"][0]["finish_reason"], body
+                assert r.prompt_check is not None and r.prompt_check.equal, body
+            assert oracle.complete(*same[3]).completion.finish_reason == "stop"  # type: ignore[union-attr]
+            dropped = oracle.complete("completions", cut).completion
+            assert dropped is not None and here.complete("completions", cut).text == dropped.text + "\ufffd"
+            # a penalty on the batched path (no seed): not classic decode's history there (a seeded penalty,
+            # reqs[3] above, is served as classic decode)
+            endpoint, penalized = reqs[1]
+            served = _side(endpoint, _post(srv, endpoint, penalized))
+            classic = oracle.complete(endpoint, penalized).completion
+            assert classic is not None and served.token_ids != classic.token_ids
+    finally:
+        oracle.close()

@@ -29,11 +29,24 @@ PROMPT = "Speculative decoding drafts several tokens with a small model and veri
 
 def _serve(target: str, log: Path, requests: list[tuple[str, str, dict]], extra: list[str] | None = None,
            ) -> list[SequenceEntry]:
-    """Send ``requests`` (id, kind, body) in order to one fresh server; the entries with its answers."""
+    """Send ``requests`` (id, kind, body) in order to one fresh server; the entries with its answers (a
+    streamed one carries text only, as mlx-lm 0.32.2 streams it)."""
     argv = [sys.executable, "-m", "mlx_lm", "server", "--model", target, "--port", PORT_ARG, *(extra or [])]
     out = []
     with Server(argv, log_path=log, name="mlx_lm.server") as srv:
         for rid, kind, body in requests:
+            if body.get("stream"):
+                text, finish = "", None
+                with httpx.stream("POST", srv.url + "/v1/completions", timeout=300, json=body) as r:
+                    assert r.status_code == 200
+                    for line in r.iter_lines():
+                        if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+                            for c in json.loads(line[6:]).get("choices") or []:
+                                text += c.get("text") or ""
+                                finish = c.get("finish_reason") or finish
+                out.append(SequenceEntry(rid, "completions", body, kind=kind, served={
+                    "token_ids": None, "text": text, "finish_reason": finish, "usage": None}))
+                continue
             r = httpx.post(srv.url + "/v1/completions", json={**body, "logprobs": True}, timeout=300)
             assert r.status_code == 200, r.text
             resp = r.json()
@@ -45,13 +58,17 @@ def _serve(target: str, log: Path, requests: list[tuple[str, str, dict]], extra:
 
 
 def _served_first(ref: ClassicReference, entries: list[SequenceEntry]) -> tuple[str, int] | None:
-    """Where the served answers first leave classic decode (what the judge reports)."""
+    """Where the served answers first leave classic decode, as a token index (what the judge reports:
+    a streamed answer's from classic decode's pieces)."""
     for e in entries:
         served = e.served_side()
         assert served is not None
-        d = first_difference(ref.complete(e.endpoint, e.body).side(), served)
+        classic = ref.complete(e.endpoint, e.body)
+        d = first_difference(classic.side(), served)
         if d is not None:
-            return e.id, d.index
+            index = d.token_index if d.token_index is not None else classic.token_index_at(d.char_offset)
+            assert index is not None
+            return e.id, index
     return None
 
 
@@ -65,10 +82,12 @@ def _run(cli_bin: str, command: str, *more: str):
 @pytest.mark.server
 def test_seeded_repeat_with_a_penalty_reproduces_through_one_prompt_cache(llama_pair, tmp_path, cli_bin):
     """``seed`` sends a request down the server's sequential path, where a prompt-cache hit feeds the
-    processors only the uncached suffix: the repeat differs from classic decode, on a drafter-less server."""
+    processors only the uncached suffix: the repeat differs from classic decode, on a drafter-less server.
+    The repeat is streamed (text only): the replay names the same token, not the character offset."""
     body = {"prompt": PROMPT, "max_tokens": 24, "repetition_penalty": 1.3, "seed": 0}
     entries = _serve(llama_pair.target, tmp_path / "server.log",
-                     [("p0", "fresh", body), ("p0-again", "repeat", body)])
+                     [("p0", "fresh", body), ("p0-again", "repeat", {**body, "stream": True})])
+    assert entries[1].served is not None and entries[1].served["token_ids"] is None
     ref = ClassicReference(llama_pair.target)
     served = _served_first(ref, entries)
     assert served is not None and served[0] == "p0-again"  # the baseline itself left classic decode
@@ -81,6 +100,8 @@ def test_seeded_repeat_with_a_penalty_reproduces_through_one_prompt_cache(llama_
     report = json.loads(out.stdout)
     assert tuple(report["first"]) == served == tuple(report["served_first"])
     again = report["requests"][1]
+    # the streamed answer's first differing character is not its token: the index is the token's
+    assert again["served_vs_classic"]["char_offset"] != again["served_vs_classic"]["token_index"] == served[1]
     assert again["reproduced"] and again["served"]["cached"] == 16 and again["served"]["path"] == "sequential"
     assert "uncached suffix" in again["cause"] and "seed in the request" in again["cause"]
     # the same sequence without the seed takes the batched path, whose processors see everything
@@ -171,6 +192,13 @@ def test_sequence_file_round_trip_and_what_cannot_be_replayed(tmp_path):
                                                                             {"prompt": "x", "temperature": 0.7})]))
     assert "concurrent" in str(not_reproducible(SequenceHeader(model="/m", concurrent=True), entries))
     assert "llama.cpp" in str(not_reproducible(SequenceHeader(model="/m", engine="llama.cpp"), entries))
+    # the loop the server ran decides, not the engine's name: a profile extending mlx-lm under its own name
+    # replays; specparity-serve (mlx_lm.server with its cache and processors fixed) does not
+    assert not_reproducible(SequenceHeader(model="/m", engine="my-mlx", loop="mlx_lm.server"), entries) is None
+    why = not_reproducible(SequenceHeader(model="/m", engine="specparity-serve", loop="specparity-serve"), entries)
+    assert why is not None and "runs the serving loop specparity-serve" in why
+    h3, _ = read_sequence(write_sequence(tmp_path / "loop.jsonl", SequenceHeader(model="/m", loop="x"), entries))
+    assert h3.loop == "x" and h3.serving_loop == "x"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"format": "specparity.sequence/1", "model": "/m"}\n{"id": "a"}\n')
     from specparity.errors import UsageError
@@ -198,3 +226,19 @@ def test_cli_usage_errors(tmp_path, cli_bin):
     path = write_sequence(tmp_path / "s.jsonl", header, [SequenceEntry("a", "completions", {"prompt": "x"})])
     r = run_cli(cli_bin, "replay", "--sequence", str(path))
     assert r.returncode == 2 and "--trust-remote-code" in r.stderr
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_served_difference_the_replay_does_not_rebuild_is_not_reproduced_exit_3(llama_pair, tmp_path, cli_bin):
+    """The served answer (here an injected one) leaves classic decode, the in-process loop does not:
+    exit 3, the report says the finding is not reproduced in process and why, and names the token."""
+    body = {"prompt": PROMPT, "max_tokens": 8}
+    served = {"token_ids": None, "text": "an answer no process gives", "finish_reason": "length"}
+    header = SequenceHeader(model=llama_pair.target, arm="w2", finding={"request": "p0", "token_index": 0})
+    path = write_sequence(tmp_path / "s.jsonl", header, [SequenceEntry("p0", "completions", body, served=served)])
+    r = run_cli(cli_bin, "replay", "--sequence", str(path))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert ("not reproduced in process: the served request p0 differs from classic decode at token 0, the replay"
+            " does not (the in-process loop answers every request as classic decode does: the served difference"
+            " comes from serving-loop state this replay does not rebuild)") in r.stdout, r.stdout

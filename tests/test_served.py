@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import build, run_cli, run_reproduction
+from conftest import build, run_cli
+from reproductions import check_reproductions
 from specparity.fixtures import FixtureInfo
 from specparity.harness.config import Job, Pairing
 from specparity.harness.lifecycle import group_alive
@@ -76,8 +77,8 @@ def test_rows_fault_diverges_exactly_at_and_above_its_threshold(scaled_rows4_pai
     assert r.divergence.margin_reference is not None  # logprobs came back: the top-2 margin is reported
     # the first request of a fresh server: mlx-lm's own speculative path rerun in process at that width
     assert r.replay and r.replay.startswith("specparity replay --model ") and "--num-draft-tokens 3" in r.replay
-    code, index, out = run_reproduction(cli_bin, r.replay)
-    assert code == 1 and index == r.divergence.token_index, out
+    ran = check_reproductions(report, cli_bin)  # w4's and w5's, each exits 1 at its own first index
+    assert [(x.arm, x.request) for x in ran] == [("w4", "p0"), ("w5", "p0")] and all(x.command for x in ran)
     assert report.exit_code == 1
     text = "\n".join(report.lines())
     assert "w4" in text and "first difference at token" in text and "reproduce in process" in text
@@ -179,33 +180,40 @@ def _safe_pgid(pid: int) -> bool:
 def test_builtin_job_runs_the_sequences_on_real_servers_and_reports_what_it_finds(cli_bin, tmp_path):
     """No --config: the embedded pair on mlx_lm.server, request sequences included.
 
-    What it finds with mlx-lm 0.32 (pinned here so a change is noticed): fresh
-    requests match at every width, and a repeated request on a drafter server
-    (its prompt cache warm) diverges from the baseline; the report names the
-    request, the first differing token and both snippets.
+    What it finds with mlx-lm 0.32.2 (pinned here so a change is noticed): fresh,
+    streamed and first-turn requests equal classic decode at every width; on a
+    drafter server the repeat, the shared prefix and (at width 2 and self-draft) the
+    second chat turn leave classic decode, only with the drafter and only on a warm
+    cache (its prompt cache files an entry one position short of its key). Every
+    printed reproduction, run, exits 1 at the served token.
     """
+    from specparity.records.served import read_served
+
     r = run_cli(cli_bin, "served", "--json", "--record-dir", str(tmp_path / "rec"))
-    assert r.returncode in (0, 1), r.stderr
+    assert r.returncode == 1, r.stderr
     out = json.loads(r.stdout)
     p = out["pairings"][0]
     arms = {a["name"]: a for a in p["arms"]}
     assert set(arms) == {"baseline-start", "w2", "w4", "self-draft", "concurrent", "baseline-end"}
     kinds = {"p0", "p0-again", "p0-prefix", "p1-stream", "chat-1", "chat-2"}
     assert set(arms["w2"]["verdicts"]) == kinds
-    assert arms["baseline-end"]["verdict"] == "match" and arms["concurrent"]["verdict"] == "match"
-    for w in ("w2", "w4", "self-draft"):
-        assert arms[w]["verdicts"]["p0"] == "match"
+    off = {name: {rid for rid, v in a["verdicts"].items() if v != "match"} for name, a in arms.items()}
+    assert off == {"baseline-start": set(), "concurrent": set(), "baseline-end": set(),
+                   "w2": {"p0-again", "p0-prefix", "chat-2"}, "w4": {"p0-again", "p0-prefix"},
+                   "self-draft": {"p0-again", "p0-prefix", "chat-2"}}, off
+    assert out["verdict"] == "diverged"
+    for rid in ("p0-again", "p0-prefix", "chat-2"):
+        scope = next(f for f in p["findings"] if f" {rid} (" in f and "differs from classic decode" in f)
+        assert "only with the drafter; only on a warm cache in " in scope, scope
     data = next((tmp_path / "rec" / "data").glob("served-*"))
     rows = [json.loads(line) for line in (data / "embedded-llama-w2.jsonl").open()]
-    diverged = [x for x in rows if x["verdict"] == "diverged"]
-    if diverged:
-        d = diverged[0]["divergence"]
-        assert d["char_offset"] >= 0 and (d["reference_snippet"] or d["other_snippet"])
-        assert out["verdict"] == "diverged" and r.returncode == 1
-    else:
-        assert out["verdict"] == "match" and r.returncode == 0
+    d = next(x for x in rows if x["id"] == "p0-prefix")["divergence"]
+    assert d["char_offset"] >= 0 and (d["reference_snippet"] or d["other_snippet"])
     assert any(x["evidence"]["engaged"] for x in rows)
     assert (data / "servers" / "embedded-llama" / "server-w2.log").exists()
+    report = read_served(next((tmp_path / "rec").glob("*.md"))).report()
+    ran = check_reproductions(report, cli_bin)
+    assert len(ran) == 8 and all(x.command and "--sequence" in x.command for x in ran)
 
 
 @pytest.mark.parametrize("args, message", [

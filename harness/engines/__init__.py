@@ -24,6 +24,10 @@ it does not define is simply not used):
         the engine's own evidence over one request: ``mark`` before it is sent, ``evidence``
         after (accept vector and widths per round, what drafted each round, cache state, and
         for a failed request the engine's own error message)
+    reproduction(model, draft, body, prompt_ids, width, first) -> dict | None
+        for a served finding on a loop no in-process replay of mlx_lm.server's stands for: the
+        command that reproduces it with the engine in process, or why none does
+        (``Reproduction.to_dict()``; None: the engine has nothing to say, the record gives the loop)
 
 Add a server: write one profile YAML (``harness/profiles/*.yaml`` documents
 every key; a user's file is passed by path). Add an engine that needs code (an
@@ -87,6 +91,12 @@ class Engine:
     def evidence(self, session: Any, completion: Any, mark: Any) -> EngineEvidence | None:
         fn = self._hook("evidence")
         return fn(session, completion, mark) if fn is not None else None
+
+    def reproduction(self, *, model: str, draft: str | None, body: dict[str, Any], prompt_ids: list[int] | None,
+                     width: int | None, first: bool) -> dict[str, Any] | None:
+        fn = self._hook("reproduction")
+        return fn(model=model, draft=draft, body=body, prompt_ids=prompt_ids, width=width,
+                  first=first) if fn is not None else None
 
 
 @dataclass

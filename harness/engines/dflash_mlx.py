@@ -32,6 +32,11 @@ details). What the hooks do:
 - A request the engine fails (it closes the connection without a response, or
   ends a stream without a finish, and keeps serving) is an error with the
   engine's own message from its log, never a completion to compare.
+- A drafted arm's finding on the first request its server received (a fresh
+  prefix cache) reproduces through the engine in process (:func:`reproduction`:
+  ``specparity replay --engine dflash-mlx`` runs dflash-mlx's own loop at the
+  drafter's block size and walks it against classic decode); a later request
+  met the server's prefix cache, which no replay rebuilds.
 """
 
 from __future__ import annotations
@@ -326,3 +331,48 @@ def counted_engagement(cycles: int, copied: int, cap: int | None) -> tuple[bool,
     if cycles - copied >= 2:
         return True, ""
     return False, "no round proven DFlash-drafted (the one not copied may be the last, one-token round)"
+
+
+def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_ids: list[int] | None,
+                 width: int | None, first: bool) -> dict[str, Any]:
+    """``specparity replay --engine dflash-mlx`` of one served request, or why none reproduces it.
+
+    The replay runs dflash-mlx's own loop (``--verify-mode dflash``: the drafter's block every
+    round) on the prompt ids the server decoded, for ``max_tokens``: the served arm's path where
+    its width is that block, on a fresh prefix cache, greedy, without logits processors (the
+    in-process loop takes none).
+    """
+    import shlex
+
+    from specparity.errors import UsageError
+    from specparity.harness.reference import RequestParams
+    from specparity.probes.replay.sequence import Reproduction
+
+    def why(reason: str) -> dict[str, Any]:
+        return Reproduction(reason=reason).to_dict()
+
+    if not first:
+        return why("dflash-mlx's prefix cache: this request was not the first its server received, and no"
+                   " replay rebuilds dflash-mlx's prefix cache (it lives in its server only)")
+    if draft is None:
+        return why("an arm of dflash serve without the drafter (mlx-lm's loop inside the server): no DFlash"
+                   " rounds to replay")
+    block = max_width(draft)
+    if block and width is not None and width != block:
+        return why(f"replay --engine dflash-mlx runs the engine's loop at the drafter's block of {block} rows;"
+                   f" this arm capped its blocks at {width} (--verify-len-cap), which the in-process loop"
+                   " does not take")
+    if prompt_ids is None:
+        return why("no prompt token ids for this request (no classic reference ran)")
+    try:
+        params = RequestParams.from_body(body)
+    except UsageError as err:
+        return why(str(err))
+    if params.temperature != 0:
+        return why(f"sampled at temperature {params.temperature:g}: the replay decodes greedily")
+    if params.repetition_penalty or params.presence_penalty or params.frequency_penalty or params.logit_bias:
+        return why("the request's logits processors: dflash-mlx's loop in process runs without them")
+    argv = ["specparity", "replay", "--engine", "dflash-mlx", "--model", str(model), "--draft-model", str(draft),
+            "--prompt-ids", ",".join(str(t) for t in prompt_ids), "--verify-mode", "dflash",
+            "--max-tokens", str(params.max_tokens)]
+    return Reproduction(command=shlex.join(argv)).to_dict()

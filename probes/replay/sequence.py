@@ -80,6 +80,8 @@ log = logging.getLogger(__name__)
 
 SEQUENCE_FORMAT = "specparity.sequence/1"
 ENGINE = "mlx-lm"
+# the serving loop ServingLoop rebuilds (a profile's ``loop`` key names the loop its server runs)
+LOOP = "mlx_lm.server"
 
 
 @dataclass
@@ -88,10 +90,12 @@ class SequenceHeader:
 
     model / draft_model: checkpoint directories the server loaded (the originals, not
       witness wrappers). trust_remote_code: the consent the server had.
-    server: ``ServerSettings`` fields. engine / engine_version: whose loop it was.
+    server: ``ServerSettings`` fields. engine / engine_version: whose server it was.
     arm: the served arm's name. finding: ``{"request": id, "token_index": i}`` where the
       served answer left classic decode (None: none). concurrent: the requests were
       sent concurrently (a batch the replay cannot rebuild request by request).
+    loop: the serving loop the server ran (its profile's ``loop``; None: read from the engine,
+      ``mlx_lm.server`` for mlx-lm, as files written before the key have it).
     """
 
     model: str
@@ -103,6 +107,11 @@ class SequenceHeader:
     arm: str | None = None
     finding: dict[str, Any] | None = None
     concurrent: bool = False
+    loop: str | None = None
+
+    @property
+    def serving_loop(self) -> str:
+        return self.loop or (LOOP if self.engine == ENGINE else self.engine)
 
     def settings(self) -> ServerSettings:
         return ServerSettings.from_dict(self.server)
@@ -201,9 +210,9 @@ def sequence_command(path: str | os.PathLike[str], trust_remote_code: bool = Fal
 
 def not_reproducible(header: SequenceHeader, entries: list[SequenceEntry]) -> str | None:
     """Why a sequence cannot be replayed in process, in one line (None: it can)."""
-    if header.engine != ENGINE:
-        return (f"engine {header.engine}: the sequence replay rebuilds mlx_lm.server's loop only;"
-                " this engine's serving loop runs out of process")
+    if header.serving_loop != LOOP:
+        return (f"engine {header.engine} runs the serving loop {header.serving_loop}: the sequence replay"
+                f" rebuilds {LOOP}'s loop only, and this one runs out of process")
     if header.concurrent:
         return ("concurrent requests: the server batched them together, and a batch's arithmetic"
                 " and order are serving-loop state the replay does not rebuild")
@@ -591,7 +600,10 @@ def replay_sequence(header: SequenceHeader, entries: list[SequenceEntry], refere
                         rr.cause = cause_of(served, classic.prompt_ids, draft_model is not None)
                 side = e.served_side()
                 if side is not None:
-                    rr.served_vs_classic = first_difference(classic.side(), side, tok)
+                    rr.served_vs_classic = d = first_difference(classic.side(), side, tok)
+                    if d is not None and d.token_index is None:
+                        # a streamed answer has no ids: its token index comes from classic decode's pieces
+                        d.token_index = classic.token_index_at(d.char_offset)
                     if served.decoded is not None:
                         rr.reproduced = first_difference(served.side(), side) is None
                 report.requests.append(rr)
