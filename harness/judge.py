@@ -55,7 +55,7 @@ WARM_KINDS = ("repeat", "shared-prefix", "multi-turn")
 NOTHING_SPECULATIVE = ("nothing speculative was tested: no arm ran a drafter (the pairing has no draft"
                        " model, and no self-draft arm ran)")
 EXACT_TIE = "exact_tie"
-EXACT_TIE_WORDS = "an exact tie in classic decode's logprobs, broken the other way (raw logits' argmax)"
+EXACT_TIE_WORDS = "an exact tie in classic decode's logprobs, broken the other way"
 
 
 def speculative(arm: ArmResult) -> bool:
