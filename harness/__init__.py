@@ -11,11 +11,13 @@
     shard.py        --shard i/n: which planned arms a runner takes
     lifecycle.py    the one server lifecycle: spawn, ready, stop with the process group
     watchdog.py     what kills a server when the harness dies, even by SIGKILL (run by lifecycle)
+    transport.py    HTTP with a total deadline per request, bodies read boundedly (below client and lifecycle)
     client.py       one OpenAI-style request (streamed or not) read into a Completion
     witness.py      checkpoints wrapped so their forwards are logged (engine-agnostic evidence)
     evidence.py     what shows a request ran the drafter: witness, log, response, metrics
     run.py          the runner: sessions, requests, arms, pairings (public API for new arms)
     reference.py    classic decode computed in process for one served request (the reference)
+    reference_worker.py  the reference's worker process (reference + the replay's serving loop for cold answers)
     oracle.py       the reference's worker process, in the pairing's environment, reached by the runner
     judge.py        request, arm and pairing verdicts (public: merge judges with it too)
     reproduce.py    the in-process command that reproduces a finding, or why there is none

@@ -1,6 +1,6 @@
 """The HTTP client side: one OpenAI-style request, streamed or not, read into a Completion.
 
-A request has a total deadline (:func:`within`), not a per-read timeout; a response is data:
+A request has a total deadline (harness.transport), not a per-read timeout; a response is data:
 whatever a server sends that is not an OpenAI-style answer (no choices, a choice that is not an
 object, text that is not a string, a chunk that is not JSON) is that request's ``error``, saying
 what was wrong (:func:`read_json`, :func:`read_events`), never an exception out of :func:`send`.
@@ -12,11 +12,12 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from specparity.harness.profiles import ENDPOINTS, Profile, dig
+from specparity.harness.transport import MAX_RESPONSE_BYTES, BadResponse, Late, lines, parse_json, read_body, within
 from specparity.schema import kind
 
 
@@ -90,60 +91,6 @@ class Completion:
         return d
 
 
-# what one response may hold: far above any completion, far below what exhausts a machine
-MAX_RESPONSE_BYTES = 64 << 20
-
-
-class BadResponse(ValueError):
-    """A response that is not what an OpenAI-style server sends; ``str()`` says what was wrong."""
-
-
-class Late(Exception):
-    """The request's total deadline passed before its answer was complete."""
-
-
-T = TypeVar("T")
-
-
-def within(seconds: float, fn: Callable[[threading.Event], T]) -> T:
-    """``fn(cancel)`` with a total deadline: its result (or its exception), or :class:`Late` once
-    ``seconds`` pass. ``fn`` runs in a daemon thread and should return soon after ``cancel`` is set
-    (it is set at the deadline); one blocked in a read ends when the server stops."""
-    box: list[tuple[bool, Any]] = []
-    cancel = threading.Event()
-
-    def run() -> None:
-        try:
-            box.append((True, fn(cancel)))
-        except BaseException as err:  # handed to the caller, re-raised there
-            box.append((False, err))
-
-    worker = threading.Thread(target=run, name="specparity-request", daemon=True)
-    worker.start()
-    try:
-        worker.join(seconds)
-    except BaseException:  # Ctrl-C / SIGTERM while waiting: the worker stops at its next chunk
-        cancel.set()
-        raise
-    if not box:
-        cancel.set()
-        raise Late(f"no complete answer within {seconds:g} s")
-    ok, value = box[0]
-    if ok:
-        return cast(T, value)
-    raise value
-
-
-def fetch(client: Any, method: str, url: str, timeout: float, json_body: Any = None,
-          max_bytes: int = MAX_RESPONSE_BYTES) -> tuple[int, bytes]:
-    """One request's status and whole body within ``timeout`` seconds in total (raises Late, the
-    client's transport errors, or BadResponse for a body over ``max_bytes``)."""
-    def run(cancel: threading.Event) -> tuple[int, bytes]:
-        with client.stream(method, url, json=json_body, timeout=timeout) as r:
-            return r.status_code, _body(r, cancel, max_bytes)
-    return within(timeout, run)
-
-
 def send(client: Any, base_url: str, req: Request, profile: Profile, extra: dict[str, Any] | None = None,
          timeout: float = 120.0) -> Completion:
     """POST ``req`` (plus ``extra`` fields) and read the answer; never raises for HTTP trouble.
@@ -183,68 +130,17 @@ def _exchange(client: Any, url: str, body: dict[str, Any], req: Request, profile
         out.status = r.status_code
         try:
             if r.status_code != 200:
-                head = _body(r, cancel, 300, cut=True)
+                head = read_body(r, cancel, 300, cut=True)
                 out.error = f"HTTP {r.status_code}: {head.decode('utf-8', 'replace')}"
             elif req.stream:
-                read_events(_lines(r, cancel), req, out)
+                read_events(lines(r, cancel), req, out)
             else:
-                read_json(parse_json(_body(r, cancel, MAX_RESPONSE_BYTES)), req, profile, out)
+                read_json(parse_json(read_body(r, cancel, MAX_RESPONSE_BYTES)), req, profile, out)
         except BadResponse as err:
             out.error = f"unreadable response: {err}"
     if out.error is not None:  # nothing half-read passes for an answer
         out.text, out.token_ids, out.logprobs, out.top = "", None, None, None
     return out
-
-
-def _chunks(r: Any, cancel: threading.Event, max_bytes: int) -> Iterator[bytes]:
-    """The body's bytes as they come; stops at the deadline, refuses more than ``max_bytes``."""
-    seen = 0
-    for chunk in r.iter_bytes():
-        if cancel.is_set():
-            raise Late("the request's deadline passed")
-        seen += len(chunk)
-        if seen > max_bytes:
-            raise BadResponse(f"more than {max_bytes} bytes")
-        yield chunk
-
-
-def _body(r: Any, cancel: threading.Event, max_bytes: int, cut: bool = False) -> bytes:
-    """The whole body, at most ``max_bytes`` (``cut``: its first ``max_bytes``, then stop reading)."""
-    data = bytearray()
-    for chunk in _chunks(r, cancel, 1 << 62 if cut else max_bytes):
-        data += chunk
-        if cut and len(data) >= max_bytes:
-            break
-    return bytes(data[:max_bytes])
-
-
-def _lines(r: Any, cancel: threading.Event) -> Iterator[str]:
-    """A streamed body's lines, decoded as they complete."""
-    buf = b""
-    for chunk in _chunks(r, cancel, MAX_RESPONSE_BYTES):
-        buf += chunk
-        *done, buf = buf.split(b"\n")
-        for line in done:
-            yield _utf8(line.rstrip(b"\r"))
-    if buf:
-        yield _utf8(buf)
-
-
-def _utf8(data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise BadResponse(f"not UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start})") from None
-
-
-def parse_json(data: bytes) -> Any:
-    """A response body as JSON; anything else is a BadResponse quoting its start."""
-    try:
-        return json.loads(_utf8(data))
-    except RecursionError:
-        raise BadResponse("JSON nested too deeply") from None
-    except ValueError as err:
-        raise BadResponse(f"not JSON ({err}): {data[:80].decode('utf-8', 'replace')!r}") from None
 
 
 def _need(value: Any, types: type | tuple[type, ...], where: str, what: str) -> Any:

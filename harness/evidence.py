@@ -164,7 +164,7 @@ def read_counter(client: Any, url: str, profile: Profile, timeout: float) -> flo
     """The profile's Prometheus counter summed over its labels (None: no counter, or unreadable)."""
     if not profile.metrics_counter:
         return None
-    from specparity.harness.client import fetch
+    from specparity.harness.transport import fetch
 
     try:  # within the request timeout in total: a /metrics that never ends is no reading
         status, body = fetch(client, "GET", url + profile.metrics_path, timeout, max_bytes=METRICS_MAX_BYTES)

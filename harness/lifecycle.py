@@ -256,7 +256,7 @@ class Server:
         stalls, answers nothing by then)."""
         import httpx
 
-        from specparity.harness.client import BadResponse, Late, fetch
+        from specparity.harness.transport import BadResponse, Late, fetch
 
         assert self.proc is not None
         deadline = self._t0 + self.start_timeout

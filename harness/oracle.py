@@ -3,7 +3,7 @@
 Every served completion is judged against what the engine's classic path
 computes for the same request on the same weights (harness.reference). The
 reference runs in a worker process started with the interpreter the pairing's
-servers run in (``python -m specparity.harness.reference``), so a server in a
+servers run in (``python -m specparity.harness.reference_worker``), so a server in a
 pinned environment (mlx-lm 0.31.3, dflash-mlx) is judged by that environment's
 mlx-lm, and the harness itself never imports mlx. The worker loads the
 checkpoint once and answers each distinct request once (its cache); it exits
@@ -82,7 +82,7 @@ class Oracle:
         """Start the worker now, without waiting for it to load (it loads while servers start)."""
         if self.proc is not None or self.failed is not None:
             return
-        argv = [self.python, "-P", "-m", "specparity.harness.reference", self.checkpoint,
+        argv = [self.python, "-P", "-m", "specparity.harness.reference_worker", self.checkpoint,
                 "--settings", json.dumps(self.settings.to_dict())]
         if self.trust_remote_code:
             argv.append("--trust-remote-code")

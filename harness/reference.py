@@ -55,6 +55,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
@@ -1094,17 +1095,17 @@ class ClassicReference:
         return out
 
     def cold(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,
-             draft_model: str | None = None, prompt_ids: list[int] | None = None) -> ColdAnswer:
+             draft_model: str | None = None, prompt_ids: list[int] | None = None, *,
+             loop: Callable[[Any, Any, ServerSettings, Any], Any]) -> ColdAnswer:
         """What ``mlx_lm.server``'s own loop answers ``body`` on a fresh prompt cache, with the drafter
         ``draft_model`` (a checkpoint directory, loaded once) where the arm had one.
 
-        The arm's own cold answer for a request the server answered on a warm cache
-        (:class:`specparity.probes.replay.sequence.ServingLoop` with one entry): a difference
+        The arm's own cold answer for a request the server answered on a warm cache: ``loop`` is
+        :class:`specparity.probes.replay.sequence.ServingLoop` (model, tokenizer, settings, drafter;
+        given, not imported: the replay builds on this module), run with one entry. A difference
         that is there cold too is not state-dependent. Computed once per distinct request and
         drafter; its cost is counted apart from classic decode's (``ReferenceStats.cold``).
         """
-        from specparity.probes.replay.sequence import ServingLoop
-
         s = self._settings(settings)
         key = request_key(endpoint, body, s, prompt_ids) + f"|cold|{draft_model}|{body.get('num_draft_tokens')}"
         hit = self._cold.get(key)
@@ -1119,11 +1120,11 @@ class ClassicReference:
                 self._drafts[draft_model] = load_checkpoint(draft_model, trust_remote_code=self.trust_remote_code,
                                                             flag="draft").model
             draft = self._drafts[draft_model]
-        loop = ServingLoop(self.model, self.tokenizer, s, draft)
+        running = loop(self.model, self.tokenizer, s, draft)
         try:
-            served = loop.serve(endpoint, body, prompt_ids)
+            served = running.serve(endpoint, body, prompt_ids)
         finally:
-            loop.close()
+            running.close()
         if served.error is not None or served.decoded is None:
             raise UsageError(f"{endpoint} request: mlx_lm.server's loop fails it ({served.error})")
         dec = served.decoded
@@ -1264,70 +1265,3 @@ def near_tie(margin_a: float | None, margin_b: float | None, *, dtype: str = "fl
 
 
 # --- a worker process: the reference in the interpreter the servers run in ----------------
-
-def worker(argv: list[str] | None = None) -> int:
-    """``python -m specparity.harness.reference CHECKPOINT [--trust-remote-code] [--settings JSON] [--sequential]``.
-
-    Loads the checkpoint once, prints ``{"ready": true, "load_seconds": s}``, then answers
-    one JSON line per request line on stdin: ``{"endpoint", "body", "settings"?,
-    "server_prompt_tokens"?, "server_prompt_ids"?, "prompt_ids"?}`` -> ``{"ok": true,
-    "completion": {...}}`` or ``{"ok": false, "message": "...", "kind": "usage" | "infra"}``;
-    ``{"cold": true, "endpoint", "body", "settings"?, "draft_model"?, "prompt_ids"?}`` ->
-    ``{"ok": true, "cold": {...ColdAnswer}}``; ``{"cost": true}`` -> ``{"ok": true, "cost":
-    {...}}``. It exits at end of input (its parent's end). The harness
-    runs it with the servers' interpreter (harness.oracle), so a server in a pinned
-    environment (another mlx-lm) is judged by that environment's classic decode.
-    """
-    import sys
-
-    from specparity.errors import SpecparityError
-
-    p = argparse.ArgumentParser(prog="specparity.harness.reference")
-    p.add_argument("checkpoint")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--settings", default="{}")
-    p.add_argument("--sequential", action="store_true")
-    args = p.parse_args(argv)
-    out = sys.stdout
-
-    def say(obj: dict[str, Any]) -> None:
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
-
-    try:
-        ref = ClassicReference(args.checkpoint, trust_remote_code=args.trust_remote_code,
-                               settings=ServerSettings.from_dict(json.loads(args.settings)),
-                               batches=not args.sequential)
-    except SpecparityError as err:
-        say({"ready": False, "message": first_line(str(err))})
-        return 1
-    say({"ready": True, "load_seconds": ref.cost().load_seconds})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            req = json.loads(line)
-            if req.get("cost"):
-                say({"ok": True, "cost": ref.cost().to_dict()})
-                continue
-            settings = ServerSettings.from_dict(req["settings"]) if req.get("settings") else None
-            if req.get("cold"):
-                cold = ref.cold(req["endpoint"], req["body"], settings, draft_model=req.get("draft_model"),
-                                prompt_ids=req.get("prompt_ids"))
-                say({"ok": True, "cold": cold.to_dict()})
-                continue
-            rc = ref.complete(req["endpoint"], req["body"], server_prompt_ids=req.get("server_prompt_ids"),
-                              server_prompt_tokens=req.get("server_prompt_tokens"),
-                              prompt_ids=req.get("prompt_ids"), settings=settings)
-            say({"ok": True, "completion": rc.to_dict()})
-        except SpecparityError as err:
-            say({"ok": False, "message": first_line(str(err)),
-                 "kind": "usage" if isinstance(err, UsageError) else "infra"})
-        except (ValueError, KeyError, TypeError, AttributeError, ImportError) as err:
-            # AttributeError / ImportError: another mlx-lm (a pinned environment) without a part a loop uses
-            say({"ok": False, "message": f"{type(err).__name__}: {first_line(str(err))}", "kind": "usage"})
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(worker())

@@ -333,6 +333,7 @@ def test_dflash_mlx_on_mlx_lm_0_32_2_imports_its_engine_and_generate_but_not_its
 
 @pytest.mark.build
 @pytest.mark.server
+@pytest.mark.model
 @pytest.mark.slow
 def test_mlx_lm_server_runs_from_its_environment_on_the_fixture_pair(tmp_path: Path) -> None:
     """The mlx-lm profile with {python} as the environment's interpreter: mlx-lm 0.31.3's own server

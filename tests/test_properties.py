@@ -390,7 +390,8 @@ _response = st.one_of(values, _mutated({"choices": [_CHOICE], "usage": {"complet
 @given(_response, st.sampled_from(["completions", "chat"]))
 def test_response_bodies(resp, endpoint):
     """Any JSON body: a completion, or a BadResponse saying what was wrong (the request's error)."""
-    from specparity.harness.client import BadResponse, Completion, Request, read_json
+    from specparity.harness.client import Completion, Request, read_json
+    from specparity.harness.transport import BadResponse
     from specparity.harness.profiles import Profile
 
     out = Completion()
@@ -415,7 +416,8 @@ _chunk = st.one_of(values, _mutated({"choices": [_CHOICE]}, nested={"choices": s
        st.sampled_from(["completions", "chat"]))
 def test_stream_events(lines, endpoint):
     """Any event stream: a completion, or a BadResponse naming the chunk."""
-    from specparity.harness.client import BadResponse, Completion, Request, read_events
+    from specparity.harness.client import Completion, Request, read_events
+    from specparity.harness.transport import BadResponse
 
     out = Completion()
     try:

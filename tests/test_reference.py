@@ -144,7 +144,9 @@ def test_reference_equals_a_fresh_server_float32(llama_pair, tmp_path):
     assert cost.computed == len(requests) + 2 and cost.hits >= 1 and cost.tokens > 0 and cost.seconds > 0
     assert "distinct requests" in cost.line()
     # a fresh request's cold answer through mlx_lm.server's own loop is classic decode's; counted apart
-    cold = ref.cold(endpoint, body)
+    from specparity.probes.replay.sequence import ServingLoop
+
+    cold = ref.cold(endpoint, body, loop=ServingLoop)
     assert (cold.token_ids, cold.text) == (refs[0].token_ids, refs[0].text) and ref.cost().cold == 1
     assert ref.cost().computed == cost.computed
     # an engine's own prompt ids: decoded from, their count checked against its usage, and the harness's own

@@ -121,7 +121,7 @@ def read_metrics(url: str, timeout: float = METRICS_TIMEOUT) -> dict[str, Any] |
     """``GET /metrics`` as JSON (None: no answer, or not JSON)."""
     import httpx
 
-    from specparity.harness.client import BadResponse, Late, fetch, parse_json
+    from specparity.harness.transport import BadResponse, Late, fetch, parse_json
 
     try:  # ``timeout`` in total: a /metrics that trickles bytes is no reading
         with httpx.Client() as client:

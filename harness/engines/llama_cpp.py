@@ -183,7 +183,7 @@ def prompt_ids(client: Any, url: str, request: Any) -> list[int] | None:
     """The prompt tokens llama-server decodes ``request`` from: its own chat template (``/apply-template``,
     chatml where the GGUF carries none) and tokenizer (``/tokenize``, special tokens added and parsed).
     None when the server will not say."""
-    from specparity.harness.client import fetch, parse_json
+    from specparity.harness.transport import fetch, parse_json
 
     def ask(path: str, payload: dict[str, Any], key: str) -> Any:
         # PROMPT_IDS_TIMEOUT in total, not per read: an answer that trickles in is no answer

@@ -1,0 +1,84 @@
+"""The classic reference's worker process: ``python -m specparity.harness.reference_worker``.
+
+harness.oracle starts it with the servers' own interpreter (a pinned environment's mlx-lm
+judges that environment's servers); it holds one :class:`ClassicReference` and answers one
+JSON line per request line (see :func:`worker`). Cold answers run mlx_lm.server's loop as
+the sequence replay rebuilds it (probes.replay.sequence.ServingLoop), which builds on the
+reference: the worker joins the two, so neither imports the other's user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from specparity.errors import SpecparityError, UsageError, first_line
+from specparity.harness.reference import ClassicReference, ServerSettings
+from specparity.probes.replay.sequence import ServingLoop
+
+
+def worker(argv: list[str] | None = None) -> int:
+    """``python -m specparity.harness.reference_worker CHECKPOINT [--trust-remote-code] [--settings JSON]
+    [--sequential]``.
+
+    Loads the checkpoint once, prints ``{"ready": true, "load_seconds": s}``, then answers
+    one JSON line per request line on stdin: ``{"endpoint", "body", "settings"?,
+    "server_prompt_tokens"?, "server_prompt_ids"?, "prompt_ids"?}`` -> ``{"ok": true,
+    "completion": {...}}`` or ``{"ok": false, "message": "...", "kind": "usage" | "infra"}``;
+    ``{"cold": true, "endpoint", "body", "settings"?, "draft_model"?, "prompt_ids"?}`` ->
+    ``{"ok": true, "cold": {...ColdAnswer}}``; ``{"cost": true}`` -> ``{"ok": true, "cost":
+    {...}}``. It exits at end of input (its parent's end). The harness
+    runs it with the servers' interpreter (harness.oracle), so a server in a pinned
+    environment (another mlx-lm) is judged by that environment's classic decode.
+    """
+    p = argparse.ArgumentParser(prog="specparity.harness.reference_worker")
+    p.add_argument("checkpoint")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--settings", default="{}")
+    p.add_argument("--sequential", action="store_true")
+    args = p.parse_args(argv)
+    out = sys.stdout
+
+    def say(obj: dict[str, Any]) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    try:
+        ref = ClassicReference(args.checkpoint, trust_remote_code=args.trust_remote_code,
+                               settings=ServerSettings.from_dict(json.loads(args.settings)),
+                               batches=not args.sequential)
+    except SpecparityError as err:
+        say({"ready": False, "message": first_line(str(err))})
+        return 1
+    say({"ready": True, "load_seconds": ref.cost().load_seconds})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            if req.get("cost"):
+                say({"ok": True, "cost": ref.cost().to_dict()})
+                continue
+            settings = ServerSettings.from_dict(req["settings"]) if req.get("settings") else None
+            if req.get("cold"):
+                cold = ref.cold(req["endpoint"], req["body"], settings, draft_model=req.get("draft_model"),
+                                prompt_ids=req.get("prompt_ids"), loop=ServingLoop)
+                say({"ok": True, "cold": cold.to_dict()})
+                continue
+            rc = ref.complete(req["endpoint"], req["body"], server_prompt_ids=req.get("server_prompt_ids"),
+                              server_prompt_tokens=req.get("server_prompt_tokens"),
+                              prompt_ids=req.get("prompt_ids"), settings=settings)
+            say({"ok": True, "completion": rc.to_dict()})
+        except SpecparityError as err:
+            say({"ok": False, "message": first_line(str(err)),
+                 "kind": "usage" if isinstance(err, UsageError) else "infra"})
+        except (ValueError, KeyError, TypeError, AttributeError, ImportError) as err:
+            # AttributeError / ImportError: another mlx-lm (a pinned environment) without a part a loop uses
+            say({"ok": False, "message": f"{type(err).__name__}: {first_line(str(err))}", "kind": "usage"})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker())
