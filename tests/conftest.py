@@ -21,6 +21,10 @@ FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist starts its workers as `python -c ...` in the repository root, where the root
+    # `bisect/` folder would shadow the standard library's `bisect` (README, Quick start): the
+    # workers, started after this hook, and every process a test starts, leave the root off sys.path.
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
     # A shell without job control starts a background command with SIGINT ignored, and every process
     # a test starts would inherit that: specparity then rightly leaves Ctrl-C alone, as under nohup,
     # and the Ctrl-C tests could not test anything. A handler here (Python's own, as on a terminal) is
@@ -185,28 +189,3 @@ def assert_report(rep) -> dict:
     lines = rep.lines()
     assert lines and all(isinstance(s, str) and "\n" not in s for s in lines)
     return d
-
-
-def run_reproduction(cli_bin: str, command: str, cwd: str | None = None) -> tuple[int, int | None, str]:
-    """Run a printed ``specparity replay ...`` reproduction; (exit code, first differing token index, output).
-
-    The index is where the replay's answer first leaves classic decode: a sequence replay's
-    ``first`` request's token, a single request's first mismatch.
-    """
-    import json
-    import shlex
-
-    argv = shlex.split(command)
-    assert argv[:2] == ["specparity", "replay"], command
-    r = run_cli(cli_bin, *argv[1:], "--json", cwd=cwd)
-    try:
-        out = json.loads(r.stdout)
-    except ValueError:
-        return r.returncode, None, r.stdout + r.stderr
-    if out.get("finding") is not None:  # a sequence replay: where the finding's own request leaves classic decode
-        return r.returncode, out["finding"][1], r.stdout
-    if out.get("first") is not None:
-        return r.returncode, int(out["first"][1]), r.stdout
-    reqs = out.get("requests") or []
-    index = reqs[0].get("served_first_mismatch") if reqs else None
-    return r.returncode, index, r.stdout

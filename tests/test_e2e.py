@@ -125,7 +125,8 @@ def test_long_prompt_ids_run_in_every_arm_and_ids_the_cli_cannot_take_are_not_ru
     text = " ".join(["Speculative decoding drafts several tokens with a small model and verifies them."] * 60)
     ids = list(tok.encode(text))[:700]
     assert tok.encode(tok.decode(ids)) == ids  # text the CLI can take back
-    run = run_e2e(target, draft, ids, E2EOptions(max_tokens=16))
+    # the in-process entries (the CLI's, a subprocess per arm, takes the same 700 ids in the next test)
+    run = run_e2e(target, draft, ids, E2EOptions(max_tokens=16), ["stream_generate", "generate"])
     for e in run.entries:
         assert e.verdict != Verdict.NOT_RUN, e.lines()
         assert e.classic.prompt == e.drafter.prompt == ids and len(e.classic.tokens) == 16

@@ -271,7 +271,11 @@ def test_sigkill_of_the_harness_takes_a_busy_classic_reference_worker(tmp_path: 
         line = owner.stdout.readline() if owner.stdout else ""
         assert line.strip().isdigit(), "the owner did not start its worker"
         worker = int(line)
-        assert worker in marked(mark) and len(marked(mark)) == 3  # owner, worker, the worker's watcher
+        # owner, worker, the worker's watcher (which the worker's start does not wait for: polled)
+        deadline = time.monotonic() + 30
+        while len(marked(mark)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker in marked(mark) and len(marked(mark)) == 3, marked(mark)
         owner.kill()
         owner.wait(30)
         left = wait_gone(mark)
