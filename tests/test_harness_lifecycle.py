@@ -198,7 +198,7 @@ def _owner(tmp_path: Path, pdeath: bool) -> tuple[subprocess.Popen, str, int]:
     """A harness process owning one fake server; returns it, its mark and the server's pid."""
     import uuid
 
-    from fakeserver import MARK_ENV, marked
+    from fakeserver import MARK_ENV
 
     mark = uuid.uuid4().hex
     owner = subprocess.Popen([sys.executable, "-P", "-c", OWNER.format(tests=TESTS, pdeath=pdeath)],
@@ -208,7 +208,7 @@ def _owner(tmp_path: Path, pdeath: bool) -> tuple[subprocess.Popen, str, int]:
         assert line.strip().isdigit(), "the owner did not start its server"
         server = int(line)
         # owner, server, the server's child and the server's watcher
-        assert len(marked(mark)) == 4 and server in marked(mark)
+        assert server in _wait_marked(mark, 4)
     except BaseException:
         _kill_marked(mark)
         raise
@@ -219,11 +219,29 @@ def _owner(tmp_path: Path, pdeath: bool) -> tuple[subprocess.Popen, str, int]:
 @pytest.mark.parametrize("pdeath", [True, False], ids=["parent-death-signal-and-watcher", "watcher-only"])
 def test_sigkill_of_the_harness_leaves_no_server_or_child(tmp_path: Path, pdeath: bool) -> None:
     """watcher-only is what macOS gets (no parent-death signal): the pipe alone must do it."""
-    from fakeserver import wait_gone
-
     if pdeath and not sys.platform.startswith("linux"):
         pytest.skip("the parent-death signal is Linux's")
     owner, mark, server = _owner(tmp_path, pdeath)
+    _kill_and_find_nothing_left(owner, mark)
+
+
+def _wait_marked(mark: str, n: int) -> list[int]:
+    """The processes carrying ``mark`` once there are ``n`` (a watcher starts after its child
+    returns: polled, 30 s at most), asserted to be exactly ``n``."""
+    from fakeserver import marked
+
+    deadline = time.monotonic() + 30
+    while len(marked(mark)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    found = marked(mark)
+    assert len(found) == n, found
+    return found
+
+
+def _kill_and_find_nothing_left(owner: subprocess.Popen, mark: str) -> None:
+    """SIGKILL the harness standing in ``owner``; nothing carrying ``mark`` may outlive it."""
+    from fakeserver import wait_gone
+
     try:
         owner.kill()
         owner.wait(30)
@@ -259,7 +277,7 @@ def test_sigkill_of_the_harness_takes_a_busy_classic_reference_worker(tmp_path: 
     """The worker lived on after SIGKILL of served until it next read its input (minutes on a big model)."""
     import uuid
 
-    from fakeserver import MARK_ENV, marked, wait_gone
+    from fakeserver import MARK_ENV
 
     if pdeath and not sys.platform.startswith("linux"):
         pytest.skip("the parent-death signal is Linux's")
@@ -271,17 +289,11 @@ def test_sigkill_of_the_harness_takes_a_busy_classic_reference_worker(tmp_path: 
         line = owner.stdout.readline() if owner.stdout else ""
         assert line.strip().isdigit(), "the owner did not start its worker"
         worker = int(line)
-        # owner, worker, the worker's watcher (which the worker's start does not wait for: polled)
-        deadline = time.monotonic() + 30
-        while len(marked(mark)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert worker in marked(mark) and len(marked(mark)) == 3, marked(mark)
-        owner.kill()
-        owner.wait(30)
-        left = wait_gone(mark)
-        assert not left, f"still running after the harness was SIGKILLed: {left}"
-    finally:
+        assert worker in _wait_marked(mark, 3)  # owner, worker, the worker's watcher
+    except BaseException:
         _kill_marked(mark)
+        raise
+    _kill_and_find_nothing_left(owner, mark)
 
 
 def test_stop_all_stops_the_classic_reference_worker(tmp_path: Path) -> None:
