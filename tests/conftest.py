@@ -33,7 +33,8 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# The modules that take longest (seconds of a quiet 3-worker run on 2 cores, rounded), run first:
+# The modules that take longest (by their summed test durations in a quiet 3-worker run on 2 cores,
+# longest first), run first:
 # pytest-xdist's loadscope hands a worker one whole module at a time (a module-scoped fixture,
 # servers or served records, is made once), in collection order; longest first keeps a long
 # module from starting last and ending the run alone. The rest keep their order after these.
