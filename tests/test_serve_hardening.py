@@ -310,7 +310,7 @@ def _bad_requests(vocab: int) -> list[tuple[str, bytes, dict[str, str], int, str
         ("100 deep in tools", deep, "nested deeper"),
         ("5,000 digits", b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", "not JSON"),
     ]
-    out = [(name, body, {}, 400, word) for name, body, word in cases]
+    out: list[tuple[str, bytes, dict[str, str], int, str]] = [(name, body, {}, 400, word) for name, body, word in cases]
     out += [("Content-Length 10^12", b"{}", {"Content-Length": str(10**12)}, 413, "Content-Length"),
             ("Content-Length negative", b"{}", {"Content-Length": "-5"}, 400, "Content-Length")]
     return out
