@@ -397,12 +397,12 @@ def config_vocab_size(model: str | os.PathLike[str]) -> int | None:
     or number (a hub id, another layout): the loaded model's check then applies."""
     from specparity.schema import load_json, read_text
 
-    path = Path(model).expanduser() / "config.json"
-    if not path.is_file():
-        return None
     try:
+        path = Path(model).expanduser() / "config.json"
+        if not path.is_file():
+            return None
         cfg = load_json(read_text(path, str(path)), str(path))
-    except UsageError:
+    except (UsageError, OSError, RuntimeError, ValueError):  # a name no file system takes, ~nobody
         return None
     if not isinstance(cfg, dict):
         return None

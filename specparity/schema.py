@@ -397,8 +397,8 @@ class Json(Check):
 
 
 # -- files ------------------------------------------------------------------------------------------
-def read_text(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """A regular file's text: UTF-8, at most ``max_bytes``; else a UsageError naming ``where``."""
+def read_bytes(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """A regular file's bytes, at most ``max_bytes``; else a UsageError naming ``where``."""
     p = Path(path)
     try:
         st = p.stat()
@@ -412,6 +412,12 @@ def read_text(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FIL
         raise UsageError(f"{where}: {err.strerror or err}") from None
     if len(data) > max_bytes:
         raise UsageError(f"{where}: more than the {max_bytes} bytes a file may hold here")
+    return data
+
+
+def read_text(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """A regular file's text: UTF-8, at most ``max_bytes``; else a UsageError naming ``where``."""
+    data = read_bytes(path, where, max_bytes)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -162,22 +162,94 @@ def write_sequence(path: str | os.PathLike[str], header: SequenceHeader, entries
     return p
 
 
-def read_sequence(path: str | os.PathLike[str]) -> tuple[SequenceHeader, list[SequenceEntry]]:
-    """Read a sequence file; a malformed line is a UsageError naming FILE:LINE."""
+def _server_schema() -> Any:
+    """The header's ``server``: ServerSettings' fields, each in the range mlx-lm's loop takes."""
+    from specparity.schema import Bool, Fields, Int, Json, MapOf, Nullable, Number, Str
+
+    return Fields({
+        "prefill_step_size": Int(1), "kv_bits": Nullable(Int(1, 8)), "kv_group_size": Int(1),
+        "quantized_kv_start": Int(0), "max_tokens": Int(1, limit="max_positions"),
+        "temp": Number(ge=0), "top_p": Number(ge=0, le=1), "top_k": Int(0), "min_p": Number(ge=0, le=1),
+        "chat_template": Str(), "use_default_chat_template": Bool(),
+        "chat_template_args": MapOf(Json(limit="max_items"), key=Str()),
+        "num_draft_tokens": Int(0, limit="max_width"), "prompt_cache_size": Int(0),
+        "prompt_cache_bytes": Nullable(Int(0)), "decode_concurrency": Int(1), "prompt_concurrency": Int(1),
+    }, open=True, what="a mapping of server settings")
+
+
+def _header_schema() -> Any:
+    from specparity.schema import Bool, Fields, Int, Nullable, Str
+
+    name = Str("a checkpoint path or hub id (a string)", nonempty=True)
+    return Fields({
+        "format": Str(), "model": name, "draft_model": Nullable(name), "trust_remote_code": Bool(),
+        "server": _server_schema(), "engine": Str("an engine name", nonempty=True),
+        "engine_version": Nullable(Str()), "arm": Nullable(Str()),
+        "finding": Nullable(Fields({"request": Str(), "token_index": Nullable(Int(0))}, open=True)),
+        "concurrent": Bool(), "loop": Nullable(Str("a serving loop's name", nonempty=True)),
+    }, required=("model",), open=True, what="a JSON object (the header)")
+
+
+def _entry_schema(vocab: int | None, prompt_ids: bool, endpoint: Any) -> Any:
+    """A request line; without ``prompt_ids`` the body holds what the endpoint tokenizes."""
+    from specparity.schema import Enum, Fields, Int, Json, ListOf, MapOf, Nullable, Str
+
+    token = Int(0, None if vocab is None else vocab - 1)
+    body: dict[str, Any] = {}
+    if not prompt_ids and endpoint == "completions":
+        body["prompt"] = Str("a string (the prompt)")
+    if not prompt_ids and endpoint == "chat":
+        body["messages"] = ListOf(Fields({"role": Str(), "content": Json(limit="max_items")},
+                                         required=("role",), open=True, what="a message (a mapping)"),
+                                  min_len=1, limit="max_items")
+    required = tuple(body)
+    return Fields({
+        "id": Str("a request name (a string)", nonempty=True), "kind": Str(),
+        "endpoint": Enum(("completions", "chat")),
+        "body": Fields(body, required=required, open=True, what="a JSON object (the request body)"),
+        "prompt_ids": Nullable(ListOf(token, min_len=1, limit="max_positions",
+                                      what="a list (not empty) of token ids")),
+        "served": Nullable(Fields({
+            "token_ids": Nullable(ListOf(token, limit="max_positions", what="a list of token ids")),
+            "text": Nullable(Str()), "finish_reason": Nullable(Str()),
+            "usage": Nullable(MapOf(Json(limit="max_items"), key=Str()))}, open=True)),
+    }, required=("id", "endpoint", "body"), open=True, what="a JSON object (a request)")
+
+
+def read_sequence(path: str | os.PathLike[str],
+                  model: str | None = None) -> tuple[SequenceHeader, list[SequenceEntry]]:
+    """Read a sequence file whole and check it before anything loads: a bad line is one
+    UsageError naming FILE:LINE and the field.
+
+    The file is bounded (specparity.schema's MAX_FILE_BYTES, UTF-8, each line's JSON nesting),
+    its requests by ``--max-items``, each request's fields by the rules the served request
+    obeys (:func:`specparity.inputs.check_request`), its token ids (``prompt_ids``,
+    ``logit_bias``, served ``token_ids``) by the vocabulary the checkpoint's config states
+    (``model``, else the header's; where it states none, by the loaded model's later).
+    """
+    from specparity.inputs import check_request, config_vocab_size, limits, raise_it
+    from specparity.schema import Invalid, key_path, load_json, read_bytes
+
     p = Path(path)
-    try:
-        lines = p.read_text().splitlines()
-    except OSError as err:
-        raise InputError("sequence", f"{p}: cannot read ({err.strerror})") from None
-    rows = [(n, ln) for n, ln in enumerate(lines, 1) if ln.strip()]
+    data = read_bytes(p, str(p))
+    rows = [(n, ln) for n, ln in enumerate(data.split(b"\n"), 1) if ln.strip()]
     if not rows:
         raise InputError("sequence", f"{p}: empty")
+    cap = limits().max_items
+    if len(rows) - 1 > cap:  # before any line is parsed
+        raise UsageError(f"{p}:{rows[cap + 1][0]}: {len(rows) - 1} requests, above the maximum {cap}"
+                         f" {raise_it('max_items')}")
+
+    def fits(value: Any, checker: Any, where: str) -> None:
+        try:
+            checker.check(value, ())
+        except Invalid as bad:
+            at = key_path(bad.path)
+            raise UsageError(f"{where}: {at + ': ' if at else ''}{bad.message}") from None
+
     objs = []
     for n, ln in rows:
-        try:
-            obj = json.loads(ln)
-        except ValueError as err:
-            raise UsageError(f"{p}:{n}: not JSON ({err})") from None
+        obj = load_json(ln, f"{p}:{n}")
         if not isinstance(obj, dict):
             raise UsageError(f"{p}:{n}: not a JSON object")
         objs.append((n, obj))
@@ -185,18 +257,14 @@ def read_sequence(path: str | os.PathLike[str]) -> tuple[SequenceHeader, list[Se
     if head.get("format") != SEQUENCE_FORMAT:
         raise UsageError(f"{p}:{n0}: not a sequence file (format {head.get('format')!r},"
                          f" expected {SEQUENCE_FORMAT!r})")
-    if not isinstance(head.get("model"), str):
-        raise UsageError(f"{p}:{n0}: the header names no model")
+    fits(head, _header_schema(), f"{p}:{n0}")
     header = SequenceHeader(**{k: v for k, v in head.items() if k in SequenceHeader.__dataclass_fields__})
+    vocab = config_vocab_size(model or header.model)
     entries = []
     for n, obj in objs[1:]:
-        try:
-            e = SequenceEntry(**{k: v for k, v in obj.items() if k in SequenceEntry.__dataclass_fields__})
-        except TypeError as err:
-            raise UsageError(f"{p}:{n}: not a request entry ({err})") from None
-        if not isinstance(e.body, dict) or e.endpoint not in ("completions", "chat"):
-            raise UsageError(f"{p}:{n}: a request needs an endpoint (completions or chat) and a body")
-        entries.append(e)
+        fits(obj, _entry_schema(vocab, obj.get("prompt_ids") is not None, obj.get("endpoint")), f"{p}:{n}")
+        check_request(obj["body"], vocab, f"{p}:{n}: body")
+        entries.append(SequenceEntry(**{k: v for k, v in obj.items() if k in SequenceEntry.__dataclass_fields__}))
     if not entries:
         raise InputError("sequence", f"{p}: no requests")
     return header, entries

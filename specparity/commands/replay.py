@@ -278,7 +278,7 @@ def _sequence(path: str, model: str | None, trust_remote_code: bool, as_json: bo
     from specparity.harness.reference import ClassicReference
     from specparity.probes.replay.sequence import read_sequence, replay_sequence
 
-    header, entries = read_sequence(path)
+    header, entries = read_sequence(path, model)  # checked whole before anything loads
     if model is not None:
         header.model = model
     if header.trust_remote_code and not trust_remote_code:
