@@ -269,7 +269,6 @@ def _with(**changes: object) -> dict:
 def _bad_sequences() -> list[tuple[str, bytes | None, bytes, int, str]]:
     """(name, header line (None: the good one), the lines after it, the bad line, what the error names)."""
     nan = float("nan")
-    head = _line(HEADER)
     rows: list[tuple[str, bytes | None, bytes, int, str]] = [
         ("non-UTF-8", None, b'{"id": "\xff\xfe"}\n', 2, "not UTF-8"),
         ("100,000-deep array", None, b"[" * 100_000 + b"]" * 100_000 + b"\n", 2, "nested deeper"),
