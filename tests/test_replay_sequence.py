@@ -11,6 +11,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -247,17 +248,17 @@ def test_a_served_difference_the_replay_does_not_rebuild_is_not_reproduced_exit_
 # -- a sequence file is checked whole before anything loads (issue 30, class 7) -----------------
 
 VOCAB = 512
-HEADER = {"format": "specparity.sequence/1", "model": "MODEL"}
-GOOD = {"id": "a", "endpoint": "completions", "body": {"prompt": "x", "max_tokens": 4}}
+HEADER: dict[str, Any] = {"format": "specparity.sequence/1", "model": "MODEL"}
+GOOD: dict[str, Any] = {"id": "a", "endpoint": "completions", "body": {"prompt": "x", "max_tokens": 4}}
 
 
 def _line(obj: object) -> bytes:
     return json.dumps(obj).encode() + b"\n"
 
 
-def _with(**changes: object) -> dict:
+def _with(**changes: object) -> dict[str, Any]:
     """GOOD with ``changes``; a key ``body__k`` changes the body's ``k``."""
-    out = {**GOOD, "body": dict(GOOD["body"])}
+    out: dict[str, Any] = {**GOOD, "body": dict(GOOD["body"])}
     for k, v in changes.items():
         if k.startswith("body__"):
             out["body"][k[6:]] = v
