@@ -41,6 +41,7 @@ from typing import Any
 
 from specparity.errors import Name, SpecparityError, UsageError
 from specparity.harness.profiles import packaged_profiles
+from specparity.inputs import request_schema
 from specparity.schema import (
     Bool,
     Check,
@@ -256,6 +257,8 @@ def load_job(path: str | Path) -> Job:
     if not isinstance(raw, dict):
         raise UsageError(f"{where}: expected a mapping of keys, got {describe(raw)}")
     check(raw, JOB_SCHEMA, where)
+    if raw.get("params"):  # the rules a served request's fields obey (specparity serve's, the replay's)
+        check({"params": raw["params"]}, Fields({"params": request_schema()}), where)
     job = builtin_job() if not raw.get("pairings") else Job(pairings=[])
     job.source = str(p)
     for i, item in enumerate(raw.get("pairings") or []):
