@@ -348,6 +348,11 @@ def request_schema(vocab: int | None = None) -> Any:
         "seed": Nullable(Int(0, SEED_MAX)),
         "num_draft_tokens": Int(0),
         "stream": Bool(),
+        # read after the last token (a client's truncated stream, not a 400) unless checked here
+        "stream_options": Nullable(Fields({"include_usage": Bool()}, required=("include_usage",), open=True)),
+        "model": Str("a checkpoint path or hub id (a string)"),
+        "draft_model": Nullable(Str("a checkpoint path or hub id (a string)")),
+        "adapters": Nullable(Str("an adapter path (a string)")),
         "logprobs": Bool(),
         "top_logprobs": Int(-1, 11),
     }, open=True, what="a JSON object (the request body)")

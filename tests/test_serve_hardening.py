@@ -305,6 +305,7 @@ def _bad_requests(vocab: int) -> list[tuple[str, bytes, dict[str, str], int, str
         ("xtc_threshold 0.9", _body(xtc_probability=0.5, xtc_threshold=0.9), "xtc_threshold"),
         ("stop of numbers", _body(stop=[1, 2]), "stop"),
         ("top_logprobs 50", _body(logprobs=True, top_logprobs=50), "top_logprobs"),
+        ("stream_options a number", _body(stream=True, stream_options=5), "stream_options"),
         ("non-UTF-8", b'{"prompt": "\xff\xfe", "max_tokens": 8}', "not UTF-8"),
         ("100,000 deep", b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
         ("100 deep in tools", deep, "nested deeper"),
