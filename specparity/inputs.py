@@ -323,7 +323,7 @@ def request_schema(vocab: int | None = None) -> Any:
     model's vocabulary size, bounding token ids and top_k (None: not known here; the ids are then
     only integers >= 0). Other keys (prompt, messages, model, tools...) are left to the reader.
     """
-    from specparity.schema import AnyOf, Bool, Fields, Int, ListOf, Nullable, Number, Str
+    from specparity.schema import AnyOf, Bool, Fields, Int, Json, ListOf, MapOf, Nullable, Number, Str
 
     tokens = Int(1, limit="max_positions")
     context = Int(0, INT32_MAX)
@@ -355,6 +355,7 @@ def request_schema(vocab: int | None = None) -> Any:
         "adapters": Nullable(Str("an adapter path (a string)")),
         "logprobs": Bool(),
         "top_logprobs": Int(-1, 11),
+        "chat_template_kwargs": Nullable(MapOf(Json(limit="max_items"), key=Str())),
     }, open=True, what="a JSON object (the request body)")
 
 
