@@ -555,7 +555,7 @@ def test_sequence_files(data):
             return
     event(f"accepted with {len(entries)} requests")
     settings = header.settings()
-    assert isinstance(header.concurrent, bool) and settings.prompt_cache_size >= 0
+    assert isinstance(header.concurrent, bool) and settings.prompt_cache_size >= 0 and settings.top_k < SEQ_VOCAB
     for e in entries:
         params = RequestParams.from_body(e.body, settings, SEQ_VOCAB)
         assert 1 <= params.max_tokens <= 256

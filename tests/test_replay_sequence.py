@@ -283,6 +283,8 @@ def _bad_sequences() -> list[tuple[str, bytes | None, bytes, int, str]]:
         ("server max_tokens 10^12", _line({**HEADER, "server": {"max_tokens": 10**12}}), _line(GOOD), 1,
          "server.max_tokens"),
         ("finding a list", _line({**HEADER, "finding": [1]}), _line(GOOD), 1, "finding"),
+        ("server top_k the vocabulary", _line({**HEADER, "server": {"top_k": VOCAB}}), _line(GOOD), 1,
+         "server.top_k"),
     ]
     for name, ids in (("negative", [-1]), ("huge", [10**30]), ("strings", ["a"]), ("floats", [1.5]),
                       ("past the vocabulary", [VOCAB]), ("'abc'", "abc"), ("empty", [])):

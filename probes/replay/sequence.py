@@ -162,14 +162,16 @@ def write_sequence(path: str | os.PathLike[str], header: SequenceHeader, entries
     return p
 
 
-def _server_schema() -> Any:
-    """The header's ``server``: ServerSettings' fields, each in the range mlx-lm's loop takes."""
+def _server_schema(vocab: int | None = None) -> Any:
+    """The header's ``server``: ServerSettings' fields, each in the range mlx-lm's loop takes
+    (``top_k``, the default of a request without one, below ``vocab``)."""
     from specparity.schema import Bool, Fields, Int, Json, MapOf, Nullable, Number, Str
 
     return Fields({
         "prefill_step_size": Int(1), "kv_bits": Nullable(Int(1, 8)), "kv_group_size": Int(1),
         "quantized_kv_start": Int(0), "max_tokens": Int(1, limit="max_positions"),
-        "temp": Number(ge=0), "top_p": Number(ge=0, le=1), "top_k": Int(0), "min_p": Number(ge=0, le=1),
+        "temp": Number(ge=0), "top_p": Number(ge=0, le=1),
+        "top_k": Int(0, None if vocab is None else vocab - 1), "min_p": Number(ge=0, le=1),
         "chat_template": Str(), "use_default_chat_template": Bool(),
         "chat_template_args": MapOf(Json(limit="max_items"), key=Str()),
         "num_draft_tokens": Int(0, limit="max_width"), "prompt_cache_size": Int(0),
@@ -177,13 +179,13 @@ def _server_schema() -> Any:
     }, open=True, what="a mapping of server settings")
 
 
-def _header_schema() -> Any:
+def _header_schema(vocab: int | None = None) -> Any:
     from specparity.schema import Bool, Fields, Int, Nullable, Str
 
     name = Str("a checkpoint path or hub id (a string)", nonempty=True)
     return Fields({
         "format": Str(), "model": name, "draft_model": Nullable(name), "trust_remote_code": Bool(),
-        "server": _server_schema(), "engine": Str("an engine name", nonempty=True),
+        "server": _server_schema(vocab), "engine": Str("an engine name", nonempty=True),
         "engine_version": Nullable(Str()), "arm": Nullable(Str()),
         "finding": Nullable(Fields({"request": Str(), "token_index": Nullable(Int(0))}, open=True)),
         "concurrent": Bool(), "loop": Nullable(Str("a serving loop's name", nonempty=True)),
@@ -260,6 +262,7 @@ def read_sequence(path: str | os.PathLike[str],
     fits(head, _header_schema(), f"{p}:{n0}")
     header = SequenceHeader(**{k: v for k, v in head.items() if k in SequenceHeader.__dataclass_fields__})
     vocab = config_vocab_size(model or header.model)
+    fits(head, _header_schema(vocab), f"{p}:{n0}")
     entries = []
     for n, obj in objs[1:]:
         fits(obj, _entry_schema(vocab, obj.get("prompt_ids") is not None, obj.get("endpoint")), f"{p}:{n}")
