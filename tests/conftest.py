@@ -178,14 +178,70 @@ def cli_bin() -> str:
 
 
 def run_cli(cli_bin: str, *args: str, env: dict | None = None, cwd: str | None = None):
-    """Run the real CLI in a subprocess; returns CompletedProcess (text)."""
+    """Run the real CLI in a subprocess; returns CompletedProcess (text).
+
+    Every ``--json`` output it prints and every record it writes (``--record-dir``, merge's
+    ``--out``) is validated against the published schemas (specparity/schemas): the suite's
+    own runs are the schemas' coverage.
+    """
     import subprocess
 
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
-    return subprocess.run([cli_bin, *args], capture_output=True, text=True, env=full_env,
-                          cwd=cwd, timeout=600)
+    r = subprocess.run([cli_bin, *args], capture_output=True, text=True, env=full_env,
+                       cwd=cwd, timeout=600)
+    check_outputs(list(args), r.stdout, cwd)
+    return r
+
+
+def validate(obj: Any, name: str, what: str = "") -> None:
+    """``obj`` is what schema ``name`` describes; else an AssertionError naming the place and the rule."""
+    import jsonschema
+
+    from specparity import schemas
+
+    validator = jsonschema.Draft202012Validator(schemas.load(name))
+    errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        where = "/".join(map(str, e.absolute_path)) or "(top)"
+        raise AssertionError(f"{what or 'output'} does not follow {name}.schema.json at {where}: {e.message}"
+                             f" ({len(errors)} error(s))")
+
+
+def check_outputs(argv: list[str], stdout: str, cwd: str | None = None) -> None:
+    """The ``--json`` on ``stdout`` of ``specparity ARGV`` and the records it wrote, against their schemas."""
+    from specparity import schemas
+
+    if "--json" in argv and stdout.strip():
+        name = schemas.for_argv(argv)
+        assert name is not None, f"no schema for specparity {' '.join(argv)} --json"
+        validate(json.loads(stdout), name, f"specparity {' '.join(argv)}")
+    for flag in ("--record-dir", "--out"):
+        if flag in argv[:-1]:
+            d = Path(cwd or ".") / argv[argv.index(flag) + 1]
+            if d.is_dir() and (d / "data").is_dir():
+                check_records(d)
+
+
+def check_records(record_dir: Path) -> None:
+    """Every record in ``record_dir``: report.json, identity.json, each JSONL line, the summary."""
+    from specparity import schemas
+
+    for data in sorted(p for p in (record_dir / "data").iterdir() if (p / "report.json").is_file()):
+        report = json.loads((data / "report.json").read_text())
+        kind = str(report.get("kind"))
+        validate(report, "record-report", str(data / "report.json"))
+        summary = schemas.for_summary(kind)
+        if summary is not None and report.get("summary") is not None:
+            validate(report["summary"], summary, f"{data / 'report.json'} summary")
+        if (data / "identity.json").is_file():
+            validate(json.loads((data / "identity.json").read_text()), "record-identity", str(data / "identity.json"))
+        for f in sorted(data.glob("*.jsonl")):
+            for i, line in enumerate(f.read_text().splitlines()):
+                if line.strip():
+                    validate(json.loads(line), schemas.for_record_file(f, kind), f"{f}, line {i + 1}")
 
 
 def assert_report(rep) -> dict:
