@@ -319,6 +319,7 @@ def test_served_json_carries_every_fact_its_text_prints_for_a_diverged_request(s
                                                                           arm["setting"])
             if m.group(7):
                 assert m.group(7) == f"{arm['acceptance']:.3f}"
+            assert line.endswith(f": {arm['reason']}") if arm["reason"] else line.endswith("requests" + line[m.end():])
             continue
         m = re.match(r"^    (\S+) \((\S+)\): (diverged): (.*)$", line)
         if not m:
@@ -351,6 +352,12 @@ def test_served_json_carries_every_fact_its_text_prints_for_a_diverged_request(s
                                                      for v in (d["margin_reference"], d["margin_other"]))
         if "logprobs bitwise equal before it" in reason:
             assert d["logprobs_equal_before"] is True
+        first_lp = re.search(r"logprobs first differ at token (\d+)", reason)
+        if first_lp:
+            assert d["logprobs_equal_before"] is False and int(first_lp.group(1)) == d["first_logprob_diff"]
+        cold = (rq["reference"] or {}).get("cold") or {}
+        if reason.endswith("gives this same answer: not state-dependent"):
+            assert cold["equals_classic"] is False and f"; {cold['source']} gives this same answer" in reason
         if "exact tie" in reason or rq["tie"] is not None:
             assert rq["tie"] is not None and str(rq["tie"]["classic_token"]) in reason
         # and every other number it prints is one of the request's fields
@@ -381,6 +388,9 @@ def test_served_json_carries_every_fact_its_text_prints_for_a_diverged_request(s
             assert f"    request {rid}: {format_groups(gs)}" in text
     assert [ln.removeprefix("  finding: ") for ln in text if ln.startswith("  finding: ")] == p["findings"]
     assert f"  pairing verdict: {p['verdict']}" + (f" ({p['reason']})" if p["reason"] else "") in text
+    c = p["reference_cost"]
+    assert (f"  classic reference: {c['computed']} distinct requests decoded in process ({c['tokens']} tokens,"
+            f" {c['seconds']:.2f} s, model load {c['load_seconds']:.2f} s), {c['hits']} answered from its cache") in text
 
 
 @pytest.mark.model

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from specparity.commands._common import emit_json, json_option
+from specparity.commands._common import emit_json, json_option, result_json
 from specparity.errors import EXIT_OK, UsageError
 from specparity.inputs import expand_user
 from specparity.outputs import force_option
