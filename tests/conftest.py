@@ -177,6 +177,29 @@ def cli_bin() -> str:
     return str(exe)
 
 
+@pytest.fixture(autouse=True)
+def served_results_follow_their_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every served job a test runs in process (``ServedRun(...).run()``) gives what ``served --json``
+    would print for it, validated against served.schema.json: the suite's in-process jobs (faults, ties,
+    declines, errors, distribution arms) are that schema's coverage too. Only where the test module
+    imported the runner: nothing is imported for the others."""
+    import sys
+
+    runner = sys.modules.get("specparity.harness.run")
+    if runner is None:
+        return
+    run = runner.ServedRun.run
+
+    def validated(self: Any) -> Any:
+        from specparity.commands._common import result_json
+
+        report = run(self)
+        validate(result_json(report), "served", "served --json of ServedRun(...).run()")
+        return report
+
+    monkeypatch.setattr(runner.ServedRun, "run", validated)
+
+
 def run_cli(cli_bin: str, *args: str, env: dict | None = None, cwd: str | None = None):
     """Run the real CLI in a subprocess; returns CompletedProcess (text).
 
