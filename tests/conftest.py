@@ -268,7 +268,8 @@ def check_records(record_dir: Path) -> None:
 
 
 def assert_report(rep) -> dict:
-    """``rep`` follows the verdict contract: Report protocol, to_dict carrying verdict and exit_code."""
+    """``rep`` follows the verdict contract: Report protocol, to_dict carrying verdict and exit_code, and
+    every number its text prints held by to_dict (the text and --json render one result)."""
     import json
 
     from specparity.verdicts import Report, Verdict, exit_code
@@ -280,4 +281,39 @@ def assert_report(rep) -> dict:
     assert json.loads(json.dumps(d, default=str))["verdict"] == rep.verdict.value
     lines = rep.lines()
     assert lines and all(isinstance(s, str) and "\n" not in s for s in lines)
+    # the text and the JSON are one result: every number the text prints is a field of to_dict()
+    missing = text_numbers_missing(lines, d)
+    assert not missing, f"{type(rep).__name__}: the text prints numbers its to_dict() does not hold: {missing[:3]}"
     return d
+
+
+# a number the text prints: not inside a name (w4, sha256, float16) nor a word's suffix (top-2)
+_NUMBER_RE = r"(?<![\w.-])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])"
+
+
+def _scalars(obj: Any) -> list[Any]:
+    if isinstance(obj, dict):
+        return [v for x in obj.values() for v in _scalars(x)]
+    if isinstance(obj, (list, tuple)):
+        return [len(obj)] + [v for x in obj for v in _scalars(x)]
+    return [obj]
+
+
+def text_numbers_missing(lines: list[str], d: dict[str, Any]) -> list[tuple[str, str]]:
+    """(number, line) for each number the text prints that no field of ``d`` holds (as printed: whole,
+    %.2f / %.3f / %.4g / %g, a percentage, or a list's length)."""
+    import re
+
+    nums = [v for v in _scalars(d) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    shown: set[str] = set()
+    for v in nums:
+        shown |= {str(v), *(format(v, spec) for spec in (".1f", ".2f", ".3f", ".4f", ".5f", ".2g", ".3g", ".4g", "g")),
+                  f"{v * 100:.1f}", f"{v * 100:.0f}"}
+        if float(v).is_integer():
+            shown.add(str(int(v)))
+    out = []
+    for line in lines:
+        for token in re.findall(_NUMBER_RE, line):
+            if token not in shown:
+                out.append((token, line))
+    return out
