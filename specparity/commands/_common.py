@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 
 def json_option(f: Callable) -> Callable:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")(f)
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the whole result as JSON on stdout (its JSON Schema ships in"
+                             " specparity/schemas/).")(f)
 
 
 def record_option(f: Callable) -> Callable:
