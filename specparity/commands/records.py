@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from specparity.commands._common import emit_json, json_option
+from specparity.commands._common import emit_json, json_option, result_json
 from specparity.errors import EXIT_OK, UsageError
 from specparity.inputs import expand_user
 from specparity.outputs import force_option
@@ -163,8 +163,7 @@ def list_(directory: str, as_json: bool) -> int:
 def _report(report: Any, as_json: bool, extra: dict[str, Any] | None = None) -> int:
     """Print a report as every command does: its lines then ``verdict: WORD``, or --json; its exit code."""
     if as_json:
-        emit_json({**report.to_dict(), **(extra or {}), "verdict": str(report.verdict),
-                   "exit_code": report.exit_code})
+        emit_json(result_json(report, extra))
     else:
         for line in report.lines():
             click.echo(line)
