@@ -530,8 +530,7 @@ def _request(sr: ServedRecord, pname: str, arm: dict[str, Any], r: dict[str, Any
         where.append(f"char {d['char_offset']}")
     head = (f'<summary><b class="mono">{esc(r.get("id"))}</b> <span class="muted">({esc(r.get("kind"))})</span>'
             f" {badge(v)}" + (f" first difference at {esc(', '.join(where))}" if d and where else "") + "</summary>")
-    opened = " open" if v == "diverged" else ""
-    parts = [f'<details class="req {_vclass(v)}-b" id="{rid}" data-request="{esc(r.get("id"))}"{opened}>', head,
+    parts = [f'<details class="req {_vclass(v)}-b" id="{rid}" data-request="{esc(r.get("id"))}">', head,
              '<div class="drill">']
     if r.get("reason"):
         parts.append(f"<p>{esc(r.get('reason'))}</p>")
