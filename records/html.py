@@ -146,6 +146,7 @@ details.req { border-left: 4px solid var(--line); margin: 6px 0; padding-left: 1
 details.req.v-diverged-b { border-left-color: var(--diverged); }
 details.req.v-match-b { border-left-color: var(--match); }
 details.req > summary { cursor: pointer; padding: 4px 0; }
+details.findings > summary { cursor: pointer; margin: 6px 0; }
 .drill { padding: 6px 0 10px; }
 .align { background: #1d2327; color: #e4e9ed; border-radius: 6px; padding: 10px 12px; overflow-x: auto;
   white-space: pre; font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 13px; }
@@ -194,7 +195,9 @@ SCRIPT = """
       } else { fallback(); }
     });
   });
-  if (location.hash.length > 1) { openTo(decodeURIComponent(location.hash.slice(1))); }
+  function fromHash() { if (location.hash.length > 1) { openTo(decodeURIComponent(location.hash.slice(1))); } }
+  window.addEventListener('hashchange', fromHash);
+  fromHash();
 })();
 """
 
@@ -351,9 +354,12 @@ def _grid(sr: ServedRecord, ids: _Ids) -> str:
     out.append('<p class="legend">' + "".join(f'<span><i class="{_vclass(v)}"></i>{esc(v)}</span>'
                                              for v in VERDICTS) + "</p>")
     for pname in sr.pairing_names():
-        p = sr.pairing_summary(pname) or {}
-        for f in p.get("findings") or []:
-            out.append(f'<p class="mono">{esc(pname)}: finding: {esc(f)}</p>')
+        findings = (sr.pairing_summary(pname) or {}).get("findings") or []
+        if findings:
+            # a few are read at once; many would push the charts off the first screen
+            out.append(f'<details class="findings"{" open" if len(findings) <= 3 else ""}><summary>'
+                       f"<b>{esc(pname)}</b>: {len(findings)} finding{'s' if len(findings) != 1 else ''}</summary>"
+                       + "".join(f'<p class="mono">{esc(f)}</p>' for f in findings) + "</details>")
     out.append("</section>")
     return "\n".join(out)
 
@@ -655,10 +661,9 @@ def _facts(sr: ServedRecord, pname: str, r: dict[str, Any], d: dict[str, Any]) -
         facts.append(("cause", esc(cause)))
     cold = (r.get("reference") or {}).get("cold") if isinstance(r.get("reference"), dict) else None
     if isinstance(cold, dict) and cold.get("equals_classic") is not None:
-        facts.append(("state", ("its cold answer equals classic decode: state-dependent (the serving loop's state)"
-                                if cold.get("equals_classic") else
-                                "its cold answer differs from classic decode too: not state-dependent")
-                      + (f" ({esc(cold.get('source'))})" if cold.get("source") else "")))
+        cold_answer = "its cold answer" + (f" ({esc(cold.get('source'))})" if cold.get("source") else "")
+        facts.append(("state", f"state-dependent: {cold_answer} equals classic decode" if cold.get("equals_classic")
+                      else f"not state-dependent: {cold_answer} differs from classic decode too"))
     p = sr.pairing_summary(pname) or {}
     rid = str(r.get("id"))
     for f in p.get("findings") or []:
