@@ -370,11 +370,13 @@ def _bar_chart(title: str, labels: list[str], series: list[tuple[str, str, list[
     """Grouped vertical bars: one group per label, one bar per series (name, colour, values)."""
     vals = [v for _, _, vs in series for v in vs if v is not None]
     top = max([*vals, 1e-9]) if lo is None else max([*vals, lo])
-    left, plot_h, group_w, bar_w = 52, 150, max(28 * len(series) + 22, 70), 24
+    # a label is one or two lines (arm, then request id), each as wide as a group may be
+    longest = max([len(part) for label in labels for part in label.split("\n")] or [0])
+    left, plot_h, group_w, bar_w = 52, 150, max(28 * len(series) + 22, 70, int(6.5 * longest) + 12), 24
     legend_w = sum(14 + 7 * len(name) + 16 for name, _, _ in series) + 8 * len(unit)
     # wide enough for the title and the legend, at about 7 px a character
     width = max(left + group_w * max(len(labels), 1) + 20, 7 * len(title) + 16, left + legend_w)
-    height = 30 + plot_h + 58
+    height = 30 + plot_h + 72
     y0 = 30 + plot_h
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img"'
            f' font-family="system-ui, sans-serif" font-size="11"><title>{esc(title)}</title>',
@@ -397,9 +399,10 @@ def _bar_chart(title: str, labels: list[str], series: list[tuple[str, str, list[
                 continue
             h = plot_h * v / top
             out.append(f'<rect x="{x}" y="{y0 - h:.1f}" width="{bar_w}" height="{h:.1f}" fill="{colour}">'
-                       f"<title>{esc(label)} {esc(name)}: {v:.4g} {esc(unit)}</title></rect>")
-        out.append(f'<text x="{gx + (len(series) * (bar_w + 4)) / 2 - 2}" y="{y0 + 14}" text-anchor="middle">'
-                   f"{esc(label)}</text>")
+                       f"<title>{esc(label.replace(chr(10), ' '))} {esc(name)}: {v:.4g} {esc(unit)}</title></rect>")
+        cx = gx + (len(series) * (bar_w + 4)) / 2 - 2
+        for n, part in enumerate(label.split("\n")):
+            out.append(f'<text x="{cx}" y="{y0 + 14 + 13 * n}" text-anchor="middle">{esc(part)}</text>')
     lx = left
     for name, colour, _ in series:
         out.append(f'<rect x="{lx}" y="{height - 22}" width="10" height="10" fill="{colour}"/>'
@@ -433,7 +436,7 @@ def _charts(sr: ServedRecord) -> str:
             for r in sr.requests(pname, str(a.get("name"))):
                 d = _first_diff(r)
                 if r.get("verdict") == "diverged" and d:
-                    labels.append(f"{a.get('name')} {r.get('id')}")
+                    labels.append(f"{a.get('name')}\n{r.get('id')}")
                     ref.append(d.get("margin_reference") if isinstance(d.get("margin_reference"), (int, float))
                                else None)
                     oth.append(d.get("margin_other") if isinstance(d.get("margin_other"), (int, float)) else None)
@@ -460,8 +463,8 @@ def _history(series: list[ServedRecord], ids: _Ids) -> str:
                 if (pname, str(a.get("name"))) not in cells:
                     cells.append((pname, str(a.get("name"))))
     out = ['<section id="history"><h2>Across nights</h2>',
-           '<p class="muted">Each arm&#39;s verdict per record, oldest first; an outlined cell changed from the'
-           " record before it.</p>", '<table class="history"><tr><th>pairing</th><th>arm</th>']
+           '<p class="muted">Each arm&#39;s verdict (and acceptance) per record, oldest first; an outlined cell'
+           " changed from the record before it.</p>", '<table class="history"><tr><th>pairing</th><th>arm</th>']
     out += [f'<th title="{esc(sr.record.path)}">{esc(sr.record.name)}<br><small class="muted">'
             f"{esc((sr.record.started or '')[:16])}</small></th>" for sr in series]
     out.append("<th>since</th></tr>")
@@ -480,8 +483,10 @@ def _history(series: list[ServedRecord], ids: _Ids) -> str:
             changed = prev is not None and v != prev
             if changed:
                 since = sr.record.name
+            acc = line.get("acceptance")
+            acc_text = f'<br><small>acceptance {acc:.3f}</small>' if isinstance(acc, (int, float)) else ""
             out.append(f'<td class="v {_vclass(v)}{" changed" if changed else ""}" data-verdict="{esc(v)}">'
-                       f"{esc(v)}</td>")
+                       f"{esc(v)}{acc_text}</td>")
             reqs = {str(k): str(x) for k, x in (line.get("verdicts") or {}).items()}
             for rid, rv in reqs.items():
                 if rid in prev_reqs and prev_reqs[rid] != rv:

@@ -411,7 +411,8 @@ def test_html_report_in_headless_chromium_grid_drilldown_and_screenshot(served_r
         shots = repo_root / "test-artifacts"
         shots.mkdir(exist_ok=True)
         assert driver.save_screenshot(str(shots / "records-html-drilldown.png"))
-        driver.set_window_size(1280, min(int(driver.execute_script("return document.body.scrollHeight")) + 40, 8000))
+        height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+        driver.set_window_size(1280, min(height + 200, 8000))  # the whole page in one image
         driver.execute_script("window.scrollTo(0, 0)")
         assert driver.save_screenshot(str(shots / "records-html-page.png"))
     finally:
