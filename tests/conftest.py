@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 # A test using one of these fixtures needs what the marker says (pyproject.toml, README): checked
 # at collection, so `-m "not model"` / `-m "not build"` never runs a test that needs one.
-FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build"}
+FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build", "chromium": "build"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -157,6 +157,23 @@ def llama_server_bin() -> str:
     if found:
         return found
     why = "llama-server is not built: run scripts/build-llama-server"
+    if os.environ.get("CI"):
+        pytest.fail(f"{why} (CI is set: a missing build fails, never skips)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> tuple[str, str]:
+    """(chromium, chromedriver): Debian's headless browser, installed once by scripts/install-chromium.
+
+    Missing: a skip locally, a failure where ``CI`` is set, as for llama-server.
+    """
+    import shutil
+
+    found = (shutil.which("chromium"), shutil.which("chromedriver"))
+    if all(found):
+        return str(found[0]), str(found[1])
+    why = "chromium / chromedriver are not installed: run scripts/install-chromium"
     if os.environ.get("CI"):
         pytest.fail(f"{why} (CI is set: a missing build fails, never skips)")
     pytest.skip(why)

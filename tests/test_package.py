@@ -54,6 +54,9 @@ def test_readme_install_and_test_line_is_what_ci_runs(repo_root):
     ci = (repo_root / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert "scripts/check" in ci and ".[dev,test]" in ci
     assert f"    {ci}\n" in (repo_root / "README.md").read_text()
+    assert f"    {ci}\n" in (repo_root / "docs" / "install.md").read_text()  # the docs' install page says it too
+    assert "    python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/specparity probe\n" in (
+        repo_root / "README.md").read_text()
 
 
 def test_every_folder_package_is_installed(repo_root):

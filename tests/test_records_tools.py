@@ -15,6 +15,7 @@ import json
 import re
 import shutil
 import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -288,6 +289,32 @@ def _number_in(token: str, values: list) -> bool:
     x = float(token)
     # printed as %.4g (margins), %.3f (acceptance), %.2f (seconds) or whole
     return any(f"{v:.4g}" == token or f"{v:.3f}" == token or f"{v:.2f}" == token or v == x for v in nums)
+# -- records html (issue 28): the page, on the real records above -----------------------------------
+class _Page(HTMLParser):
+    """Every element as (tag, attributes, text inside it up to the next tag)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.elements: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _parse(page: str) -> _Page:
+    p = _Page()
+    p.feed(page)
+    return p
+
+
+def _arm_verdicts(md: Path) -> dict[str, str]:
+    rec, _, _ = read_record(md)
+    assert rec.summary is not None
+    return {a["name"]: a["verdict"] for a in rec.summary["pairings"][0]["arms"]}
 
 
 @pytest.mark.model
@@ -392,6 +419,28 @@ def test_served_json_carries_every_fact_its_text_prints_for_a_diverged_request(s
     assert (f"  classic reference: {c['computed']} distinct requests decoded in process ({c['tokens']} tokens,"
             f" {c['seconds']:.2f} s, model load {c['load_seconds']:.2f} s), {c['hits']} answered from its cache"
             in text)
+def test_html_page_of_a_diverged_record_has_its_grid_drilldown_reproduction_and_loads_nothing(served_records):
+    from specparity.records.html import load_series, render
+
+    fault = _only(served_records["fault"])
+    page = render(load_series([fault]))
+    doc = _parse(page)
+    cells = {a["data-arm"]: a["data-verdict"] for tag, a in doc.elements if tag == "a" and "data-verdict" in a}
+    assert cells == _arm_verdicts(fault) and cells["w4"] == "diverged" and cells["w2"] == "match"
+    _, _, rows = read_record(fault)
+    p0 = rows["cli-w4"][0]
+    d = p0["divergence"]
+    text = "".join(doc.text)
+    assert f"first difference at token {d['token_index']}" in text
+    assert f"{d['token_index']} first difference" in text  # the token table's row
+    assert p0["reproduction"]["command"] in text and "copy" in text
+    assert f"{d['margin_reference']:.4g} nats (classic decode)" in text
+    # self-contained: no URL, no external resource, one script allowed by its hash and nothing else
+    assert not re.search(r"(?:src|href)=\"(?!#)", page) and "http://" not in page.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page
+    csp = next(a["content"] for t, a in doc.elements if t == "meta" and a.get("http-equiv"))
+    assert "default-src 'none'" in (csp or "") and "script-src 'sha256-" in (csp or "")
+    assert [t for t, _ in doc.elements].count("script") == 1
 
 
 @pytest.mark.model
@@ -412,3 +461,104 @@ def test_merge_and_junit_json_follow_their_schemas(served_records, cli_bin, tmp_
     assert j.returncode == 0, j.stderr
     counts = json.loads(j.stdout)
     assert counts["failures"] >= 1 and counts["tests"] > counts["failures"]
+def test_html_escapes_every_text_a_record_carries_and_bears_missing_optional_fields(served_records, tmp_path):
+    from specparity.records.html import load_series, render
+
+    data = _copy(served_records["fault"], tmp_path / "evil")
+    evil = '</div><script>alert(1)</script><img src=x onerror="alert(2)">"\'&'
+    lines = [json.loads(x) for x in (data / "cli-w4.jsonl").read_text().splitlines()]
+    p0 = lines[0]
+    p0["text"] = p0["completion"]["text"] = evil
+    p0["reason"] = p0["divergence"]["reference_snippet"] = p0["divergence"]["text_before"] = evil
+    p0["request"]["body"]["prompt"] = evil
+    p0["reproduction"] = {"command": "specparity replay " + evil, "reason": None}
+    p0["tie"] = {"kind": evil, "threshold": 0.1, "margin_a": None, "margin_b": 0.2, "dtype": evil}
+    # the optional fields an older or newer record may lack: the page shows what is there
+    for r in lines[1:]:
+        for key in ("divergence", "classic", "baseline", "evidence", "reproduction", "replay", "tie", "reference"):
+            r.pop(key, None)
+        r.get("completion", {}).pop("top", None)
+    (data / "cli-w4.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    page = render(load_series([data]))
+    doc = _parse(page)
+    assert [t for t, _ in doc.elements].count("script") == 1 and "img" not in [t for t, _ in doc.elements]
+    assert not [a for _, a in doc.elements if any(k.startswith("on") for k in a)]
+    assert "alert(1)" in "".join(doc.text)  # shown, as text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+def test_records_html_over_two_nights_shows_when_each_cell_changed(served_records, cli_bin, tmp_path):
+    clean, fault = _only(served_records["full"]), _only(served_records["fault"])
+    out = tmp_path / "report" / "nights.html"
+    r = run_cli(cli_bin, "records", "html", str(fault), str(clean), "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["records"] == [clean.stem, fault.stem] and summary["verdict"] == "diverged"
+    doc = _parse(out.read_text())
+    changed = [a for t, a in doc.elements if t == "td" and "changed" in (a.get("class") or "")]
+    assert [a["data-verdict"] for a in changed] == ["diverged"]  # w4: match, then diverged
+    assert f"{fault.stem}: cli / w4 request p0:" in "".join(doc.text)
+    again = run_cli(cli_bin, "records", "html", str(clean), "--out", str(out))
+    assert again.returncode == 2 and "exists (pass --force" in again.stderr
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.build
+def test_html_report_in_headless_chromium_grid_drilldown_and_screenshot(served_records, chromium, repo_root,
+                                                                         tmp_path):
+    """The page of the clean night then the diverged one, in a real browser: no console error, the grid
+    shows the record's verdicts, a drill-down opens on the first differing token; the screenshot is kept
+    in test-artifacts/ (CI keeps that folder)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    from specparity.records.html import write_html
+
+    fault = _only(served_records["fault"])
+    page = write_html([_only(served_records["full"]), fault], tmp_path / "parity.html").path
+    browser, driver_bin = chromium
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=opts, service=Service(driver_bin))
+    try:
+        driver.get(page.resolve().as_uri())
+        cells = {c.get_attribute("data-arm"): c.text.split("\n")[0]
+                 for c in driver.find_elements(By.CSS_SELECTOR, "#grid a.cell")}
+        assert cells == _arm_verdicts(fault)
+        driver.find_element(By.CSS_SELECTOR, '#grid a.cell[data-arm="w4"]').click()
+        arm = driver.find_element(By.ID, driver.find_element(
+            By.CSS_SELECTOR, '#grid a.cell[data-arm="w4"]').get_attribute("data-open"))
+        assert arm.get_attribute("open") is not None
+        req = arm.find_element(By.CSS_SELECTOR, 'details.req[data-request="p0"]')
+        assert req.get_attribute("open") is None
+        req.find_element(By.TAG_NAME, "summary").click()
+        first = req.find_elements(By.CSS_SELECTOR, "table.tokens td.first")
+        _, _, rows = read_record(fault)
+        d = rows["cli-w4"][0]["divergence"]
+        assert first[0].is_displayed()
+        assert [c.text for c in first[:3]] == [f"{d['token_index']} first difference", str(d["reference_tokens"][0]),
+                                             str(d["other_tokens"][0])]
+        req.find_element(By.CSS_SELECTOR, "button.copy").click()
+        driver.execute_script("arguments[0].scrollIntoView()", req)
+        logs = driver.get_log("browser")
+        assert not logs, logs  # the script ran under its CSP hash, nothing was blocked or thrown
+        shots = repo_root / "test-artifacts"
+        shots.mkdir(exist_ok=True)
+        assert driver.save_screenshot(str(shots / "records-html-drilldown.png"))
+        height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+        driver.set_window_size(1280, min(height + 200, 8000))  # the whole page in one image
+        driver.execute_script("window.scrollTo(0, 0)")
+        assert driver.save_screenshot(str(shots / "records-html-page.png"))
+    finally:
+        driver.quit()
