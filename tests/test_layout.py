@@ -349,7 +349,8 @@ def test_the_layer_and_cycle_checks_fire_on_a_tree(tmp_path):
     mods = _tree(tmp_path / "typed", typed)
     assert upward_imports(mods) == []
     assert _cycles(_graph(mods)) == [["specparity.harness.plan", "specparity.harness.run"]]
-    assert _imports(ast.parse(typed["harness/plan.py"]), "specparity.harness.plan") == [("typing", ["TYPE_CHECKING"], 1)]
+    plan = ast.parse(typed["harness/plan.py"])
+    assert _imports(plan, "specparity.harness.plan") == [("typing", ["TYPE_CHECKING"], 1)]
 
 
 def test_the_harness_map_names_every_module_and_folder():

@@ -345,7 +345,7 @@ def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_
     import shlex
 
     from specparity.errors import UsageError
-    from specparity.harness.reference import RequestParams
+    from specparity.reference import RequestParams
     from specparity.probes.replay.sequence import Reproduction
 
     def why(reason: str) -> dict[str, Any]:

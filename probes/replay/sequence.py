@@ -22,7 +22,7 @@ without HTTP, with mlx-lm's own parts:
   segment ends and at the end, as the server does.
 
 Each request's in-process answer is compared with classic decode on a fresh
-cache (:class:`specparity.harness.reference.ClassicReference`) and with the
+cache (:class:`specparity.reference.ClassicReference`) and with the
 answer the server gave (from the sequence file), through the one completion
 comparison (:func:`specparity.completions.first_difference`). The report names
 the first request and token where the replay leaves classic decode, says
@@ -69,7 +69,7 @@ from typing import Any
 
 from specparity.completions import CompletionDifference, Side, first_difference
 from specparity.errors import InputError, UsageError
-from specparity.harness.reference import (
+from specparity.reference import (
     PATH_BATCHED, PATH_SEQUENTIAL, ClassicReference, Decoded, RequestParams, ServerPrompt, ServerSettings,
     batchable, collect, server_prompt,
 )
