@@ -7,22 +7,25 @@ import cycle between modules.
 
     core       specparity's own top-level modules: errors, verdicts, checkpoint
                loading, classic decode (decode.py) and the served reference
-               (reference.py), comparison, fixtures, environments, records'
-               naming (paths.slugify), progress
+               (reference.py), comparison, fixtures, environments, file names
+               (paths.slugify), progress; and the engine registry's own package
+               (specparity/engines/__init__.py), which everything above may ask
+               for an engine and which reaches an engine's module by name only
     probes     block vs chain, prefill, replay, gate, e2e, sampling
                (specparity.probes, the root probes/ folder)
     bisect     per-layer capture of a probe's two arms (specparity.bisect)
     harness    the served job: profiles, lifecycle, runner, judge
                (specparity.harness)
-    engines    the engine registry: each engine's in-process adapter and served
-               hooks in one module (specparity.engines); it sits above probes and
-               harness, so they reach an engine through what they are handed, never
-               by importing the registry
+    engines    one module per engine (specparity/engines/<name>.py): its in-process
+               adapter and served hooks, built on probes and harness
     records    record layouts, readers, compare, merge, JUnit (specparity.records)
     commands   the click commands, and the CLI group that holds them
 
-A module belongs to the layer whose prefix is the longest that names it
-(``specparity.cli`` is in commands, ``specparity.errors`` in core).
+A prefix names a module and every module under it (``specparity.probes``); one
+ending in ``.*`` names only the modules under it (``specparity.engines.*``: the
+engines, not their registry). A module belongs to the layer of the longest
+prefix that names it (``specparity.cli`` is in commands, ``specparity.errors``
+in core).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("probes", ("specparity.probes",)),
     ("bisect", ("specparity.bisect",)),
     ("harness", ("specparity.harness",)),
-    ("engines", ("specparity.engines",)),
+    ("engines", ("specparity.engines.*",)),
     ("records", ("specparity.records",)),
     ("commands", ("specparity.commands", "specparity.cli")),
 )
@@ -44,6 +47,8 @@ def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYE
     best: tuple[int, int] | None = None  # (prefix length, layer index)
     for i, (_, prefixes) in enumerate(layers):
         for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[0]):
+            under = p.endswith(".*")
+            base = p[:-2] if under else p
+            if ((module == base and not under) or module.startswith(base + ".")) and (best is None or len(p) > best[0]):
                 best = (len(p), i)
     return best[1] if best is not None else None
