@@ -110,10 +110,10 @@ class Cold:
 
 
 def classic_answer(completion: object | None, error: str | None = None) -> Classic:
-    """A harness.reference.ReferenceCompletion (or an error) as the judge reads it."""
+    """A specparity.reference.ReferenceCompletion (or an error) as the judge reads it."""
     if completion is None:
         return Classic(None, "", {"unavailable": error or "no answer"}, None, error or "no answer")
-    from specparity.harness.reference import ReferenceCompletion
+    from specparity.reference import ReferenceCompletion
 
     assert isinstance(completion, ReferenceCompletion)
     sha = hashlib.sha256(completion.text.encode("utf-8")).hexdigest()
@@ -250,7 +250,7 @@ def _by_baseline(res: RequestResult, plan: ArmPlan, ev: Evidence, base: Completi
     if classic is not None and classic.error:
         note = f"; no classic decode to compare with ({classic.error})"
     elif res.classic is not None:
-        from specparity.harness.reference import near_tie
+        from specparity.reference import near_tie
 
         dc = res.classic
         lps = classic.side.logprobs if classic is not None and classic.side is not None else None

@@ -53,7 +53,7 @@ class RequestResult:
     cold: where it first differs from its own first answer (an earlier request of the same arm with
       the same body: request.repeats), None: equal or no such request.
     tie: for an engine whose arithmetic is not MLX's, how confident the difference from classic decode
-      is (harness.reference.TieCall as a dict: near_tie / confident / unknown, both margins).
+      is (specparity.reference.TieCall as a dict: near_tie / confident / unknown, both margins).
     reproduction: the command that reproduces the finding in process, or the reason there is none.
     """
 

@@ -21,9 +21,11 @@ FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build", "chromi
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # pytest-xdist starts its workers as `python -c ...` in the repository root, where the root
-    # `bisect/` folder would shadow the standard library's `bisect` (README, Quick start): the
-    # workers, started after this hook, and every process a test starts, leave the root off sys.path.
+    # pytest-xdist starts its workers as `python -c ...` in the repository root. The root `bisect/`
+    # folder no longer shadows the standard library's `bisect` there (bisect/__init__.py hands a bare
+    # `import bisect` the standard library's: test_package), so this is not needed for that; it is
+    # kept (harmless) so the workers, and every process a test starts, import specparity as installed,
+    # never a root folder that happens to share a name.
     os.environ.setdefault("PYTHONSAFEPATH", "1")
     # A shell without job control starts a background command with SIGINT ignored, and every process
     # a test starts would inherit that: specparity then rightly leaves Ctrl-C alone, as under nohup,

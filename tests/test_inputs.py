@@ -239,7 +239,7 @@ def test_fixtures_make_refuses_a_bad_fault_before_building(cli_bin, tmp_path):
     ({"chat_template_kwargs": [1]}, "chat_template_kwargs"), ({"draft_model": 5}, "draft_model"),
 ])
 def test_check_request_names_the_field_of_each_value_that_would_fail_or_crash(body, field):
-    from specparity.harness.reference import RequestParams
+    from specparity.reference import RequestParams
 
     with pytest.raises(UsageError) as err:
         inputs.check_request(body, 512)

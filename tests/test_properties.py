@@ -539,7 +539,7 @@ def _sequence_strategy() -> st.SearchStrategy:
 def test_sequence_files(data):
     """Any sequence file: accepted whole (and then every later reader of it accepts it too), or one
     line with exit 2: never another exception, never a hang."""
-    from specparity.harness.reference import RequestParams
+    from specparity.reference import RequestParams
     from specparity.probes.replay.sequence import not_reproducible, read_sequence
 
     with tempfile.TemporaryDirectory() as d:

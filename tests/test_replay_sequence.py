@@ -18,7 +18,7 @@ import pytest
 from conftest import run_cli
 
 from specparity.harness.lifecycle import PORT_ARG, Server
-from specparity.harness.reference import ClassicReference, ServerSettings
+from specparity.reference import ClassicReference, ServerSettings
 from specparity.completions import first_difference
 from specparity.probes.replay.sequence import (
     SequenceEntry, SequenceHeader, not_reproducible, read_sequence, request_command, sequence_command,

@@ -331,7 +331,7 @@ def guarded(pair, tmp_path_factory):
 @pytest.mark.server
 @pytest.mark.model
 def test_each_bad_request_is_a_400_naming_its_field_and_the_server_keeps_serving(pair, guarded):
-    from specparity.harness.reference import ClassicReference
+    from specparity.reference import ClassicReference
     from specparity.inputs import config_vocab_size, vocab_size
 
     vocab = config_vocab_size(pair.target)

@@ -22,7 +22,7 @@ without HTTP, with mlx-lm's own parts:
   segment ends and at the end, as the server does.
 
 Each request's in-process answer is compared with classic decode on a fresh
-cache (:class:`specparity.harness.reference.ClassicReference`) and with the
+cache (:class:`specparity.reference.ClassicReference`) and with the
 answer the server gave (from the sequence file), through the one completion
 comparison (:func:`specparity.completions.first_difference`). The report names
 the first request and token where the replay leaves classic decode, says
@@ -69,7 +69,7 @@ from typing import Any
 
 from specparity.completions import CompletionDifference, Side, first_difference
 from specparity.errors import InputError, UsageError
-from specparity.harness.reference import (
+from specparity.reference import (
     PATH_BATCHED, PATH_SEQUENTIAL, ClassicReference, Decoded, RequestParams, ServerPrompt, ServerSettings,
     batchable, collect, server_prompt,
 )
@@ -273,10 +273,27 @@ def read_sequence(path: str | os.PathLike[str],
     return header, entries
 
 
+def replay_command(*options: tuple[str, Any]) -> str:
+    """``specparity replay`` with ``options`` in order, as one shell-quoted line: every printed
+    reproduction command is built here.
+
+    Each option is (flag, value): True is the bare flag, None or False leaves it out, a list is
+    comma-joined (token ids, an accept vector), anything else is its text; a flag given twice
+    (``--stop``) is repeated.
+    """
+    argv = ["specparity", "replay"]
+    for flag, value in options:
+        if value is None or value is False:
+            continue
+        argv.append(flag)
+        if value is not True:
+            argv.append(",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value))
+    return shlex.join(argv)
+
+
 def sequence_command(path: str | os.PathLike[str], trust_remote_code: bool = False) -> str:
     """The command line that replays a sequence file."""
-    return shlex.join(["specparity", "replay", "--sequence", str(path)]
-                      + (["--trust-remote-code"] if trust_remote_code else []))
+    return replay_command(("--sequence", path), ("--trust-remote-code", trust_remote_code))
 
 
 def not_reproducible(header: SequenceHeader, entries: list[SequenceEntry]) -> str | None:
@@ -739,40 +756,37 @@ def request_command(model: str, body: dict[str, Any], prompt_ids: list[int], *,
         return Reproduction(reason=str(err))
     if params.temperature != 0:
         return Reproduction(reason=f"sampled at temperature {params.temperature:g}: the replay decodes greedily")
-    argv = ["specparity", "replay", "--model", str(model)]
-    if trust_remote_code:
-        argv.append("--trust-remote-code")
+    options: list[tuple[str, Any]] = [("--model", model), ("--trust-remote-code", trust_remote_code)]
     if draft_model is not None:
         k = params.num_draft_tokens if params.num_draft_tokens is not None else s.num_draft_tokens
         if k < 1:
             return Reproduction(reason=f"num_draft_tokens {k}: the server did not draft")
-        argv += ["--draft-model", str(draft_model), "--num-draft-tokens", str(k),
-                 "--max-tokens", str(params.max_tokens), "--stop-at-eos"]
-        for w in params.stop:
-            argv += ["--stop", w]
+        options += [("--draft-model", draft_model), ("--num-draft-tokens", k), ("--max-tokens", params.max_tokens),
+                    ("--stop-at-eos", True)]
+        options += [("--stop", w) for w in params.stop]
     elif accepts:
         if width is None:
             return Reproduction(reason="an accept vector without a width")
-        argv += ["--accepts", ",".join(str(a) for a in accepts), "--width", str(width)]
+        options += [("--accepts", accepts), ("--width", width)]
     else:
         return Reproduction(reason="no drafter to rerun and no accept vector to replay")
-    argv += ["--prompt-ids", ",".join(str(t) for t in prompt_ids)]
+    options.append(("--prompt-ids", prompt_ids))
     procs = params.processor_options()
     for name in ("repetition", "presence", "frequency"):
         v = getattr(procs, f"{name}_penalty")
         if v not in (None, 0):
-            argv += [f"--{name}-penalty", _number(v),
-                     f"--{name}-context-size", str(getattr(procs, f"{name}_context_size"))]
+            options += [(f"--{name}-penalty", _number(v)),
+                        (f"--{name}-context-size", getattr(procs, f"{name}_context_size"))]
     if procs.logit_bias:
-        argv += ["--logit-bias", ",".join(f"{k}:{_number(v)}" for k, v in procs.logit_bias.items())]
+        options.append(("--logit-bias", [f"{k}:{_number(v)}" for k, v in procs.logit_bias.items()]))
     d = ServerSettings()
     for flag, value, default in (("--prefill-step-size", s.prefill_step_size, d.prefill_step_size),
                                  ("--kv-bits", s.kv_bits, d.kv_bits),
                                  ("--kv-group-size", s.kv_group_size, d.kv_group_size),
                                  ("--quantized-kv-start", s.quantized_kv_start, d.quantized_kv_start)):
         if value != default:
-            argv += [flag, str(value)]
-    return Reproduction(command=shlex.join(argv))
+            options.append((flag, value))
+    return Reproduction(command=replay_command(*options))
 
 
 def sequence_reproduction(path: str | os.PathLike[str], header: SequenceHeader,

@@ -275,7 +275,7 @@ def _record(loaded: Loaded, draft_model: str, trust_remote_code: bool, cli_ids: 
 
 def _sequence(path: str, model: str | None, trust_remote_code: bool, as_json: bool,
               record_dir: str | None, quiet: bool) -> int:
-    from specparity.harness.reference import ClassicReference
+    from specparity.reference import ClassicReference
     from specparity.probes.replay.sequence import read_sequence, replay_sequence
 
     header, entries = read_sequence(path, model)  # checked whole before anything loads

@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from specparity.completions import Side
+from specparity.completions import Side, first_index
 from specparity.decode import DEFAULT_PREFILL_STEP, DEFAULT_QUANTIZED_KV_START, CacheOptions
 from specparity.errors import InfrastructureError, UsageError, first_line
 from specparity.processors import DEFAULT_CONTEXT, ProcessorOptions
@@ -598,8 +598,7 @@ def check_prompt(reference: list[int], server_ids: list[int] | None = None,
     if server_ids is not None:
         chk.server_ids_given = True
         chk.server_count = len(server_ids) if server_count is None else server_count
-        i = next((k for k, (a, b) in enumerate(zip(reference, server_ids)) if a != b),
-                 None if len(reference) == len(server_ids) else min(len(reference), len(server_ids)))
+        i = None if list(reference) == list(server_ids) else first_index(reference, server_ids)
         chk.first_mismatch = i
         if i is not None:
             chk.reference_ids = list(reference[i:i + _CONTEXT_TOKENS])
