@@ -165,7 +165,7 @@ class Bool(Check):
 
 
 class Int(Check):
-    """An integer (never true/false) in [lo, hi]; ``limit``: hi is that limit of specparity.inputs
+    """An integer (never true/false) in [lo, hi]; ``limit``: hi is that limit of specparity.limits
     (``max_width``, ``max_positions``), raisable as its message says."""
 
     def __init__(self, lo: int | None = None, hi: int | None = None, limit: str | None = None):
@@ -185,9 +185,9 @@ class Int(Check):
 
 
 def _within(n: int, limit: str, path: tuple[Any, ...], what: str) -> None:
-    """``n`` within ``limit`` of specparity.inputs (``max_width``, ``max_items``...), else Invalid
+    """``n`` within ``limit`` of specparity.limits (``max_width``, ``max_items``...), else Invalid
     saying ``what`` (``5000 is``, ``2000 items are``) and how to raise it."""
-    from specparity.inputs import limits, raise_it
+    from specparity.limits import limits, raise_it
 
     cap = getattr(limits(), limit)
     if n > cap:
@@ -303,7 +303,7 @@ class AnyOf(Check):
 
 class ListOf(Check):
     """A list of ``item``; ``scalar``: one bare item stands for a list of it. ``limit``: its length
-    is within that limit of specparity.inputs (``max_items``), checked before any item."""
+    is within that limit of specparity.limits (``max_items``), checked before any item."""
 
     def __init__(self, item: Check, min_len: int = 0, max_len: int | None = None, scalar: bool = False,
                  what: str | None = None, limit: str | None = None):
@@ -367,7 +367,7 @@ class Fields(Check):
 
 class Json(Check):
     """A JSON value: strings, finite numbers, true/false, null, lists, mappings with string keys.
-    ``limit``: every list in it is within that limit of specparity.inputs (``max_items``)."""
+    ``limit``: every list in it is within that limit of specparity.limits (``max_items``)."""
 
     what = "a JSON value (string, number, true/false, null, list, mapping)"
 
