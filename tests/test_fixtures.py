@@ -74,3 +74,73 @@ def test_cli_make_reports_agreement_and_refuses_a_foreign_dir(cli_bin, tmp_path)
     out = run_cli(cli_bin, "fixtures", "make", str(foreign))
     assert out.returncode == 2
     assert out.stderr.strip().startswith("Error:") and "not a specparity fixture" in out.stderr
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every entry under ``root`` (itself a directory, not followed through links): path -> bytes (None: a
+    directory), so a comparison says whether anything was deleted, added or rewritten."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+
+
+def test_overwrite_replaces_only_a_fixture_and_never_a_users_directory(cli_bin, tmp_path):
+    """issue 30.1: --overwrite on a directory of the user's deleted it; now it, a link, and stray DFlash
+    options are each refused before any work (one line, exit 2), and a fixture is still replaced."""
+    mine = tmp_path / "notes"
+    (mine / "deep").mkdir(parents=True)
+    (mine / "a.txt").write_text("keep me\n")
+    (mine / "deep" / "b.bin").write_bytes(bytes(range(256)))
+    (mine / "fixture.json").mkdir()  # a name alone does not make a fixture
+    before = _tree(mine)
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    for args, names in [
+        ((str(mine), "--overwrite"), str(mine)),
+        ((str(mine), "--overwrite", "--dflash", "qwen3"), str(mine)),
+        ((str(mine), "--dflash", "qwen3"), str(mine)),
+        ((str(link), "--overwrite", "--dflash", "qwen3"), str(link)),
+        ((str(link), "--overwrite"), str(link)),
+        ((str(tmp_path / "new"), "--tied-head", "--block-size", "8"), "--block-size and --tied-head"),
+    ]:
+        out = run_cli(cli_bin, "fixtures", "make", *args)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("Error:"), (args, out.stderr)
+        assert names in lines[0] and "building" not in out.stderr, (args, out.stderr)
+        assert _tree(mine) == before and link.is_symlink(), args
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "notes"]  # no build was begun beside them
+
+    fx = tmp_path / "fx"
+    out = run_cli(cli_bin, "fixtures", "make", str(fx), "--no-draft", "--seed", "3")
+    assert out.returncode == 0, out.stderr
+    first = (fx / "target" / "model.safetensors").read_bytes()
+    out = run_cli(cli_bin, "fixtures", "make", str(fx), "--no-draft", "--seed", "4", "--overwrite")
+    assert out.returncode == 0, out.stderr
+    assert (fx / "target" / "model.safetensors").read_bytes() != first
+    assert json.loads((fx / "fixture.json").read_text())["seed"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fx", "link", "notes"]  # nothing left aside
+
+
+def test_a_directory_that_appears_during_a_build_is_never_replaced(tmp_path):
+    """The swap itself re-checks what it replaces: a user's directory created while the fixture was being
+    built is left byte for byte, the build refused; a fixture is replaced only with overwrite."""
+    from specparity.errors import UsageError
+    from specparity.fixtures import publishing
+
+    out = tmp_path / "fx"
+    with pytest.raises(UsageError, match="not a specparity fixture"):
+        with publishing(out, overwrite=True) as tmp:
+            (tmp / "fixture.json").write_text('{"target": "target"}')
+            out.mkdir()
+            (out / "mine.txt").write_text("mine")
+    assert _tree(out) == {"mine.txt": b"mine"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fx"]
+
+    (out / "mine.txt").unlink()
+    (out / "fixture.json").write_text('{"target": "target", "seed": 1}')
+    with publishing(out, overwrite=False) as tmp:  # a concurrent build published first: its fixture stays
+        (tmp / "fixture.json").write_text('{"target": "target", "seed": 2}')
+    assert json.loads((out / "fixture.json").read_text())["seed"] == 1
+    with publishing(out, overwrite=True) as tmp:
+        (tmp / "fixture.json").write_text('{"target": "target", "seed": 2}')
+    assert json.loads((out / "fixture.json").read_text())["seed"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fx"]
