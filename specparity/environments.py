@@ -72,9 +72,12 @@ DIGEST_CHARS = 12
 # the packages whose directories the hook maps (pyproject's package-dir: folders outside specparity/)
 SOURCE_PACKAGES = ("specparity", "specparity.probes", "specparity.bisect", "specparity.harness",
                    "specparity.records")
-# name==version or name===version, extras and an environment marker allowed
-_PINNED = re.compile(r"^\s*(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*===?\s*[^\s;,<>=!~]+\s*(;.*)?$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# a name is part of a directory name (name-digest) and of every record's identity: short, one line
+NAME_MAX = 100
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+# C0 controls, DEL and C1 controls: a CR or LF in a spec would split the requirements file pip reads
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # pip output lines worth a progress line (the rest stays in build.log)
 _PIP_PROGRESS = ("Collecting ", "Installing collected", "Successfully installed")
 _NETWORK = re.compile(r"Failed to establish a new connection|Max retries exceeded|Name or service not known"
@@ -112,14 +115,21 @@ class EnvSpec:
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        where = f"environment {self.name!r}" + (f" ({self.source})" if self.source else "")
-        if not _NAME.match(self.name):
-            raise UsageError(f"{where}: a name is letters, digits, '.', '_' and '-'")
+        shown = self.name if len(self.name) <= 40 else self.name[:40] + "..."
+        where = f"environment {shown!r}" + (f" ({self.source})" if self.source else "")
+        if not _NAME.fullmatch(self.name) or len(self.name) > NAME_MAX:
+            raise UsageError(f"{where}: a name is letters, digits, '.', '_' and '-', at most {NAME_MAX} of them")
         if not self.packages:
             raise UsageError(f"{where}: packages is empty: list pinned requirements (name==version)")
         for req in self.packages:
-            if not _PINNED.match(req):
-                raise UsageError(f"{where}: package {req!r} is not pinned: write name==version")
+            why = pin_problem(req)
+            if why is not None:
+                raise UsageError(f"{where}: package {req!r} {why}")
+        for module in self.imports:
+            if not _MODULE.fullmatch(module):
+                raise UsageError(f"{where}: imports entry {module!r} is not a module name (a.b.c)")
+        if _CONTROL.search(self.description):
+            raise UsageError(f"{where}: description has a control character (a newline?): write one line")
 
     def requirements(self) -> list[str]:
         """What pip installs: the pins, then specparity's own dependencies (when ``with_specparity``)."""
@@ -152,6 +162,32 @@ class EnvSpec:
         return {"name": self.name, "packages": list(self.packages), "description": self.description,
                 "imports": list(self.imports), "with_specparity": self.with_specparity,
                 "digest": self.digest, "source": self.source}
+
+
+def pin_problem(req: str) -> str | None:
+    """Why ``req`` is not one pinned requirement (None: it is).
+
+    One requirement as packaging parses it (PEP 508), pinned with ``==`` or ``===`` to one version, with
+    extras and an environment marker allowed; no URL, no pip option, no control character. pip reads the
+    specs as lines of a requirements file: a spec that is anything else could carry an option such as
+    ``--index-url`` past the pins.
+    """
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if not (req.isascii() and req.isprintable()):
+        # pip splits its file at CR, LF, and at what str.splitlines splits (U+2028 in a marker's string too)
+        return ("has a control character (a newline or carriage return) or one outside ASCII: write one"
+                " requirement per entry")
+    try:
+        parsed = Requirement(req)
+    except InvalidRequirement as err:
+        return f"is not a requirement ({str(err).splitlines()[0]}): write name==version"
+    if parsed.url:
+        return "names a URL: write name==version, from the package index"
+    pins = list(parsed.specifier)
+    if len(pins) != 1 or pins[0].operator not in ("==", "===") or "*" in pins[0].version:
+        return "is not pinned: write name==version (one exact version)"
+    return None
 
 
 PACKAGED: dict[str, EnvSpec] = {
@@ -685,7 +721,7 @@ def remove_environment(ref: str, progress: Progress | None = None) -> Path | Non
     :func:`list_environments`); returns the directory removed (None: nothing was built)."""
     say = progress or (lambda msg: log.info("%s", msg))
     root = cache_root()
-    if _NAME.match(ref) and (root / ref / MANIFEST).is_file():
+    if _NAME.fullmatch(ref) and (root / ref / MANIFEST).is_file():
         target = root / ref
     else:
         target = env_dir(load_spec(ref))

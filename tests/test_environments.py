@@ -17,7 +17,9 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,6 +130,78 @@ def test_packaged_specs_pin_the_engines_and_specparity_comes_along() -> None:
     # what differs between the two mlx-lm environments is mlx-lm alone
     a, b = (set(specs[n].packages) for n in ("mlx-lm-0.31.3", "mlx-lm-0.32.2"))
     assert a ^ b == {"mlx-lm==0.31.3", "mlx-lm==0.32.2"}
+
+
+@pytest.fixture
+def local_index() -> Iterator[tuple[str, list[str]]]:
+    """A real package index on 127.0.0.1 (every path answers 404): its URL and the paths it was asked for."""
+    import http.server
+    import threading
+
+    asked: list[str] = []
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_a_spec_smuggling_a_pip_option_is_refused_before_pip_and_the_index_hears_nothing(
+        local_index: tuple[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_bin: str) -> None:
+    """issue 30.4: a CR or LF in a spec split the requirements file and pip used the index it named. Each
+    such spec, a URL, a shell-looking one and a bad name is refused at load (exit 2, one line, no build
+    begun): the local index named in them receives no request, while the same file as the build used to
+    write it does make pip ask that index (the detector fires)."""
+    url, asked = local_index
+    injected = f'six==1.17.0; python_version > "0"\r--index-url {url}'
+    req = tmp_path / "requirements.txt"
+    req.write_text(injected + "\n")  # what the build wrote before: pip reads the CR as a line break
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-input", "--disable-pip-version-check",
+                    "-d", str(tmp_path / "dl"), "-r", str(req)], capture_output=True, timeout=120,
+                   env=dict(os.environ, PIP_CONFIG_FILE=os.devnull), cwd=tmp_path)
+    assert asked == ["/simple/six/"], asked
+    asked.clear()
+
+    monkeypatch.setenv(envs.ENV_CACHE_VAR, str(tmp_path / "envs"))
+    bad_packages = [injected, f"six==1.17.0\n--index-url {url}", f"six[x\r--index-url {url}]==1.17.0",
+                    f"six==1.17.0 --index-url {url}", f"--index-url {url}", f"six @ {url}/six.whl",
+                    f"six==1.17.0; python_version > '0\u2028--index-url {url}'", f"six==1.17.0 && curl {url}",
+                    f"$(curl {url})==1", "six==1.*", "six==1.0,==1.1"]
+    for i, package in enumerate(bad_packages):
+        with pytest.raises(UsageError, match=r"package .*(control character|not a requirement|URL|not pinned)"):
+            envs.load_spec({"name": "x", "packages": [package]})
+        f = tmp_path / f"bad{i}.yaml"
+        f.write_text(json.dumps({"name": f"bad{i}", "packages": [package]}))  # JSON is YAML
+        r = run_cli(cli_bin, "env", "build", str(f))
+        assert r.returncode == 2 and r.stdout == "", (package, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("Error: environment"), r.stderr
+    for name in ("two\nlines", "x" * 300, "a/b", ".hidden"):
+        f = tmp_path / "named.yaml"
+        f.write_text(json.dumps({"name": name, "packages": ["six==1.17.0"]}))
+        r = run_cli(cli_bin, "env", "build", str(f))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "a name is" in r.stderr, r.stderr
+    # served takes the same file the same way, before any server or model
+    (tmp_path / "t").mkdir()
+    (tmp_path / "job.yaml").write_text("pairings:\n  - target: t\n")
+    r = run_cli(cli_bin, "served", "--config", str(tmp_path / "job.yaml"), "--environment", str(tmp_path / "bad0.yaml"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"Error: --environment: environment 'bad0' ({tmp_path / 'bad0.yaml'}): package {injected!r} has a control"
+        " character (a newline or carriage return) or one outside ASCII: write one requirement per entry"], r.stderr
+    assert asked == [] and not (tmp_path / "envs").exists()
 
 
 def test_a_spec_comes_from_a_name_a_yaml_file_or_a_mapping(tmp_path: Path) -> None:
