@@ -215,10 +215,10 @@ def cache_root() -> Path:
     """``$SPECPARITY_ENV_CACHE``, else ``$SPECPARITY_HOME/envs`` (see :func:`specparity.paths.home`)."""
     env = os.environ.get(ENV_CACHE_VAR)
     if not env:
-        return paths.home() / "envs"
+        return paths.usable_dir(paths.home() / "envs", "the environment cache")
     from specparity.inputs import expand_user
 
-    return expand_user(env, ENV_CACHE_VAR)
+    return paths.usable_dir(expand_user(env, ENV_CACHE_VAR), ENV_CACHE_VAR)
 
 
 def specparity_requirements() -> list[str]:
@@ -390,27 +390,98 @@ def environment_at(path: str | os.PathLike) -> Environment | None:
     """The built environment in the directory ``path`` (as its manifest describes it), or None: not one.
 
     Nothing is run; a directory of any cache, current or stale, is read as it was built."""
-    path = Path(path)
     try:
-        data = json.loads((path / MANIFEST).read_text())
-        spec = _from_mapping({k: v for k, v in data["spec"].items() if k in _SPEC_KEYS}, str(path / MANIFEST))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, UsageError):
+        return read_environment_at(Path(path))
+    except BrokenEnvironment:
         return None
+
+
+def read_environment_at(path: Path) -> Environment | None:
+    """:func:`environment_at`, with a directory whose manifest is there but unreadable, or not what a build
+    writes, a :class:`BrokenEnvironment` (None: no manifest, not an environment)."""
+    data = _read_manifest(path, path.name)
+    if data is None:
+        return None
+    raw = data.get("spec")
+    if not isinstance(raw, dict):
+        raise BrokenEnvironment(path, path.name, f"its {MANIFEST} holds no spec")
+    try:
+        spec = _from_mapping({k: v for k, v in raw.items() if k in _SPEC_KEYS}, str(path / MANIFEST))
+    except UsageError as err:
+        raise BrokenEnvironment(path, path.name, f"its {MANIFEST} holds a spec this version refuses ({err})") from None
     return Environment(spec=spec, path=path, manifest=data)
 
 
 _SPEC_KEYS = ("name", "packages", "description", "imports", "with_specparity")
 
 
-def _read_built(spec: EnvSpec, path: Path) -> Environment | None:
+class BrokenEnvironment(InfrastructureError):
+    """A built environment's directory whose manifest cannot be read, or is not what a build writes (a
+    corrupted cache): one line naming the directory and how to rebuild it (exit 4).
+
+    path: the environment's directory. name: the name it is built by (the directory's when unknown).
+    """
+
+    def __init__(self, path: Path, name: str, why: str):
+        self.path, self.name = path, name
+        super().__init__(f"environment {name} at {path} is broken: {why}; rebuild it (specparity env remove"
+                         f" {path.name}, then specparity env build {name})")
+
+
+def _read_manifest(path: Path, name: str) -> dict[str, Any] | None:
+    """The manifest of the environment in ``path``; None when there is none (not built)."""
     manifest = path / MANIFEST
-    if not manifest.is_file() or not interpreter(path).exists():
+    if not os.path.lexists(manifest):
         return None
     try:
-        data = json.loads(manifest.read_text())
-    except (OSError, ValueError):
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        cause = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+        raise BrokenEnvironment(path, name, f"its {MANIFEST} cannot be read ({cause})") from None
+    why = _manifest_problem(data)
+    if why is not None:
+        raise BrokenEnvironment(path, name, f"its {MANIFEST} {why}")
+    return data
+
+
+def missing_module_message(module: str) -> str:
+    """One line for a module this interpreter lacks: in a built environment, which one and how to rebuild it;
+    elsewhere, which Python lacks it."""
+    here = Path(sys.prefix)
+    try:
+        env = read_environment_at(here)
+    except (BrokenEnvironment, UsageError):
+        env = None
+    if env is not None:
+        return (f"environment {env.name} at {here} lacks the module {module} (a package missing from it):"
+                f" rebuild it (specparity env remove {here.name}, then specparity env build {env.name})")
+    return (f"this Python ({here}) lacks the module {module}: install specparity's dependencies there"
+            " (pip install specparity, or pip install -e . in a checkout)")
+
+
+def _manifest_problem(data: Any) -> str | None:
+    """What makes ``data`` other than a manifest a build writes (None: nothing the readers rely on)."""
+    if not isinstance(data, dict):
+        return f"is a JSON {type(data).__name__}, not the mapping a build writes"
+    packages = data.get("packages")
+    if not isinstance(packages, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in packages.items()):
+        return "has no packages mapping (name -> version)"
+    for key, types in (("python", (str,)), ("built", (str,)), ("build_seconds", (int, float)),
+                       ("size_bytes", (int,))):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            return f"has a {key} of the wrong type ({type(value).__name__})"
+    return None
+
+
+def _read_built(spec: EnvSpec, path: Path) -> Environment | None:
+    """The environment ``spec`` built in ``path``; None when not built (no manifest, or no interpreter:
+    a build that never finished), :class:`BrokenEnvironment` when its manifest is corrupted."""
+    if not interpreter(path).exists():
         return None
-    return Environment(spec=spec, path=path, manifest=data)
+    data = _read_manifest(path, spec.name)
+    return None if data is None else Environment(spec=spec, path=path, manifest=data)
 
 
 def ensure_environment(ref: str | Mapping[str, Any] | EnvSpec, progress: Progress | None = None) -> Environment:
@@ -422,17 +493,30 @@ def ensure_environment(ref: str | Mapping[str, Any] | EnvSpec, progress: Progres
     """
     spec = load_spec(ref)
     dest = env_dir(spec)
-    built = _read_built(spec, dest)
+    say = progress or (lambda msg: log.info("%s", msg))
+    built = _built_or_broken(spec, dest, say)
     if built is not None:
         return built
-    say = progress or (lambda msg: log.info("%s", msg))
     root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"the environment cache {root} cannot be created ({err.strerror or type(err).__name__}):"
+                         f" set {ENV_CACHE_VAR} or SPECPARITY_HOME to a directory of your own") from None
     with _lock(root / f".lock-{spec.dirname}", spec.name, say):
-        built = _read_built(spec, dest)
+        built = _built_or_broken(spec, dest, say)
         if built is not None:
             return built
         return _build(spec, dest, say)
+
+
+def _built_or_broken(spec: EnvSpec, dest: Path, say: Progress) -> Environment | None:
+    """The built environment, or None to build it: a corrupted one is said and then rebuilt in its place."""
+    try:
+        return _read_built(spec, dest)
+    except BrokenEnvironment as err:
+        say(f"{err}: building it again")
+        return None
 
 
 @contextlib.contextmanager
@@ -679,6 +763,8 @@ class Listed:
     environment: the built environment (None: not built).
     current: the directory is the one the spec builds today (False: an older digest, left by a
       changed pin or specparity dependency; ``specparity env remove DIRNAME`` deletes it).
+    broken: why the directory's manifest is unusable and how to rebuild it (None: not broken); a
+      broken directory has no ``environment``.
     """
 
     name: str
@@ -686,6 +772,7 @@ class Listed:
     spec: EnvSpec | None
     environment: Environment | None
     current: bool
+    broken: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         env = self.environment
@@ -695,7 +782,8 @@ class Listed:
                 "description": self.spec.description if self.spec else "",
                 "pins": list(self.spec.packages) if self.spec else [],
                 "build_seconds": env.manifest.get("build_seconds") if env else None,
-                "size_bytes": env.manifest.get("size_bytes") if env else None}
+                "size_bytes": env.manifest.get("size_bytes") if env else None,
+                "broken": self.broken}
 
 
 def list_environments() -> list[Listed]:
@@ -704,13 +792,20 @@ def list_environments() -> list[Listed]:
     current = set()
     for spec in PACKAGED.values():
         current.add(spec.dirname)
-        rows.append(Listed(spec.name, spec.dirname, spec, _read_built(spec, env_dir(spec)), True))
+        try:
+            rows.append(Listed(spec.name, spec.dirname, spec, _read_built(spec, env_dir(spec)), True))
+        except BrokenEnvironment as err:
+            rows.append(Listed(spec.name, spec.dirname, spec, None, True, broken=str(err)))
     root = cache_root()
     if root.is_dir():
         for d in sorted(root.iterdir()):
             if d.name.startswith(".") or d.name in current:
                 continue
-            env = environment_at(d)
+            try:
+                env = read_environment_at(d)
+            except BrokenEnvironment as err:
+                rows.append(Listed(d.name, d.name, None, None, False, broken=str(err)))
+                continue
             if env is not None:
                 rows.append(Listed(env.name, d.name, PACKAGED.get(env.name), env, env.spec.dirname == d.name))
     return rows
@@ -721,7 +816,7 @@ def remove_environment(ref: str, progress: Progress | None = None) -> Path | Non
     :func:`list_environments`); returns the directory removed (None: nothing was built)."""
     say = progress or (lambda msg: log.info("%s", msg))
     root = cache_root()
-    if _NAME.fullmatch(ref) and (root / ref / MANIFEST).is_file():
+    if _NAME.fullmatch(ref) and os.path.lexists(root / ref / MANIFEST):
         target = root / ref
     else:
         target = env_dir(load_spec(ref))
