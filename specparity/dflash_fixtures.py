@@ -486,11 +486,14 @@ def fixture_draft(target: Path) -> Path | None:
     ``target`` is not a DFlash fixture's. Found from the fixture's own record, wherever it was built."""
     from specparity.fixtures import read_record
 
+    from specparity.fixtures import member
+
     data = read_record(target.parent)
     if data is None or data.get("kind") != "dflash" or not isinstance(data.get("draft"), str):
         return None
-    from specparity.fixtures import member
-
+    own = member(target.parent, data["target"])
+    if own is None or not Path(own).exists() or not Path(own).samefile(target):
+        return None  # a directory beside the fixture's target (its drafter, say) is not its target
     draft = member(target.parent, data["draft"])
     return Path(draft) if draft else None
 
