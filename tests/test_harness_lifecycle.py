@@ -97,7 +97,8 @@ def test_a_failed_start_says_the_engines_own_error_and_where_its_log_is_kept(tmp
                   log_path=tmp_path / "quits.log")
     with pytest.raises(ServerStartError) as err:
         kept.start()
-    assert str(err.value) == f"quits exited with code 1 before it was ready: Error: no such model: x; log {kept.log_path}"
+    assert str(err.value) == (f"quits exited with code 1 before it was ready: Error: no such model: x;"
+                              f" log {kept.log_path}")
 
 
 HANG = textwrap.dedent("""
