@@ -90,7 +90,8 @@ def test_a_failed_start_says_the_engines_own_error_and_where_its_log_is_kept(tmp
         assert str(err.value) == (
             "dflash failed while starting: ValueError: Unsupported target architecture for DFlash target ops:"
             f" model_type=llama; log {srv.log_path} (removed at exit: --record-dir keeps it)")
-        assert Path(srv.log_path).is_file() and srv.pgid is not None and not group_alive(srv.pgid)
+        assert srv.log_path is not None and Path(srv.log_path).is_file()
+        assert srv.pgid is not None and not group_alive(srv.pgid)
     finally:
         remove_scratch(work)
     kept = Server([sys.executable, "-c", "import sys; sys.exit('Error: no such model: x')"], name="quits",
