@@ -61,8 +61,8 @@ from specparity.harness import watchdog
 from specparity.harness.watchdog import group_alive
 
 __all__ = ["ArgTemplate", "HOST", "HOST_ARG", "PORT_ARG", "Server", "ServerStartError", "ServerTimes", "Stoppable",
-           "catch_sigterm", "end_watcher", "free_port", "group_alive", "last_error_line", "live_servers", "log_tail",
-           "register", "remove_scratch", "resolve_argv", "scratch_dir", "spawn_tied", "stop_all", "unregister"]
+           "catch_sigterm", "end_watcher", "free_port", "group_alive", "live_servers", "log_tail", "register",
+           "remove_scratch", "resolve_argv", "scratch_dir", "spawn_tied", "stop_all", "unregister"]
 
 log = logging.getLogger(__name__)
 

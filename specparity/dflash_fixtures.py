@@ -483,19 +483,10 @@ def build_dflash_pair(
 
 def fixture_draft(target: Path) -> Path | None:
     """The DFlash drafter of the fixture whose target is ``target`` (``<fixture>/target``), or None when
-    ``target`` is not a DFlash fixture's. Found from the fixture's own record, wherever it was built."""
-    from specparity.fixtures import read_record
+    ``target`` is not a DFlash fixture's (see :func:`specparity.fixtures.fixture_draft`)."""
+    from specparity.fixtures import fixture_draft as drafter_of
 
-    from specparity.fixtures import member
-
-    data = read_record(target.parent)
-    if data is None or data.get("kind") != "dflash" or not isinstance(data.get("draft"), str):
-        return None
-    own = member(target.parent, data["target"])
-    if own is None or not Path(own).exists() or not Path(own).samefile(target):
-        return None  # a directory beside the fixture's target (its drafter, say) is not its target
-    draft = member(target.parent, data["draft"])
-    return Path(draft) if draft else None
+    return drafter_of(target, "dflash")
 
 
 def dflash_fixture_name(shape: str, block_size: int, dtype: str, tied: bool, balance: float = BALANCE) -> str:

@@ -94,6 +94,32 @@ TRANSFORMERS_PIN = "5.24.0"
 _MLX = (f"mlx[cpu]=={MLX_PIN}; sys_platform == 'linux'", f"mlx=={MLX_PIN}; sys_platform == 'darwin'")
 
 
+def pin_problem(req: str) -> str | None:
+    """Why ``req`` is not one pinned requirement (None: it is).
+
+    One requirement as packaging parses it (PEP 508), pinned with ``==`` or ``===`` to one version, with
+    extras and an environment marker allowed; no URL, no pip option, no control character. pip reads the
+    specs as lines of a requirements file: a spec that is anything else could carry an option such as
+    ``--index-url`` past the pins.
+    """
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if not (req.isascii() and req.isprintable()):
+        # pip splits its file at CR, LF, and at what str.splitlines splits (U+2028 in a marker's string too)
+        return ("has a control character (a newline or carriage return) or one outside ASCII: write one"
+                " requirement per entry")
+    try:
+        parsed = Requirement(req)
+    except InvalidRequirement as err:
+        return f"is not a requirement ({str(err).splitlines()[0]}): write name==version"
+    if parsed.url:
+        return "names a URL: write name==version, from the package index"
+    pins = list(parsed.specifier)
+    if len(pins) != 1 or pins[0].operator not in ("==", "===") or "*" in pins[0].version:
+        return "is not pinned: write name==version (one exact version)"
+    return None
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """A named set of pinned packages.
@@ -162,32 +188,6 @@ class EnvSpec:
         return {"name": self.name, "packages": list(self.packages), "description": self.description,
                 "imports": list(self.imports), "with_specparity": self.with_specparity,
                 "digest": self.digest, "source": self.source}
-
-
-def pin_problem(req: str) -> str | None:
-    """Why ``req`` is not one pinned requirement (None: it is).
-
-    One requirement as packaging parses it (PEP 508), pinned with ``==`` or ``===`` to one version, with
-    extras and an environment marker allowed; no URL, no pip option, no control character. pip reads the
-    specs as lines of a requirements file: a spec that is anything else could carry an option such as
-    ``--index-url`` past the pins.
-    """
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    if not (req.isascii() and req.isprintable()):
-        # pip splits its file at CR, LF, and at what str.splitlines splits (U+2028 in a marker's string too)
-        return ("has a control character (a newline or carriage return) or one outside ASCII: write one"
-                " requirement per entry")
-    try:
-        parsed = Requirement(req)
-    except InvalidRequirement as err:
-        return f"is not a requirement ({str(err).splitlines()[0]}): write name==version"
-    if parsed.url:
-        return "names a URL: write name==version, from the package index"
-    pins = list(parsed.specifier)
-    if len(pins) != 1 or pins[0].operator not in ("==", "===") or "*" in pins[0].version:
-        return "is not pinned: write name==version (one exact version)"
-    return None
 
 
 PACKAGED: dict[str, EnvSpec] = {

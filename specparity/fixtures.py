@@ -305,6 +305,21 @@ def member(out: Path, stored: str | None) -> str | None:
     return str(p) if p.is_absolute() else str(out / p)
 
 
+def fixture_draft(target: Path, kind: str | None = None) -> Path | None:
+    """The drafter of the fixture whose target is ``target`` (``<fixture>/target``), found from the fixture's
+    own record wherever it was built or moved; None when ``target`` is not the target of a fixture of this
+    ``kind`` (the record's ``kind``: ``"dflash"``; None: a plain pair's record, which has none) or it has
+    no drafter. What ``--model FIXTURE/target`` without ``--draft-model`` takes as its drafter."""
+    data = read_record(target.parent)
+    if data is None or data.get("kind") != kind or not isinstance(data.get("draft"), str):
+        return None
+    own = member(target.parent, data["target"])
+    if own is None or not Path(own).exists() or not Path(own).samefile(target):
+        return None  # a directory beside the fixture's target (its drafter, say) is not its target
+    draft = member(target.parent, data["draft"])
+    return Path(draft) if draft else None
+
+
 def check_out_dir(out: Path, overwrite: bool, what: str = "OUT_DIR") -> None:
     """Refuse, before any work, an output directory a build would harm: anything but a fixture's own
     directory is never replaced (``overwrite`` replaces a fixture only), and a link is never built through."""
