@@ -133,7 +133,7 @@ class FixtureInfo:
         """The fixture in ``out`` as its record describes it (members as paths usable from here)."""
         data = read_record(out.resolve())
         if data is None or data.get("kind", "plain") != "plain":
-            what = "a DFlash fixture (fixtures make --dflash)" if data else "no fixture record it can read"
+            what = f"a {data.get('kind')} fixture, not a plain pair" if data else "no fixture record it can read"
             raise UsageError(f"{out} holds {what}: --overwrite rebuilds it, or choose another DIR")
         fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         try:

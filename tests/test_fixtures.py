@@ -93,7 +93,11 @@ def test_overwrite_replaces_only_a_fixture_and_never_a_users_directory(cli_bin, 
     before = _tree(mine)
     link = tmp_path / "link"
     link.symlink_to(mine)
+    other = tmp_path / "other-kind"  # a fixture of another kind is not read as a plain pair (it raised TypeError)
+    other.mkdir()
+    (other / "fixture.json").write_text(json.dumps({"kind": "dflash", "target": "target", "draft": "draft"}))
     for args, names in [
+        ((str(other),), f"{other} holds a dflash fixture, not a plain pair"),
         ((str(mine), "--overwrite"), str(mine)),
         ((str(mine), "--overwrite", "--dflash", "qwen3"), str(mine)),
         ((str(mine), "--dflash", "qwen3"), str(mine)),
@@ -107,7 +111,7 @@ def test_overwrite_replaces_only_a_fixture_and_never_a_users_directory(cli_bin, 
         assert names in lines[0] and "building" not in out.stderr, (args, out.stderr)
         assert _tree(mine) == before and link.is_symlink(), args
     assert not (tmp_path / "new").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "notes"]  # no build was begun beside them
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "notes", "other-kind"]  # no build begun beside
 
     fx = tmp_path / "fx"
     out = run_cli(cli_bin, "fixtures", "make", str(fx), "--no-draft", "--seed", "3")
@@ -117,7 +121,7 @@ def test_overwrite_replaces_only_a_fixture_and_never_a_users_directory(cli_bin, 
     assert out.returncode == 0, out.stderr
     assert (fx / "target" / "model.safetensors").read_bytes() != first
     assert json.loads((fx / "fixture.json").read_text())["seed"] == 4
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fx", "link", "notes"]  # nothing left aside
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fx", "link", "notes", "other-kind"]  # nothing left aside
 
 
 def test_a_directory_that_appears_during_a_build_is_never_replaced(tmp_path):
