@@ -1,8 +1,9 @@
-"""Per-user locations: $SPECPARITY_HOME, else the platform's user cache dir."""
+"""Per-user locations ($SPECPARITY_HOME, else the platform's user cache dir), and names safe as file names."""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -45,3 +46,8 @@ def usable_dir(path: Path, what: str) -> Path:
                              " user: point it at a directory of your own")
         return path
     return path
+
+
+def slugify(s: str) -> str:
+    """``s`` as a file name: each run of characters other than letters, digits, ``._-`` made one ``-``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "record"
