@@ -341,9 +341,10 @@ def publishing(out: Path, overwrite: bool = False) -> Iterator[Path]:
     """A temporary folder beside ``out`` to build into; it takes ``out``'s place when the block ends and is
     removed when the block raises, so no reader ever sees a fixture half built (Ctrl-C included).
 
-    An ``out`` that appeared meanwhile is replaced only when it is a fixture and ``overwrite``: the old
-    fixture is moved aside, the new one renamed in, and only then the old one removed (put back when the
-    rename fails). Another build's fixture that appeared meanwhile is kept without ``overwrite``.
+    An ``out`` that is there at the end is replaced only when it is a fixture (the caller's
+    :func:`check_out_dir` decided before the build whether one may be): the old fixture is moved aside,
+    the new one renamed in, and only then the old one removed (put back when the rename fails). Without
+    ``overwrite``, a fixture with this one's very record (a concurrent build of it) is kept as it is.
     """
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -365,8 +366,8 @@ def _swap_in(tmp: Path, out: Path, overwrite: bool) -> None:
     if read_record(out) is None:
         raise UsageError(f"{out} appeared during the build and is not a specparity fixture: it is left as"
                          " it is; choose another DIR")
-    if not overwrite:
-        shutil.rmtree(tmp)  # a concurrent build of the same fixture published first: keep it
+    if not overwrite and read_record(out) == read_record(tmp):
+        shutil.rmtree(tmp)  # a concurrent build of this same fixture published first: keep it, no gap for readers
         return
     aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
     os.rename(out, aside / out.name)

@@ -126,7 +126,8 @@ def test_overwrite_replaces_only_a_fixture_and_never_a_users_directory(cli_bin, 
 
 def test_a_directory_that_appears_during_a_build_is_never_replaced(tmp_path):
     """The swap itself re-checks what it replaces: a user's directory created while the fixture was being
-    built is left byte for byte, the build refused; a fixture is replaced only with overwrite."""
+    built is left byte for byte, the build refused; a fixture there is replaced, unless it is this very
+    fixture published by a concurrent build (kept, without overwrite)."""
     from specparity.errors import UsageError
     from specparity.fixtures import publishing
 
@@ -141,10 +142,15 @@ def test_a_directory_that_appears_during_a_build_is_never_replaced(tmp_path):
 
     (out / "mine.txt").unlink()
     (out / "fixture.json").write_text('{"target": "target", "seed": 1}')
-    with publishing(out, overwrite=False) as tmp:  # a concurrent build published first: its fixture stays
+    (out / "theirs").write_text("a concurrent build of the same fixture published first")
+    with publishing(out) as tmp:
+        (tmp / "fixture.json").write_text('{"target": "target", "seed": 1}')
+    assert (out / "theirs").exists()  # the same record: kept as it is
+    with publishing(out) as tmp:
         (tmp / "fixture.json").write_text('{"target": "target", "seed": 2}')
-    assert json.loads((out / "fixture.json").read_text())["seed"] == 1
+    assert json.loads((out / "fixture.json").read_text())["seed"] == 2 and not (out / "theirs").exists()
     with publishing(out, overwrite=True) as tmp:
         (tmp / "fixture.json").write_text('{"target": "target", "seed": 2}')
-    assert json.loads((out / "fixture.json").read_text())["seed"] == 2
+        (tmp / "new").write_text("")
+    assert (out / "new").exists()  # overwrite: replaced, the same record or not
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fx"]
