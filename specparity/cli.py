@@ -15,7 +15,7 @@ import click
 
 from specparity import __version__, inputs
 from specparity.errors import (
-    EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, SpecparityError, Terminated, first_line,
+    EXIT_BUG, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, SpecparityError, Terminated, first_line,
 )
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
@@ -145,6 +145,19 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_INTERRUPTED
     except click.exceptions.Exit as err:
         code = err.exit_code
+    except ModuleNotFoundError as err:
+        # a package missing from this interpreter (a damaged engine environment): infrastructure, unless
+        # specparity lacks one of its own modules, which is a bug
+        _traceback(debug)
+        if err.name and err.name.split(".")[0] != "specparity":
+            from specparity.environments import missing_module_message
+
+            click.echo(f"Error: {missing_module_message(err.name)}", err=True)
+            code = EXIT_INFRA
+        else:
+            click.echo(f"Error: unexpected ModuleNotFoundError: {first_line(str(err))}"
+                       f"{'' if debug else ' (rerun with --debug for the traceback)'}", err=True)
+            code = EXIT_BUG
     except (Exception, SystemExit) as err:  # noqa: BLE001  (a bug: one line, exit 70)
         # An unknown error is a bug: one line, exit 70, traceback behind --debug. A
         # SystemExit escaping a command was raised by code specparity ran (a checkpoint's

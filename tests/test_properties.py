@@ -561,3 +561,41 @@ def test_sequence_files(data):
         assert 1 <= params.max_tokens <= 256
         assert all(0 <= t < SEQ_VOCAB for t in [*(e.prompt_ids or []), *(params.logit_bias or {})])
     not_reproducible(header, entries)
+
+
+# an environment spec (issue 30.4): pins around the shapes that matter, and any text
+_pin_parts = st.sampled_from(["six", "mlx-lm", "a.b_c", "x[cpu]", "-e", "--index-url", "$(id)", "six @ http://h/w"])
+_pin_tail = st.sampled_from(["==1.0", "===1.0", ">=1", "==1.*", "", "==1.0; python_version > '3'",
+                             "==1.0,==2.0", " && id", "\r--index-url http://127.0.0.1:1/simple",
+                             "\n-r other.txt", "==1.0\x00", "==1.0 # c", "==1.0\u0085x",
+                             "==1.0; python_version > '0\u2028--index-url http://127.0.0.1:1/simple'"])
+_packages = st.lists(st.one_of(st.tuples(_pin_parts, _pin_tail).map("".join), st.text(max_size=30)),
+                     max_size=4)
+_env_spec = st.fixed_dictionaries({"packages": st.one_of(_packages, st.text(max_size=10), st.integers())},
+                                  optional={"name": st.one_of(st.sampled_from(["ok", "a\nb", "x" * 300, "a/b"]),
+                                                              st.text(max_size=12)),
+                                            "imports": st.lists(st.text(max_size=8), max_size=3),
+                                            "description": st.text(max_size=12),
+                                            "with_specparity": st.booleans()})
+
+
+@PROFILE
+@given(_env_spec)
+def test_environment_specs(raw):
+    """A spec is refused in one line, or each of its packages is one pinned requirement on one line: the
+    requirements file pip reads holds exactly these pins, no option, no other index."""
+    from packaging.requirements import Requirement
+
+    from specparity.environments import load_spec
+
+    try:
+        spec = load_spec(raw)
+    except UsageError as err:
+        _one_line(err)
+        return
+    text = "".join(r + "\n" for r in spec.packages)
+    assert text.splitlines() == list(spec.packages) and len(spec.name) <= 100 and "\n" not in spec.name
+    for line in spec.packages:
+        req = Requirement(line)
+        assert not line.lstrip().startswith("-") and req.url is None
+        assert [s.operator for s in req.specifier] in (["=="], ["==="])

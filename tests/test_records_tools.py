@@ -206,7 +206,17 @@ def test_compare_names_evidence_identity_and_coverage_changes_and_refuses_other_
     ident = json.loads((new / "identity.json").read_text())
     ident["mlx_lm"] = "9.9.9"
     (new / "identity.json").write_text(json.dumps(ident))
-    (new / "cli-w4.jsonl").unlink()  # w4's requests gone: coverage
+    (new / "cli-w4.jsonl").unlink()
+    # w4's requests gone while report.json counts them: a damaged record, never read as fewer parts (issue 30.11)
+    with pytest.raises(UsageError, match=r"cli-w4.jsonl: missing, where report.json counts \d+ finished parts"):
+        compare_records(_only(full), new)
+    # a record whose w4 sent no request (its counts say so): coverage
+    report = json.loads((new / "report.json").read_text())
+    report["arms"].pop("cli-w4")
+    for a in report["summary"]["pairings"][0]["arms"]:
+        if a["name"] == "w4":
+            a.update(requests=0, verdicts={})
+    (new / "report.json").write_text(json.dumps(report))
     rep = compare_records(_only(full), new)
     assert rep.exit_code == 0, rep.lines()  # none of these is a regression by itself
     ev = [(c.part, c.old, c.new) for c in rep.of("evidence")]

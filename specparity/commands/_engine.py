@@ -39,8 +39,6 @@ def rerun_elsewhere(engine: str) -> int | None:
 
 def dflash_paths(model: str | None, draft_model: str | None) -> tuple[Path, Path | None]:
     """The target and DFlash drafter directories: given, the fixture's sibling drafter, or the default fixture."""
-    import json
-
     from specparity.checkpoint import resolve_model_dir
 
     if model is None:
@@ -51,11 +49,10 @@ def dflash_paths(model: str | None, draft_model: str | None) -> tuple[Path, Path
         return Path(info.target), Path(draft_model) if draft_model else Path(info.draft)
     target = resolve_model_dir(model, "--model")
     draft = resolve_model_dir(draft_model, "--draft-model") if draft_model else None
-    marker = target.parent / "fixture.json"
-    if draft is None and marker.exists():
-        data = json.loads(marker.read_text())
-        if data.get("kind") == "dflash" and data.get("draft"):
-            draft = Path(data["draft"])
+    if draft is None:
+        from specparity.dflash_fixtures import fixture_draft
+
+        draft = fixture_draft(target)
     return target, draft
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from specparity.commands._common import emit_json, json_option
 from specparity.errors import EXIT_OK
@@ -37,9 +38,10 @@ def fixtures() -> None:
               help="--dflash: the drafter's block (verify rows).")
 @click.option("--tied-head", is_flag=True, help="--dflash: the target's output head is its embedding.")
 @json_option
-def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, faults: tuple[str, ...],
-         no_draft: bool, overwrite: bool, dflash_shape: str | None, block_size: str, tied_head: bool,
-         as_json: bool) -> int:
+@click.pass_context
+def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | None, seed: int,
+         faults: tuple[str, ...], no_draft: bool, overwrite: bool, dflash_shape: str | None, block_size: str,
+         tied_head: bool, as_json: bool) -> int:
     """Build OUT_DIR/target and OUT_DIR/draft.
 
     With --dflash, the target has the shape of a real DFlash target family and
@@ -58,18 +60,23 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
         specparity fixtures make ./fx/bad --fault '{"kind":"rows","layer":3,"min_rows":4}'
         specparity fixtures make ./fx/dflash --dflash qwen3_5-27b --block-size 8 --dtype bfloat16
     """
+    from specparity.errors import UsageError
+
+    if dflash_shape is None:
+        stray = [flag for name, flag in (("block_size", "--block-size"), ("tied_head", "--tied-head"))
+                 if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
+        if stray:
+            raise UsageError(f"{' and '.join(stray)} apply to a DFlash pair only: add --dflash SHAPE, or leave"
+                             f" {'them' if len(stray) > 1 else 'it'} out")
+    out_dir = _check_out_dir(out_dir, overwrite)
     if dflash_shape is not None:
         return _make_dflash(out_dir, dflash_shape, int(block_size), dtype, tied_head, seed, overwrite, as_json,
                             arch, bits, faults, no_draft)
     import json
 
     from specparity.fixtures import ARCH_CONFIGS, build_pair
-    from specparity.inputs import expand_user, parse_fault
+    from specparity.inputs import parse_fault
 
-    from specparity.outputs import check_record_dir
-
-    # the build happens in a temporary sibling of OUT_DIR, renamed into place
-    check_record_dir(expand_user(out_dir, "OUT_DIR").absolute().parent, "OUT_DIR's parent")
     layers = ARCH_CONFIGS.get(arch, {}).get("num_hidden_layers")
     parsed = [parse_fault(f, layers) for f in faults]
     info = build_pair(out_dir, arch=arch, dtype=dtype, bits=int(bits) if bits else None,
@@ -86,6 +93,20 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
     return EXIT_OK
 
 
+def _check_out_dir(out_dir: str, overwrite: bool) -> str:
+    """OUT_DIR is one a build may write, checked before any work: its parent is writable (the build happens
+    in a temporary sibling, renamed into place), and what is there now is a fixture (kept, or replaced with
+    --overwrite) or nothing. Returns OUT_DIR with ``~`` expanded."""
+    from specparity.fixtures import check_out_dir
+    from specparity.inputs import expand_user
+    from specparity.outputs import check_record_dir
+
+    out = expand_user(out_dir, "OUT_DIR")
+    check_out_dir(out, overwrite)
+    check_record_dir(out.absolute().parent, "OUT_DIR's parent")
+    return str(out)
+
+
 # a build argument of a DFlash fixture as the command's flag says it: (built with, asked) -> words
 _DFLASH_FLAGS: dict[str, Callable[[Any, Any], str]] = {
     "shape": lambda b, a: f"--dflash {b} (asked {a})",
@@ -99,17 +120,14 @@ _DFLASH_FLAGS: dict[str, Callable[[Any, Any], str]] = {
 
 def _make_dflash(out_dir: str, shape: str, block_size: int, dtype: str, tied: bool, seed: int, overwrite: bool,
                  as_json: bool, arch: str, bits: str | None, faults: tuple[str, ...], no_draft: bool) -> int:
-    from pathlib import Path
+    import os
 
     from specparity.dflash_fixtures import FixtureMismatch, build_dflash_pair
     from specparity.errors import UsageError
-    from specparity.inputs import expand_user
-    from specparity.outputs import check_record_dir
 
     if arch != "llama" or bits or faults or no_draft:
         raise UsageError("--dflash builds its own pair: --arch, --bits, --fault and --no-draft do not apply")
-    check_record_dir(expand_user(out_dir, "OUT_DIR").absolute().parent, "OUT_DIR's parent")
-    if not (Path(out_dir) / "fixture.json").is_file() or overwrite:
+    if not os.path.lexists(out_dir) or overwrite:
         click.echo(f"building a DFlash {shape} pair (block {block_size}, {dtype}); fitting the drafter takes"
                    " a minute on a CPU", err=True)
     try:
