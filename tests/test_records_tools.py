@@ -429,6 +429,11 @@ def test_served_json_carries_every_fact_its_text_prints_for_a_diverged_request(s
     assert (f"  classic reference: {c['computed']} distinct requests decoded in process ({c['tokens']} tokens,"
             f" {c['seconds']:.2f} s, model load {c['load_seconds']:.2f} s), {c['hits']} answered from its cache"
             in text)
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_html_page_of_a_diverged_record_has_its_grid_drilldown_reproduction_and_loads_nothing(served_records):
     from specparity.records.html import load_series, render
 
@@ -471,6 +476,11 @@ def test_merge_and_junit_json_follow_their_schemas(served_records, cli_bin, tmp_
     assert j.returncode == 0, j.stderr
     counts = json.loads(j.stdout)
     assert counts["failures"] >= 1 and counts["tests"] > counts["failures"]
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 def test_html_escapes_every_text_a_record_carries_and_bears_missing_optional_fields(served_records, tmp_path):
     from specparity.records.html import load_series, render
 
