@@ -13,8 +13,8 @@ Where the environment's interpreter comes from, first found:
 1. ``SPECPARITY_<ENGINE>_PYTHON`` (``SPECPARITY_DFLASH_MLX_PYTHON``): an
    interpreter that has the engine and specparity (such as another built
    environment's: ``specparity env path --python dflash-mlx-mlx-lm-0.32.2``);
-2. :func:`specparity.environments.ensure_environment` (the cached, pinned
-   environment per engine, built once).
+2. :func:`specparity.environments.ensure_environment` of the engine's first
+   pinned environment (its registry entry, :mod:`specparity.engines`), built once.
 
 When that interpreter is a built environment's, the re-run is told which
 (:data:`ENVIRONMENT_VAR`) and its record's identity lists it under
@@ -23,7 +23,6 @@ When that interpreter is a built environment's, the re-run is told which
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import subprocess
@@ -35,8 +34,6 @@ from specparity.errors import InfrastructureError
 
 log = logging.getLogger(__name__)
 
-# engine -> the module that must import for in-process work
-ENGINE_MODULES = {"dflash-mlx": "dflash_mlx"}
 # set in a re-run's environment: the re-run must not re-run again
 RERUN_MARK = "SPECPARITY_ENGINE_RERUN"
 # set in a re-run's environment: the directory of the built environment it runs in
@@ -45,12 +42,16 @@ ENVIRONMENT_VAR = "SPECPARITY_ENGINE_ENVIRONMENT"
 
 def python_var(engine: str) -> str:
     """``SPECPARITY_DFLASH_MLX_PYTHON`` for ``dflash-mlx``."""
-    return "SPECPARITY_" + engine.upper().replace("-", "_") + "_PYTHON"
+    from specparity.engines import get
+
+    return get(engine).python_var
 
 
 def importable(engine: str) -> bool:
-    module = ENGINE_MODULES.get(engine)
-    return module is None or importlib.util.find_spec(module) is not None
+    """``engine``'s module imports here (asked of the registry)."""
+    from specparity.engines import get
+
+    return get(engine).importable()
 
 
 def engine_environment(engine: str) -> tuple[str, dict[str, str]]:
@@ -74,9 +75,13 @@ def engine_environment(engine: str) -> tuple[str, dict[str, str]]:
         if environment_at(home) is not None and interpreter(home).absolute() == Path(path).absolute():
             environ[ENVIRONMENT_VAR] = str(home)
         return path, environ
+    from specparity.engines import get
     from specparity.environments import ensure_environment
 
-    env = ensure_environment(engine, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
+    pinned = get(engine).environment
+    if pinned is None:
+        raise InfrastructureError(f"{engine} does not import here and declares no environment to run in")
+    env = ensure_environment(pinned.name, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
     return str(env.python), {**env.environ(), ENVIRONMENT_VAR: str(env.path)}
 
 
