@@ -85,16 +85,42 @@ def rerun_elsewhere(engine: str, model: str | None = None, draft_model: str | No
     """None to run here; else the exit code of this command re-run in the engine's environment.
 
     Consent comes first, here: a checkpoint's code is refused before anything loads or re-runs.
+    The re-run is a tied child (it dies with this process, however this one ends), and its exit
+    code is believed only from the result it writes (:func:`specparity.engine_env.read_rerun_result`).
     """
-    from specparity.engine_env import rerun_here_or_there
-    from specparity.engines import require_consent
+    import os
+
+    from specparity.engine_env import RERUN_MARK, RESULT_VAR, engine_environment, read_rerun_result, rerun_argv
+    from specparity.engines import get, require_consent
+    from specparity.errors import InfrastructureError
 
     # the given paths as they are (a bad one is the loader's to name); the adapter's loader checks again
     require_consent([("--model", model), ("--draft-model", draft_model)], trust_remote_code)
-
+    spec = get(engine)
+    if spec.importable():
+        return None
+    if os.environ.get(RERUN_MARK):
+        raise InfrastructureError(f"{engine} does not import in its own environment ({sys.executable})")
     root = click.get_current_context().find_root()
-    argv = (root.obj or {}).get("argv") if isinstance(root.obj, dict) else None
-    return rerun_here_or_there(engine, list(argv) if argv is not None else sys.argv[1:])
+    given = (root.obj or {}).get("argv") if isinstance(root.obj, dict) else None
+    argv = list(given) if given is not None else sys.argv[1:]
+    python, environ = engine_environment(engine)
+    click.echo(f"specparity: {engine} runs in its own environment: {python}", err=True)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    from specparity.harness.lifecycle import remove_scratch, run_tied, scratch_dir
+
+    where = scratch_dir("specparity-rerun-")
+    result = where / "result.json"
+    try:
+        try:
+            code = run_tied(rerun_argv(python, argv), f"specparity re-run in {engine}'s environment",
+                            env={**environ, RERUN_MARK: engine, RESULT_VAR: str(result)})
+        except OSError as err:
+            raise InfrastructureError(f"{engine}'s interpreter {python} would not start ({err})") from None
+        return read_rerun_result(result, argv, code, engine, python)
+    finally:
+        remove_scratch(where)
 
 
 def engine_paths(engine: str, model: str | None, draft_model: str | None) -> tuple[Path, Path | None]:

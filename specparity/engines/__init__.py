@@ -355,11 +355,16 @@ def served_hooks(key: str | None) -> ServedHooks:
     return for_profile(key).served_hooks()
 
 
-def require_consent(checkpoints: Iterable[tuple[str, str | os.PathLike[str] | None]], trust_remote_code: bool) -> None:
+def require_consent(checkpoints: Iterable[tuple[str, str | os.PathLike[str] | None]], trust_remote_code: bool,
+                    toolkit_code_ok: bool = False) -> None:
     """Refuse, before anything loads, a checkpoint that ships code when the user did not pass
-    ``--trust-remote-code``: every engine loads through here, so no engine runs code unasked.
+    ``--trust-remote-code``: every engine path (in process, re-run, served) asks here first, so no
+    engine runs a checkpoint's code unasked.
 
-    checkpoints: (the flag that named it, its directory) pairs; None entries are skipped.
+    checkpoints: (the flag or role that named it, its directory) pairs; None entries and paths that are
+    not a local checkpoint (a hub id: its loader decides) are skipped. toolkit_code_ok: a ``model_file``
+    that is byte for byte the toolkit's own fixture module (a fault fixture specparity built, whose
+    code is already running here) is not foreign code: the served harness wraps such targets itself.
     """
     if trust_remote_code:
         return
@@ -372,6 +377,23 @@ def require_consent(checkpoints: Iterable[tuple[str, str | os.PathLike[str] | No
         d = Path(path)
         if not (d / "config.json").is_file():
             continue  # not a local checkpoint: its loader says so
-        code = remote_code(d, read_config(d))
+        cfg = read_config(d)
+        code = remote_code(d, cfg)
+        if code and toolkit_code_ok and _toolkit_fixture(d, cfg):
+            code = remote_code(d, {k: v for k, v in cfg.items() if k != "model_file"})  # any other code
         if code:
             raise UsageError(f"{flag} {path}: {code}; pass ", Name("trust-remote-code"), " to run it")
+
+
+def _toolkit_fixture(d: Path, cfg: dict[str, Any]) -> bool:
+    """``d``'s only code is the toolkit's own fixture module, byte for byte."""
+    from specparity import fixtures
+
+    name = cfg.get("model_file")
+    if name != fixtures.FIXTURE_MODULE:
+        return False
+    packaged = Path(fixtures.__file__).parent / "fixture_models" / fixtures.FIXTURE_MODULE
+    try:
+        return (d / name).read_bytes() == packaged.read_bytes()
+    except OSError:
+        return False
