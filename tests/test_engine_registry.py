@@ -125,3 +125,23 @@ def test_a_rerun_dies_with_its_command(sig: signal.Signals, cli_bin: str, tmp_pa
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.model
+def test_a_toy_engine_from_one_module_is_reached_and_its_fault_named(llama_pair, cli_bin: str,
+                                                                     tmp_path: Path) -> None:
+    """SPECPARITY_ENGINES=toy_engine (tests/toy_engine.py, nothing else changed): probe and replay reach it,
+    and its stale rollback is found at the first rollback that rejects anything (bisect's capture of an
+    mlx-lm-based adapter, e2e and served for a toy are not yet shown)."""
+    env = {"SPECPARITY_ENGINES": "toy_engine", "PYTHONPATH": str(Path(__file__).parent)}
+    proc = run_cli(cli_bin, "probe", "--engine", "toy", "--model", llama_pair.target, "--widths", "4",
+                   "--depths", "0", "--json", env=env)
+    assert proc.returncode == 1, proc.stderr
+    rep = json.loads(proc.stdout)
+    bad = sorted(r["accepted"] for r in rep["rollbacks"] if r["verdict"] == "divergent")
+    assert bad == [0, 1, 2]  # accepted 3 of a 4-row block rejects nothing: nothing to get wrong
+    proc = run_cli(cli_bin, "replay", "--engine", "toy", "--model", llama_pair.target, "--accepts", "3,3,1,2",
+                   "--width", "4", "--json", env=env)
+    assert proc.returncode == 1, proc.stderr
+    state = json.loads(proc.stdout)["requests"][0]["state"]
+    assert (state["round"], state["accepted"]) == (2, 1)  # the first round that rolls back
