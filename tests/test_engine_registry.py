@@ -127,21 +127,48 @@ def test_a_rerun_dies_with_its_command(sig: signal.Signals, cli_bin: str, tmp_pa
             proc.kill()
 
 
+TOY_ENV = {"SPECPARITY_ENGINES": "toy_engine", "PYTHONPATH": str(Path(__file__).parent)}
+
+
 @pytest.mark.model
-def test_a_toy_engine_from_one_module_is_reached_and_its_fault_named(llama_pair, cli_bin: str,
-                                                                     tmp_path: Path) -> None:
-    """SPECPARITY_ENGINES=toy_engine (tests/toy_engine.py, nothing else changed): probe and replay reach it,
-    and its stale rollback is found at the first rollback that rejects anything (bisect's capture of an
-    mlx-lm-based adapter, e2e and served for a toy are not yet shown)."""
-    env = {"SPECPARITY_ENGINES": "toy_engine", "PYTHONPATH": str(Path(__file__).parent)}
-    proc = run_cli(cli_bin, "probe", "--engine", "toy", "--model", llama_pair.target, "--widths", "4",
-                   "--depths", "0", "--json", env=env)
+def test_a_toy_engine_from_one_module_is_reached_and_its_fault_named(llama_pair, cli_bin: str) -> None:
+    """SPECPARITY_ENGINES=toy_engine (tests/toy_engine.py, nothing else changed): probe, replay, bisect and
+    e2e reach it and name its stale rollback; its clean path ($TOY_ENGINE_CLEAN) passes."""
+    env, model = TOY_ENV, ("--engine", "toy", "--model", llama_pair.target)
+    proc = run_cli(cli_bin, "probe", *model, "--widths", "4", "--depths", "0", "--json", env=env)
     assert proc.returncode == 1, proc.stderr
     rep = json.loads(proc.stdout)
+    assert rep["engine"]["name"] == "toy"
     bad = sorted(r["accepted"] for r in rep["rollbacks"] if r["verdict"] == "divergent")
     assert bad == [0, 1, 2]  # accepted 3 of a 4-row block rejects nothing: nothing to get wrong
-    proc = run_cli(cli_bin, "replay", "--engine", "toy", "--model", llama_pair.target, "--accepts", "3,3,1,2",
-                   "--width", "4", "--json", env=env)
+    assert {c["verdict"] for c in rep["cells"]} == {"equal"}  # the verify forward itself is right
+    proc = run_cli(cli_bin, "probe", *model, "--widths", "4", "--depths", "0", "--json",
+                   env={**env, "TOY_ENGINE_CLEAN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli(cli_bin, "replay", *model, "--accepts", "3,3,1,2", "--width", "4", "--json", env=env)
     assert proc.returncode == 1, proc.stderr
     state = json.loads(proc.stdout)["requests"][0]["state"]
     assert (state["round"], state["accepted"]) == (2, 1)  # the first round that rolls back
+    proc = run_cli(cli_bin, "bisect", *model, "--width", "4", "--accepted", "1", "--json", env=env)
+    assert proc.returncode == 1, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert rep["first_divergent"] == "0" and rep["first_components"][0] == "cache offset"
+    for clean, code, verdict in (("", 1, "diverged"), ("1", 0, "match")):
+        proc = run_cli(cli_bin, "e2e", *model, "--max-tokens", "24", "--json", env={**env, "TOY_ENGINE_CLEAN": clean})
+        assert proc.returncode == code, proc.stderr
+        assert [e["verdict"] for e in json.loads(proc.stdout)["entries"]] == [verdict]
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+def test_the_toy_engine_is_served_through_its_profile_and_found(llama_pair, cli_bin: str, tmp_path: Path) -> None:
+    """served --profile tests/toy_engine.yaml: the toy's served hook fills its argv, and its server's stale
+    rewind differs from classic decode only with the drafter."""
+    proc = run_cli(cli_bin, "served", "--profile", str(Path(__file__).parent / "toy_engine.yaml"), "--model",
+                   llama_pair.target, "--draft-model", llama_pair.draft, "--widths", "4", "--max-tokens", "32",
+                   "--json", env=TOY_ENV)
+    assert proc.returncode == 1, proc.stderr
+    rep = json.loads(proc.stdout)
+    arms = {a["name"]: a["verdict"] for p in rep["pairings"] for a in p["arms"]}
+    assert arms["baseline-start"] == "match" and arms["w4"] == "diverged", arms
