@@ -22,7 +22,8 @@ def load(request: LoadRequest) -> Any:
     class StaleSession(MlxLmSession):
         def rollback(self, accepted: int) -> None:
             # the deliberate fault: one rejected row too many kept ($TOY_ENGINE_CLEAN: the clean path)
-            super().rollback(accepted if os.environ.get("TOY_ENGINE_CLEAN") else min(accepted + 1, len(self._block) - 1))
+            stale = min(accepted + 1, len(self._block) - 1)
+            super().rollback(accepted if os.environ.get("TOY_ENGINE_CLEAN") else stale)
 
     class ToyEngine(MlxLmEngine):
         def session(self) -> StaleSession:
