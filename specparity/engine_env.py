@@ -55,12 +55,18 @@ def importable(engine: str) -> bool:
     return get(engine).importable()
 
 
-def engine_environment(engine: str) -> tuple[str, dict[str, str]]:
+def engine_environment(engine: str, environment: str | None = None) -> tuple[str, dict[str, str]]:
     """The interpreter of ``engine``'s environment and the process environment to run specparity there
-    (see the module docstring); InfrastructureError if there is none."""
+    (see the module docstring; ``environment``: this one, a name or YAML file, over both); InfrastructureError
+    if there is none."""
     from specparity.environments import environment_at, interpreter
 
     var = python_var(engine)
+    if environment is not None:
+        from specparity.environments import ensure_environment
+
+        env = ensure_environment(environment, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
+        return str(env.python), {**env.environ(), ENVIRONMENT_VAR: str(env.path)}
     if os.environ.get(var):
         path = os.environ[var]
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):

@@ -172,3 +172,25 @@ def test_the_toy_engine_is_served_through_its_profile_and_found(llama_pair, cli_
     rep = json.loads(proc.stdout)
     arms = {a["name"]: a["verdict"] for p in rep["pairings"] for a in p["arms"]}
     assert arms["baseline-start"] == "match" and arms["w4"] == "diverged", arms
+
+
+@pytest.mark.build
+@pytest.mark.model
+def test_environment_runs_an_in_process_command_in_that_environment(llama_pair, cli_bin: str, tmp_path: Path) -> None:
+    """replay --environment mlx-lm-0.31.3 re-runs there (as served's --environment): its record's identity lists
+    that environment and its mlx-lm 0.31.3; an unknown name is a usage error before anything runs."""
+    from specparity import environments as envs
+
+    real = Path(os.environ.get("SPECPARITY_ENV_CACHE") or Path.home() / ".cache" / "specparity" / "envs")
+    if envs.find_environment("mlx-lm-0.31.3", root=real) is None:
+        pytest.skip("environment mlx-lm-0.31.3 is not built: run scripts/build-env mlx-lm-0.31.3")
+    proc = run_cli(cli_bin, "replay", "--model", llama_pair.target, "--accepts", "3,0,2", "--width", "4",
+                   "--environment", "mlx-lm-0.31.3", "--record-dir", str(tmp_path / "rec"),
+                   env={"SPECPARITY_ENV_CACHE": str(real)})
+    assert proc.returncode == 0, proc.stderr
+    assert "specparity: mlx-lm runs in environment mlx-lm-0.31.3" in proc.stderr
+    (ident,) = (tmp_path / "rec").rglob("identity.json")
+    listed = json.loads(ident.read_text())["environments"]["mlx-lm"]
+    assert listed["name"] == "mlx-lm-0.31.3" and listed["packages"]["mlx-lm"] == "0.31.3"
+    proc = run_cli(cli_bin, "probe", "--environment", "nope")
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: environment 'nope': neither a packaged")

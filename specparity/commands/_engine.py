@@ -54,8 +54,17 @@ class VerifyModeChoice(click.Choice):
         pass
 
 
+def environment_option(f: Callable) -> Callable:
+    return click.option(
+        "--environment", default=None, metavar="NAME|FILE",
+        help="Run the whole command in this pinned environment (specparity env list, or a YAML file), built"
+             " once: e.g. mlx-lm-0.31.3 to check another mlx-lm release, or dflash-mlx-mlx-lm-0.32.2.")(f)
+
+
 def engine_option(f: Callable) -> Callable:
     from specparity.engines import DEFAULT
+
+    f = environment_option(f)
 
     f = click.option("--verify-mode", type=VerifyModeChoice(), default=None,
                      help="The engine's own verify policy (default: the engine's; dflash-mlx: adaptive, or"
@@ -69,8 +78,10 @@ def engine_option(f: Callable) -> Callable:
 
 
 def engine_choice_option(f: Callable) -> Callable:
-    """``--engine`` alone (e2e: the engine's own entry points against mlx-lm's classic arms)."""
+    """``--engine`` and ``--environment`` (e2e: the engine's own entry points against mlx-lm's classic arms)."""
     from specparity.engines import DEFAULT
+
+    f = environment_option(f)
 
     return click.option(
         "--engine", type=EngineChoice(), default=DEFAULT, show_default=True,
@@ -81,8 +92,9 @@ def engine_choice_option(f: Callable) -> Callable:
 
 
 def rerun_elsewhere(engine: str, model: str | None = None, draft_model: str | None = None,
-                    trust_remote_code: bool = False) -> int | None:
-    """None to run here; else the exit code of this command re-run in the engine's environment.
+                    trust_remote_code: bool = False, environment: str | None = None) -> int | None:
+    """None to run here; else the exit code of this command re-run in the engine's environment
+    (``environment``: the one the user named with --environment, whatever the engine).
 
     Consent comes first, here: a checkpoint's code is refused before anything loads or re-runs.
     The re-run is a tied child (it dies with this process, however this one ends), and its exit
@@ -97,15 +109,22 @@ def rerun_elsewhere(engine: str, model: str | None = None, draft_model: str | No
     # the given paths as they are (a bad one is the loader's to name); the adapter's loader checks again
     require_consent([("--model", model), ("--draft-model", draft_model)], trust_remote_code)
     spec = get(engine)
-    if spec.importable():
-        return None
     if os.environ.get(RERUN_MARK):
+        if spec.importable():
+            return None
         raise InfrastructureError(f"{engine} does not import in its own environment ({sys.executable})")
+    if environment is None and spec.importable():
+        return None
+    if environment is not None:
+        from specparity.environments import load_spec
+
+        load_spec(environment)  # an unknown name or a bad file: a usage error before anything is built
     root = click.get_current_context().find_root()
     given = (root.obj or {}).get("argv") if isinstance(root.obj, dict) else None
     argv = list(given) if given is not None else sys.argv[1:]
-    python, environ = engine_environment(engine)
-    click.echo(f"specparity: {engine} runs in its own environment: {python}", err=True)
+    python, environ = engine_environment(engine, environment)
+    click.echo(f"specparity: {engine} runs in {'environment ' + environment if environment else 'its own environment'}:"
+               f" {python}", err=True)
     sys.stderr.flush()
     sys.stdout.flush()
     from specparity.harness.lifecycle import remove_scratch, run_tied, scratch_dir
@@ -121,6 +140,15 @@ def rerun_elsewhere(engine: str, model: str | None = None, draft_model: str | No
         return read_rerun_result(result, argv, code, engine, python)
     finally:
         remove_scratch(where)
+
+
+def rerun_in_environment(engine: str, environment: str | None, model: str | None = None,
+                         draft_model: str | None = None, trust_remote_code: bool = False) -> int | None:
+    """The classic paths' --environment: None to run here (none named, or this is the re-run there);
+    else the exit code of this command re-run in ``environment``."""
+    if environment is None:
+        return None
+    return rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
 
 
 def engine_paths(engine: str, model: str | None, draft_model: str | None) -> tuple[Path, Path | None]:

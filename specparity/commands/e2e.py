@@ -53,7 +53,8 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         entry_points: str | None, prompt_text: str | None, prompt_ids: str | None, chat_template: bool,
         max_tokens: int | None, num_draft_tokens: int | None, max_kv_size: int | None,
         prefill_step_size: int | None, kv_bits: str | None, kv_group_size: str | None,
-        quantized_kv_start: int | None, engine: str, as_json: bool, record_dir: str | None, quiet: bool,
+        quantized_kv_start: int | None, engine: str, environment: str | None, as_json: bool,
+        record_dir: str | None, quiet: bool,
         **proc_kwargs: Any) -> int:
     """Run mlx-lm's public entry points with and without the drafter; compare what they emit.
 
@@ -94,7 +95,7 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
 
     if not get(engine).classic_paths:
         return _engine_e2e(ctx, engine, model, trust_remote_code, draft_model, entry_points, prompt_text,
-                           prompt_ids, max_tokens, as_json, record_dir, quiet)
+                           prompt_ids, max_tokens, environment, as_json, record_dir, quiet)
 
     entries = parse_entry_points(entry_points)
     if max_tokens is not None:
@@ -109,6 +110,11 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         prefill_step_size=prefill_step_size, kv_bits=int(kv_bits) if kv_bits else None,
         kv_group_size=int(kv_group_size) if kv_group_size else None,
         quantized_kv_start=quantized_kv_start, processors=procs)
+    from specparity.commands._engine import rerun_in_environment
+
+    code = rerun_in_environment(engine, environment, model, draft_model, trust_remote_code)
+    if code is not None:
+        return code
     loaded = resolve_model(model, trust_remote_code)
     draft = resolve_model(draft_model, trust_remote_code, role="draft")
     vocab = getattr(getattr(loaded.model, "args", None), "vocab_size", None)
@@ -135,7 +141,8 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
 
 def _engine_e2e(ctx: click.Context, engine: str, model: str | None, trust_remote_code: bool,
                 draft_model: str | None, entry_points: str | None, prompt_text: str | None, prompt_ids: str | None,
-                max_tokens: int | None, as_json: bool, record_dir: str | None, quiet: bool) -> int:
+                max_tokens: int | None, environment: str | None, as_json: bool, record_dir: str | None,
+                quiet: bool) -> int:
     """``e2e --engine NAME``: the engine's own entry points against mlx-lm's classic arms."""
     from specparity.commands._engine import engine_paths, engine_prompts, explicit, load_adapter, rerun_elsewhere
     from specparity.engines import get, resolve
@@ -159,7 +166,7 @@ def _engine_e2e(ctx: click.Context, engine: str, model: str | None, trust_remote
                          f" are mlx-lm options ({engine}'s entry points run with their own defaults)")
     if prompt_text is not None and prompt_ids is not None:
         raise UsageError("give --prompt or --prompt-ids, not both")
-    code = rerun_elsewhere(engine, model, draft_model, trust_remote_code)
+    code = rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
     if code is not None:
         return code
     target, _ = engine_paths(engine, model, draft_model)
