@@ -34,9 +34,11 @@ from typing import Any
 from specparity.errors import UsageError
 from specparity.records.record import list_records, read_record
 from specparity.records.served import KIND, ServedRecord
+from specparity.verdicts import Verdict
 
 # the verdict words a cell may carry, in the order the legend lists them
-VERDICTS = ("match", "diverged", "error", "declined", "not_engaged", "inconclusive", "not_run", "pass")
+VERDICTS = tuple(str(v) for v in (Verdict.MATCH, Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED, Verdict.NOT_ENGAGED,
+                                   Verdict.INCONCLUSIVE, Verdict.NOT_RUN, Verdict.PASS))
 # tokens shown on each side of the first difference in the drill-down's token table
 CONTEXT_TOKENS = 4
 # characters of shared text shown before the first difference in the aligned texts
@@ -315,7 +317,7 @@ def _arm_counts(sr: ServedRecord, pname: str, arm: dict[str, Any]) -> str:
     verdicts = list((arm.get("verdicts") or {}).values())
     if not verdicts:
         verdicts = [r.get("verdict") for r in sr.requests(pname, str(arm.get("name")))]
-    bad = sum(1 for v in verdicts if v != "match")
+    bad = sum(1 for v in verdicts if v != Verdict.MATCH)
     return f"{len(verdicts) - bad}/{len(verdicts)} match" if verdicts else "no requests"
 
 
@@ -435,7 +437,7 @@ def _charts(sr: ServedRecord) -> str:
         for a in arms:
             for r in sr.requests(pname, str(a.get("name"))):
                 d = _first_diff(r)
-                if r.get("verdict") == "diverged" and d:
+                if r.get("verdict") == Verdict.DIVERGED and d:
                     labels.append(f"{a.get('name')}\n{r.get('id')}")
                     ref.append(d.get("margin_reference") if isinstance(d.get("margin_reference"), (int, float))
                                else None)
@@ -513,7 +515,7 @@ def _arms(sr: ServedRecord, ids: _Ids) -> str:
             name = str(a.get("name"))
             aid = ids.arm(pname, name)
             reqs = sr.requests(pname, name)
-            opened = " open" if a.get("verdict") not in ("match", "pass") else ""
+            opened = " open" if a.get("verdict") not in (Verdict.MATCH, Verdict.PASS) else ""
             width = f", width {a['width']}" if a.get("width") is not None else ""
             out.append(f'<details class="arm" id="{aid}"{opened}><summary><b>{esc(name)}</b> {badge(a.get("verdict"))}'
                        f' <span class="muted">{esc(a.get("kind"))}{esc(width)}, {len(reqs)} requests'

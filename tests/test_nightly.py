@@ -163,7 +163,9 @@ def test_junit_maps_each_verdict_and_keeps_the_xml_valid(tmp_path):
         return {"id": "p0", "kind": "fresh", "verdict": verdict, "reason": reason, "completion": {"seconds": 0.5}}
 
     parts = {"x-baseline-start": [req("match")], "x-w2": [req("not_engaged", "no evidence \x01 ran")],
-             "x-w3": [req("declined", "declined: gate")], "x-self-draft": [req("match")]}
+             "x-w3": [req("declined", "declined: gate")], "x-self-draft": [req("match")],
+             # every arm the summary judged has its line, as served writes it (a record without one is damaged)
+             "arms": [{"pairing": "x", **a} for a in arms]}
     rec = Record(kind="served", title="t", argv=[], status="complete", path=str(tmp_path / "r.md"),
                  summary={"pairings": [{"name": "x", "verdict": "diverged", "profile": "mlx-lm", "arms": arms}]})
     path = tmp_path / "j.xml"
