@@ -149,7 +149,7 @@ def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_server_bin:
 
 # -- JUnit mapping of every verdict (one function, synthetic record) ------------------------------
 def test_junit_maps_each_verdict_and_keeps_the_xml_valid(tmp_path):
-    arms = [
+    arms: list[dict[str, Any]] = [
         {"name": "baseline-start", "kind": "baseline", "width": None, "setting": None, "verdict": "match"},
         {"name": "w2", "kind": "width", "width": 2, "setting": 1, "verdict": "not_engaged"},
         {"name": "w3", "kind": "width", "width": 3, "setting": 2, "verdict": "declined"},
