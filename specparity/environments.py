@@ -171,6 +171,25 @@ PACKAGED: dict[str, EnvSpec] = {
                 "dflash-mlx 0.1.8 in process (dflash generate, no server) on mlx-lm 0.32.2",
                 imports=("mlx_lm", "dflash_mlx", "dflash_mlx.generate", "dflash_mlx.runtime.bundle",
                          "dflash_mlx.engine.spec_epoch")),
+        # issue 27's engines, each on the mlx-lm its metadata allows (mlx-dspark and dspark-mlx: >=0.31.3 / >=0.31,
+        # dfly-mlx through dflash-mlx 0.1.8), mlx-vlm pinned because both DSpark packages import it
+        EnvSpec("mlx-dspark", ("mlx-dspark==0.20.3", "mlx-lm==0.31.3", "mlx-vlm==0.7.10", *_MLX,
+                               f"transformers=={TRANSFORMERS_PIN}"),
+                "mlx-dspark 0.20.3 (speculative_generate, mlx-dspark serve) on mlx-lm 0.31.3",
+                imports=("mlx_lm", "mlx_dspark", "mlx_dspark.generate", "mlx_dspark.server")),
+        EnvSpec("dspark-mlx", ("dspark-mlx==0.1.0", "mlx-lm==0.31.3", "mlx-vlm==0.7.10", *_MLX,
+                               f"transformers=={TRANSFORMERS_PIN}"),
+                "dspark-mlx 0.1.0 (generate_eager, generate; no server) on mlx-lm 0.31.3",
+                imports=("mlx_lm", "dspark_mlx", "dspark_mlx.generate")),
+        EnvSpec("dfly-mlx", ("dfly-mlx==0.1.0", "dflash-mlx==0.1.8", "mlx-lm==0.31.3", *_MLX,
+                             f"transformers=={TRANSFORMERS_PIN}"),
+                "dfly-mlx 0.1.0 (load_runtime + generate on dflash-mlx 0.1.8; no server) on mlx-lm 0.31.3",
+                imports=("mlx_lm", "dflash_mlx", "dfly_mlx", "dfly_mlx.generate", "dfly_mlx.loading")),
+        # mtplx pins mlx, mlx-lm and transformers for macOS on Apple silicon only; here they come from our pins,
+        # and `import mtplx` itself is not checked: on Linux it fails (its cause is recorded per entry point)
+        EnvSpec("mtplx", ("mtplx==2.12.2", "mlx-lm==0.31.3", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
+                "mtplx 2.12.2 (declares macOS-only dependencies; imports on Apple silicon only) on mlx-lm 0.31.3",
+                imports=("mlx_lm",)),
     )
 }
 
