@@ -1,0 +1,318 @@
+"""Issue 27's engines' own generate loops against classic decode, each located to its round.
+
+Run in the engine's environment (``python -P -m specparity.probes.engine_e2e
+--engine NAME --target DIR --draft DIR``); prints one JSON finding per entry
+point. Each engine is driven through its own loader and its own generate loop
+with its library defaults (only ``max_new_tokens`` and the prompt's token ids
+passed), and its own acceptance record is the evidence that it drafted:
+
+    mlx-dspark  ``load_target`` + ``load_drafter`` (4-bit drafter by default) +
+                ``speculative_generate`` (cap 2, n-gram lookup drafts on), and the
+                same with the whole block verified and lookup off; rounds from its
+                ``on_round`` callback (drafted, accepted, committed, source)
+    dspark-mlx  ``load_draft`` + ``load_host`` + ``generate_eager`` (one verify of
+                [anchor, drafts] per round) and the legacy ``generate``; rounds
+                from each ``TokenEvent.n_accepted``
+    dfly-mlx    ``load_runtime`` + ``generate`` (its no-thinking chat prompt) and
+                the loop it drives, dflash-mlx's ``stream_dflash_generate`` with the
+                DFly draft backend, on the prompt's ids; rounds from the summary's
+                ``acceptance_history``
+    mtplx       each entry point imported (``runtime.load``, ``generate_ar`` /
+                ``generate_mtp1`` / ``generate_mtpk``, the CLI, the server): on
+                Linux each fails with its own cause, reported as ``cannot_run``
+
+Classic decode is mlx-lm's (:func:`specparity.decode.advance_to_depth`: greedy
+argmax of the model's logprobs in its dtype, prefill as ``generate`` does) on
+the same weights, loaded by mlx-lm in the same process.
+
+Verdicts: ``match`` (every emitted token equals classic decode's and the
+engine's record shows accepted drafts), ``not_engaged`` (equal, but nothing
+drafted was accepted: not a pass), ``diverged`` (the first differing token, the
+round that emitted it, its row in that round's verify block and whether the
+round before rolled back rejected rows), ``error`` (the engine raised: its
+error), ``cannot_run`` (the entry point does not import here: its cause).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ENGINES = ("mlx-dspark", "dspark-mlx", "dfly-mlx", "mtplx")
+MTPLX_ENTRY_POINTS = (("runtime.load", "mtplx.runtime", "load"), ("generate_ar", "mtplx.generation", "generate_ar"),
+                      ("generate_mtp1", "mtplx.generation", "generate_mtp1"),
+                      ("generate_mtpk", "mtplx.generation", "generate_mtpk"), ("mtplx CLI", "mtplx.cli", "main"),
+                      ("mtplx server", "mtplx.server.openai", None))
+
+
+@dataclass
+class Finding:
+    """One entry point of one engine against classic decode.
+
+    engine, entry: who ran. verdict: match | diverged | not_engaged | error | cannot_run.
+    tokens: tokens the engine emitted; classic: classic decode's first tokens (as many).
+    rounds: the engine's acceptance record, one dict per round (drafted, accepted, committed, source).
+    drafted / accepted: proposals made / accepted in all (None: the engine does not say).
+    index: the first differing token (0-based, past the prompt); engine_token / classic_token there.
+    round: the round that emitted it (1-based; 0: the prefill's token); row: its row in that round's
+    verify block (0: the first); after_rollback: the round before rejected rows the engine rolled back.
+    reason: one line. error: the engine's error (type: message). seconds: the engine's wall time.
+    """
+
+    engine: str
+    entry: str
+    verdict: str = "error"
+    tokens: list[int] = field(default_factory=list)
+    classic: list[int] = field(default_factory=list)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    drafted: int | None = None
+    accepted: int | None = None
+    index: int | None = None
+    engine_token: int | None = None
+    classic_token: int | None = None
+    round: int | None = None
+    row: int | None = None
+    after_rollback: bool | None = None
+    reason: str = ""
+    error: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def classic_tokens(target_dir: str, prompt: list[int], n: int) -> tuple[list[int], set[int]]:
+    """mlx-lm's greedy tokens for ``prompt`` and the tokenizer's eos ids."""
+    from mlx_lm import load
+
+    from specparity.decode import advance_to_depth
+
+    model, tok = load(target_dir)
+    eos = set(getattr(tok, "eos_token_ids", None) or [])
+    return advance_to_depth(model, prompt, n)[2], eos
+
+
+def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int) -> Finding:
+    """Compare ``f.tokens`` with ``classic`` and locate the first difference in ``f.rounds``.
+
+    ``first_round_offset``: tokens emitted before round 1 (mlx-dspark's prefill token: 1; otherwise 0).
+    """
+    f.classic = classic[:len(f.tokens)]
+    n = min(len(f.tokens), len(classic))
+    diff = next((i for i in range(n) if f.tokens[i] != classic[i]), None)
+    if diff is None:
+        short = len(f.tokens) < len(classic) and not (f.tokens and f.tokens[-1] in eos)
+        if short:
+            f.verdict, f.reason = "error", f"stopped after {len(f.tokens)} of {len(classic)} tokens without eos"
+        elif not f.accepted:
+            f.verdict = "not_engaged"
+            f.reason = (f"{len(f.tokens)} tokens equal to classic decode, but the engine's record shows"
+                        f" {f.accepted} accepted drafts over {len(f.rounds)} rounds: not a pass")
+        else:
+            f.verdict = "match"
+            f.reason = (f"{len(f.tokens)} tokens equal to classic decode over {len(f.rounds)} rounds,"
+                        f" {f.accepted} of {f.drafted} drafts accepted")
+        return f
+    f.verdict, f.index, f.engine_token, f.classic_token = "diverged", diff, f.tokens[diff], classic[diff]
+    pos, f.round, f.row = first_round_offset, 0, diff
+    if diff >= first_round_offset:
+        for r, rec in enumerate(f.rounds, start=1):
+            if diff < pos + rec["committed"]:
+                f.round, f.row = r, diff - pos
+                prev = f.rounds[r - 2] if r >= 2 else None
+                f.after_rollback = bool(prev and prev.get("drafted", 0) > prev.get("accepted", 0))
+                break
+            pos += rec["committed"]
+    where = "the prefill's token" if f.round == 0 else (
+        f"round {f.round}, row {f.row} of its verify block ({'an accepted draft' if f.row < f.rounds[f.round - 1]['accepted'] else 'the correction/bonus row'};"
+        f" {f.rounds[f.round - 1]['drafted']} drafted, {f.rounds[f.round - 1]['accepted']} accepted,"
+        f" source {f.rounds[f.round - 1].get('source', 'draft')}"
+        f"{', after a rollback of rejected rows' if f.after_rollback else ''})")
+    f.reason = f"token {diff}: engine {f.engine_token}, classic {f.classic_token}, at {where}"
+    return f
+
+
+def _failed(f: Finding, err: BaseException) -> Finding:
+    f.verdict = "error"
+    last = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+    at = f" (at {last.filename.rsplit('site-packages/', 1)[-1]}:{last.lineno})" if last else ""
+    f.error = f"{type(err).__name__}: {err}"[:400] + at
+    f.reason = "the engine raised"
+    return f
+
+
+def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int) -> list[Finding]:
+    from mlx_dspark.generate import speculative_generate
+    from mlx_dspark.load import load_drafter, load_target
+
+    classic, eos = classic_tokens(target, prompt, n)
+    out = []
+    for entry, kw in (("speculative_generate", {}),
+                      ("speculative_generate full block, no lookup", {"max_draft_tokens": None,
+                                                                       "lookup_drafts": False})):
+        f = Finding("mlx-dspark", entry)
+        t0 = time.perf_counter()
+        try:
+            tgt, tok = load_target(target, require_tap=True)
+            drafter, _ = load_drafter(draft)
+
+            def on_round(**r: Any) -> None:
+                f.rounds.append({"drafted": int(r.get("drafted", 0)), "accepted": int(r.get("accepted", 0)),
+                                 "committed": int(r.get("committed", 0)), "source": str(r.get("source", ""))})
+
+            res = speculative_generate(tgt, tok, drafter, prompt_ids=list(prompt), max_new_tokens=n,
+                                       on_round=on_round, **kw)
+            f.tokens = [int(t) for t in res.token_ids]
+            f.drafted = sum(r["drafted"] for r in f.rounds)
+            f.accepted = sum(r["accepted"] for r in f.rounds)
+            judge(f, classic, eos | {int(e) for e in getattr(tok, "eos_token_ids", []) or []}, 1)
+        except Exception as err:  # noqa: BLE001  (the engine's own error is the finding)
+            _failed(f, err)
+        f.seconds = time.perf_counter() - t0
+        out.append(f)
+    return out
+
+
+def run_dspark_mlx(target: str, draft: str, prompt: list[int], n: int) -> list[Finding]:
+    from dspark_mlx import generate, generate_eager, load_draft, load_host
+    from dspark_mlx.events import TokenEvent
+
+    classic, eos = classic_tokens(target, prompt, n)
+    eos_id = min(eos) if eos else None
+    out = []
+    for entry, loop in (("generate_eager", generate_eager), ("generate", generate)):
+        f = Finding("dspark-mlx", entry)
+        t0 = time.perf_counter()
+        try:
+            drafter, cfg = load_draft(draft)
+            _, _, adapter = load_host(target, cfg)
+            drafted_per_round = int(drafter.block_size)
+            for ev in loop(adapter, drafter, [list(prompt)], max_new_tokens=n, eos_id=eos_id):
+                if isinstance(ev, TokenEvent):
+                    # a round's tokens all carry its n_accepted: a new round starts when the last one is full
+                    if not f.rounds or f.rounds[-1]["committed"] == f.rounds[-1]["accepted"] + 1:
+                        f.rounds.append({"drafted": drafted_per_round, "accepted": int(ev.n_accepted),
+                                         "committed": 0, "source": "dspark"})
+                    f.rounds[-1]["committed"] += 1
+                    f.tokens.append(int(ev.token))
+                else:
+                    f.drafted, f.accepted = int(ev.n_drafted), int(ev.n_accepted)
+            judge(f, classic, eos, 0)
+        except Exception as err:  # noqa: BLE001
+            _failed(f, err)
+        f.seconds = time.perf_counter() - t0
+        out.append(f)
+    return out
+
+
+def run_dfly_mlx(target: str, draft: str, prompt: list[int], n: int) -> list[Finding]:
+    from dflash_mlx.engine.events import SummaryEvent, TokenEvent
+    from dflash_mlx.runtime import get_stop_token_ids, stream_dflash_generate
+    from dflash_mlx.runtime.context import build_offline_runtime_context
+    from dfly_mlx.generate import generate
+    from dfly_mlx.loading import load_runtime
+
+    classic, eos = classic_tokens(target, prompt, n)
+    out = []
+    f = Finding("dfly-mlx", "generate")
+    t0 = time.perf_counter()
+    try:
+        bundle = load_runtime(target, draft)
+        text = bundle.tokenizer.decode(list(prompt))
+        res = generate(bundle, text, max_tokens=n)
+        f.tokens = list(res.token_ids)
+        hist = list(res.summary.get("acceptance_history") or [])
+        f.rounds = [{"drafted": int(bundle.draft_model.block_size) - 1, "accepted": int(a), "committed": int(a) + 1,
+                     "source": "dfly"} for a in hist]
+        f.accepted = sum(hist)
+        f.reason = "its own chat prompt"
+        # generate() prompts with the chat template: its reference is classic decode of those ids
+        from dfly_mlx.generate import no_thinking_prompt_tokens
+
+        classic2, _ = classic_tokens(target, no_thinking_prompt_tokens(bundle.tokenizer, text), n)
+        judge(f, classic2, eos, 0)
+    except Exception as err:  # noqa: BLE001
+        _failed(f, err)
+    f.seconds = time.perf_counter() - t0
+    out.append(f)
+
+    f = Finding("dfly-mlx", "stream_dflash_generate + DFlyDraftBackend")
+    t0 = time.perf_counter()
+    try:
+        bundle = load_runtime(target, draft)
+        stream = stream_dflash_generate(
+            target_model=bundle.target_model, target_ops=bundle.target_ops, tokenizer=bundle.tokenizer,
+            draft_model=bundle.draft_model, draft_backend=bundle.draft_backend, prompt="",
+            prompt_tokens_override=list(prompt), max_new_tokens=n, use_chat_template=False,
+            block_tokens=int(bundle.draft_model.block_size), stop_token_ids=get_stop_token_ids(bundle.tokenizer),
+            runtime_context=build_offline_runtime_context(verify_mode="dflash"))
+        for ev in stream:
+            if isinstance(ev, TokenEvent):
+                f.tokens.append(int(ev.token_id))
+            elif isinstance(ev, SummaryEvent):
+                hist = list(ev.acceptance_history or [])
+                f.rounds = [{"drafted": int(bundle.draft_model.block_size) - 1, "accepted": int(a),
+                             "committed": int(a) + 1, "source": "dfly"} for a in hist]
+                f.accepted = int(ev.accepted_from_draft)
+        judge(f, classic, eos, 0)
+    except Exception as err:  # noqa: BLE001
+        _failed(f, err)
+    f.seconds = time.perf_counter() - t0
+    out.append(f)
+    return out
+
+
+def run_mtplx() -> list[Finding]:
+    """Each mtplx entry point imported: what does not import here is ``cannot_run`` with its own cause."""
+    import importlib
+
+    out = []
+    for entry, module, attr in MTPLX_ENTRY_POINTS:
+        f = Finding("mtplx", entry)
+        try:
+            mod = importlib.import_module(module)
+            if attr is not None:
+                getattr(mod, attr)
+            f.verdict, f.reason = "error", "imports here, but no MTP fixture drives it yet: not a pass"
+        except BaseException as err:  # noqa: BLE001  (an import may raise anything, SystemExit included)
+            _failed(f, err)
+            f.verdict, f.reason = "cannot_run", f"{module} does not import on {sys.platform}"
+        out.append(f)
+    return out
+
+
+def run(engine: str, target: str, draft: str, prompt: list[int], n: int) -> list[Finding]:
+    if engine == "mlx-dspark":
+        return run_mlx_dspark(target, draft, prompt, n)
+    if engine == "dspark-mlx":
+        return run_dspark_mlx(target, draft, prompt, n)
+    if engine == "dfly-mlx":
+        return run_dfly_mlx(target, draft, prompt, n)
+    if engine == "mtplx":
+        return run_mtplx()
+    raise SystemExit(f"Error: unknown engine {engine!r}: choose from {', '.join(ENGINES)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -P -m specparity.probes.engine_e2e", description=__doc__.split("\n")[0])
+    ap.add_argument("--engine", required=True, choices=ENGINES)
+    ap.add_argument("--target", default="")
+    ap.add_argument("--draft", default="")
+    ap.add_argument("--prompt-ids", default="", help="comma-separated token ids")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    a = ap.parse_args(argv)
+    prompt = [int(x) for x in a.prompt_ids.split(",") if x.strip()]
+    if a.engine != "mtplx" and not (a.target and a.draft and prompt):
+        ap.error("--target, --draft and --prompt-ids are required")
+    for f in run(a.engine, a.target, a.draft, prompt, a.max_tokens):
+        print(json.dumps(f.to_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
