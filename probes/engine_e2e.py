@@ -43,6 +43,9 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# set to N: mlx-dspark's N-th verify of each generation flips its first row (the detector's own test)
+FAULT_VAR = "SPECPARITY_ENGINE_FAULT_ROUND"
+ENGINE_PACKAGES = ("mlx_dspark", "dspark_mlx", "dfly_mlx", "dflash_mlx", "mtplx")
 ENGINES = ("mlx-dspark", "dspark-mlx", "dfly-mlx", "mtplx")
 MTPLX_ENTRY_POINTS = (("runtime.load", "mtplx.runtime", "load"), ("generate_ar", "mtplx.generation", "generate_ar"),
                       ("generate_mtp1", "mtplx.generation", "generate_mtp1"),
@@ -139,18 +142,54 @@ def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int
 
 def _failed(f: Finding, err: BaseException) -> Finding:
     f.verdict = "error"
-    last = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+    frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ else []
+    # the engine's own frame that raised (mlx's __getattr__ or a stdlib helper says less)
+    own = [fr for fr in frames if any(f"/{m}/" in fr.filename for m in ENGINE_PACKAGES)]
+    last = (own or frames or [None])[-1]
     at = f" (at {last.filename.rsplit('site-packages/', 1)[-1]}:{last.lineno})" if last else ""
     f.error = f"{type(err).__name__}: {err}"[:400] + at
     f.reason = "the engine raised"
     return f
 
 
+def inject_verify_fault(round_no: int) -> None:
+    """A fault in mlx-dspark's own verify (for the detector's tests): the ``round_no``-th ``Target.verify``
+    of each generation returns row 0 with its second-best token raised above its best, so the engine emits
+    a token classic decode does not there."""
+    import mlx.core as mx
+    from mlx_dspark.target import Target
+
+    orig = Target.verify
+    calls = {"n": 0}
+
+    def verify(self: Any, ids: Any, cache: Any, tap: Any) -> Any:
+        logits, fused = orig(self, ids, cache, tap)
+        calls["n"] += 1
+        if calls["n"] == round_no:
+            row = logits[0, 0]
+            second = int(mx.argsort(row)[-2].item())
+            logits = logits.at[0, 0, second].add(mx.abs(row).max() * 4 + 1)
+        return logits, fused
+
+    Target.verify = verify  # type: ignore[method-assign]
+    orig_reset = Target.reset_spec
+
+    def reset_spec(self: Any) -> None:
+        calls["n"] = 0
+        orig_reset(self)
+
+    Target.reset_spec = reset_spec  # type: ignore[method-assign]
+
+
 def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int) -> list[Finding]:
+    import os
+
     from mlx_dspark.generate import speculative_generate
     from mlx_dspark.load import load_drafter, load_target
 
     classic, eos = classic_tokens(target, prompt, n)
+    if os.environ.get(FAULT_VAR):
+        inject_verify_fault(int(os.environ[FAULT_VAR]))
     out = []
     for entry, kw in (("speculative_generate", {}),
                       ("speculative_generate full block, no lookup", {"max_draft_tokens": None,
@@ -230,6 +269,7 @@ def run_dfly_mlx(target: str, draft: str, prompt: list[int], n: int) -> list[Fin
         f.rounds = [{"drafted": int(bundle.draft_model.block_size) - 1, "accepted": int(a), "committed": int(a) + 1,
                      "source": "dfly"} for a in hist]
         f.accepted = sum(hist)
+        f.drafted = sum(r["drafted"] for r in f.rounds)
         f.reason = "its own chat prompt"
         # generate() prompts with the chat template: its reference is classic decode of those ids
         from dfly_mlx.generate import no_thinking_prompt_tokens
@@ -259,6 +299,7 @@ def run_dfly_mlx(target: str, draft: str, prompt: list[int], n: int) -> list[Fin
                 f.rounds = [{"drafted": int(bundle.draft_model.block_size) - 1, "accepted": int(a),
                              "committed": int(a) + 1, "source": "dfly"} for a in hist]
                 f.accepted = int(ev.accepted_from_draft)
+                f.drafted = sum(r["drafted"] for r in f.rounds)
         judge(f, classic, eos, 0)
     except Exception as err:  # noqa: BLE001
         _failed(f, err)
