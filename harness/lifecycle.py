@@ -62,7 +62,7 @@ from specparity.harness.watchdog import group_alive
 
 __all__ = ["ArgTemplate", "HOST", "HOST_ARG", "PORT_ARG", "Server", "ServerStartError", "ServerTimes", "Stoppable",
            "catch_sigterm", "end_watcher", "free_port", "group_alive", "live_servers", "log_tail", "register",
-           "remove_scratch", "resolve_argv", "scratch_dir", "spawn_tied", "stop_all", "unregister"]
+           "remove_scratch", "resolve_argv", "run_tied", "scratch_dir", "spawn_tied", "stop_all", "unregister"]
 
 log = logging.getLogger(__name__)
 
@@ -370,6 +370,57 @@ def spawn_tied(argv: Sequence[str], grace: float, watcher_out: Any = subprocess.
     proc, interrupted = _SPAWNER.popen(wrapped, start_new_session=True, **popen)
     watcher = _watch(proc.pid, grace, str(popen.get("cwd") or tempfile.gettempdir()), watcher_out)
     return proc, watcher, interrupted
+
+
+class _TiedRun:
+    """A child that runs to its end (:func:`run_tied`), stoppable by :func:`stop_all` meanwhile."""
+
+    def __init__(self, name: str, proc: subprocess.Popen, watcher: subprocess.Popen | None, grace: float):
+        self._name, self.proc, self.watcher, self.grace = name, proc, watcher, grace
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def stop(self) -> None:
+        """SIGTERM to its group, SIGKILL after ``grace`` seconds: it and anything it started end."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(self.grace)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(DEFAULT_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            log.error("%s (pid %d) survived SIGKILL", self._name, self.proc.pid)
+
+
+def run_tied(argv: Sequence[str], name: str, grace: float = 5.0, **popen: Any) -> int:
+    """Run ``argv`` to its end tied to this process (:func:`spawn_tied`): Ctrl-C, SIGTERM or any
+    error here stops it and its group; SIGKILL here has its watcher stop it. Its exit code.
+
+    For a command re-run in an engine's environment: the one way the toolkit runs a child to completion.
+    """
+    proc, watcher, interrupted = spawn_tied(argv, grace, **popen)
+    run = _TiedRun(name, proc, watcher, grace)
+    register(run)
+    try:
+        if interrupted is not None:
+            raise interrupted
+        return proc.wait()
+    finally:
+        try:
+            if proc.poll() is None:
+                run.stop()
+            else:
+                # the child has exited: anything it left in its group goes too
+                _signal_group(proc.pid, signal.SIGKILL)
+        finally:
+            unregister(run)
+            if watcher is not None:
+                end_watcher(watcher)
 
 
 def _watch(pgid: int, grace: float, cwd: str, log_file: Any) -> subprocess.Popen | None:

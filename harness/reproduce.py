@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.harness.client import Completion, Request
-from specparity.harness.engines import Engine
+from specparity.engines import ServedHooks
 from specparity.harness.plan import ArmPlan
 
 SPECPARITY_SERVE_LOOP = "specparity-serve"
@@ -71,7 +71,7 @@ class Finding:
 
     engine: str
     loop: str | None
-    engine_hooks: Engine
+    engine_hooks: ServedHooks
     engine_version: str | None = None
     token_index: int | None = None
     prompt_ids: list[int] | None = None

@@ -51,6 +51,8 @@ ENTRY_POINTS = ("stream_generate", "generate", "cli")
 STEPS = ("generate_step", "speculative_generate_step")
 # the calls that draft: mlx-lm's speculative step, dflash-mlx's loop and its CLI (probes/e2e_dflash.py)
 DRAFTING_STEPS = ("speculative_generate_step", "stream_dflash_generate", "dflash generate")
+# any engine's own speculative loop run through its adapter (probes/e2e_engine.py) names its step so
+OWN_LOOP = "(its own loop)"
 SPY_ENV = "SPECPARITY_E2E_SPY"
 CLI_TIMEOUT_S = 600
 # options a user may pass -> the mlx_lm.generate CLI flag (None: the CLI has no such flag)
@@ -420,7 +422,8 @@ class EntryResult(ReportMixin):
             return Verdict.NOT_RUN
         if self.difference or self.dropped:
             return Verdict.DIVERGED
-        if self.drafter.step not in DRAFTING_STEPS or self.drafter.drafted == 0:
+        step = self.drafter.step or ""
+        if (step not in DRAFTING_STEPS and not step.endswith(OWN_LOOP)) or self.drafter.drafted == 0:
             return Verdict.NOT_ENGAGED
         return Verdict.MATCH
 

@@ -34,7 +34,7 @@ from specparity.probes.e2e import (
 )
 from specparity.progress import NULL, Observer
 
-ENTRY_POINTS = ("dflash-stream", "dflash-cli")
+from specparity.engines.dflash_mlx import E2E_ENTRY_POINTS as ENTRY_POINTS  # noqa: E402  (declared by the engine)
 # dflash generate's last stderr line: "\n64 tokens | 12.3 tok/s | 45.6% acceptance"
 _ACCEPT_RE = re.compile(r"(\d+) tokens \| [\d.]+ tok/s \| ([\d.]+)% acceptance")
 

@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI. ``--debug`` adds tracebacks on stderr and changes no exit code."""
     args = list(argv if argv is not None else sys.argv[1:])
     debug = _debug_requested(args)
+    from specparity.engine_env import claim_rerun_result, report_rerun
+
+    result_to = claim_rerun_result()
     code = EXIT_BUG
     try:
         # the argv rides along: a command that re-runs in an engine's environment passes it on
@@ -155,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         hint = "" if debug else " (rerun with --debug for the traceback)"
         click.echo(f"Error: unexpected {what}{hint}", err=True)
         code = EXIT_BUG
+    report_rerun(result_to, args, code)  # a re-run in an engine's environment: its parent believes only this
     sys.exit(code)
 
 

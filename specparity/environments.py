@@ -26,10 +26,11 @@ time, not a copy made at build time: a ``.pth`` hook installs an import finder
 from ``$SPECPARITY_SOURCE`` (see :meth:`Environment.environ`), so one built
 environment serves every checkout and never runs stale code.
 
-Packaged specs (:data:`PACKAGED`): ``mlx-lm-0.31.3``, ``mlx-lm-0.32.2``,
-``dflash-mlx`` and ``dflash-mlx-mlx-lm-0.32.2`` (dflash-mlx in process on mlx-lm
-0.32.2). A spec may also be a YAML file (keys as :class:`EnvSpec`) or a mapping
-given inline in a profile.
+Packaged specs (:data:`PACKAGED`): every registered engine's environments
+(:mod:`specparity.engines`: ``mlx-lm-0.31.3``, ``mlx-lm-0.32.2``, ``dflash-mlx``,
+``dflash-mlx-mlx-lm-0.32.2``...), each with the mlx and transformers pins added. A
+spec may also be a YAML file (keys as :class:`EnvSpec`) or a mapping given inline
+in a profile.
 """
 
 from __future__ import annotations
@@ -154,44 +155,16 @@ class EnvSpec:
                 "digest": self.digest, "source": self.source}
 
 
-PACKAGED: dict[str, EnvSpec] = {
-    spec.name: spec for spec in (
-        EnvSpec("mlx-lm-0.31.3", ("mlx-lm==0.31.3", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                "mlx-lm 0.31.3 (its server and generate) on mlx " + MLX_PIN, imports=("mlx_lm",)),
-        EnvSpec("mlx-lm-0.32.2", ("mlx-lm==0.32.2", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                "mlx-lm 0.32.2 (its server and generate) on mlx " + MLX_PIN, imports=("mlx_lm",)),
-        # dflash-mlx 0.1.8's server imports mlx_lm.generate.SequenceStateMachine, which 0.32 removed
-        EnvSpec("dflash-mlx", ("dflash-mlx==0.1.8", "mlx-lm==0.31.3", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                "dflash-mlx 0.1.8 (dflash serve / generate) on mlx-lm 0.31.3",
-                imports=("mlx_lm", "dflash_mlx", "dflash_mlx.serve")),
-        # the in-process column of mlx-lm 0.32.2: dflash-mlx's generate and its engine API import with it,
-        # its server does not (so no dflash_mlx.serve here)
-        EnvSpec("dflash-mlx-mlx-lm-0.32.2",
-                ("dflash-mlx==0.1.8", "mlx-lm==0.32.2", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                "dflash-mlx 0.1.8 in process (dflash generate, no server) on mlx-lm 0.32.2",
-                imports=("mlx_lm", "dflash_mlx", "dflash_mlx.generate", "dflash_mlx.runtime.bundle",
-                         "dflash_mlx.engine.spec_epoch")),
-        # issue 27's engines, each on the mlx-lm its metadata allows (mlx-dspark and dspark-mlx: >=0.31.3 / >=0.31,
-        # dfly-mlx through dflash-mlx 0.1.8), mlx-vlm pinned because both DSpark packages import it
-        EnvSpec("mlx-dspark", ("mlx-dspark==0.20.3", "mlx-lm==0.31.3", "mlx-vlm==0.7.10", *_MLX,
-                               f"transformers=={TRANSFORMERS_PIN}"),
-                "mlx-dspark 0.20.3 (speculative_generate, mlx-dspark serve) on mlx-lm 0.31.3",
-                imports=("mlx_lm", "mlx_dspark", "mlx_dspark.generate", "mlx_dspark.server")),
-        EnvSpec("dspark-mlx", ("dspark-mlx==0.1.0", "mlx-lm==0.31.3", "mlx-vlm==0.7.10", *_MLX,
-                               f"transformers=={TRANSFORMERS_PIN}"),
-                "dspark-mlx 0.1.0 (generate_eager, generate; no server) on mlx-lm 0.31.3",
-                imports=("mlx_lm", "dspark_mlx", "dspark_mlx.generate")),
-        EnvSpec("dfly-mlx", ("dfly-mlx==0.1.0", "dflash-mlx==0.1.8", "mlx-lm==0.31.3", *_MLX,
-                             f"transformers=={TRANSFORMERS_PIN}"),
-                "dfly-mlx 0.1.0 (load_runtime + generate on dflash-mlx 0.1.8; no server) on mlx-lm 0.31.3",
-                imports=("mlx_lm", "dflash_mlx", "dfly_mlx", "dfly_mlx.generate", "dfly_mlx.loading")),
-        # mtplx pins mlx, mlx-lm and transformers for macOS on Apple silicon only; here they come from our pins,
-        # and `import mtplx` itself is not checked: on Linux it fails (its cause is recorded per entry point)
-        EnvSpec("mtplx", ("mtplx==2.12.2", "mlx-lm==0.31.3", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                "mtplx 2.12.2 (declares macOS-only dependencies; imports on Apple silicon only) on mlx-lm 0.31.3",
-                imports=("mlx_lm",)),
-    )
-}
+def _packaged() -> dict[str, EnvSpec]:
+    """Every registered engine's environments (:mod:`specparity.engines`), the shared pins added."""
+    from specparity.engines import registry
+
+    return {env.name: EnvSpec(env.name, (*env.packages, *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
+                              env.description, imports=env.imports)
+            for spec in registry().values() for env in spec.environments}
+
+
+PACKAGED: dict[str, EnvSpec] = _packaged()
 
 
 def cache_root() -> Path:

@@ -22,8 +22,8 @@ Classic decode is mlx-lm's own path (:class:`specparity.decode.Decoder`) on
 the same weights; :meth:`Engine.classic` is the context it must run in (an
 engine that patches mlx-lm's classes takes its patches out there).
 
-One module per engine: ``mlx_lm.py``, ``dflash_mlx.py``. :func:`load_engine`
-(``probes/engines/__init__.py``) picks one by name.
+One module per engine: ``mlx_lm.py``, ``dflash_mlx.py``; the engine registry
+(:mod:`specparity.engines`) says which an engine loads, and how.
 """
 
 from __future__ import annotations
