@@ -47,6 +47,8 @@ from typing import Any
 FAULT_VAR = "SPECPARITY_ENGINE_FAULT_ROUND"
 ENGINE_PACKAGES = ("mlx_dspark", "dspark_mlx", "dfly_mlx", "dflash_mlx", "mtplx")
 ENGINES = ("mlx-dspark", "dspark-mlx", "dfly-mlx", "mtplx")
+ENTRY_POINTS = {"mlx-dspark": ("speculative_generate", "speculative_generate-full-block"),
+                "dspark-mlx": ("generate_eager", "generate"), "dfly-mlx": ("generate", "dfly-stream")}
 MTPLX_ENTRY_POINTS = (("runtime.load", "mtplx.runtime", "load"), ("generate_ar", "mtplx.generation", "generate_ar"),
                       ("generate_mtp1", "mtplx.generation", "generate_mtp1"),
                       ("generate_mtpk", "mtplx.generation", "generate_mtpk"), ("mtplx CLI", "mtplx.cli", "main"),
@@ -65,6 +67,8 @@ class Finding:
     round: the round that emitted it (1-based; 0: the prefill's token); row: its row in that round's
     verify block (0: the first); after_rollback: the round before rejected rows the engine rolled back.
     reason: one line. error: the engine's error (type: message). seconds: the engine's wall time.
+    prompt: the ids the engine consumed where they are not the prompt given (dfly-mlx's chat template).
+    tie: at a diverged token, both tokens' logits and logprobs from classic decode (:func:`label_tie`).
     """
 
     engine: str
@@ -84,6 +88,8 @@ class Finding:
     reason: str = ""
     error: str = ""
     seconds: float = 0.0
+    prompt: list[int] | None = None
+    tie: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,13 +137,40 @@ def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int
                 f.after_rollback = bool(prev and prev.get("drafted", 0) > prev.get("accepted", 0))
                 break
             pos += rec["committed"]
-    where = "the prefill's token" if f.round == 0 else (
-        f"round {f.round}, row {f.row} of its verify block ({'an accepted draft' if f.row < f.rounds[f.round - 1]['accepted'] else 'the correction/bonus row'};"
-        f" {f.rounds[f.round - 1]['drafted']} drafted, {f.rounds[f.round - 1]['accepted']} accepted,"
-        f" source {f.rounds[f.round - 1].get('source', 'draft')}"
-        f"{', after a rollback of rejected rows' if f.after_rollback else ''})")
+    if f.round == 0:
+        where = "the prefill's token"
+    else:
+        rec = f.rounds[f.round - 1]
+        kind = "an accepted draft" if f.row < rec["accepted"] else "the correction/bonus row"
+        where = (f"round {f.round}, row {f.row} of its verify block ({kind}; {rec['drafted']} drafted,"
+                 f" {rec['accepted']} accepted, source {rec.get('source', 'draft')}"
+                 f"{', after a rollback of rejected rows' if f.after_rollback else ''})")
     f.reason = f"token {diff}: engine {f.engine_token}, classic {f.classic_token}, at {where}"
     return f
+
+
+def label_tie(f: Finding, target_dir: str, prompt: list[int]) -> None:
+    """At a diverged token, both tokens' raw logits and logprobs from one classic forward over the prompt and
+    classic decode's tokens before it, in the model's dtype: equal logprobs are an exact tie classic decode
+    breaks toward the lower id (``logit_tie``: the raw logits are equal too)."""
+    if f.verdict != "diverged" or f.index is None:
+        return
+    import mlx.core as mx
+    from mlx_lm import load
+
+    model, _ = load(target_dir)
+    ids = list(f.prompt if f.prompt is not None else prompt) + f.classic[:f.index]
+    logits = model(mx.array(ids)[None])[0, -1]
+    logprobs = logits - mx.logsumexp(logits, keepdims=True)
+    e, c = int(f.engine_token or 0), int(f.classic_token or 0)
+    le, lc, pe, pc = (float(x) for x in (logits[e], logits[c], logprobs[e], logprobs[c]))
+    f.tie = {"engine_logit": le, "classic_logit": lc, "engine_logprob": pe, "classic_logprob": pc,
+             "logprob_tie": pe == pc, "logit_tie": le == lc, "dtype": str(logits.dtype)}
+    if pe == pc:
+        f.reason += (f"; an exact tie in {logits.dtype} logprobs ({pc:.6g}) that classic decode breaks toward"
+                     f" the lower id (raw logits {le:.6g} vs {lc:.6g})")
+    else:
+        f.reason += f"; not a tie: logprobs {pe:.6g} (engine's token) vs {pc:.6g} (classic's), {logits.dtype}"
 
 
 def _failed(f: Finding, err: BaseException) -> Finding:
@@ -181,7 +214,8 @@ def inject_verify_fault(round_no: int) -> None:
     Target.reset_spec = reset_spec  # type: ignore[method-assign]
 
 
-def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int) -> list[Finding]:
+def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int,
+                   entries: tuple[str, ...] = ()) -> list[Finding]:
     import os
 
     from mlx_dspark.generate import speculative_generate
@@ -192,8 +226,9 @@ def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int) -> list[F
         inject_verify_fault(int(os.environ[FAULT_VAR]))
     out = []
     for entry, kw in (("speculative_generate", {}),
-                      ("speculative_generate full block, no lookup", {"max_draft_tokens": None,
-                                                                       "lookup_drafts": False})):
+                      ("speculative_generate-full-block", {"max_draft_tokens": None, "lookup_drafts": False})):
+        if entries and entry not in entries:
+            continue
         f = Finding("mlx-dspark", entry)
         t0 = time.perf_counter()
         try:
@@ -217,7 +252,8 @@ def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int) -> list[F
     return out
 
 
-def run_dspark_mlx(target: str, draft: str, prompt: list[int], n: int) -> list[Finding]:
+def run_dspark_mlx(target: str, draft: str, prompt: list[int], n: int,
+                   entries: tuple[str, ...] = ()) -> list[Finding]:
     from dspark_mlx import generate, generate_eager, load_draft, load_host
     from dspark_mlx.events import TokenEvent
 
@@ -225,6 +261,8 @@ def run_dspark_mlx(target: str, draft: str, prompt: list[int], n: int) -> list[F
     eos_id = min(eos) if eos else None
     out = []
     for entry, loop in (("generate_eager", generate_eager), ("generate", generate)):
+        if entries and entry not in entries:
+            continue
         f = Finding("dspark-mlx", entry)
         t0 = time.perf_counter()
         try:
@@ -249,71 +287,76 @@ def run_dspark_mlx(target: str, draft: str, prompt: list[int], n: int) -> list[F
     return out
 
 
-def run_dfly_mlx(target: str, draft: str, prompt: list[int], n: int) -> list[Finding]:
+def run_dfly_mlx(target: str, draft: str, prompt: list[int], n: int,
+                 entries: tuple[str, ...] = ()) -> list[Finding]:
     from dflash_mlx.engine.events import SummaryEvent, TokenEvent
     from dflash_mlx.runtime import get_stop_token_ids, stream_dflash_generate
     from dflash_mlx.runtime.context import build_offline_runtime_context
-    from dfly_mlx.generate import generate
+    from dfly_mlx.generate import generate, no_thinking_prompt_tokens
     from dfly_mlx.loading import load_runtime
 
     classic, eos = classic_tokens(target, prompt, n)
-    out = []
-    f = Finding("dfly-mlx", "generate")
-    t0 = time.perf_counter()
-    try:
+
+    def rounds_of(hist: list[int], block: int) -> list[dict[str, Any]]:
+        return [{"drafted": block - 1, "accepted": int(a), "committed": int(a) + 1, "source": "dfly"} for a in hist]
+
+    def own_generate(f: Finding) -> None:
         bundle = load_runtime(target, draft)
         text = bundle.tokenizer.decode(list(prompt))
+        # generate() prompts with its no-thinking chat template: classic decode of those ids is its reference
+        ids = no_thinking_prompt_tokens(bundle.tokenizer, text)
+        f.prompt = list(ids)
         res = generate(bundle, text, max_tokens=n)
         f.tokens = list(res.token_ids)
-        hist = list(res.summary.get("acceptance_history") or [])
-        f.rounds = [{"drafted": int(bundle.draft_model.block_size) - 1, "accepted": int(a), "committed": int(a) + 1,
-                     "source": "dfly"} for a in hist]
-        f.accepted = sum(hist)
-        f.drafted = sum(r["drafted"] for r in f.rounds)
-        f.reason = "its own chat prompt"
-        # generate() prompts with the chat template: its reference is classic decode of those ids
-        from dfly_mlx.generate import no_thinking_prompt_tokens
+        f.rounds = rounds_of(list(res.summary.get("acceptance_history") or []), int(bundle.draft_model.block_size))
+        judge_rounds(f)
+        judge(f, classic_tokens(target, ids, n)[0], eos, 0)
 
-        classic2, _ = classic_tokens(target, no_thinking_prompt_tokens(bundle.tokenizer, text), n)
-        judge(f, classic2, eos, 0)
-    except Exception as err:  # noqa: BLE001
-        _failed(f, err)
-    f.seconds = time.perf_counter() - t0
-    out.append(f)
-
-    f = Finding("dfly-mlx", "stream_dflash_generate + DFlyDraftBackend")
-    t0 = time.perf_counter()
-    try:
+    def stream(f: Finding) -> None:
         bundle = load_runtime(target, draft)
-        stream = stream_dflash_generate(
+        events = stream_dflash_generate(
             target_model=bundle.target_model, target_ops=bundle.target_ops, tokenizer=bundle.tokenizer,
             draft_model=bundle.draft_model, draft_backend=bundle.draft_backend, prompt="",
             prompt_tokens_override=list(prompt), max_new_tokens=n, use_chat_template=False,
             block_tokens=int(bundle.draft_model.block_size), stop_token_ids=get_stop_token_ids(bundle.tokenizer),
             runtime_context=build_offline_runtime_context(verify_mode="dflash"))
-        for ev in stream:
+        for ev in events:
             if isinstance(ev, TokenEvent):
                 f.tokens.append(int(ev.token_id))
             elif isinstance(ev, SummaryEvent):
-                hist = list(ev.acceptance_history or [])
-                f.rounds = [{"drafted": int(bundle.draft_model.block_size) - 1, "accepted": int(a),
-                             "committed": int(a) + 1, "source": "dfly"} for a in hist]
-                f.accepted = int(ev.accepted_from_draft)
-                f.drafted = sum(r["drafted"] for r in f.rounds)
+                f.rounds = rounds_of(list(ev.acceptance_history or []), int(bundle.draft_model.block_size))
+        judge_rounds(f)
         judge(f, classic, eos, 0)
-    except Exception as err:  # noqa: BLE001
-        _failed(f, err)
-    f.seconds = time.perf_counter() - t0
-    out.append(f)
+
+    out = []
+    for entry, fn in (("generate", own_generate), ("dfly-stream", stream)):
+        if entries and entry not in entries:
+            continue
+        f = Finding("dfly-mlx", entry)
+        t0 = time.perf_counter()
+        try:
+            fn(f)
+        except Exception as err:  # noqa: BLE001  (the engine's own error is the finding)
+            _failed(f, err)
+        f.seconds = time.perf_counter() - t0
+        out.append(f)
     return out
 
 
-def run_mtplx() -> list[Finding]:
+def judge_rounds(f: Finding) -> None:
+    """Proposals made and accepted in all, from the engine's round record."""
+    f.drafted = sum(r["drafted"] for r in f.rounds)
+    f.accepted = sum(r["accepted"] for r in f.rounds)
+
+
+def run_mtplx(entries: tuple[str, ...] = ()) -> list[Finding]:
     """Each mtplx entry point imported: what does not import here is ``cannot_run`` with its own cause."""
     import importlib
 
     out = []
     for entry, module, attr in MTPLX_ENTRY_POINTS:
+        if entries and entry not in entries:
+            continue
         f = Finding("mtplx", entry)
         try:
             mod = importlib.import_module(module)
@@ -327,15 +370,17 @@ def run_mtplx() -> list[Finding]:
     return out
 
 
-def run(engine: str, target: str, draft: str, prompt: list[int], n: int) -> list[Finding]:
-    if engine == "mlx-dspark":
-        return run_mlx_dspark(target, draft, prompt, n)
-    if engine == "dspark-mlx":
-        return run_dspark_mlx(target, draft, prompt, n)
-    if engine == "dfly-mlx":
-        return run_dfly_mlx(target, draft, prompt, n)
+def run(engine: str, target: str, draft: str, prompt: list[int], n: int,
+        entries: tuple[str, ...] = ()) -> list[Finding]:
+    """``engine``'s entry points (``entries``; all when empty) against classic decode."""
+    runs = {"mlx-dspark": run_mlx_dspark, "dspark-mlx": run_dspark_mlx, "dfly-mlx": run_dfly_mlx}
     if engine == "mtplx":
-        return run_mtplx()
+        return run_mtplx(entries)
+    if engine in runs:
+        found = runs[engine](target, draft, prompt, n, entries)
+        for f in found:
+            label_tie(f, target, prompt)
+        return found
     raise SystemExit(f"Error: unknown engine {engine!r}: choose from {', '.join(ENGINES)}")
 
 

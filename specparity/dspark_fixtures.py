@@ -126,7 +126,8 @@ def drafter_weights(cfg: dict[str, Any], table: list[int], seed: int) -> dict[st
 
     mx.random.seed(seed + 11)
     h, v, r = cfg["hidden_size"], cfg["vocab_size"], cfg["markov_rank"]
-    nh, nkv, hd, inter = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["intermediate_size"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    inter = cfg["intermediate_size"]
 
     def rnd(*shape: int, scale: float = 0.02) -> Any:
         return mx.random.normal(shape) * scale
