@@ -101,7 +101,8 @@ def classic_tokens(target_dir: str, prompt: list[int], n: int) -> tuple[list[int
 
     from specparity.decode import advance_to_depth
 
-    model, tok = load(target_dir)
+    loaded = load(target_dir)
+    model, tok = loaded[0], loaded[1]
     eos = set(getattr(tok, "eos_token_ids", None) or [])
     return advance_to_depth(model, prompt, n)[2], eos
 
@@ -158,7 +159,7 @@ def label_tie(f: Finding, target_dir: str, prompt: list[int]) -> None:
     import mlx.core as mx
     from mlx_lm import load
 
-    model, _ = load(target_dir)
+    model = load(target_dir)[0]
     ids = list(f.prompt if f.prompt is not None else prompt) + f.classic[:f.index]
     logits = model(mx.array(ids)[None])[0, -1]
     logprobs = logits - mx.logsumexp(logits, keepdims=True)
@@ -178,8 +179,8 @@ def _failed(f: Finding, err: BaseException) -> Finding:
     frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ else []
     # the engine's own frame that raised (mlx's __getattr__ or a stdlib helper says less)
     own = [fr for fr in frames if any(f"/{m}/" in fr.filename for m in ENGINE_PACKAGES)]
-    last = (own or frames or [None])[-1]
-    at = f" (at {last.filename.rsplit('site-packages/', 1)[-1]}:{last.lineno})" if last else ""
+    picked = own or list(frames)
+    at = f" (at {picked[-1].filename.rsplit('site-packages/', 1)[-1]}:{picked[-1].lineno})" if picked else ""
     f.error = f"{type(err).__name__}: {err}"[:400] + at
     f.reason = "the engine raised"
     return f
@@ -200,18 +201,18 @@ def inject_verify_fault(round_no: int) -> None:
         calls["n"] += 1
         if calls["n"] == round_no:
             row = logits[0, 0]
-            second = int(mx.argsort(row)[-2].item())
+            second = int(mx.argsort(row)[-2])
             logits = logits.at[0, 0, second].add(mx.abs(row).max() * 4 + 1)
         return logits, fused
 
-    Target.verify = verify  # type: ignore[method-assign]
+    Target.verify = verify
     orig_reset = Target.reset_spec
 
     def reset_spec(self: Any) -> None:
         calls["n"] = 0
         orig_reset(self)
 
-    Target.reset_spec = reset_spec  # type: ignore[method-assign]
+    Target.reset_spec = reset_spec
 
 
 def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int,

@@ -335,7 +335,7 @@ def build_dfly_pair(out: str | os.PathLike, shape: str = "qwen3", dtype: str = "
         cfg["dflash_config"] = {**cfg["dflash_config"], "enable_hidden_correction": True,
                                 "hidden_correction_intermediate_size": cfg["hidden_size"]}
         path = tmp / "draft" / "model.safetensors"
-        w = dict(mx.load(str(path)))
+        w: dict[str, Any] = dict(mx.load(str(path)))  # type: ignore[arg-type]
         dt = w["fc.weight"].dtype
         h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
         mx.random.seed(17)

@@ -41,20 +41,23 @@ def fixture(kind: str, shape: str, dtype: str, tied: bool, root: Path) -> dict[s
     return build_dfly_pair(root / name, shape=shape, dtype=dtype, tied=tied)
 
 
-def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int) -> list[dict[str, Any]]:
-    """:mod:`specparity.probes.engine_e2e` in ``engine``'s environment: its findings (an infrastructure
-    failure is one ``error`` row with the process's last line)."""
+def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: Any = None,
+               extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """:mod:`specparity.probes.engine_e2e` in ``engine``'s environment (``env``: a built
+    :class:`~specparity.environments.Environment`; None: built on first use): its findings (an
+    infrastructure failure is one ``error`` row with the process's last line)."""
     from specparity.environments import ensure_environment
 
-    env = ensure_environment(engine, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
+    if env is None:
+        env = ensure_environment(engine, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
     argv = [str(env.python), "-P", "-m", "specparity.probes.engine_e2e", "--engine", engine,
             "--max-tokens", str(max_tokens)]
     if info is not None:
         argv += ["--target", info["target"], "--draft", info["draft"],
                  "--prompt-ids", ",".join(map(str, info["fit_prompts"][0]))]
     try:
-        proc = subprocess.run(argv, env=env.environ(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                              check=False)
+        proc = subprocess.run(argv, env={**env.environ(), **(extra_env or {})}, capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         return [{"engine": engine, "entry": "*", "verdict": "error", "error": f"no answer in {RUN_TIMEOUT_S} s"}]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
