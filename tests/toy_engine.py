@@ -36,7 +36,8 @@ def load(request: LoadRequest) -> Any:
 
             sess = self.session()
             token = int(greedy_token(sess.prefill(prompt)[-1]))
-            tokens, rounds, start = [token], [], len(prompt)
+            tokens, start = [token], len(prompt)
+            rounds: list[EngineRound] = []
             while len(tokens) < max_tokens:
                 block = [token] * 4
                 logits = sess.verify(block)
@@ -69,7 +70,7 @@ def serve(argv: list[str]) -> None:
 
     from mlx_lm.server import main
 
-    generate = importlib.import_module("mlx_lm.generate")  # the module (the package exports a function so named)
+    generate: Any = importlib.import_module("mlx_lm.generate")  # the module (the package exports a function so named)
 
     trim = generate.trim_prompt_cache
 
