@@ -354,3 +354,15 @@ def build_dfly_pair(out: str | os.PathLike, shape: str = "qwen3", dtype: str = "
                 "derived_from": str(parent)}
         (tmp / "fixture.json").write_text(json.dumps(info, indent=2))
     return info
+
+
+def make_fixture(drafter_format: str, out: str | os.PathLike, shape: str, dtype: str, tied: bool, block_size: int,
+                 overwrite: bool) -> dict[str, Any]:
+    """``specparity fixtures make --dflash SHAPE --drafter-format dspark|dfly``: the fixture's record."""
+    if drafter_format == "dspark":
+        # a DeepSpec block of 7 proposes 7 tokens; --block-size (8 or 16 verify rows) maps to 7 or 15 proposals
+        return build_dspark_pair(out, shape=shape, dtype=dtype, tied=tied, block_size=block_size - 1,
+                                 overwrite=overwrite).to_dict()
+    if drafter_format == "dfly":
+        return build_dfly_pair(out, shape=shape, dtype=dtype, tied=tied, block_size=block_size, overwrite=overwrite)
+    raise UsageError(f"--drafter-format {drafter_format!r}: dspark or dfly")

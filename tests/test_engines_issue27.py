@@ -166,3 +166,15 @@ def test_e2e_engine_mlx_dspark_through_the_cli(fx: dict, cli_bin: str) -> None:
     out = json.loads(proc.stdout)
     assert out["verdict"] == "diverged"
     assert "round" in json.dumps(out) and "exact tie" in json.dumps(out)
+
+
+def test_fixtures_make_builds_a_dspark_pair_and_refuses_other_arguments(tmp_path, cli_bin: str) -> None:
+    out = tmp_path / "dspark"
+    made = run_cli(cli_bin, "fixtures", "make", str(out), "--dflash", "qwen3", "--drafter-format", "dspark",
+                   "--block-size", "8", "--json")
+    assert made.returncode == 0, made.stderr[-2000:]
+    info = json.loads(made.stdout)
+    assert info["kind"] == "dspark" and info["block_size"] == 7 and info["accept_mix"]["spread"]
+    again = run_cli(cli_bin, "fixtures", "make", str(out), "--dflash", "qwen3", "--drafter-format", "dspark",
+                    "--block-size", "8", "--dtype", "bfloat16")
+    assert again.returncode == 2 and "dtype 'float32' (asked 'bfloat16')" in again.stderr
