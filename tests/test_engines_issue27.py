@@ -178,3 +178,38 @@ def test_fixtures_make_builds_a_dspark_pair_and_refuses_other_arguments(tmp_path
     again = run_cli(cli_bin, "fixtures", "make", str(out), "--dflash", "qwen3", "--drafter-format", "dspark",
                     "--block-size", "8", "--dtype", "bfloat16")
     assert again.returncode == 2 and "dtype 'float32' (asked 'bfloat16')" in again.stderr
+
+
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.slow
+def test_mlx_dspark_serve_drafts_per_request_and_overruns_max_tokens_by_one(fx: dict) -> None:
+    """``mlx-dspark serve`` live on the DSpark fixture: each response's ``x_mlx_dspark`` is the evidence that
+    it drafted; its text is classic decode's, but a request for 24 tokens gets 25 (the last round's
+    tokens all committed past ``max_tokens``), while one for 8 gets 8."""
+    import httpx
+    from mlx_lm import load
+
+    from specparity.decode import advance_to_depth
+    from specparity.harness.lifecycle import HOST_ARG, PORT_ARG, Server
+
+    env = built("mlx-dspark")
+    info = fx["dspark-qwen3"]
+    model, tok = load(info["target"])[:2]
+    prompt = "def add(a, b):"
+    classic = advance_to_depth(model, tok.encode(prompt), 26)[2]
+    argv = [str(env.python), "-m", "mlx_dspark.cli", "serve", "--mode", "dspark", "--model", info["target"],
+            "--drafter", info["draft"], "--host", HOST_ARG, "--port", PORT_ARG, "--max-draft", "2", "--no-warmup"]
+    # the first start calibrates its kernels for this machine (cached in ~/.cache/mlx_dspark)
+    with Server(argv, env=dict(env.environ()), ready_path="/health", start_timeout=300, name="mlx-dspark") as srv:
+        got = {}
+        for n in (8, 24):
+            r = httpx.post(f"{srv.url}/v1/completions", timeout=120,
+                           json={"prompt": prompt, "max_tokens": n, "temperature": 0})
+            got[n] = r.json()
+    for n in (8, 24):
+        ev = got[n]["x_mlx_dspark"]
+        assert ev["mode"] == "dspark" and ev["accept_len"] > 1, ev  # tokens per round: drafts were accepted
+    assert got[8]["usage"]["completion_tokens"] == 8 and got[8]["choices"][0]["text"] == tok.decode(classic[:8])
+    assert got[24]["usage"]["completion_tokens"] == 25
+    assert got[24]["choices"][0]["text"] == tok.decode(classic[:25]) != tok.decode(classic[:24])
