@@ -115,6 +115,9 @@ def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int
     f.classic = classic[:len(f.tokens)]
     n = min(len(f.tokens), len(classic))
     diff = next((i for i in range(n) if f.tokens[i] != classic[i]), None)
+    if diff is None and len(f.tokens) > len(classic):
+        # classic decode stops at max_tokens (``classic`` holds exactly that many): the engine emitted more
+        diff = len(classic)
     if diff is None:
         short = len(f.tokens) < len(classic) and not (f.tokens and f.tokens[-1] in eos)
         if short:
@@ -128,7 +131,8 @@ def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int
             f.reason = (f"{len(f.tokens)} tokens equal to classic decode over {len(f.rounds)} rounds,"
                         f" {f.accepted} of {f.drafted} drafts accepted")
         return f
-    f.verdict, f.index, f.engine_token, f.classic_token = "diverged", diff, f.tokens[diff], classic[diff]
+    f.verdict, f.index, f.engine_token = "diverged", diff, f.tokens[diff]
+    f.classic_token = classic[diff] if diff < len(classic) else None
     pos, f.round, f.row = first_round_offset, 0, diff
     if diff >= first_round_offset:
         for r, rec in enumerate(f.rounds, start=1):
@@ -146,7 +150,9 @@ def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int
         where = (f"round {f.round}, row {f.row} of its verify block ({kind}; {rec['drafted']} drafted,"
                  f" {rec['accepted']} accepted, source {rec.get('source', 'draft')}"
                  f"{', after a rollback of rejected rows' if f.after_rollback else ''})")
-    f.reason = f"token {diff}: engine {f.engine_token}, classic {f.classic_token}, at {where}"
+    said = (f"classic {f.classic_token}" if f.classic_token is not None
+            else f"classic stopped at max_tokens={len(classic)} (the engine emitted {len(f.tokens)})")
+    f.reason = f"token {diff}: engine {f.engine_token}, {said}, at {where}"
     return f
 
 
@@ -154,7 +160,7 @@ def label_tie(f: Finding, target_dir: str, prompt: list[int]) -> None:
     """At a diverged token, both tokens' raw logits and logprobs from one classic forward over the prompt and
     classic decode's tokens before it, in the model's dtype: equal logprobs are an exact tie classic decode
     breaks toward the lower id (``logit_tie``: the raw logits are equal too)."""
-    if f.verdict != "diverged" or f.index is None:
+    if f.verdict != "diverged" or f.index is None or f.classic_token is None:
         return
     import mlx.core as mx
     from mlx_lm import load

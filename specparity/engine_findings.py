@@ -42,10 +42,11 @@ def fixture(kind: str, shape: str, dtype: str, tied: bool, root: Path) -> dict[s
 
 
 def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: Any = None,
-               extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+               extra_env: dict[str, str] | None = None, prompt: list[int] | None = None) -> list[dict[str, Any]]:
     """:mod:`specparity.probes.engine_e2e` in ``engine``'s environment (``env``: a built
     :class:`~specparity.environments.Environment`; None: built on first use): its findings (an
-    infrastructure failure is one ``error`` row with the process's last line)."""
+    infrastructure failure is one ``error`` row with the process's last line). ``prompt``: token ids (None:
+    the fixture's first fit prompt)."""
     from specparity.environments import ensure_environment
 
     if env is None:
@@ -54,7 +55,7 @@ def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: A
             "--max-tokens", str(max_tokens)]
     if info is not None:
         argv += ["--target", info["target"], "--draft", info["draft"],
-                 "--prompt-ids", ",".join(map(str, info["fit_prompts"][0]))]
+                 "--prompt-ids", ",".join(map(str, prompt or info["fit_prompts"][0]))]
     try:
         proc = subprocess.run(argv, env={**env.environ(), **(extra_env or {})}, capture_output=True, text=True,
                               timeout=RUN_TIMEOUT_S, check=False)

@@ -22,6 +22,7 @@ MLX's CPU backend, mlx-lm 0.31.3:
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -56,9 +57,10 @@ def dfly_fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
             "qwen3_5": build_dfly_pair(root / "dfly-qwen3_5", shape="qwen3_5", tied=True)}
 
 
-def findings(engine: str, info: dict | None, **extra: str) -> dict[str, dict]:
+def findings(engine: str, info: dict | None, prompt: list[int] | None = None, tokens: int = TOKENS,
+             **extra: str) -> dict[str, dict]:
     """The engine's findings by entry point, run in its built environment (skip when not built)."""
-    rows = run_engine(engine, info, TOKENS, env=built(engine), extra_env=extra)
+    rows = run_engine(engine, info, tokens, env=built(engine), extra_env=extra, prompt=prompt)
     return {r["entry"]: r for r in rows}
 
 
@@ -80,8 +82,6 @@ def test_the_accept_simulation_follows_the_table() -> None:
 
 
 def test_the_dspark_drafter_is_in_deepspec_format(fx: dict) -> None:
-    from pathlib import Path
-
     import mlx.core as mx
 
     cfg = json.loads((Path(fx["dspark-qwen3"]["draft"]) / "config.json").read_text())
@@ -110,6 +110,18 @@ def test_a_fault_in_mlx_dspark_verify_is_located_to_its_round_and_row(fx: dict) 
     for f in got.values():
         assert f["verdict"] == "diverged" and f["round"] == 3 and f["row"] == 0, f
         assert f["tie"]["logprob_tie"] is False
+
+
+@pytest.mark.build
+def test_mlx_dspark_emits_one_token_past_max_tokens_from_its_last_round(fx: dict) -> None:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(fx["dspark-qwen3"]["target"]) / "tokenizer.json"))
+    ids = tok.encode("def add(a, b):").ids
+    f = findings("mlx-dspark", fx["dspark-qwen3"], prompt=ids, tokens=24)["speculative_generate"]
+    assert f["verdict"] == "diverged" and f["index"] == 24 and len(f["tokens"]) == 25, f
+    assert f["classic_token"] is None and f["row"] >= 1 and "max_tokens=24" in f["reason"]
+    assert f["tokens"][:24] == f["classic"]
 
 
 @pytest.mark.build
