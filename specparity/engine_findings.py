@@ -27,7 +27,9 @@ from typing import Any
 from specparity.dflash_fixtures import DTYPES
 
 ENGINE_FORMAT = {"mlx-dspark": "dspark", "dspark-mlx": "dspark", "dfly-mlx": "dfly", "mtplx": ""}
-SHAPES = (("qwen3", False), ("qwen3_5", True), ("qwen3_5", False))
+# the gated-delta hybrid in the published linear-attention head ratio (1:2), tied and untied, and in the
+# equal-heads control shape dflash-mlx (under dfly-mlx) runs
+SHAPES = (("qwen3", False), ("qwen3_5", True), ("qwen3_5", False), ("qwen3_5-equal-heads", True))
 RUN_TIMEOUT_S = 600
 
 
