@@ -46,6 +46,8 @@ ENGINE = EngineSpec(
                   "mlx-dspark 0.20.3 (speculative_generate, mlx-dspark serve) on mlx-lm 0.31.3",
                   imports=("mlx_lm", "mlx_dspark", "mlx_dspark.generate", "mlx_dspark.server")),
     ),
+    profiles=("mlx-dspark",),
+    hooks="specparity.harness.engines.mlx_dspark",
     adapter=load("mlx-dspark"),
     e2e_entry_points=("speculative_generate", "speculative_generate-full-block"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
