@@ -58,7 +58,7 @@ def dfly_fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
 
 def findings(engine: str, info: dict | None, prompt: list[int] | None = None, tokens: int = TOKENS,
-             **extra: str) -> dict[str, dict]:
+             extra: dict[str, str] | None = None) -> dict[str, dict]:
     """The engine's findings by entry point, run in its built environment (skip when not built)."""
     rows = run_engine(engine, info, tokens, env=built(engine), extra_env=extra, prompt=prompt)
     return {r["entry"]: r for r in rows}
@@ -106,7 +106,7 @@ def test_mlx_dspark_loads_the_fixture_strictly_and_matches_classic_decode_in_flo
 
 @pytest.mark.build
 def test_a_fault_in_mlx_dspark_verify_is_located_to_its_round_and_row(fx: dict) -> None:
-    got = findings("mlx-dspark", fx["dspark-qwen3"], **{FAULT_VAR: "3"})
+    got = findings("mlx-dspark", fx["dspark-qwen3"], extra={FAULT_VAR: "3"})
     for f in got.values():
         assert f["verdict"] == "diverged" and f["round"] == 3 and f["row"] == 0, f
         assert f["tie"]["logprob_tie"] is False
