@@ -409,7 +409,13 @@ def run_tied(argv: Sequence[str], name: str, grace: float = 5.0, **popen: Any) -
     try:
         if interrupted is not None:
             raise interrupted
-        return proc.wait()
+        while True:
+            # short waits: a blocking one holds Popen's wait lock, and the SIGTERM handler's stop_all,
+            # which runs in this thread, could not reap the child until its own timeouts ran out
+            try:
+                return proc.wait(0.2)
+            except subprocess.TimeoutExpired:
+                continue
     finally:
         try:
             if proc.poll() is None:

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from specparity.errors import SpecparityError, UsageError, first_line
-from specparity.harness.reference import ClassicReference, ServerSettings
+from specparity.reference import ClassicReference, ServerSettings
 from specparity.probes.replay.sequence import ServingLoop
 
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from specparity.errors import SpecparityError, UsageError
 from specparity.records.record import REPORT_FILE, Record, read_complete, read_record
-from specparity.records.writer import slugify
+from specparity.harness.plan import request_stem
+from specparity.paths import slugify
 from specparity.schema import (
     AnyOf,
     Anything,
@@ -41,18 +42,13 @@ from specparity.schema import (
 )
 
 if TYPE_CHECKING:
-    from specparity.harness.config import Job
+    from specparity.harness.job import Job
     from specparity.harness.results import ArmResult, ServedReport
     from specparity.records.record import RecordSink
 
 KIND = "served"
 ARMS = "arms"
 SERVERS_DIR = "servers"
-
-
-def request_stem(pairing: str, arm: str) -> str:
-    """The JSONL stem holding one arm's requests."""
-    return slugify(f"{pairing}-{arm}")
 
 
 def chart_name(pairing: str) -> str:

@@ -210,6 +210,9 @@ def test_fixtures_make_dflash_refuses_a_fixture_built_otherwise_and_warns_on_a_f
     assert f"target: {tmp_path / 'fx' / 'target'}" in r.stdout and "0 full, 0 partial, 10 zero-accept" in r.stdout
     assert "warning: the drafter's blocks never spread on its fit prompts" in r.stderr
     assert "building" not in r.stderr and record.read_text() == before
+    j = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--dflash", "qwen3", "--block-size", "8",
+                "--dtype", "bfloat16", "--tied-head", "--json")  # fixtures-make.schema.json (run_cli)
+    assert j.returncode == 0 and json.loads(j.stdout)["target"] == str(tmp_path / "fx" / "target"), j.stderr
     _stored_fixture(tmp_path / "spread", spread=True, balance=0.0)
     r = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "spread"), "--dflash", "qwen3", "--block-size", "8")
     assert r.returncode == 2 and "its drafter fitted to balance 0 (this command fits to 0.1)" in r.stderr

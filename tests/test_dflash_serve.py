@@ -97,7 +97,7 @@ def arms(report: ServedReport) -> dict[str, ArmResult]:
     return {a.name: a for a in report.pairings[0].arms}
 
 
-# The classic reference (harness/reference.py) runs in dflash-mlx's environment, mlx-lm 0.31.3, with that
+# The classic reference (specparity/reference.py) runs in dflash-mlx's environment, mlx-lm 0.31.3, with that
 # server's own tokenize step and stop and text machine: every request of a dflash-mlx served job is compared
 # with classic decode (these tests also compute it by their own scripts, _CLASSIC and _CHAINS).
 

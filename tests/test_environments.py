@@ -205,6 +205,23 @@ def test_build_once_then_found_at_once_offline(tiny_env: Tiny, monkeypatch: pyte
     assert again == env and again_notes == [] and time.perf_counter() - t0 < 1.0
 
 
+def test_env_show_json_is_what_the_text_shows(tiny_env: Tiny, tmp_path: Path, cli_bin: str) -> None:
+    """``env show --json`` (validated against env-show.schema.json by run_cli): the path, interpreter,
+    pins, build time, size and every installed package the text lists."""
+    env, _ = tiny_env
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(f"packages: ['{TINY}==1.0']\ndescription: a test environment\nimports: [specparity_tiny]\n"
+                    "with_specparity: false\n")
+    cache = {envs.ENV_CACHE_VAR: str(env.path.parent)}
+    j = run_cli(cli_bin, "env", "show", str(spec), "--json", env=cache)
+    t = run_cli(cli_bin, "env", "show", str(spec), env=cache)
+    assert j.returncode == t.returncode == 0, j.stderr + t.stderr
+    out = json.loads(j.stdout)
+    assert out["path"] == str(env.path) and out["packages"][TINY] == "1.0" and out["pins"] == [f"{TINY}==1.0"]
+    assert f"  path:    {out['path']}" in t.stdout and f"    {TINY}==1.0" in t.stdout
+    assert f"  pins:    {', '.join(out['pins'])}" in t.stdout and f" in {out['build_seconds']} s," in t.stdout
+
+
 @pytest.mark.slow
 def test_a_missing_package_index_is_one_error_line_exit_4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           cli_bin: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,11 @@ def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
     token = rows[0]["divergence"]["token_index"]
     assert w4["verdict"] == "diverged" and f"token {token}," in failure.message
     assert "reproduce in process: specparity replay" in failure.text
+    # beside the JUnit file, the page of the three nights: the newest one's w4 diverged, since night 3
+    page = junit.with_suffix(".html").read_text()
+    assert page.count('class="v v-diverged changed"') == 1 and 'data-arm="w4"' in page
+    assert [n for n in re.findall(r'<th title="[^"]*">([^<]+)<br>', page)] == [r.stem for r in [*records,
+                                                                                             _record(out, run.stderr)]]
     if "--previous" in args:
         assert "w4" in run.stdout and "regress" in run.stdout.lower()
 

@@ -79,12 +79,13 @@ def test_a_malformed_record_file_is_named_by_every_command(cli_bin: str, record:
         _edit(record, file, change)
     good = _served_record(tmp_path / "good")
     for args in (["show", str(record)], ["compare", str(good), str(record)],
-                 ["junit", str(record), "--out", str(tmp_path / "j.xml")]):
+                 ["junit", str(record), "--out", str(tmp_path / "j.xml")],
+                 ["html", str(record), "--out", str(tmp_path / "j.html")]):
         r = run_cli(cli_bin, "records", *args)
         assert r.returncode == 2, (args, r.returncode, r.stderr)
         line = r.stderr.strip()
         assert line.startswith(f"Error: {_data(record) / file}") and message in line and "\n" not in line, (args, line)
-    assert not (tmp_path / "j.xml").exists()
+    assert not (tmp_path / "j.xml").exists() and not (tmp_path / "j.html").exists()
     r = run_cli(cli_bin, "records", "list", str(record.parent))
     assert r.returncode == 0 and "unexpected" not in r.stderr and "Traceback" not in r.stderr, (r.stdout, r.stderr)
     try:  # list says what the one reader says: unreadable, naming the file, or the record as it reads
@@ -101,7 +102,8 @@ def test_a_md_without_its_data_is_not_a_record_for_show_and_compare_alike(cli_bi
     md.write_text("# served\n")
     with pytest.raises(FileNotFoundError):
         read_record(md)
-    for args in (["show", str(md)], ["compare", str(md), str(md)], ["junit", str(md), "--out", str(tmp_path / "x")]):
+    for args in (["show", str(md)], ["compare", str(md), str(md)], ["junit", str(md), "--out", str(tmp_path / "x")],
+                 ["html", str(md), "--out", str(tmp_path / "x.html")]):
         r = run_cli(cli_bin, "records", *args)
         assert r.returncode == 2 and r.stderr.startswith(f"Error: {md}: not a record"), (args, r.stderr)
         assert r.stderr.strip().count("\n") == 0, (args, r.stderr)

@@ -287,10 +287,10 @@ def _record(loaded: Loaded, draft_model: str, trust_remote_code: bool, cli_ids: 
 
 def _sequence(path: str, model: str | None, trust_remote_code: bool, as_json: bool,
               record_dir: str | None, quiet: bool) -> int:
-    from specparity.harness.reference import ClassicReference
+    from specparity.reference import ClassicReference
     from specparity.probes.replay.sequence import read_sequence, replay_sequence
 
-    header, entries = read_sequence(path)
+    header, entries = read_sequence(path, model)  # checked whole before anything loads
     if model is not None:
         header.model = model
     if header.trust_remote_code and not trust_remote_code:
