@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from specparity.probes.e2e import E2EOptions, E2ERun, EntryArm, compare_arms, run_api_arm
+from specparity.probes.e2e import OWN_LOOP, E2EOptions, E2ERun, EntryArm, compare_arms, run_api_arm
 from specparity.probes.engines.base import EngineInfo
 from specparity.progress import NULL, Observer
 
@@ -78,7 +78,7 @@ def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max
                 with engine.classic():
                     classics[ids] = run_api_arm("stream_generate", loaded, None, list(ids), options)
             arm = EntryArm(f.entry, True, passed={"max_tokens": max_tokens})
-            arm.step, arm.received = f"{info.name} {f.entry}", dict(arm.passed)
+            arm.step, arm.received = f"{info.name} {f.entry} {OWN_LOOP}", dict(arm.passed)
             arm.tokens, arm.drafted, arm.seconds = list(f.tokens), int(f.accepted or 0), f.seconds
             arm.text = loaded.tokenizer.decode(arm.tokens)
             if f.verdict in ("error", "cannot_run"):
