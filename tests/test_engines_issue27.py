@@ -225,3 +225,13 @@ def test_mlx_dspark_serve_drafts_per_request_and_overruns_max_tokens_by_one(fx: 
     assert got[8]["usage"]["completion_tokens"] == 8 and got[8]["choices"][0]["text"] == tok.decode(classic[:8])
     assert got[24]["usage"]["completion_tokens"] == 25
     assert got[24]["choices"][0]["text"] == tok.decode(classic[:25]) != tok.decode(classic[:24])
+
+
+@pytest.mark.build
+def test_e2e_engine_dspark_mlx_matches_and_counts_its_accepted_drafts(fx: dict, cli_bin: str) -> None:
+    built("dspark-mlx")
+    ids = ",".join(map(str, fx["dspark-qwen3"]["fit_prompts"][0]))
+    proc = run_cli(cli_bin, "e2e", "--engine", "dspark-mlx", "--model", fx["dspark-qwen3"]["target"],
+                   "--prompt-ids", ids, "--max-tokens", str(TOKENS), "--json", env={ENV_CACHE_VAR: str(REAL_CACHE)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["verdict"] == "match"
