@@ -37,11 +37,14 @@ def fixtures() -> None:
 @click.option("--block-size", type=click.Choice(["8", "16"]), default="16", show_default=True,
               help="--dflash: the drafter's block (verify rows).")
 @click.option("--tied-head", is_flag=True, help="--dflash: the target's output head is its embedding.")
+@click.option("--drafter-format", type=click.Choice(["dflash", "dspark", "dfly"]), default="dflash",
+              show_default=True, help="--dflash: the drafter's format: dflash-mlx's, DeepSpec DSpark (mlx-dspark,"
+                                      " dspark-mlx), DFly (dfly-mlx).")
 @json_option
 @click.pass_context
 def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | None, seed: int,
          faults: tuple[str, ...], no_draft: bool, overwrite: bool, dflash_shape: str | None, block_size: str,
-         tied_head: bool, as_json: bool) -> int:
+         tied_head: bool, drafter_format: str, as_json: bool) -> int:
     """Build OUT_DIR/target and OUT_DIR/draft.
 
     With --dflash, the target has the shape of a real DFlash target family and
@@ -59,16 +62,35 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
         specparity fixtures make ./fx/hybrid --arch qwen3_5 --dtype bfloat16
         specparity fixtures make ./fx/bad --fault '{"kind":"rows","layer":3,"min_rows":4}'
         specparity fixtures make ./fx/dflash --dflash qwen3_5-27b --block-size 8 --dtype bfloat16
+        specparity fixtures make ./fx/dspark --dflash qwen3 --drafter-format dspark --dtype bfloat16
     """
     from specparity.errors import UsageError
 
     if dflash_shape is None:
-        stray = [flag for name, flag in (("block_size", "--block-size"), ("tied_head", "--tied-head"))
+        stray = [flag for name, flag in (("block_size", "--block-size"), ("tied_head", "--tied-head"),
+                                                  ("drafter_format", "--drafter-format"))
                  if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
         if stray:
             raise UsageError(f"{' and '.join(stray)} apply to a DFlash pair only: add --dflash SHAPE, or leave"
                              f" {'them' if len(stray) > 1 else 'it'} out")
     out_dir = _check_out_dir(out_dir, overwrite)
+    if dflash_shape is not None and drafter_format != "dflash":
+        from specparity.dspark_fixtures import make_fixture
+
+        if arch != "llama" or bits or faults or no_draft:
+            raise UsageError(f"--drafter-format {drafter_format} builds its own pair: --arch, --bits, --fault and"
+                             " --no-draft do not apply")
+        made = make_fixture(drafter_format, out_dir, dflash_shape, dtype, tied_head, int(block_size), overwrite)
+        if as_json:
+            emit_json(made)
+        else:
+            click.echo(f"target: {made['target']} ({made['shape_note']}; {'tied' if made['tied'] else 'untied'}"
+                       " head)")
+            click.echo(f"draft:  {made['draft']} ({drafter_format} drafter)")
+            click.echo(f"accept mix: {made['accept_mix']['summary']}")
+        if not made["accept_mix"].get("spread"):
+            click.echo(f"warning: not every kind of block occurs ({made['accept_mix']['summary']})", err=True)
+        return EXIT_OK
     if dflash_shape is not None:
         return _make_dflash(out_dir, dflash_shape, int(block_size), dtype, tied_head, seed, overwrite, as_json,
                             arch, bits, faults, no_draft)
