@@ -131,6 +131,16 @@ def _children(pid: int) -> list[int] | None:
     return out
 
 
+def _name(pid: int) -> str:
+    """A short name of ``pid``: its command's first words that are not an interpreter's flags."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    words = [a.decode(errors="replace") for a in argv if a and not a.startswith(b"-")]
+    return " ".join(Path(w).name if i == 0 else w for i, w in enumerate(words[:3]))[:80]
+
+
 def tree(pid: int, table: dict[int, int] | None = None) -> list[int]:
     """``pid`` and every process below it."""
     if table is None and _children(pid) is not None:
@@ -197,6 +207,7 @@ class Sampler:
         self.interval = interval if Path("/proc/self/stat").exists() else max(interval, 0.5)
         self.peak_total = 0
         self.peak_children = 0  # the same, less the root process itself
+        self.at_peak: dict[str, int] = {}  # "pid name" -> resident bytes, at the sample of the peak
         self.peaks: dict[int, int] = {}
         self.samples = 0
         self._stop = threading.Event()
@@ -208,7 +219,9 @@ class Sampler:
         for p, v in now.items():
             if v > self.peaks.get(p, 0):
                 self.peaks[p] = v
-        self.peak_total = max(self.peak_total, total)
+        if total > self.peak_total:
+            self.peak_total = total
+            self.at_peak = {f"{p} {_name(p)}": v for p, v in sorted(now.items(), key=lambda kv: -kv[1])}
         self.peak_children = max(self.peak_children, total - now.get(self.root, 0))
         self.samples += 1
         return total
@@ -216,6 +229,7 @@ class Sampler:
     def reset(self) -> None:
         """Start the peaks again (a new pairing)."""
         self.peak_total = self.peak_children = 0
+        self.at_peak = {}
 
     def peak_of(self, pid: int) -> int | None:
         return self.peaks.get(pid)

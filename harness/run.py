@@ -736,6 +736,7 @@ class PairingRun:
             out["peak_total_bytes"] = sampler.peak_total
             out["peak_children_bytes"] = sampler.peak_children
             out["harness_peak_rss_bytes"] = sampler.peak_of(sampler.root)
+            out["at_peak"] = dict(sampler.at_peak)
             if largest:
                 out["peak_total_over_largest_server"] = round(sampler.peak_total / largest, 3)
         if self.run_.budget is not None:
