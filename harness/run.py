@@ -410,7 +410,10 @@ class PairingRun:
         self.run_.note(f"  starting {session.server.name}")
         session.server_dir.mkdir(parents=True, exist_ok=True)
         version_env = {**os.environ, **{k: v for k, v in self.server_env.items() if v is not None}}
-        self.run_.start_version(self.profile, self.target, self.python, version_env)
+        if self.beside:
+            self.run_.start_version(self.profile, self.target, self.python, version_env)
+        else:  # read before the server starts: its interpreter (mlx-lm imported) would sit beside the server
+            self.run_.version(self.profile, self.target, self.python, version_env)
         try:
             session.server.start()
         except ServerStartError as err:
