@@ -103,6 +103,7 @@ def main() -> None:
         target, draft = checkpoint(size, dtype, bits)
         print(f"== {size}: {fmt(checkpoint_bytes(target))} target weights, {fmt(checkpoint_bytes(draft))} drafter")
         served_ratio, overhead, probe_ratio, extra = [], [], [], []
+        worst: dict = {}
         for i in range(args.runs):
             code, _, wall, text = child_peak([CLI, "served", "--config", str(work / "job.yaml"), "--model", target,
                                               "--draft-model", str(draft), "--json", "-q"],
@@ -114,6 +115,8 @@ def main() -> None:
                 continue
             mem = report["pairings"][0]["memory"]
             served_ratio.append(mem["peak_total_bytes"] / mem["largest_server_bytes"])
+            if served_ratio[-1] == max(served_ratio):
+                worst = mem.get("at_peak") or {}
             extra.append((mem["peak_total_bytes"] - mem["largest_server_bytes"]) / 2**20)
             overhead.append(report["wall_seconds"] / report["server_seconds"])
             probe = [CLI, "probe", "--model", target, "--widths", "2", "--depths", "0", "--walk", "0", "--no-aim",
@@ -125,6 +128,7 @@ def main() -> None:
             print(f"served_memory_ratio: {spread(served_ratio)} (goal <= {GOAL}); above the largest server:"
                   f" {spread(extra, ' MB')}")
             print(f"served_overhead_ratio: {spread(overhead)} (wall / servers' own time)")
+            print("served_at_peak (the worst run): " + ", ".join(f"{k} {v / 2**20:.0f} MB" for k, v in worst.items()))
         if probe_ratio:
             print(f"probe_memory_ratio: {spread(probe_ratio)} (goal <= {GOAL})")
         if args.time:
