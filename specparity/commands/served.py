@@ -101,9 +101,19 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
     rejected, or the arm is inconclusive; a pass states the smallest TV it
     detects with 99% power.
 
+    Memory: servers run one at a time, and the classic reference's worker is
+    loaded only while no server is (each arm is judged once its server has
+    stopped), so a job needs about its largest server plus the harness; the
+    record states each server's and each reference worker's peak RSS and the
+    job's peak over all its processes. --reference-beside keeps the worker
+    loaded beside the servers (faster, a second copy of the target). Before
+    anything starts, the job states the memory it expects (weights, drafter,
+    reference, KV at its lengths) and is refused (exit 4) when the machine has
+    less available (--memory-limit or SPECPARITY_MEMORY_LIMIT sets the limit).
+
     \b
     Exit codes: 0 all match, 1 diverged, 2 usage, 3 inconclusive / not engaged /
-    declined, 4 a server would not start or a request failed.
+    declined, 4 a server would not start, a request failed, or the job would not fit in memory.
 
     \b
     Examples:
