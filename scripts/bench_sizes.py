@@ -102,7 +102,7 @@ def main() -> None:
     for size in args.sizes.split(","):
         target, draft = checkpoint(size, dtype, bits)
         print(f"== {size}: {fmt(checkpoint_bytes(target))} target weights, {fmt(checkpoint_bytes(draft))} drafter")
-        served_ratio, overhead, probe_ratio, extra = [], [], [], []
+        served_ratio, overhead, probe_ratio, extra, peaks = [], [], [], [], []
         worst: dict = {}
         for i in range(args.runs):
             code, _, wall, text = child_peak([CLI, "served", "--config", str(work / "job.yaml"), "--model", target,
@@ -124,13 +124,14 @@ def main() -> None:
             _, p_peak, _, _ = child_peak(probe, {"SPECPARITY_HOME": str(work / f"home-{size}-{i}")})
             _, b_peak, _, _ = child_peak([PY, "-P", "-c", f"import mlx_lm; mlx_lm.load({target!r})"])
             probe_ratio.append(p_peak / b_peak)
+            peaks.append(f"{p_peak / 2**20:.0f}/{b_peak / 2**20:.0f} MB")
         if served_ratio:
             print(f"served_memory_ratio: {spread(served_ratio)} (goal <= {GOAL}); above the largest server:"
                   f" {spread(extra, ' MB')}")
             print(f"served_overhead_ratio: {spread(overhead)} (wall / servers' own time)")
             print("served_at_peak (the worst run): " + ", ".join(f"{k} {v / 2**20:.0f} MB" for k, v in worst.items()))
         if probe_ratio:
-            print(f"probe_memory_ratio: {spread(probe_ratio)} (goal <= {GOAL})")
+            print(f"probe_memory_ratio: {spread(probe_ratio)} (goal <= {GOAL}; probe/bare peak RSS {', '.join(peaks)})")
         if args.time:
             reps = [figure("bench_probe.py", ["--model", target, "--reps", "5", "--depth", "8", "--width", "4"],
                            r"paired runs: median ([0-9.]+)") for _ in range(args.runs)]

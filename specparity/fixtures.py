@@ -314,14 +314,14 @@ def build_pair(
     place, so a crash leaves no half-built fixture and an existing one is kept
     unless ``overwrite``.
     """
-    import mlx.core as mx
-
     out = Path(out)
     if out.exists() and not overwrite:
         marker = out / "fixture.json"
         if marker.exists():
             return FixtureInfo(**json.loads(marker.read_text()))
         raise UsageError(f"{out} exists and is not a specparity fixture: choose another DIR")
+    # only where it builds: a served job's harness reads the built pair without importing mlx
+    import mlx.core as mx
     config = _config_for(arch, dtype)
     mx.random.seed(seed)
     target = instantiate(config)
@@ -493,8 +493,6 @@ def build_sized(out: str | os.PathLike, size: str, dtype: str = "bfloat16", bits
     """Build ``out/target`` (and a ``SIZED_DRAFT_LAYERS``-layer ``out/draft``) with random weights in the
     dimensions of ``size`` (:data:`SIZES`), quantized as ``mlx_lm.convert -q`` does (group size 64,
     ``bits``; None: not quantized), offline and deterministically from ``seed``. Atomic as build_pair."""
-    import mlx.core as mx
-
     if size not in SIZES:
         raise UsageError(f"unknown size {size!r}: choose from {', '.join(SIZES)}")
     if dtype not in DTYPES:
@@ -505,6 +503,8 @@ def build_sized(out: str | os.PathLike, size: str, dtype: str = "bfloat16", bits
         if marker.exists():
             return FixtureInfo(**json.loads(marker.read_text()))
         raise UsageError(f"{out} exists and is not a specparity fixture: choose another DIR")
+    import mlx.core as mx
+
     config = {**_COMMON, **SIZES[size], "torch_dtype": dtype}
     out.parent.mkdir(parents=True, exist_ok=True)
     with publishing(out) as tmp:
