@@ -107,7 +107,7 @@ def main() -> None:
         for i in range(args.runs):
             code, _, wall, text = child_peak([CLI, "served", "--config", str(work / "job.yaml"), "--model", target,
                                               "--draft-model", str(draft), "--json", "-q"],
-                                             {"SPECPARITY_HOME": str(work / f"home-{size}-{i}")})
+                                             None)
             try:
                 report = json.loads(text)
             except ValueError:
@@ -121,7 +121,7 @@ def main() -> None:
             overhead.append(report["wall_seconds"] / report["server_seconds"])
             probe = [CLI, "probe", "--model", target, "--widths", "2", "--depths", "0", "--walk", "0", "--no-aim",
                      "--no-prefill", "--json", "-q"]
-            _, p_peak, _, _ = child_peak(probe, {"SPECPARITY_HOME": str(work / f"home-{size}-{i}")})
+            _, p_peak, _, _ = child_peak(probe, None)
             _, b_peak, _, _ = child_peak([PY, "-P", "-c", f"import mlx_lm; mlx_lm.load({target!r})"])
             probe_ratio.append(p_peak / b_peak)
             peaks.append(f"{p_peak / 2**20:.0f}/{b_peak / 2**20:.0f} MB")
