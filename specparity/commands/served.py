@@ -140,11 +140,13 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
             dist_requests=dist_requests, dist_prefix=dist_prefix, reference=False if no_reference else None,
             reference_beside=True if reference_beside else None)
         job = apply_overrides(load_job(config_path) if config_path else None, overrides)
-        served_budget(job, memory_limit).check()  # refused before the record opens and any server starts
+        budget = served_budget(job, memory_limit).check()  # refused before the record opens and any server starts
     except SpecparityError as err:
         raise err.flagged(FLAGS) from err
     if config_path is None and model is None and not quiet and not as_json:
         click.echo(f"using the built-in job on the embedded pair {job.pairings[0].target}", err=True)
+    if not quiet and not as_json:
+        click.echo(budget.line(), err=True)
     title = f"served: {', '.join(p.name for p in job.pairings)} ({job.source} job)"
     slug = "served" if shard is None else f"served-shard{shard.index}of{shard.count}"
     cmd = CommandRun("served", title, served_identity(job), record_dir, as_json, quiet, slug=slug)
