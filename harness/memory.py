@@ -10,7 +10,8 @@ Measured (Linux: ``/proc``; macOS: ``ps``), never estimated:
 - :func:`peak_rss`: a process tree's peak resident memory, the sum of its
   processes' high-water marks (``VmHWM``; on macOS the highest sample seen);
 - :class:`Sampler`: the whole job's memory over time, every process under the
-  harness (the harness itself included) summed at each sample, and its peak.
+  harness (the harness itself included) summed at each sample (Linux: their
+  proportional set sizes, so shared pages count once), and its peak.
 
 Expected, before anything starts (:func:`served_budget`, :func:`probe_budget`):
 the checkpoints' weight files, the KV cache at the job's lengths and each
@@ -162,10 +163,30 @@ def tree(pid: int, table: dict[int, int] | None = None) -> list[int]:
     return out
 
 
+def _pss(pid: int) -> int | None:
+    """``pid``'s proportional set size in bytes (Linux smaps_rollup; None: not there)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def rss(pids: list[int]) -> dict[int, int]:
-    """The resident bytes of each of ``pids`` now (those still there)."""
+    """The resident bytes of each of ``pids`` now (those still there). On Linux the proportional set
+    size: a page two processes share counts half in each, so a fork's child between fork and exec (a
+    copy of its parent's pages, shared) does not count its parent's memory twice."""
     if Path("/proc/self/status").exists():
-        return {p: s["VmRSS"] for p in pids if "VmRSS" in (s := _proc_status(p))}
+        out = {}
+        for p in pids:
+            v = _pss(p)
+            if v is None:
+                v = _proc_status(p).get("VmRSS")
+            if v is not None:
+                out[p] = v
+        return out
     want = set(pids)
     return {p: r for p, _, r in _ps() if p in want}
 
