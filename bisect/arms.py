@@ -189,6 +189,15 @@ def run_arms(model: Any, prompt: list[int], width: int, depth: int,
     return BisectCapture(width, depth, list(prompt), list(tokens), kinds, out, cmap, seconds, bracket)
 
 
+def _engine_block_calls(engine: Any, session: Any, tokens: list[int]) -> list[list[tuple[str, Any]]]:
+    """The engine's verify over ``tokens`` (``session.verify``) with capture on the model its forward runs
+    through (``engine.engine_model()``): the recorded model calls."""
+    with capture(engine.engine_model()) as (rec, _):
+        # the engine's verify returns (rows, vocab); the chain arm's model calls (1, rows, vocab)
+        rec.model_call(lambda _m, toks: session.verify(toks)[None], None, (tokens,), {})
+        return rec.pop_calls()
+
+
 def run_engine_arms(engine: Any, prompt: list[int], width: int, depth: int, accepted: int | None = None,
                     subop_depth: int = 2) -> BisectCapture:
     """Classic decode's chain against an engine's own verify block, every layer captured.
@@ -228,7 +237,7 @@ def run_engine_arms(engine: Any, prompt: list[int], width: int, depth: int, acce
     session = engine.session()
     session.adopt(dec.cache)
     t0 = time.perf_counter()
-    block_calls, _ = engine.capture_block(session, tokens)
+    block_calls = _engine_block_calls(engine, session, tokens)
     if accepted is not None:
         session.rollback(accepted)
     seconds["block"] = time.perf_counter() - t0

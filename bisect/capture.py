@@ -84,6 +84,8 @@ class Recorder:
         self._seq = 0
         self._layer: list[int] = []
         self._counts: dict[str, int] = {}
+        # inside a model call: an adapter's verify that calls the wrapped model itself is one call
+        self._in_model = False
 
     def _name(self, rel: str) -> str:
         base = f"layers.{self._layer[-1]}.{rel}" if self._layer else rel
@@ -92,8 +94,14 @@ class Recorder:
         return base if n == 0 else f"{base}#{n}"
 
     def model_call(self, orig: Any, module: Any, args: tuple, kwargs: dict) -> Any:
+        if self._in_model:
+            return orig(module, *args, **kwargs)
         self._events, self._seq, self._layer, self._counts = [], 0, [], {}
-        out = orig(module, *args, **kwargs)
+        self._in_model = True
+        try:
+            out = orig(module, *args, **kwargs)
+        finally:
+            self._in_model = False
         events = [(n, a) for _, n, a in sorted(self._events, key=lambda e: e[0])]
         arr = _first_array(out)
         if arr is not None:

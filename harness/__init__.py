@@ -1,7 +1,9 @@
 """The served harness (``specparity served``), read as a pipeline from its file names.
 
-    config.py       the job: pairings, widths, prompts, params, sequence, controls, the
-                    distribution spec (YAML), and the command line's overrides
+    job.py          the job as data: pairings, widths, prompts, params, sequence, controls,
+                    the distribution spec
+    config.py       a job read from YAML and the command line's overrides, checked (names
+                    against the plan's arms)
     profiles.py     server profiles (YAML in profiles/): argv, width setting, readiness, evidence
     profiles/       the packaged profiles; mlx-lm.yaml documents every key a profile may hold
     engines/        code a profile needs beyond YAML, one module per engine, named by the
@@ -16,8 +18,9 @@
     witness.py      checkpoints wrapped so their forwards are logged (engine-agnostic evidence)
     evidence.py     what shows a request ran the drafter: witness, log, response, metrics
     run.py          the runner: sessions, requests, arms, pairings (public API for new arms)
-    reference.py    classic decode computed in process for one served request (the reference)
-    reference_worker.py  the reference's worker process (reference + the replay's serving loop for cold answers)
+    session.py      a running server (Session) and one request's exchange with it (Exchange)
+    reference_worker.py  the reference's worker process (specparity.reference, the classic decode every
+                    served request is judged by, + the replay's serving loop for cold answers)
     oracle.py       the reference's worker process, in the pairing's environment, reached by the runner
     judge.py        request, arm and pairing verdicts (public: merge judges with it too)
     reproduce.py    the in-process command that reproduces a finding, or why there is none

@@ -37,12 +37,16 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from specparity.errors import Name, SpecparityError, UsageError
-from specparity.harness.profiles import packaged_profiles
+from specparity.harness.job import Control, DistSpec, Job, Pairing
+from specparity.harness.plan import is_builtin_arm_name, plan_arms, request_stem
+from specparity.harness.profiles import Profile, packaged_profiles
+from specparity.inputs import request_schema
+from specparity.paths import slugify
 from specparity.schema import (
     Bool,
     Check,
@@ -65,66 +69,10 @@ from specparity.schema import (
 )
 
 SEQUENCE_KINDS = ("fresh", "repeat", "shared-prefix", "stream", "multi-turn", "long")
-DEFAULT_SEQUENCE = ("fresh", "repeat", "shared-prefix", "stream", "multi-turn")
 REQUEST_PARAMS = ("repetition_penalty", "repetition_context_size", "presence_penalty", "frequency_penalty",
                   "logit_bias", "stop", "seed", "logprobs", "top_logprobs", "top_p", "top_k", "min_p")
 WIDTH_MODES = ("process", "request")
-
-DEFAULT_PROMPTS = [
-    "Speculative decoding drafts several tokens with a small model and verifies them",
-    "The cache holds keys and values for every position; a rewind trims the rejected rows.",
-    "def add(a, b):\n    return a + b\nfor i in range(10):\n",
-    "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.",
-]
-
-
-@dataclass
-class Pairing:
-    """One target and drafter on one server profile.
-
-    environment: the pinned environment its servers run in (specparity.environments), over the
-    profile's own (None: the profile's).
-    """
-
-    name: str
-    target: str
-    draft: str | None
-    profile: str = "mlx-lm"
-    trust_remote_code: bool = False
-    environment: str | None = None
-
-
-@dataclass
-class Control:
-    """An env control arm: a separate drafter server at ``width`` with ``env`` set."""
-
-    name: str
-    env: dict[str, str]
-    width: int
-
-
-DEFAULT_DIST_REQUESTS = 600
-DEFAULT_ALPHA = 1e-3
 MAX_PREFIX = 4
-
-
-@dataclass
-class DistSpec:
-    """The job's ``distribution`` key: temperature > 0 arms (harness.distribution).
-
-    temperature: the sampling temperature (> 0). requests: N per arm (the baseline, the
-      drafted arm, and the wrong-temperature control each get N).
-    prefix: tokens per request; the histogram is over the emitted k-prefix.
-    alpha: each test's false-rejection probability. seed: the first request seed.
-    width: verify rows of the drafted server (None: the job's widest).
-    """
-
-    temperature: float = 0.7
-    requests: int = DEFAULT_DIST_REQUESTS
-    prefix: int = 1
-    alpha: float = DEFAULT_ALPHA
-    seed: int = 0
-    width: int | None = None
 
 
 def parse_spec(raw: Any, where: str) -> DistSpec:
@@ -152,35 +100,6 @@ def check_spec(spec: DistSpec, where: str) -> None:
                                    or spec.width < 2):
         raise UsageError(f"{where}width {spec.width!r}: must be an integer >= 2")
     spec.temperature, spec.alpha = float(t), float(spec.alpha)
-
-
-@dataclass
-class Job:
-    """A whole served job (see the module docstring for each key)."""
-
-    pairings: list[Pairing]
-    widths: list[int] = field(default_factory=lambda: [2, 3, 4])
-    width_mode: str = "process"
-    max_tokens: int = 48
-    prompts: list[str] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
-    params: dict[str, Any] = field(default_factory=dict)
-    endpoint: str | None = None
-    sequence: list[str] = field(default_factory=lambda: list(DEFAULT_SEQUENCE))
-    concurrency: int = 0
-    self_draft: bool = False
-    repeats: int = 0
-    extra_args: dict[str, list[str]] = field(default_factory=dict)
-    controls: list[Control] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    start_timeout: float = 120.0
-    request_timeout: float = 120.0
-    source: str = "built-in"
-    distribution: DistSpec | None = None
-    reference: bool = True
-    reference_beside: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def builtin_job() -> Job:
@@ -260,6 +179,8 @@ def load_job(path: str | Path) -> Job:
     if not isinstance(raw, dict):
         raise UsageError(f"{where}: expected a mapping of keys, got {describe(raw)}")
     check(raw, JOB_SCHEMA, where)
+    if raw.get("params"):  # the rules a served request's fields obey (specparity serve's, the replay's)
+        check({"params": raw["params"]}, Fields({"params": request_schema()}), where)
     job = builtin_job() if not raw.get("pairings") else Job(pairings=[])
     job.source = str(p)
     for i, item in enumerate(raw.get("pairings") or []):
@@ -326,9 +247,6 @@ def load_job(path: str | Path) -> Job:
 def _arm_names(job: Job) -> list[str]:
     """Every arm name a pairing of ``job`` can run (with a drafter and self-draft, as planned; the
     distribution arms included)."""
-    from specparity.harness.plan import plan_arms
-    from specparity.harness.profiles import Profile
-
     arms, _ = plan_arms(job, Profile("names", ["x"]), True, True)
     return [a.name for a in arms]
 
@@ -336,8 +254,6 @@ def _arm_names(job: Job) -> list[str]:
 def _builtin(slug: str) -> bool:
     """A control named so would share a built-in arm's server key (w2: the width's server, without the
     control's env) or its record files; ``dist-`` is the distribution arms' prefix, reserved whole."""
-    from specparity.harness.plan import is_builtin_arm_name
-
     key = slug.casefold()
     return is_builtin_arm_name(key) or key.startswith("dist-")
 
@@ -346,9 +262,6 @@ def check_names(job: Job, where: str) -> None:
     """Pairing and control names unique, controls not named as a built-in arm, and every record
     file name (``<pairing>-<arm>``, slugified) distinct: compared as slugs and case-blind, as a
     case-insensitive file system (macOS) compares them."""
-    from specparity.records.served import request_stem
-    from specparity.records.writer import slugify
-
     def unique(names: list[str], what: str) -> None:
         seen: dict[str, str] = {}
         for i, n in enumerate(names):

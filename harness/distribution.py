@@ -52,12 +52,12 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from specparity.harness.client import Request
-from specparity.harness.config import DistSpec
+from specparity.harness.job import DistSpec
 from specparity.harness.lifecycle import ServerStartError
 from specparity.harness.plan import DIST_WRONG_T, ArmKind, ArmPlan
 from specparity.harness.results import ArmResult, RequestResult
@@ -65,8 +65,44 @@ from specparity.probes.sampling.stats import Homogeneity, homogeneity
 from specparity.verdicts import Verdict
 
 if TYPE_CHECKING:
-    from specparity.harness.run import PairingRun
+    from specparity.harness.job import Job, Pairing
+    from specparity.harness.session import Exchange, Session
     from specparity.probes.sampling.stats import ChiSquare, Power
+
+
+class Notes(Protocol):
+    def arm_started(self, pairing: str, arm: str) -> None: ...
+
+    def note(self, message: str) -> None: ...
+
+
+class PairingRunner(Protocol):
+    """What the distribution arms use of the runner: :class:`specparity.harness.run.PairingRun`, which
+    calls :func:`run_distribution` with itself (so this module needs no import of the runner)."""
+
+    @property
+    def job(self) -> Job: ...
+
+    @property
+    def pairing(self) -> Pairing: ...
+
+    @property
+    def endpoint(self) -> str: ...
+
+    @property
+    def run_(self) -> Notes: ...
+
+    def too_wide(self, plan: ArmPlan) -> str | None: ...
+
+    def new_session(self, plan: ArmPlan) -> Session: ...
+
+    def start(self, session: Session) -> None: ...
+
+    def request_fields(self, plan: ArmPlan) -> dict[str, Any]: ...
+
+    def send(self, client: Any, session: Session, req: Request, fields: dict[str, Any]) -> Exchange: ...
+
+    def stop_session(self, session: Session) -> int | None: ...
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +182,7 @@ def known_logits(checkpoint: str) -> list[float] | None:
 
 def known_law(logits: list[float], temperature: float, params: dict[str, Any]) -> np.ndarray:
     """The law a lossless server emits from a constant-logits target: float32 softmax, then its filters."""
-    from specparity.probes.sampling.dist import apply_filters, softmax32
+    from specparity.probes.sampling.problem import apply_filters, softmax32
 
     p = softmax32(np.array(logits), temperature)
     return apply_filters(p, int(params.get("top_k") or 0), float(params.get("top_p") or 0.0),
@@ -179,7 +215,7 @@ def _key(r: RequestResult, prefix: int) -> str | None:
     return "text:" + c.text
 
 
-def run_distribution(pr: PairingRun, plans: list[ArmPlan]) -> list[ArmResult]:
+def run_distribution(pr: PairingRunner, plans: list[ArmPlan]) -> list[ArmResult]:
     """The two distribution arms of one pairing as planned (plan.plan_arms: dist-baseline, then the
     drafted arm), judged; the drafted arm carries the verdict."""
     import httpx
@@ -303,7 +339,8 @@ def _known_law_tests(res: DistResult, base: ArmResult, drafted: ArmResult, spec:
                      target_row: list[float], draft_row: list[float] | None, params: dict[str, Any],
                      counts: dict[str, np.ndarray], cells: list[str], rng: np.random.Generator) -> None:
     """Goodness of fit of each arm against the exact law of the k-prefix, and the controls that need p."""
-    from specparity.probes.sampling.dist import make_problem, run_arm
+    from specparity.probes.sampling.dist import run_arm
+    from specparity.probes.sampling.problem import make_problem
     from specparity.probes.sampling.rules import CONTROLS
     from specparity.probes.sampling.stats import chi_square, power_statement
 

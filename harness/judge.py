@@ -110,10 +110,10 @@ class Cold:
 
 
 def classic_answer(completion: object | None, error: str | None = None) -> Classic:
-    """A harness.reference.ReferenceCompletion (or an error) as the judge reads it."""
+    """A specparity.reference.ReferenceCompletion (or an error) as the judge reads it."""
     if completion is None:
         return Classic(None, "", {"unavailable": error or "no answer"}, None, error or "no answer")
-    from specparity.harness.reference import ReferenceCompletion
+    from specparity.reference import ReferenceCompletion
 
     assert isinstance(completion, ReferenceCompletion)
     sha = hashlib.sha256(completion.text.encode("utf-8")).hexdigest()
@@ -250,7 +250,7 @@ def _by_baseline(res: RequestResult, plan: ArmPlan, ev: Evidence, base: Completi
     if classic is not None and classic.error:
         note = f"; no classic decode to compare with ({classic.error})"
     elif res.classic is not None:
-        from specparity.harness.reference import near_tie
+        from specparity.reference import near_tie
 
         dc = res.classic
         lps = classic.side.logprobs if classic is not None and classic.side is not None else None
@@ -333,6 +333,7 @@ def judge_pairing(res: PairingResult) -> None:
     for a in res.arms:
         if a.kind == ArmKind.SELF_DRAFT and a.acceptance is not None and a.acceptance < SELF_DRAFT_MIN_ACCEPTANCE:
             res.findings.append(a.reason)
+    res.causes = request_causes(res)
     res.findings += prompt_findings(res) + scope_findings(res)
     res.verdict = combine([a.verdict for a in res.arms] or [Verdict.MATCH])
     # -- issue 20, class 6: nothing speculative ran, nothing passed (a baseline that left classic
@@ -344,11 +345,26 @@ def judge_pairing(res: PairingResult) -> None:
 
 
 def scope_findings(res: PairingResult) -> list[str]:
-    """Per request that left classic decode: whom it concerns (every server of the engine, only with
-    the drafter, every server without it, an exact or a near tie), whether it depends on the
-    server's state (only on a warm cache, not state-dependent, or no cold answer and why), and
-    where a request differs from the same request answered cold."""
+    """Per request that left classic decode: whom it concerns and whether it depends on the server's
+    state (:func:`request_causes`), and where a request differs from the same request answered cold."""
     out: list[str] = []
+    for c in request_causes(res):
+        out.append(c["finding"])
+        out += c["cold"]
+    return out
+
+
+def request_causes(res: PairingResult) -> list[dict[str, Any]]:
+    """Per request that left classic decode, the cause its finding names, as fields.
+
+    request, kind, position (1-based in the sequence), first_token (the earliest differing token over
+    the arms, None: unknown), arms (those that differ), whom (every server of the engine, only with
+    the drafter, every server without it, an exact or a near tie), state (only on a warm cache, not
+    state-dependent, or no cold answer and why; "" when nothing is known), cause (whom + state: what
+    the finding says after the colon), finding (the line), cold (the lines where an arm's answer
+    differs from the same request answered cold).
+    """
+    out: list[dict[str, Any]] = []
     arms = [a for a in res.arms if a.kind != ArmKind.DISTRIBUTION and a.requests]
     order: list[str] = []
     for a in arms:
@@ -367,11 +383,12 @@ def scope_findings(res: PairingResult) -> list[str]:
         at = f" (first at token {first})" if first is not None else ""
         names = [a.name for a, _ in off]
         what = f"request {position} {rid} ({kind})"
-        scope = _whom(rows, off) + _state(kind, off)
-        out.append(f"{what} differs from classic decode{at} in {', '.join(names)}: {scope}")
-        for a, r in rows:
-            if r.cold is not None:
-                out.append(f"{what} in {a.name} differs from {r.cold.reference} at token {r.cold.token_index}")
+        whom, state = _whom(rows, off), _state(kind, off)
+        out.append({"request": rid, "kind": kind, "position": position, "first_token": first, "arms": names,
+                    "whom": whom, "state": state.removeprefix("; "), "cause": whom + state,
+                    "finding": f"{what} differs from classic decode{at} in {', '.join(names)}: {whom + state}",
+                    "cold": [f"{what} in {a.name} differs from {r.cold.reference} at token {r.cold.token_index}"
+                             for a, r in rows if r.cold is not None]})
     return out
 
 

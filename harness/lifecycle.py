@@ -62,7 +62,7 @@ from specparity.harness.watchdog import group_alive
 
 __all__ = ["ArgTemplate", "HOST", "HOST_ARG", "PORT_ARG", "Server", "ServerStartError", "ServerTimes", "Stoppable",
            "catch_sigterm", "end_watcher", "free_port", "group_alive", "live_servers", "log_tail", "register",
-           "remove_scratch", "resolve_argv", "scratch_dir", "spawn_tied", "stop_all", "unregister"]
+           "remove_scratch", "resolve_argv", "run_tied", "scratch_dir", "spawn_tied", "stop_all", "unregister"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,24 @@ DEFAULT_STOP_TIMEOUT = 10.0
 LOG_TAIL_LINES = 30
 READY_POLL = 2.0  # seconds one readiness poll may take in total (never past the start deadline)
 READY_MAX_BYTES = 1 << 20
+
+
+# how long a start that failed waits for the engine's own error line after the fail_regex matched
+FAILURE_LINE_WAIT = 2.0
+# a Python exception line (``ValueError: ...``, ``pkg.mod.SomeError: ...``), argparse's ``prog: error: ...``,
+# or a plain ``Error: ...`` line
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b|[\w.-]+: error:|(?:error|Error|ERROR"
+                         r"|FATAL)\b)[^\n]*$", re.MULTILINE)
+
+
+def last_error_line(text: str) -> str | None:
+    """The last line of ``text`` that states an error (a traceback's exception line), at most 300
+    characters; None when there is none."""
+    found = [m.group(0).strip() for m in _ERROR_LINE.finditer(text)]
+    if not found:
+        return None
+    line = found[-1]
+    return line if len(line) <= 300 else line[:300] + " ..."
 
 
 class ServerStartError(InfrastructureError):
@@ -265,13 +283,15 @@ class Server:
             while True:
                 rc = self.proc.poll()
                 if rc is not None:
+                    cause = last_error_line(self.tail(200))
                     raise ServerStartError(
-                        f"{self.name} exited with code {rc} before it was ready; log {self.log_path}",
-                        self.tail(), rc)
+                        f"{self.name} exited with code {rc} before it was ready"
+                        f"{': ' + cause if cause else ''}; {self._log_note()}", self.tail(), rc)
                 if self.fail_regex and re.search(self.fail_regex, self.tail(200), re.MULTILINE):
-                    raise ServerStartError(
-                        f"{self.name} failed while starting (its log matches {self.fail_regex!r});"
-                        f" log {self.log_path}", self.tail())
+                    cause = self._failure_line()
+                    said = f": {cause}" if cause else f" (its log matches {self.fail_regex!r})"
+                    raise ServerStartError(f"{self.name} failed while starting{said}; {self._log_note()}",
+                                           self.tail())
                 left = deadline - time.perf_counter()
                 try:
                     status, _ = fetch(client, "GET", self.url + self.ready_path, max(0.05, min(READY_POLL, left)),
@@ -288,6 +308,28 @@ class Server:
                         f" log {self.log_path}", self.tail())
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.25)
+
+    def _failure_line(self) -> str | None:
+        """The engine's own error line after the log's last ``fail_regex`` match (a traceback's exception
+        line), waited for a moment: the match is the traceback's first line, its cause comes last."""
+        assert self.proc is not None and self.fail_regex
+        until = time.perf_counter() + FAILURE_LINE_WAIT
+        while True:
+            text = self.tail(200)
+            matches = list(re.finditer(self.fail_regex, text, re.MULTILINE))
+            cause = last_error_line(text[matches[-1].end():] if matches else text)
+            if cause or time.perf_counter() > until:
+                return cause
+            if self.proc.poll() is not None:
+                return last_error_line(self.tail(200))
+            time.sleep(0.05)
+
+    def _log_note(self) -> str:
+        """Where the log is, and that it goes at exit when it is in a scratch directory."""
+        path = Path(self.log_path).resolve() if self.log_path else None
+        with _SCRATCH_LOCK:
+            scratch = path is not None and any(d in path.parents for d in _SCRATCH)
+        return f"log {self.log_path}" + (" (removed at exit: --record-dir keeps it)" if scratch else "")
 
     def stop(self) -> int | None:
         """SIGTERM the group, wait ``stop_timeout``, then SIGKILL it. Returns the exit code."""
@@ -370,6 +412,63 @@ def spawn_tied(argv: Sequence[str], grace: float, watcher_out: Any = subprocess.
     proc, interrupted = _SPAWNER.popen(wrapped, start_new_session=True, **popen)
     watcher = _watch(proc.pid, grace, str(popen.get("cwd") or tempfile.gettempdir()), watcher_out)
     return proc, watcher, interrupted
+
+
+class _TiedRun:
+    """A child that runs to its end (:func:`run_tied`), stoppable by :func:`stop_all` meanwhile."""
+
+    def __init__(self, name: str, proc: subprocess.Popen, watcher: subprocess.Popen | None, grace: float):
+        self._name, self.proc, self.watcher, self.grace = name, proc, watcher, grace
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def stop(self) -> None:
+        """SIGTERM to its group, SIGKILL after ``grace`` seconds: it and anything it started end."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(self.grace)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(DEFAULT_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            log.error("%s (pid %d) survived SIGKILL", self._name, self.proc.pid)
+
+
+def run_tied(argv: Sequence[str], name: str, grace: float = 5.0, **popen: Any) -> int:
+    """Run ``argv`` to its end tied to this process (:func:`spawn_tied`): Ctrl-C, SIGTERM or any
+    error here stops it and its group; SIGKILL here has its watcher stop it. Its exit code.
+
+    For a command re-run in an engine's environment: the one way the toolkit runs a child to completion.
+    """
+    proc, watcher, interrupted = spawn_tied(argv, grace, **popen)
+    run = _TiedRun(name, proc, watcher, grace)
+    register(run)
+    try:
+        if interrupted is not None:
+            raise interrupted
+        while True:
+            # short waits: a blocking one holds Popen's wait lock, and the SIGTERM handler's stop_all,
+            # which runs in this thread, could not reap the child until its own timeouts ran out
+            try:
+                return proc.wait(0.2)
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        try:
+            if proc.poll() is None:
+                run.stop()
+            else:
+                # the child has exited: anything it left in its group goes too
+                _signal_group(proc.pid, signal.SIGKILL)
+        finally:
+            unregister(run)
+            if watcher is not None:
+                end_watcher(watcher)
 
 
 def _watch(pgid: int, grace: float, cwd: str, log_file: Any) -> subprocess.Popen | None:

@@ -1,7 +1,7 @@
 """The oracle: classic decode computed in process, reached from the harness.
 
 Every served completion is judged against what the engine's classic path
-computes for the same request on the same weights (harness.reference). The
+computes for the same request on the same weights (specparity.reference). The
 reference runs in a worker process started with the interpreter the pairing's
 servers run in (``python -m specparity.harness.reference_worker``), so a server in a
 pinned environment (mlx-lm 0.31.3, dflash-mlx) is judged by that environment's
@@ -40,7 +40,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from specparity.harness.lifecycle import end_watcher, register, spawn_tied, unregister
-from specparity.harness.reference import (
+from specparity.reference import (
     ColdAnswer,
     ReferenceCompletion,
     ReferenceStats,

@@ -29,10 +29,11 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from specparity.harness.client import Request
+from specparity.harness.job import Job
 from specparity.harness.profiles import Width
+from specparity.paths import slugify
 
 if TYPE_CHECKING:
-    from specparity.harness.config import Job
     from specparity.harness.profiles import Profile
 
 
@@ -65,6 +66,11 @@ DIST_WRONG_T = "dist-wrong-t"
 BUILTIN_ARM_NAMES = (BASELINE_START, BASELINE_END, SELF_DRAFT, CONCURRENT, DIST_BASELINE, SHARED_DRAFTER)
 # the names built-in arms take by number: w<T>, repeat<i>, dist-w<T>
 BUILTIN_ARM_PATTERN = re.compile(r"(dist-)?w\d+|repeat\d+")
+
+
+def request_stem(pairing: str, arm: str) -> str:
+    """The stem of the record file (JSONL) holding one arm's requests: no two arms of a job may share one."""
+    return slugify(f"{pairing}-{arm}")
 
 
 def is_builtin_arm_name(name: str) -> bool:

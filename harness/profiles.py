@@ -9,7 +9,6 @@ and overrides its keys (one level of dict merging). Keys: see
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import sys
@@ -39,7 +38,7 @@ from specparity.schema import (
 )
 
 if TYPE_CHECKING:
-    from specparity.harness.engines import Engine
+    from specparity.engines import ServedHooks
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -91,9 +90,9 @@ class Profile:
     flush: a request path that empties the prompt cache (None: cannot flush).
     version_command: argv printing the server's version (kept in the record).
     requires_module: a module that must be importable for the profile to run.
-    engine: the module under specparity.harness.engines with this server's code (placeholders such
-      as ``{llama_server}``, availability, the checkpoint export it loads, extra argv, its own
-      evidence); None: no code needed.
+    engine: the registered engine (specparity.engines) whose served hooks this server needs
+      (placeholders such as ``{llama_server}``, availability, the checkpoint export it loads, extra
+      argv, its own evidence), by name or module form (``llama.cpp`` / ``llama_cpp``); None: no code.
     arithmetic: ``mlx`` (the server computes with MLX on the checkpoint: classic decode computed in
       process is its exact reference and decides each verdict) or ``other`` (llama.cpp, vLLM...: a
       difference from classic decode in MLX is reported, a near tie apart from a confident one, and
@@ -147,10 +146,10 @@ class Profile:
         """``rows`` verify rows with this server's own setting for them (converted here, once)."""
         return Width(rows, rows - self.rows_offset, self.width_setting)
 
-    def engine_hooks(self) -> Engine:
-        from specparity.harness.engines import load_engine
+    def engine_hooks(self) -> ServedHooks:
+        from specparity.engines import served_hooks
 
-        return load_engine(self.engine)
+        return served_hooks(self.engine)
 
     def render(self, items: list[str], key: str = "", /, **values: Any) -> list[str]:
         """``items`` (the profile's templates, its ``key``: argv, draft_argv...) with their ``{name}``
@@ -231,11 +230,9 @@ NOT_EXERCISED = "(not yet exercised against a live server)"
 
 
 def _importable(module: str) -> bool:
-    """``module`` can be imported here (a missing parent package is a missing module, not an error)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+    from specparity.engines import importable
+
+    return importable(module)
 
 
 def _braces(text: str) -> str:
@@ -341,10 +338,10 @@ def load_profile(name_or_path: str) -> Profile:
         raise UsageError(f"{where}: argv is empty: give the server command (see {PROFILE_DIR / 'openai.yaml'})")
     engine = raw.get("engine")
     if engine is not None:
-        from specparity.harness.engines import load_engine
+        from specparity.engines import served_hooks
 
         try:
-            load_engine(str(engine))
+            served_hooks(str(engine))
         except UsageError as err:
             raise UsageError(f"{where}: {err}") from None
     environment = raw.get("environment")

@@ -16,7 +16,7 @@ from typing import Any
 
 from specparity.errors import SpecparityError, UsageError, first_line
 from specparity.harness.memory import own_peak_rss
-from specparity.harness.reference import ClassicReference, ServerSettings
+from specparity.reference import ClassicReference, ServerSettings
 from specparity.probes.replay.sequence import ServingLoop
 
 

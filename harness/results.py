@@ -53,7 +53,7 @@ class RequestResult:
     cold: where it first differs from its own first answer (an earlier request of the same arm with
       the same body: request.repeats), None: equal or no such request.
     tie: for an engine whose arithmetic is not MLX's, how confident the difference from classic decode
-      is (harness.reference.TieCall as a dict: near_tie / confident / unknown, both margins).
+      is (specparity.reference.TieCall as a dict: near_tie / confident / unknown, both margins).
     reproduction: the command that reproduces the finding in process, or the reason there is none.
     """
 
@@ -167,7 +167,11 @@ class ArmResult:
 
 @dataclass
 class PairingResult:
-    """One pairing (target, drafter, profile): its arms, findings and verdict."""
+    """One pairing (target, drafter, profile): its arms, findings and verdict.
+
+    causes: per request that left classic decode, the cause its finding names, as fields
+    (harness.judge.request_causes: request, arms, whom, state, cause, finding, ...).
+    """
 
     name: str
     profile: str
@@ -180,6 +184,7 @@ class PairingResult:
     width_mode: WidthMode = WidthMode.PROCESS
     reference: dict[str, str] = field(default_factory=dict)
     reference_cost: dict[str, Any] | None = None
+    causes: list[dict[str, Any]] = field(default_factory=list)
     memory: dict[str, Any] | None = None
 
     def _reference_digest(self, request_ids: list[str]) -> str | None:
@@ -223,8 +228,13 @@ class PairingResult:
         return {"name": self.name, "profile": self.profile, "target": self.target, "draft": self.draft,
                 "verdict": self.verdict, "reason": self.reason, "width_mode": self.width_mode,
                 "groups": self.groups(), "request_groups": self.request_groups(),
-                "findings": self.findings, "reference": self.reference, "reference_cost": self.reference_cost,
-                "memory": self.memory, "arms": [a.to_dict(with_requests) for a in self.arms]}
+                "findings": self.findings, "causes": self.causes, "reference": self.reference,
+                "reference_cost": self.reference_cost, "memory": self.memory,
+                "arms": [a.to_dict(with_requests) for a in self.arms]}
+
+    def cause(self, arm: str, request: str) -> dict[str, Any] | None:
+        """The cause named for ``request`` where ``arm`` is among the arms that left classic decode."""
+        return next((c for c in self.causes if c.get("request") == request and arm in (c.get("arms") or [])), None)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], requests: ArmRequests | None = None) -> PairingResult:
@@ -235,7 +245,8 @@ class PairingResult:
                    [ArmResult.from_dict(a, requests(str(a["name"])) if requests is not None else None)
                     for a in d.get("arms") or []],
                    list(d.get("findings") or []), WidthMode(d.get("width_mode") or WidthMode.PROCESS),
-                   dict(d.get("reference") or {}), d.get("reference_cost"), d.get("memory"))
+                   dict(d.get("reference") or {}), d.get("reference_cost"), list(d.get("causes") or []),
+                   d.get("memory"))
 
 
 def _mb(n: Any) -> str:
@@ -310,6 +321,18 @@ class ServedReport(ReportMixin):
              "pairings": [p.to_dict(with_requests) for p in self.pairings], "job": self.job}
         if self.shard is not None:
             d["shard"] = self.shard
+        return d
+
+    def result_dict(self) -> dict[str, Any]:
+        """The whole result, as ``--json`` prints it: :meth:`to_dict` with every arm's requests in full
+        (first difference, margins, tie, evidence, reproduction), each with ``cause``: what its pairing's
+        finding says of it (whom it concerns, whether it needs a warm cache), None where none is named."""
+        d = self.to_dict(with_requests=True)
+        for p, pd in zip(self.pairings, d["pairings"]):
+            for a, ad in zip(p.arms, pd["arms"]):
+                for r, rd in zip(a.requests, ad["requests"]):
+                    c = p.cause(a.name, r.id)
+                    rd["cause"] = c["cause"] if c is not None else None
         return d
 
     @classmethod

@@ -37,7 +37,6 @@ from specparity.harness import evidence as evidence_mod
 from specparity.harness import memory
 from specparity.harness.client import Completion, Request, send
 from specparity.harness.config import Job, Pairing
-from specparity.harness.evidence import Evidence
 from specparity.harness.judge import Classic, Cold, classic_answer, judge_arm, judge_pairing, judge_request
 from specparity.harness.lifecycle import HOST, Server, ServerStartError, scratch_dir
 from specparity.harness.oracle import Oracle
@@ -45,6 +44,7 @@ from specparity.harness.plan import BASELINE_START, ArmKind, ArmPlan, Drafter, W
 from specparity.harness.profiles import NOT_EXERCISED, Profile, load_profile
 from specparity.harness.reproduce import Finding, Sent, ServerHistory, reproduce
 from specparity.harness.results import ArmResult, PairingResult, RequestResult, ServedReport
+from specparity.harness.session import Exchange, Session
 from specparity.harness.shard import Shard, split
 from specparity.harness.witness import WITNESS_ENV, wrap_checkpoint
 from specparity.progress import NULL, Observer
@@ -53,37 +53,6 @@ from specparity.verdicts import Verdict
 log = logging.getLogger(__name__)
 
 ARMS_PART = "arms"
-
-
-@dataclass
-class Session:
-    """A running server, shared by the arms with the same server key.
-
-    server: its lifecycle. witness_file: where its wrapped checkpoints log their forwards.
-    info: what the record keeps of it (argv, env, log, pid, start-up seconds, version).
-    generation: seconds spent generating on it when requests go in batches.
-    start_counted: its start-up time has been charged to an arm (a shared server's, once).
-    server_dir: a folder the record keeps for this server (an engine's own diagnostics).
-    history: every request the server received, in order (reproductions replay it).
-    """
-
-    server: Server
-    witness_file: Path
-    info: dict[str, Any]
-    generation: float = 0.0
-    start_counted: bool = False
-    server_dir: Path = Path()
-    history: ServerHistory = field(default_factory=lambda: ServerHistory([]))
-
-
-@dataclass
-class Exchange:
-    """One request sent, what came back, and what showed the drafter ran."""
-
-    request: Request
-    completion: Completion
-    evidence: Evidence = field(default_factory=Evidence)
-    prompt_ids: list[int] | None = None  # the prompt tokens the server says it decoded from (engine hook)
 
 
 @dataclass
@@ -483,7 +452,7 @@ class PairingRun:
         if not self.job.reference:
             return None
         if self._oracle is None:
-            from specparity.harness.reference import ServerSettings
+            from specparity.reference import ServerSettings
 
             target, trust = self.replay_model
             self.run_.note("  starting the classic reference (classic decode in process)")
@@ -504,7 +473,7 @@ class PairingRun:
         oracle = self.oracle(session.history.argv)
         if oracle is None or not ex.completion.ok:
             return None
-        from specparity.harness.reference import ServerSettings
+        from specparity.reference import ServerSettings
 
         settings = ServerSettings.from_argv([str(a) for a in session.history.argv])
         usage = ex.completion.usage or {}
@@ -569,7 +538,7 @@ class PairingRun:
         oracle = self.oracle(session.history.argv)
         if oracle is None:
             return Cold(None, fresh, "no classic reference in this run")
-        from specparity.harness.reference import RequestParams, ServerSettings
+        from specparity.reference import RequestParams, ServerSettings
 
         body = {**ex.request.body, **fields}
         settings = ServerSettings.from_argv([str(a) for a in session.history.argv])

@@ -20,8 +20,9 @@ sampling/   exactness at temperature > 0 (specparity.probes.sampling)
     rules.py       acceptance rules: lossless references, known-wrong controls, user rules,
                    and their closed-form acceptance
     stats.py       chi-square goodness of fit, total variation and its noise floor
+    problem.py     the problem: p and q from logits, temperature and filters (chains too)
     montecarlo.py  vectorized draws of a rule, with the zero-tolerance checks
-    dist.py        the problem (p, q), one dist run beside its controls, its report
+    dist.py        one dist run beside its controls, its report
     accept.py      measured acceptance of mlx-lm (and rules) on real models vs closed forms
     accept_e2e.py  mlx-lm's emitted stream against a known p (constant-logits fixtures)
 

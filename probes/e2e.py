@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from specparity.errors import InputError, first_line
-from specparity.completions import CompletionDifference, Side, first_difference
+from specparity.completions import CompletionDifference, Side, first_difference, first_index
+from specparity.prompts import encode_prompt
 from specparity.processors import ProcessorOptions
 from specparity.progress import NULL, Observer
 from specparity.verdicts import ReportMixin, Verdict, combine
@@ -51,6 +52,8 @@ ENTRY_POINTS = ("stream_generate", "generate", "cli")
 STEPS = ("generate_step", "speculative_generate_step")
 # the calls that draft: mlx-lm's speculative step, dflash-mlx's loop and its CLI (probes/e2e_dflash.py)
 DRAFTING_STEPS = ("speculative_generate_step", "stream_dflash_generate", "dflash generate")
+# any engine's own speculative loop run through its adapter (probes/e2e_engine.py) names its step so
+OWN_LOOP = "(its own loop)"
 SPY_ENV = "SPECPARITY_E2E_SPY"
 CLI_TIMEOUT_S = 600
 # options a user may pass -> the mlx_lm.generate CLI flag (None: the CLI has no such flag)
@@ -420,7 +423,8 @@ class EntryResult(ReportMixin):
             return Verdict.NOT_RUN
         if self.difference or self.dropped:
             return Verdict.DIVERGED
-        if self.drafter.step not in DRAFTING_STEPS or self.drafter.drafted == 0:
+        step = self.drafter.step or ""
+        if (step not in DRAFTING_STEPS and not step.endswith(OWN_LOOP)) or self.drafter.drafted == 0:
             return Verdict.NOT_ENGAGED
         return Verdict.MATCH
 
@@ -537,8 +541,7 @@ def prompt_refusal(entry: str, arms: list[EntryArm], expected: list[int]) -> str
     for arm in arms:
         if arm.prompt is None or arm.prompt == expected:
             continue
-        i = next((k for k, (a, b) in enumerate(zip(arm.prompt, expected)) if a != b),
-                 min(len(arm.prompt), len(expected)))
+        i = first_index(arm.prompt, expected)
         how = " (the CLI tokenizes the prompt's text: the ids do not survive decode and encode)" \
             if entry == "cli" else ""
         return (f"{arm.name} decoded other prompt tokens than the run's: {len(arm.prompt)} vs {len(expected)},"
@@ -594,38 +597,17 @@ def parse_entry_points(value: str | None) -> list[str]:
     return out
 
 
-def prompt_tokens(tokenizer: Any, prompt: str | list[int], chat_template: bool = False) -> list[int]:
-    """The prompt tokens every arm decodes from.
-
-    Ids are taken as they are. Text is encoded as the ``mlx_lm.generate`` CLI encodes it:
-    with ``chat_template``, as the user's message through the tokenizer's chat template
-    (with the generation prompt), encoded without special tokens; else the raw text
-    with the tokenizer's special tokens.
-    """
-    if not isinstance(prompt, str):
-        if chat_template:
-            raise InputError("chat-template", "applies to a prompt text, not to prompt ids")
-        return [int(t) for t in prompt]
-    if chat_template:
-        if not getattr(tokenizer, "has_chat_template", False):
-            raise InputError("chat-template", ": this tokenizer has no chat template")
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return list(tokenizer.encode(prompt))
-
-
 def run_e2e(loaded: Any, draft: Any, prompt: str | list[int], options: E2EOptions,
             entry_points: list[str] | None = None, trust_remote_code: bool = False,
             observer: Observer = NULL, chat_template: bool = False) -> E2ERun:
     """Run each entry point without and with the drafter; compare outputs and the options that reached them.
 
-    Every arm decodes the same prompt tokens (:func:`prompt_tokens`): the in-process
+    Every arm decodes the same prompt tokens (:func:`specparity.prompts.encode_prompt`): the in-process
     entry points get the ids, the CLI gets the text (and its chat template only with
     ``chat_template``); an entry point whose step function received other ids is not_run.
     """
     entry_points = list(entry_points or ENTRY_POINTS)
-    ids = prompt_tokens(loaded.tokenizer, prompt, chat_template)
+    ids = encode_prompt(loaded.tokenizer, prompt, chat_template)
     if not ids:
         raise InputError("prompt", ": it encodes to no tokens")
     prompt_text = prompt if isinstance(prompt, str) else loaded.tokenizer.decode(ids)

@@ -34,6 +34,7 @@ from specparity.probes.e2e import (
 )
 from specparity.progress import NULL, Observer
 
+# the engine's entry points as its registry entry names them (specparity/engines/dflash_mlx.py)
 ENTRY_POINTS = ("dflash-stream", "dflash-cli")
 # dflash generate's last stderr line: "\n64 tokens | 12.3 tok/s | 45.6% acceptance"
 _ACCEPT_RE = re.compile(r"(\d+) tokens \| [\d.]+ tok/s \| ([\d.]+)% acceptance")

@@ -36,13 +36,14 @@ def divergence_svg(pairing: str, arms: list[dict[str, Any]], max_tokens: int | N
     indices = [first_index(r)[0] for a in cols for r in a.get("requests") or []]
     top_value = max([max_tokens or 0, *[i for i in indices if i is not None], 1])
     left, top, plot_h, col_w = 60, 44, 220, 70
-    width = left + col_w * max(len(cols), 1) + 30
+    title = f"pairing {pairing}: first divergence (token index) by width, max_tokens {max_tokens}"
+    # wide enough for the title and the legend lines below (about 7 px a monospace character)
+    width = max(left + col_w * max(len(cols), 1) + 30, 7 * len(title) + 16, 7 * 106)
     height = top + plot_h + 80
 
     def y(v: float) -> float:
         return top + plot_h * (v / top_value)  # token 0 at the top: earlier divergences read higher
 
-    title = f"pairing {pairing}: first divergence (token index) by width, max_tokens {max_tokens}"
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
         f' viewBox="0 0 {width} {height}" font-family="monospace" font-size="11">',

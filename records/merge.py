@@ -103,7 +103,7 @@ def merge_shards(shards: list[ServedRecord]) -> tuple[ServedReport, list[tuple[s
         meta = runners[0].pairing_summary(pname) or {}
         # the pairing as the first shard recorded it, less what the merge judges again from every shard's arms
         res = PairingResult.from_dict({**meta, "name": pname, "verdict": Verdict.NOT_RUN, "reason": "",
-                                       "findings": [], "arms": [], "reference_cost": None})
+                                       "findings": [], "causes": [], "arms": [], "reference_cost": None})
         res.reference = {k: v for s in runners for k, v in ((s.pairing_summary(pname) or {})
                                                             .get("reference") or {}).items()}
         base_digests: dict[str, dict[str, int]] = {}

@@ -285,17 +285,32 @@ def read_record(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[s
     arms: dict[str, list[dict[str, Any]]] = {}
     for f in sorted(data.glob("*.jsonl")):
         rows = []
-        for n, line in enumerate(_inside(f, root).splitlines(), 1):
+        lines = _inside(f, root).splitlines()
+        for n, line in enumerate(lines, 1):
             try:
                 obj = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if not isinstance(obj, dict):
-                continue
+            except RecursionError:
+                raise UsageError(f"{f}: line {n}: not JSON (nested too deeply)") from None
+            except ValueError:
+                if n == len(lines) or not line.strip():
+                    continue  # the last line, cut short by a crash: it never finished
+                raise UsageError(f"{f}: line {n}: not JSON, and not the last line (a crash cuts only the last"
+                                 " one short): the file is damaged") from None
+            if not isinstance(obj, dict):  # a whole line is always an object: this one was written otherwise
+                raise UsageError(f"{f}: line {n}: expected an object (one finished part), got {describe(obj)}")
             if "verdict" in obj and not isinstance(obj["verdict"], str):  # a part's word: a verdict, or its own
                 raise UsageError(f"{f}: line {n}: verdict: expected a word (a string), got {describe(obj['verdict'])}")
             rows.append(obj)
         arms[f.stem] = rows
+    # report.json counts a part after its line is written: fewer lines than counted is a lost file or lines
+    for stem, counted in rec.arms.items():
+        f = data / f"{stem}.jsonl"
+        if stem not in arms:
+            raise UsageError(f"{f}: missing, where {REPORT_FILE} counts {counted} finished parts in it: the record"
+                             " is damaged")
+        if len(arms[stem]) < counted:
+            raise UsageError(f"{f}: holds {len(arms[stem])} finished parts, where {REPORT_FILE} counts {counted}:"
+                             " the record is damaged")
     return rec, identity, arms
 
 

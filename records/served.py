@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from specparity.errors import SpecparityError, UsageError
 from specparity.records.record import REPORT_FILE, Record, read_complete, read_record
-from specparity.records.writer import slugify
+from specparity.harness.plan import request_stem
+from specparity.paths import slugify
 from specparity.schema import (
     AnyOf,
     Anything,
@@ -41,18 +42,13 @@ from specparity.schema import (
 )
 
 if TYPE_CHECKING:
-    from specparity.harness.config import Job
+    from specparity.harness.job import Job
     from specparity.harness.results import ArmResult, ServedReport
     from specparity.records.record import RecordSink
 
 KIND = "served"
 ARMS = "arms"
 SERVERS_DIR = "servers"
-
-
-def request_stem(pairing: str, arm: str) -> str:
-    """The JSONL stem holding one arm's requests."""
-    return slugify(f"{pairing}-{arm}")
 
 
 def chart_name(pairing: str) -> str:
@@ -275,6 +271,26 @@ def check_served(record: Record, rows: dict[str, list[dict[str, Any]]]) -> None:
         line_check = arm if stem == ARMS else request
         for i, line in enumerate(lines):
             check(line, line_check, f"{data / stem}.jsonl, entry {i + 1}")
+    if record.summary is not None:
+        _check_lines_of_summary(record.summary, rows, data)
+
+
+def _check_lines_of_summary(summary: dict[str, Any], rows: dict[str, list[dict[str, Any]]], data: Any) -> None:
+    """Every arm the summary judged has its line, and as many request lines as it counted: a record without
+    them would read as fewer finished arms (show) or as parts only one side has (compare), never an error."""
+    lines = {(a.get("pairing"), a.get("name")) for a in rows.get(ARMS, [])}
+    for p in summary.get("pairings") or []:
+        for a in p.get("arms") or []:
+            if (p["name"], a["name"]) not in lines and (None, a["name"]) not in lines:
+                raise UsageError(f"{data / ARMS}.jsonl: no line for arm {a['name']} of pairing {p['name']}, which"
+                                 f" {REPORT_FILE}'s summary judged: the record is damaged (a file or lines lost)")
+            counted = a.get("requests")
+            stem = request_stem(p["name"], a["name"])
+            have = len(rows.get(stem, []))
+            if isinstance(counted, int) and not isinstance(counted, bool) and have < counted:
+                raise UsageError(f"{data / stem}.jsonl: {'missing' if stem not in rows else f'holds {have} requests'},"
+                                 f" where {REPORT_FILE}'s summary counts {counted} for arm {a['name']} of pairing"
+                                 f" {p['name']}: the record is damaged (a file or lines lost)")
 
 
 def read_served(path: str | os.PathLike[str], complete: bool = True) -> ServedRecord:

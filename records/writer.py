@@ -12,17 +12,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 import socket
 from pathlib import Path
 from typing import Any
 
 from specparity.errors import InputError
 from specparity.inputs import expand_user
-
-
-def slugify(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "record"
+from specparity.paths import slugify
 
 
 class RecordWriter:

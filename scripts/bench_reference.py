@@ -74,7 +74,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from specparity.fixtures import default_pair
-    from specparity.harness.reference import ClassicReference, RequestParams
+    from specparity.reference import ClassicReference, RequestParams
 
     model_dir = args.model or default_pair().target
     reqs = requests(args.max_tokens)

@@ -105,10 +105,16 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return cfg
 
 
-def _digest_cache_path() -> Path:
+def _digest_cache_path() -> Path | None:
+    """Where weight digests are cached; None (not cached: a warning) when $SPECPARITY_HOME is unusable,
+    since the cache only saves time and a fingerprint needs none."""
     from specparity.paths import home
 
-    return home() / "digests.json"
+    try:
+        return home() / "digests.json"
+    except UsageError as err:
+        log.warning("weight digests are not cached: %s", err)
+        return None
 
 
 def _file_digest(path: Path, memo: dict[str, Any]) -> str:
@@ -135,7 +141,7 @@ def fingerprint(model_dir: str | os.PathLike, flag: str = "--model") -> Fingerpr
     cfg = read_config(d)
     memo_path = _digest_cache_path()
     try:
-        memo = json.loads(memo_path.read_text())
+        memo = json.loads(memo_path.read_text()) if memo_path is not None else {}
         if not isinstance(memo, dict):
             memo = {}
     except (OSError, ValueError):
@@ -149,7 +155,7 @@ def fingerprint(model_dir: str | os.PathLike, flag: str = "--model") -> Fingerpr
         for f in sorted(d.glob(pattern)):
             if f.is_file() and f.name not in files:
                 files[f.name] = _file_digest(f, memo)
-    if len(memo) != before:
+    if len(memo) != before and memo_path is not None:
         from specparity.store import atomic_write_text
 
         try:

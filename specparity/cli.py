@@ -15,7 +15,7 @@ import click
 
 from specparity import __version__, inputs
 from specparity.errors import (
-    EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, SpecparityError, Terminated, first_line,
+    EXIT_BUG, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, SpecparityError, Terminated, first_line,
 )
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI. ``--debug`` adds tracebacks on stderr and changes no exit code."""
     args = list(argv if argv is not None else sys.argv[1:])
     debug = _debug_requested(args)
+    from specparity.engine_env import claim_rerun_result, report_rerun
+
+    result_to = claim_rerun_result()
     code = EXIT_BUG
     try:
         # the argv rides along: a command that re-runs in an engine's environment passes it on
@@ -145,6 +148,19 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_INTERRUPTED
     except click.exceptions.Exit as err:
         code = err.exit_code
+    except ModuleNotFoundError as err:
+        # a package missing from this interpreter (a damaged engine environment): infrastructure, unless
+        # specparity lacks one of its own modules, which is a bug
+        _traceback(debug)
+        if err.name and err.name.split(".")[0] != "specparity":
+            from specparity.environments import missing_module_message
+
+            click.echo(f"Error: {missing_module_message(err.name)}", err=True)
+            code = EXIT_INFRA
+        else:
+            click.echo(f"Error: unexpected ModuleNotFoundError: {first_line(str(err))}"
+                       f"{'' if debug else ' (rerun with --debug for the traceback)'}", err=True)
+            code = EXIT_BUG
     except (Exception, SystemExit) as err:  # noqa: BLE001  (a bug: one line, exit 70)
         # An unknown error is a bug: one line, exit 70, traceback behind --debug. A
         # SystemExit escaping a command was raised by code specparity ran (a checkpoint's
@@ -155,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         hint = "" if debug else " (rerun with --debug for the traceback)"
         click.echo(f"Error: unexpected {what}{hint}", err=True)
         code = EXIT_BUG
+    report_rerun(result_to, args, code)  # a re-run in an engine's environment: its parent believes only this
     sys.exit(code)
 
 

@@ -305,3 +305,11 @@ def compare_states(a: list[Any], b: list[Any], labels: tuple[str, str] = ("a", "
                 continue
             out.append(compare_cache_array(i, la.kind, name, xa, xb))
     return out
+
+
+def first_state_difference(a: list[Any], b: list[Any], labels: tuple[str, str] = ("a", "b")
+                           ) -> tuple[StateDiff | None, list[int]]:
+    """Where two cache snapshots first differ (:func:`compare_states`' first differing array, in layer
+    order; None: equal), and every layer that differs."""
+    diffs = [d for d in compare_states(a, b, labels) if d.differs]
+    return (diffs[0] if diffs else None), sorted({d.layer for d in diffs})

@@ -13,6 +13,7 @@ at a near tie reads differently from a confident one).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -134,8 +135,9 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
-def _first(a: Any, b: Any) -> int:
-    """The first index where two sequences differ (the shorter length when one is a prefix)."""
+def first_index(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """The first index where two sequences (token ids, text) differ: the shorter length where one is
+    a prefix of the other, or they are equal. Every first-difference position is found here."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
@@ -157,14 +159,14 @@ def first_difference(reference: Side, other: Side, tokenizer: Any = None) -> Com
     d = CompletionDifference(reference.name, other.name, reference_chars=len(reference.text),
                              other_chars=len(other.text))
     if reference.text != other.text:
-        off = _first(reference.text, other.text)
+        off = first_index(reference.text, other.text)
         d.char_offset = off
         d.text_before = reference.text[max(off - CONTEXT_CHARS, 0):off]
         d.reference_snippet = reference.text[off:off + CONTEXT_CHARS]
         d.other_snippet = other.text[off:off + CONTEXT_CHARS]
     a, b = reference.token_ids, other.token_ids
     if a is not None and b is not None:
-        i = _first(a, b)
+        i = first_index(a, b)
         d.token_index = i
         d.reference_token_count, d.other_token_count = len(a), len(b)
         d.tokens_before = list(a[max(i - CONTEXT_TOKENS, 0):i])
@@ -173,8 +175,9 @@ def first_difference(reference: Side, other: Side, tokenizer: Any = None) -> Com
             d.reference_pieces = [tokenizer.decode([t]) for t in d.reference_tokens]
             d.other_pieces = [tokenizer.decode([t]) for t in d.other_tokens]
         if reference.logprobs is not None and other.logprobs is not None:
-            diffs = [k for k, (x, y) in enumerate(zip(reference.logprobs, other.logprobs)) if x != y]
-            d.first_logprob_diff = diffs[0] if diffs else None
-            d.logprobs_equal_before = not diffs or diffs[0] >= i
+            k = first_index(reference.logprobs, other.logprobs)
+            n = min(len(reference.logprobs), len(other.logprobs))
+            d.first_logprob_diff = k if k < n else None
+            d.logprobs_equal_before = k >= n or k >= i
         d.margin_reference, d.margin_other = margin(reference.top, i), margin(other.top, i)
     return d

@@ -194,6 +194,30 @@ class DFlashFixtureInfo:
     def from_dict(cls, d: dict[str, Any]) -> DFlashFixtureInfo:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
+    def record(self) -> dict[str, Any]:
+        """What ``fixture.json`` stores: :meth:`to_dict` with the members relative to the fixture, so it
+        reads the same from any cwd and after a move."""
+        return {**self.to_dict(), "target": "target", "draft": "draft"}
+
+    @classmethod
+    def load(cls, out: Path) -> DFlashFixtureInfo:
+        """The DFlash fixture in ``out`` as its record describes it (members as paths usable from here;
+        a record of an older version, with paths as the build was given them, reads too)."""
+        from specparity.fixtures import FIXTURE_RECORD, member, read_record
+
+        data = read_record(out.resolve())
+        if data is None or data.get("kind") != "dflash":
+            what = "a fixture that is not a DFlash pair" if data else "no fixture record it can read"
+            raise UsageError(f"{out} holds {what}: --overwrite rebuilds it, or choose another DIR")
+        try:
+            info = cls.from_dict(data)
+        except TypeError as err:
+            raise UsageError(f"{out / FIXTURE_RECORD} is not a DFlash fixture record this version reads"
+                             f" ({err}): --overwrite rebuilds the fixture") from None
+        info.target = member(out, info.target) or str(out / "target")
+        info.draft = member(out, info.draft) or str(out / "draft")
+        return info
+
     def differs(self, **asked: Any) -> dict[str, tuple[Any, Any]]:
         """The build arguments among ``asked`` this fixture was built with otherwise: name -> (built, asked)."""
         return {k: (getattr(self, k), v) for k, v in asked.items() if getattr(self, k) != v}
@@ -393,30 +417,29 @@ def build_dflash_pair(
     in their place. ``accept_mix["spread"]`` is false for a fit that stopped
     at the step cap before all three kinds of block occurred.
     """
+    from specparity.fixtures import check_out_dir
+
     out = Path(out)
-    if out.exists() and not overwrite:
-        marker = out / "fixture.json"
-        if marker.exists():
-            data = json.loads(marker.read_text())
-            if data.get("kind") == "dflash":
-                found = DFlashFixtureInfo.from_dict(data)
-                differs = found.differs(shape=shape, block_size=block_size, dtype=dtype, tied=bool(tied),
-                                        seed=seed, balance=balance)
-                if differs:
-                    raise FixtureMismatch(out, differs)
-                return found
-        raise UsageError(f"{out} exists and is not a specparity DFlash fixture: choose another DIR")
+    check_out_dir(out, overwrite)
+    if os.path.lexists(out) and not overwrite:
+        found = DFlashFixtureInfo.load(out)
+        differs = found.differs(shape=shape, block_size=block_size, dtype=dtype, tied=bool(tied),
+                                seed=seed, balance=balance)
+        if differs:
+            raise FixtureMismatch(out, differs)
+        return found
     if block_size not in BLOCK_SIZES:
         raise UsageError(f"block size {block_size}: DFlash fixtures use {' or '.join(map(str, BLOCK_SIZES))}")
     import mlx.core as mx
 
     from specparity.fixture_models.dflash_draft import DraftArgs
-    from specparity.fixtures import VOCAB_SIZE, build_tokenizer, instantiate, model_params, publishing
+    from specparity.fixtures import (FIXTURE_RECORD, VOCAB_SIZE, build_tokenizer, instantiate, model_params,
+                                     publishing)
     from specparity.prompts import DEFAULT_PROMPTS
 
     config = target_config(shape, dtype, tied)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with publishing(out) as tmp:
+    with publishing(out, overwrite) as tmp:
         build_tokenizer(tmp, extra_special=(MASK_TOKEN,))
         from tokenizers import Tokenizer
 
@@ -453,9 +476,17 @@ def build_dflash_pair(
             target_layer_ids=list(TARGET_LAYER_IDS), mask_token_id=mask_id, accept_mix=mix.to_dict(),
             fit_prompts=prompts, train_steps=steps, balance=balance,
         )
-        (tmp / "fixture.json").write_text(json.dumps(info.to_dict(), indent=2))
+        (tmp / FIXTURE_RECORD).write_text(json.dumps(info.record(), indent=2))
     log.info("built DFlash %s %s block %d fixture in %s: %s", shape, dtype, block_size, out, mix.describe())
     return info
+
+
+def fixture_draft(target: Path) -> Path | None:
+    """The DFlash drafter of the fixture whose target is ``target`` (``<fixture>/target``), or None when
+    ``target`` is not a DFlash fixture's (see :func:`specparity.fixtures.fixture_draft`)."""
+    from specparity.fixtures import fixture_draft as drafter_of
+
+    return drafter_of(target, "dflash")
 
 
 def dflash_fixture_name(shape: str, block_size: int, dtype: str, tied: bool, balance: float = BALANCE) -> str:

@@ -13,8 +13,8 @@ Where the environment's interpreter comes from, first found:
 1. ``SPECPARITY_<ENGINE>_PYTHON`` (``SPECPARITY_DFLASH_MLX_PYTHON``): an
    interpreter that has the engine and specparity (such as another built
    environment's: ``specparity env path --python dflash-mlx-mlx-lm-0.32.2``);
-2. :func:`specparity.environments.ensure_environment` (the cached, pinned
-   environment per engine, built once).
+2. :func:`specparity.environments.ensure_environment` of the engine's first
+   pinned environment (its registry entry, :mod:`specparity.engines`), built once.
 
 When that interpreter is a built environment's, the re-run is told which
 (:data:`ENVIRONMENT_VAR`) and its record's identity lists it under
@@ -23,10 +23,8 @@ When that interpreter is a built environment's, the re-run is told which
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,30 +33,40 @@ from specparity.errors import InfrastructureError
 
 log = logging.getLogger(__name__)
 
-# engine -> the module that must import for in-process work
-ENGINE_MODULES = {"dflash-mlx": "dflash_mlx"}
 # set in a re-run's environment: the re-run must not re-run again
 RERUN_MARK = "SPECPARITY_ENGINE_RERUN"
 # set in a re-run's environment: the directory of the built environment it runs in
 ENVIRONMENT_VAR = "SPECPARITY_ENGINE_ENVIRONMENT"
+# set in a re-run's environment: the file its result goes to (report_rerun / read_rerun_result)
+RESULT_VAR = "SPECPARITY_RERUN_RESULT"
 
 
 def python_var(engine: str) -> str:
     """``SPECPARITY_DFLASH_MLX_PYTHON`` for ``dflash-mlx``."""
-    return "SPECPARITY_" + engine.upper().replace("-", "_") + "_PYTHON"
+    from specparity.engines import get
+
+    return get(engine).python_var
 
 
 def importable(engine: str) -> bool:
-    module = ENGINE_MODULES.get(engine)
-    return module is None or importlib.util.find_spec(module) is not None
+    """``engine``'s module imports here (asked of the registry)."""
+    from specparity.engines import get
+
+    return get(engine).importable()
 
 
-def engine_environment(engine: str) -> tuple[str, dict[str, str]]:
+def engine_environment(engine: str, environment: str | None = None) -> tuple[str, dict[str, str]]:
     """The interpreter of ``engine``'s environment and the process environment to run specparity there
-    (see the module docstring); InfrastructureError if there is none."""
+    (see the module docstring; ``environment``: this one, a name or YAML file, over both); InfrastructureError
+    if there is none."""
     from specparity.environments import environment_at, interpreter
 
     var = python_var(engine)
+    if environment is not None:
+        from specparity.environments import ensure_environment
+
+        env = ensure_environment(environment, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
+        return str(env.python), {**env.environ(), ENVIRONMENT_VAR: str(env.path)}
     if os.environ.get(var):
         path = os.environ[var]
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
@@ -74,9 +82,13 @@ def engine_environment(engine: str) -> tuple[str, dict[str, str]]:
         if environment_at(home) is not None and interpreter(home).absolute() == Path(path).absolute():
             environ[ENVIRONMENT_VAR] = str(home)
         return path, environ
+    from specparity.engines import get
     from specparity.environments import ensure_environment
 
-    env = ensure_environment(engine, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
+    pinned = get(engine).environment
+    if pinned is None:
+        raise InfrastructureError(f"{engine} does not import here and declares no environment to run in")
+    env = ensure_environment(pinned.name, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
     return str(env.python), {**env.environ(), ENVIRONMENT_VAR: str(env.path)}
 
 
@@ -98,13 +110,62 @@ def engine_python(engine: str) -> str:
     return engine_environment(engine)[0]
 
 
-def rerun_here_or_there(engine: str, argv: list[str]) -> int | None:
-    """None when ``engine`` imports here (run in process); else the exit code of ``argv`` re-run in its environment."""
-    if importable(engine):
-        return None
-    if os.environ.get(RERUN_MARK):
-        raise InfrastructureError(f"{engine} does not import in its own environment ({sys.executable})")
-    python, environ = engine_environment(engine)
-    log.info("%s: re-running in %s", engine, python)
-    print(f"specparity: {engine} runs in its own environment: {python}", file=sys.stderr, flush=True)
-    return subprocess.call([python, "-P", "-m", "specparity.cli", *argv], env={**environ, RERUN_MARK: engine})
+def rerun_argv(python: str, argv: list[str]) -> list[str]:
+    """The command line that re-runs ``specparity argv`` under ``python``."""
+    return [python, "-P", "-m", "specparity.cli", *argv]
+
+
+def claim_rerun_result() -> str | None:
+    """In a re-run, the file its result goes to, taken out of the environment (a specparity the re-run
+    starts in turn must not write it); None elsewhere."""
+    path = os.environ.pop(RESULT_VAR, None)
+    return path if path and os.environ.get(RERUN_MARK) else None
+
+
+def report_rerun(path: str | None, argv: list[str], code: int) -> None:
+    """Tell the parent what ran and how it ended (``path``: :func:`claim_rerun_result`'s): the parent
+    believes the exit code only from this file (:func:`read_rerun_result`), never from the exit status alone."""
+    if not path:
+        return
+    import json
+
+    from specparity import __version__
+
+    try:
+        Path(path).write_text(json.dumps({"specparity": __version__, "argv": list(argv), "exit_code": int(code)}))
+    except OSError as err:
+        log.warning("could not write the re-run's result to %s: %s", path, err)
+
+
+def read_rerun_result(path: Path, argv: list[str], returncode: int, engine: str, python: str) -> int:
+    """The re-run's exit code, when ``path`` holds a well-formed result of exactly this command and this
+    specparity version and it agrees with the process's exit status; InfrastructureError naming the
+    interpreter otherwise (garbage printed with exit 0 is not a pass)."""
+    import json
+
+    from specparity import __version__
+
+    def refuse(why: str) -> InfrastructureError:
+        return InfrastructureError(f"{engine}'s interpreter {python} gave no specparity result for"
+                                   f" `specparity {' '.join(argv[:1])}` (exit {returncode}): {why}")
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise refuse("it wrote none (is specparity importable there, and is it a Python?)") from None
+    except OSError as err:
+        raise refuse(f"its result could not be read ({err})") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise refuse("its result is not JSON") from None
+    if not isinstance(data, dict) or set(data) != {"specparity", "argv", "exit_code"}:
+        raise refuse("its result is not a specparity result")
+    if data["specparity"] != __version__:
+        raise refuse(f"it ran specparity {data['specparity']!r}, this is {__version__}")
+    if data["argv"] != list(argv):
+        raise refuse("its result is of another command")
+    code = data["exit_code"]
+    if not isinstance(code, int) or isinstance(code, bool) or code != returncode:
+        raise refuse(f"its result says exit {code!r}")
+    return code

@@ -26,10 +26,11 @@ time, not a copy made at build time: a ``.pth`` hook installs an import finder
 from ``$SPECPARITY_SOURCE`` (see :meth:`Environment.environ`), so one built
 environment serves every checkout and never runs stale code.
 
-Packaged specs (:data:`PACKAGED`): ``mlx-lm-0.31.3``, ``mlx-lm-0.32.2``,
-``dflash-mlx`` and ``dflash-mlx-mlx-lm-0.32.2`` (dflash-mlx in process on mlx-lm
-0.32.2). A spec may also be a YAML file (keys as :class:`EnvSpec`) or a mapping
-given inline in a profile.
+Packaged specs (:data:`PACKAGED`): every registered engine's environments
+(:mod:`specparity.engines`: ``mlx-lm-0.31.3``, ``mlx-lm-0.32.2``, ``dflash-mlx``,
+``dflash-mlx-mlx-lm-0.32.2``...), each with the mlx and transformers pins added. A
+spec may also be a YAML file (keys as :class:`EnvSpec`) or a mapping given inline
+in a profile.
 """
 
 from __future__ import annotations
@@ -72,9 +73,12 @@ DIGEST_CHARS = 12
 # the packages whose directories the hook maps (pyproject's package-dir: folders outside specparity/)
 SOURCE_PACKAGES = ("specparity", "specparity.probes", "specparity.bisect", "specparity.harness",
                    "specparity.records")
-# name==version or name===version, extras and an environment marker allowed
-_PINNED = re.compile(r"^\s*(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*===?\s*[^\s;,<>=!~]+\s*(;.*)?$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# a name is part of a directory name (name-digest) and of every record's identity: short, one line
+NAME_MAX = 100
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+# C0 controls, DEL and C1 controls: a CR or LF in a spec would split the requirements file pip reads
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # pip output lines worth a progress line (the rest stays in build.log)
 _PIP_PROGRESS = ("Collecting ", "Installing collected", "Successfully installed")
 _NETWORK = re.compile(r"Failed to establish a new connection|Max retries exceeded|Name or service not known"
@@ -89,6 +93,32 @@ _CONFLICT = re.compile(r"ResolutionImpossible|conflicting dependencies|Cannot in
 MLX_PIN = "0.32.4"
 TRANSFORMERS_PIN = "5.24.0"
 _MLX = (f"mlx[cpu]=={MLX_PIN}; sys_platform == 'linux'", f"mlx=={MLX_PIN}; sys_platform == 'darwin'")
+
+
+def pin_problem(req: str) -> str | None:
+    """Why ``req`` is not one pinned requirement (None: it is).
+
+    One requirement as packaging parses it (PEP 508), pinned with ``==`` or ``===`` to one version, with
+    extras and an environment marker allowed; no URL, no pip option, no control character. pip reads the
+    specs as lines of a requirements file: a spec that is anything else could carry an option such as
+    ``--index-url`` past the pins.
+    """
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if not (req.isascii() and req.isprintable()):
+        # pip splits its file at CR, LF, and at what str.splitlines splits (U+2028 in a marker's string too)
+        return ("has a control character (a newline or carriage return) or one outside ASCII: write one"
+                " requirement per entry")
+    try:
+        parsed = Requirement(req)
+    except InvalidRequirement as err:
+        return f"is not a requirement ({str(err).splitlines()[0]}): write name==version"
+    if parsed.url:
+        return "names a URL: write name==version, from the package index"
+    pins = list(parsed.specifier)
+    if len(pins) != 1 or pins[0].operator not in ("==", "===") or "*" in pins[0].version:
+        return "is not pinned: write name==version (one exact version)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -112,14 +142,21 @@ class EnvSpec:
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        where = f"environment {self.name!r}" + (f" ({self.source})" if self.source else "")
-        if not _NAME.match(self.name):
-            raise UsageError(f"{where}: a name is letters, digits, '.', '_' and '-'")
+        shown = self.name if len(self.name) <= 40 else self.name[:40] + "..."
+        where = f"environment {shown!r}" + (f" ({self.source})" if self.source else "")
+        if not _NAME.fullmatch(self.name) or len(self.name) > NAME_MAX:
+            raise UsageError(f"{where}: a name is letters, digits, '.', '_' and '-', at most {NAME_MAX} of them")
         if not self.packages:
             raise UsageError(f"{where}: packages is empty: list pinned requirements (name==version)")
         for req in self.packages:
-            if not _PINNED.match(req):
-                raise UsageError(f"{where}: package {req!r} is not pinned: write name==version")
+            why = pin_problem(req)
+            if why is not None:
+                raise UsageError(f"{where}: package {req!r} {why}")
+        for module in self.imports:
+            if not _MODULE.fullmatch(module):
+                raise UsageError(f"{where}: imports entry {module!r} is not a module name (a.b.c)")
+        if _CONTROL.search(self.description):
+            raise UsageError(f"{where}: description has a control character (a newline?): write one line")
 
     def requirements(self) -> list[str]:
         """What pip installs: the pins, then specparity's own dependencies (when ``with_specparity``)."""
@@ -154,35 +191,26 @@ class EnvSpec:
                 "digest": self.digest, "source": self.source}
 
 
-PACKAGED: dict[str, EnvSpec] = {
-    spec.name: spec for spec in (
-        EnvSpec("mlx-lm-0.31.3", ("mlx-lm==0.31.3", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                "mlx-lm 0.31.3 (its server and generate) on mlx " + MLX_PIN, imports=("mlx_lm",)),
-        EnvSpec("mlx-lm-0.32.2", ("mlx-lm==0.32.2", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                "mlx-lm 0.32.2 (its server and generate) on mlx " + MLX_PIN, imports=("mlx_lm",)),
-        # dflash-mlx 0.1.8's server imports mlx_lm.generate.SequenceStateMachine, which 0.32 removed
-        EnvSpec("dflash-mlx", ("dflash-mlx==0.1.8", "mlx-lm==0.31.3", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                "dflash-mlx 0.1.8 (dflash serve / generate) on mlx-lm 0.31.3",
-                imports=("mlx_lm", "dflash_mlx", "dflash_mlx.serve")),
-        # the in-process column of mlx-lm 0.32.2: dflash-mlx's generate and its engine API import with it,
-        # its server does not (so no dflash_mlx.serve here)
-        EnvSpec("dflash-mlx-mlx-lm-0.32.2",
-                ("dflash-mlx==0.1.8", "mlx-lm==0.32.2", *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                "dflash-mlx 0.1.8 in process (dflash generate, no server) on mlx-lm 0.32.2",
-                imports=("mlx_lm", "dflash_mlx", "dflash_mlx.generate", "dflash_mlx.runtime.bundle",
-                         "dflash_mlx.engine.spec_epoch")),
-    )
-}
+def _packaged() -> dict[str, EnvSpec]:
+    """Every registered engine's environments (:mod:`specparity.engines`), the shared pins added."""
+    from specparity.engines import registry
+
+    return {env.name: EnvSpec(env.name, (*env.packages, *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
+                              env.description, imports=env.imports)
+            for spec in registry().values() for env in spec.environments}
+
+
+PACKAGED: dict[str, EnvSpec] = _packaged()
 
 
 def cache_root() -> Path:
     """``$SPECPARITY_ENV_CACHE``, else ``$SPECPARITY_HOME/envs`` (see :func:`specparity.paths.home`)."""
     env = os.environ.get(ENV_CACHE_VAR)
     if not env:
-        return paths.home() / "envs"
+        return paths.usable_dir(paths.home() / "envs", "the environment cache")
     from specparity.inputs import expand_user
 
-    return expand_user(env, ENV_CACHE_VAR)
+    return paths.usable_dir(expand_user(env, ENV_CACHE_VAR), ENV_CACHE_VAR)
 
 
 def specparity_requirements() -> list[str]:
@@ -354,27 +382,98 @@ def environment_at(path: str | os.PathLike) -> Environment | None:
     """The built environment in the directory ``path`` (as its manifest describes it), or None: not one.
 
     Nothing is run; a directory of any cache, current or stale, is read as it was built."""
-    path = Path(path)
     try:
-        data = json.loads((path / MANIFEST).read_text())
-        spec = _from_mapping({k: v for k, v in data["spec"].items() if k in _SPEC_KEYS}, str(path / MANIFEST))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, UsageError):
+        return read_environment_at(Path(path))
+    except BrokenEnvironment:
         return None
+
+
+def read_environment_at(path: Path) -> Environment | None:
+    """:func:`environment_at`, with a directory whose manifest is there but unreadable, or not what a build
+    writes, a :class:`BrokenEnvironment` (None: no manifest, not an environment)."""
+    data = _read_manifest(path, path.name)
+    if data is None:
+        return None
+    raw = data.get("spec")
+    if not isinstance(raw, dict):
+        raise BrokenEnvironment(path, path.name, f"its {MANIFEST} holds no spec")
+    try:
+        spec = _from_mapping({k: v for k, v in raw.items() if k in _SPEC_KEYS}, str(path / MANIFEST))
+    except UsageError as err:
+        raise BrokenEnvironment(path, path.name, f"its {MANIFEST} holds a spec this version refuses ({err})") from None
     return Environment(spec=spec, path=path, manifest=data)
 
 
 _SPEC_KEYS = ("name", "packages", "description", "imports", "with_specparity")
 
 
-def _read_built(spec: EnvSpec, path: Path) -> Environment | None:
+class BrokenEnvironment(InfrastructureError):
+    """A built environment's directory whose manifest cannot be read, or is not what a build writes (a
+    corrupted cache): one line naming the directory and how to rebuild it (exit 4).
+
+    path: the environment's directory. name: the name it is built by (the directory's when unknown).
+    """
+
+    def __init__(self, path: Path, name: str, why: str):
+        self.path, self.name = path, name
+        super().__init__(f"environment {name} at {path} is broken: {why}; rebuild it (specparity env remove"
+                         f" {path.name}, then specparity env build {name})")
+
+
+def _read_manifest(path: Path, name: str) -> dict[str, Any] | None:
+    """The manifest of the environment in ``path``; None when there is none (not built)."""
     manifest = path / MANIFEST
-    if not manifest.is_file() or not interpreter(path).exists():
+    if not os.path.lexists(manifest):
         return None
     try:
-        data = json.loads(manifest.read_text())
-    except (OSError, ValueError):
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        cause = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+        raise BrokenEnvironment(path, name, f"its {MANIFEST} cannot be read ({cause})") from None
+    why = _manifest_problem(data)
+    if why is not None:
+        raise BrokenEnvironment(path, name, f"its {MANIFEST} {why}")
+    return data
+
+
+def missing_module_message(module: str) -> str:
+    """One line for a module this interpreter lacks: in a built environment, which one and how to rebuild it;
+    elsewhere, which Python lacks it."""
+    here = Path(sys.prefix)
+    try:
+        env = read_environment_at(here)
+    except (BrokenEnvironment, UsageError):
+        env = None
+    if env is not None:
+        return (f"environment {env.name} at {here} lacks the module {module} (a package missing from it):"
+                f" rebuild it (specparity env remove {here.name}, then specparity env build {env.name})")
+    return (f"this Python ({here}) lacks the module {module}: install specparity's dependencies there"
+            " (pip install specparity, or pip install -e . in a checkout)")
+
+
+def _manifest_problem(data: Any) -> str | None:
+    """What makes ``data`` other than a manifest a build writes (None: nothing the readers rely on)."""
+    if not isinstance(data, dict):
+        return f"is a JSON {type(data).__name__}, not the mapping a build writes"
+    packages = data.get("packages")
+    if not isinstance(packages, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in packages.items()):
+        return "has no packages mapping (name -> version)"
+    for key, types in (("python", (str,)), ("built", (str,)), ("build_seconds", (int, float)),
+                       ("size_bytes", (int,))):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            return f"has a {key} of the wrong type ({type(value).__name__})"
+    return None
+
+
+def _read_built(spec: EnvSpec, path: Path) -> Environment | None:
+    """The environment ``spec`` built in ``path``; None when not built (no manifest, or no interpreter:
+    a build that never finished), :class:`BrokenEnvironment` when its manifest is corrupted."""
+    if not interpreter(path).exists():
         return None
-    return Environment(spec=spec, path=path, manifest=data)
+    data = _read_manifest(path, spec.name)
+    return None if data is None else Environment(spec=spec, path=path, manifest=data)
 
 
 def ensure_environment(ref: str | Mapping[str, Any] | EnvSpec, progress: Progress | None = None) -> Environment:
@@ -386,17 +485,30 @@ def ensure_environment(ref: str | Mapping[str, Any] | EnvSpec, progress: Progres
     """
     spec = load_spec(ref)
     dest = env_dir(spec)
-    built = _read_built(spec, dest)
+    say = progress or (lambda msg: log.info("%s", msg))
+    built = _built_or_broken(spec, dest, say)
     if built is not None:
         return built
-    say = progress or (lambda msg: log.info("%s", msg))
     root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"the environment cache {root} cannot be created ({err.strerror or type(err).__name__}):"
+                         f" set {ENV_CACHE_VAR} or SPECPARITY_HOME to a directory of your own") from None
     with _lock(root / f".lock-{spec.dirname}", spec.name, say):
-        built = _read_built(spec, dest)
+        built = _built_or_broken(spec, dest, say)
         if built is not None:
             return built
         return _build(spec, dest, say)
+
+
+def _built_or_broken(spec: EnvSpec, dest: Path, say: Progress) -> Environment | None:
+    """The built environment, or None to build it: a corrupted one is said and then rebuilt in its place."""
+    try:
+        return _read_built(spec, dest)
+    except BrokenEnvironment as err:
+        say(f"{err}: building it again")
+        return None
 
 
 @contextlib.contextmanager
@@ -643,6 +755,8 @@ class Listed:
     environment: the built environment (None: not built).
     current: the directory is the one the spec builds today (False: an older digest, left by a
       changed pin or specparity dependency; ``specparity env remove DIRNAME`` deletes it).
+    broken: why the directory's manifest is unusable and how to rebuild it (None: not broken); a
+      broken directory has no ``environment``.
     """
 
     name: str
@@ -650,6 +764,7 @@ class Listed:
     spec: EnvSpec | None
     environment: Environment | None
     current: bool
+    broken: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         env = self.environment
@@ -659,7 +774,8 @@ class Listed:
                 "description": self.spec.description if self.spec else "",
                 "pins": list(self.spec.packages) if self.spec else [],
                 "build_seconds": env.manifest.get("build_seconds") if env else None,
-                "size_bytes": env.manifest.get("size_bytes") if env else None}
+                "size_bytes": env.manifest.get("size_bytes") if env else None,
+                "broken": self.broken}
 
 
 def list_environments() -> list[Listed]:
@@ -668,13 +784,20 @@ def list_environments() -> list[Listed]:
     current = set()
     for spec in PACKAGED.values():
         current.add(spec.dirname)
-        rows.append(Listed(spec.name, spec.dirname, spec, _read_built(spec, env_dir(spec)), True))
+        try:
+            rows.append(Listed(spec.name, spec.dirname, spec, _read_built(spec, env_dir(spec)), True))
+        except BrokenEnvironment as err:
+            rows.append(Listed(spec.name, spec.dirname, spec, None, True, broken=str(err)))
     root = cache_root()
     if root.is_dir():
         for d in sorted(root.iterdir()):
             if d.name.startswith(".") or d.name in current:
                 continue
-            env = environment_at(d)
+            try:
+                env = read_environment_at(d)
+            except BrokenEnvironment as err:
+                rows.append(Listed(d.name, d.name, None, None, False, broken=str(err)))
+                continue
             if env is not None:
                 rows.append(Listed(env.name, d.name, PACKAGED.get(env.name), env, env.spec.dirname == d.name))
     return rows
@@ -685,7 +808,7 @@ def remove_environment(ref: str, progress: Progress | None = None) -> Path | Non
     :func:`list_environments`); returns the directory removed (None: nothing was built)."""
     say = progress or (lambda msg: log.info("%s", msg))
     root = cache_root()
-    if _NAME.match(ref) and (root / ref / MANIFEST).is_file():
+    if _NAME.fullmatch(ref) and os.path.lexists(root / ref / MANIFEST):
         target = root / ref
     else:
         target = env_dir(load_spec(ref))

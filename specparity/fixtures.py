@@ -153,6 +153,28 @@ class FixtureInfo:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def record(self) -> dict[str, Any]:
+        """What ``fixture.json`` stores: :meth:`to_dict` with the members relative to the fixture, so it
+        reads the same from any cwd and after a move."""
+        return {**self.to_dict(), "target": "target", "draft": "draft" if self.draft else None}
+
+    @classmethod
+    def load(cls, out: Path) -> FixtureInfo:
+        """The fixture in ``out`` as its record describes it (members as paths usable from here)."""
+        data = read_record(out.resolve())
+        if data is None or data.get("kind", "plain") != "plain":
+            what = f"a {data.get('kind')} fixture, not a plain pair" if data else "no fixture record it can read"
+            raise UsageError(f"{out} holds {what}: --overwrite rebuilds it, or choose another DIR")
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        try:
+            info = cls(**fields)
+        except TypeError as err:
+            raise UsageError(f"{out / FIXTURE_RECORD} is not a fixture record this version reads ({err}):"
+                             " --overwrite rebuilds the fixture") from None
+        info.target = member(out, info.target) or str(out / "target")
+        info.draft = member(out, info.draft)
+        return info
+
 
 def fixtures_home() -> Path:
     """Where built fixtures live: $SPECPARITY_HOME/fixtures, else the user cache dir."""
@@ -280,19 +302,112 @@ def _save(out_dir: Path, config: dict[str, Any], params: dict[str, Any], model=N
     build_tokenizer(out_dir)
 
 
+FIXTURE_RECORD = "fixture.json"
+
+
+def read_record(out: Path) -> dict[str, Any] | None:
+    """The record (``fixture.json``) of the fixture in ``out``: None when ``out`` is not a real directory
+    holding one the builder wrote (a link, a file, a directory of the user's, a record that is not a JSON
+    object naming its target)."""
+    rec = out / FIXTURE_RECORD
+    if out.is_symlink() or not out.is_dir() or rec.is_symlink() or not rec.is_file():
+        return None
+    try:
+        data = json.loads(rec.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("target"), str) else None
+
+
+def member(out: Path, stored: str | None) -> str | None:
+    """A checkpoint path a fixture record stores, as a path usable from here.
+
+    Records store each member relative to the fixture (``"target"``); an older one stored
+    the path the build was given (relative to the cwd it ran in, or absolute). The fixture's
+    own member of that name wins, so a moved fixture still finds its members.
+    """
+    if stored is None:
+        return None
+    p = Path(stored)
+    for candidate in ([] if p.is_absolute() else [out / p]) + [out / p.name]:
+        if candidate.exists():
+            return str(candidate)
+    return str(p) if p.is_absolute() else str(out / p)
+
+
+def fixture_draft(target: Path, kind: str | None = None) -> Path | None:
+    """The drafter of the fixture whose target is ``target`` (``<fixture>/target``), found from the fixture's
+    own record wherever it was built or moved; None when ``target`` is not the target of a fixture of this
+    ``kind`` (the record's ``kind``: ``"dflash"``; None: a plain pair's record, which has none) or it has
+    no drafter. What ``--model FIXTURE/target`` without ``--draft-model`` takes as its drafter."""
+    data = read_record(target.parent)
+    if data is None or data.get("kind") != kind or not isinstance(data.get("draft"), str):
+        return None
+    own = member(target.parent, data["target"])
+    if own is None or not Path(own).exists() or not Path(own).samefile(target):
+        return None  # a directory beside the fixture's target (its drafter, say) is not its target
+    draft = member(target.parent, data["draft"])
+    return Path(draft) if draft else None
+
+
+def check_out_dir(out: Path, overwrite: bool, what: str = "OUT_DIR") -> None:
+    """Refuse, before any work, an output directory a build would harm: anything but a fixture's own
+    directory is never replaced (``overwrite`` replaces a fixture only), and a link is never built through."""
+    if out.is_symlink():
+        if not overwrite and read_record(out.resolve()) is not None:
+            return  # an existing fixture behind a link is kept as it is, never written
+        raise UsageError(f"{what} {out} is a symbolic link: give a directory of its own (a build replaces"
+                         " OUT_DIR as a whole, never a link's target)")
+    if not out.exists():
+        return
+    if read_record(out) is None:
+        why = "--overwrite replaces only a fixture's directory" if overwrite else "choose another DIR"
+        raise UsageError(f"{what} {out} exists and is not a specparity fixture (no {FIXTURE_RECORD} of its"
+                         f" builder): {why}; it is left as it is")
+
+
 @contextmanager
-def publishing(out: Path) -> Iterator[Path]:
-    """A temporary folder beside ``out`` to build into; it replaces ``out`` when the block ends and is
-    removed when the block raises, so no reader ever sees a fixture half built (Ctrl-C included)."""
+def publishing(out: Path, overwrite: bool = False) -> Iterator[Path]:
+    """A temporary folder beside ``out`` to build into; it takes ``out``'s place when the block ends and is
+    removed when the block raises, so no reader ever sees a fixture half built (Ctrl-C included).
+
+    An ``out`` that is there at the end is replaced only when it is a fixture (the caller's
+    :func:`check_out_dir` decided before the build whether one may be): the old fixture is moved aside,
+    the new one renamed in, and only then the old one removed (put back when the rename fails). Without
+    ``overwrite``, a fixture with this one's very record (a concurrent build of it) is kept as it is.
+    """
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        _swap_in(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _swap_in(tmp: Path, out: Path, overwrite: bool) -> None:
+    if not os.path.lexists(out):
+        try:
+            os.rename(tmp, out)
+            return
+        except OSError:
+            if not os.path.lexists(out):
+                raise
+    if read_record(out) is None:
+        raise UsageError(f"{out} appeared during the build and is not a specparity fixture: it is left as"
+                         " it is; choose another DIR")
+    if not overwrite and read_record(out) == read_record(tmp):
+        shutil.rmtree(tmp)  # a concurrent build of this same fixture published first: keep it, no gap for readers
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+    os.rename(out, aside / out.name)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(aside / out.name, out)
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def build_pair(
@@ -315,11 +430,9 @@ def build_pair(
     unless ``overwrite``.
     """
     out = Path(out)
-    if out.exists() and not overwrite:
-        marker = out / "fixture.json"
-        if marker.exists():
-            return FixtureInfo(**json.loads(marker.read_text()))
-        raise UsageError(f"{out} exists and is not a specparity fixture: choose another DIR")
+    check_out_dir(out, overwrite)
+    if os.path.lexists(out) and not overwrite:
+        return FixtureInfo.load(out)
     # only where it builds: a served job's harness reads the built pair without importing mlx
     import mlx.core as mx
     config = _config_for(arch, dtype)
@@ -327,7 +440,7 @@ def build_pair(
     target = instantiate(config)
     params = model_params(target)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with publishing(out) as tmp:
+    with publishing(out, overwrite) as tmp:
         target_config = dict(config)
         injected = bool(faults) or constant_logits is not None
         if injected:
@@ -365,7 +478,7 @@ def build_pair(
             noise=noise,
             faults=list(faults or []),
         )
-        (tmp / "fixture.json").write_text(json.dumps(info.to_dict(), indent=2))
+        (tmp / FIXTURE_RECORD).write_text(json.dumps(info.record(), indent=2))
     log.info("built %s %s fixture in %s (agreement %s)", arch, dtype, out, agreement)
     return info
 
@@ -451,7 +564,7 @@ def build_plain_constant(root: Path, live: tuple[float, ...]) -> str:
 
     tag = hashlib.sha256(repr(("plain", tuple(live))).encode()).hexdigest()[:10]
     out = root / f"plain-const-{tag}"
-    if (out / "fixture.json").exists():
+    if read_record(out) is not None:
         return str(out / "target")
     config = _config_for("llama", "float32")
     model = instantiate(config)
@@ -471,7 +584,7 @@ def build_plain_constant(root: Path, live: tuple[float, ...]) -> str:
         _save(tmp / "target", config, params)
         info = FixtureInfo(target=str(out / "target"), draft=None, arch="llama", dtype="float32", bits=None,
                            seed=0, agreement=None, noise=None)
-        (tmp / "fixture.json").write_text(json.dumps(info.to_dict(), indent=2))
+        (tmp / FIXTURE_RECORD).write_text(json.dumps(info.record(), indent=2))
     return info.target
 
 

@@ -17,84 +17,23 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specparity.errors import InputError, Name, UsageError
 
-# Defaults: far above any real verify block or probe, far below what exhausts a machine.
-DEFAULT_MAX_WIDTH = 1024
-DEFAULT_MAX_POSITIONS = 16384
-DEFAULT_MAX_SAMPLES = 100_000_000
-DEFAULT_MAX_ITEMS = 1024
-
-ENV = {
-    "max_width": "SPECPARITY_MAX_WIDTH",
-    "max_positions": "SPECPARITY_MAX_POSITIONS",
-    "max_samples": "SPECPARITY_MAX_SAMPLES",
-    "max_items": "SPECPARITY_MAX_ITEMS",
-}
-OPTION = {
-    "max_width": "--max-width",
-    "max_positions": "--max-positions",
-    "max_samples": "--max-samples",
-    "max_items": "--max-items",
-}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Upper bounds on inputs that cost time or memory.
-
-    max_width: verify rows W of one block (probe widths, bisect/replay/gate width,
-      a width inside a log, mlx-lm's num_draft_tokens + 1).
-    max_positions: tokens decoded past the prompt (depths, the long walk, replayed
-      emitted tokens, generated tokens, tested positions).
-    max_samples: Monte-Carlo draws (dist --samples, accept --draws, sweep draws).
-    max_items: entries of one list in a served job file (pairings, controls, prompts or the lines
-      of a prompts_file, sequence, a request parameter's list such as params.stop): each becomes
-      servers, requests or bytes of every request body.
-    """
-
-    max_width: int = DEFAULT_MAX_WIDTH
-    max_positions: int = DEFAULT_MAX_POSITIONS
-    max_samples: int = DEFAULT_MAX_SAMPLES
-    max_items: int = DEFAULT_MAX_ITEMS
-
-    @classmethod
-    def from_env(cls) -> Limits:
-        values: dict[str, int] = {}
-        for name, var in ENV.items():
-            raw = os.environ.get(var)
-            if raw is None or raw.strip() == "":
-                continue
-            try:
-                values[name] = int(raw)
-            except ValueError:
-                raise UsageError(f"{var}={raw!r}: not an integer") from None
-            if values[name] < 1:
-                raise UsageError(f"{var}={raw!r}: must be >= 1")
-        return cls(**values)
-
-
-_current: Limits | None = None
-
-
-def limits() -> Limits:
-    """The limits in force: those the CLI set, else the environment's, else the defaults."""
-    return _current if _current is not None else Limits.from_env()
-
-
-def set_limits(new: Limits | None) -> None:
-    """Set the limits for this process (the CLI's root options); None restores the default."""
-    global _current
-    _current = new
-
-
-def raise_it(limit: str) -> str:
-    """How a user raises ``limit``: ``(raise it: specparity --max-width N ..., or SPECPARITY_MAX_WIDTH=N)``."""
-    return f"(raise it: specparity {OPTION[limit]} N ..., or {ENV[limit]}=N)"
+from specparity.limits import (  # noqa: F401  (re-exported: the CLI's root options and the checks use them)
+    DEFAULT_MAX_ITEMS,
+    DEFAULT_MAX_POSITIONS,
+    DEFAULT_MAX_SAMPLES,
+    DEFAULT_MAX_WIDTH,
+    ENV,
+    OPTION,
+    Limits,
+    limits,
+    raise_it,
+    set_limits,
+)
 
 
 def _above(flag: str, value: Any, n: int, limit: str) -> UsageError:
@@ -306,3 +245,115 @@ def parse_fault(text: str, num_layers: int | None = None) -> dict[str, Any]:
     if item["kind"] == "depth":
         int_field("min_offset", 0, required=True)
     return item
+
+
+# ---------------------------------------------------------------- request bodies
+
+INT32_MAX = 2**31 - 1  # what an mlx index or slice bound takes (a context size past it overflows)
+SEED_MAX = 2**64 - 1  # mx.random.seed takes an unsigned 64-bit integer
+XTC_THRESHOLD_MAX = 0.5  # mlx-lm's apply_xtc refuses more, on the generation thread
+
+
+def request_schema(vocab: int | None = None) -> Any:
+    """The fields of an OpenAI-style request body that reach mlx-lm's sampler, processors and
+    generation loop, each with the range that cannot fail or crash there (mlx-lm's server checks
+    types and lower bounds; NaN passes its ``<`` checks, an id outside the vocabulary writes out
+    of bounds, a top_k it cannot partition raises on the generation thread). ``vocab``: the
+    model's vocabulary size, bounding token ids and top_k (None: not known here; the ids are then
+    only integers >= 0). Other keys (prompt, messages, model, tools...) are left to the reader.
+    """
+    from specparity.schema import AnyOf, Bool, Fields, Int, Json, ListOf, MapOf, Nullable, Number, Str
+
+    tokens = Int(1, limit="max_positions")
+    context = Int(0, INT32_MAX)
+    return Fields({
+        "max_tokens": tokens,
+        "max_completion_tokens": Nullable(tokens),
+        "temperature": Number(ge=0),
+        "top_p": Number(ge=0, le=1),
+        "top_k": Int(0, None if vocab is None else vocab - 1),
+        "min_p": Number(ge=0, le=1),
+        "xtc_probability": Number(ge=0, le=1, integers=False),
+        "xtc_threshold": Number(ge=0, le=XTC_THRESHOLD_MAX, integers=False),
+        "repetition_penalty": Number(ge=0),
+        "repetition_context_size": context,
+        "presence_penalty": Number(),
+        "presence_context_size": context,
+        "frequency_penalty": Number(),
+        "frequency_context_size": context,
+        "logit_bias": Nullable(LogitBias(vocab)),
+        "stop": Nullable(AnyOf(Str(), ListOf(Str(), limit="max_items"),
+                               what="a string or a list of strings")),
+        "seed": Nullable(Int(0, SEED_MAX)),
+        "num_draft_tokens": Int(0),
+        "stream": Bool(),
+        # read after the last token (a client's truncated stream, not a 400) unless checked here
+        "stream_options": Nullable(Fields({"include_usage": Bool()}, required=("include_usage",), open=True)),
+        "model": Str("a checkpoint path or hub id (a string)"),
+        "draft_model": Nullable(Str("a checkpoint path or hub id (a string)")),
+        "adapters": Nullable(Str("an adapter path (a string)")),
+        "logprobs": Bool(),
+        "top_logprobs": Int(-1, 11),
+        "chat_template_kwargs": Nullable(MapOf(Json(limit="max_items"), key=Str())),
+    }, open=True, what="a JSON object (the request body)")
+
+
+def LogitBias(vocab: int | None) -> Any:  # noqa: N802 (reads as the other checkers do)
+    """A mapping of token id (a JSON key, read by ``int()`` as mlx-lm does) to a finite bias."""
+    from specparity.schema import Check, Invalid, Number, describe
+
+    class _Check(Check):
+        what = "a mapping of token id to a finite number"
+
+        def check(self, value: Any, path: tuple[Any, ...]) -> None:
+            if not isinstance(value, dict):
+                raise self.fail(value, path)
+            bias = Number()
+            for k, v in value.items():
+                try:
+                    t = int(k)
+                except (TypeError, ValueError):
+                    raise Invalid((*path, k), f"{describe(k)} is not a token id") from None
+                top = f"0..{vocab - 1}" if vocab is not None else ">= 0"
+                if t < 0 or (vocab is not None and t >= vocab):
+                    raise Invalid((*path, k), f"token {t} is outside the vocabulary ({top})")
+                bias.check(v, (*path, k))
+
+    return _Check()
+
+
+def check_request(body: Any, vocab: int | None = None, where: str = "") -> None:
+    """``body``'s generation fields within :func:`request_schema`; else a UsageError naming the
+    field: ``[where: ]request field logit_bias['99999']: token 99999 is outside the vocabulary (0..511)``."""
+    from specparity.schema import Invalid, describe, key_path
+
+    at = f"{where}: " if where else ""
+    if not isinstance(body, dict):
+        raise UsageError(f"{at}request body: expected a JSON object, got {describe(body)}")
+    try:
+        request_schema(vocab).check(body, ())
+    except Invalid as bad:
+        raise UsageError(f"{at}request field {key_path(bad.path)}: {bad.message}") from None
+
+
+def config_vocab_size(model: str | os.PathLike[str]) -> int | None:
+    """The vocabulary size a local checkpoint's ``config.json`` states (``vocab_size``, or
+    ``text_config.vocab_size``), read without loading weights; None when there is no such file
+    or number (a hub id, another layout): the loaded model's check then applies."""
+    from specparity.schema import load_json, read_text
+
+    try:
+        path = Path(model).expanduser() / "config.json"
+        if not path.is_file():
+            return None
+        cfg = load_json(read_text(path, str(path)), str(path))
+    except (UsageError, OSError, RuntimeError, ValueError):  # a name no file system takes, ~nobody
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    for c in (cfg, cfg.get("text_config")):
+        if isinstance(c, dict):
+            v = c.get("vocab_size")
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return None

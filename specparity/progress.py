@@ -21,13 +21,18 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from collections.abc import Iterable, Iterator
 
-if TYPE_CHECKING:
-    from specparity.records.record import RecordSink
-
 T = TypeVar("T")
+
+
+class Sink(Protocol):
+    """Where finished results and part timings go (specparity.records.record.RecordSink is one)."""
+
+    def append(self, arm: str, obj: dict[str, Any]) -> None: ...
+
+    def timing(self, part: str, seconds: float) -> None: ...
 
 
 class Observer:
@@ -70,7 +75,7 @@ NULL = Observer()
 class CliObserver(Observer):
     """tqdm bars on stderr when ``show``; results and timings into ``sink``."""
 
-    def __init__(self, sink: RecordSink | None = None, show: bool | None = None):
+    def __init__(self, sink: Sink | None = None, show: bool | None = None):
         self.sink = sink
         self.show = sys.stderr.isatty() if show is None else show
         self._bars: dict[str, Any] = {}

@@ -13,13 +13,35 @@ DEFAULT_PROMPTS = (
 )
 
 
+def encode_prompt(tokenizer: Any, prompt: str | list[int], chat_template: bool = False) -> list[int]:
+    """One prompt's token ids: every in-process command's prompt is tokenized here.
+
+    Ids are taken as they are. Text is encoded as mlx-lm's generate (and its ``mlx_lm.generate``
+    CLI) encodes it: with ``chat_template``, as the user's message through the tokenizer's chat
+    template (with the generation prompt), encoded without special tokens; else the raw text with
+    the tokenizer's special tokens. A served request's prompt is the server's own tokenize step's
+    (:func:`specparity.reference.server_prompt`), not this.
+    """
+    if not isinstance(prompt, str):
+        if chat_template:
+            raise InputError("chat-template", "applies to a prompt text, not to prompt ids")
+        return [int(t) for t in prompt]
+    if chat_template:
+        if not getattr(tokenizer, "has_chat_template", False):
+            raise InputError("chat-template", ": this tokenizer has no chat template")
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(prompt))
+
+
 def encode_prompts(tokenizer: Any, texts: list[str] | tuple[str, ...] | None = None,
                    ids: list[list[int]] | None = None) -> list[list[int]]:
-    """Token-id prompts: explicit ``ids`` win, else ``texts`` (default: DEFAULT_PROMPTS)."""
+    """Token-id prompts: explicit ``ids`` win, else ``texts`` (default: DEFAULT_PROMPTS) by :func:`encode_prompt`."""
     if ids:
         out = [list(p) for p in ids]
     else:
-        out = [list(tokenizer.encode(t)) for t in (texts or DEFAULT_PROMPTS)]
+        out = [encode_prompt(tokenizer, t) for t in (texts or DEFAULT_PROMPTS)]
     for i, p in enumerate(out):
         if not p:
             raise UsageError(f"prompt {i} encodes to no tokens")

@@ -13,10 +13,12 @@ the file, the key path and what was expected::
 
     --config job.yaml: pairings[0].target: expected a path or hub id (a string), got 5 (an integer)
 
-Files are read through :func:`read_text` (a regular file, bounded size, UTF-8)
-and YAML through :func:`load_yaml` (``yaml.SafeLoader`` with the document's
+Files are read through :func:`read_text` (a regular file, bounded size, UTF-8),
+YAML through :func:`load_yaml` (``yaml.SafeLoader`` with the document's
 expanded size, in values and in characters, and its nesting bounded: an alias
-bomb is refused before anything walks it).
+bomb is refused before anything walks it), and JSON (a JSONL line, an HTTP
+request body) through :func:`load_json` (UTF-8, nesting bounded by the same
+MAX_YAML_DEPTH).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ MAX_FILE_BYTES = 4 << 20
 MAX_YAML_NODES = 200_000   # scalars, lists and mappings, every alias expanded
 MAX_YAML_CHARS = MAX_FILE_BYTES  # every scalar's characters, every alias expanded: what the file could hold
 MAX_YAML_DEPTH = 64
+MAX_REQUEST_BYTES = 4 * MAX_FILE_BYTES  # an HTTP request body (a long chat with inline images)
+MAX_JSON_DEPTH = MAX_YAML_DEPTH  # a JSON document's lists and mappings, nested
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -161,7 +165,7 @@ class Bool(Check):
 
 
 class Int(Check):
-    """An integer (never true/false) in [lo, hi]; ``limit``: hi is that limit of specparity.inputs
+    """An integer (never true/false) in [lo, hi]; ``limit``: hi is that limit of specparity.limits
     (``max_width``, ``max_positions``), raisable as its message says."""
 
     def __init__(self, lo: int | None = None, hi: int | None = None, limit: str | None = None):
@@ -181,9 +185,9 @@ class Int(Check):
 
 
 def _within(n: int, limit: str, path: tuple[Any, ...], what: str) -> None:
-    """``n`` within ``limit`` of specparity.inputs (``max_width``, ``max_items``...), else Invalid
+    """``n`` within ``limit`` of specparity.limits (``max_width``, ``max_items``...), else Invalid
     saying ``what`` (``5000 is``, ``2000 items are``) and how to raise it."""
-    from specparity.inputs import limits, raise_it
+    from specparity.limits import limits, raise_it
 
     cap = getattr(limits(), limit)
     if n > cap:
@@ -191,17 +195,25 @@ def _within(n: int, limit: str, path: tuple[Any, ...], what: str) -> None:
 
 
 class Number(Check):
-    """A finite number (never true/false) with optional bounds: ``gt`` / ``ge`` below, ``lt`` / ``le`` above."""
+    """A finite number (never true/false) with optional bounds: ``gt`` / ``ge`` below, ``lt`` / ``le`` above.
+    ``integers``: an integer is a number (False: only a float, as mlx-lm's server reads xtc_*)."""
 
     def __init__(self, gt: float | None = None, ge: float | None = None, lt: float | None = None,
-                 le: float | None = None, what: str | None = None):
-        self.gt, self.ge, self.lt, self.le = gt, ge, lt, le
+                 le: float | None = None, what: str | None = None, integers: bool = True):
+        self.gt, self.ge, self.lt, self.le, self.integers = gt, ge, lt, le, integers
         bounds = [f"> {gt:g}" if gt is not None else "", f">= {ge:g}" if ge is not None else "",
                   f"< {lt:g}" if lt is not None else "", f"<= {le:g}" if le is not None else ""]
-        self.what = what or " ".join(["a finite number", *[b for b in bounds if b]])
+        self.what = what or " ".join(["a finite number" if integers else "a finite float (with a '.')",
+                                      *[b for b in bounds if b]])
 
     def check(self, value: Any, path: tuple[Any, ...]) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float) if self.integers else float):
+            raise self.fail(value, path)
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an integer too large for a float
+            finite = False
+        if not finite:
             raise self.fail(value, path)
         if (self.gt is not None and not value > self.gt) or (self.ge is not None and not value >= self.ge) or \
                 (self.lt is not None and not value < self.lt) or (self.le is not None and not value <= self.le):
@@ -291,7 +303,7 @@ class AnyOf(Check):
 
 class ListOf(Check):
     """A list of ``item``; ``scalar``: one bare item stands for a list of it. ``limit``: its length
-    is within that limit of specparity.inputs (``max_items``), checked before any item."""
+    is within that limit of specparity.limits (``max_items``), checked before any item."""
 
     def __init__(self, item: Check, min_len: int = 0, max_len: int | None = None, scalar: bool = False,
                  what: str | None = None, limit: str | None = None):
@@ -355,7 +367,7 @@ class Fields(Check):
 
 class Json(Check):
     """A JSON value: strings, finite numbers, true/false, null, lists, mappings with string keys.
-    ``limit``: every list in it is within that limit of specparity.inputs (``max_items``)."""
+    ``limit``: every list in it is within that limit of specparity.limits (``max_items``)."""
 
     what = "a JSON value (string, number, true/false, null, list, mapping)"
 
@@ -385,8 +397,8 @@ class Json(Check):
 
 
 # -- files ------------------------------------------------------------------------------------------
-def read_text(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """A regular file's text: UTF-8, at most ``max_bytes``; else a UsageError naming ``where``."""
+def read_bytes(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """A regular file's bytes, at most ``max_bytes``; else a UsageError naming ``where``."""
     p = Path(path)
     try:
         st = p.stat()
@@ -400,10 +412,51 @@ def read_text(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FIL
         raise UsageError(f"{where}: {err.strerror or err}") from None
     if len(data) > max_bytes:
         raise UsageError(f"{where}: more than the {max_bytes} bytes a file may hold here")
+    return data
+
+
+def read_text(path: str | os.PathLike[str], where: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """A regular file's text: UTF-8, at most ``max_bytes``; else a UsageError naming ``where``."""
+    data = read_bytes(path, where, max_bytes)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UsageError(f"{where}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})") from None
+
+
+def load_json(data: str | bytes, where: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """One JSON document (text, or bytes that must be UTF-8) with at most ``max_depth`` levels of
+    lists and mappings; anything else is a UsageError naming ``where``. Python's reader accepts
+    NaN and Infinity: the checkers that read numbers refuse them, naming the key."""
+    import json
+
+    if isinstance(data, (bytes, bytearray)):
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise UsageError(f"{where}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})") from None
+    else:
+        text = data
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise UsageError(f"{where}: nested deeper than {max_depth} levels") from None
+    except ValueError as err:  # JSONDecodeError, or an integer of more digits than Python converts
+        raise UsageError(f"{where}: not JSON ({str(err).splitlines()[0]})") from None
+    _json_depth(value, where, max_depth)
+    return value
+
+
+def _json_depth(root: Any, where: str, max_depth: int) -> None:
+    """Refuse a value nested deeper than ``max_depth`` (walked without recursion: what follows it
+    may recurse, a chat template or ``json.dumps``)."""
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            if depth >= max_depth:
+                raise UsageError(f"{where}: nested deeper than {max_depth} levels")
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
 
 
 def load_yaml(text: str, where: str) -> Any:

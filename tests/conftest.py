@@ -17,13 +17,15 @@ if TYPE_CHECKING:
 
 # A test using one of these fixtures needs what the marker says (pyproject.toml, README): checked
 # at collection, so `-m "not model"` / `-m "not build"` never runs a test that needs one.
-FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build"}
+FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build", "chromium": "build"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # pytest-xdist starts its workers as `python -c ...` in the repository root, where the root
-    # `bisect/` folder would shadow the standard library's `bisect` (README, Quick start): the
-    # workers, started after this hook, and every process a test starts, leave the root off sys.path.
+    # pytest-xdist starts its workers as `python -c ...` in the repository root. The root `bisect/`
+    # folder no longer shadows the standard library's `bisect` there (bisect/__init__.py hands a bare
+    # `import bisect` the standard library's: test_package), so this is not needed for that; it is
+    # kept (harmless) so the workers, and every process a test starts, import specparity as installed,
+    # never a root folder that happens to share a name.
     os.environ.setdefault("PYTHONSAFEPATH", "1")
     # A shell without job control starts a background command with SIGINT ignored, and every process
     # a test starts would inherit that: specparity then rightly leaves Ctrl-C alone, as under nohup,
@@ -163,6 +165,23 @@ def llama_server_bin() -> str:
 
 
 @pytest.fixture(scope="session")
+def chromium() -> tuple[str, str]:
+    """(chromium, chromedriver): Debian's headless browser, installed once by scripts/install-chromium.
+
+    Missing: a skip locally, a failure where ``CI`` is set, as for llama-server.
+    """
+    import shutil
+
+    found = (shutil.which("chromium"), shutil.which("chromedriver"))
+    if all(found):
+        return str(found[0]), str(found[1])
+    why = "chromium / chromedriver are not installed: run scripts/install-chromium"
+    if os.environ.get("CI"):
+        pytest.fail(f"{why} (CI is set: a missing build fails, never skips)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
@@ -177,19 +196,99 @@ def cli_bin() -> str:
     return str(exe)
 
 
+@pytest.fixture(autouse=True)
+def served_results_follow_their_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every served job a test runs in process (``ServedRun(...).run()``) gives what ``served --json``
+    would print for it, validated against served.schema.json: the suite's in-process jobs (faults, ties,
+    declines, errors, distribution arms) are that schema's coverage too. Only where the test module
+    imported the runner: nothing is imported for the others."""
+    import sys
+
+    runner = sys.modules.get("specparity.harness.run")
+    if runner is None:
+        return
+    run = runner.ServedRun.run
+
+    def validated(self: Any) -> Any:
+        from specparity.commands._common import result_json
+
+        report = run(self)
+        validate(result_json(report), "served", "served --json of ServedRun(...).run()")
+        return report
+
+    monkeypatch.setattr(runner.ServedRun, "run", validated)
+
+
 def run_cli(cli_bin: str, *args: str, env: dict | None = None, cwd: str | None = None):
-    """Run the real CLI in a subprocess; returns CompletedProcess (text)."""
+    """Run the real CLI in a subprocess; returns CompletedProcess (text).
+
+    Every ``--json`` output it prints and every record it writes (``--record-dir``, merge's
+    ``--out``) is validated against the published schemas (specparity/schemas): the suite's
+    own runs are the schemas' coverage.
+    """
     import subprocess
 
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
-    return subprocess.run([cli_bin, *args], capture_output=True, text=True, env=full_env,
-                          cwd=cwd, timeout=600)
+    r = subprocess.run([cli_bin, *args], capture_output=True, text=True, env=full_env,
+                       cwd=cwd, timeout=600)
+    check_outputs(list(args), r.stdout, cwd)
+    return r
+
+
+def validate(obj: Any, name: str, what: str = "") -> None:
+    """``obj`` is what schema ``name`` describes; else an AssertionError naming the place and the rule."""
+    import jsonschema
+
+    from specparity import schemas
+
+    validator = jsonschema.Draft202012Validator(schemas.load(name))
+    errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        where = "/".join(map(str, e.absolute_path)) or "(top)"
+        raise AssertionError(f"{what or 'output'} does not follow {name}.schema.json at {where}: {e.message}"
+                             f" ({len(errors)} error(s))")
+
+
+def check_outputs(argv: list[str], stdout: str, cwd: str | None = None) -> None:
+    """The ``--json`` on ``stdout`` of ``specparity ARGV`` and the records it wrote, against their schemas."""
+    from specparity import schemas
+
+    if "--json" in argv and stdout.strip():
+        name = schemas.for_argv(argv)
+        assert name is not None, f"no schema for specparity {' '.join(argv)} --json"
+        validate(json.loads(stdout), name, f"specparity {' '.join(argv)}")
+    for flag in ("--record-dir", "--out"):
+        if flag in argv[:-1]:
+            d = Path(cwd or ".") / argv[argv.index(flag) + 1]
+            if d.is_dir() and (d / "data").is_dir():
+                check_records(d)
+
+
+def check_records(record_dir: Path) -> None:
+    """Every record in ``record_dir``: report.json, identity.json, each JSONL line, the summary."""
+    from specparity import schemas
+
+    for data in sorted(p for p in (record_dir / "data").iterdir() if (p / "report.json").is_file()):
+        report = json.loads((data / "report.json").read_text())
+        kind = str(report.get("kind"))
+        validate(report, "record-report", str(data / "report.json"))
+        summary = schemas.for_summary(kind)
+        if summary is not None and report.get("summary") is not None:
+            validate(report["summary"], summary, f"{data / 'report.json'} summary")
+        if (data / "identity.json").is_file():
+            validate(json.loads((data / "identity.json").read_text()), "record-identity", str(data / "identity.json"))
+        for f in sorted(data.glob("*.jsonl")):
+            for i, line in enumerate(f.read_text().splitlines()):
+                if line.strip():
+                    validate(json.loads(line), schemas.for_record_file(f, kind), f"{f}, line {i + 1}")
 
 
 def assert_report(rep) -> dict:
-    """``rep`` follows the verdict contract: Report protocol, to_dict carrying verdict and exit_code."""
+    """``rep`` follows the verdict contract: Report protocol, to_dict carrying verdict and exit_code, and
+    every number its text prints held by to_dict (the text and --json render one result)."""
     import json
 
     from specparity.verdicts import Report, Verdict, exit_code
@@ -201,4 +300,39 @@ def assert_report(rep) -> dict:
     assert json.loads(json.dumps(d, default=str))["verdict"] == rep.verdict.value
     lines = rep.lines()
     assert lines and all(isinstance(s, str) and "\n" not in s for s in lines)
+    # the text and the JSON are one result: every number the text prints is a field of to_dict()
+    missing = text_numbers_missing(lines, d)
+    assert not missing, f"{type(rep).__name__}: the text prints numbers its to_dict() does not hold: {missing[:3]}"
     return d
+
+
+# a number the text prints: not inside a name (w4, sha256, float16) nor a word's suffix (top-2)
+_NUMBER_RE = r"(?<![\w.-])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])"
+
+
+def _scalars(obj: Any) -> list[Any]:
+    if isinstance(obj, dict):
+        return [v for x in obj.values() for v in _scalars(x)]
+    if isinstance(obj, (list, tuple)):
+        return [len(obj)] + [v for x in obj for v in _scalars(x)]
+    return [obj]
+
+
+def text_numbers_missing(lines: list[str], d: dict[str, Any]) -> list[tuple[str, str]]:
+    """(number, line) for each number the text prints that no field of ``d`` holds (as printed: whole,
+    %.2f / %.3f / %.4g / %g, a percentage, or a list's length)."""
+    import re
+
+    nums = [v for v in _scalars(d) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    shown: set[str] = set()
+    for v in nums:
+        shown |= {str(v), *(format(v, spec) for spec in (".1f", ".2f", ".3f", ".4f", ".5f", ".2g", ".3g", ".4g", "g")),
+                  f"{v * 100:.1f}", f"{v * 100:.0f}"}
+        if float(v).is_integer():
+            shown.add(str(int(v)))
+    out = []
+    for line in lines:
+        for token in re.findall(_NUMBER_RE, line):
+            if token not in shown:
+                out.append((token, line))
+    return out

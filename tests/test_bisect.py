@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_report, build
+from conftest import assert_report, build, check_outputs
 
 # 8 prompt tokens: prefill leaves 7 positions in the cache, so the block runs at offset 7 + depth
 PROMPT = [11, 42, 7, 99, 3, 250, 17, 64]
@@ -55,6 +55,7 @@ def run_main(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     out = capsys.readouterr()
+    check_outputs(argv, out.out)
     return exc.value.code, out.out, out.err
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import build
+from conftest import build, check_outputs
 
 pytestmark = pytest.mark.model
 
@@ -40,6 +40,7 @@ def run_main(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     out = capsys.readouterr()
+    check_outputs(argv, out.out)
     return exc.value.code, out.out, out.err
 
 

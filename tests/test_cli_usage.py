@@ -29,6 +29,7 @@ def _one_error_line(r: subprocess.CompletedProcess, code: int = 2) -> str:
     (("fixtures", "gguf", "{dir}", "{dir}/x.gguf", "--outtype", "q9"), "'--outtype': 'q9'"),
     (("records", "junit", "{dir}", "--out", "{dir}"), "'--out'"),
     (("records", "junit"), "Missing argument"),
+    (("records", "html", "{dir}", "--out", "{dir}"), "'--out'"),
     (("probe", "--no-such-flag"), "No such option"),
     (("no-such-command",), "No such command"),
 ])

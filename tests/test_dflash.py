@@ -210,6 +210,9 @@ def test_fixtures_make_dflash_refuses_a_fixture_built_otherwise_and_warns_on_a_f
     assert f"target: {tmp_path / 'fx' / 'target'}" in r.stdout and "0 full, 0 partial, 10 zero-accept" in r.stdout
     assert "warning: the drafter's blocks never spread on its fit prompts" in r.stderr
     assert "building" not in r.stderr and record.read_text() == before
+    j = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--dflash", "qwen3", "--block-size", "8",
+                "--dtype", "bfloat16", "--tied-head", "--json")  # fixtures-make.schema.json (run_cli)
+    assert j.returncode == 0 and json.loads(j.stdout)["target"] == str(tmp_path / "fx" / "target"), j.stderr
     _stored_fixture(tmp_path / "spread", spread=True, balance=0.0)
     r = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "spread"), "--dflash", "qwen3", "--block-size", "8")
     assert r.returncode == 2 and "its drafter fitted to balance 0 (this command fits to 0.1)" in r.stderr
@@ -541,3 +544,53 @@ def test_dflash_loads_the_fixture_drafter_as_its_own(fixture_root: Path, dflash_
                           env=environ)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "True"
+
+
+def test_a_dflash_fixture_record_names_its_members_relative_to_itself(fixture_root: Path, tmp_path: Path) -> None:
+    """issue 30.9: fixture.json stored the paths the build was given (relative to its cwd), so a fixture run
+    from elsewhere, or moved, lost its drafter. Its record now names its members relative to itself; an
+    older record's paths (relative to another cwd, or absolute and gone) still read."""
+    import shutil
+
+    from specparity.dflash_fixtures import DFlashFixtureInfo, fixture_draft
+
+    info = dflash_info(fixture_root, "qwen3", 8)
+    record = json.loads((Path(info.target).parent / "fixture.json").read_text())
+    assert (record["target"], record["draft"]) == ("target", "draft")
+    moved = tmp_path / "elsewhere" / "fx"
+    shutil.copytree(Path(info.target).parent, tmp_path / "built", symlinks=True)
+    moved.parent.mkdir()
+    os.rename(tmp_path / "built", moved)
+    for stored in ({}, {"target": "fx/target", "draft": "fx/draft"},
+                   {"target": str(tmp_path / "built" / "target"), "draft": str(tmp_path / "built" / "draft")}):
+        (moved / "fixture.json").write_text(json.dumps({**record, **stored}))
+        assert fixture_draft(moved / "target") == moved / "draft"
+        loaded = DFlashFixtureInfo.load(moved)
+        assert (loaded.target, loaded.draft) == (str(moved / "target"), str(moved / "draft"))
+    assert fixture_draft(moved / "draft") is None  # beside the fixture's target, not its target
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_a_moved_dflash_fixture_still_finds_its_drafter_from_any_cwd(
+        fixture_root: Path, cli_bin: str, dflash_env: EngineEnv, tmp_path: Path) -> None:
+    """issue 30.9: a fixture run from another cwd, after a move, sent --engine dflash-mlx without
+    --draft-model to the hub for its drafter (exit 4); now the engine's own loop runs with its drafter."""
+    import shutil
+
+    info = dflash_info(fixture_root, "qwen3", 8)
+    built = tmp_path / "built"
+    shutil.copytree(Path(info.target).parent, built, symlinks=True)
+    record = json.loads((built / "fixture.json").read_text())
+    assert (record["target"], record["draft"]) == ("target", "draft")
+    moved = tmp_path / "elsewhere" / "fx"
+    moved.parent.mkdir()
+    os.rename(built, moved)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    run = run_cli(cli_bin, "replay", "--engine", "dflash-mlx", "--model", str(moved / "target"), "--prompt-ids",
+                  ",".join(map(str, info.fit_prompts[0])), "--max-tokens", "8", "--verify-mode", "dflash", "--json",
+                  env={**dflash_env, "HF_HUB_OFFLINE": "1"}, cwd=str(elsewhere))
+    assert run.returncode == 0, run.stderr[-2000:]
+    req = json.loads(run.stdout)["requests"][0]
+    assert req["replay"]["verdict"] == "equal" and req["positions"] == 8

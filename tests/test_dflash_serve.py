@@ -97,7 +97,7 @@ def arms(report: ServedReport) -> dict[str, ArmResult]:
     return {a.name: a for a in report.pairings[0].arms}
 
 
-# The classic reference (harness/reference.py) runs in dflash-mlx's environment, mlx-lm 0.31.3, with that
+# The classic reference (specparity/reference.py) runs in dflash-mlx's environment, mlx-lm 0.31.3, with that
 # server's own tokenize step and stop and text machine: every request of a dflash-mlx served job is compared
 # with classic decode (these tests also compute it by their own scripts, _CLASSIC and _CHAINS).
 
@@ -368,6 +368,9 @@ def test_a_target_it_cannot_load_fails_the_start_at_once(dflash_env: Environment
     assert time.perf_counter() - t0 < 240
     assert start.verdict == Verdict.ERROR and report.pairings[0].verdict == Verdict.ERROR
     assert "Unsupported target architecture for DFlash target ops: model_type=llama" in start.server["log_tail"]
+    # the message says the engine's own error, not only that its log matched a traceback (issue 30.10)
+    assert ("failed while starting: NotImplementedError: Unsupported target architecture for DFlash target ops:"
+            " model_type=llama,") in start.reason, start.reason
 
 
 # -- the engine's readers on their own (no server) -------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from conftest import assert_report, build
 from specparity.checkpoint import load_checkpoint
 from specparity.identity import device
-from specparity.probes.engines import load_engine
+from specparity.probes.engines.mlx_lm import MlxLmEngine
 from specparity.probes.forward.engine import probe_engine
 from specparity.probes.replay.engine import replay_engine
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.model
 
 
 def _engine(info: Any, trust: bool = False) -> Any:
-    return load_engine("mlx-lm", load_checkpoint(info.target, trust_remote_code=trust))
+    return MlxLmEngine(load_checkpoint(info.target, trust_remote_code=trust))
 
 
 @cpu_only

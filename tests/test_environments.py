@@ -17,7 +17,9 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,6 +132,90 @@ def test_packaged_specs_pin_the_engines_and_specparity_comes_along() -> None:
     assert a ^ b == {"mlx-lm==0.31.3", "mlx-lm==0.32.2"}
 
 
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The CLI run in this process (its own error handling and exit code): (code, stdout, stderr)."""
+    from specparity.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    out = capsys.readouterr()
+    assert isinstance(exc.value.code, int)
+    return exc.value.code, out.out, out.err
+
+
+@pytest.fixture
+def local_index() -> Iterator[tuple[str, list[str]]]:
+    """A real package index on 127.0.0.1 (every path answers 404): its URL and the paths it was asked for."""
+    import http.server
+    import threading
+
+    asked: list[str] = []
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_a_spec_smuggling_a_pip_option_is_refused_before_pip_and_the_index_hears_nothing(
+        local_index: tuple[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_bin: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 30.4: a CR or LF in a spec split the requirements file and pip used the index it named. Each
+    such spec, a URL, a shell-looking one and a bad name is refused at load (exit 2, one line, no build
+    begun): the local index named in them receives no request, while the same file as the build used to
+    write it does make pip ask that index (the detector fires)."""
+    url, asked = local_index
+    injected = f'six==1.17.0; python_version > "0"\r--index-url {url}'
+    req = tmp_path / "requirements.txt"
+    req.write_text(injected + "\n")  # what the build wrote before: pip reads the CR as a line break
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-input", "--disable-pip-version-check",
+                    "-d", str(tmp_path / "dl"), "-r", str(req)], capture_output=True, timeout=120,
+                   env=dict(os.environ, PIP_CONFIG_FILE=os.devnull), cwd=tmp_path)
+    assert asked == ["/simple/six/"], asked
+    asked.clear()
+
+    monkeypatch.setenv(envs.ENV_CACHE_VAR, str(tmp_path / "envs"))
+    bad_packages = [injected, f"six==1.17.0\n--index-url {url}", f"six[x\r--index-url {url}]==1.17.0",
+                    f"six==1.17.0 --index-url {url}", f"--index-url {url}", f"six @ {url}/six.whl",
+                    f"six==1.17.0; python_version > '0\u2028--index-url {url}'", f"six==1.17.0 && curl {url}",
+                    f"$(curl {url})==1", "six==1.*", "six==1.0,==1.1"]
+    for i, package in enumerate(bad_packages):
+        with pytest.raises(UsageError, match=r"package .*(control character|not a requirement|URL|not pinned)"):
+            envs.load_spec({"name": "x", "packages": [package]})
+        f = tmp_path / f"bad{i}.yaml"
+        f.write_text(json.dumps({"name": f"bad{i}", "packages": [package]}))  # JSON is YAML
+        code, out, err = run_main(capsys, "env", "build", str(f))
+        assert code == 2 and out == "", (package, err)
+        assert len(err.strip().splitlines()) == 1 and err.startswith("Error: environment"), err
+    for name in ("two\nlines", "x" * 300, "a/b", ".hidden"):
+        f = tmp_path / "named.yaml"
+        f.write_text(json.dumps({"name": name, "packages": ["six==1.17.0"]}))
+        code, out, err = run_main(capsys, "env", "build", str(f))
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "a name is" in err, err
+    # served takes the same file the same way, before any server or model
+    (tmp_path / "t").mkdir()
+    (tmp_path / "job.yaml").write_text("pairings:\n  - target: t\n")
+    r = run_cli(cli_bin, "served", "--config", str(tmp_path / "job.yaml"), "--environment", str(tmp_path / "bad0.yaml"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"Error: --environment: environment 'bad0' ({tmp_path / 'bad0.yaml'}): package {injected!r} has a control"
+        " character (a newline or carriage return) or one outside ASCII: write one requirement per entry"], r.stderr
+    assert asked == [] and not (tmp_path / "envs").exists()
+
+
 def test_a_spec_comes_from_a_name_a_yaml_file_or_a_mapping(tmp_path: Path) -> None:
     assert envs.load_spec("dflash-mlx") is envs.PACKAGED["dflash-mlx"]
     f = tmp_path / "mine.yaml"
@@ -205,6 +291,23 @@ def test_build_once_then_found_at_once_offline(tiny_env: Tiny, monkeypatch: pyte
     assert again == env and again_notes == [] and time.perf_counter() - t0 < 1.0
 
 
+def test_env_show_json_is_what_the_text_shows(tiny_env: Tiny, tmp_path: Path, cli_bin: str) -> None:
+    """``env show --json`` (validated against env-show.schema.json by run_cli): the path, interpreter,
+    pins, build time, size and every installed package the text lists."""
+    env, _ = tiny_env
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(f"packages: ['{TINY}==1.0']\ndescription: a test environment\nimports: [specparity_tiny]\n"
+                    "with_specparity: false\n")
+    cache = {envs.ENV_CACHE_VAR: str(env.path.parent)}
+    j = run_cli(cli_bin, "env", "show", str(spec), "--json", env=cache)
+    t = run_cli(cli_bin, "env", "show", str(spec), env=cache)
+    assert j.returncode == t.returncode == 0, j.stderr + t.stderr
+    out = json.loads(j.stdout)
+    assert out["path"] == str(env.path) and out["packages"][TINY] == "1.0" and out["pins"] == [f"{TINY}==1.0"]
+    assert f"  path:    {out['path']}" in t.stdout and f"    {TINY}==1.0" in t.stdout
+    assert f"  pins:    {', '.join(out['pins'])}" in t.stdout and f" in {out['build_seconds']} s," in t.stdout
+
+
 @pytest.mark.slow
 def test_a_missing_package_index_is_one_error_line_exit_4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           cli_bin: str) -> None:
@@ -275,6 +378,113 @@ def test_specparity_runs_in_an_environment_from_the_running_checkout(tiny_env: T
     out = subprocess.run([str(env.python), "-P", "-c", "import specparity"], env=bare, capture_output=True,
                          text=True, timeout=120, cwd=str(repo_root.parent))
     assert out.returncode != 0 and "No module named 'specparity'" in out.stderr
+
+
+def _copy_env(env: envs.Environment, root: Path) -> Path:
+    """A copy of the built environment ``env`` in the cache ``root`` (its directory name kept)."""
+    import shutil
+
+    dest = root / env.path.name
+    shutil.copytree(env.path, dest, symlinks=True, ignore=shutil.ignore_patterns("pip", "pip-*"))  # not needed
+    return dest
+
+
+def _spec_file(env: envs.Environment, where: Path) -> Path:
+    """``env``'s spec as a YAML file (JSON is YAML), for the commands that take NAME."""
+    f = where / f"{env.name}.yaml"
+    f.write_text(json.dumps({k: v for k, v in env.spec.to_dict().items()
+                             if k in ("name", "packages", "description", "imports", "with_specparity")}))
+    return f
+
+
+def test_a_corrupted_cache_is_one_line_naming_the_directory_and_the_rebuild(
+        tiny_env: Tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 30.8: a manifest that is a list or holds wrong types made env list / show exit 70. Now show and
+    path say which directory is broken and how to rebuild it (exit 4); list lists the rest and warns."""
+    env, _ = tiny_env
+    root = tmp_path / "cache"
+    copy = _copy_env(env, root)
+    spec_file = _spec_file(env, tmp_path)
+    monkeypatch.setenv(envs.ENV_CACHE_VAR, str(root))
+    code, out, err = run_main(capsys, "env", "show", str(spec_file))
+    assert code == 0 and f"{TINY}==1.0" in out, err  # the intact copy reads
+    manifest = copy / envs.MANIFEST
+    good = json.loads(manifest.read_text())
+    for bad, said in [("[]", "is a JSON list"), (json.dumps({**good, "packages": ["x"]}), "no packages mapping"),
+                      (json.dumps({**good, "size_bytes": "big"}), "size_bytes of the wrong type"),
+                      (json.dumps({**good, "spec": 3}), "holds no spec"), ("\xff{", "cannot be read")]:
+        manifest.write_bytes(bad.encode("latin-1"))
+        for args in (("env", "show", str(spec_file)), ("env", "path", str(spec_file))):
+            code, out, err = run_main(capsys, *args)
+            line = err.strip().splitlines()
+            if said == "holds no spec":  # a spec given by name needs none from the manifest: it reads
+                assert code == 0, err
+                continue
+            assert code == 4 and out == "" and len(line) == 1, (bad, args, err)
+            assert line[0].startswith(f"Error: environment tiny at {copy} is broken: its {envs.MANIFEST} ")
+            assert said in line[0] and line[0].endswith(
+                f"; rebuild it (specparity env remove {copy.name}, then specparity env build tiny)"), line
+        code, out, err = run_main(capsys, "env", "list")
+        warnings = [ln for ln in err.splitlines() if ln.strip()]
+        assert code == 0 and "dflash-mlx" in out, err
+        assert len(warnings) == 1 and warnings[0].startswith(f"warning: environment {copy.name} at {copy}")
+        assert said in warnings[0] and f"specparity env remove {copy.name}" in warnings[0], warnings
+    # `env remove` takes the broken directory by the name the warning gives
+    code, out, err = run_main(capsys, "env", "remove", copy.name)
+    assert code == 0 and not copy.exists(), err
+
+
+def test_a_home_that_is_a_file_is_one_line_exit_2(tmp_path: Path, cli_bin: str, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 30.8: SPECPARITY_HOME a file made env build and replay exit 70 at their first write."""
+    home = tmp_path / "home"
+    home.write_text("not a directory\n")
+    for value, said in [(str(home), f"SPECPARITY_HOME {home} is not a directory"),
+                        (str(home / "sub"), f"SPECPARITY_HOME {home / 'sub'} cannot be created: {home} is not")]:
+        monkeypatch.setenv("SPECPARITY_HOME", value)
+        for args in (("env", "build", "dflash-mlx"), ("replay", "--accepts", "1,2"), ("env", "list")):
+            code, out, err = run_main(capsys, *args)
+            lines = err.strip().splitlines()
+            assert code == 2 and len(lines) == 1 and lines[0].startswith(f"Error: {said}"), (args, err)
+    r = run_cli(cli_bin, "replay", "--accepts", "1,2", env={"SPECPARITY_HOME": str(home)})  # the real process
+    assert r.returncode == 2 and r.stderr.startswith(f"Error: SPECPARITY_HOME {home} is not a directory"), r.stderr
+    assert home.read_text() == "not a directory\n"
+    if os.geteuid() != 0:  # root reads and writes any directory: the unreadable case needs a user
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o000)
+        try:
+            r = run_cli(cli_bin, "env", "list", env={"SPECPARITY_HOME": str(locked)})
+            assert r.returncode == 2 and "not readable and writable" in r.stderr, r.stderr
+        finally:
+            locked.chmod(0o700)
+
+
+def test_an_environment_missing_a_package_is_exit_4_naming_it(tiny_env: Tiny, tmp_path: Path) -> None:
+    """issue 30.8: specparity run in a built environment that lacks a package it imports exited 70; now one
+    line names the environment, the module and the rebuild (exit 4). The same environment with the package
+    there runs the command (the message fires on the missing package alone)."""
+    env, _ = tiny_env
+    root = tmp_path / "cache"
+    copy = _copy_env(env, root)
+    envs.write_source_hook(copy)
+    site = envs._site_packages(copy)
+    ours = Path(envs._site_packages(Path(sys.prefix)))
+    for entry in ours.iterdir():  # specparity's dependencies, as a build installs them, but PyYAML
+        if not (site / entry.name).exists() and entry.name not in ("yaml", "_yaml") and not entry.name.startswith(
+                "pyyaml-"):
+            (site / entry.name).symlink_to(entry)
+    spec_file = _spec_file(env, tmp_path)
+    environ = envs.Environment(env.spec, copy, env.manifest).environ({**os.environ, envs.ENV_CACHE_VAR: str(root)})
+    argv = [str(envs.interpreter(copy)), "-P", "-m", "specparity.cli", "env", "show", str(spec_file)]
+    r = subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=120, cwd=tmp_path)
+    assert r.returncode == 4 and r.stdout == "", r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"Error: environment tiny at {copy} lacks the module yaml (a package missing from it): rebuild it"
+        f" (specparity env remove {copy.name}, then specparity env build tiny)"]
+    for name in ("yaml", "_yaml"):
+        (site / name).symlink_to(ours / name)
+    r = subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and f"{TINY}==1.0" in r.stdout, r.stderr
 
 
 def test_remove_renames_then_deletes(tiny_env: Tiny, monkeypatch: pytest.MonkeyPatch) -> None:

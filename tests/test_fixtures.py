@@ -74,3 +74,83 @@ def test_cli_make_reports_agreement_and_refuses_a_foreign_dir(cli_bin, tmp_path)
     out = run_cli(cli_bin, "fixtures", "make", str(foreign))
     assert out.returncode == 2
     assert out.stderr.strip().startswith("Error:") and "not a specparity fixture" in out.stderr
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every entry under ``root`` (itself a directory, not followed through links): path -> bytes (None: a
+    directory), so a comparison says whether anything was deleted, added or rewritten."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+
+
+def test_overwrite_replaces_only_a_fixture_and_never_a_users_directory(cli_bin, tmp_path):
+    """issue 30.1: --overwrite on a directory of the user's deleted it; now it, a link, and stray DFlash
+    options are each refused before any work (one line, exit 2), and a fixture is still replaced."""
+    mine = tmp_path / "notes"
+    (mine / "deep").mkdir(parents=True)
+    (mine / "a.txt").write_text("keep me\n")
+    (mine / "deep" / "b.bin").write_bytes(bytes(range(256)))
+    (mine / "fixture.json").mkdir()  # a name alone does not make a fixture
+    before = _tree(mine)
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    other = tmp_path / "other-kind"  # a fixture of another kind is not read as a plain pair (it raised TypeError)
+    other.mkdir()
+    (other / "fixture.json").write_text(json.dumps({"kind": "dflash", "target": "target", "draft": "draft"}))
+    for args, names in [
+        ((str(other),), f"{other} holds a dflash fixture, not a plain pair"),
+        ((str(mine), "--overwrite"), str(mine)),
+        ((str(mine), "--overwrite", "--dflash", "qwen3"), str(mine)),
+        ((str(mine), "--dflash", "qwen3"), str(mine)),
+        ((str(link), "--overwrite", "--dflash", "qwen3"), str(link)),
+        ((str(link), "--overwrite"), str(link)),
+        ((str(tmp_path / "new"), "--tied-head", "--block-size", "8"), "--block-size and --tied-head"),
+    ]:
+        out = run_cli(cli_bin, "fixtures", "make", *args)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("Error:"), (args, out.stderr)
+        assert names in lines[0] and "building" not in out.stderr, (args, out.stderr)
+        assert _tree(mine) == before and link.is_symlink(), args
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "notes", "other-kind"]  # no build begun beside
+
+    fx = tmp_path / "fx"
+    out = run_cli(cli_bin, "fixtures", "make", str(fx), "--no-draft", "--seed", "3")
+    assert out.returncode == 0, out.stderr
+    first = (fx / "target" / "model.safetensors").read_bytes()
+    out = run_cli(cli_bin, "fixtures", "make", str(fx), "--no-draft", "--seed", "4", "--overwrite")
+    assert out.returncode == 0, out.stderr
+    assert (fx / "target" / "model.safetensors").read_bytes() != first
+    assert json.loads((fx / "fixture.json").read_text())["seed"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fx", "link", "notes", "other-kind"]  # nothing left aside
+
+
+def test_a_directory_that_appears_during_a_build_is_never_replaced(tmp_path):
+    """The swap itself re-checks what it replaces: a user's directory created while the fixture was being
+    built is left byte for byte, the build refused; a fixture there is replaced, unless it is this very
+    fixture published by a concurrent build (kept, without overwrite)."""
+    from specparity.errors import UsageError
+    from specparity.fixtures import publishing
+
+    out = tmp_path / "fx"
+    with pytest.raises(UsageError, match="not a specparity fixture"):
+        with publishing(out, overwrite=True) as tmp:
+            (tmp / "fixture.json").write_text('{"target": "target"}')
+            out.mkdir()
+            (out / "mine.txt").write_text("mine")
+    assert _tree(out) == {"mine.txt": b"mine"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fx"]
+
+    (out / "mine.txt").unlink()
+    (out / "fixture.json").write_text('{"target": "target", "seed": 1}')
+    (out / "theirs").write_text("a concurrent build of the same fixture published first")
+    with publishing(out) as tmp:
+        (tmp / "fixture.json").write_text('{"target": "target", "seed": 1}')
+    assert (out / "theirs").exists()  # the same record: kept as it is
+    with publishing(out) as tmp:
+        (tmp / "fixture.json").write_text('{"target": "target", "seed": 2}')
+    assert json.loads((out / "fixture.json").read_text())["seed"] == 2 and not (out / "theirs").exists()
+    with publishing(out, overwrite=True) as tmp:
+        (tmp / "fixture.json").write_text('{"target": "target", "seed": 2}')
+        (tmp / "new").write_text("")
+    assert (out / "new").exists()  # overwrite: replaced, the same record or not
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fx"]

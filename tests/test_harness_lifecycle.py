@@ -59,6 +59,49 @@ def test_server_that_exits_raises_at_once_with_its_log_tail(tmp_path):
     assert srv.pgid is not None and not group_alive(srv.pgid)
 
 
+# an engine whose loader raises on a worker thread while the process waits on (dflash serve's way): the
+# traceback's first line is written first, its exception line a moment later
+RAISES_AND_WAITS = textwrap.dedent("""
+    import sys, time
+    print("loading the target", flush=True)
+    print("Traceback (most recent call last):", flush=True)
+    time.sleep(0.5)
+    print('  File "target_ops.py", line 141, in check', file=sys.stderr)
+    print("    raise ValueError(", file=sys.stderr)
+    print("ValueError: Unsupported target architecture for DFlash target ops: model_type=llama", file=sys.stderr,
+          flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.server
+def test_a_failed_start_says_the_engines_own_error_and_where_its_log_is_kept(tmp_path):
+    """issue 30.10: the message said only that the log matched Traceback, and named a log removed at
+    exit. It now gives the engine's last error line, and says when the log goes at exit; a server that
+    exits says its error line beside its code."""
+    from specparity.harness.lifecycle import remove_scratch, scratch_dir
+
+    work = scratch_dir()  # where a served run without --record-dir keeps its servers' logs
+    try:
+        srv = Server([sys.executable, "-c", RAISES_AND_WAITS], name="dflash", start_timeout=60,
+                     log_path=work / "server-dflash.log", fail_regex=r"^Traceback \(most recent call last\)")
+        with pytest.raises(ServerStartError) as err:
+            srv.start()
+        assert str(err.value) == (
+            "dflash failed while starting: ValueError: Unsupported target architecture for DFlash target ops:"
+            f" model_type=llama; log {srv.log_path} (removed at exit: --record-dir keeps it)")
+        assert srv.log_path is not None and Path(srv.log_path).is_file()
+        assert srv.pgid is not None and not group_alive(srv.pgid)
+    finally:
+        remove_scratch(work)
+    kept = Server([sys.executable, "-c", "import sys; sys.exit('Error: no such model: x')"], name="quits",
+                  log_path=tmp_path / "quits.log")
+    with pytest.raises(ServerStartError) as err:
+        kept.start()
+    assert str(err.value) == (f"quits exited with code 1 before it was ready: Error: no such model: x;"
+                              f" log {kept.log_path}")
+
+
 HANG = textwrap.dedent("""
     import signal, subprocess, sys, time
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -223,3 +223,50 @@ def test_fixtures_make_refuses_a_bad_fault_before_building(cli_bin, tmp_path):
     r = run_cli(cli_bin, "fixtures", "make", str(out), "--fault", '{"kind":"rows","layer":"x"}')
     assert r.returncode == 2 and "'layer' must be an integer" in r.stderr
     assert not out.exists()
+
+
+# -- one set of rules for a request's fields: specparity serve, the reference, replay --sequence ---
+
+@pytest.mark.parametrize("body, field", [
+    ({"temperature": float("nan")}, "temperature"), ({"repetition_penalty": float("nan")}, "repetition_penalty"),
+    ({"logit_bias": {"512": 1}}, "logit_bias['512']"), ({"logit_bias": {"-1": 1}}, "logit_bias['-1']"),
+    ({"logit_bias": {"3": float("nan")}}, "logit_bias['3']"), ({"logit_bias": {"x": 1}}, "logit_bias.x"),
+    ({"max_tokens": 10**30}, "max_tokens"), ({"max_tokens": 1e30}, "max_tokens"), ({"top_k": 512}, "top_k"),
+    ({"top_p": float("inf")}, "top_p"), ({"min_p": 1.5}, "min_p"), ({"seed": 2**64}, "seed"),
+    ({"presence_context_size": 2**31}, "presence_context_size"), ({"xtc_threshold": 0.6}, "xtc_threshold"),
+    ({"xtc_probability": 1}, "xtc_probability"), ({"stop": [None]}, "stop"), ({"stream": "yes"}, "stream"),
+    ({"stream_options": {}}, "stream_options.include_usage"), ({"top_logprobs": 12}, "top_logprobs"),
+    ({"chat_template_kwargs": [1]}, "chat_template_kwargs"), ({"draft_model": 5}, "draft_model"),
+])
+def test_check_request_names_the_field_of_each_value_that_would_fail_or_crash(body, field):
+    from specparity.reference import RequestParams
+
+    with pytest.raises(UsageError) as err:
+        inputs.check_request(body, 512)
+    assert str(err.value).startswith(f"request field {field}: "), str(err.value)
+    with pytest.raises(UsageError, match=r"request field "):  # the reference reads bodies by the same rules
+        RequestParams.from_body(body, vocab=512)
+
+
+def test_check_request_passes_the_edges():
+    edges = {"temperature": 0, "top_p": 1, "min_p": 0.0, "top_k": 511, "seed": 2**64 - 1, "max_tokens": 16384,
+             "logit_bias": {"0": -1e30, "511": 100}, "repetition_penalty": 0, "xtc_threshold": 0.5,
+             "stop": "x", "top_logprobs": -1, "stream_options": {"include_usage": False}, "model": "m"}
+    inputs.check_request(edges, 512)
+    inputs.check_request({"logit_bias": {str(10**6): 1}, "top_k": 10**6})  # no vocabulary known: ids >= 0
+
+
+def test_json_and_config_readers_are_bounded(tmp_path):
+    from specparity.schema import MAX_JSON_DEPTH, load_json
+
+    assert load_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH, "x") is not None
+    for data, message in ((b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1), "nested deeper"),
+                          (b"[" * 100_000, "nested deeper"), (b'"\xff"', "not UTF-8"),
+                          (b"1" * 5000, "not JSON"), (b"{", "not JSON")):
+        with pytest.raises(UsageError, match=f"^where: {message}"):
+            load_json(data, "where")
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 7}}))
+    assert inputs.config_vocab_size(tmp_path) == 7
+    (tmp_path / "config.json").write_text("[1]")
+    assert inputs.config_vocab_size(tmp_path) is None
+    assert inputs.config_vocab_size("x" * 5000) is None and inputs.config_vocab_size("~nosuchuser/x") is None

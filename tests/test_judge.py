@@ -19,7 +19,7 @@ from specparity.harness.judge import (
 )
 from specparity.harness.plan import ArmKind, ArmPlan, Drafter
 from specparity.harness.profiles import Width
-from specparity.harness.reference import PromptCheck, ReferenceCompletion
+from specparity.reference import PromptCheck, ReferenceCompletion
 from specparity.harness.results import ArmResult, PairingResult, RequestResult
 from specparity.verdicts import Verdict
 

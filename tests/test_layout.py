@@ -1,8 +1,11 @@
-"""The package's shape: no module reaches into another's private names, and no import cycle.
+"""The package's shape: layers that only point down, no import cycle, no reach into another module's private names.
 
-Both checks read every module's source with ``ast`` (nothing is imported), and
-count imports inside functions too: a cycle hidden by a lazy import is still a
-cycle. Imports under ``if TYPE_CHECKING:`` are annotations, not dependencies.
+Every check reads the modules' source with ``ast`` (nothing is imported). The
+layers and their order are declared once, in :mod:`specparity.layers`. The
+layer and cycle checks count every import: inside functions (a cycle hidden by
+a lazy import is still a cycle) and under ``if TYPE_CHECKING:`` (a type named
+in a signature is a dependency of the reader too). The private-name check
+leaves ``TYPE_CHECKING`` blocks alone: an annotation reaches no one's state.
 """
 
 from __future__ import annotations
@@ -11,18 +14,20 @@ import ast
 import tomllib
 from pathlib import Path
 
+from specparity.layers import LAYERS, layer_of
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _modules() -> dict[str, Path]:
-    """Every module of the package: dotted name -> source file (the package-dir mapping applied)."""
-    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+def _modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the package under ``root``: dotted name -> source file (the package-dir mapping applied)."""
+    cfg = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     out: dict[str, Path] = {}
     for package in cfg["packages"]:
         top = next(p for p in sorted(cfg["package-dir"], key=len, reverse=True)
                    if package == p or package.startswith(p + "."))
-        folder = ROOT / cfg["package-dir"][top] / Path(*package[len(top):].strip(".").split(".")) \
-            if package != top else ROOT / cfg["package-dir"][top]
+        folder = root / cfg["package-dir"][top] / Path(*package[len(top):].strip(".").split(".")) \
+            if package != top else root / cfg["package-dir"][top]
         for f in sorted(folder.glob("*.py")):
             out[package if f.stem == "__init__" else f"{package}.{f.stem}"] = f
     return out
@@ -37,8 +42,9 @@ def _is_type_checking(node: ast.If) -> bool:
         (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, here: str, package: bool = False) -> list[tuple[str, list[str], int]]:
-    """(module, names imported from it, line) for every import outside TYPE_CHECKING blocks.
+def _imports(tree: ast.AST, here: str, package: bool = False,
+             types: bool = False) -> list[tuple[str, list[str], int]]:
+    """(module, names imported from it, line) for every import (under ``if TYPE_CHECKING:`` only with ``types``).
 
     here: the importing module's name; package: it is a package's ``__init__`` (its relative
     imports start from the package itself, not from its parent).
@@ -47,7 +53,7 @@ def _imports(tree: ast.AST, here: str, package: bool = False) -> list[tuple[str,
     base_parts = here.split(".") if package else here.split(".")[:-1]
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if not types and isinstance(node, ast.If) and _is_type_checking(node):
             for n in node.orelse:
                 visit(n)
             return
@@ -161,8 +167,7 @@ def test_the_module_list_is_the_package():
 
 
 def test_no_module_reaches_a_private_name_of_another():
-    sources = {name: (str(path.relative_to(ROOT)), path.read_text()) for name, path in MODULES.items()}
-    bad = private_uses(sources)
+    bad = private_uses(_sources(MODULES))
     assert not bad, "\n".join(bad)
 
 
@@ -203,15 +208,44 @@ def test_the_private_name_check_fires():
     assert _imports(ast.parse("from . import sib"), "specparity.pkg.mod") == [("specparity.pkg", ["sib"], 1)]
 
 
-def _graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for name, path in MODULES.items():
-        for mod, names, _ in _imports(ast.parse(path.read_text()), name, path.name == "__init__.py"):
-            targets = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in MODULES]
-            if mod in MODULES and len(targets) < len(names or [None]):
+def _sources(modules: dict[str, Path], root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    return {name: (str(path.relative_to(root)), path.read_text()) for name, path in modules.items()}
+
+
+def _edges(modules: dict[str, tuple[str, str]], project: str = "specparity") -> list[tuple[str, str, str]]:
+    """(importer, imported module, where) for every import of a project module, type-only and lazy ones included.
+
+    ``from pkg import mod`` names the module ``pkg.mod`` where there is one, else ``pkg``; an import of a
+    project module that is not in ``modules`` (not written yet) still names it.
+    """
+    out: list[tuple[str, str, str]] = []
+    for name, (where, src) in modules.items():
+        for mod, names, line in _imports(ast.parse(src), name, where.endswith("__init__.py"), types=True):
+            if not (mod == project or mod.startswith(project + ".")):
+                continue
+            targets = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in modules]
+            if len(targets) < len(names or [None]):
                 targets.append(mod)
-            graph[name] |= {t for t in targets if t != name}
+            out.extend((name, t, f"{where}:{line}") for t in targets if t != name)
+    return out
+
+
+def _graph(modules: dict[str, tuple[str, str]]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for a, b, _ in _edges(modules):
+        if b in modules:
+            graph[a].add(b)
     return graph
+
+
+def upward_imports(modules: dict[str, tuple[str, str]], layers=LAYERS) -> list[str]:
+    """Every import of a module in a higher layer than the importer's (specparity.layers)."""
+    bad = []
+    for a, b, where in _edges(modules):
+        la, lb = layer_of(a, layers), layer_of(b, layers)
+        if la is not None and lb is not None and lb > la:
+            bad.append(f"{where}: {a} ({layers[la][0]}) imports {b} ({layers[lb][0]})")
+    return sorted(set(bad))
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -254,14 +288,71 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_no_import_cycle_even_through_lazy_imports():
-    cycles = _cycles(_graph())
+def test_every_module_has_a_layer():
+    assert all(layer_of(m) is not None for m in MODULES)
+    assert [layer_of(m) for m in ("specparity.errors", "specparity.probes.replay.core", "specparity.cli",
+                                  "specparity.harness.gated.server", "specparity.records")] == [0, 1, 6, 3, 5]
+    # the engine registry's package is core (everything asks it for an engine); each engine's module is above
+    assert [layer_of(m) for m in ("specparity.engines", "specparity.engines.mlx_lm")] == [0, 4]
+
+
+def test_no_import_points_up_a_layer():
+    bad = upward_imports(_sources(MODULES))
+    assert not bad, "imports from a higher layer (specparity/layers.py):\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_even_through_lazy_or_type_only_imports():
+    cycles = _cycles(_graph(_sources(MODULES)))
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
 def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _tree(root: Path, files: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """A package laid out as this one is (folders mapped into specparity.* by pyproject.toml), read back."""
+    root.mkdir()
+    (root / "pyproject.toml").write_text(
+        '[tool.setuptools]\npackages = ["specparity", "specparity.probes", "specparity.harness"]\n'
+        '[tool.setuptools.package-dir]\n"specparity" = "specparity"\n"specparity.probes" = "probes"\n'
+        '"specparity.harness" = "harness"\n')
+    for rel, src in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(src)
+    return _sources(_modules(root), root)
+
+
+def test_the_layer_and_cycle_checks_fire_on_a_tree(tmp_path):
+    clean = {
+        "specparity/__init__.py": "",
+        "specparity/errors.py": "class E(Exception):\n    pass\n",
+        # probes/ without __init__.py, as bisect/ is: read all the same
+        "probes/walk.py": "from specparity.errors import E\n",
+        "harness/__init__.py": "",
+        "harness/run.py": "from specparity.probes import walk\nfrom . import plan\n",
+        "harness/plan.py": "from typing import TYPE_CHECKING\n",
+    }
+    mods = _tree(tmp_path / "clean", clean)
+    assert set(mods) >= {"specparity.errors", "specparity.probes.walk", "specparity.harness.plan"}
+    assert upward_imports(mods) == [] and _cycles(_graph(mods)) == []
+
+    # an upward import, even lazy inside a function, and one of a layer not written yet (the registry)
+    up = {**clean, "probes/walk.py": "from specparity.errors import E\n\ndef go():\n"
+                                     "    from specparity.harness.run import x\n    import specparity.engines.mlx_lm\n"}
+    assert upward_imports(_tree(tmp_path / "up", up)) == [
+        "probes/walk.py:4: specparity.probes.walk (probes) imports specparity.harness.run (harness)",
+        "probes/walk.py:5: specparity.probes.walk (probes) imports specparity.engines.mlx_lm (engines)"]
+
+    # a cycle through a type-only import, which a run never executes (the private-name check skips it)
+    typed = {**clean, "harness/plan.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                         "    from specparity.harness.run import Run\n"}
+    mods = _tree(tmp_path / "typed", typed)
+    assert upward_imports(mods) == []
+    assert _cycles(_graph(mods)) == [["specparity.harness.plan", "specparity.harness.run"]]
+    plan = ast.parse(typed["harness/plan.py"])
+    assert _imports(plan, "specparity.harness.plan") == [("typing", ["TYPE_CHECKING"], 1)]
 
 
 def test_the_harness_map_names_every_module_and_folder():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,11 @@ def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
     token = rows[0]["divergence"]["token_index"]
     assert w4["verdict"] == "diverged" and f"token {token}," in failure.message
     assert "reproduce in process: specparity replay" in failure.text
+    # beside the JUnit file, the page of the three nights: the newest one's w4 diverged, since night 3
+    page = junit.with_suffix(".html").read_text()
+    assert page.count('class="v v-diverged changed"') == 1 and 'data-arm="w4"' in page
+    assert [n for n in re.findall(r'<th title="[^"]*">([^<]+)<br>', page)] == [r.stem for r in [*records,
+                                                                                             _record(out, run.stderr)]]
     if "--previous" in args:
         assert "w4" in run.stdout and "regress" in run.stdout.lower()
 
@@ -143,7 +149,7 @@ def test_nightly_on_llama_server_matches_with_draft_n_evidence(llama_server_bin:
 
 # -- JUnit mapping of every verdict (one function, synthetic record) ------------------------------
 def test_junit_maps_each_verdict_and_keeps_the_xml_valid(tmp_path):
-    arms = [
+    arms: list[dict[str, Any]] = [
         {"name": "baseline-start", "kind": "baseline", "width": None, "setting": None, "verdict": "match"},
         {"name": "w2", "kind": "width", "width": 2, "setting": 1, "verdict": "not_engaged"},
         {"name": "w3", "kind": "width", "width": 3, "setting": 2, "verdict": "declined"},
@@ -157,7 +163,9 @@ def test_junit_maps_each_verdict_and_keeps_the_xml_valid(tmp_path):
         return {"id": "p0", "kind": "fresh", "verdict": verdict, "reason": reason, "completion": {"seconds": 0.5}}
 
     parts = {"x-baseline-start": [req("match")], "x-w2": [req("not_engaged", "no evidence \x01 ran")],
-             "x-w3": [req("declined", "declined: gate")], "x-self-draft": [req("match")]}
+             "x-w3": [req("declined", "declined: gate")], "x-self-draft": [req("match")],
+             # every arm the summary judged has its line, as served writes it (a record without one is damaged)
+             "arms": [{"pairing": "x", **a} for a in arms]}
     rec = Record(kind="served", title="t", argv=[], status="complete", path=str(tmp_path / "r.md"),
                  summary={"pairings": [{"name": "x", "verdict": "diverged", "profile": "mlx-lm", "arms": arms}]})
     path = tmp_path / "j.xml"

@@ -143,17 +143,17 @@ def _served_record(root: Path) -> Path:
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("command", ["junit", "gguf"])
+@pytest.mark.parametrize("command", ["junit", "html", "gguf"])
 def test_existing_output_and_a_link_are_refused_and_force_replaces_the_name(cli_bin: str, llama_pair: Any,
                                                                              tmp_path: Path, command: str) -> None:
     record = _served_record(tmp_path / "rec")
 
     def run(out: Path, *extra: str) -> subprocess.CompletedProcess:
-        if command == "junit":
-            return run_cli(cli_bin, "records", "junit", str(record), "--out", str(out), *extra)
+        if command in ("junit", "html"):
+            return run_cli(cli_bin, "records", command, str(record), "--out", str(out), *extra)
         return run_cli(cli_bin, "fixtures", "gguf", llama_pair.target, str(out), *extra)
 
-    flag = "--out" if command == "junit" else "OUT"
+    flag = "--out" if command in ("junit", "html") else "OUT"
     existing = tmp_path / "existing.out"
     existing.write_text("keep me")
     r = run(existing)

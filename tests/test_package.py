@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,22 @@ def test_stdlib_bisect_not_shadowed_from_repo_root(repo_root):
     stdlib, ours = out.stdout.split()
     assert Path(stdlib).parent != repo_root / "bisect"
     assert Path(ours).parent == repo_root / "bisect"
+
+
+def test_a_bare_import_bisect_in_the_repo_root_is_the_standard_library(repo_root):
+    """``python -c`` in the root puts the root first on sys.path (no -P, no PYTHONSAFEPATH, as a user
+    runs it), where the bisect/ folder is found before the standard library's bisect.py."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    code = ("import sys, bisect, random, tempfile; assert sys.path[0] == '';"
+            "print(bisect.__file__); print(bisect.bisect_left([1, 2, 3], 3), random.Random(0).choice('ab'));"
+            "import specparity.bisect.capture; print(specparity.bisect.__file__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo_root, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    stdlib, calls, ours = out.stdout.splitlines()
+    assert Path(stdlib).parent != repo_root / "bisect" and Path(stdlib).name == "bisect.py", stdlib
+    assert calls == "2 b"
+    assert Path(ours) == repo_root / "bisect" / "__init__.py"
 
 
 def test_help_does_not_import_mlx(repo_root):
@@ -54,6 +71,9 @@ def test_readme_install_and_test_line_is_what_ci_runs(repo_root):
     ci = (repo_root / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert "scripts/check" in ci and ".[dev,test]" in ci
     assert f"    {ci}\n" in (repo_root / "README.md").read_text()
+    assert f"    {ci}\n" in (repo_root / "docs" / "install.md").read_text()  # the docs' install page says it too
+    assert "    python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/specparity probe\n" in (
+        repo_root / "README.md").read_text()
 
 
 def test_every_folder_package_is_installed(repo_root):

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from specparity.probes.sampling.dist import make_problem, parse_logits
 from specparity.probes.replay.logs import (
@@ -489,3 +489,113 @@ def test_records(report, identity, arm_lines, request_lines):
                 compare_records(md, md).lines()
         except Exception as err:  # noqa: BLE001
             _spec_error(err)
+
+
+# -- issue 30: the sequence file `replay --sequence` reads ----------------------------------------
+SEQ_VOCAB = 64
+_SEQ_HEADER: J = {"format": "specparity.sequence/1", "model": "MODEL", "draft_model": None,
+                  "trust_remote_code": False, "server": {"max_tokens": 8, "prompt_cache_size": 2, "top_k": 0},
+                  "engine": "mlx-lm", "engine_version": "0.32.2", "arm": "w2",
+                  "finding": {"request": "a", "token_index": 0}, "concurrent": False}
+_SEQ_ENTRY: J = {"id": "a", "kind": "fresh", "endpoint": "completions",
+                 "body": {"prompt": "x", "max_tokens": 4, "logit_bias": {"5": -1}, "repetition_penalty": 1.1,
+                          "seed": 0, "stop": ["\n"], "top_k": 3},
+                 "prompt_ids": [1, 2], "served": {"token_ids": [3], "text": "x", "finish_reason": "length",
+                                                  "usage": {"prompt_tokens": 2}}}
+_token = st.one_of(st.integers(-2, SEQ_VOCAB + 2), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=3))
+
+
+def _sequence_strategy() -> st.SearchStrategy:
+    from specparity.probes.replay.sequence import _entry_schema, _header_schema, _server_schema
+
+    from specparity.inputs import request_schema
+
+    def sometimes(base: J, mutated: st.SearchStrategy) -> st.SearchStrategy:
+        return st.one_of(st.just(base), mutated)  # a good part as often as a bad one: both paths run
+
+    ids = st.one_of(st.lists(st.integers(0, SEQ_VOCAB - 1), min_size=1, max_size=4), st.lists(_token, max_size=4),
+                    st.lists(st.integers(0, 3), min_size=250, max_size=260), values)
+    body = sometimes(_SEQ_ENTRY["body"], _mutated(_SEQ_ENTRY["body"], schema=request_schema(), nested={
+        "logit_bias": st.dictionaries(_token.map(str), st.one_of(st.floats(), st.integers()), max_size=2),
+        "max_tokens": st.one_of(st.integers(-1, 300), st.just(10**12), st.floats()),
+        "messages": st.lists(values, max_size=2)}))
+    entry = sometimes(_SEQ_ENTRY, _mutated(_SEQ_ENTRY, schema=_entry_schema(None, False, "completions"), nested={
+        "body": body, "prompt_ids": ids, "endpoint": st.sampled_from(["completions", "chat", "x"]),
+        "served": sometimes(_SEQ_ENTRY["served"], _mutated(_SEQ_ENTRY["served"], nested={"token_ids": ids}))}))
+    header = sometimes(_SEQ_HEADER, _mutated(_SEQ_HEADER, schema=_header_schema(), nested={
+        "server": sometimes(_SEQ_HEADER["server"], _mutated(_SEQ_HEADER["server"], schema=_server_schema())),
+        "concurrent": st.sampled_from([False, True, "no", 0])}))
+    line = st.one_of(header.map(json.dumps), entry.map(json.dumps),
+                     st.sampled_from(["", "[" * 5000, "{}", "[]", "x", '{"id": 1' + "0" * 5000 + "}", "NaN"]))
+    # a header and requests, mostly in order; now and then a line of any kind anywhere, or raw bytes
+    lines = st.tuples(header.map(json.dumps), st.lists(entry.map(json.dumps), max_size=3),
+                      st.one_of(st.just([]), st.lists(line, max_size=2)), st.booleans())
+    text = lines.map(lambda t: "\n".join([t[0], *t[1], *t[2]] if t[3] else [*t[2], t[0], *t[1]]).encode())
+    return st.one_of(text, text, text, st.binary(max_size=60))
+
+
+@PROFILE
+@given(_sequence_strategy())
+def test_sequence_files(data):
+    """Any sequence file: accepted whole (and then every later reader of it accepts it too), or one
+    line with exit 2: never another exception, never a hang."""
+    from specparity.reference import RequestParams
+    from specparity.probes.replay.sequence import not_reproducible, read_sequence
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps({"vocab_size": SEQ_VOCAB}))
+        path = Path(d) / "s.jsonl"
+        path.write_bytes(data.replace(b"MODEL", d.encode()))
+        try:
+            header, entries = read_sequence(path)
+        except Exception as err:  # noqa: BLE001 (the property: only a usage error)
+            _spec_error(err)
+            assert getattr(err, "exit_code", None) == 2, err
+            event("refused")
+            return
+    event(f"accepted with {len(entries)} requests")
+    settings = header.settings()
+    assert isinstance(header.concurrent, bool) and settings.prompt_cache_size >= 0 and settings.top_k < SEQ_VOCAB
+    for e in entries:
+        params = RequestParams.from_body(e.body, settings, SEQ_VOCAB)
+        assert 1 <= params.max_tokens <= 256
+        assert all(0 <= t < SEQ_VOCAB for t in [*(e.prompt_ids or []), *(params.logit_bias or {})])
+    not_reproducible(header, entries)
+
+
+# an environment spec (issue 30.4): pins around the shapes that matter, and any text
+_pin_parts = st.sampled_from(["six", "mlx-lm", "a.b_c", "x[cpu]", "-e", "--index-url", "$(id)", "six @ http://h/w"])
+_pin_tail = st.sampled_from(["==1.0", "===1.0", ">=1", "==1.*", "", "==1.0; python_version > '3'",
+                             "==1.0,==2.0", " && id", "\r--index-url http://127.0.0.1:1/simple",
+                             "\n-r other.txt", "==1.0\x00", "==1.0 # c", "==1.0\u0085x",
+                             "==1.0; python_version > '0\u2028--index-url http://127.0.0.1:1/simple'"])
+_packages = st.lists(st.one_of(st.tuples(_pin_parts, _pin_tail).map("".join), st.text(max_size=30)),
+                     max_size=4)
+_env_spec = st.fixed_dictionaries({"packages": st.one_of(_packages, st.text(max_size=10), st.integers())},
+                                  optional={"name": st.one_of(st.sampled_from(["ok", "a\nb", "x" * 300, "a/b"]),
+                                                              st.text(max_size=12)),
+                                            "imports": st.lists(st.text(max_size=8), max_size=3),
+                                            "description": st.text(max_size=12),
+                                            "with_specparity": st.booleans()})
+
+
+@PROFILE
+@given(_env_spec)
+def test_environment_specs(raw):
+    """A spec is refused in one line, or each of its packages is one pinned requirement on one line: the
+    requirements file pip reads holds exactly these pins, no option, no other index."""
+    from packaging.requirements import Requirement
+
+    from specparity.environments import load_spec
+
+    try:
+        spec = load_spec(raw)
+    except UsageError as err:
+        _one_line(err)
+        return
+    text = "".join(r + "\n" for r in spec.packages)
+    assert text.splitlines() == list(spec.packages) and len(spec.name) <= 100 and "\n" not in spec.name
+    for line in spec.packages:
+        req = Requirement(line)
+        assert not line.lstrip().startswith("-") and req.url is None
+        assert [s.operator for s in req.specifier] in (["=="], ["==="])

@@ -79,12 +79,13 @@ def test_a_malformed_record_file_is_named_by_every_command(cli_bin: str, record:
         _edit(record, file, change)
     good = _served_record(tmp_path / "good")
     for args in (["show", str(record)], ["compare", str(good), str(record)],
-                 ["junit", str(record), "--out", str(tmp_path / "j.xml")]):
+                 ["junit", str(record), "--out", str(tmp_path / "j.xml")],
+                 ["html", str(record), "--out", str(tmp_path / "j.html")]):
         r = run_cli(cli_bin, "records", *args)
         assert r.returncode == 2, (args, r.returncode, r.stderr)
         line = r.stderr.strip()
         assert line.startswith(f"Error: {_data(record) / file}") and message in line and "\n" not in line, (args, line)
-    assert not (tmp_path / "j.xml").exists()
+    assert not (tmp_path / "j.xml").exists() and not (tmp_path / "j.html").exists()
     r = run_cli(cli_bin, "records", "list", str(record.parent))
     assert r.returncode == 0 and "unexpected" not in r.stderr and "Traceback" not in r.stderr, (r.stdout, r.stderr)
     try:  # list says what the one reader says: unreadable, naming the file, or the record as it reads
@@ -101,7 +102,8 @@ def test_a_md_without_its_data_is_not_a_record_for_show_and_compare_alike(cli_bi
     md.write_text("# served\n")
     with pytest.raises(FileNotFoundError):
         read_record(md)
-    for args in (["show", str(md)], ["compare", str(md), str(md)], ["junit", str(md), "--out", str(tmp_path / "x")]):
+    for args in (["show", str(md)], ["compare", str(md), str(md)], ["junit", str(md), "--out", str(tmp_path / "x")],
+                 ["html", str(md), "--out", str(tmp_path / "x.html")]):
         r = run_cli(cli_bin, "records", *args)
         assert r.returncode == 2 and r.stderr.startswith(f"Error: {md}: not a record"), (args, r.stderr)
         assert r.stderr.strip().count("\n") == 0, (args, r.stderr)
@@ -188,3 +190,79 @@ def test_compare_reads_a_parts_own_words_as_a_change(tmp_path: Path) -> None:
     rep = compare_records(dist_record(tmp_path / "a", "rejected"), dist_record(tmp_path / "b", "accepted"))
     assert [(c.category, c.old, c.new) for c in rep.changes] == [("changed", "rejected", "accepted")]
     assert rep.exit_code == 0
+
+
+def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The CLI in this process (its own error handling and exit code): (code, stdout, stderr)."""
+    from specparity.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    out = capsys.readouterr()
+    assert isinstance(exc.value.code, int)
+    return exc.value.code, out.out, out.err
+
+
+def _counted(md: Path) -> None:
+    """report.json counting its lines, as a record's sink writes it (one arm line, one request line)."""
+    _edit(md, "report.json", lambda r: {**r, "arms": {"arms": 1, "p-baseline-start": 1},
+                                        "summary": {**r["summary"], "pairings": [
+                                            {**r["summary"]["pairings"][0],
+                                             "arms": [{**r["summary"]["pairings"][0]["arms"][0], "requests": 1}]}]}})
+
+
+# name, what is done to the record's data directory, the file the one line names, what it says after it
+LOST = [
+    ("arm-line-a-list", lambda d: (d / "arms.jsonl").write_text("[1, 2]\n"), "arms.jsonl",
+     ": line 1: expected an object (one finished part), got [1, 2] (a list)"),
+    ("request-line-a-number", lambda d: (d / "p-baseline-start.jsonl").write_text("5\n"), "p-baseline-start.jsonl",
+     ": line 1: expected an object (one finished part), got 5 (an integer)"),
+    ("a-damaged-middle-line", lambda d: (d / "arms.jsonl").write_text("{cut\n" + (d / "arms.jsonl").read_text()),
+     "arms.jsonl", ": line 1: not JSON, and not the last line"),
+    ("arms-file-missing", lambda d: (d / "arms.jsonl").unlink(), "arms.jsonl",
+     ": missing, where report.json counts 1 finished parts in it"),
+    ("requests-file-empty", lambda d: (d / "p-baseline-start.jsonl").write_text(""), "p-baseline-start.jsonl",
+     ": holds 0 finished parts, where report.json counts 1"),
+]
+
+
+def test_a_record_that_lost_lines_or_holds_lines_of_another_type_is_named_not_read_as_fewer_parts(
+        record: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], cli_bin: str) -> None:
+    """issue 30.11: lines of the wrong type were skipped (show: 'arms: 0 finished' beside 'verdict: diverged'),
+    and compare of a record missing its arms.jsonl said 'no regression'. Each is one line naming the file,
+    exit 2, from show, compare and junit alike; a last line cut short by a crash is still skipped."""
+    import shutil
+
+    _counted(record)
+    good = _served_record(tmp_path / "good")
+    _counted(good)
+    _edit(record, "report.json", lambda r: {**r, "verdict": "diverged", "exit_code": 1})
+    pristine = tmp_path / "pristine"
+    shutil.copytree(record.parent, pristine)
+    for name, damage, file, said in LOST:
+        shutil.rmtree(record.parent)
+        shutil.copytree(pristine, record.parent)
+        damage(_data(record))
+        for args in (("show", str(record)), ("compare", str(good), str(record)),
+                     ("junit", str(record), "--out", str(tmp_path / "j.xml"))):
+            code, out, err = _main(capsys, "records", *args)
+            assert code == 2 and out == "", (name, args, code, out, err)
+            assert err.strip() == err.strip().splitlines()[0], (name, args, err)
+            assert err.startswith(f"Error: {_data(record) / file}{said}"), (name, args, err)
+        assert not (tmp_path / "j.xml").exists()
+    # without report.json's counts (a record of an older version), the summary's arms need their lines too
+    shutil.rmtree(record.parent)
+    shutil.copytree(pristine, record.parent)
+    _edit(record, "report.json", lambda r: {**r, "arms": {}})
+    (_data(record) / "arms.jsonl").unlink()
+    r = run_cli(cli_bin, "records", "compare", str(good), str(record))
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"Error: {_data(record) / 'arms.jsonl'}: no line for arm baseline-start of pairing p, which report.json's"
+        " summary judged: the record is damaged (a file or lines lost)"), r.stderr
+    # the detector stays silent on a whole record, and on the last line a crash cut short
+    shutil.rmtree(record.parent)
+    shutil.copytree(pristine, record.parent)
+    with open(_data(record) / "p-baseline-start.jsonl", "a") as f:
+        f.write('{"id": "p1", "kind": "fre')
+    code, out, err = _main(capsys, "records", "show", str(record))
+    assert code == 0 and "verdict: diverged" in out and "baseline-start" in out, err

@@ -21,7 +21,7 @@ from test_environments import REAL_CACHE, built  # at collection: the real cache
 from specparity.completions import Side, first_difference
 from specparity.errors import UsageError
 from specparity.harness.lifecycle import PORT_ARG, Server
-from specparity.harness.reference import (
+from specparity.reference import (
     CONFIDENT, NEAR_TIE, UNKNOWN, ClassicReference, ReferenceCompletion, RequestParams, ServerSettings,
     check_prompt, near_tie, request_key,
 )

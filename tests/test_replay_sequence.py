@@ -11,13 +11,14 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from conftest import run_cli
 
 from specparity.harness.lifecycle import PORT_ARG, Server
-from specparity.harness.reference import ClassicReference, ServerSettings
+from specparity.reference import ClassicReference, ServerSettings
 from specparity.completions import first_difference
 from specparity.probes.replay.sequence import (
     SequenceEntry, SequenceHeader, not_reproducible, read_sequence, request_command, sequence_command,
@@ -242,3 +243,121 @@ def test_a_served_difference_the_replay_does_not_rebuild_is_not_reproduced_exit_
     assert ("not reproduced in process: the served request p0 differs from classic decode at token 0, the replay"
             " does not (the in-process loop answers every request as classic decode does: the served difference"
             " comes from serving-loop state this replay does not rebuild)") in r.stdout, r.stdout
+
+
+# -- a sequence file is checked whole before anything loads (issue 30, class 7) -----------------
+
+VOCAB = 512
+HEADER: dict[str, Any] = {"format": "specparity.sequence/1", "model": "MODEL"}
+GOOD: dict[str, Any] = {"id": "a", "endpoint": "completions", "body": {"prompt": "x", "max_tokens": 4}}
+
+
+def _line(obj: object) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+def _with(**changes: object) -> dict[str, Any]:
+    """GOOD with ``changes``; a key ``body__k`` changes the body's ``k``."""
+    out: dict[str, Any] = {**GOOD, "body": dict(GOOD["body"])}
+    for k, v in changes.items():
+        if k.startswith("body__"):
+            out["body"][k[6:]] = v
+        else:
+            out[k] = v
+    return out
+
+
+def _bad_sequences() -> list[tuple[str, bytes | None, bytes, int, str]]:
+    """(name, header line (None: the good one), the lines after it, the bad line, what the error names)."""
+    nan = float("nan")
+    rows: list[tuple[str, bytes | None, bytes, int, str]] = [
+        ("non-UTF-8", None, b'{"id": "\xff\xfe"}\n', 2, "not UTF-8"),
+        ("100,000-deep array", None, b"[" * 100_000 + b"]" * 100_000 + b"\n", 2, "nested deeper"),
+        ("5,000 digits", None, b'{"id": 1' + b"0" * 5000 + b"}\n", 2, "not JSON"),
+        ("concurrent 'no'", _line({**HEADER, "concurrent": "no"}), _line(GOOD), 1, "concurrent"),
+        ("trust_remote_code 'yes'", _line({**HEADER, "trust_remote_code": "yes"}), _line(GOOD), 1,
+         "trust_remote_code"),
+        ("model a number", _line({**HEADER, "model": 5}), _line(GOOD), 1, "model"),
+        ("prompt_cache_size -1", _line({**HEADER, "server": {"prompt_cache_size": -1}}), _line(GOOD), 1,
+         "server.prompt_cache_size"),
+        ("server max_tokens 10^12", _line({**HEADER, "server": {"max_tokens": 10**12}}), _line(GOOD), 1,
+         "server.max_tokens"),
+        ("finding a list", _line({**HEADER, "finding": [1]}), _line(GOOD), 1, "finding"),
+        ("server top_k the vocabulary", _line({**HEADER, "server": {"top_k": VOCAB}}), _line(GOOD), 1,
+         "server.top_k"),
+    ]
+    for name, ids in (("negative", [-1]), ("huge", [10**30]), ("strings", ["a"]), ("floats", [1.5]),
+                      ("past the vocabulary", [VOCAB]), ("'abc'", "abc"), ("empty", [])):
+        rows.append((f"prompt_ids {name}", None, _line(_with(prompt_ids=ids)), 2, "prompt_ids"))
+    rows += [
+        ("200,000 prompt ids", None, _line(_with(prompt_ids=[1] * 200_000)), 2, "prompt_ids"),
+        ("served ids past the vocabulary", None, _line(_with(served={"token_ids": [1, VOCAB]})), 2,
+         "served.token_ids[1]"),
+        ("max_tokens 10^12", None, _line(_with(body__max_tokens=10**12)), 2, "max_tokens"),
+        ("max_tokens a string", None, _line(_with(body__max_tokens="4")), 2, "max_tokens"),
+        ("logit_bias past the vocabulary", None, _line(_with(body__logit_bias={"99999": 5})), 2, "logit_bias"),
+        ("logit_bias NaN", None, _line(_with(body__logit_bias={"3": nan})), 2, "logit_bias"),
+        ("repetition_penalty -1", None, _line(_with(body__repetition_penalty=-1)), 2, "repetition_penalty"),
+        ("repetition_penalty NaN", None, _line(_with(body__repetition_penalty=nan)), 2, "repetition_penalty"),
+        ("temperature NaN", None, _line(_with(body__temperature=nan)), 2, "temperature"),
+        ("endpoint unknown", None, _line(_with(endpoint="embeddings")), 2, "endpoint"),
+        ("no prompt", None, _line({**GOOD, "body": {"max_tokens": 4}}), 2, "body.prompt"),
+        ("chat without messages", None, _line(_with(endpoint="chat")), 2, "body.messages"),
+        ("no id", None, _line({k: v for k, v in GOOD.items() if k != "id"}), 2, "id"),
+        ("a list, not a request", None, b"[1, 2]\n", 2, "not a JSON object"),
+        # over --max-items (1024): the first request past it is named before any line is parsed
+        ("2,000 requests", None, _line(GOOD) * 2000, 1026, "2000 requests, above the maximum 1024"),
+        ("10^6 requests", None, b"{}\n" * 10**6, 1026, "1000000 requests, above the maximum 1024"),
+    ]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def config_only(tmp_path_factory) -> Path:
+    """A checkpoint directory with a config and no weights: anything that loads it fails (exit 4)."""
+    d = tmp_path_factory.mktemp("config-only")
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": VOCAB}))
+    return d
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str]:
+    from specparity.cli import main
+
+    with pytest.raises(SystemExit) as ex:
+        main(list(argv))
+    return int(ex.value.code or 0), capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", _bad_sequences(), ids=lambda c: c[0])
+def test_each_bad_sequence_file_is_one_line_exit_2_naming_file_line_and_field(case, config_only, tmp_path, capsys):
+    name, head, rest, line, word = case
+    path = tmp_path / "s.jsonl"
+    head = head if head is not None else _line(HEADER)
+    path.write_bytes(head.replace(b"MODEL", str(config_only).encode()) + rest)
+    code, err = _cli(capsys, "replay", "--sequence", str(path))
+    assert code == 2, (name, err)
+    assert len(err.splitlines()) == 1 and err.startswith(f"Error: {path}:{line}: "), (name, err)
+    assert word in err, (name, err)
+
+
+def test_a_sequence_file_past_the_size_limit_is_refused_before_it_is_read(config_only, tmp_path, capsys):
+    from specparity.schema import MAX_FILE_BYTES
+
+    path = tmp_path / "big.jsonl"
+    with open(path, "wb") as f:  # a 50 MB prompt
+        f.write(_line({**HEADER, "model": str(config_only)}))
+        f.write(_line(_with(body__prompt="x" * 50_000_000)))
+    code, err = _cli(capsys, "replay", "--sequence", str(path))
+    assert code == 2 and err.startswith(f"Error: {path}: ") and f"{MAX_FILE_BYTES} bytes" in err, err
+
+
+def test_a_good_sequence_file_passes_the_checks_and_reaches_the_model(config_only, tmp_path, capsys):
+    """The clean path: nothing in the file is refused; the checkpoint without weights is what stops it."""
+    path = tmp_path / "s.jsonl"
+    good = _with(prompt_ids=[1, VOCAB - 1], body__logit_bias={str(VOCAB - 1): -1.0}, body__seed=3,
+                 served={"token_ids": [VOCAB - 1], "text": "x", "usage": {"prompt_tokens": 2}})
+    path.write_bytes(_line({**HEADER, "model": str(config_only), "concurrent": False,
+                            "server": {"prompt_cache_size": 0}}) + _line(good) * 1024)
+    code, err = _cli(capsys, "replay", "--sequence", str(path))
+    assert code == 2 and "not a checkpoint (no model*.safetensors)" in err, err
+    assert str(path) not in err, err

@@ -114,3 +114,25 @@ def test_a_server_on_another_mlx_lm_gets_no_replay_by_this_interpreters(tmp_path
                         folder=tmp_path)
         assert got == {"command": None, "reason": why}
     assert not list(tmp_path.iterdir())
+
+
+def test_every_replay_command_is_one_quoted_line_with_every_request_parameter() -> None:
+    """request_command and sequence_command both build through replay_command: flags in order,
+    lists comma-joined, a repeated flag repeated, off flags left out, every value shell-quoted."""
+    from specparity.probes.replay.sequence import replay_command, request_command, sequence_command
+    from specparity.reference import ServerSettings
+
+    body = {**BODY, "max_tokens": 7, "repetition_penalty": 1.25, "repetition_context_size": 9,
+            "logit_bias": {"3": -1.5, "10": 2}, "stop": ["\n\n", "it's"], "num_draft_tokens": 2}
+    settings = ServerSettings.from_argv(["python", "-m", "mlx_lm", "server", "--kv-bits", "4",
+                                         "--prefill-step-size", "64"])
+    got = request_command("/t m", body, [1, 5, 9], draft_model="/d", settings=settings, trust_remote_code=True)
+    assert got.command == ("specparity replay --model '/t m' --trust-remote-code --draft-model /d"
+                           " --num-draft-tokens 2 --max-tokens 7 --stop-at-eos --stop '\n\n' --stop 'it'\"'\"'s'"
+                           " --prompt-ids 1,5,9 --repetition-penalty 1.25 --repetition-context-size 9"
+                           " --logit-bias 3:-1.5,10:2.0 --prefill-step-size 64 --kv-bits 4")
+    assert shlex.split(got.command)[shlex.split(got.command).index("--stop") + 1] == "\n\n"
+    assert request_command("/t", BODY, [1, 2], accepts=[2, 0, 3], width=4).command == \
+        "specparity replay --model /t --accepts 2,0,3 --width 4 --prompt-ids 1,2"
+    assert sequence_command("/r/a b.jsonl", True) == "specparity replay --sequence '/r/a b.jsonl' --trust-remote-code"
+    assert replay_command(("--a", None), ("--b", False), ("--c", True), ("--d", 0)) == "specparity replay --c --d 0"

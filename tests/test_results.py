@@ -11,6 +11,7 @@ import dataclasses
 import json
 from typing import Any
 
+from conftest import validate
 from specparity.completions import CompletionDifference
 from specparity.harness.client import Completion
 from specparity.harness.evidence import Evidence
@@ -70,7 +71,11 @@ def _arm(name: str) -> ArmResult:
 def _pairing() -> PairingResult:
     p = PairingResult("p", "mlx-lm", "/m/target", "/m/draft", Verdict.DIVERGED, "w4 diverged", [_arm("w4"), _arm("w8")],
                       ["finding: only with the drafter"], WidthMode.REQUEST, {"p0": "ef" * 32},
-                      {"computed": 2, "tokens": 24, "seconds": 0.5})
+                      {"computed": 2, "tokens": 24, "seconds": 0.5},
+                      [{"request": "p0", "kind": "repeat", "position": 1, "first_token": 3, "arms": ["w4"],
+                        "whom": "only with the drafter", "state": "", "cause": "only with the drafter",
+                        "finding": "request 1 p0 (repeat) differs from classic decode (first at token 3) in w4:"
+                                   " only with the drafter", "cold": []}])
     _every_field_set(p)
     return p
 
@@ -102,3 +107,22 @@ def test_a_pairing_and_a_report_survive_the_summary_and_the_request_files():
     again = ServedReport.from_dict(summary, lambda pairing, arm: files[(pairing, arm)])
     assert again == report and again.verdict == report.verdict and again.lines() == report.lines()
     assert ServedReport.from_dict(_json(report.to_dict(with_requests=True))) == report
+
+
+def test_every_field_set_follows_the_published_schemas():
+    """A report with every field away from its default: its --json (served.schema.json, each request with
+    the cause its pairing names, None where none is) and its record lines (record-served-arm /
+    record-served-request.schema.json)."""
+    from specparity.commands._common import result_json
+
+    p = _pairing()
+    report = ServedReport([p], {"widths": [4, 8]}, 12.5, {"index": 1, "count": 2, "plan": {}, "arms": {}})
+    out = result_json(report, path=None)
+    validate(out, "served")
+    assert list(out)[:2] == ["verdict", "exit_code"]
+    causes = {a["name"]: [r["cause"] for r in a["requests"]] for a in out["pairings"][0]["arms"]}
+    assert causes == {"w4": ["only with the drafter", None], "w8": [None, None]}
+    for a in p.arms:
+        validate(_json({"pairing": p.name, **a.to_dict()}), "record-served-arm")
+        for r in a.requests:
+            validate(_json(r.to_dict()), "record-served-request")

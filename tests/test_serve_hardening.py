@@ -265,3 +265,111 @@ def test_requests_get_only_the_operators_checkpoint(pair, fixture_root, tmp_path
         assert _complete(srv, model=other.target).status_code == 200  # the opt-in loads it
         log_text = Path(str(srv.log_path)).read_text()
     assert log_text.count("specparity-serve: MODEL-UNAVAILABLE") == 2  # the detail stays here
+
+
+# -- no request brings the server down: each bad one is a 400 naming its field -------------------
+
+def _raw(srv: Server, content: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(srv.url + "/v1/completions", content=content, timeout=60,
+                      headers={"Content-Type": "application/json", **(headers or {})})
+
+
+def _body(**fields: object) -> bytes:
+    """A completions body as JSON text, NaN and Infinity written as Python's reader accepts them."""
+    import json
+
+    return json.dumps({"prompt": "hello world", "max_tokens": 8, "temperature": 0, **fields}).encode()
+
+
+def _bad_requests(vocab: int) -> list[tuple[str, bytes, dict[str, str], int, str]]:
+    """(name, body, headers, status, what the error names) for each request that must be refused."""
+    nan, inf = float("nan"), float("inf")
+    deep = b'{"prompt": "x", "tools": ' + b"[" * 100 + b"]" * 100 + b"}"
+    cases = [
+        ("logit_bias past the vocabulary", _body(logit_bias={str(vocab + 99_487): 5}), "logit_bias"),
+        ("logit_bias at the vocabulary", _body(logit_bias={str(vocab): 5}), "logit_bias"),
+        ("logit_bias negative id", _body(logit_bias={"-1": 5}), "logit_bias"),
+        ("logit_bias NaN", _body(logit_bias={"3": nan}), "logit_bias"),
+        ("logit_bias huge id", _body(logit_bias={str(2**70): 1}), "logit_bias"),
+        ("temperature NaN", _body(temperature=nan), "temperature"),
+        ("repetition_penalty NaN", _body(repetition_penalty=nan), "repetition_penalty"),
+        ("presence_penalty -inf", _body(presence_penalty=-inf), "presence_penalty"),
+        ("top_p inf", _body(top_p=inf), "top_p"),
+        ("max_tokens 10^30", _body(max_tokens=10**30), "max_tokens"),
+        ("max_tokens 1e30", _body(max_tokens=1e30), "max_tokens"),
+        ("top_k the vocabulary", _body(top_k=vocab, temperature=1.0, seed=1), "top_k"),
+        ("seed negative", _body(seed=-1), "seed"),
+        ("seed past 64 bits", _body(seed=2**64), "seed"),
+        ("repetition_context_size 10^20", _body(repetition_penalty=1.1, repetition_context_size=10**20),
+         "repetition_context_size"),
+        ("xtc_threshold 0.9", _body(xtc_probability=0.5, xtc_threshold=0.9), "xtc_threshold"),
+        ("stop of numbers", _body(stop=[1, 2]), "stop"),
+        ("top_logprobs 50", _body(logprobs=True, top_logprobs=50), "top_logprobs"),
+        ("stream_options a number", _body(stream=True, stream_options=5), "stream_options"),
+        ("non-UTF-8", b'{"prompt": "\xff\xfe", "max_tokens": 8}', "not UTF-8"),
+        ("100,000 deep", b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+        ("100 deep in tools", deep, "nested deeper"),
+        ("5,000 digits", b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", "not JSON"),
+    ]
+    out: list[tuple[str, bytes, dict[str, str], int, str]] = [(name, body, {}, 400, word) for name, body, word in cases]
+    out += [("Content-Length 10^12", b"{}", {"Content-Length": str(10**12)}, 413, "Content-Length"),
+            ("Content-Length negative", b"{}", {"Content-Length": "-5"}, 400, "Content-Length")]
+    return out
+
+
+@pytest.fixture(scope="module")
+def guarded(pair, tmp_path_factory):
+    """One `specparity serve` with the fixture's drafter, for the bad-request test."""
+    tmp = tmp_path_factory.mktemp("guarded")
+    srv = _server("guarded", _serve(pair.target, "--draft-model", pair.draft), tmp).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.server
+@pytest.mark.model
+def test_each_bad_request_is_a_400_naming_its_field_and_the_server_keeps_serving(pair, guarded):
+    from specparity.reference import ClassicReference
+    from specparity.inputs import config_vocab_size, vocab_size
+
+    vocab = config_vocab_size(pair.target)
+    assert vocab is not None
+    for name, body, headers, status, word in _bad_requests(vocab):
+        if "Content-Length" in headers:  # a header httpx would correct: sent by hand
+            answer = _by_hand(guarded, body, headers["Content-Length"])
+            assert answer.startswith(f"HTTP/1.0 {status} ".encode()) or \
+                answer.startswith(f"HTTP/1.1 {status} ".encode()), (name, answer[:200])
+            assert word.encode() in answer, (name, answer[:300])
+        else:
+            r = _raw(guarded, body, headers)
+            assert r.status_code == status, (name, r.status_code, r.text[:300])
+            assert word in r.json()["error"], (name, r.json())
+        assert guarded.proc is not None and guarded.proc.poll() is None, name
+        assert httpx.get(guarded.url + "/v1/models", timeout=30).status_code == 200, name
+    # the checks name the vocabulary the model has, not another: its last id is a token
+    classic = ClassicReference(pair.target)
+    assert vocab_size(classic.loaded) == vocab
+    good = {"prompt": "hello world", "max_tokens": 12, "temperature": 0,
+            "logit_bias": {str(vocab - 1): 0.5, "0": -100.0}}
+    r = httpx.post(guarded.url + "/v1/completions", json=good, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == classic.complete("completions", good).text
+    log_text = Path(str(guarded.log_path)).read_text()
+    assert "Traceback" not in log_text and "Segmentation" not in log_text
+
+
+def _by_hand(srv: Server, body: bytes, length: str) -> bytes:
+    """A POST with this Content-Length header, whatever the body: the raw answer."""
+    host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {length}\r\n\r\n".encode() + body)
+        chunks = []
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks)

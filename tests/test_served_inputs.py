@@ -46,6 +46,10 @@ def _job(tmp_path: Path, text: str | bytes) -> Path:
     ("self_draft: 'no'", "self_draft: expected true or false, got 'no' (a string)"),
     ("params: {stop: !!binary aGk=}", "params.stop: expected a JSON value"),
     ("params: {seed: 2020-01-01}", "params.seed: expected a JSON value"),
+    # the rules specparity serve and replay --sequence apply to a request's fields (issue 30)
+    ("params: {seed: -1}", "params.seed: expected an integer in [0, 18446744073709551615], got -1"),
+    ("params: {logit_bias: {'-1': 1}}", "params.logit_bias['-1']: token -1 is outside the vocabulary (>= 0)"),
+    ("params: {repetition_penalty: -0.5}", "params.repetition_penalty: expected a finite number >= 0"),
     ("{1: 2, x: 3}", "unknown key 1 (known: "),
     ("distribution: {1: 2, x: 3}", "distribution: unknown key 1"),
     ("distribution: {temperature: hot}", "distribution.temperature: expected a finite number, got 'hot'"),

@@ -160,7 +160,7 @@ def test_a_missing_engine_is_a_usage_error_and_its_missing_dependency_a_bug(monk
     import importlib
 
     from specparity.errors import UsageError
-    from specparity.harness.engines import load_engine
+    from specparity.engines import served_hooks as load_engine
 
     with pytest.raises(UsageError, match="engine 'no_such_engine': no module"):
         load_engine("no_such_engine")

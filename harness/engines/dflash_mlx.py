@@ -342,11 +342,9 @@ def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_
     its width is that block, on a fresh prefix cache, greedy, without logits processors (the
     in-process loop takes none).
     """
-    import shlex
-
     from specparity.errors import UsageError
-    from specparity.harness.reference import RequestParams
-    from specparity.probes.replay.sequence import Reproduction
+    from specparity.probes.replay.sequence import Reproduction, replay_command
+    from specparity.reference import RequestParams
 
     def why(reason: str) -> dict[str, Any]:
         return Reproduction(reason=reason).to_dict()
@@ -372,7 +370,6 @@ def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_
         return why(f"sampled at temperature {params.temperature:g}: the replay decodes greedily")
     if params.repetition_penalty or params.presence_penalty or params.frequency_penalty or params.logit_bias:
         return why("the request's logits processors: dflash-mlx's loop in process runs without them")
-    argv = ["specparity", "replay", "--engine", "dflash-mlx", "--model", str(model), "--draft-model", str(draft),
-            "--prompt-ids", ",".join(str(t) for t in prompt_ids), "--verify-mode", "dflash",
-            "--max-tokens", str(params.max_tokens)]
-    return Reproduction(command=shlex.join(argv)).to_dict()
+    return Reproduction(command=replay_command(
+        ("--engine", "dflash-mlx"), ("--model", model), ("--draft-model", draft), ("--prompt-ids", prompt_ids),
+        ("--verify-mode", "dflash"), ("--max-tokens", params.max_tokens))).to_dict()

@@ -37,6 +37,7 @@ cannot be); Ctrl-C stops generation and exits 130.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -57,12 +58,15 @@ from specparity.harness.gated.stats import (
 )
 
 from specparity.errors import EXIT_INTERRUPTED, InfrastructureError, UsageError
+from specparity.inputs import check_request, config_vocab_size
+from specparity.schema import MAX_REQUEST_BYTES, load_json
 from specparity.verdicts import CachePolicy, Decision, Verdict
 
 log = logging.getLogger("specparity.serve")
 
 GATE_OFF_LINE = ("specparity-serve: GATE-OFF the exactness gate is disabled (--gate off):"
                  " requests with a draft model run speculative decoding unchecked")
+COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")  # mlx-lm's POSTs
 STOP_TIMEOUT = 10.0  # seconds Ctrl-C waits for the generation thread before exiting anyway
 POLICY_MEANING = {
     CachePolicy.REUSE: "cached prompt prefixes are reused",
@@ -114,6 +118,22 @@ class ServeConfig:
         self.env_prefixes = tuple(env_prefixes or DEFAULT_ENV_PREFIXES)
         self.allow_request_models = allow_request_models
         self.max_draft_tokens = max_draft_tokens
+
+
+def served_vocab(model: Any, draft_model: Any = None) -> int | None:
+    """The token ids a request's logit_bias and top_k must fit: the model's vocabulary and the
+    drafter's (its logits get the same processors), the smaller. None: neither is known."""
+    from specparity.inputs import vocab_size
+
+    sizes = []
+    for m in (model, draft_model):
+        if m is None:
+            continue
+        try:
+            sizes.append(vocab_size(m))
+        except UsageError:
+            pass
+    return min(sizes) if sizes else None
 
 
 def loaded_model(provider: Any) -> Any:
@@ -278,6 +298,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             self._active: tuple[SpecStats, Any] | None = None
             self._pending: SpecStats | None = None
             self._finish_lock = threading.Lock()
+            self.vocab: int | None = None  # the operator's model's (and drafter's) vocabulary
             prompt_cache.policy_for = self.policy_for
             prompt_cache.on_lookup = self.on_lookup
             super().__init__(model_provider, prompt_cache)
@@ -299,6 +320,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             provider.load_default()
             if provider.model is None:
                 return
+            self.vocab = served_vocab(provider.model, provider.draft_model)
             decision = self.policy_now()
             self.metrics.set_policy(str(decision.policy))
             cli = provider.cli_args
@@ -614,6 +636,76 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                     for m in [self.response_generator.cli_args.model] if m]})
                 return
             super().do_GET()
+
+        def do_POST(self) -> None:
+            """Read the body bounded (size, UTF-8, JSON nesting) before mlx-lm's handler parses it:
+            mlx-lm's reader waits for any Content-Length and drops the connection on bytes that are
+            not UTF-8 or nest past Python's recursion limit."""
+            if self.path not in COMPLETION_PATHS or self.headers.get("Content-Length") is None:
+                super().do_POST()  # 404 or 411, as mlx-lm answers them
+                return
+            raw = self._bounded_body()
+            if raw is None:
+                return
+            try:
+                load_json(raw, "request body")
+            except UsageError as err:
+                self._send_json(400, {"error": str(err)})
+                return
+            # mlx-lm's handler reads the body again: from these bytes, then the connection again
+            connection_rfile, self.rfile = self.rfile, io.BytesIO(raw)
+            try:
+                super().do_POST()
+            finally:
+                self.rfile = connection_rfile
+
+        def _bounded_body(self) -> bytes | None:
+            """The body's bytes; None when refused (answered, the connection closed) or cut short."""
+            text = self.headers.get("Content-Length", "")
+            try:
+                n = int(text)
+            except ValueError:
+                n = -1
+            if n < 0 or n > MAX_REQUEST_BYTES:
+                self.close_connection = True  # the body is not read: nothing else on this connection
+                status = 413 if n > MAX_REQUEST_BYTES else 400
+                why = (f"more than the {MAX_REQUEST_BYTES} bytes a request may hold" if status == 413
+                       else "not a byte count")
+                self._send_json(status, {"error": f"Content-Length {_shown(text)}: {why}"})
+                return None
+            raw = self.rfile.read(n)
+            if len(raw) < n:  # the client left mid-body
+                self.close_connection = True
+                return None
+            return raw
+
+        def validate_model_parameters(self) -> None:
+            """mlx-lm's checks, after specparity's (:func:`specparity.inputs.check_request`): every
+            field that reaches the sampler, the processors or the loop in the range that cannot fail
+            or crash there, token ids within the vocabulary of the model that will serve it."""
+            vocab, unknown = self._request_vocab()
+            if unknown is not None and (self.body.get("logit_bias") or self.body.get("top_k")):
+                raise ValueError(f"request field {'logit_bias' if self.body.get('logit_bias') else 'top_k'}:"
+                                 f" cannot be checked against {unknown}'s vocabulary here")
+            try:
+                check_request(self.body, vocab)
+            except UsageError as err:
+                raise ValueError(str(err)) from None
+            super().validate_model_parameters()
+
+        def _request_vocab(self) -> tuple[int | None, str | None]:
+            """(the vocabulary the request's ids must fit, None) or (None, the model whose is unknown)."""
+            cli = self.response_generator.cli_args
+            vocab = self.response_generator.vocab
+            model, draft = self.body.get("model", "default_model"), self.body.get("draft_model", "default_model")
+            for value, named in ((model, cli.model), (draft, cli.draft_model)):
+                if not config.allow_request_models or not isinstance(value, str) or value in _names(named):
+                    continue  # the operator's, or refused before it loads (a name that is not a string: 400)
+                other = config_vocab_size(value) if value else None
+                if other is None:
+                    return None, _shown(value)
+                vocab = other if vocab is None else min(vocab, other)
+            return vocab, None
 
         def _send_json(self, status: int, body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()

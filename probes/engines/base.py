@@ -22,8 +22,8 @@ Classic decode is mlx-lm's own path (:class:`specparity.decode.Decoder`) on
 the same weights; :meth:`Engine.classic` is the context it must run in (an
 engine that patches mlx-lm's classes takes its patches out there).
 
-One module per engine: ``mlx_lm.py``, ``dflash_mlx.py``. :func:`load_engine`
-(``probes/engines/__init__.py``) picks one by name.
+One module per engine: ``mlx_lm.py``, ``dflash_mlx.py``; the engine registry
+(:mod:`specparity.engines`) says which an engine loads, and how.
 """
 
 from __future__ import annotations
@@ -194,19 +194,6 @@ class Engine(ABC):
     def generate(self, prompt: list[int], max_tokens: int, record_states: bool = True) -> EngineRun:
         """The engine's own speculative loop over ``prompt``, recorded."""
 
-    def capture_block(self, session: TargetSession, tokens: list[int]) -> tuple[list[list[tuple[str, Any]]], Any]:
-        """Run :meth:`TargetSession.verify` with bisect's capture on the engine's model.
-
-        Returns (recorded model calls, the capture map); see :mod:`specparity.bisect.capture`.
-        """
-        from specparity.bisect.capture import capture
-
-        with capture(self.engine_model()) as (rec, cmap):
-            # the engine's verify returns (rows, vocab); the chain arm's model calls (1, rows, vocab)
-            rec.model_call(lambda _m, toks: session.verify(toks)[None], None, (tokens,), {})
-            calls = rec.pop_calls()
-        return calls, cmap
-
     def engine_model(self) -> Any:
-        """The model object the engine's verify forward runs through."""
+        """The model object the engine's verify forward runs through (bisect captures its layers)."""
         return self.classic_model()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import logging
 import time
 from collections.abc import Iterator
@@ -53,7 +52,6 @@ from specparity.probes.engines.base import (
 log = logging.getLogger(__name__)
 
 NAME = "dflash-mlx"
-MODULE = "dflash_mlx"
 # the class attributes dflash-mlx sets on the mlx-lm classes it patches
 _HOOK_FLAGS = ("_dflash_speculative_call_installed", "_dflash_full_attention_gqa_installed")
 # the adaptive verify policy's reduced block (dflash_mlx.engine.spec_epoch._AdaptiveBlockPolicy)
@@ -61,8 +59,10 @@ REDUCED_BLOCK = 4
 
 
 def available() -> bool:
-    """dflash-mlx imports in this interpreter."""
-    return importlib.util.find_spec(MODULE) is not None
+    """dflash-mlx imports in this interpreter (asked of the engine registry)."""
+    from specparity.engines import get
+
+    return get(NAME).importable()
 
 
 def _original_call(cls: type) -> Any:

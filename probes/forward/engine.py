@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specparity.compare import Diff, StateDiff, compare_arrays, compare_states
+from specparity.compare import Diff, StateDiff, compare_arrays, first_state_difference
 from specparity.decode import Decoder, LayerState, snapshot
 from specparity.probes.engines.base import Engine, EngineCannotRun
 from specparity.probes.forward.blockchain import Cell
@@ -48,12 +48,6 @@ def state_words(d: StateDiff) -> str:
     label = f" ({_STATE_NAMES[d.name]})" if d.name in _STATE_NAMES and "Cache" in d.kind \
         and "KV" not in d.kind else ""
     return f"layer {d.layer} ({d.kind}) {d.name}{label}: {what}"
-
-
-def first_state_diff(a: list[LayerState], b: list[LayerState]) -> tuple[StateDiff | None, list[int]]:
-    """The first differing array of two snapshots, and every layer that differs."""
-    diffs = [d for d in compare_states(a, b, ("classic", "engine")) if d.differs]
-    return (diffs[0] if diffs else None), sorted({d.layer for d in diffs})
 
 
 @dataclass
@@ -310,7 +304,7 @@ def _prefill_check(engine: Engine, pi: int, prompt: list[int], chain: _Classic) 
     except EngineCannotRun as err:
         return PrefillCheck(pi, len(prompt), Verdict.NOT_RUN, reason=str(err))
     diff = compare_arrays(chain.rows[0][None], logits, logits=True)
-    first, layers = first_state_diff(chain.states[0], sess.state())
+    first, layers = first_state_difference(chain.states[0], sess.state(), ("classic", "engine"))
     ok = diff.equal and first is None
     return PrefillCheck(pi, len(prompt), Verdict.EQUAL if ok else Verdict.DIVERGENT, diff, first, layers)
 
@@ -347,6 +341,6 @@ def _rollback_cell(engine: Engine, chain: _Classic, w: int, d: int, k: int, pi: 
     except EngineCannotRun as err:
         return RollbackCell(w, d, k, Verdict.NOT_RUN, pi, reason=str(err))
     rows_equal = compare_arrays(mx.stack(chain.rows[d:d + k + 1]), logits[:k + 1], logits=True).equal
-    first, layers = first_state_diff(chain.states[d + k], sess.state())
+    first, layers = first_state_difference(chain.states[d + k], sess.state(), ("classic", "engine"))
     verdict = Verdict.EQUAL if first is None else Verdict.DIVERGENT
     return RollbackCell(w, d, k, verdict, pi, base + d + k + 1, first, layers, rows_equal)

@@ -35,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from specparity.completions import first_index
 from specparity.compare import Diff, compare_arrays, index_ranges
 from specparity.decode import (
     CacheOptions, Decoder, GreedyPick, greedy_chain, greedy_pick, greedy_token, trimmable,
@@ -541,10 +542,8 @@ def replay(
         chain.drop_before(len(chain.tokens))
         reference = chain.tokens[1: len(served_tokens) + 1]
         served_checked = len(served_tokens)
-        for i, tok in enumerate(served_tokens):
-            if tok != reference[i]:
-                served_mismatch = i
-                break
+        i = first_index(served_tokens, reference)
+        served_mismatch = i if i < len(served_tokens) else None
         if served_mismatch is not None:
             served_token = served_tokens[served_mismatch]
             served_pick = chain.picks.get(served_mismatch)

@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specparity.compare import Diff, StateDiff, compare_arrays
+from specparity.compare import Diff, StateDiff, compare_arrays, first_state_difference
 from specparity.decode import Decoder, GreedyPick, greedy_pick, snapshot
 from specparity.probes.engines.base import Engine, EngineCannotRun, EngineRun
-from specparity.probes.forward.engine import first_state_diff, state_words
+from specparity.probes.forward.engine import state_words
 from specparity.progress import NULL, Observer
 from specparity.verdicts import ReportMixin, Verdict, combine
 
@@ -261,7 +261,7 @@ class _Walk:
             self.row = RowFinding(rnd, row, position, diff)
 
     def compare_state(self, rnd: int, accepted: int, width: int, engine_state: list[Any]) -> None:
-        first, layers = first_state_diff(snapshot(self.dec.cache), engine_state)
+        first, layers = first_state_difference(snapshot(self.dec.cache), engine_state, ("classic", "engine"))
         if first is None:
             return
         if self.state is None:

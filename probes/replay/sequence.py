@@ -22,7 +22,7 @@ without HTTP, with mlx-lm's own parts:
   segment ends and at the end, as the server does.
 
 Each request's in-process answer is compared with classic decode on a fresh
-cache (:class:`specparity.harness.reference.ClassicReference`) and with the
+cache (:class:`specparity.reference.ClassicReference`) and with the
 answer the server gave (from the sequence file), through the one completion
 comparison (:func:`specparity.completions.first_difference`). The report names
 the first request and token where the replay leaves classic decode, says
@@ -69,7 +69,7 @@ from typing import Any
 
 from specparity.completions import CompletionDifference, Side, first_difference
 from specparity.errors import InputError, UsageError
-from specparity.harness.reference import (
+from specparity.reference import (
     PATH_BATCHED, PATH_SEQUENTIAL, ClassicReference, Decoded, RequestParams, ServerPrompt, ServerSettings,
     batchable, collect, server_prompt,
 )
@@ -162,22 +162,96 @@ def write_sequence(path: str | os.PathLike[str], header: SequenceHeader, entries
     return p
 
 
-def read_sequence(path: str | os.PathLike[str]) -> tuple[SequenceHeader, list[SequenceEntry]]:
-    """Read a sequence file; a malformed line is a UsageError naming FILE:LINE."""
+def _server_schema(vocab: int | None = None) -> Any:
+    """The header's ``server``: ServerSettings' fields, each in the range mlx-lm's loop takes
+    (``top_k``, the default of a request without one, below ``vocab``)."""
+    from specparity.schema import Bool, Fields, Int, Json, MapOf, Nullable, Number, Str
+
+    return Fields({
+        "prefill_step_size": Int(1), "kv_bits": Nullable(Int(1, 8)), "kv_group_size": Int(1),
+        "quantized_kv_start": Int(0), "max_tokens": Int(1, limit="max_positions"),
+        "temp": Number(ge=0), "top_p": Number(ge=0, le=1),
+        "top_k": Int(0, None if vocab is None else vocab - 1), "min_p": Number(ge=0, le=1),
+        "chat_template": Str(), "use_default_chat_template": Bool(),
+        "chat_template_args": MapOf(Json(limit="max_items"), key=Str()),
+        "num_draft_tokens": Int(0, limit="max_width"), "prompt_cache_size": Int(0),
+        "prompt_cache_bytes": Nullable(Int(0)), "decode_concurrency": Int(1), "prompt_concurrency": Int(1),
+    }, open=True, what="a mapping of server settings")
+
+
+def _header_schema(vocab: int | None = None) -> Any:
+    from specparity.schema import Bool, Fields, Int, Nullable, Str
+
+    name = Str("a checkpoint path or hub id (a string)", nonempty=True)
+    return Fields({
+        "format": Str(), "model": name, "draft_model": Nullable(name), "trust_remote_code": Bool(),
+        "server": _server_schema(vocab), "engine": Str("an engine name", nonempty=True),
+        "engine_version": Nullable(Str()), "arm": Nullable(Str()),
+        "finding": Nullable(Fields({"request": Str(), "token_index": Nullable(Int(0))}, open=True)),
+        "concurrent": Bool(), "loop": Nullable(Str("a serving loop's name", nonempty=True)),
+    }, required=("model",), open=True, what="a JSON object (the header)")
+
+
+def _entry_schema(vocab: int | None, prompt_ids: bool, endpoint: Any) -> Any:
+    """A request line; without ``prompt_ids`` the body holds what the endpoint tokenizes."""
+    from specparity.schema import Enum, Fields, Int, Json, ListOf, MapOf, Nullable, Str
+
+    token = Int(0, None if vocab is None else vocab - 1)
+    body: dict[str, Any] = {}
+    if not prompt_ids and endpoint == "completions":
+        body["prompt"] = Str("a string (the prompt)")
+    if not prompt_ids and endpoint == "chat":
+        body["messages"] = ListOf(Fields({"role": Str(), "content": Json(limit="max_items")},
+                                         required=("role",), open=True, what="a message (a mapping)"),
+                                  min_len=1, limit="max_items")
+    required = tuple(body)
+    return Fields({
+        "id": Str("a request name (a string)", nonempty=True), "kind": Str(),
+        "endpoint": Enum(("completions", "chat")),
+        "body": Fields(body, required=required, open=True, what="a JSON object (the request body)"),
+        "prompt_ids": Nullable(ListOf(token, min_len=1, limit="max_positions",
+                                      what="a list (not empty) of token ids")),
+        "served": Nullable(Fields({
+            "token_ids": Nullable(ListOf(token, limit="max_positions", what="a list of token ids")),
+            "text": Nullable(Str()), "finish_reason": Nullable(Str()),
+            "usage": Nullable(MapOf(Json(limit="max_items"), key=Str()))}, open=True)),
+    }, required=("id", "endpoint", "body"), open=True, what="a JSON object (a request)")
+
+
+def read_sequence(path: str | os.PathLike[str],
+                  model: str | None = None) -> tuple[SequenceHeader, list[SequenceEntry]]:
+    """Read a sequence file whole and check it before anything loads: a bad line is one
+    UsageError naming FILE:LINE and the field.
+
+    The file is bounded (specparity.schema's MAX_FILE_BYTES, UTF-8, each line's JSON nesting),
+    its requests by ``--max-items``, each request's fields by the rules the served request
+    obeys (:func:`specparity.inputs.check_request`), its token ids (``prompt_ids``,
+    ``logit_bias``, served ``token_ids``) by the vocabulary the checkpoint's config states
+    (``model``, else the header's; where it states none, by the loaded model's later).
+    """
+    from specparity.inputs import check_request, config_vocab_size, limits, raise_it
+    from specparity.schema import Invalid, key_path, load_json, read_bytes
+
     p = Path(path)
-    try:
-        lines = p.read_text().splitlines()
-    except OSError as err:
-        raise InputError("sequence", f"{p}: cannot read ({err.strerror})") from None
-    rows = [(n, ln) for n, ln in enumerate(lines, 1) if ln.strip()]
+    data = read_bytes(p, str(p))
+    rows = [(n, ln) for n, ln in enumerate(data.split(b"\n"), 1) if ln.strip()]
     if not rows:
         raise InputError("sequence", f"{p}: empty")
+    cap = limits().max_items
+    if len(rows) - 1 > cap:  # before any line is parsed
+        raise UsageError(f"{p}:{rows[cap + 1][0]}: {len(rows) - 1} requests, above the maximum {cap}"
+                         f" {raise_it('max_items')}")
+
+    def fits(value: Any, checker: Any, where: str) -> None:
+        try:
+            checker.check(value, ())
+        except Invalid as bad:
+            at = key_path(bad.path)
+            raise UsageError(f"{where}: {at + ': ' if at else ''}{bad.message}") from None
+
     objs = []
     for n, ln in rows:
-        try:
-            obj = json.loads(ln)
-        except ValueError as err:
-            raise UsageError(f"{p}:{n}: not JSON ({err})") from None
+        obj = load_json(ln, f"{p}:{n}")
         if not isinstance(obj, dict):
             raise UsageError(f"{p}:{n}: not a JSON object")
         objs.append((n, obj))
@@ -185,27 +259,41 @@ def read_sequence(path: str | os.PathLike[str]) -> tuple[SequenceHeader, list[Se
     if head.get("format") != SEQUENCE_FORMAT:
         raise UsageError(f"{p}:{n0}: not a sequence file (format {head.get('format')!r},"
                          f" expected {SEQUENCE_FORMAT!r})")
-    if not isinstance(head.get("model"), str):
-        raise UsageError(f"{p}:{n0}: the header names no model")
+    fits(head, _header_schema(), f"{p}:{n0}")
     header = SequenceHeader(**{k: v for k, v in head.items() if k in SequenceHeader.__dataclass_fields__})
+    vocab = config_vocab_size(model or header.model)
+    fits(head, _header_schema(vocab), f"{p}:{n0}")
     entries = []
     for n, obj in objs[1:]:
-        try:
-            e = SequenceEntry(**{k: v for k, v in obj.items() if k in SequenceEntry.__dataclass_fields__})
-        except TypeError as err:
-            raise UsageError(f"{p}:{n}: not a request entry ({err})") from None
-        if not isinstance(e.body, dict) or e.endpoint not in ("completions", "chat"):
-            raise UsageError(f"{p}:{n}: a request needs an endpoint (completions or chat) and a body")
-        entries.append(e)
+        fits(obj, _entry_schema(vocab, obj.get("prompt_ids") is not None, obj.get("endpoint")), f"{p}:{n}")
+        check_request(obj["body"], vocab, f"{p}:{n}: body")
+        entries.append(SequenceEntry(**{k: v for k, v in obj.items() if k in SequenceEntry.__dataclass_fields__}))
     if not entries:
         raise InputError("sequence", f"{p}: no requests")
     return header, entries
 
 
+def replay_command(*options: tuple[str, Any]) -> str:
+    """``specparity replay`` with ``options`` in order, as one shell-quoted line: every printed
+    reproduction command is built here.
+
+    Each option is (flag, value): True is the bare flag, None or False leaves it out, a list is
+    comma-joined (token ids, an accept vector), anything else is its text; a flag given twice
+    (``--stop``) is repeated.
+    """
+    argv = ["specparity", "replay"]
+    for flag, value in options:
+        if value is None or value is False:
+            continue
+        argv.append(flag)
+        if value is not True:
+            argv.append(",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value))
+    return shlex.join(argv)
+
+
 def sequence_command(path: str | os.PathLike[str], trust_remote_code: bool = False) -> str:
     """The command line that replays a sequence file."""
-    return shlex.join(["specparity", "replay", "--sequence", str(path)]
-                      + (["--trust-remote-code"] if trust_remote_code else []))
+    return replay_command(("--sequence", path), ("--trust-remote-code", trust_remote_code))
 
 
 def not_reproducible(header: SequenceHeader, entries: list[SequenceEntry]) -> str | None:
@@ -668,40 +756,37 @@ def request_command(model: str, body: dict[str, Any], prompt_ids: list[int], *,
         return Reproduction(reason=str(err))
     if params.temperature != 0:
         return Reproduction(reason=f"sampled at temperature {params.temperature:g}: the replay decodes greedily")
-    argv = ["specparity", "replay", "--model", str(model)]
-    if trust_remote_code:
-        argv.append("--trust-remote-code")
+    options: list[tuple[str, Any]] = [("--model", model), ("--trust-remote-code", trust_remote_code)]
     if draft_model is not None:
         k = params.num_draft_tokens if params.num_draft_tokens is not None else s.num_draft_tokens
         if k < 1:
             return Reproduction(reason=f"num_draft_tokens {k}: the server did not draft")
-        argv += ["--draft-model", str(draft_model), "--num-draft-tokens", str(k),
-                 "--max-tokens", str(params.max_tokens), "--stop-at-eos"]
-        for w in params.stop:
-            argv += ["--stop", w]
+        options += [("--draft-model", draft_model), ("--num-draft-tokens", k), ("--max-tokens", params.max_tokens),
+                    ("--stop-at-eos", True)]
+        options += [("--stop", w) for w in params.stop]
     elif accepts:
         if width is None:
             return Reproduction(reason="an accept vector without a width")
-        argv += ["--accepts", ",".join(str(a) for a in accepts), "--width", str(width)]
+        options += [("--accepts", accepts), ("--width", width)]
     else:
         return Reproduction(reason="no drafter to rerun and no accept vector to replay")
-    argv += ["--prompt-ids", ",".join(str(t) for t in prompt_ids)]
+    options.append(("--prompt-ids", prompt_ids))
     procs = params.processor_options()
     for name in ("repetition", "presence", "frequency"):
         v = getattr(procs, f"{name}_penalty")
         if v not in (None, 0):
-            argv += [f"--{name}-penalty", _number(v),
-                     f"--{name}-context-size", str(getattr(procs, f"{name}_context_size"))]
+            options += [(f"--{name}-penalty", _number(v)),
+                        (f"--{name}-context-size", getattr(procs, f"{name}_context_size"))]
     if procs.logit_bias:
-        argv += ["--logit-bias", ",".join(f"{k}:{_number(v)}" for k, v in procs.logit_bias.items())]
+        options.append(("--logit-bias", [f"{k}:{_number(v)}" for k, v in procs.logit_bias.items()]))
     d = ServerSettings()
     for flag, value, default in (("--prefill-step-size", s.prefill_step_size, d.prefill_step_size),
                                  ("--kv-bits", s.kv_bits, d.kv_bits),
                                  ("--kv-group-size", s.kv_group_size, d.kv_group_size),
                                  ("--quantized-kv-start", s.quantized_kv_start, d.quantized_kv_start)):
         if value != default:
-            argv += [flag, str(value)]
-    return Reproduction(command=shlex.join(argv))
+            options.append((flag, value))
+    return Reproduction(command=replay_command(*options))
 
 
 def sequence_reproduction(path: str | os.PathLike[str], header: SequenceHeader,

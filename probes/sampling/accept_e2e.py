@@ -22,7 +22,8 @@ from specparity.probes.sampling.accept import (
     DEFAULT_ALPHA, DEFAULT_NUM_DRAFT, DEFAULT_TEMPERATURE, MLX_LM, Measurement, check_args, measure,
     speculative_run,
 )
-from specparity.probes.sampling.dist import NOT_REJECTED, MonteCarloArm, make_problem, run_arm, softmax32
+from specparity.probes.sampling.dist import NOT_REJECTED, MonteCarloArm, run_arm
+from specparity.probes.sampling.problem import make_problem, softmax32
 from specparity.probes.sampling.rules import CONTROLS, SUM_PROD, closed_forms
 from specparity.probes.sampling.stats import NearMiss, Power, chi_square, near_miss_control, power_statement
 from specparity.verdicts import ReportMixin, Verdict

@@ -1,6 +1,6 @@
 """Monte-Carlo draws of an acceptance rule (numpy, vectorized for the built-ins).
 
-:func:`simulate` draws rounds of one rule on a :class:`~specparity.probes.sampling.dist.Problem`
+:func:`simulate` draws rounds of one rule on a :class:`~specparity.probes.sampling.problem.Problem`
 and counts the emitted tokens (single position) or emitted k-prefixes (chains:
 rounds of k drafts run until k tokens are emitted). A :class:`Checker` keeps the
 first draw that breaks a zero-tolerance check: an emitted token outside p's
@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from specparity.errors import InputError, UsageError
+from specparity.probes.sampling.problem import Problem
 from specparity.probes.sampling.rules import Rule, check_tokens, sample_rows
-
-if TYPE_CHECKING:
-    from specparity.probes.sampling.dist import Problem
 
 CHUNK = 1 << 16
 

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 
 def json_option(f: Callable) -> Callable:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")(f)
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the whole result as JSON on stdout (its JSON Schema ships in"
+                             " specparity/schemas/).")(f)
 
 
 def record_option(f: Callable) -> Callable:
@@ -171,12 +173,7 @@ class CommandRun:
         lines = list(report.lines()) if text is None else text
         path = self.sink.finish(report, markdown if markdown is not None else ["```", *lines, "```"])
         if self.as_json:
-            payload = {"verdict": str(report.verdict), "exit_code": report.exit_code,
-                       **report.to_dict(), **(extra or {})}
-            payload["verdict"], payload["exit_code"] = str(report.verdict), report.exit_code
-            if path is not None:
-                payload["record"] = str(path)
-            emit_json(payload)
+            emit_json(result_json(report, extra, path))
         else:
             for line in lines:
                 click.echo(line)
@@ -184,6 +181,24 @@ class CommandRun:
         if path is not None:
             click.echo(f"record written: {path}", err=True)
         return int(report.exit_code)
+
+
+def result_json(report: Any, extra: dict[str, Any] | None = None, path: Path | None = None) -> dict[str, Any]:
+    """What ``--json`` prints for ``report``: ``verdict`` and ``exit_code`` first, then the whole result.
+
+    The same object renders the text (``report.lines()``), so the two say the same things. A report
+    whose text says more than its record's summary (``served``: every request) gives the whole of it
+    as ``result_dict()``; others' ``to_dict()`` is the whole. extra: more keys (the model, the
+    engine); path: the record written, as ``record``.
+    """
+    whole = getattr(report, "result_dict", None)
+    body = whole() if callable(whole) else report.to_dict()
+    payload = {"verdict": str(report.verdict), "exit_code": report.exit_code, **body, **(extra or {})}
+    payload["verdict"], payload["exit_code"] = str(report.verdict), report.exit_code
+    if path is not None:
+        payload["record"] = str(path)
+    # what json.dumps(default=str) would print: the schemas and the tests see exactly the output
+    return json.loads(json.dumps(payload, default=str))
 
 
 def emit_json(obj: Any) -> None:

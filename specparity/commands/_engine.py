@@ -1,73 +1,197 @@
-"""What probe, replay, bisect and e2e share to run through an engine other than mlx-lm."""
+"""What probe, replay, bisect and e2e share to run through an engine's in-process adapter.
+
+The engines, their names, default and options come from the engine registry
+(:mod:`specparity.engines`); nothing here names one.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import click
 
-from specparity.dflash_fixtures import DEFAULT_PAIR_NOTE
 from specparity.errors import UsageError
 
-ENGINE_CHOICES = ("mlx-lm", "dflash-mlx")
-VERIFY_MODES = ("adaptive", "dflash")
+
+class EngineChoice(click.Choice):
+    """``--engine``'s choices, read from the registry when used (``$SPECPARITY_ENGINES`` included)."""
+
+    name = "engine"
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    @property  # type: ignore[override]
+    def choices(self) -> list[str]:
+        from specparity.engines import names
+
+        return names(in_process=True)
+
+    @choices.setter
+    def choices(self, value: Any) -> None:
+        pass
+
+
+class VerifyModeChoice(click.Choice):
+    """Every registered engine's own verify policies."""
+
+    name = "verify-mode"
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    @property  # type: ignore[override]
+    def choices(self) -> list[str]:
+        from specparity.engines import registry
+
+        return sorted({m for s in registry().values() for m in s.verify_modes})
+
+    @choices.setter
+    def choices(self, value: Any) -> None:
+        pass
+
+
+def environment_option(f: Callable) -> Callable:
+    return click.option(
+        "--environment", default=None, metavar="NAME|FILE",
+        help="Run the whole command in this pinned environment (specparity env list, or a YAML file), built"
+             " once: e.g. mlx-lm-0.31.3 to check another mlx-lm release, or dflash-mlx-mlx-lm-0.32.2.")(f)
 
 
 def engine_option(f: Callable) -> Callable:
-    f = click.option("--verify-mode", type=click.Choice(VERIFY_MODES), default=None,
-                     help="dflash-mlx: its verify policy (default: the engine's, adaptive; dflash keeps the"
-                          " drafter's block size every round).")(f)
+    from specparity.engines import DEFAULT
+
+    f = environment_option(f)
+
+    f = click.option("--verify-mode", type=VerifyModeChoice(), default=None,
+                     help="The engine's own verify policy (default: the engine's; dflash-mlx: adaptive, or"
+                          " dflash to keep the drafter's block size every round).")(f)
     return click.option(
-        "--engine", type=click.Choice(ENGINE_CHOICES), default="mlx-lm", show_default=True,
-        help="Whose verify forward and rollback to check against classic decode. dflash-mlx runs in"
-             " process where it imports, else in its own environment ($SPECPARITY_DFLASH_MLX_PYTHON, else"
-             f" the dflash-mlx one); without --model it runs on the default DFlash fixture ({DEFAULT_PAIR_NOTE};"
-             " built once).")(f)
+        "--engine", type=EngineChoice(), default=DEFAULT, show_default=True,
+        help="Whose verify forward and rollback to check against classic decode (the engine registry;"
+             " an engine of yours: $SPECPARITY_ENGINES=module.path). An engine that does not import here runs"
+             " in its own environment ($SPECPARITY_<ENGINE>_PYTHON, else its pinned one, built once); without"
+             " --model it runs on the engine's default fixture.")(f)
 
 
-def rerun_elsewhere(engine: str) -> int | None:
-    """None to run here; else the exit code of this command re-run in the engine's environment."""
-    from specparity.engine_env import rerun_here_or_there
+def engine_choice_option(f: Callable) -> Callable:
+    """``--engine`` and ``--environment`` (e2e: the engine's own entry points against mlx-lm's classic arms)."""
+    from specparity.engines import DEFAULT
 
+    f = environment_option(f)
+
+    return click.option(
+        "--engine", type=EngineChoice(), default=DEFAULT, show_default=True,
+        help="Whose entry points to run (the engine registry; an engine of yours:"
+             " $SPECPARITY_ENGINES=module.path): an engine other than mlx-lm runs its own entry points (dflash-mlx:"
+             " stream_dflash_generate, the dflash generate CLI) with --draft-model its drafter, against mlx-lm's"
+             " classic arms.")(f)
+
+
+def rerun_elsewhere(engine: str, model: str | None = None, draft_model: str | None = None,
+                    trust_remote_code: bool = False, environment: str | None = None) -> int | None:
+    """None to run here; else the exit code of this command re-run in the engine's environment
+    (``environment``: the one the user named with --environment, whatever the engine).
+
+    Consent comes first, here: a checkpoint's code is refused before anything loads or re-runs.
+    The re-run is a tied child (it dies with this process, however this one ends), and its exit
+    code is believed only from the result it writes (:func:`specparity.engine_env.read_rerun_result`).
+    """
+    import os
+
+    from specparity.engine_env import RERUN_MARK, RESULT_VAR, engine_environment, read_rerun_result, rerun_argv
+    from specparity.engines import get, require_consent
+    from specparity.errors import InfrastructureError
+
+    # the given paths as they are (a bad one is the loader's to name); the adapter's loader checks again
+    require_consent([("--model", model), ("--draft-model", draft_model)], trust_remote_code)
+    spec = get(engine)
+    if os.environ.get(RERUN_MARK):
+        if spec.importable():
+            return None
+        raise InfrastructureError(f"{engine} does not import in its own environment ({sys.executable})")
+    if environment is None and spec.importable():
+        return None
+    if environment is not None:
+        from specparity.environments import load_spec
+
+        load_spec(environment)  # an unknown name or a bad file: a usage error before anything is built
     root = click.get_current_context().find_root()
-    argv = (root.obj or {}).get("argv") if isinstance(root.obj, dict) else None
-    return rerun_here_or_there(engine, list(argv) if argv is not None else sys.argv[1:])
+    given = (root.obj or {}).get("argv") if isinstance(root.obj, dict) else None
+    argv = list(given) if given is not None else sys.argv[1:]
+    python, environ = engine_environment(engine, environment)
+    click.echo(f"specparity: {engine} runs in {'environment ' + environment if environment else 'its own environment'}:"
+               f" {python}", err=True)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    from specparity.harness.lifecycle import remove_scratch, run_tied, scratch_dir
+
+    where = scratch_dir("specparity-rerun-")
+    result = where / "result.json"
+    try:
+        try:
+            code = run_tied(rerun_argv(python, argv), f"specparity re-run in {engine}'s environment",
+                            env={**environ, RERUN_MARK: engine, RESULT_VAR: str(result)})
+        except OSError as err:
+            raise InfrastructureError(f"{engine}'s interpreter {python} would not start ({err})") from None
+        return read_rerun_result(result, argv, code, engine, python)
+    finally:
+        remove_scratch(where)
 
 
-def dflash_paths(model: str | None, draft_model: str | None) -> tuple[Path, Path | None]:
-    """The target and DFlash drafter directories: given, the fixture's sibling drafter, or the default fixture."""
-    import json
+def rerun_in_environment(engine: str, environment: str | None, model: str | None = None,
+                         draft_model: str | None = None, trust_remote_code: bool = False) -> int | None:
+    """The classic paths' --environment: None to run here (none named, or this is the re-run there);
+    else the exit code of this command re-run in ``environment``."""
+    if environment is None:
+        return None
+    return rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
 
+
+def engine_paths(engine: str, model: str | None, draft_model: str | None) -> tuple[Path, Path | None]:
+    """The target and drafter directories: given, the fixture's own drafter, or the engine's default."""
     from specparity.checkpoint import resolve_model_dir
+    from specparity.engines import get
 
+    spec = get(engine)
     if model is None:
-        from specparity.dflash_fixtures import dflash_pair
+        default = spec.checkpoints()
+        if default is None:
+            from specparity.fixtures import default_pair
 
-        click.echo(f"using the default DFlash fixture ({DEFAULT_PAIR_NOTE}), built once", err=True)
-        info = dflash_pair()
-        return Path(info.target), Path(draft_model) if draft_model else Path(info.draft)
+            click.echo("using the embedded fixture pair (built once)", err=True)
+            info = default_pair()
+            default = Path(info.target), Path(info.draft) if info.draft else None
+        target, own_draft = default
+        return target, resolve_model_dir(draft_model, "--draft-model") if draft_model else own_draft
     target = resolve_model_dir(model, "--model")
     draft = resolve_model_dir(draft_model, "--draft-model") if draft_model else None
-    marker = target.parent / "fixture.json"
-    if draft is None and marker.exists():
-        data = json.loads(marker.read_text())
-        if data.get("kind") == "dflash" and data.get("draft"):
-            draft = Path(data["draft"])
+    if draft is None:
+        from specparity.fixtures import fixture_draft
+
+        # the fixture's own record names its drafter relative to itself, wherever it was built or moved
+        draft = fixture_draft(target, spec.fixture_kind)
     return target, draft
 
 
-def load_dflash(model: str | None, draft_model: str | None, need_draft: bool, verify_mode: str | None,
-                prefill_step_size: int | None = None) -> Any:
-    """dflash-mlx loaded on ``--model`` (and its drafter), by its own loader."""
-    from specparity.probes.engines import load_engine
+def load_adapter(engine: str, model: str | None, draft_model: str | None, need_draft: bool,
+                 verify_mode: str | None, trust_remote_code: bool = False,
+                 prefill_step_size: int | None = None) -> Any:
+    """``engine``'s in-process adapter on ``--model`` (and its drafter): consent checked before anything loads."""
+    from specparity.engines import LoadRequest, get
 
-    target, draft = dflash_paths(model, draft_model)
+    spec = get(engine)
+    target, draft = engine_paths(engine, model, draft_model)
     if need_draft and draft is None:
-        raise UsageError("--engine dflash-mlx: give --draft-model (the DFlash drafter) for the engine's own loop")
-    return load_engine("dflash-mlx", target, draft, verify_mode=verify_mode, prefill_step_size=prefill_step_size)
+        raise UsageError(f"--engine {engine}: give --draft-model (the engine's drafter) for the engine's own loop")
+    if verify_mode is not None and verify_mode not in spec.verify_modes:
+        raise UsageError(f"--verify-mode {verify_mode}: --engine {engine} takes"
+                         f" {', '.join(spec.verify_modes) or 'none'}")
+    return spec.load(LoadRequest(target, draft, trust_remote_code=trust_remote_code, verify_mode=verify_mode,
+                                 prefill_step_size=prefill_step_size))
 
 
 def engine_prompts(engine: Any, texts: list[str] | None, ids: list[list[int]] | None) -> list[list[int]]:

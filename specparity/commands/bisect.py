@@ -90,7 +90,8 @@ def _emit(run: CommandRun, result: Any) -> int:
 @click.pass_context
 def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None,
            prompt_ids: str | None, model: str | None, trust_remote_code: bool,
-           controls: tuple[str, ...], engine: str, verify_mode: str | None, accepted: int | None,
+           controls: tuple[str, ...], engine: str, verify_mode: str | None, environment: str | None,
+           accepted: int | None,
            as_json: bool, record_dir: str | None, quiet: bool, **kwargs: Any) -> int | None:
     """Locate the first divergent layer and sub-op between W single steps and one W-row block.
 
@@ -120,9 +121,11 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
     """
     if ctx.invoked_subcommand is not None:
         return None
-    if engine != "mlx-lm":
-        return _engine_bisect(engine, width, depth, prompt, prompt_ids, model, controls, verify_mode, accepted,
-                              as_json, record_dir, quiet, kwargs)
+    from specparity.engines import get
+
+    if not get(engine).classic_paths:
+        return _engine_bisect(engine, width, depth, prompt, prompt_ids, model, trust_remote_code, controls,
+                              verify_mode, environment, accepted, as_json, record_dir, quiet, kwargs)
     if accepted is not None:
         raise UsageError("--accepted rolls back an engine's block: give --engine")
     from specparity.bisect.controls import parse_control
@@ -131,6 +134,11 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
     w = _need_width(width, depth)
     parsed = [parse_control(c) for c in controls]
     opts = cache_options_from(kwargs)
+    from specparity.commands._engine import rerun_in_environment
+
+    code = rerun_in_environment(engine, environment, model, None, trust_remote_code)
+    if code is not None:
+        return code
     loaded = resolve_model(model, trust_remote_code)
     ids = _prompt(loaded, prompt, prompt_ids)
     click.echo(f"bisect: width {w}, depth {depth}, {len(ids)} prompt tokens", err=True)
@@ -143,10 +151,11 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
 
 
 def _engine_bisect(engine: str, width: int | None, depth: int, prompt: str | None, prompt_ids: str | None,
-                   model: str | None, controls: tuple[str, ...], verify_mode: str | None, accepted: int | None,
+                   model: str | None, trust_remote_code: bool, controls: tuple[str, ...], verify_mode: str | None,
+                   environment: str | None, accepted: int | None,
                    as_json: bool, record_dir: str | None, quiet: bool, kwargs: dict[str, Any]) -> int:
     from specparity.bisect.run import bisect_engine
-    from specparity.commands._engine import engine_prompts, load_dflash, rerun_elsewhere
+    from specparity.commands._engine import engine_prompts, load_adapter, rerun_elsewhere
     from specparity.prompts import parse_prompt_ids
 
     w = _need_width(width, depth)
@@ -154,11 +163,11 @@ def _engine_bisect(engine: str, width: int | None, depth: int, prompt: str | Non
         raise UsageError(f"--engine {engine}: --control reruns mlx-lm's arms; not with an engine")
     if accepted is not None and accepted > w - 1:
         raise UsageError(f"--accepted {accepted}: a {w}-row block holds at most {w - 1} proposals")
-    code = rerun_elsewhere(engine)
+    code = rerun_elsewhere(engine, model, None, trust_remote_code, environment)
     if code is not None:
         return code
-    eng = load_dflash(model, None, need_draft=False, verify_mode=verify_mode,
-                      prefill_step_size=kwargs["prefill_step_size"])
+    eng = load_adapter(engine, model, None, need_draft=False, verify_mode=verify_mode,
+                       trust_remote_code=trust_remote_code, prefill_step_size=kwargs["prefill_step_size"])
     ids = engine_prompts(eng, [prompt] if prompt else None, parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]
     click.echo(f"bisect --engine {engine}: width {w}, depth {depth}, {len(ids)} prompt tokens"
                + (f", rollback to {accepted}" if accepted is not None else ""), err=True)

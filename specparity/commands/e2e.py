@@ -15,6 +15,7 @@ from specparity.commands._common import (
     record_option,
     resolve_model,
 )
+from specparity.commands._engine import engine_choice_option
 
 
 @click.command("e2e")
@@ -44,9 +45,7 @@ from specparity.commands._common import (
 @click.option("--quantized-kv-start", type=click.IntRange(min=0), default=None,
               help="Passed as quantized_kv_start.")
 @processor_options
-@click.option("--engine", type=click.Choice(["mlx-lm", "dflash-mlx"]), default="mlx-lm", show_default=True,
-              help="dflash-mlx: its own entry points (stream_dflash_generate, the dflash generate CLI) with"
-                   " --draft-model its DFlash drafter, against mlx-lm's classic arms.")
+@engine_choice_option
 @json_option
 @record_option
 @click.pass_context
@@ -54,7 +53,8 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         entry_points: str | None, prompt_text: str | None, prompt_ids: str | None, chat_template: bool,
         max_tokens: int | None, num_draft_tokens: int | None, max_kv_size: int | None,
         prefill_step_size: int | None, kv_bits: str | None, kv_group_size: str | None,
-        quantized_kv_start: int | None, engine: str, as_json: bool, record_dir: str | None, quiet: bool,
+        quantized_kv_start: int | None, engine: str, environment: str | None, as_json: bool,
+        record_dir: str | None, quiet: bool,
         **proc_kwargs: Any) -> int:
     """Run mlx-lm's public entry points with and without the drafter; compare what they emit.
 
@@ -90,10 +90,12 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
     from specparity.probes.e2e import E2EOptions, parse_entry_points, run_e2e
     from specparity.prompts import DEFAULT_PROMPTS, parse_prompt_ids
 
+    from specparity.engines import get
     from specparity.inputs import check_limit, check_positions
-    if engine != "mlx-lm":
-        return _engine_e2e(ctx, engine, model, draft_model, entry_points, prompt_text, prompt_ids, max_tokens,
-                           as_json, record_dir, quiet)
+
+    if not get(engine).classic_paths:
+        return _engine_e2e(ctx, engine, model, trust_remote_code, draft_model, entry_points, prompt_text,
+                           prompt_ids, max_tokens, environment, as_json, record_dir, quiet)
 
     entries = parse_entry_points(entry_points)
     if max_tokens is not None:
@@ -108,6 +110,11 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         prefill_step_size=prefill_step_size, kv_bits=int(kv_bits) if kv_bits else None,
         kv_group_size=int(kv_group_size) if kv_group_size else None,
         quantized_kv_start=quantized_kv_start, processors=procs)
+    from specparity.commands._engine import rerun_in_environment
+
+    code = rerun_in_environment(engine, environment, model, draft_model, trust_remote_code)
+    if code is not None:
+        return code
     loaded = resolve_model(model, trust_remote_code)
     draft = resolve_model(draft_model, trust_remote_code, role="draft")
     vocab = getattr(getattr(loaded.model, "args", None), "vocab_size", None)
@@ -132,42 +139,44 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         return run.finish(result)
 
 
-def _engine_e2e(ctx: click.Context, engine: str, model: str | None, draft_model: str | None,
-                entry_points: str | None, prompt_text: str | None, prompt_ids: str | None, max_tokens: int | None,
-                as_json: bool, record_dir: str | None, quiet: bool) -> int:
-    """``e2e --engine dflash-mlx``: dflash-mlx's entry points against mlx-lm's classic arms."""
-    from specparity.commands._engine import (
-        dflash_paths, engine_prompts, explicit, load_dflash, rerun_elsewhere,
-    )
+def _engine_e2e(ctx: click.Context, engine: str, model: str | None, trust_remote_code: bool,
+                draft_model: str | None, entry_points: str | None, prompt_text: str | None, prompt_ids: str | None,
+                max_tokens: int | None, environment: str | None, as_json: bool, record_dir: str | None,
+                quiet: bool) -> int:
+    """``e2e --engine NAME``: the engine's own entry points against mlx-lm's classic arms."""
+    from specparity.commands._engine import engine_paths, engine_prompts, explicit, load_adapter, rerun_elsewhere
+    from specparity.engines import get, resolve
     from specparity.errors import UsageError
-    from specparity.probes.e2e_dflash import ENTRY_POINTS
     from specparity.prompts import parse_prompt_ids
 
-    chosen = [e.strip() for e in (entry_points or ",".join(ENTRY_POINTS)).split(",") if e.strip()]
-    bad = [e for e in chosen if e not in ENTRY_POINTS]
+    spec = get(engine)
+    entry_names = spec.e2e_entry_points
+    if spec.e2e is None or not entry_names:
+        raise UsageError(f"--engine {engine}: the engine declares no e2e entry points")
+    chosen = [e.strip() for e in (entry_points or ",".join(entry_names)).split(",") if e.strip()]
+    bad = [e for e in chosen if e not in entry_names]
     if bad:
         raise UsageError(f"--entry-points {entry_points!r}: with --engine {engine} choose from"
-                         f" {', '.join(ENTRY_POINTS)}")
+                         f" {', '.join(entry_names)}")
     ignored = [n for n in explicit(ctx, "num_draft_tokens", "max_kv_size", "prefill_step_size", "kv_bits",
                                    "kv_group_size", "quantized_kv_start", "repetition_penalty",
                                    "presence_penalty", "frequency_penalty", "logit_bias")]
     if ignored:
         raise UsageError(f"--engine {engine}: {', '.join('--' + n.replace('_', '-') for n in ignored)}"
-                         " are mlx-lm options (dflash-mlx's entry points run with their own defaults)")
+                         f" are mlx-lm options ({engine}'s entry points run with their own defaults)")
     if prompt_text is not None and prompt_ids is not None:
         raise UsageError("give --prompt or --prompt-ids, not both")
-    code = rerun_elsewhere(engine)
+    code = rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
     if code is not None:
         return code
-    from specparity.probes.e2e_dflash import run_dflash_e2e
-
-    target, _ = dflash_paths(model, draft_model)
-    eng = load_dflash(str(target), draft_model, need_draft=True, verify_mode=None)
-    loaded = resolve_model(str(target), False)
+    target, _ = engine_paths(engine, model, draft_model)
+    eng = load_adapter(engine, str(target), draft_model, need_draft=True, verify_mode=None,
+                       trust_remote_code=trust_remote_code)
+    loaded = resolve_model(str(target), trust_remote_code)
     prompt = engine_prompts(eng, [prompt_text] if prompt_text else None,
                             parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]
     run = CommandRun("e2e", f"e2e --engine {engine}: {target.parent.name}/{target.name}",
                      {"engine": eng.info.to_dict()}, record_dir, as_json, quiet, slug=f"e2e-{engine}")
     with run:
-        result = run_dflash_e2e(eng, loaded, prompt, max_tokens or 64, chosen, observer=run.observer)
+        result = resolve(spec.e2e)(eng, loaded, prompt, max_tokens or 64, chosen, observer=run.observer)
         return run.finish(result)

@@ -49,13 +49,18 @@ def list_cmd(as_json: bool) -> int:
     width = max([32, *(len(r.dirname) + 1 for r in rows)])
     for r in rows:
         e = r.environment
-        if e is None:
+        if r.broken:
+            state = "broken (see below)"
+        elif e is None:
             state = "not built"
         else:
             size = e.manifest.get("size_bytes") or 0
             state = f"built, {size / 2**20:.0f} MiB" + ("" if r.current else ", stale: an older spec")
         desc = r.spec.description if r.spec else ""
         click.echo(f"{r.dirname:{width}} {state:24} {desc}")
+    for r in rows:
+        if r.broken:
+            _say(f"warning: {r.broken}")
     return EXIT_OK
 
 

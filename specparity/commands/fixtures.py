@@ -6,9 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from specparity.commands._common import emit_json, json_option
-from specparity.errors import EXIT_OK, UsageError
+from specparity.errors import EXIT_OK
 from specparity.outputs import force_option
 
 
@@ -36,13 +37,17 @@ def fixtures() -> None:
 @click.option("--block-size", type=click.Choice(["8", "16"]), default="16", show_default=True,
               help="--dflash: the drafter's block (verify rows).")
 @click.option("--tied-head", is_flag=True, help="--dflash: the target's output head is its embedding.")
+@click.option("--drafter-format", type=click.Choice(["dflash", "dspark", "dfly"]), default="dflash",
+              show_default=True, help="--dflash: the drafter's format: dflash-mlx's, DeepSpec DSpark (mlx-dspark,"
+                                      " dspark-mlx), DFly (dfly-mlx).")
 @click.option("--size", default=None, metavar="SHAPE",
               help="Random weights in the dimensions of a real small model: llama-0.5b, llama-1.5b, qwen3-0.6b,"
                    " qwen3-1.7b (or llama-wide-vocab); quantized as mlx-lm does with --bits (group size 64).")
 @json_option
-def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, faults: tuple[str, ...],
-         no_draft: bool, overwrite: bool, dflash_shape: str | None, block_size: str, tied_head: bool,
-         size: str | None, as_json: bool) -> int:
+@click.pass_context
+def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | None, seed: int,
+         faults: tuple[str, ...], no_draft: bool, overwrite: bool, dflash_shape: str | None, block_size: str,
+         tied_head: bool, drafter_format: str, size: str | None, as_json: bool) -> int:
     """Build OUT_DIR/target and OUT_DIR/draft.
 
     With --dflash, the target has the shape of a real DFlash target family and
@@ -60,6 +65,7 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
         specparity fixtures make ./fx/hybrid --arch qwen3_5 --dtype bfloat16
         specparity fixtures make ./fx/bad --fault '{"kind":"rows","layer":3,"min_rows":4}'
         specparity fixtures make ./fx/dflash --dflash qwen3_5-27b --block-size 8 --dtype bfloat16
+        specparity fixtures make ./fx/dspark --dflash qwen3 --drafter-format dspark --dtype bfloat16
         specparity fixtures make ./fx/q05 --size qwen3-0.6b --bits 4 --dtype bfloat16
 
     With --size, the target has the published dimensions of that model (its
@@ -67,6 +73,33 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
     decode stays in it) and the drafter is two layers of the same shape, both
     random (they measure cost against size, not acceptance), built offline.
     """
+    from specparity.errors import UsageError
+
+    if dflash_shape is None:
+        stray = [flag for name, flag in (("block_size", "--block-size"), ("tied_head", "--tied-head"),
+                                                  ("drafter_format", "--drafter-format"))
+                 if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
+        if stray:
+            raise UsageError(f"{' and '.join(stray)} apply to a DFlash pair only: add --dflash SHAPE, or leave"
+                             f" {'them' if len(stray) > 1 else 'it'} out")
+    out_dir = _check_out_dir(out_dir, overwrite)
+    if dflash_shape is not None and drafter_format != "dflash":
+        from specparity.dspark_fixtures import make_fixture
+
+        if arch != "llama" or bits or faults or no_draft:
+            raise UsageError(f"--drafter-format {drafter_format} builds its own pair: --arch, --bits, --fault and"
+                             " --no-draft do not apply")
+        made = make_fixture(drafter_format, out_dir, dflash_shape, dtype, tied_head, int(block_size), overwrite)
+        if as_json:
+            emit_json(made)
+        else:
+            click.echo(f"target: {made['target']} ({made['shape_note']}; {'tied' if made['tied'] else 'untied'}"
+                       " head)")
+            click.echo(f"draft:  {made['draft']} ({drafter_format} drafter)")
+            click.echo(f"accept mix: {made['accept_mix']['summary']}")
+        if not made["accept_mix"].get("spread"):
+            click.echo(f"warning: not every kind of block occurs ({made['accept_mix']['summary']})", err=True)
+        return EXIT_OK
     if size is not None:
         if dflash_shape is not None or faults or arch != "llama":
             raise UsageError("--size: the shape names its architecture; not with --dflash, --fault or --arch")
@@ -87,12 +120,8 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
     import json
 
     from specparity.fixtures import ARCH_CONFIGS, build_pair
-    from specparity.inputs import expand_user, parse_fault
+    from specparity.inputs import parse_fault
 
-    from specparity.outputs import check_record_dir
-
-    # the build happens in a temporary sibling of OUT_DIR, renamed into place
-    check_record_dir(expand_user(out_dir, "OUT_DIR").absolute().parent, "OUT_DIR's parent")
     layers = ARCH_CONFIGS.get(arch, {}).get("num_hidden_layers")
     parsed = [parse_fault(f, layers) for f in faults]
     info = build_pair(out_dir, arch=arch, dtype=dtype, bits=int(bits) if bits else None,
@@ -109,6 +138,20 @@ def make(out_dir: str, arch: str, dtype: str, bits: str | None, seed: int, fault
     return EXIT_OK
 
 
+def _check_out_dir(out_dir: str, overwrite: bool) -> str:
+    """OUT_DIR is one a build may write, checked before any work: its parent is writable (the build happens
+    in a temporary sibling, renamed into place), and what is there now is a fixture (kept, or replaced with
+    --overwrite) or nothing. Returns OUT_DIR with ``~`` expanded."""
+    from specparity.fixtures import check_out_dir
+    from specparity.inputs import expand_user
+    from specparity.outputs import check_record_dir
+
+    out = expand_user(out_dir, "OUT_DIR")
+    check_out_dir(out, overwrite)
+    check_record_dir(out.absolute().parent, "OUT_DIR's parent")
+    return str(out)
+
+
 # a build argument of a DFlash fixture as the command's flag says it: (built with, asked) -> words
 _DFLASH_FLAGS: dict[str, Callable[[Any, Any], str]] = {
     "shape": lambda b, a: f"--dflash {b} (asked {a})",
@@ -122,17 +165,14 @@ _DFLASH_FLAGS: dict[str, Callable[[Any, Any], str]] = {
 
 def _make_dflash(out_dir: str, shape: str, block_size: int, dtype: str, tied: bool, seed: int, overwrite: bool,
                  as_json: bool, arch: str, bits: str | None, faults: tuple[str, ...], no_draft: bool) -> int:
-    from pathlib import Path
+    import os
 
     from specparity.dflash_fixtures import FixtureMismatch, build_dflash_pair
     from specparity.errors import UsageError
-    from specparity.inputs import expand_user
-    from specparity.outputs import check_record_dir
 
     if arch != "llama" or bits or faults or no_draft:
         raise UsageError("--dflash builds its own pair: --arch, --bits, --fault and --no-draft do not apply")
-    check_record_dir(expand_user(out_dir, "OUT_DIR").absolute().parent, "OUT_DIR's parent")
-    if not (Path(out_dir) / "fixture.json").is_file() or overwrite:
+    if not os.path.lexists(out_dir) or overwrite:
         click.echo(f"building a DFlash {shape} pair (block {block_size}, {dtype}); fitting the drafter takes"
                    " a minute on a CPU", err=True)
     try:

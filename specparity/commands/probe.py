@@ -56,7 +56,8 @@ from specparity.errors import UsageError
 def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths: str, depths: str,
           prompts: tuple[str, ...], prompt_ids: tuple[str, ...], walk: int, walk_widths: str | None,
           prefill: bool, aim: bool, aim_limit: int, draft_model: str | None, rollback: bool, engine: str,
-          verify_mode: str | None, memory_limit: str | None, as_json: bool, record_dir: str | None, quiet: bool,
+          verify_mode: str | None, environment: str | None, memory_limit: str | None, as_json: bool,
+          record_dir: str | None, quiet: bool,
           **cache_kwargs: Any) -> int:
     """Compare W single-token steps with one W-row block, byte for byte.
 
@@ -90,9 +91,12 @@ def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths
         specparity probe --kv-bits 8 --quantized-kv-start 0 --json
         specparity probe --engine dflash-mlx --model ./fx/target --draft-model ./fx/draft
     """
-    if engine != "mlx-lm":
-        return _engine_probe(ctx, engine, model, draft_model, widths, depths, prompts, prompt_ids, rollback,
-                             verify_mode, as_json, record_dir, quiet, cache_kwargs)
+    from specparity.engines import get
+
+    if not get(engine).classic_paths:
+        return _engine_probe(ctx, engine, model, trust_remote_code, draft_model, widths, depths, prompts,
+                             prompt_ids, rollback, verify_mode, environment, as_json, record_dir, quiet,
+                             cache_kwargs)
     from specparity.probes.forward.probe import run_probe
     from specparity.inputs import check_positions, check_prompts
     from specparity.prompts import encode_prompts, parse_prompt_ids
@@ -109,6 +113,11 @@ def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths
     ids = parse_prompt_ids(prompt_ids)
     opts = cache_options_from(cache_kwargs)
 
+    from specparity.commands._engine import rerun_in_environment
+
+    code = rerun_in_environment(engine, environment, model, None, trust_remote_code)
+    if code is not None:
+        return code
     # the memory it expects, from the checkpoint's files, checked before it loads
     from specparity.harness.memory import probe_budget
 
@@ -131,28 +140,29 @@ def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths
         return run.finish(result, markdown=result.markdown(), extra={"model": fp.to_dict()})
 
 
-def _engine_probe(ctx: click.Context, engine: str, model: str | None, draft_model: str | None, widths: str,
+def _engine_probe(ctx: click.Context, engine: str, model: str | None, trust_remote_code: bool,
+                  draft_model: str | None, widths: str,
                   depths: str, prompts: tuple[str, ...], prompt_ids: tuple[str, ...], rollback: bool,
-                  verify_mode: str | None, as_json: bool, record_dir: str | None, quiet: bool,
-                  cache_kwargs: dict[str, Any]) -> int:
+                  verify_mode: str | None, environment: str | None, as_json: bool, record_dir: str | None,
+                  quiet: bool, cache_kwargs: dict[str, Any]) -> int:
     """``probe --engine``: the engine's verify block, rollback and prefill against classic decode."""
-    from specparity.commands._engine import engine_prompts, explicit, load_dflash, rerun_elsewhere
+    from specparity.commands._engine import engine_prompts, explicit, load_adapter, rerun_elsewhere
     from specparity.probes.forward.engine import probe_engine
     from specparity.prompts import parse_prompt_ids
 
-    code = rerun_elsewhere(engine)
+    code = rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
     if code is not None:
         return code
     ignored = explicit(ctx, "walk", "walk_widths", "prefill", "aim", "aim_limit", "kv_bits", "max_kv_size",
-                       "quantized_kv_start", "kv_group_size", "trust_remote_code")
+                       "quantized_kv_start", "kv_group_size")
     if ignored:
         click.echo(f"--engine {engine}: not applied: {', '.join('--' + n.replace('_', '-') for n in ignored)}",
                    err=True)
     d_list = parse_int_list(depths, "--depths", minimum=0, limit="max_positions")
     if not d_list:
         raise UsageError("--depths: give at least one depth")
-    eng = load_dflash(model, draft_model, need_draft=False, verify_mode=verify_mode,
-                      prefill_step_size=cache_kwargs["prefill_step_size"])
+    eng = load_adapter(engine, model, draft_model, need_draft=False, verify_mode=verify_mode,
+                       trust_remote_code=trust_remote_code, prefill_step_size=cache_kwargs["prefill_step_size"])
     if "widths" in explicit(ctx, "widths") or not eng.info.widths:
         w_list = parse_int_list(widths, "--widths", minimum=1, limit="max_width")
     else:

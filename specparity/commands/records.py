@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from specparity.commands._common import emit_json, json_option
+from specparity.commands._common import emit_json, json_option, result_json
 from specparity.errors import EXIT_OK, UsageError
 from specparity.inputs import expand_user
 from specparity.outputs import force_option
@@ -26,6 +26,7 @@ def records() -> None:
         specparity records show results/ --json      # the newest record in results/
         specparity records compare last-night/ tonight/     # exit 1 on a regression
         specparity records merge shard1/ shard2/ --out merged/
+        specparity records html nightly/ --out nightly.html   # a page to look at
     """
 
 
@@ -163,8 +164,7 @@ def list_(directory: str, as_json: bool) -> int:
 def _report(report: Any, as_json: bool, extra: dict[str, Any] | None = None) -> int:
     """Print a report as every command does: its lines then ``verdict: WORD``, or --json; its exit code."""
     if as_json:
-        emit_json({**report.to_dict(), **(extra or {}), "verdict": str(report.verdict),
-                   "exit_code": report.exit_code})
+        emit_json(result_json(report, extra))
     else:
         for line in report.lines():
             click.echo(line)
@@ -275,6 +275,44 @@ def junit(path: str, out: str, force: bool, as_json: bool) -> int:
     if as_json:
         emit_json({"junit": str(summary.path), "tests": summary.tests, "failures": summary.failures,
                    "errors": summary.errors, "skipped": summary.skipped, "record": rec.path})
+    else:
+        click.echo(summary.line())
+    return EXIT_OK
+
+
+# -- records html (issue 28): a self-contained page to look at -------------------------------------
+@records.command("html")
+@click.argument("paths", nargs=-1, required=True, metavar="RECORD|DIR...")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), metavar="FILE",
+              help="The HTML file to write (its folder is created; never overwritten without --force).")
+@force_option
+@json_option
+def html(paths: tuple[str, ...], out: str, force: bool, as_json: bool) -> int:
+    """Write served records as one self-contained HTML page (opens offline).
+
+    The newest record gets the engine x pairing x width grid coloured by
+    verdict, acceptance and margin charts, and per request a drill-down: the
+    two texts aligned at the first difference, the tokens and margins around
+    it, the cause where named, and the command that reproduces it. Given
+    several records (or a directory of nightly records), the page also shows
+    each arm's verdict per night and when each cell changed. Everything is
+    inline: no network, no CDN. An incomplete record is shown as incomplete.
+    Exits 0 once the file is written, whatever the records' verdicts.
+
+    \b
+    Examples:
+        specparity records html results/served-host-2026-11-30.md --out parity.html
+        specparity records html nightly/ --out nightly.html      # every served record in nightly/
+    """
+    from specparity.outputs import check_new_file
+    from specparity.records.html import write_html
+
+    target = check_new_file(out, "--out", force, make_parents=True)
+    if target is not None and target.is_symlink():
+        target.unlink()  # --force replaces the link itself, never writes through it
+    summary = write_html(paths, out)
+    if as_json:
+        emit_json(summary.to_dict())
     else:
         click.echo(summary.line())
     return EXIT_OK

@@ -101,8 +101,8 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
            stop_words: tuple[str, ...], stop_at_eos: bool, sequence_path: str | None,
            prompt_text: str | None, prompt_ids: tuple[str, ...], width: int | None, policy: str,
            wrong_id: int, prefill_emits: bool | None, algebra_only: bool, locate: int | None,
-           engine: str, verify_mode: str | None, as_json: bool, record_dir: str | None, quiet: bool, force: bool,
-           **cache_kwargs: Any) -> int:
+           engine: str, verify_mode: str | None, environment: str | None, as_json: bool, record_dir: str | None,
+           quiet: bool, force: bool, **cache_kwargs: Any) -> int:
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
 
     Prefill as classic decode does, then for each round run the target over
@@ -155,18 +155,30 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
     """
     from specparity.probes.replay import algebra
 
-    if len(prompt_ids) > 1 and (engine == "mlx-lm" or accepts_text is not None or log_path is not None):
+    from specparity.engines import get
+
+    classic = get(engine).classic_paths
+    if len(prompt_ids) > 1 and (classic or accepts_text is not None or log_path is not None):
         raise UsageError("give one --prompt-ids: several are for an engine's own run"
                          " (--engine without --accepts or --log)")
-    if engine != "mlx-lm":
-        return _engine_replay(engine, model, draft_model, accepts_text, log_path, fmt, regex, request_index,
+    if not classic:
+        if sequence_path is not None:
+            raise UsageError(f"--engine {engine}: --sequence replays mlx_lm.server's loop (the default engine)")
+        return _engine_replay(engine, model, trust_remote_code, draft_model, accepts_text, log_path, fmt, regex,
+                              request_index,
                               max_tokens, prompt_text, prompt_ids, width, policy, wrong_id, verify_mode,
-                              algebra_only, locate, save_log, as_json, record_dir, quiet, cache_kwargs)
+                              algebra_only, locate, save_log, environment, as_json, record_dir, quiet,
+                              cache_kwargs)
     one_prompt_ids = prompt_ids[0] if prompt_ids else None
 
     sources = [s for s in (accepts_text, log_path, draft_model, sequence_path) if s is not None]
     if len(sources) != 1:
         raise UsageError("give exactly one of --accepts, --log, --draft-model or --sequence")
+    from specparity.commands._engine import rerun_in_environment
+
+    code = rerun_in_environment(engine, environment, model, draft_model, trust_remote_code)
+    if code is not None:
+        return code
     if sequence_path is not None:
         return _sequence(sequence_path, model, trust_remote_code, as_json, record_dir, quiet)
     if (stop_words or stop_at_eos) and draft_model is None:
@@ -275,10 +287,10 @@ def _record(loaded: Loaded, draft_model: str, trust_remote_code: bool, cli_ids: 
 
 def _sequence(path: str, model: str | None, trust_remote_code: bool, as_json: bool,
               record_dir: str | None, quiet: bool) -> int:
-    from specparity.harness.reference import ClassicReference
+    from specparity.reference import ClassicReference
     from specparity.probes.replay.sequence import read_sequence, replay_sequence
 
-    header, entries = read_sequence(path)
+    header, entries = read_sequence(path, model)  # checked whole before anything loads
     if model is not None:
         header.model = model
     if header.trust_remote_code and not trust_remote_code:
@@ -356,15 +368,17 @@ def _replay_all(loaded: Loaded, requests: list[AcceptLog], findings: list[Algebr
         return run.finish(result)
 
 
-def _engine_replay(engine: str, model: str | None, draft_model: str | None, accepts_text: str | None,
+def _engine_replay(engine: str, model: str | None, trust_remote_code: bool, draft_model: str | None,
+                   accepts_text: str | None,
                    log_path: str | None, fmt: str, regex: str | None, request_index: int | None, max_tokens: int,
                    prompt_text: str | None, prompt_ids: tuple[str, ...], width: int | None, policy: str, wrong_id: int,
                    verify_mode: str | None, algebra_only: bool, locate: int | None, save_log: str | None,
-                   as_json: bool, record_dir: str | None, quiet: bool, cache_kwargs: dict[str, Any]) -> int:
+                   environment: str | None, as_json: bool, record_dir: str | None, quiet: bool,
+                   cache_kwargs: dict[str, Any]) -> int:
     """``replay --engine``: rounds through the engine's verify and rollback, or the engine's own run."""
     from pathlib import Path
 
-    from specparity.commands._engine import engine_prompts, load_dflash, rerun_elsewhere
+    from specparity.commands._engine import engine_prompts, load_adapter, rerun_elsewhere
     from specparity.probes.replay.core import round_widths
     from specparity.probes.replay.engine import EngineReplayRun, check_engine_run, replay_engine
     from specparity.probes.replay.run import widths_for
@@ -379,11 +393,11 @@ def _engine_replay(engine: str, model: str | None, draft_model: str | None, acce
     own_run = accepts_text is None and log_path is None
     requests = _accept_logs(accepts_text, log_path, fmt, regex, request_index)
     check_positions(max_tokens, "--max-tokens")
-    code = rerun_elsewhere(engine)
+    code = rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
     if code is not None:
         return code
-    eng = load_dflash(model, draft_model, need_draft=own_run, verify_mode=verify_mode,
-                      prefill_step_size=cache_kwargs["prefill_step_size"])
+    eng = load_adapter(engine, model, draft_model, need_draft=own_run, verify_mode=verify_mode,
+                       trust_remote_code=trust_remote_code, prefill_step_size=cache_kwargs["prefill_step_size"])
     from specparity.prompts import parse_prompt_ids
 
     id_lists = parse_prompt_ids(list(prompt_ids))

@@ -140,6 +140,14 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
             dist_requests=dist_requests, dist_prefix=dist_prefix, reference=False if no_reference else None,
             reference_beside=True if reference_beside else None)
         job = apply_overrides(load_job(config_path) if config_path else None, overrides)
+        # consent before anything starts: no server, reference or export runs a checkpoint's code unasked
+        from specparity.engines import require_consent
+
+        for p in job.pairings:
+            where = "--model" if config_path is None else f"pairing {p.name}: target"
+            require_consent([(where, p.target),
+                             ("--draft-model" if config_path is None else f"pairing {p.name}: draft", p.draft)],
+                            p.trust_remote_code, toolkit_code_ok=True)
         budget = served_budget(job, memory_limit).check()  # refused before the record opens and any server starts
     except SpecparityError as err:
         raise err.flagged(FLAGS) from err

@@ -58,9 +58,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from specparity.completions import Side
+from specparity.completions import Side, first_index
 from specparity.decode import DEFAULT_PREFILL_STEP, DEFAULT_QUANTIZED_KV_START, CacheOptions
 from specparity.errors import InfrastructureError, UsageError, first_line
 from specparity.processors import DEFAULT_CONTEXT, ProcessorOptions
@@ -216,11 +216,15 @@ class RequestParams:
     chat_template_kwargs: dict[str, Any] | None = None
 
     @classmethod
-    def from_body(cls, body: dict[str, Any], settings: ServerSettings | None = None) -> RequestParams:
-        """Read ``body`` as the server does; a field the server would refuse (HTTP 400) is a UsageError."""
+    def from_body(cls, body: dict[str, Any], settings: ServerSettings | None = None,
+                  vocab: int | None = None) -> RequestParams:
+        """Read ``body`` as the server does; a field the server would refuse (HTTP 400), or one that
+        would fail or crash in mlx-lm's sampler (:func:`specparity.inputs.check_request`: NaN, an id
+        outside ``vocab``), is a UsageError naming the field."""
+        from specparity.inputs import check_request
+
         s = settings or ServerSettings()
-        if not isinstance(body, dict):
-            raise UsageError("request body: not a JSON object")
+        check_request(body, vocab)
         max_tokens = body.get("max_completion_tokens")
         if max_tokens is None:
             max_tokens = body.get("max_tokens", s.max_tokens)
@@ -242,48 +246,12 @@ class RequestParams:
             num_draft_tokens=body.get("num_draft_tokens"),
             chat_template_kwargs=body.get("chat_template_kwargs"),
         )
-        p._check()
         bias = body.get("logit_bias")
         if bias is not None:
-            if not isinstance(bias, dict):
-                raise UsageError("request field logit_bias: must be an object of token id to bias")
-            try:
-                p.logit_bias = {int(k): float(v) for k, v in bias.items()}
-            except (TypeError, ValueError):
-                raise UsageError("request field logit_bias: must map int token ids to float biases") from None
+            p.logit_bias = {int(k): float(v) for k, v in bias.items()}
         stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(w, str) for w in stop):
-            raise UsageError("request field stop: must be a string or a list of strings")
-        p.stop = list(stop)
+        p.stop = [stop] if isinstance(stop, str) else list(stop)
         return p
-
-    def _check(self) -> None:
-        def need(name: str, types: tuple[type, ...], lo: float | None = None, hi: float | None = None,
-                 optional: bool = False) -> None:
-            v: Any = getattr(self, name)
-            if optional and v is None:
-                return
-            if isinstance(v, bool) or not isinstance(v, types):
-                raise UsageError(f"request field {name}: {v!r} is not {' or '.join(t.__name__ for t in types)}")
-            x = cast(float, v)
-            if (lo is not None and x < lo) or (hi is not None and x > hi):
-                raise UsageError(f"request field {name}: {v!r} is outside [{lo}, {hi}]")
-
-        need("max_tokens", (int,), 1)
-        need("temperature", (float, int), 0)
-        need("top_p", (float, int), 0, 1)
-        need("top_k", (int,), 0)
-        need("min_p", (float, int), 0, 1)
-        need("repetition_penalty", (float, int), 0)
-        need("presence_penalty", (float, int))
-        need("frequency_penalty", (float, int))
-        for name in ("repetition", "presence", "frequency"):
-            need(f"{name}_context_size", (int,), 0)
-        need("xtc_probability", (float,), 0, 1)
-        need("xtc_threshold", (float,), 0, 1)
-        need("seed", (int,), optional=True)
-        need("num_draft_tokens", (int,), 0, optional=True)
 
     @property
     def deterministic(self) -> bool:
@@ -630,8 +598,7 @@ def check_prompt(reference: list[int], server_ids: list[int] | None = None,
     if server_ids is not None:
         chk.server_ids_given = True
         chk.server_count = len(server_ids) if server_count is None else server_count
-        i = next((k for k, (a, b) in enumerate(zip(reference, server_ids)) if a != b),
-                 None if len(reference) == len(server_ids) else min(len(reference), len(server_ids)))
+        i = None if list(reference) == list(server_ids) else first_index(reference, server_ids)
         chk.first_mismatch = i
         if i is not None:
             chk.reference_ids = list(reference[i:i + _CONTEXT_TOKENS])
@@ -1157,7 +1124,8 @@ class ClassicReference:
         from specparity.inputs import check_token_ids, vocab_size
 
         t0 = time.perf_counter()
-        params = RequestParams.from_body(body, settings)
+        vocab = vocab_size(self.loaded)
+        params = RequestParams.from_body(body, settings, vocab)
         if prompt_ids is not None:
             ids = [int(t) for t in prompt_ids]
             if not ids:
@@ -1165,9 +1133,7 @@ class ClassicReference:
             prompt = ServerPrompt(ids, [ids], ["assistant"])
         else:
             prompt = server_prompt(self.tokenizer, endpoint, body, settings)
-        check_token_ids(prompt.ids, vocab_size(self.loaded), "the prompt")
-        if params.logit_bias:
-            check_token_ids(list(params.logit_bias), vocab_size(self.loaded), "logit_bias")
+        check_token_ids(prompt.ids, vocab, "the prompt")
         path = PATH_BATCHED if self.batches and batchable(params, settings, self.model) else PATH_SEQUENTIAL
         try:
             dec = decode_classic(self.model, self.tokenizer, prompt, params, settings, path)

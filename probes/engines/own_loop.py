@@ -1,0 +1,92 @@
+"""The in-process face of an engine checked through its own generate loops (issue 27's engines).
+
+mlx-dspark, dspark-mlx and dfly-mlx expose their loops, not a verify block and a
+rollback a probe could drive from outside (mlx-dspark's ``Target.verify`` /
+``rollback`` and dspark-mlx's host adapter exist, but each is bound to its own
+loop's state): ``specparity e2e --engine NAME`` runs each loop against classic
+decode (:mod:`specparity.probes.engine_e2e`) and locates a difference to the
+round and the row of that round's verify block from the engine's own record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from specparity.probes.e2e import OWN_LOOP, E2EOptions, E2ERun, EntryArm, compare_arms, run_api_arm
+from specparity.probes.engines.base import EngineInfo
+from specparity.progress import NULL, Observer
+
+NOTE = "checked through its own generate loops (no verify/rollback adapter: probe and replay do not reach it)"
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+class OwnLoopEngine:
+    """An engine's name and checkpoints, its classic model loaded on demand (for ``--prompt-ids`` checks)."""
+
+    def __init__(self, name: str, target: Path, draft: Path | None):
+        self.info = EngineInfo(name=name, version=_version(name), target=str(target),
+                               draft=str(draft) if draft else None, block_size=None, widths=[], notes=[NOTE],
+                               packages={p: _version(p) for p in (name, "mlx", "mlx-lm")})
+        self._model: Any = None
+
+    def classic_model(self) -> Any:
+        if self._model is None:
+            from mlx_lm import load
+
+            self._model = load(self.info.target)[0]
+        return self._model
+
+    @contextlib.contextmanager
+    def classic(self) -> Iterator[None]:
+        yield
+
+
+def load(name: str) -> Any:
+    """An adapter loader for the registry (``EngineSpec.adapter``) of engine ``name``."""
+    def loader(request: Any) -> OwnLoopEngine:
+        return OwnLoopEngine(name, request.target, request.draft)
+    return loader
+
+
+def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max_tokens: int,
+                      entry_points: list[str] | None = None, observer: Observer = NULL) -> E2ERun:
+    """Each of the engine's own loops against mlx-lm's classic ``stream_generate`` on the ids it consumed."""
+    from specparity.probes.engine_e2e import run as run_entries
+
+    info = engine.info
+    options = E2EOptions(max_tokens=max_tokens)
+    run = E2ERun(header=(f"{info.name} {info.version} on {info.target} with drafter {info.draft}: its own loops;"
+                         f" classic: mlx-lm's stream_generate without a drafter; max_tokens={max_tokens}"),
+                 options=options.passed(True), model=loaded.fingerprint.to_dict(), prompt_tokens=len(prompt))
+    classics: dict[tuple[int, ...], EntryArm] = {}
+    findings = run_entries(info.name, info.target, info.draft or "", list(prompt), max_tokens,
+                           tuple(entry_points or ()))
+    with observer.part("entry points", total=len(findings)):
+        for f in findings:
+            ids = tuple(f.prompt if f.prompt is not None else prompt)
+            if ids not in classics:
+                with engine.classic():
+                    classics[ids] = run_api_arm("stream_generate", loaded, None, list(ids), options)
+            arm = EntryArm(f.entry, True, passed={"max_tokens": max_tokens})
+            arm.step, arm.received = f"{info.name} {f.entry} {OWN_LOOP}", dict(arm.passed)
+            arm.tokens, arm.drafted, arm.seconds = list(f.tokens), int(f.accepted or 0), f.seconds
+            arm.text = loaded.tokenizer.decode(arm.tokens)
+            if f.verdict in ("error", "cannot_run"):
+                arm.error = f"{f.verdict.replace('_', ' ')}: {f.error or f.reason}"
+            res = compare_arms(f.entry, classics[ids], arm, options, loaded.tokenizer)
+            if f.verdict == "diverged":
+                res.reason = f"{res.reason}; {f.reason}" if res.reason else f.reason
+            run.entries.append(res)
+            observer.result(f.entry, res.to_dict())
+            observer.item("entry points")
+    return run

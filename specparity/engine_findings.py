@@ -1,0 +1,123 @@
+"""Issue 27's findings table: each engine x fixture shape, filled by the engines' own loops against classic decode.
+
+    python -P -m specparity.engine_findings [--engine NAME ...] [--shape SHAPE ...] [--dtype DTYPE ...]
+                                            [--max-tokens N] [--fixtures DIR] [--json]
+
+For every engine (mlx-dspark, dspark-mlx, dfly-mlx, mtplx) and every target
+shape it takes a drafter for (dense ``qwen3``; the gated-delta ``qwen3_5`` with
+tied and untied heads; float32 and bfloat16) it builds the drafter fixture in
+the engine's own format (:mod:`specparity.dspark_fixtures`), runs
+:mod:`specparity.probes.engine_e2e` in the engine's pinned environment (built
+on first use, cached) on the fixture's first prompt, and prints one row per
+entry point: match, the first differing token with its round and row, the
+engine's error, or why it cannot run here. mtplx has no drafter fixture (its
+MTP heads live inside the target) and on Linux none of its entry points
+imports: its rows say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from specparity.dflash_fixtures import DTYPES
+
+ENGINE_FORMAT = {"mlx-dspark": "dspark", "dspark-mlx": "dspark", "dfly-mlx": "dfly", "mtplx": ""}
+# the gated-delta hybrid in the published linear-attention head ratio (1:2), tied and untied, and in the
+# equal-heads control shape dflash-mlx (under dfly-mlx) runs
+SHAPES = (("qwen3", False), ("qwen3_5", True), ("qwen3_5", False), ("qwen3_5-equal-heads", True))
+RUN_TIMEOUT_S = 600
+
+
+def fixture(kind: str, shape: str, dtype: str, tied: bool, root: Path) -> dict[str, Any]:
+    """The drafter fixture of ``kind`` for this target under ``root`` (built on first use)."""
+    from specparity.dspark_fixtures import build_dfly_pair, build_dspark_pair
+
+    name = f"{kind}-{shape}-{dtype}-{'tied' if tied else 'untied'}"
+    if kind == "dspark":
+        return build_dspark_pair(root / name, shape=shape, dtype=dtype, tied=tied).to_dict()
+    return build_dfly_pair(root / name, shape=shape, dtype=dtype, tied=tied)
+
+
+def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: Any = None,
+               extra_env: dict[str, str] | None = None, prompt: list[int] | None = None) -> list[dict[str, Any]]:
+    """:mod:`specparity.probes.engine_e2e` in ``engine``'s environment (``env``: a built
+    :class:`~specparity.environments.Environment`; None: built on first use): its findings (an
+    infrastructure failure is one ``error`` row with the process's last line). ``prompt``: token ids (None:
+    the fixture's first fit prompt)."""
+    from specparity.environments import ensure_environment
+
+    if env is None:
+        env = ensure_environment(engine, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
+    argv = [str(env.python), "-P", "-m", "specparity.probes.engine_e2e", "--engine", engine,
+            "--max-tokens", str(max_tokens)]
+    if info is not None:
+        argv += ["--target", info["target"], "--draft", info["draft"],
+                 "--prompt-ids", ",".join(map(str, prompt or info["fit_prompts"][0]))]
+    try:
+        proc = subprocess.run(argv, env={**env.environ(), **(extra_env or {})}, capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return [{"engine": engine, "entry": "*", "verdict": "error", "error": f"no answer in {RUN_TIMEOUT_S} s"}]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not rows:
+        last = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+        rows.append({"engine": engine, "entry": "*", "verdict": "error",
+                     "error": f"engine_e2e exited {proc.returncode}: {last}"})
+    return rows
+
+
+def findings(engines: list[str], shapes: list[tuple[str, bool]], dtypes: list[str], max_tokens: int,
+             root: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for engine in engines:
+        kind = ENGINE_FORMAT[engine]
+        if not kind:
+            for row in run_engine(engine, None, max_tokens):
+                out.append({**row, "shape": "(any)", "dtype": "", "tied": None})
+            continue
+        for shape, tied in shapes:
+            for dtype in dtypes:
+                info = fixture(kind, shape, dtype, tied, root)
+                for row in run_engine(engine, info, max_tokens):
+                    out.append({**row, "shape": shape, "dtype": dtype, "tied": tied,
+                                "fixture_mix": info["accept_mix"]["summary"]})
+    return out
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| engine | entry point | target | dtype | head | finding |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        what = r.get("verdict", "error")
+        detail = r.get("error") or r.get("reason", "")
+        head = "" if r.get("tied") is None else ("tied" if r["tied"] else "untied")
+        lines.append(f"| {r['engine']} | {r.get('entry', '')} | {r['shape']} | {r['dtype']} | {head} |"
+                     f" **{what}**: {detail.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -P -m specparity.engine_findings", description=__doc__.split("\n")[0])
+    ap.add_argument("--engine", action="append", choices=list(ENGINE_FORMAT))
+    ap.add_argument("--shape", action="append", choices=sorted({f"{s}-{'tied' if t else 'untied'}"
+                                                                for s, t in SHAPES}))
+    ap.add_argument("--dtype", action="append", choices=list(DTYPES))
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--fixtures", default="", help="fixture root (default: $SPECPARITY_HOME/fixtures)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    from specparity.fixtures import fixtures_home
+
+    shapes = [(s, t) for s, t in SHAPES if not a.shape or f"{s}-{'tied' if t else 'untied'}" in a.shape]
+    rows = findings(a.engine or list(ENGINE_FORMAT), shapes, a.dtype or list(DTYPES), a.max_tokens,
+                    Path(a.fixtures) if a.fixtures else fixtures_home())
+    print(json.dumps(rows, indent=1) if a.json else markdown(rows))
+    return 1 if any(r.get("verdict") == "diverged" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

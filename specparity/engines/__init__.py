@@ -1,0 +1,399 @@
+"""The engine registry: every engine the toolkit checks, one module each.
+
+An engine is one module that defines ``ENGINE = EngineSpec(...)``: its name, the
+module it needs, its pinned environment(s), its served profile(s) and hooks, its
+in-process adapter, its e2e entry points and its drafter-format fixture builder.
+Commands take their ``--engine`` choices and default from here and never name an
+engine; consent to run a checkpoint's code, the environment an engine runs in and
+the re-run there are decided here, once, for every engine.
+
+Where engines come from, in this order (a later one with a taken name is refused):
+
+1. every module of this package (``specparity/engines/<name>.py``): mlx-lm (the
+   default), dflash-mlx, llama.cpp, and the next ones, found by listing the folder:
+   a new built-in engine is one new file here and nothing else;
+2. ``$SPECPARITY_ENGINES``: comma-separated importable module paths
+   (``SPECPARITY_ENGINES=my_pkg.my_engine``), each defining ``ENGINE``: a user's
+   engine, one module outside the package, reached by every command.
+
+The contract (stable; a change is said in the commit that makes it):
+
+``EngineSpec`` fields (every reference to code is a ``"module:attr"`` string or
+the object itself; strings are imported only when used, so nothing here imports
+mlx, an engine, or a layer above this one):
+
+    name           the ``--engine`` value and the record's engine name (``dflash-mlx``)
+    description    one line for ``--help``
+    module         the Python module that must import for in-process work (None: the
+                   engine runs wherever specparity does); importability is asked here
+                   only (:meth:`EngineSpec.importable`)
+    environments   pinned environments (:class:`PinnedEnv`): packaged under their
+                   names for ``specparity env``; the first is where a command re-runs
+                   itself when ``module`` does not import here
+    profiles       the served profiles that run this engine (names or YAML paths);
+                   a profile's ``engine:`` key names its engine (``dflash-mlx``, or
+                   the module form ``dflash_mlx``)
+    hooks          the module of served hooks (see :class:`ServedHooks`), or None
+    adapter        ``load(request: LoadRequest) -> Engine`` (the in-process adapter,
+                   :class:`specparity.probes.engines.base.Engine`), or None (served only)
+    classic_paths  True for mlx-lm only: its probe, replay, bisect and e2e run the
+                   toolkit's own mlx-lm paths rather than ``adapter``
+    e2e_entry_points  the names of the engine's own e2e entry points
+    e2e            ``run(adapter, classic: Loaded, prompt: list[int], max_tokens: int,
+                   entry_points: list[str], observer) -> E2ERun``, or None
+    default_checkpoints  ``() -> (target, draft | None)``: what ``--model`` defaults to
+                   (None: the toolkit's embedded fixture pair)
+    fixture        the builder of the engine's drafter-format fixture, or None
+    fixture_kind   the ``kind`` its fixtures' ``fixture.json`` holds (None: none, as mlx-lm's
+                   pairs): ``--model FIXTURE/target`` then finds its drafter beside it
+    verify_modes   values ``--verify-mode`` takes for this engine (its own policies)
+
+Functions: :func:`names` (every engine, the default first; ``in_process=True``: those
+with an adapter or the classic paths, what ``--engine`` offers), :func:`get` (by name,
+UsageError naming the choices), :data:`DEFAULT`, :func:`for_profile` (a profile's
+``engine:`` key), :func:`served_hooks` (a profile's hooks, a no-op where none),
+:func:`require_consent` (refuse a checkpoint's code without ``--trust-remote-code``,
+before anything loads), :meth:`EngineSpec.load` (consent, then the adapter).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pkgutil
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from specparity.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+# the engine commands use when --engine is not given
+DEFAULT = "mlx-lm"
+# comma-separated module paths of engines outside the package
+ENGINES_VAR = "SPECPARITY_ENGINES"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+Ref = str | Callable[..., Any] | None
+
+
+def resolve(ref: Ref, what: str = "") -> Any:
+    """The object a ``"module:attr"`` reference names (an object is itself; None stays None)."""
+    if ref is None or not isinstance(ref, str):
+        return ref
+    module, _, attr = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in filter(None, attr.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class PinnedEnv:
+    """A pinned environment an engine runs in (built by :mod:`specparity.environments`).
+
+    name: as ``specparity env list`` shows it. packages: the engine's own pins (``name==version``);
+    the environment adds the mlx and transformers every packaged environment shares.
+    description: one line. imports: modules the build imports once to prove it works.
+    """
+
+    name: str
+    packages: tuple[str, ...]
+    description: str = ""
+    imports: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """What a command hands an engine's adapter loader.
+
+    target / draft: checkpoint directories (draft None: the target alone). trust_remote_code: the
+    user's consent, already checked against both (:func:`require_consent`). verify_mode: the engine's
+    own verify policy (None: its default). prefill_step_size: None: the engine's default.
+    """
+
+    target: Path
+    draft: Path | None = None
+    trust_remote_code: bool = False
+    verify_mode: str | None = None
+    prefill_step_size: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine, everything about it in one place (the fields: the module docstring)."""
+
+    name: str
+    description: str = ""
+    module: str | None = None
+    environments: tuple[PinnedEnv, ...] = ()
+    profiles: tuple[str, ...] = ()
+    hooks: str | ModuleType | None = None
+    adapter: Ref = None
+    classic_paths: bool = False
+    e2e_entry_points: tuple[str, ...] = ()
+    e2e: Ref = None
+    default_checkpoints: Ref = None
+    fixture: Ref = None
+    fixture_kind: str | None = None
+    verify_modes: tuple[str, ...] = ()
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise UsageError(f"engine {self.name!r}: a name is lowercase letters, digits, '.', '_' and '-'")
+
+    @property
+    def key(self) -> str:
+        """The name as a profile's ``engine:`` key may also write it (``dflash_mlx``)."""
+        return profile_key(self.name)
+
+    @property
+    def in_process(self) -> bool:
+        return self.classic_paths or self.adapter is not None
+
+    def importable(self) -> bool:
+        """``module`` imports in this interpreter (None: always)."""
+        return self.module is None or importable(self.module)
+
+    @property
+    def environment(self) -> PinnedEnv | None:
+        """Where the engine re-runs when ``module`` does not import here (its first environment)."""
+        return self.environments[0] if self.environments else None
+
+    @property
+    def python_var(self) -> str:
+        """``SPECPARITY_DFLASH_MLX_PYTHON`` for ``dflash-mlx``: an interpreter that has the engine."""
+        return "SPECPARITY_" + re.sub(r"[^A-Z0-9]", "_", self.name.upper()) + "_PYTHON"
+
+    def load(self, request: LoadRequest) -> Any:
+        """The engine's in-process adapter on ``request``'s checkpoints, after consent is checked."""
+        if self.adapter is None:
+            raise UsageError(f"engine {self.name}: no in-process adapter (served only)")
+        require_consent([("--model", request.target), ("--draft-model", request.draft)],
+                        request.trust_remote_code)
+        return resolve(self.adapter)(request)
+
+    def served_hooks(self) -> ServedHooks:
+        return ServedHooks(self.name, _hooks_module(self.hooks))
+
+    def checkpoints(self) -> tuple[Path, Path | None] | None:
+        """The default ``(target, draft)`` (None: the toolkit's embedded fixture pair)."""
+        fn = resolve(self.default_checkpoints)
+        if fn is None:
+            return None
+        target, draft = fn()
+        return Path(target), Path(draft) if draft is not None else None
+
+
+def importable(module: str) -> bool:
+    """``module`` can be imported in this interpreter: the one place the toolkit asks (an engine's
+    module, a profile's ``requires_module``); a missing parent package is a missing module, not an error."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def profile_key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "_", name.lower())
+
+
+def _hooks_module(hooks: str | ModuleType | None) -> ModuleType | None:
+    if hooks is None or isinstance(hooks, ModuleType):
+        return hooks
+    # imported on every call: a missing dependency of the hooks module is a bug to show, each time
+    return importlib.import_module(hooks)
+
+
+class ServedHooks:
+    """An engine's served hooks, each a no-op where its module does not define it.
+
+    A hooks module may define any of:
+
+        placeholders() -> dict[str, str]
+            values of engine-specific argv placeholders (llama.cpp: ``{llama_server}``)
+        unavailable() -> str | None
+            why the engine cannot run here (None: it can); a pairing on it is ``error``
+        prepare_checkpoint(path: str, role: str) -> str
+            the checkpoint as the server loads it (llama.cpp: a GGUF export, made once)
+        extra_argv(drafts: bool, server_dir: Path) -> list[str]
+            argv appended to one server's (``server_dir``: the folder the record keeps for it)
+        max_width(draft: str) -> int | None
+            the widest verify block the engine takes with this drafter (None: no limit; 0: it
+            cannot draft with it). A wider arm is not run, with the reason (never clamped)
+        prompt_ids(client, url, request) -> list[int] | None
+            the prompt tokens the server decodes a request from, asked of the server itself
+        mark(session) -> Any / evidence(session, completion, mark) -> EngineEvidence | None
+            the engine's own evidence over one request (``specparity.harness.engines.EngineEvidence``)
+        reproduction(model, draft, body, prompt_ids, width, first) -> dict | None
+            the command that reproduces a served finding with the engine in process, or why none does
+    """
+
+    def __init__(self, name: str, module: ModuleType | None = None):
+        self.name = name
+        self.module = module
+
+    def _hook(self, hook: str) -> Any:
+        return getattr(self.module, hook, None) if self.module is not None else None
+
+    def placeholders(self) -> dict[str, str]:
+        fn = self._hook("placeholders")
+        return dict(fn()) if fn is not None else {}
+
+    def unavailable(self) -> str | None:
+        fn = self._hook("unavailable")
+        return fn() if fn is not None else None
+
+    def prepare_checkpoint(self, path: str, role: str) -> str:
+        fn = self._hook("prepare_checkpoint")
+        return str(fn(path, role)) if fn is not None else path
+
+    def extra_argv(self, drafts: bool, server_dir: Path) -> list[str]:
+        fn = self._hook("extra_argv")
+        return [str(a) for a in fn(drafts, server_dir)] if fn is not None else []
+
+    def max_width(self, draft: str) -> int | None:
+        fn = self._hook("max_width")
+        return fn(draft) if fn is not None else None
+
+    def prompt_ids(self, client: Any, url: str, request: Any) -> list[int] | None:
+        fn = self._hook("prompt_ids")
+        return fn(client, url, request) if fn is not None else None
+
+    def mark(self, session: Any) -> Any:
+        fn = self._hook("mark")
+        return fn(session) if fn is not None else None
+
+    def evidence(self, session: Any, completion: Any, mark: Any) -> Any:
+        fn = self._hook("evidence")
+        return fn(session, completion, mark) if fn is not None else None
+
+    def reproduction(self, *, model: str, draft: str | None, body: dict[str, Any], prompt_ids: list[int] | None,
+                     width: int | None, first: bool) -> dict[str, Any] | None:
+        fn = self._hook("reproduction")
+        return fn(model=model, draft=draft, body=body, prompt_ids=prompt_ids, width=width,
+                  first=first) if fn is not None else None
+
+
+GENERIC = ServedHooks("generic")
+
+_REGISTRY: dict[str, EngineSpec] | None = None
+_REGISTRY_FOR: str | None = None
+
+
+def _builtin_modules() -> list[str]:
+    return sorted(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def _spec_of(module_name: str) -> EngineSpec:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and module_name.startswith(err.name):  # the module itself is missing
+            raise UsageError(f"{ENGINES_VAR}: no module {module_name} (an importable module path)") from None
+        raise
+    spec = getattr(module, "ENGINE", None)
+    if not isinstance(spec, EngineSpec):
+        raise UsageError(f"engine module {module_name}: defines no ENGINE = EngineSpec(...)")
+    return spec
+
+
+def registry() -> dict[str, EngineSpec]:
+    """Every registered engine by name, the default first, then built-ins, then ``$SPECPARITY_ENGINES``'."""
+    global _REGISTRY, _REGISTRY_FOR
+    extra = os.environ.get(ENGINES_VAR, "")
+    if _REGISTRY is not None and _REGISTRY_FOR == extra:
+        return _REGISTRY
+    out: dict[str, EngineSpec] = {}
+    external = [m.strip() for m in extra.split(",") if m.strip()]
+    for module_name in [*_builtin_modules(), *external]:
+        spec = _spec_of(module_name)
+        if spec.name in out or any(s.key == spec.key for s in out.values()):
+            raise UsageError(f"engine module {module_name}: engine {spec.name!r} is registered already")
+        out[spec.name] = spec
+    if DEFAULT in out:
+        out = {DEFAULT: out[DEFAULT], **{k: v for k, v in out.items() if k != DEFAULT}}
+    _REGISTRY, _REGISTRY_FOR = out, extra
+    return out
+
+
+def names(in_process: bool = False) -> list[str]:
+    """Engine names, the default first (``in_process``: only those probe/replay/bisect/e2e can run)."""
+    return [n for n, s in registry().items() if s.in_process or not in_process]
+
+
+def get(name: str) -> EngineSpec:
+    """The engine named ``name``; UsageError naming the choices."""
+    reg = registry()
+    if name in reg:
+        return reg[name]
+    raise UsageError(f"engine {name!r}: not registered (choose from {', '.join(reg)};"
+                     f" a module of yours: {ENGINES_VAR}=module.path)")
+
+
+def for_profile(key: str) -> EngineSpec:
+    """The engine a profile's ``engine:`` key names (its name, or the module form ``dflash_mlx``)."""
+    reg = registry()
+    for spec in reg.values():
+        if key in (spec.name, spec.key):
+            return spec
+    raise UsageError(f"engine {key!r}: no module registers it (registered: {', '.join(reg)})")
+
+
+def served_hooks(key: str | None) -> ServedHooks:
+    """The served hooks of the engine a profile names (None: the generic engine, no hooks)."""
+    if not key:
+        return GENERIC
+    return for_profile(key).served_hooks()
+
+
+def require_consent(checkpoints: Iterable[tuple[str, str | os.PathLike[str] | None]], trust_remote_code: bool,
+                    toolkit_code_ok: bool = False) -> None:
+    """Refuse, before anything loads, a checkpoint that ships code when the user did not pass
+    ``--trust-remote-code``: every engine path (in process, re-run, served) asks here first, so no
+    engine runs a checkpoint's code unasked.
+
+    checkpoints: (the flag or role that named it, its directory) pairs; None entries and paths that are
+    not a local checkpoint (a hub id: its loader decides) are skipped. toolkit_code_ok: a ``model_file``
+    that is byte for byte the toolkit's own fixture module (a fault fixture specparity built, whose
+    code is already running here) is not foreign code: the served harness wraps such targets itself.
+    """
+    if trust_remote_code:
+        return
+    from specparity.checkpoint import read_config, remote_code
+    from specparity.errors import Name
+
+    for flag, path in checkpoints:
+        if path is None:
+            continue
+        d = Path(path)
+        if not (d / "config.json").is_file():
+            continue  # not a local checkpoint: its loader says so
+        cfg = read_config(d)
+        code = remote_code(d, cfg)
+        if code and toolkit_code_ok and _toolkit_fixture(d, cfg):
+            code = remote_code(d, {k: v for k, v in cfg.items() if k != "model_file"})  # any other code
+        if code:
+            raise UsageError(f"{flag} {path}: {code}; pass ", Name("trust-remote-code"), " to run it")
+
+
+def _toolkit_fixture(d: Path, cfg: dict[str, Any]) -> bool:
+    """``d``'s only code is the toolkit's own fixture module, byte for byte."""
+    from specparity import fixtures
+
+    name = cfg.get("model_file")
+    if name != fixtures.FIXTURE_MODULE:
+        return False
+    packaged = Path(fixtures.__file__).parent / "fixture_models" / fixtures.FIXTURE_MODULE
+    try:
+        return (d / name).read_bytes() == packaged.read_bytes()
+    except OSError:
+        return False

@@ -1,0 +1,49 @@
+"""dfly-mlx 0.1.0: DFly drafting on dflash-mlx 0.1.8's runtime ("lossless greedy DFly").
+
+What its claim rests on: dflash-mlx's loop (``stream_dflash_generate``) and its
+verify and rollback, unchanged; DFly only replaces the draft backend (the
+DFlash backbone once, then a hidden-state correction and the target's own head
+token by token). So it leaves classic decode exactly where dflash-mlx 0.1.8
+does on the same target (see :mod:`specparity.engines.dflash_mlx`), and its
+``generate`` always prompts with the tokenizer's no-thinking chat template
+(a tokenizer without one: its error).
+
+Here: ``generate`` and the loop it drives (``dfly-stream``) against classic
+decode (:mod:`specparity.probes.engine_e2e`), located by the summary's
+``acceptance_history``; its drafters made from fitted DFlash drafters
+(:func:`specparity.dspark_fixtures.build_dfly_pair`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specparity.engines import EngineSpec, PinnedEnv
+from specparity.probes.engines.own_loop import load
+
+
+def default_checkpoints() -> tuple[Path, Path | None]:
+    """The default DFly fixture (dense qwen3, float32), built once into the shared fixture cache."""
+    from specparity.dspark_fixtures import build_dfly_pair
+    from specparity.fixtures import fixtures_home
+
+    info = build_dfly_pair(fixtures_home() / "dfly-qwen3-float32-untied")
+    return Path(info["target"]), Path(info["draft"])
+
+
+ENGINE = EngineSpec(
+    name="dfly-mlx",
+    description="dfly-mlx 0.1.0: DFly drafting on dflash-mlx 0.1.8's verify and rollback",
+    module="dfly_mlx",
+    environments=(
+        PinnedEnv("dfly-mlx", ("dfly-mlx==0.1.0", "dflash-mlx==0.1.8", "mlx-lm==0.31.3"),
+                  "dfly-mlx 0.1.0 (load_runtime + generate on dflash-mlx 0.1.8; no server) on mlx-lm 0.31.3",
+                  imports=("mlx_lm", "dflash_mlx", "dfly_mlx", "dfly_mlx.generate", "dfly_mlx.loading")),
+    ),
+    adapter=load("dfly-mlx"),
+    e2e_entry_points=("generate", "dfly-stream"),
+    e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
+    default_checkpoints=default_checkpoints,
+    fixture="specparity.dspark_fixtures:build_dfly_pair",
+    fixture_kind="dfly",
+)

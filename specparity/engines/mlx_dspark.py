@@ -1,0 +1,57 @@
+"""mlx-dspark 0.20.3: DSpark block drafting (plus DFlash heads and n-gram lookup drafts), one verify per round.
+
+Its claim: ``speculative_generate`` at temperature 0 is "target-greedy by
+construction (up to fp tie-breaking on near-ties)". What that rests on: each
+round verifies [anchor, drafts] in one target forward (``Target.verify``, width
+cap + 1: 3 rows by default, the whole block of 7 + 1 with ``max_draft_tokens=None``,
+up to 33 on long n-gram lookup drafts), accepts the drafts equal to the raw-logit
+argmax of each row (``mx.argmax`` on the logits, not on logprobs) and commits the
+first disagreeing row's argmax; the rejected rows are trimmed from a dense KV
+cache, and a gated-delta (``qwen3_5``) target's recurrent state is rebuilt by
+re-running ``gated_delta_update`` over the kept rows from the recorded inputs.
+Where it can leave classic decode: a verify row that differs from the single
+step (block vs chain), the rebuilt recurrent state, the raw-logit argmax where
+classic decode takes the logprob argmax (ties in bfloat16), and the kernels its
+CLI and server calibrate per machine (small-M quantized matmul, split SDPA,
+multi-row attention; off in the library's defaults, Metal only).
+
+Here: its own loops against classic decode (:mod:`specparity.probes.engine_e2e`),
+each difference located to its round and row by its ``on_round`` record; its
+drafters in DeepSeek's DeepSpec format (:mod:`specparity.dspark_fixtures`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specparity.engines import EngineSpec, PinnedEnv
+from specparity.probes.engines.own_loop import load
+
+
+def default_checkpoints() -> tuple[Path, Path | None]:
+    """The default DSpark fixture (dense qwen3, float32), built once into the shared fixture cache."""
+    from specparity.dspark_fixtures import dspark_pair
+
+    info = dspark_pair()
+    return Path(info.target), Path(info.draft)
+
+
+ENGINE = EngineSpec(
+    name="mlx-dspark",
+    description="mlx-dspark 0.20.3: DSpark drafting, one-forward verify, trim / gated-delta re-run rollback",
+    module="mlx_dspark",
+    environments=(
+        # mlx-dspark needs mlx-lm >= 0.31.3 and mlx-vlm >= 0.6.12 (its gemma4 targets)
+        PinnedEnv("mlx-dspark", ("mlx-dspark==0.20.3", "mlx-lm==0.31.3", "mlx-vlm==0.7.10"),
+                  "mlx-dspark 0.20.3 (speculative_generate, mlx-dspark serve) on mlx-lm 0.31.3",
+                  imports=("mlx_lm", "mlx_dspark", "mlx_dspark.generate", "mlx_dspark.server")),
+    ),
+    profiles=("mlx-dspark",),
+    hooks="specparity.harness.engines.mlx_dspark",
+    adapter=load("mlx-dspark"),
+    e2e_entry_points=("speculative_generate", "speculative_generate-full-block"),
+    e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
+    default_checkpoints=default_checkpoints,
+    fixture="specparity.dspark_fixtures:build_dspark_pair",
+    fixture_kind="dspark",
+)

@@ -1,0 +1,32 @@
+"""mtplx 2.12.2: native MTP speculative decoding (heads inside the target, ``mtp.safetensors``).
+
+It declares mlx, mlx-lm and transformers for macOS on Apple silicon only
+(``sys_platform == "darwin" and platform_machine == "arm64"``); its environment
+here takes them from the toolkit's pins. On Linux ``mtplx.runtime``, its CLI
+and its server import, and ``mtplx.generation`` (``generate_ar`` /
+``generate_mtp1`` / ``generate_mtpk``) does not: a module it imports opens
+``/usr/lib/libSystem.B.dylib`` (a macOS system library) at import. Each entry
+point says so (``cannot_run``, its own error), never a pass; an entry point that
+imports but that no MTP fixture drives is an error ("not a pass").
+"""
+
+from __future__ import annotations
+
+from specparity.engines import EngineSpec, PinnedEnv
+from specparity.probes.engine_e2e import MTPLX_ENTRY_POINTS
+from specparity.probes.engines.own_loop import load
+
+ENGINE = EngineSpec(
+    name="mtplx",
+    description="mtplx 2.12.2: MTP heads inside the target (its generation imports on Apple silicon only)",
+    module="mtplx",
+    environments=(
+        # `import mtplx.generation` fails on Linux: the build checks mlx-lm only (the cause is per entry point)
+        PinnedEnv("mtplx", ("mtplx==2.12.2", "mlx-lm==0.31.3"),
+                  "mtplx 2.12.2 (declares macOS-only dependencies; generation imports on Apple silicon only)"
+                  " on mlx-lm 0.31.3", imports=("mlx_lm",)),
+    ),
+    adapter=load("mtplx"),
+    e2e_entry_points=tuple(entry for entry, _, _ in MTPLX_ENTRY_POINTS),
+    e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
+)
