@@ -235,3 +235,77 @@ def test_e2e_engine_dspark_mlx_matches_and_counts_its_accepted_drafts(fx: dict, 
                    "--prompt-ids", ids, "--max-tokens", str(TOKENS), "--json", env={ENV_CACHE_VAR: str(REAL_CACHE)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["verdict"] == "match"
+
+
+# ------------------------------------------- mlx-dspark's own Target.verify / rollback, in process
+
+def _dspark_cli(cli_bin: str, info: dict, command: str, *args: str, fault: str | None = None) -> tuple[int, dict]:
+    """``command --engine mlx-dspark`` on ``info``'s pair, re-run in mlx-dspark's built environment."""
+    from specparity.probes.engines.base import FAULT_ENV
+
+    built("mlx-dspark")
+    env = {ENV_CACHE_VAR: str(REAL_CACHE), **({FAULT_ENV: fault} if fault else {})}
+    proc = run_cli(cli_bin, command, "--engine", "mlx-dspark", "--model", info["target"], "--draft-model",
+                   info["draft"], "--prompt-ids", ",".join(map(str, info["fit_prompts"][0])), *args, "--json",
+                   env=env)
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.build
+def test_probe_engine_mlx_dspark_checks_its_verify_and_every_rollback_and_finds_a_kept_row(
+        fx: dict, cli_bin: str) -> None:
+    """Block vs chain at its widths (cap 2: 3 rows; the whole block: 8) and every rollback to k, through its own
+    ``Target.verify`` / ``Target.rollback``: silent on the float32 fixture; a rollback that keeps one rejected row
+    is found at every k < width - 1 (and only there), in the KV cache's length."""
+    code, out = _dspark_cli(cli_bin, fx["dspark-qwen3"], "probe", "--depths", "0")
+    assert code == 0, out
+    assert out["engine"]["name"] == "mlx-dspark" and out["engine"]["version"] == "0.20.3"
+    assert out["engine"]["widths"] == [3, 8] and out["engine"]["fault"] is None
+    assert [p["verdict"] for p in out["prefill"]] == ["equal"]
+    assert {c["width"]: c["verdict"] for c in out["cells"]} == {3: "equal", 8: "equal"}
+    rb = {(r["width"], r["accepted"]): r for r in out["rollbacks"]}
+    assert set(rb) == {(w, k) for w in (3, 8) for k in range(w)}
+    assert all(r["verdict"] == "equal" for r in rb.values())
+
+    code, out = _dspark_cli(cli_bin, fx["dspark-qwen3"], "probe", "--depths", "0", fault="stale-row")
+    assert code == 1 and out["engine"]["fault"] == "stale-row"
+    assert {c["width"]: c["verdict"] for c in out["cells"]} == {3: "equal", 8: "equal"}  # the verify is right
+    rb = {(r["width"], r["accepted"]): r for r in out["rollbacks"]}
+    n = len(fx["dspark-qwen3"]["fit_prompts"][0])  # the block's first row is the prompt's last token
+    for (w, k), r in rb.items():
+        if k == w - 1:
+            assert r["verdict"] == "equal"  # a full accept rolls nothing back
+        else:
+            assert r["verdict"] == "divergent" and r["first"]["name"] == "offset", (w, k, r)
+            assert r["first"]["note"] == f"offset {n + k} vs {n + k + 1}", (w, k, r)
+
+    # the gated-delta hybrid: its rollback re-runs the recurrence over the kept rows, and equals classic decode
+    code, out = _dspark_cli(cli_bin, fx["dspark-qwen3_5"], "probe", "--depths", "0")
+    assert code == 0, out
+    assert out["engine"]["family"] == "qwen3_5" and "gated-delta rollback" in out["engine"]["notes"][0]
+    assert len(out["rollbacks"]) == 3 + 8 and all(r["verdict"] == "equal" for r in out["rollbacks"])
+
+
+@pytest.mark.build
+def test_replay_engine_mlx_dspark_places_its_own_loop_round_by_round_and_a_kept_row_to_its_round(
+        fx: dict, cli_bin: str) -> None:
+    """``speculative_generate`` on a recording proxy of its Target: equal on the float32 fixture with drafts
+    accepted in part; with a rollback that keeps one rejected row, the state differs after the first round
+    that rejected anything, and the replay of its accept vector finds the same round."""
+    code, out = _dspark_cli(cli_bin, fx["dspark-qwen3"], "replay", "--max-tokens", "24")
+    assert code == 0, out
+    (req,) = out["requests"]
+    assert req["kind"] == "engine-run" and req["verdict"] == "equal" and req["error"] is None
+    assert "drafter" in req["sources"] and any(a > 0 for a in req["accepts"])
+    assert req["tokens"][:len(req["classic_tokens"])] == req["classic_tokens"]
+
+    code, out = _dspark_cli(cli_bin, fx["dspark-qwen3"], "replay", "--max-tokens", "24", fault="stale-row")
+    assert code == 1
+    (req,) = out["requests"]
+    first_reject = next(i for i, (a, w) in enumerate(zip(req["accepts"], req["widths"])) if a < w - 1)
+    state = req["state"]
+    assert state["round"] == first_reject and state["accepted"] == req["accepts"][first_reject]
+    assert state["first"]["kind"] == "KVCache" and state["first"]["name"] == "offset"
+    assert req["replay"]["state"]["round"] == first_reject
+    assert req["verdict"] == "divergent"
