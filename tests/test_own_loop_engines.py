@@ -309,3 +309,49 @@ def test_replay_engine_mlx_dspark_places_its_own_loop_round_by_round_and_a_kept_
     assert state["first"]["kind"] == "KVCache" and state["first"]["name"] == "offset"
     assert req["replay"]["state"]["round"] == first_reject
     assert req["verdict"] == "divergent"
+
+
+# ------------------------------------------------------------------- an MTP fixture in mtplx's format
+
+@pytest.mark.build
+def test_an_mtp_fixture_loads_through_mtplx_and_its_generation_still_cannot_run(tmp_path, cli_bin: str) -> None:
+    """``fixtures make --drafter-format mtp``: a qwen3_5 target whose ``mtp.safetensors`` passes mtplx's own
+    strict coverage check and which its ``runtime.load`` attaches and validates; a head missing one tensor
+    fails that check by name; the e2e's generation entry points stay ``cannot_run`` with mtplx's own cause."""
+    import subprocess
+
+    from specparity.probes.engine_e2e import check_mtp_fixture  # noqa: F401  (runs in mtplx's environment)
+
+    env = built("mtplx")
+    made = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "mtp"), "--dflash", "qwen3_5", "--drafter-format",
+                   "mtp", "--tied-head", "--json")
+    assert made.returncode == 0, made.stderr[-2000:]
+    info = json.loads(made.stdout)
+    assert info["kind"] == "mtp" and info["draft"] is None and info["mtp_layers"] == 1
+    # the same head less one tensor: mtplx's own check names it
+    import mlx.core as mx
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in Path(info["target"]).iterdir():
+        (broken / f.name).symlink_to(f)
+    (broken / "mtp.safetensors").unlink()
+    head = dict(mx.load(str(Path(info["target"]) / "mtp.safetensors")))  # type: ignore[arg-type]
+    del head["mtp.layers.0.mlp.up_proj.weight"]
+    mx.save_safetensors(str(broken / "mtp.safetensors"), head)
+
+    code = ("import json, sys; from specparity.probes.engine_e2e import check_mtp_fixture;"
+            " print(json.dumps([check_mtp_fixture(t) for t in sys.argv[1:]]))")
+    proc = subprocess.run([str(env.python), "-P", "-c", code, info["target"], str(broken)], env=env.environ(),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    good, bad = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert good["coverage"] == "exact" and good["tensors"] == len(info["mtp_tensors"]) and good["mtp_layers"] == 1
+    assert good["mtp_enabled"] is True and good["validated"] is True and "load_error" not in good
+    assert "does not match runtime module tree" in bad["coverage"] and "layers.0.mlp.up_proj.weight" in bad["coverage"]
+
+    got = findings("mtplx", {**info, "draft": None, "fit_prompts": [[1, 2, 3]]})
+    for entry in ("generate_ar", "generate_mtp1", "generate_mtpk"):
+        assert got[entry]["verdict"] == "cannot_run" and "libSystem" in got[entry]["error"], got[entry]
+    assert "MTP heads attached: True, validated: True; coverage: exact" in got["runtime.load"]["reason"]
+    assert not any(f["verdict"] == "match" for f in got.values())
