@@ -239,13 +239,14 @@ def test_e2e_engine_dspark_mlx_matches_and_counts_its_accepted_drafts(fx: dict, 
 
 # ------------------------------------------- mlx-dspark's own Target.verify / rollback, in process
 
-def _dspark_cli(cli_bin: str, info: dict, command: str, *args: str, fault: str | None = None) -> tuple[int, dict]:
-    """``command --engine mlx-dspark`` on ``info``'s pair, re-run in mlx-dspark's built environment."""
+def _dspark_cli(cli_bin: str, info: dict, command: str, *args: str, fault: str | None = None,
+                engine: str = "mlx-dspark") -> tuple[int, dict]:
+    """``command --engine ENGINE`` on ``info``'s pair, re-run in the engine's built environment."""
     from specparity.probes.engines.base import FAULT_ENV
 
-    built("mlx-dspark")
+    built(engine)
     env = {ENV_CACHE_VAR: str(REAL_CACHE), **({FAULT_ENV: fault} if fault else {})}
-    proc = run_cli(cli_bin, command, "--engine", "mlx-dspark", "--model", info["target"], "--draft-model",
+    proc = run_cli(cli_bin, command, "--engine", engine, "--model", info["target"], "--draft-model",
                    info["draft"], "--prompt-ids", ",".join(map(str, info["fit_prompts"][0])), *args, "--json",
                    env=env)
     assert proc.stdout.strip(), proc.stderr[-2000:]
@@ -309,6 +310,35 @@ def test_replay_engine_mlx_dspark_places_its_own_loop_round_by_round_and_a_kept_
     assert state["first"]["kind"] == "KVCache" and state["first"]["name"] == "offset"
     assert req["replay"]["state"]["round"] == first_reject
     assert req["verdict"] == "divergent"
+
+
+@pytest.mark.build
+def test_probe_and_replay_engine_dspark_mlx_through_its_host_adapter(fx: dict, cli_bin: str) -> None:
+    """dspark-mlx's ``MlxLmHostAdapter`` (prefill, verify_forward, kv_rollback) and its ``generate_eager``: silent
+    on the float32 fixture; a rollback that keeps one rejected row is found at every k < 7 of its 8-row block
+    and, in its own loop, after the first round that rejected anything."""
+    info = fx["dspark-qwen3"]
+    n = len(info["fit_prompts"][0])
+    code, out = _dspark_cli(cli_bin, info, "probe", "--depths", "0", engine="dspark-mlx")
+    assert code == 0, out
+    assert out["engine"]["name"] == "dspark-mlx" and out["engine"]["widths"] == [8]
+    assert [p["verdict"] for p in out["prefill"]] == ["equal"] and out["cells"][0]["verdict"] == "equal"
+    assert len(out["rollbacks"]) == 8 and all(r["verdict"] == "equal" for r in out["rollbacks"])
+    code, out = _dspark_cli(cli_bin, info, "probe", "--depths", "0", fault="stale-row", engine="dspark-mlx")
+    assert code == 1 and out["cells"][0]["verdict"] == "equal"
+    for r in out["rollbacks"]:
+        k = r["accepted"]
+        assert (r["verdict"], (r["first"] or {}).get("note")) == (
+            ("equal", None) if k == 7 else ("divergent", f"offset {n + k} vs {n + k + 1}")), r
+
+    code, out = _dspark_cli(cli_bin, info, "replay", "--max-tokens", "24", engine="dspark-mlx")
+    assert code == 0, out
+    (req,) = out["requests"]
+    assert req["verdict"] == "equal" and req["error"] is None and any(a > 0 for a in req["accepts"])
+    code, out = _dspark_cli(cli_bin, info, "replay", "--max-tokens", "24", fault="stale-row", engine="dspark-mlx")
+    (req,) = out["requests"]
+    first_reject = next(i for i, (a, w) in enumerate(zip(req["accepts"], req["widths"])) if a < w - 1)
+    assert code == 1 and req["state"]["round"] == first_reject and req["replay"]["state"]["round"] == first_reject
 
 
 # ------------------------------------------------------------------- an MTP fixture in mtplx's format

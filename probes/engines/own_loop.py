@@ -1,9 +1,9 @@
 """The in-process face of an engine checked through its own generate loops (issue 27's engines).
 
-dspark-mlx and dfly-mlx expose their loops, not a verify block and a rollback a
-probe could drive from outside (dspark-mlx's host adapter exists, but is bound to
-its own loop's state; mlx-dspark's ``Target.verify`` / ``rollback`` is driven in
-process by :mod:`specparity.probes.engines.mlx_dspark`): ``specparity e2e --engine NAME`` runs each loop against classic
+dfly-mlx exposes its loop, not a verify block and a rollback a probe could drive
+from outside (mlx-dspark's ``Target`` and dspark-mlx's host adapter are driven in
+process by :mod:`specparity.probes.engines.mlx_dspark` and
+:mod:`specparity.probes.engines.dspark_mlx`; their e2e still runs here): ``specparity e2e --engine NAME`` runs each loop against classic
 decode (:mod:`specparity.probes.engine_e2e`) and locates a difference to the
 round and the row of that round's verify block from the engine's own record.
 """
