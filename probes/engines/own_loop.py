@@ -3,8 +3,9 @@
 dfly-mlx exposes its loop, not a verify block and a rollback a probe could drive
 from outside (mlx-dspark's ``Target`` and dspark-mlx's host adapter are driven in
 process by :mod:`specparity.probes.engines.mlx_dspark` and
-:mod:`specparity.probes.engines.dspark_mlx`; their e2e still runs here): ``specparity e2e --engine NAME`` runs each loop against classic
-decode (:mod:`specparity.probes.engine_e2e`) and locates a difference to the
+:mod:`specparity.probes.engines.dspark_mlx`; their e2e still runs here):
+``specparity e2e --engine NAME`` runs each loop against classic decode
+(:mod:`specparity.probes.engine_e2e`) and locates a difference to the
 round and the row of that round's verify block from the engine's own record.
 """
 
@@ -20,7 +21,7 @@ from specparity.probes.e2e import OWN_LOOP, E2EOptions, E2ERun, EntryArm, compar
 from specparity.probes.engines.base import EngineInfo
 from specparity.progress import NULL, Observer
 
-NOTE = "checked through its own generate loops (no verify/rollback adapter: probe and replay do not reach it)"
+NOTE = "checked through its own generate loops, each loading the pair with the engine's own loaders"
 
 
 def _version(dist: str) -> str:
