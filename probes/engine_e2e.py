@@ -358,8 +358,45 @@ def judge_rounds(f: Finding) -> None:
     f.accepted = sum(r["accepted"] for r in f.rounds)
 
 
-def run_mtplx(entries: tuple[str, ...] = ()) -> list[Finding]:
-    """Each mtplx entry point imported: what does not import here is ``cannot_run`` with its own cause."""
+def check_mtp_fixture(target: str) -> dict[str, Any]:
+    """An MTP target checked by mtplx's own loaders (those that import on Linux): its strict coverage check
+    of the ``qwen3_5`` head (``qwen3_5_mtp_patch._validate_load_coverage`` of the module tree it builds,
+    ``_make_qwen3_5_mtp_module``, against the weights its reader ``mtp_patch._load_mtp_weights`` takes from
+    ``expected_mtp_file``), then ``runtime.load`` (the head attached: ``mtp_enabled``, ``validate_mtp_support``).
+    Each step's own error, where it raises."""
+    from pathlib import Path
+
+    out: dict[str, Any] = {"target": target}
+    try:
+        from mlx_lm.models.qwen3_5 import TextModelArgs
+        from mtplx.artifacts import expected_mtp_file, load_config, text_config
+        from mtplx.mtp_patch import _load_mtp_weights, _num_mtp_layers
+        from mtplx.qwen3_5_mtp_patch import _make_qwen3_5_mtp_module, _validate_load_coverage
+
+        config = load_config(Path(target))
+        out["mtp_file"] = str(expected_mtp_file(Path(target), config))
+        out["mtp_layers"] = _num_mtp_layers(config)
+        weights = _load_mtp_weights(Path(out["mtp_file"]), config)
+        out["tensors"] = len(weights)
+        _validate_load_coverage(_make_qwen3_5_mtp_module(TextModelArgs.from_dict(text_config(config))), weights)
+        out["coverage"] = "exact"
+    except Exception as err:  # noqa: BLE001  (mtplx's own words are the finding)
+        out["coverage"] = f"{type(err).__name__}: {err}"
+    try:
+        from mtplx import runtime
+        from mtplx.mtp_patch import validate_mtp_support
+
+        rt = runtime.load(target)
+        out["mtp_enabled"] = bool(rt.mtp_enabled)
+        out["validated"] = bool(validate_mtp_support(rt.model))
+    except Exception as err:  # noqa: BLE001
+        out["load_error"] = f"{type(err).__name__}: {err}"
+    return out
+
+
+def run_mtplx(entries: tuple[str, ...] = (), target: str = "") -> list[Finding]:
+    """Each mtplx entry point imported: what does not import here is ``cannot_run`` with its own cause.
+    ``target``: an MTP fixture (``fixtures make --drafter-format mtp``): ``runtime.load`` loads it."""
     import importlib
 
     out = []
@@ -372,6 +409,12 @@ def run_mtplx(entries: tuple[str, ...] = ()) -> list[Finding]:
             if attr is not None:
                 getattr(mod, attr)
             f.verdict, f.reason = Verdict.ERROR, "imports here, but no MTP fixture drives it yet: not a pass"
+            if entry == "runtime.load" and target:
+                got = check_mtp_fixture(target)
+                f.failure = got.get("load_error") or ""
+                f.reason = (f"loads the MTP target (MTP heads attached: {got.get('mtp_enabled')}, validated:"
+                            f" {got.get('validated')}; coverage: {got.get('coverage')}), but its generation"
+                            " cannot run here: nothing to compare, not a pass")
         except BaseException as err:  # noqa: BLE001  (an import may raise anything, SystemExit included)
             _failed(f, err)
             f.verdict, f.reason = "cannot_run", f"{module} does not import on {sys.platform}"
@@ -384,7 +427,7 @@ def run(engine: str, target: str, draft: str, prompt: list[int], n: int,
     """``engine``'s entry points (``entries``; all when empty) against classic decode."""
     runs = {"mlx-dspark": run_mlx_dspark, "dspark-mlx": run_dspark_mlx, "dfly-mlx": run_dfly_mlx}
     if engine == "mtplx":
-        return run_mtplx(entries)
+        return run_mtplx(entries, target)
     if engine in runs:
         found = runs[engine](target, draft, prompt, n, entries)
         for f in found:

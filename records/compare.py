@@ -26,8 +26,10 @@ coverage changes are reported, and are not regressions by themselves.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from specparity.errors import UsageError
@@ -52,6 +54,8 @@ class Change:
     category: one of CATEGORIES. part: which part ("pairing / arm / request", a JSONL key,
     or an identity key). old / new: the value on each side (None: absent).
     detail: what a reader needs to act (width, first divergence index, reason).
+    engine: a served part's engine (its pairing's profile's ``engine:``, by its registry name; a
+    profile without one: the profile's name); "" for what no one engine owns (the host, the job).
     """
 
     category: str
@@ -59,6 +63,7 @@ class Change:
     old: Any
     new: Any
     detail: str = ""
+    engine: str = ""
 
     def line(self) -> str:
         return f"  {self.part}: {self.old} -> {self.new}" + (f" ({self.detail})" if self.detail else "")
@@ -73,6 +78,7 @@ class CompareReport(ReportMixin):
     new: str
     changes: list[Change] = field(default_factory=list)
     parts: int = 0
+    engines: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> Verdict:
@@ -81,10 +87,19 @@ class CompareReport(ReportMixin):
     def of(self, category: str) -> list[Change]:
         return [c for c in self.changes if c.category == category]
 
+    def by_engine(self) -> dict[str, dict[str, int]]:
+        """engine -> category -> changes, for every engine the records hold (none changed: all zero)."""
+        out = {e: dict.fromkeys(CATEGORIES, 0) for e in self.engines}
+        for c in self.changes:
+            if c.engine:
+                out.setdefault(c.engine, dict.fromkeys(CATEGORIES, 0))[c.category] += 1
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "exit_code": self.exit_code, "kind": self.kind, "old": self.old,
                 "new": self.new, "parts_compared": self.parts,
-                **{cat: [asdict(c) for c in self.of(cat)] for cat in CATEGORIES}}
+                **{cat: [asdict(c) for c in self.of(cat)] for cat in CATEGORIES},
+                "engines": self.by_engine()}
 
     def lines(self) -> list[str]:
         out = [f"compare {self.kind} records: {self.parts} parts matched",
@@ -92,7 +107,21 @@ class CompareReport(ReportMixin):
         for cat in CATEGORIES:
             found = self.of(cat)
             out.append(f"{cat}: {len(found)}" if not found else f"{cat} ({len(found)}):")
-            out += [c.line() for c in found]
+            if len({c.engine for c in found}) <= 1 and len(self.engines) <= 1:
+                out += [c.line() for c in found]
+                continue
+            # more than one engine in the night: each engine's changes under its name, the shared ones first
+            for engine in dict.fromkeys(c.engine for c in found):
+                mine = [c for c in found if c.engine == engine]
+                if engine:
+                    out.append(f"  {engine} ({len(mine)}):")
+                out += [("  " + c.line()) if engine else c.line() for c in mine]
+        if len(self.engines) > 1:
+            words = []
+            for engine, counts in self.by_engine().items():
+                said = ", ".join(f"{n} {cat}" for cat, n in counts.items() if n)
+                words.append(f"  {engine}: {said or 'no change'}")
+            out += ["by engine:", *words]
         return out
 
 
@@ -116,20 +145,45 @@ def _classify(old: str, new: str) -> str:
     return "changed"
 
 
+@functools.cache
+def profile_engine(profile: str) -> str:
+    """The engine a served profile runs: its ``engine:`` by the registry's name (``mlx_dspark`` ->
+    ``mlx-dspark``); a profile without one (mlx-lm's own server), or one that no longer loads here: its name."""
+    from specparity.errors import SpecparityError
+
+    try:
+        from specparity.engines import for_profile
+        from specparity.harness.profiles import load_profile
+
+        key = load_profile(profile).engine
+        return for_profile(key).name if key else Path(profile).stem
+    except (SpecparityError, OSError):
+        return Path(profile).stem
+
+
+def pairing_engines(summary: dict[str, Any] | None) -> dict[str, str]:
+    """pairing name -> its engine (:func:`profile_engine`), from a served record's summary."""
+    return {p["name"]: profile_engine(str(p.get("profile") or "mlx-lm"))
+            for p in (summary or {}).get("pairings") or []}
+
+
 def _served_parts(sr: ServedRecord) -> dict[str, dict[str, Any]]:
-    """part -> {verdict, width, divergence, evidence, reason} for every pairing, arm and request."""
+    """part -> {verdict, width, divergence, evidence, reason, engine} for every pairing, arm and request."""
     parts: dict[str, dict[str, Any]] = {}
+    engines = pairing_engines(sr.summary)
     for p in sr.summary.get("pairings") or []:
-        parts[f"{p['name']} / * / *"] = {"verdict": p["verdict"], "reason": p.get("reason") or ""}
+        engine = engines[p["name"]]
+        parts[f"{p['name']} / * / *"] = {"verdict": p["verdict"], "reason": p.get("reason") or "", "engine": engine}
         for a in p.get("arms") or []:
             reqs = sr.requests(p["name"], a["name"])
             if not reqs:
                 parts[f"{p['name']} / {a['name']} / -"] = {"verdict": a["verdict"], "width": a.get("width"),
-                                                            "reason": a.get("reason") or ""}
+                                                            "reason": a.get("reason") or "", "engine": engine}
             for r in reqs:
                 parts[f"{p['name']} / {a['name']} / {r['id']}"] = {
                     "verdict": r["verdict"], "width": a.get("width"), "divergence": r.get("divergence"),
-                    "evidence": r.get("evidence") or {}, "reason": r.get("reason") or "", "arm_kind": a.get("kind")}
+                    "evidence": r.get("evidence") or {}, "reason": r.get("reason") or "", "arm_kind": a.get("kind"),
+                    "engine": engine}
     return parts
 
 
@@ -191,6 +245,17 @@ def _evidence_changes(key: str, old: Evidence, new: Evidence, detail: str) -> li
     return out
 
 
+def _identity_engine(key: str, engines: dict[str, str]) -> str:
+    """The engine an identity key belongs to: a pairing's fingerprints and environment (``<pairing> ...``),
+    a profile's server version (``<profile> server version``); "" for the host's own keys."""
+    for pairing, engine in sorted(engines.items(), key=lambda kv: -len(kv[0])):
+        if key.startswith(f"{pairing} "):
+            return engine
+    if key.endswith(" server version"):
+        return profile_engine(key.removesuffix(" server version"))
+    return ""
+
+
 def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) -> CompareReport:
     """Compare two complete records of one kind; a UsageError names a file that cannot be compared."""
     sides = []
@@ -201,7 +266,10 @@ def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) ->
     if orec.kind != nrec.kind:
         raise UsageError(f"{np_}: a {nrec.kind} record, but {op} is a {orec.kind} record: compare one kind")
     rep = CompareReport(orec.kind, op, np_)
+    engines: dict[str, str] = {}  # pairing -> engine (either night's; the new one's where both name it)
     if orec.kind == SERVED:
+        engines = {**pairing_engines(orec.summary), **pairing_engines(nrec.summary)}
+        rep.engines = list(dict.fromkeys(engines.values()))
         old = _served_parts(ServedRecord.of(op, orec, oid, orows))
         new = _served_parts(ServedRecord.of(np_, nrec, nid, nrows))
         if (orec.summary or {}).get("job") != (nrec.summary or {}).get("job"):
@@ -216,22 +284,25 @@ def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) ->
         if key in old and key in new:
             continue
         rep.changes.append(Change("coverage", key, old.get(key, {}).get("verdict"), new.get(key, {}).get("verdict"),
-                                  "only in the old record" if key in old else "only in the new record"))
+                                  "only in the old record" if key in old else "only in the new record",
+                                  (new.get(key) or old.get(key) or {}).get("engine", "")))
     rep.parts = len(old.keys() & new.keys())
     for key in [k for k in old if k in new]:
         o, n = old[key], new[key]
         if o["verdict"] != n["verdict"]:
             rep.changes.append(Change(_classify(o["verdict"], n["verdict"]), key, o["verdict"], n["verdict"],
-                                      _detail(n if not _passes(n["verdict"]) else o)))
+                                      _detail(n if not _passes(n["verdict"]) else o), n.get("engine", "")))
         oe, ne = o.get("evidence"), n.get("evidence")
         if o.get("arm_kind") not in (None, ArmKind.BASELINE, ArmKind.REPEAT, ArmKind.CONCURRENT) and oe and ne:
-            rep.changes += _evidence_changes(key, Evidence.from_dict(oe), Evidence.from_dict(ne), _detail(n))
+            for c in _evidence_changes(key, Evidence.from_dict(oe), Evidence.from_dict(ne), _detail(n)):
+                c.engine = n.get("engine", "")
+                rep.changes.append(c)
     # only a served summary's shape is known (checked by ServedRecord.of): other kinds' is not read
     oi = _identity(oid, orec.summary if orec.kind == SERVED else None)
     ni = _identity(nid, nrec.summary if nrec.kind == SERVED else None)
     for key in sorted(oi.keys() | ni.keys()):
         if oi.get(key) != ni.get(key):
-            rep.changes.append(Change("identity", key, oi.get(key), ni.get(key)))
+            rep.changes.append(Change("identity", key, oi.get(key), ni.get(key), engine=_identity_engine(key, engines)))
     order = {c: i for i, c in enumerate(CATEGORIES)}
     rep.changes.sort(key=lambda c: (order[c.category], c.part))
     return rep

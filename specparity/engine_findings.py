@@ -57,7 +57,7 @@ def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: A
     argv = [str(env.python), "-P", "-m", "specparity.probes.engine_e2e", "--engine", engine,
             "--max-tokens", str(max_tokens)]
     if info is not None:
-        argv += ["--target", info["target"], "--draft", info["draft"],
+        argv += ["--target", info["target"], "--draft", info["draft"] or "",
                  "--prompt-ids", ",".join(map(str, prompt or info["fit_prompts"][0]))]
     try:
         proc = subprocess.run(argv, env={**env.environ(), **(extra_env or {})}, capture_output=True, text=True,

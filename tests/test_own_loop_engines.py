@@ -235,3 +235,153 @@ def test_e2e_engine_dspark_mlx_matches_and_counts_its_accepted_drafts(fx: dict, 
                    "--prompt-ids", ids, "--max-tokens", str(TOKENS), "--json", env={ENV_CACHE_VAR: str(REAL_CACHE)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["verdict"] == "match"
+
+
+# ------------------------------------------- mlx-dspark's own Target.verify / rollback, in process
+
+def _dspark_cli(cli_bin: str, info: dict, command: str, *args: str, fault: str | None = None,
+                engine: str = "mlx-dspark") -> tuple[int, dict]:
+    """``command --engine ENGINE`` on ``info``'s pair, re-run in the engine's built environment."""
+    from specparity.probes.engines.base import FAULT_ENV
+
+    built(engine)
+    env = {ENV_CACHE_VAR: str(REAL_CACHE), **({FAULT_ENV: fault} if fault else {})}
+    proc = run_cli(cli_bin, command, "--engine", engine, "--model", info["target"], "--draft-model",
+                   info["draft"], "--prompt-ids", ",".join(map(str, info["fit_prompts"][0])), *args, "--json",
+                   env=env)
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.build
+def test_probe_engine_mlx_dspark_checks_its_verify_and_every_rollback_and_finds_a_kept_row(
+        fx: dict, cli_bin: str) -> None:
+    """Block vs chain at its widths (cap 2: 3 rows; the whole block: 8) and every rollback to k, through its own
+    ``Target.verify`` / ``Target.rollback``: silent on the float32 fixture; a rollback that keeps one rejected row
+    is found at every k < width - 1 (and only there), in the KV cache's length."""
+    code, out = _dspark_cli(cli_bin, fx["dspark-qwen3"], "probe", "--depths", "0")
+    assert code == 0, out
+    assert out["engine"]["name"] == "mlx-dspark" and out["engine"]["version"] == "0.20.3"
+    assert out["engine"]["widths"] == [3, 8] and out["engine"]["fault"] is None
+    assert [p["verdict"] for p in out["prefill"]] == ["equal"]
+    assert {c["width"]: c["verdict"] for c in out["cells"]} == {3: "equal", 8: "equal"}
+    rb = {(r["width"], r["accepted"]): r for r in out["rollbacks"]}
+    assert set(rb) == {(w, k) for w in (3, 8) for k in range(w)}
+    assert all(r["verdict"] == "equal" for r in rb.values())
+
+    code, out = _dspark_cli(cli_bin, fx["dspark-qwen3"], "probe", "--depths", "0", fault="stale-row")
+    assert code == 1 and out["engine"]["fault"] == "stale-row"
+    assert {c["width"]: c["verdict"] for c in out["cells"]} == {3: "equal", 8: "equal"}  # the verify is right
+    rb = {(r["width"], r["accepted"]): r for r in out["rollbacks"]}
+    n = len(fx["dspark-qwen3"]["fit_prompts"][0])  # the block's first row is the prompt's last token
+    for (w, k), r in rb.items():
+        if k == w - 1:
+            assert r["verdict"] == "equal"  # a full accept rolls nothing back
+        else:
+            assert r["verdict"] == "divergent" and r["first"]["name"] == "offset", (w, k, r)
+            assert r["first"]["note"] == f"offset {n + k} vs {n + k + 1}", (w, k, r)
+
+    # the gated-delta hybrid: its rollback re-runs the recurrence over the kept rows, and equals classic decode
+    code, out = _dspark_cli(cli_bin, fx["dspark-qwen3_5"], "probe", "--depths", "0")
+    assert code == 0, out
+    assert out["engine"]["family"] == "qwen3_5" and "gated-delta rollback" in out["engine"]["notes"][0]
+    assert len(out["rollbacks"]) == 3 + 8 and all(r["verdict"] == "equal" for r in out["rollbacks"])
+
+
+@pytest.mark.build
+def test_replay_engine_mlx_dspark_places_its_own_loop_round_by_round_and_a_kept_row_to_its_round(
+        fx: dict, cli_bin: str) -> None:
+    """``speculative_generate`` on a recording proxy of its Target: equal on the float32 fixture with drafts
+    accepted in part; with a rollback that keeps one rejected row, the state differs after the first round
+    that rejected anything, and the replay of its accept vector finds the same round."""
+    code, out = _dspark_cli(cli_bin, fx["dspark-qwen3"], "replay", "--max-tokens", "24")
+    assert code == 0, out
+    (req,) = out["requests"]
+    assert req["kind"] == "engine-run" and req["verdict"] == "equal" and req["error"] is None
+    assert "drafter" in req["sources"] and any(a > 0 for a in req["accepts"])
+    assert req["tokens"][:len(req["classic_tokens"])] == req["classic_tokens"]
+
+    code, out = _dspark_cli(cli_bin, fx["dspark-qwen3"], "replay", "--max-tokens", "24", fault="stale-row")
+    assert code == 1
+    (req,) = out["requests"]
+    first_reject = next(i for i, (a, w) in enumerate(zip(req["accepts"], req["widths"])) if a < w - 1)
+    state = req["state"]
+    assert state["round"] == first_reject and state["accepted"] == req["accepts"][first_reject]
+    assert state["first"]["kind"] == "KVCache" and state["first"]["name"] == "offset"
+    assert req["replay"]["state"]["round"] == first_reject
+    assert req["verdict"] == "divergent"
+
+
+@pytest.mark.build
+def test_probe_and_replay_engine_dspark_mlx_through_its_host_adapter(fx: dict, cli_bin: str) -> None:
+    """dspark-mlx's ``MlxLmHostAdapter`` (prefill, verify_forward, kv_rollback) and its ``generate_eager``: silent
+    on the float32 fixture; a rollback that keeps one rejected row is found at every k < 7 of its 8-row block
+    and, in its own loop, after the first round that rejected anything."""
+    info = fx["dspark-qwen3"]
+    n = len(info["fit_prompts"][0])
+    code, out = _dspark_cli(cli_bin, info, "probe", "--depths", "0", engine="dspark-mlx")
+    assert code == 0, out
+    assert out["engine"]["name"] == "dspark-mlx" and out["engine"]["widths"] == [8]
+    assert [p["verdict"] for p in out["prefill"]] == ["equal"] and out["cells"][0]["verdict"] == "equal"
+    assert len(out["rollbacks"]) == 8 and all(r["verdict"] == "equal" for r in out["rollbacks"])
+    code, out = _dspark_cli(cli_bin, info, "probe", "--depths", "0", fault="stale-row", engine="dspark-mlx")
+    assert code == 1 and out["cells"][0]["verdict"] == "equal"
+    for r in out["rollbacks"]:
+        k = r["accepted"]
+        assert (r["verdict"], (r["first"] or {}).get("note")) == (
+            ("equal", None) if k == 7 else ("divergent", f"offset {n + k} vs {n + k + 1}")), r
+
+    code, out = _dspark_cli(cli_bin, info, "replay", "--max-tokens", "24", engine="dspark-mlx")
+    assert code == 0, out
+    (req,) = out["requests"]
+    assert req["verdict"] == "equal" and req["error"] is None and any(a > 0 for a in req["accepts"])
+    code, out = _dspark_cli(cli_bin, info, "replay", "--max-tokens", "24", fault="stale-row", engine="dspark-mlx")
+    (req,) = out["requests"]
+    first_reject = next(i for i, (a, w) in enumerate(zip(req["accepts"], req["widths"])) if a < w - 1)
+    assert code == 1 and req["state"]["round"] == first_reject and req["replay"]["state"]["round"] == first_reject
+
+
+# ------------------------------------------------------------------- an MTP fixture in mtplx's format
+
+@pytest.mark.build
+def test_an_mtp_fixture_loads_through_mtplx_and_its_generation_still_cannot_run(tmp_path, cli_bin: str) -> None:
+    """``fixtures make --drafter-format mtp``: a qwen3_5 target whose ``mtp.safetensors`` passes mtplx's own
+    strict coverage check and which its ``runtime.load`` attaches and validates; a head missing one tensor
+    fails that check by name; the e2e's generation entry points stay ``cannot_run`` with mtplx's own cause."""
+    import subprocess
+
+    from specparity.probes.engine_e2e import check_mtp_fixture  # noqa: F401  (runs in mtplx's environment)
+
+    env = built("mtplx")
+    made = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "mtp"), "--dflash", "qwen3_5", "--drafter-format",
+                   "mtp", "--tied-head", "--json")
+    assert made.returncode == 0, made.stderr[-2000:]
+    info = json.loads(made.stdout)
+    assert info["kind"] == "mtp" and info["draft"] is None and info["mtp_layers"] == 1
+    # the same head less one tensor: mtplx's own check names it
+    import mlx.core as mx
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in Path(info["target"]).iterdir():
+        (broken / f.name).symlink_to(f)
+    (broken / "mtp.safetensors").unlink()
+    head = dict(mx.load(str(Path(info["target"]) / "mtp.safetensors")))  # type: ignore[arg-type]
+    del head["mtp.layers.0.mlp.up_proj.weight"]
+    mx.save_safetensors(str(broken / "mtp.safetensors"), head)
+
+    code = ("import json, sys; from specparity.probes.engine_e2e import check_mtp_fixture;"
+            " print(json.dumps([check_mtp_fixture(t) for t in sys.argv[1:]]))")
+    proc = subprocess.run([str(env.python), "-P", "-c", code, info["target"], str(broken)], env=env.environ(),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    good, bad = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert good["coverage"] == "exact" and good["tensors"] == len(info["mtp_tensors"]) and good["mtp_layers"] == 1
+    assert good["mtp_enabled"] is True and good["validated"] is True and "load_error" not in good
+    assert "does not match runtime module tree" in bad["coverage"] and "layers.0.mlp.up_proj.weight" in bad["coverage"]
+
+    got = findings("mtplx", {**info, "draft": None, "fit_prompts": [[1, 2, 3]]})
+    for entry in ("generate_ar", "generate_mtp1", "generate_mtpk"):
+        assert got[entry]["verdict"] == "cannot_run" and "libSystem" in got[entry]["error"], got[entry]
+    assert "MTP heads attached: True, validated: True; coverage: exact" in got["runtime.load"]["reason"]
+    assert not any(f["verdict"] == "match" for f in got.values())

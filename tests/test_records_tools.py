@@ -583,3 +583,62 @@ def test_html_report_in_headless_chromium_grid_drilldown_and_screenshot(served_r
         assert driver.save_screenshot(str(shots / "records-html-page.png"))
     finally:
         driver.quit()
+
+
+# -- compare across engines (issue 27's nightly-engines.yaml) ----------------------------------------
+def _engines_night(root: Path, w3: str, mlx_dspark_version: str) -> Path:
+    """A served record of two pairings on two engines' profiles (mlx-dspark, dflash-mlx), written through the
+    record writer as served writes one: each pairing's arms and requests, its environment's packages."""
+    from specparity.harness.plan import request_stem
+    from specparity.records.served import ARMS
+    from specparity.records.writer import RecordWriter
+
+    pairings = {"mlx-dspark-qwen3": ("mlx-dspark", {"w3": w3}), "dflash-mlx-qwen3": ("dflash-mlx", {"w3": "match"})}
+    identity = {"specparity": "1", "environments": {
+        "mlx-dspark-qwen3": {"packages": {"mlx-dspark": mlx_dspark_version, "mlx-lm": "0.31.3"}},
+        "dflash-mlx-qwen3": {"packages": {"dflash-mlx": "0.1.8", "mlx-lm": "0.31.3"}}}}
+    w = RecordWriter(root, "served", identity)
+    summary = []
+    for name, (profile, verdicts) in pairings.items():
+        arms = []
+        for arm, word in {"baseline-start": "match", **verdicts}.items():
+            a = {"name": arm, "kind": "baseline" if arm.startswith("baseline") else "width",
+                 "width": None if arm.startswith("baseline") else 3, "setting": None, "verdict": word, "requests": 1}
+            arms.append(a)
+            w.append(ARMS, {"pairing": name, **a})
+            div = {"token_index": 9, "char_offset": 31} if word == "diverged" else None
+            w.append(request_stem(name, arm), {"id": "p0", "kind": "fresh", "verdict": word, "divergence": div,
+                                               "reason": ""})
+        top = "diverged" if "diverged" in verdicts.values() else "match"
+        summary.append({"name": name, "profile": profile, "verdict": top, "arms": arms})
+    verdict = "diverged" if w3 == "diverged" else "match"
+    w.write_json("report.json", {"kind": "served", "title": "t", "argv": [], "status": "complete",
+                                 "verdict": verdict, "exit_code": int(verdict == "diverged"),
+                                 "summary": {"pairings": summary}})
+    return w.finish("# served\n")
+
+
+def test_compare_of_two_engine_nights_lists_what_changed_per_engine(tmp_path, capsys) -> None:
+    """Each change is labelled with its pairing's profile's engine (mlx-dspark's w3 request, its pairing, its
+    environment's package), grouped under that engine, and an engine whose night did not change says so."""
+    from specparity.records.compare import compare_records
+
+    old = _engines_night(tmp_path / "night1", "match", "0.20.3")
+    new = _engines_night(tmp_path / "night2", "diverged", "0.20.4")
+    rep = compare_records(old, new)
+    assert rep.exit_code == 1 and rep.engines == ["mlx-dspark", "dflash-mlx"]
+    assert {(c.part, c.engine) for c in rep.of("regressed")} == {
+        ("mlx-dspark-qwen3 / * / *", "mlx-dspark"), ("mlx-dspark-qwen3 / w3 / p0", "mlx-dspark")}
+    (ident,) = rep.of("identity")
+    assert (ident.part, ident.engine) == ("mlx-dspark-qwen3 environment mlx-dspark", "mlx-dspark")
+    assert rep.by_engine()["dflash-mlx"] == dict.fromkeys(rep.by_engine()["dflash-mlx"], 0)
+    assert rep.to_dict()["engines"]["mlx-dspark"]["regressed"] == 2
+    lines = rep.lines()
+    at = lines.index("regressed (2):")
+    assert lines[at + 1] == "  mlx-dspark (2):"
+    assert lines[at + 3] == ("    mlx-dspark-qwen3 / w3 / p0: match -> diverged"
+                             " (width 3, first divergence at token 9, char 31)")
+    assert lines[-3:] == ["by engine:", "  mlx-dspark: 2 regressed, 1 identity", "  dflash-mlx: no change"]
+    # and back: the same request fixed, under the same engine
+    back = compare_records(new, old)
+    assert back.exit_code == 0 and {c.engine for c in back.of("fixed")} == {"mlx-dspark"}

@@ -1,10 +1,11 @@
 """The in-process face of an engine checked through its own generate loops (issue 27's engines).
 
-mlx-dspark, dspark-mlx and dfly-mlx expose their loops, not a verify block and a
-rollback a probe could drive from outside (mlx-dspark's ``Target.verify`` /
-``rollback`` and dspark-mlx's host adapter exist, but each is bound to its own
-loop's state): ``specparity e2e --engine NAME`` runs each loop against classic
-decode (:mod:`specparity.probes.engine_e2e`) and locates a difference to the
+dfly-mlx exposes its loop, not a verify block and a rollback a probe could drive
+from outside (mlx-dspark's ``Target`` and dspark-mlx's host adapter are driven in
+process by :mod:`specparity.probes.engines.mlx_dspark` and
+:mod:`specparity.probes.engines.dspark_mlx`; their e2e still runs here):
+``specparity e2e --engine NAME`` runs each loop against classic decode
+(:mod:`specparity.probes.engine_e2e`) and locates a difference to the
 round and the row of that round's verify block from the engine's own record.
 """
 
@@ -21,7 +22,7 @@ from specparity.probes.engines.base import EngineInfo
 from specparity.progress import NULL, Observer
 from specparity.verdicts import Verdict
 
-NOTE = "checked through its own generate loops (no verify/rollback adapter: probe and replay do not reach it)"
+NOTE = "checked through its own generate loops, each loading the pair with the engine's own loaders"
 
 
 def _version(dist: str) -> str:

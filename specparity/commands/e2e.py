@@ -169,9 +169,18 @@ def _engine_e2e(ctx: click.Context, engine: str, model: str | None, trust_remote
     code = rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
     if code is not None:
         return code
-    target, _ = engine_paths(engine, model, draft_model)
-    eng = load_adapter(engine, str(target), draft_model, need_draft=True, verify_mode=None,
-                       trust_remote_code=trust_remote_code)
+    target, draft = engine_paths(engine, model, draft_model)
+    from specparity.probes.engines.own_loop import OwnLoopEngine, run_own_loops_e2e
+
+    if resolve(spec.e2e) is run_own_loops_e2e:
+        # each own loop loads the pair with the engine's own loaders and reports its own load error, per entry
+        # point: the in-process adapter (mlx-dspark's, dspark-mlx's) is not loaded for it
+        if draft is None:
+            raise UsageError(f"--engine {engine}: give --draft-model (the engine's drafter) for the engine's own loop")
+        eng: Any = OwnLoopEngine(engine, target, draft)
+    else:
+        eng = load_adapter(engine, str(target), draft_model, need_draft=True, verify_mode=None,
+                           trust_remote_code=trust_remote_code)
     loaded = resolve_model(str(target), trust_remote_code)
     prompt = engine_prompts(eng, [prompt_text] if prompt_text else None,
                             parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]

@@ -37,9 +37,10 @@ def fixtures() -> None:
 @click.option("--block-size", type=click.Choice(["8", "16"]), default="16", show_default=True,
               help="--dflash: the drafter's block (verify rows).")
 @click.option("--tied-head", is_flag=True, help="--dflash: the target's output head is its embedding.")
-@click.option("--drafter-format", type=click.Choice(["dflash", "dspark", "dfly"]), default="dflash",
+@click.option("--drafter-format", type=click.Choice(["dflash", "dspark", "dfly", "mtp"]), default="dflash",
               show_default=True, help="--dflash: the drafter's format: dflash-mlx's, DeepSpec DSpark (mlx-dspark,"
-                                      " dspark-mlx), DFly (dfly-mlx).")
+                                      " dspark-mlx), DFly (dfly-mlx), or MTP heads inside a qwen3_5 target"
+                                      " (mtplx's mtp.safetensors; no drafter).")
 @click.option("--size", default=None, metavar="SHAPE",
               help="Random weights in the dimensions of a real small model: llama-0.5b, llama-1.5b, qwen3-0.6b,"
                    " qwen3-1.7b (or llama-wide-vocab); quantized as mlx-lm does with --bits (group size 64).")
@@ -66,6 +67,7 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
         specparity fixtures make ./fx/bad --fault '{"kind":"rows","layer":3,"min_rows":4}'
         specparity fixtures make ./fx/dflash --dflash qwen3_5-27b --block-size 8 --dtype bfloat16
         specparity fixtures make ./fx/dspark --dflash qwen3 --drafter-format dspark --dtype bfloat16
+        specparity fixtures make ./fx/mtp --dflash qwen3_5 --drafter-format mtp --tied-head
         specparity fixtures make ./fx/q05 --size qwen3-0.6b --bits 4 --dtype bfloat16
 
     With --size, the target has the published dimensions of that model (its
@@ -95,9 +97,13 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
         else:
             click.echo(f"target: {made['target']} ({made['shape_note']}; {'tied' if made['tied'] else 'untied'}"
                        " head)")
-            click.echo(f"draft:  {made['draft']} ({drafter_format} drafter)")
-            click.echo(f"accept mix: {made['accept_mix']['summary']}")
-        if not made["accept_mix"].get("spread"):
+            if made["draft"] is None:
+                click.echo(f"MTP heads: {made['target']}/{made['mtp_file']} ({made['mtp_layers']} layer,"
+                           f" {len(made['mtp_tensors'])} tensors, mtplx's format)")
+            else:
+                click.echo(f"draft:  {made['draft']} ({drafter_format} drafter)")
+                click.echo(f"accept mix: {made['accept_mix']['summary']}")
+        if "accept_mix" in made and not made["accept_mix"].get("spread"):
             click.echo(f"warning: not every kind of block occurs ({made['accept_mix']['summary']})", err=True)
         return EXIT_OK
     if size is not None:

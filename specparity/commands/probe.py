@@ -82,7 +82,10 @@ def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths
     against classic decode's over the k + 1 kept tokens; the engine's own
     prefill is checked too. A shape the engine cannot run is not_run, with
     the engine's error. Default widths: the engine's (the drafter's block and
-    its reduced block).
+    its reduced block). --engine mlx-dspark does the same through its own
+    Target.verify / Target.rollback (KV trim, gated-delta re-run); its widths:
+    its default cap's 3 rows and the drafter's whole block. --engine dspark-mlx:
+    its host adapter's verify_forward / kv_rollback, at its block of 8 rows.
 
     \b
     Examples:

@@ -189,9 +189,12 @@ def compare(old: str, new: str, as_json: bool) -> int:
     was fixed, other verdict changes, evidence changes (engaged -> not
     engaged, a decline that appeared), identity changes (model fingerprints,
     mlx / mlx-lm / specparity / Python versions, server version output,
-    kernel env, git commit) and arms only one record has. OLD and NEW are
-    record .md files, data directories, or records directories (their newest
-    record).
+    kernel env, git commit) and arms only one record has. A night across
+    engines (pairings on several engines' profiles) lists each category's
+    changes under each engine (its pairing's profile's engine:) and ends with
+    one line per engine, "no change" included (--json: "engines"). OLD and
+    NEW are record .md files, data directories, or records directories (their
+    newest record).
 
     \b
     Exit codes: 0 no regression (verdict match), 1 a regression (verdict

@@ -133,7 +133,9 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
     Exit codes: 0 agrees, 1 disagreement or finding, 2 usage,
     3 inconclusive (empty vector), 4 load failure.
 
-    With --engine dflash-mlx, every round goes through the engine's own
+    With --engine dflash-mlx (mlx-dspark: its Target.verify / rollback and its
+    speculative_generate; dspark-mlx: its host adapter and generate_eager),
+    every round goes through the engine's own
     verify forward and rollback, and after every round the engine's whole
     state is compared with classic decode's. --draft-model (the DFlash
     drafter) runs the engine's own loop on the prompt instead: its emitted

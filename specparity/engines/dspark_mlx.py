@@ -19,9 +19,17 @@ Qwen3 format (:mod:`specparity.dspark_fixtures`, the format mlx-dspark loads).
 
 from __future__ import annotations
 
-from specparity.engines import EngineSpec, PinnedEnv
+from typing import Any
+
+from specparity.engines import EngineSpec, LoadRequest, PinnedEnv
 from specparity.engines.mlx_dspark import default_checkpoints
-from specparity.probes.engines.own_loop import load
+
+
+def load(request: LoadRequest) -> Any:
+    """dspark-mlx's host adapter on the target, with its DSpark drafter, by its own loaders."""
+    from specparity.probes.engines.dspark_mlx import DsparkMlxEngine
+
+    return DsparkMlxEngine(request.target, request.draft)
 
 ENGINE = EngineSpec(
     name="dspark-mlx",
@@ -32,7 +40,7 @@ ENGINE = EngineSpec(
                   "dspark-mlx 0.1.0 (generate_eager, generate; no server) on mlx-lm 0.31.3",
                   imports=("mlx_lm", "dspark_mlx", "dspark_mlx.generate")),
     ),
-    adapter=load("dspark-mlx"),
+    adapter=load,
     e2e_entry_points=("generate_eager", "generate"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     default_checkpoints=default_checkpoints,

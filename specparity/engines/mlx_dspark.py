@@ -15,17 +15,27 @@ classic decode takes the logprob argmax (ties in bfloat16), and the kernels its
 CLI and server calibrate per machine (small-M quantized matmul, split SDPA,
 multi-row attention; off in the library's defaults, Metal only).
 
-Here: its own loops against classic decode (:mod:`specparity.probes.engine_e2e`),
-each difference located to its round and row by its ``on_round`` record; its
+Here: in process, its own ``Target`` prefill, verify and rollback, and its own loop
+recorded round by round (:mod:`specparity.probes.engines.mlx_dspark`: ``probe`` and
+``replay --engine mlx-dspark``); its own loops against classic decode
+(:mod:`specparity.probes.engine_e2e`), each difference located to its round and row
+by its ``on_round`` record; its
 drafters in DeepSeek's DeepSpec format (:mod:`specparity.dspark_fixtures`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from specparity.engines import EngineSpec, PinnedEnv
-from specparity.probes.engines.own_loop import load
+from specparity.engines import EngineSpec, LoadRequest, PinnedEnv
+
+
+def load(request: LoadRequest) -> Any:
+    """mlx-dspark loaded on the target (and its DSpark drafter) by its own loaders."""
+    from specparity.probes.engines.mlx_dspark import MlxDsparkEngine
+
+    return MlxDsparkEngine(request.target, request.draft)
 
 
 def default_checkpoints() -> tuple[Path, Path | None]:
@@ -48,7 +58,7 @@ ENGINE = EngineSpec(
     ),
     profiles=("mlx-dspark",),
     hooks="specparity.harness.engines.mlx_dspark",
-    adapter=load("mlx-dspark"),
+    adapter=load,
     e2e_entry_points=("speculative_generate", "speculative_generate-full-block"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     default_checkpoints=default_checkpoints,

@@ -8,6 +8,13 @@ and its server import, and ``mtplx.generation`` (``generate_ar`` /
 ``/usr/lib/libSystem.B.dylib`` (a macOS system library) at import. Each entry
 point says so (``cannot_run``, its own error), never a pass; an entry point that
 imports but that no MTP fixture drives is an error ("not a pass").
+
+Its fixture: ``specparity fixtures make DIR --dflash qwen3_5 --drafter-format mtp``
+(:func:`specparity.dspark_fixtures.build_mtp_target`), a ``qwen3_5`` target with MTP
+heads in its format (``mtp.safetensors``, ``mtp_num_hidden_layers``), which its own
+strict coverage check and ``runtime.load`` accept on Linux
+(:func:`specparity.probes.engine_e2e.check_mtp_fixture`); the e2e's ``runtime.load``
+row says so, and its generation still cannot run here.
 """
 
 from __future__ import annotations
