@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from specparity.errors import Inconclusive, UsageError
@@ -40,10 +39,18 @@ POLICIES = ("wrong-id", "correct-token")
 
 
 class Run(Protocol):
-    """One command run as the frontend opens it: a record sink, a progress observer, and its close."""
+    """One command run as the frontend opens it, entered around the work: a record sink, a progress
+    observer, and its close with the report (which prints it and returns its exit code)."""
 
-    sink: Any
-    observer: Observer
+    @property
+    def sink(self) -> Any: ...
+
+    @property
+    def observer(self) -> Observer: ...
+
+    def __enter__(self) -> Run: ...
+
+    def __exit__(self, *exc: Any) -> None: ...
 
     def finish(self, report: Any) -> int: ...
 
@@ -51,7 +58,7 @@ class Run(Protocol):
 class Frontend(Protocol):
     """What the command line gives the replay: its record, its re-runs, its model loading and its notes."""
 
-    def open_run(self, title: str, identity_extra: dict[str, Any], slug: str) -> AbstractContextManager[Run]:
+    def open_run(self, title: str, identity_extra: dict[str, Any], slug: str) -> Run:
         """The run's record and output (``kind`` replay), entered around the work."""
         ...
 
