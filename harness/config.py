@@ -23,6 +23,8 @@
     start_timeout: 120
     request_timeout: 120
     reference: true                 # every completion also against classic decode computed in process
+    reference_beside: false         # true: the reference's worker stays beside the servers (faster, a
+                                    # second copy of the target in memory); false: only while no server runs
     distribution: {temperature: 0.7, requests: 600, prefix: 1, alpha: 0.001, seed: 0, width: 4}
                                     # temperature > 0 arms: seeded draws with and without the
                                     # drafter, histograms compared (harness/distribution.py)
@@ -159,6 +161,7 @@ JOB_SCHEMA = Fields({
                                      "seed": Int(), "width": Nullable(_width(2))},
                                     what="a mapping of temperature, requests, prefix, alpha, seed, width")),
     "reference": Bool(),
+    "reference_beside": Bool(),
 })
 
 
@@ -207,6 +210,8 @@ def load_job(path: str | Path) -> Job:
         job.distribution = parse_spec(raw["distribution"], where)
     if "reference" in raw:
         job.reference = raw["reference"]
+    if "reference_beside" in raw:
+        job.reference_beside = raw["reference_beside"]
     if "prompts_file" in raw:
         pf = p.parent / raw["prompts_file"]
         text = read_text(pf, f"{where}: prompts_file {pf}")
@@ -335,6 +340,7 @@ class Overrides:
     widths .. request_timeout: the job keys of the same names.
     temperature / dist_requests / dist_prefix: the distribution arms (any of them adds them).
     reference: whether completions are also judged against classic decode computed in process.
+    reference_beside: keep the reference's worker beside the servers (a second copy of the target).
     """
 
     model: str | None = None
@@ -353,6 +359,7 @@ class Overrides:
     dist_requests: int | None = None
     dist_prefix: int | None = None
     reference: bool | None = None
+    reference_beside: bool | None = None
 
 
 def apply_overrides(job: Job | None, o: Overrides) -> Job:
@@ -415,6 +422,7 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
             raise OverrideError(name, str(err).split(": ", 1)[1]) from None
         setattr(job, name, float(value) if isinstance(checker, Seconds) else value)
     job.reference = o.reference if o.reference is not None else job.reference
+    job.reference_beside = o.reference_beside if o.reference_beside is not None else job.reference_beside
     if o.temperature is not None or o.dist_requests is not None or o.dist_prefix is not None:
         spec = replace(job.distribution or DistSpec())
         if o.temperature is not None:

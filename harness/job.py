@@ -90,6 +90,7 @@ class Job:
     source: str = "built-in"
     distribution: DistSpec | None = None
     reference: bool = True
+    reference_beside: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -16,10 +16,18 @@ large model's answer can take minutes before it reads its input again).
     answer = oracle.complete("completions", body, settings, server_prompt_tokens=17)
     answer.completion   # a ReferenceCompletion, or None with answer.error
     oracle.cost(); oracle.close()
+
+The worker holds a copy of the target, so by default the runner keeps it resident only while
+no server is (harness.run): :meth:`Oracle.release` ends the worker before a server starts, and
+the next question starts a new one. The oracle keeps every answer it was given (the same
+request under the same settings is decoded once per job, whichever worker decoded it), what
+each worker cost, and each worker's peak resident memory (``ReferenceStats`` plus ``workers``,
+``peak_rss_bytes`` and ``worker_peaks`` in :meth:`Oracle.cost_dict`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -28,11 +36,18 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from specparity.harness.lifecycle import end_watcher, register, spawn_tied, unregister
-from specparity.reference import ColdAnswer, ReferenceCompletion, ReferenceStats, ServerSettings
+from specparity.reference import (
+    ColdAnswer,
+    ReferenceCompletion,
+    ReferenceStats,
+    ServerSettings,
+    check_prompt,
+    request_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +88,13 @@ class Oracle:
         self.load_seconds: float | None = None
         self._sel: selectors.BaseSelector | None = None
         self._watcher: subprocess.Popen | None = None
+        # answers kept across workers: a released worker's cache goes with it
+        self._answers: dict[str, ReferenceCompletion] = {}
+        self._colds: dict[str, ColdAnswer] = {}
+        self._spent = ReferenceStats()  # what the workers already ended cost
+        self._hits = 0
+        self.worker_peaks: list[int | None] = []  # each ended worker's peak resident bytes
+        self.workers = 0  # workers started
 
     @property
     def name(self) -> str:
@@ -102,6 +124,7 @@ class Oracle:
             self.failed = f"the classic reference could not start ({err})"
             return
         register(self)
+        self.workers += 1
         self._sel = selectors.DefaultSelector()
         assert self.proc.stdout is not None
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -161,6 +184,14 @@ class Oracle:
         """Classic decode's answer to ``body`` (on ``endpoint``, under the server's ``settings``);
         ``prompt_ids``: decode from exactly these (an engine that tokenizes on its own said so);
         ``server_prompt_ids``: the server's own ids, checked against the harness's tokenization."""
+        key = request_key(endpoint, body, settings or self.settings, prompt_ids)
+        hit = self._answers.get(key) if server_prompt_ids is None else None
+        if hit is not None:  # the worker's own check, on the answer an earlier worker gave
+            self._hits += 1
+            out = copy.copy(hit)
+            if server_prompt_tokens is not None:
+                out.prompt_check = check_prompt(out.prompt_ids, None, server_prompt_tokens)
+            return Answer(out)
         req: dict[str, Any] = {"endpoint": endpoint, "body": body, "server_prompt_tokens": server_prompt_tokens,
                                "prompt_ids": prompt_ids, "server_prompt_ids": server_prompt_ids}
         if settings is not None:
@@ -170,11 +201,20 @@ class Oracle:
             return Answer(error=self.failed or "the classic reference is unavailable")
         if not reply.get("ok"):
             return Answer(error=f"the classic reference refused this request: {reply.get('message')}")
-        return Answer(ReferenceCompletion.from_dict(reply["completion"]))
+        out = ReferenceCompletion.from_dict(reply["completion"])
+        if key not in self._answers:
+            kept = copy.copy(out)
+            kept.prompt_check = kept.own_prompt = None
+            kept.own_prompt_error = None
+            self._answers[key] = kept
+        return Answer(out)
 
     def cold(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,
              draft_model: str | None = None) -> tuple[ColdAnswer | None, str | None]:
         """mlx_lm.server's loop answering ``body`` on a fresh prompt cache (ClassicReference.cold), or why not."""
+        key = f"{request_key(endpoint, body, settings or self.settings)}|{draft_model}|{body.get('num_draft_tokens')}"
+        if key in self._colds:
+            return copy.copy(self._colds[key]), None
         req: dict[str, Any] = {"cold": True, "endpoint": endpoint, "body": body, "draft_model": draft_model}
         if settings is not None:
             req["settings"] = settings.to_dict()
@@ -183,16 +223,55 @@ class Oracle:
             return None, self.failed or "the classic reference is unavailable"
         if not reply.get("ok"):
             return None, f"mlx_lm.server's loop did not answer it in process: {reply.get('message')}"
-        return ColdAnswer(**reply["cold"]), None
+        self._colds[key] = ColdAnswer(**reply["cold"])
+        return copy.copy(self._colds[key]), None
 
-    def cost(self) -> ReferenceStats | None:
-        """What the reference cost so far (None when it never ran)."""
-        if self.proc is None:
+    def _worker_cost(self) -> tuple[ReferenceStats, int | None] | None:
+        """The live worker's cost and peak resident bytes (None: no live, loaded worker)."""
+        if self.proc is None or self.failed is not None:
             return None
         reply = self._ask({"cost": True})
         if reply is None or not reply.get("ok"):
             return None
-        return ReferenceStats(**reply["cost"])
+        peak = reply.get("peak_rss_bytes")
+        return ReferenceStats(**reply["cost"]), int(peak) if isinstance(peak, (int, float)) else None
+
+    def cost(self) -> ReferenceStats | None:
+        """What the reference cost so far, every worker together (None when none ever ran)."""
+        live = self._worker_cost()
+        if live is None and not self.worker_peaks:
+            return None
+        total = copy.copy(self._spent)
+        if live is not None:
+            for f in fields(ReferenceStats):
+                setattr(total, f.name, getattr(total, f.name) + getattr(live[0], f.name))
+        total.hits += self._hits
+        return total
+
+    def cost_dict(self) -> dict[str, Any] | None:
+        """:meth:`cost` as the record keeps it, with ``workers`` (how many workers were started: one per
+        stretch without a server, unless the reference runs beside the servers), ``worker_peaks`` (each
+        worker's peak resident bytes, ``ru_maxrss``) and ``peak_rss_bytes`` (the largest)."""
+        live = self._worker_cost()
+        cost = self.cost()
+        if cost is None:
+            return None
+        peaks = self.worker_peaks + ([live[1]] if live is not None else [])
+        known = [p for p in peaks if p is not None]
+        return {**cost.to_dict(), "workers": self.workers, "worker_peaks": peaks,
+                "peak_rss_bytes": max(known) if known else None}
+
+    def release(self) -> None:
+        """End the worker now, keeping its answers, its cost and its peak memory (a server is about to
+        start: the two would hold two copies of the target); the next question starts a new worker."""
+        live = self._worker_cost()
+        if live is not None:
+            for f in fields(ReferenceStats):
+                setattr(self._spent, f.name, getattr(self._spent, f.name) + getattr(live[0], f.name))
+            self.worker_peaks.append(live[1])
+        if self.proc is not None:
+            self._end(graceful=True)
+        self.load_seconds = None
 
     def close(self) -> None:
         """Close the worker's input and let it exit (killed after CLOSE_TIMEOUT)."""

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from specparity.errors import SpecparityError, UsageError, first_line
+from specparity.harness.memory import own_peak_rss
 from specparity.reference import ClassicReference, ServerSettings
 from specparity.probes.replay.sequence import ServingLoop
 
@@ -29,7 +30,8 @@ def worker(argv: list[str] | None = None) -> int:
     "completion": {...}}`` or ``{"ok": false, "message": "...", "kind": "usage" | "infra"}``;
     ``{"cold": true, "endpoint", "body", "settings"?, "draft_model"?, "prompt_ids"?}`` ->
     ``{"ok": true, "cold": {...ColdAnswer}}``; ``{"cost": true}`` -> ``{"ok": true, "cost":
-    {...}}``. It exits at end of input (its parent's end). The harness
+    {...}, "peak_rss_bytes": n}`` (its own peak resident memory, ``ru_maxrss``). It exits at end of
+    input (its parent's end). The harness
     runs it with the servers' interpreter (harness.oracle), so a server in a pinned
     environment (another mlx-lm) is judged by that environment's classic decode.
     """
@@ -59,7 +61,7 @@ def worker(argv: list[str] | None = None) -> int:
         try:
             req = json.loads(line)
             if req.get("cost"):
-                say({"ok": True, "cost": ref.cost().to_dict()})
+                say({"ok": True, "cost": ref.cost().to_dict(), "peak_rss_bytes": own_peak_rss()})
                 continue
             settings = ServerSettings.from_dict(req["settings"]) if req.get("settings") else None
             if req.get("cold"):

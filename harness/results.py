@@ -185,6 +185,7 @@ class PairingResult:
     reference: dict[str, str] = field(default_factory=dict)
     reference_cost: dict[str, Any] | None = None
     causes: list[dict[str, Any]] = field(default_factory=list)
+    memory: dict[str, Any] | None = None
 
     def _reference_digest(self, request_ids: list[str]) -> str | None:
         if not request_ids or any(rid not in self.reference for rid in request_ids):
@@ -228,7 +229,8 @@ class PairingResult:
                 "verdict": self.verdict, "reason": self.reason, "width_mode": self.width_mode,
                 "groups": self.groups(), "request_groups": self.request_groups(),
                 "findings": self.findings, "causes": self.causes, "reference": self.reference,
-                "reference_cost": self.reference_cost, "arms": [a.to_dict(with_requests) for a in self.arms]}
+                "reference_cost": self.reference_cost, "memory": self.memory,
+                "arms": [a.to_dict(with_requests) for a in self.arms]}
 
     def cause(self, arm: str, request: str) -> dict[str, Any] | None:
         """The cause named for ``request`` where ``arm`` is among the arms that left classic decode."""
@@ -243,7 +245,34 @@ class PairingResult:
                    [ArmResult.from_dict(a, requests(str(a["name"])) if requests is not None else None)
                     for a in d.get("arms") or []],
                    list(d.get("findings") or []), WidthMode(d.get("width_mode") or WidthMode.PROCESS),
-                   dict(d.get("reference") or {}), d.get("reference_cost"), list(d.get("causes") or []))
+                   dict(d.get("reference") or {}), d.get("reference_cost"), list(d.get("causes") or []),
+                   d.get("memory"))
+
+
+def _mb(n: Any) -> str:
+    return f"{n / 2**20:.0f} MB" if isinstance(n, (int, float)) else "unknown"
+
+
+def memory_lines(mem: dict[str, Any] | None) -> list[str]:
+    """A pairing's measured memory, as the report states it (``PairingResult.memory``)."""
+    if not mem:
+        return []
+    servers = mem.get("servers_peak_rss_bytes") or {}
+    out = [f"  memory: largest server {_mb(mem.get('largest_server_bytes'))} peak RSS"
+           + (f" ({', '.join(f'{k} {_mb(v)}' for k, v in servers.items())})" if servers else "")]
+    workers = mem.get("reference_workers_peak_rss_bytes") or []
+    if workers:
+        where = "beside the servers (opted in)" if mem.get("reference_beside") else "while no server ran"
+        out.append(f"  memory: classic reference {len(workers)} worker(s) {where}, peak RSS"
+                   f" {', '.join(_mb(w) for w in workers)}")
+    if mem.get("peak_total_bytes"):
+        ratio = mem.get("peak_total_over_largest_server")
+        out.append(f"  memory: every process together at most {_mb(mem['peak_total_bytes'])} (sampled, the harness's"
+                   f" own {_mb(mem.get('harness_peak_rss_bytes'))} included)"
+                   + (f", {ratio:.2f}x the largest server" if isinstance(ratio, (int, float)) else "")
+                   + (f"; expected {_mb(mem.get('expected_bytes'))} before it started" if mem.get("expected_bytes")
+                      else ""))
+    return out
 
 
 def format_groups(groups: list[list[str]]) -> str:
@@ -352,6 +381,7 @@ class ServedReport(ReportMixin):
                 out.append(f"  classic reference: {c.get('computed')} distinct requests decoded in process"
                            f" ({c.get('tokens')} tokens, {c.get('seconds', 0.0):.2f} s, model load"
                            f" {c.get('load_seconds', 0.0):.2f} s), {c.get('hits')} answered from its cache")
+            out += memory_lines(p.memory)
             out.append(f"  pairing verdict: {p.verdict}" + (f" ({p.reason})" if p.reason else ""))
         return out
 

@@ -28,11 +28,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specparity.errors import SpecparityError, UsageError
 from specparity.harness import evidence as evidence_mod
+from specparity.harness import memory
 from specparity.harness.client import Completion, Request, send
 from specparity.harness.config import Job, Pairing
 from specparity.harness.judge import Classic, Cold, classic_answer, judge_arm, judge_pairing, judge_request
@@ -51,6 +53,23 @@ from specparity.verdicts import Verdict
 log = logging.getLogger(__name__)
 
 ARMS_PART = "arms"
+
+
+@dataclass
+class Served:
+    """An arm whose sequence was sent and not yet judged (its server may have stopped since).
+
+    session / exchanges / first: its server, what came back, where its requests start in the
+    server's history (None / [] where it never ran: too wide, or its server would not start).
+    seconds: what serving it took.
+    """
+
+    plan: ArmPlan
+    arm: ArmResult
+    session: Session | None = None
+    exchanges: list[Exchange] = field(default_factory=list)
+    first: int = 0
+    seconds: float = 0.0
 
 
 def _config(checkpoint: str) -> dict[str, Any]:
@@ -88,12 +107,16 @@ class ServedRun:
 
     observer: progress (notes and the arms part) as every command reports it.
     start_timeout / request_timeout: override the job's. shard: run only that shard's arms.
+    memory_limit: the memory the job may use (``--memory-limit``, e.g. ``16GB``; default
+    $SPECPARITY_MEMORY_LIMIT, else what the machine has): a job expected to need more is refused
+    before any server starts (harness.memory).
     """
 
     def __init__(self, job: Job, workdir: str | Path | None = None,
                  on_arm: Callable[[PairingResult, ArmResult], None] | None = None,
                  observer: Observer = NULL, start_timeout: float | None = None,
-                 request_timeout: float | None = None, shard: Shard | None = None):
+                 request_timeout: float | None = None, shard: Shard | None = None,
+                 memory_limit: str | None = None):
         self.job = job
         self.shard = shard
         # absolute: servers run with cwd=workdir, so a relative --record-dir would name nothing there
@@ -108,6 +131,9 @@ class ServedRun:
         self.arm_total = 0
         self._versions: dict[tuple[str, str], Future[str | None]] = {}
         self._pool = ThreadPoolExecutor(max_workers=1)
+        self.sampler: memory.Sampler | None = None
+        self.budget: memory.Budget | None = None
+        self.memory_limit = memory_limit
 
     def note(self, message: str) -> None:
         self.observer.note(message)
@@ -126,6 +152,16 @@ class ServedRun:
         t0 = time.perf_counter()
         if self.job.distribution is not None and self.shard is not None:
             raise UsageError("shards: the distribution arms (temperature > 0) run unsharded only")
+        self.budget = memory.served_budget(self.job, self.memory_limit)
+        self.note(self.budget.line())
+        self.budget.check()  # before any server starts
+        self.sampler = memory.Sampler().start()
+        try:
+            return self._run(t0)
+        finally:
+            self.sampler.stop()
+
+    def _run(self, t0: float) -> ServedReport:
         # planned once: the count, the shard plan and the arms each pairing runs are the same arms
         pairings = [PairingRun(self, p, load_profile(p.profile)) for p in self.job.pairings]
         full = [(pr.pairing.name, [(a.name, a.kind) for a in pr.arms]) for pr in pairings]
@@ -181,6 +217,8 @@ class PairingRun:
         self.reference: dict[str, str] = {}  # request id -> classic decode's text sha256
         self._prompt_ids: dict[str, list[int]] = {}
         self.findings: list[str] = []
+        # the reference beside the servers (a second copy of the target) only where the job opts in
+        self.beside = bool(self.job.reference_beside)
         config = _config(pairing.target)
         self.dtype = _dtype(config)
         # the target ships its own model code: servers and reproductions need trust_remote_code for it
@@ -256,20 +294,26 @@ class PairingRun:
         if why:
             res.verdict, res.reason = Verdict.ERROR, why
             return res
+        if self.run_.sampler is not None:
+            self.run_.sampler.reset()
         planned = [a for a in self.arms if only is None or a.name in only]
         arms = [a for a in planned if a.kind != ArmKind.DISTRIBUTION]
         dist = [a for a in planned if a.kind == ArmKind.DISTRIBUTION]
         baseline: dict[str, Completion] = {}
+        pending: list[Served] = []
         try:
-            if arms:  # the reference's worker loads while the first server starts
+            if arms and self.beside:  # opted in: the worker loads while the first server starts, and stays
                 self.oracle([str(a) for a in self.server_argv(arms[0])])
             for i, plan in enumerate(arms):
                 self.run_.arm_started(p.name, plan.name)
-                arm = self.run_arm(plan, baseline, keep=any(a.server_key == plan.server_key for a in arms[i + 1:]))
+                keep = any(a.server_key == plan.server_key for a in arms[i + 1:])
+                served = self.serve_arm(plan, stop=not keep)
                 if plan.name == BASELINE_START:
-                    baseline = {r.id: r.completion for r in arm.requests}
-                res.arms.append(arm)
-                self.run_.arm_finished(res, arm)
+                    baseline = {ex.request.id: ex.completion for ex in served.exchanges}
+                pending.append(served)
+                # the reference judges once no server is resident (opted in beside them: at once)
+                if self.beside or not self.sessions:
+                    self.flush(res, pending, baseline)
             if dist:
                 from specparity.harness.distribution import run_distribution
 
@@ -280,11 +324,11 @@ class PairingRun:
             for s in self.sessions.values():
                 s.server.stop()
             if self._oracle is not None:
-                cost = self._oracle.cost()
-                res.reference_cost = cost.to_dict() if cost is not None else None
+                res.reference_cost = self._oracle.cost_dict()
                 if self._oracle.failed:
                     self.note_once(self._oracle.failed)
                 self._oracle.close()
+            res.memory = self.memory_summary(res)
         res.reference = dict(self.reference)
         res.findings += self.findings
         judge_pairing(res)
@@ -330,10 +374,15 @@ class PairingRun:
     def start(self, session: Session) -> None:
         """Start the session's server and wait until ready; raises ServerStartError (with the log
         tail and exit code put in ``session.info``)."""
+        if self._oracle is not None and not self.beside:
+            self._oracle.release()  # one copy of the target at a time: the worker ends before a server starts
         self.run_.note(f"  starting {session.server.name}")
         session.server_dir.mkdir(parents=True, exist_ok=True)
         version_env = {**os.environ, **{k: v for k, v in self.server_env.items() if v is not None}}
-        self.run_.start_version(self.profile, self.target, self.python, version_env)
+        if self.beside:
+            self.run_.start_version(self.profile, self.target, self.python, version_env)
+        else:  # read before the server starts: its interpreter (mlx-lm imported) would sit beside the server
+            self.run_.version(self.profile, self.target, self.python, version_env)
         try:
             session.server.start()
         except ServerStartError as err:
@@ -562,8 +611,9 @@ class PairingRun:
         return (f"{plan.width.describe()} is wider than the {limit} rows {self.profile.name} verifies with drafter"
                 f" {draft}: not run (the engine would clamp it)")
 
-    def run_arm(self, plan: ArmPlan, baseline: dict[str, Completion], keep: bool) -> ArmResult:
-        """Start (or reuse) the arm's server, send its sequence, judge each answer."""
+    def serve_arm(self, plan: ArmPlan, stop: bool) -> Served:
+        """Start (or reuse) the arm's server and send its sequence; ``stop``: stop the server after it
+        (no later arm shares it). Judging waits for :meth:`flush`, once no server is resident."""
         import httpx
 
         arm = ArmResult(plan.name, plan.kind, plan.width)
@@ -571,7 +621,7 @@ class PairingRun:
         why = self.too_wide(plan)
         if why:
             arm.verdict, arm.reason = Verdict.NOT_RUN, why
-            return arm
+            return Served(plan, arm)
         arm.served_by = WidthMode.REQUEST if plan.per_request else WidthMode.PROCESS
         session = self.sessions.get(plan.server_key)
         if session is None:
@@ -582,7 +632,7 @@ class PairingRun:
                 arm.verdict, arm.reason = Verdict.ERROR, str(err)
                 arm.server = dict(session.info)
                 arm.seconds = time.perf_counter() - t0
-                return arm
+                return Served(plan, arm)
             self.sessions[plan.server_key] = session
         arm.server = dict(session.info)
         # a shared server's start-up is counted once, by the first arm on it
@@ -608,13 +658,60 @@ class PairingRun:
                     i += 1
         first = len(session.history.sent)
         session.history.sent += [Sent(ex.request, fields, ex.completion) for ex in exchanges]
-        self.judge_exchanges(arm, plan, session, exchanges, baseline, first)
-        arm.generation_seconds = (session.generation if plan.concurrency
-                                  else sum(ex.completion.seconds for ex in exchanges))
-        judge_arm(arm, plan)
-        arm.seconds = time.perf_counter() - t0
-        if not keep:
-            session.server.stop()
-            self.sessions.pop(plan.server_key, None)
-        arm.server["returncode"] = session.server.proc.returncode if session.server.proc else None
-        return arm
+        served = Served(plan, arm, session, exchanges, first, time.perf_counter() - t0)
+        if stop:
+            self.stop_arm_session(served)
+        return served
+
+    def stop_arm_session(self, served: Served) -> None:
+        """Stop the arm's server, its peak memory read first (the process must be there to read it)."""
+        session = served.session
+        if session is None:
+            return
+        served.arm.server["peak_rss_bytes"] = memory.peak_rss(session.server.pid, self.run_.sampler)
+        session.server.stop()
+        self.sessions.pop(served.plan.server_key, None)
+        served.arm.server["returncode"] = session.server.proc.returncode if session.server.proc else None
+
+    def flush(self, res: PairingResult, pending: list[Served], baseline: dict[str, Completion]) -> None:
+        """Judge the served arms in order (the classic reference loads now, unless it is already there)
+        and hand each to the record."""
+        while pending:
+            served = pending.pop(0)
+            arm, session = served.arm, served.session
+            if session is not None:
+                t0 = time.perf_counter()
+                if "peak_rss_bytes" not in arm.server:  # its server still runs (shared, or the opt-in)
+                    arm.server["peak_rss_bytes"] = memory.peak_rss(session.server.pid, self.run_.sampler)
+                self.judge_exchanges(arm, served.plan, session, served.exchanges, baseline, served.first)
+                arm.generation_seconds = (session.generation if served.plan.concurrency
+                                          else sum(ex.completion.seconds for ex in served.exchanges))
+                judge_arm(arm, served.plan)
+                arm.seconds = served.seconds + time.perf_counter() - t0
+                arm.server.setdefault("returncode", None)
+            res.arms.append(arm)
+            self.run_.arm_finished(res, arm)
+
+    def memory_summary(self, res: PairingResult) -> dict[str, Any]:
+        """What the pairing's processes held at their peak (measured): each server's and each reference
+        worker's peak resident bytes, and the largest; the opt-in that put the reference beside them."""
+        servers = {a.name: a.server.get("peak_rss_bytes") for a in res.arms if a.server.get("peak_rss_bytes")}
+        workers = list((res.reference_cost or {}).get("worker_peaks") or [])
+        known = [v for v in servers.values() if v]
+        largest = max(known) if known else None
+        sampler = self.run_.sampler
+        out: dict[str, Any] = {"servers_peak_rss_bytes": servers, "largest_server_bytes": largest,
+                               "reference_workers_peak_rss_bytes": workers, "reference_beside": self.beside}
+        if sampler is not None:
+            sampler.sample()
+            # sampled every few tenths of a second: the sum of the harness and every process it started
+            out["peak_total_bytes"] = sampler.peak_total
+            out["peak_children_bytes"] = sampler.peak_children
+            out["harness_peak_rss_bytes"] = sampler.peak_of(sampler.root)
+            out["at_peak"] = dict(sampler.at_peak)
+            if largest:
+                out["peak_total_over_largest_server"] = round(sampler.peak_total / largest, 3)
+        if self.run_.budget is not None:
+            out["expected_bytes"] = self.run_.budget.expected
+            out["limit_bytes"] = self.run_.budget.limit
+        return out

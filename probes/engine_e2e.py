@@ -43,6 +43,8 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from specparity.verdicts import Verdict
+
 # set to N: mlx-dspark's N-th verify of each generation flips its first row (the detector's own test)
 FAULT_VAR = "SPECPARITY_ENGINE_FAULT_ROUND"
 ENGINE_PACKAGES = ("mlx_dspark", "dspark_mlx", "dfly_mlx", "dflash_mlx", "mtplx")
@@ -66,14 +68,14 @@ class Finding:
     index: the first differing token (0-based, past the prompt); engine_token / classic_token there.
     round: the round that emitted it (1-based; 0: the prefill's token); row: its row in that round's
     verify block (0: the first); after_rollback: the round before rejected rows the engine rolled back.
-    reason: one line. error: the engine's error (type: message). seconds: the engine's wall time.
+    reason: one line. failure: the engine's error (type: message). seconds: the engine's wall time.
     prompt: the ids the engine consumed where they are not the prompt given (dfly-mlx's chat template).
     tie: at a diverged token, both tokens' logits and logprobs from classic decode (:func:`label_tie`).
     """
 
     engine: str
     entry: str
-    verdict: str = "error"
+    verdict: str = Verdict.ERROR
     tokens: list[int] = field(default_factory=list)
     classic: list[int] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)
@@ -86,7 +88,7 @@ class Finding:
     row: int | None = None
     after_rollback: bool | None = None
     reason: str = ""
-    error: str = ""
+    failure: str = ""
     seconds: float = 0.0
     prompt: list[int] | None = None
     tie: dict[str, Any] | None = None
@@ -121,17 +123,17 @@ def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int
     if diff is None:
         short = len(f.tokens) < len(classic) and not (f.tokens and f.tokens[-1] in eos)
         if short:
-            f.verdict, f.reason = "error", f"stopped after {len(f.tokens)} of {len(classic)} tokens without eos"
+            f.verdict, f.reason = Verdict.ERROR, f"stopped after {len(f.tokens)} of {len(classic)} tokens without eos"
         elif not f.accepted:
-            f.verdict = "not_engaged"
+            f.verdict = Verdict.NOT_ENGAGED
             f.reason = (f"{len(f.tokens)} tokens equal to classic decode, but the engine's record shows"
                         f" {f.accepted} accepted drafts over {len(f.rounds)} rounds: not a pass")
         else:
-            f.verdict = "match"
+            f.verdict = Verdict.MATCH
             f.reason = (f"{len(f.tokens)} tokens equal to classic decode over {len(f.rounds)} rounds,"
                         f" {f.accepted} of {f.drafted} drafts accepted")
         return f
-    f.verdict, f.index, f.engine_token = "diverged", diff, f.tokens[diff]
+    f.verdict, f.index, f.engine_token = Verdict.DIVERGED, diff, f.tokens[diff]
     f.classic_token = classic[diff] if diff < len(classic) else None
     pos, f.round, f.row = first_round_offset, 0, diff
     if diff >= first_round_offset:
@@ -160,7 +162,7 @@ def label_tie(f: Finding, target_dir: str, prompt: list[int]) -> None:
     """At a diverged token, both tokens' raw logits and logprobs from one classic forward over the prompt and
     classic decode's tokens before it, in the model's dtype: equal logprobs are an exact tie classic decode
     breaks toward the lower id (``logit_tie``: the raw logits are equal too)."""
-    if f.verdict != "diverged" or f.index is None or f.classic_token is None:
+    if f.verdict != Verdict.DIVERGED or f.index is None or f.classic_token is None:
         return
     import mlx.core as mx
     from mlx_lm import load
@@ -181,13 +183,13 @@ def label_tie(f: Finding, target_dir: str, prompt: list[int]) -> None:
 
 
 def _failed(f: Finding, err: BaseException) -> Finding:
-    f.verdict = "error"
+    f.verdict = Verdict.ERROR
     frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ else []
     # the engine's own frame that raised (mlx's __getattr__ or a stdlib helper says less)
     own = [fr for fr in frames if any(f"/{m}/" in fr.filename for m in ENGINE_PACKAGES)]
     picked = own or list(frames)
     at = f" (at {picked[-1].filename.rsplit('site-packages/', 1)[-1]}:{picked[-1].lineno})" if picked else ""
-    f.error = f"{type(err).__name__}: {err}"[:400] + at
+    f.failure = f"{type(err).__name__}: {err}"[:400] + at
     f.reason = "the engine raised"
     return f
 
@@ -369,7 +371,7 @@ def run_mtplx(entries: tuple[str, ...] = ()) -> list[Finding]:
             mod = importlib.import_module(module)
             if attr is not None:
                 getattr(mod, attr)
-            f.verdict, f.reason = "error", "imports here, but no MTP fixture drives it yet: not a pass"
+            f.verdict, f.reason = Verdict.ERROR, "imports here, but no MTP fixture drives it yet: not a pass"
         except BaseException as err:  # noqa: BLE001  (an import may raise anything, SystemExit included)
             _failed(f, err)
             f.verdict, f.reason = "cannot_run", f"{module} does not import on {sys.platform}"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specparity.errors import Name, UsageError
 from specparity.records.record import RecordSink
@@ -119,7 +119,7 @@ def merge_shards(shards: list[ServedRecord]) -> tuple[ServedReport, list[tuple[s
             written.append((pname, s.arm_result(pname, line)))  # its own copy: judging the pairing changes res's
         costs = [c for c in ((s.pairing_summary(pname) or {}).get("reference_cost") for s in runners) if c]
         if costs:  # every shard ran its own classic reference: the merged record says what all of them cost
-            res.reference_cost = {k: sum(c.get(k) or 0 for c in costs) for k in costs[0]}
+            res.reference_cost = {k: _joined(k, [c.get(k) for c in costs]) for k in costs[0]}
         judge_pairing(res)
         split = {arm: d for arm, d in base_digests.items() if len(d) > 1}
         if split:
@@ -156,3 +156,14 @@ def merge_records(paths: list[str], out_dir: str | os.PathLike[str],
         path = sink.finish(report, served_markdown(report, sink))
     assert path is not None
     return report, path
+
+
+def _joined(key: str, values: list[Any]) -> Any:
+    """One reference-cost field over every shard's: counts and seconds add up, each worker's peak memory is
+    listed, the largest peak is the largest."""
+    if key.startswith("peak"):
+        known = [v for v in values if isinstance(v, (int, float))]
+        return max(known) if known else None
+    if any(isinstance(v, list) for v in values):
+        return [x for v in values for x in (v or [])]
+    return sum(v or 0 for v in values)

@@ -19,7 +19,7 @@ cost is its own line: its W forwards, timed bare from a copy of the depth-D
 state; probe / (bare + bracket) compares the same forwards. The spread line
 gives best, median and worst of each side.
 
-Usage: .venv/bin/python -P scripts/bench_probe.py [--width 8] [--depth 32] [--reps 25]
+Usage: .venv/bin/python -P scripts/bench_probe.py [--width 8] [--depth 32] [--reps 25] [--model DIR]
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=8)
     ap.add_argument("--depth", type=int, default=32)
     ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--model", default=None, help="checkpoint (default: a llama fixture built here)")
     args = ap.parse_args()
     os.environ.setdefault("SPECPARITY_HOME", tempfile.mkdtemp(prefix="specparity-bench-"))
     from specparity.checkpoint import load_checkpoint
@@ -143,8 +144,8 @@ def main() -> None:
     from specparity.probes.gate import gate_check
 
     home = Path(os.environ["SPECPARITY_HOME"])
-    info = build_pair(home / "bench-llama", arch="llama", with_draft=False)
-    model = load_checkpoint(info.target).model
+    target = args.model or build_pair(home / "bench-llama", arch="llama", with_draft=False).target
+    model = load_checkpoint(target).model
     prompt = list(range(20, 52))
     W, D = args.width, args.depth
 
@@ -182,7 +183,8 @@ def main() -> None:
     def span(ts: list[float]) -> str:
         return f"best {min(ts) * 1e3:.1f}, median {statistics.median(ts) * 1e3:.1f}, worst {max(ts) * 1e3:.1f} ms"
 
-    print(f"cell: W={W}, D={D}, one {len(prompt)}-token prompt, 6-layer llama fixture; {args.reps} interleaved runs")
+    model_name = args.model or "6-layer llama fixture"
+    print(f"cell: W={W}, D={D}, one {len(prompt)}-token prompt, {model_name}; {args.reps} interleaved runs")
     print(f"probe: {describe(probe_rows)}: {p * 1e3:.1f} ms")
     print(f"bare (no bracket): {describe(bare_rows)}: {b * 1e3:.1f} ms")
     print(f"time per forward: probe {p / n_probe * 1e3:.3f} ms, bare {b / n_bare * 1e3:.3f} ms")
@@ -197,11 +199,11 @@ def main() -> None:
     print(f"probe/(bare + bracket), the same {n_probe} forwards: {p / (b + k):.2f}")
     print(f"  (spread: probe {span(probe_t)}; bare {span(bare_t)}; bracket {span(bracket_t)})")
 
-    gate_check(info.target, W, depths=(0,), walk=0)  # fill the store
+    gate_check(target, W, depths=(0,), walk=0)  # fill the store
     hits = []
     for _ in range(50):
         t = time.perf_counter()
-        d = gate_check(info.target, W, depths=(0,), walk=0)
+        d = gate_check(target, W, depths=(0,), walk=0)
         hits.append(time.perf_counter() - t)
         assert d.hit
     print(f"gate hit wall time in process: {statistics.median(hits) * 1e3:.2f} ms median"

@@ -26,6 +26,7 @@ from typing import Any
 
 from specparity.dflash_fixtures import DTYPES
 from specparity.tied import run_tied_captured
+from specparity.verdicts import Verdict
 
 ENGINE_FORMAT = {"mlx-dspark": "dspark", "dspark-mlx": "dspark", "dfly-mlx": "dfly", "mtplx": ""}
 # the gated-delta hybrid in the published linear-attention head ratio (1:2), tied and untied, and in the
@@ -64,12 +65,13 @@ def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: A
         proc = run_tied_captured(argv, f"{engine}'s e2e run", timeout=RUN_TIMEOUT_S,
                                  env={**env.environ(), **(extra_env or {})})
     except subprocess.TimeoutExpired:
-        return [{"engine": engine, "entry": "*", "verdict": "error", "error": f"no answer in {RUN_TIMEOUT_S} s"}]
+        return [{"engine": engine, "entry": "*", "verdict": Verdict.ERROR,
+                 "failure": f"no answer in {RUN_TIMEOUT_S} s"}]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not rows:
         last = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
-        rows.append({"engine": engine, "entry": "*", "verdict": "error",
-                     "error": f"engine_e2e exited {proc.returncode}: {last}"})
+        rows.append({"engine": engine, "entry": "*", "verdict": Verdict.ERROR,
+                     "failure": f"engine_e2e exited {proc.returncode}: {last}"})
     return rows
 
 
@@ -94,8 +96,8 @@ def findings(engines: list[str], shapes: list[tuple[str, bool]], dtypes: list[st
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| engine | entry point | target | dtype | head | finding |", "|---|---|---|---|---|---|"]
     for r in rows:
-        what = r.get("verdict", "error")
-        detail = r.get("error") or r.get("reason", "")
+        what = r.get("verdict", Verdict.ERROR)
+        detail = r.get("failure") or r.get("reason", "")
         head = "" if r.get("tied") is None else ("tied" if r["tied"] else "untied")
         lines.append(f"| {r['engine']} | {r.get('entry', '')} | {r['shape']} | {r['dtype']} | {head} |"
                      f" **{what}**: {detail.replace('|', '/')} |")
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = findings(a.engine or list(ENGINE_FORMAT), shapes, a.dtype or list(DTYPES), a.max_tokens,
                     Path(a.fixtures) if a.fixtures else fixtures_home())
     print(json.dumps(rows, indent=1) if a.json else markdown(rows))
-    return 1 if any(r.get("verdict") == "diverged" for r in rows) else 0
+    return 1 if any(r.get("verdict") == Verdict.DIVERGED for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -85,6 +85,36 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
+# random-weight checkpoints in the dimensions of real small models (their published configs), for
+# measuring cost against model size: the vocabulary is the real one (its embedding and head are most of a
+# small model's bytes); rows past the fixture tokenizer's VOCAB_SIZE are zero, so greedy decode stays in it
+SIZES: dict[str, dict[str, Any]] = {
+    # Qwen2.5-0.5B's dimensions in llama's architecture
+    "llama-0.5b": {"model_type": "llama", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                   "num_attention_heads": 14, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 151936,
+                   "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
+    # Qwen2.5-1.5B's dimensions in llama's architecture
+    "llama-1.5b": {"model_type": "llama", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                   "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 151936,
+                   "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
+    # Qwen3-0.6B
+    "qwen3-0.6b": {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                   "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
+    # Qwen3-1.7B
+    "qwen3-1.7b": {"model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                   "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
+    # a few narrow layers under a real vocabulary, untied: the weights (embedding and head) are most of a
+    # process's memory, yet decode stays cheap on a CPU (the served memory test's checkpoint, in float32)
+    "llama-wide-vocab": {"model_type": "llama", "hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 2,
+                         "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 151936,
+                         "tie_word_embeddings": False},
+}
+# a sized fixture's drafter: the target's shape with this many layers (random: it measures cost, not acceptance)
+SIZED_DRAFT_LAYERS = 2
+
+
 _CORPUS = """\
 Speculative decoding drafts several tokens with a small model and verifies them
 with the large one in a single forward pass. When the verify block is computed
@@ -399,12 +429,12 @@ def build_pair(
     place, so a crash leaves no half-built fixture and an existing one is kept
     unless ``overwrite``.
     """
-    import mlx.core as mx
-
     out = Path(out)
     check_out_dir(out, overwrite)
     if os.path.lexists(out) and not overwrite:
         return FixtureInfo.load(out)
+    # only where it builds: a served job's harness reads the built pair without importing mlx
+    import mlx.core as mx
     config = _config_for(arch, dtype)
     mx.random.seed(seed)
     target = instantiate(config)
@@ -556,3 +586,63 @@ def build_plain_constant(root: Path, live: tuple[float, ...]) -> str:
                            seed=0, agreement=None, noise=None)
         (tmp / FIXTURE_RECORD).write_text(json.dumps(info.record(), indent=2))
     return info.target
+
+
+def _zero_rows_past(params: dict[str, Any], vocab: int) -> dict[str, Any]:
+    """The embedding's and the head's rows past ``vocab`` set to zero: logits there are 0, below the
+    largest live logit, so greedy decode emits only ids the fixture tokenizer has."""
+    import mlx.core as mx
+
+    out = dict(params)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        w = out.get(name)
+        if w is not None and w.shape[0] > vocab:
+            out[name] = mx.concatenate([w[:vocab], mx.zeros((w.shape[0] - vocab, *w.shape[1:]), dtype=w.dtype)])
+    return out
+
+
+def build_sized(out: str | os.PathLike, size: str, dtype: str = "bfloat16", bits: int | None = 4, seed: int = 0,
+                with_draft: bool = True, overwrite: bool = False) -> FixtureInfo:
+    """Build ``out/target`` (and a ``SIZED_DRAFT_LAYERS``-layer ``out/draft``) with random weights in the
+    dimensions of ``size`` (:data:`SIZES`), quantized as ``mlx_lm.convert -q`` does (group size 64,
+    ``bits``; None: not quantized), offline and deterministically from ``seed``. Atomic as build_pair."""
+    if size not in SIZES:
+        raise UsageError(f"unknown size {size!r}: choose from {', '.join(SIZES)}")
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPES)}")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        marker = out / "fixture.json"
+        if marker.exists():
+            return FixtureInfo(**json.loads(marker.read_text()))
+        raise UsageError(f"{out} exists and is not a specparity fixture: choose another DIR")
+    import mlx.core as mx
+
+    config = {**_COMMON, **SIZES[size], "torch_dtype": dtype}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with publishing(out) as tmp:
+        for name, cfg, k in (("target", config, 0), ("draft", {**config, "num_hidden_layers": SIZED_DRAFT_LAYERS}, 1)):
+            if name == "draft" and not with_draft:
+                continue
+            mx.random.seed(seed + k)
+            model = instantiate(cfg)
+            params = _zero_rows_past(model_params(model), VOCAB_SIZE)
+            if bits is None:
+                _save(tmp / name, cfg, params)
+            else:
+                import contextlib
+                import sys
+
+                from mlx_lm.utils import quantize_model
+
+                model.load_weights(list(params.items()))
+                with contextlib.redirect_stdout(sys.stderr):  # mlx-lm prints its bits-per-weight
+                    model, qcfg = quantize_model(model, dict(cfg), group_size=64, bits=bits)
+                _save(tmp / name, qcfg, model_params(model))
+            del model, params
+        info = FixtureInfo(target=str(out / "target"), draft=str(out / "draft") if with_draft else None,
+                           arch=str(config["model_type"]), dtype=dtype, bits=bits, seed=seed, agreement=None,
+                           noise=None)
+        (tmp / "fixture.json").write_text(json.dumps({**info.to_dict()}, indent=2))
+    log.info("built the %s fixture in %s (%s, %s bits)", size, out, dtype, bits)
+    return info

@@ -42,7 +42,18 @@ def git_commit() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def device() -> str:
-    """The mlx default device, e.g. ``gpu`` or ``cpu``."""
+    """The mlx default device, e.g. ``gpu`` or ``cpu``.
+
+    Asked of a child process where this one has not imported mlx (the served job's harness: mlx's
+    libraries would be most of its own memory, held beside every server for the whole job)."""
+    if "mlx.core" not in sys.modules:
+        try:
+            out = subprocess.run([sys.executable, "-P", "-c", "import mlx.core as mx; print(mx.default_device())"],
+                                 capture_output=True, text=True, timeout=60, check=False)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip().replace("Device(", "").split(",")[0].strip(")")
+        except (OSError, subprocess.SubprocessError):
+            pass
     import mlx.core as mx
 
     return str(mx.default_device()).replace("Device(", "").split(",")[0].strip(")")

@@ -145,7 +145,7 @@ def test_dspark_mlx_matches_on_qwen3_fails_on_qwen3_5_and_is_not_engaged_without
     got = findings("dspark-mlx", fx["dspark-qwen3"])
     assert all(f["verdict"] == "match" and f["accepted"] > 0 for f in got.values()), got
     for f in findings("dspark-mlx", fx["dspark-qwen3_5"]).values():
-        assert f["verdict"] == "error" and "has no attribute 'model'" in f["error"], f
+        assert f["verdict"] == "error" and "has no attribute 'model'" in f["failure"], f
     for f in findings("dspark-mlx", fx["dspark-none"]).values():
         assert f["verdict"] == "not_engaged" and f["accepted"] == 0 and f["tokens"] == f["classic"], f
 
@@ -154,16 +154,16 @@ def test_dspark_mlx_matches_on_qwen3_fails_on_qwen3_5_and_is_not_engaged_without
 def test_dfly_mlx_its_loop_matches_on_qwen3_and_each_error_is_its_own(dfly_fx: dict) -> None:
     got = findings("dfly-mlx", dfly_fx["qwen3"])
     assert got["dfly-stream"]["verdict"] == "match" and got["dfly-stream"]["accepted"] > 0, got["dfly-stream"]
-    assert got["generate"]["verdict"] == "error" and "chat_template" in got["generate"]["error"]
+    assert got["generate"]["verdict"] == "error" and "chat_template" in got["generate"]["failure"]
     hybrid = findings("dfly-mlx", dfly_fx["qwen3_5"])["dfly-stream"]
-    assert hybrid["verdict"] == "error" and "broadcast" in hybrid["error"] and "dflash_mlx/" in hybrid["error"]
+    assert hybrid["verdict"] == "error" and "broadcast" in hybrid["failure"] and "dflash_mlx/" in hybrid["failure"]
 
 
 @pytest.mark.build
 def test_mtplx_generation_cannot_run_on_linux_with_its_own_cause() -> None:
     got = findings("mtplx", None)
     for entry in ("generate_ar", "generate_mtp1", "generate_mtpk"):
-        assert got[entry]["verdict"] == "cannot_run" and "libSystem" in got[entry]["error"], got[entry]
+        assert got[entry]["verdict"] == "cannot_run" and "libSystem" in got[entry]["failure"], got[entry]
     assert not any(f["verdict"] == "match" for f in got.values())
 
 

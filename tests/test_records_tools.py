@@ -34,7 +34,8 @@ JOB = {"widths": [2, 4], "max_tokens": 24, "sequence": ["fresh", "multi-turn"], 
                    "def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog."]}
 # process details and timings: everything else of a merged record must equal the unsharded one
 VOLATILE = {"seconds", "wall_seconds", "server_seconds", "generation_seconds", "server", "raw",
-            "reference_cost"}  # what the classic reference cost: each shard computes its own baselines' answers
+            "reference_cost",  # what the classic reference cost: each shard computes its own baselines' answers
+            "memory"}  # what each shard's processes held, measured
 
 
 def _served(cli_bin, tmp: Path, pair, out: str, *extra: str) -> Path:

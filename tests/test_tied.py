@@ -83,6 +83,7 @@ ALLOWED = {
                                   " with timeouts; no child serves or outlives the build",
     "harness/engines/llama_cpp.py": "llama-server --version, 30 s timeout",
     "harness/run.py": "a profile's version command, short, timed out",
+    "harness/memory.py": "ps and sysctl (macOS) for memory figures, 10 s timeouts",
 }
 CALL = re.compile(r"\bsubprocess\.(Popen|run|call|check_call|check_output)\(")
 

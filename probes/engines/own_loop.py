@@ -19,6 +19,7 @@ from typing import Any
 from specparity.probes.e2e import OWN_LOOP, E2EOptions, E2ERun, EntryArm, compare_arms, run_api_arm
 from specparity.probes.engines.base import EngineInfo
 from specparity.progress import NULL, Observer
+from specparity.verdicts import Verdict
 
 NOTE = "checked through its own generate loops (no verify/rollback adapter: probe and replay do not reach it)"
 
@@ -81,10 +82,10 @@ def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max
             arm.step, arm.received = f"{info.name} {f.entry} {OWN_LOOP}", dict(arm.passed)
             arm.tokens, arm.drafted, arm.seconds = list(f.tokens), int(f.accepted or 0), f.seconds
             arm.text = loaded.tokenizer.decode(arm.tokens)
-            if f.verdict in ("error", "cannot_run"):
-                arm.error = f"{f.verdict.replace('_', ' ')}: {f.error or f.reason}"
+            if f.verdict in (Verdict.ERROR, "cannot_run"):
+                arm.error = f"{f.verdict.replace('_', ' ')}: {f.failure or f.reason}"
             res = compare_arms(f.entry, classics[ids], arm, options, loaded.tokenizer)
-            if f.verdict == "diverged":
+            if f.verdict == Verdict.DIVERGED:
                 res.reason = f"{res.reason}; {f.reason}" if res.reason else f.reason
             run.entries.append(res)
             observer.result(f.entry, res.to_dict())

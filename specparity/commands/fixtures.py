@@ -37,11 +37,14 @@ def fixtures() -> None:
 @click.option("--drafter-format", type=click.Choice(["dflash", "dspark", "dfly"]), default="dflash",
               show_default=True, help="--dflash: the drafter's format: dflash-mlx's, DeepSpec DSpark (mlx-dspark,"
                                       " dspark-mlx), DFly (dfly-mlx).")
+@click.option("--size", default=None, metavar="SHAPE",
+              help="Random weights in the dimensions of a real small model: llama-0.5b, llama-1.5b, qwen3-0.6b,"
+                   " qwen3-1.7b (or llama-wide-vocab); quantized as mlx-lm does with --bits (group size 64).")
 @json_option
 @click.pass_context
 def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | None, seed: int,
          faults: tuple[str, ...], no_draft: bool, overwrite: bool, dflash_shape: str | None, block_size: str,
-         tied_head: bool, drafter_format: str, as_json: bool) -> int:
+         tied_head: bool, drafter_format: str, size: str | None, as_json: bool) -> int:
     """Build OUT_DIR/target and OUT_DIR/draft.
 
     With --dflash, the target has the shape of a real DFlash target family and
@@ -60,6 +63,12 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
         specparity fixtures make ./fx/bad --fault '{"kind":"rows","layer":3,"min_rows":4}'
         specparity fixtures make ./fx/dflash --dflash qwen3_5-27b --block-size 8 --dtype bfloat16
         specparity fixtures make ./fx/dspark --dflash qwen3 --drafter-format dspark --dtype bfloat16
+        specparity fixtures make ./fx/q05 --size qwen3-0.6b --bits 4 --dtype bfloat16
+
+    With --size, the target has the published dimensions of that model (its
+    real vocabulary: rows past the fixture tokenizer's are zero, so greedy
+    decode stays in it) and the drafter is two layers of the same shape, both
+    random (they measure cost against size, not acceptance), built offline.
     """
     from specparity.errors import UsageError
 
@@ -87,6 +96,20 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
             click.echo(f"accept mix: {made['accept_mix']['summary']}")
         if not made["accept_mix"].get("spread"):
             click.echo(f"warning: not every kind of block occurs ({made['accept_mix']['summary']})", err=True)
+        return EXIT_OK
+    if size is not None:
+        if dflash_shape is not None or faults or arch != "llama":
+            raise UsageError("--size: the shape names its architecture; not with --dflash, --fault or --arch")
+        from specparity.fixtures import build_sized
+
+        info = build_sized(out_dir, size, dtype=dtype, bits=int(bits) if bits else None, seed=seed,
+                           with_draft=not no_draft, overwrite=overwrite)
+        if as_json:
+            emit_json(info.to_dict())
+        else:
+            click.echo(f"target: {info.target} ({size}, {dtype}, {f'{bits}-bit' if bits else 'not quantized'})")
+            if info.draft:
+                click.echo(f"draft:  {info.draft} (two layers of the same shape, random)")
         return EXIT_OK
     if dflash_shape is not None:
         return _make_dflash(out_dir, dflash_shape, int(block_size), dtype, tied_head, seed, overwrite, as_json,

@@ -16,6 +16,7 @@ from specparity.commands._common import (
     parse_int_list,
     record_option,
     resolve_model,
+    resolve_path,
 )
 from specparity.commands._engine import engine_option
 from specparity.errors import UsageError
@@ -46,13 +47,17 @@ from specparity.errors import UsageError
                    " state with classic decode's over the k + 1 kept tokens.")
 @engine_option
 @cache_options
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="The memory the probe may use, e.g. 16GB (default: $SPECPARITY_MEMORY_LIMIT, else what the"
+                   " machine has available; 'off': no check). A probe expected to need more is refused.")
 @json_option
 @record_option
 @click.pass_context
 def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths: str, depths: str,
           prompts: tuple[str, ...], prompt_ids: tuple[str, ...], walk: int, walk_widths: str | None,
           prefill: bool, aim: bool, aim_limit: int, draft_model: str | None, rollback: bool, engine: str,
-          verify_mode: str | None, environment: str | None, as_json: bool, record_dir: str | None, quiet: bool,
+          verify_mode: str | None, environment: str | None, memory_limit: str | None, as_json: bool,
+          record_dir: str | None, quiet: bool,
           **cache_kwargs: Any) -> int:
     """Compare W single-token steps with one W-row block, byte for byte.
 
@@ -113,6 +118,14 @@ def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths
     code = rerun_in_environment(engine, environment, model, None, trust_remote_code)
     if code is not None:
         return code
+    # the memory it expects, from the checkpoint's files, checked before it loads
+    from specparity.harness.memory import probe_budget
+
+    positions = max(max(d_list) + max(w_list), walk, aim_limit if aim else 0) + max(map(len, ids), default=64)
+    budget = probe_budget(str(resolve_path(model)), positions, flag=memory_limit)
+    if not quiet and not as_json:
+        click.echo(budget.line(), err=True)
+    budget.check()
     loaded = resolve_model(model, trust_remote_code)
     check_prompts(ids, loaded)
     prompt_list = encode_prompts(loaded.tokenizer, list(prompts) or None, ids or None)

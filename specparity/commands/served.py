@@ -59,6 +59,12 @@ FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profi
               help="Tokens per draw: the histogram is over the emitted k-prefix (default 1).")
 @click.option("--no-reference", "no_reference", is_flag=True,
               help="Judge against the drafter-less server only, not against classic decode computed in process.")
+@click.option("--reference-beside", is_flag=True,
+              help="Keep the classic reference loaded beside the servers (faster judging, a second copy of"
+                   " the target in memory). Default: it runs only while no server is resident.")
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="The memory the job may use, e.g. 16GB (default: $SPECPARITY_MEMORY_LIMIT, else what the"
+                   " machine has available; 'off': no check). A job expected to need more is refused.")
 @json_option
 @record_option
 def served(config_path: str | None, model: str | None, draft_model: str | None, profile: str | None,
@@ -66,8 +72,8 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
            max_tokens: int | None,
            concurrency: int | None, repeats: int | None, start_timeout: float | None,
            request_timeout: float | None, shard_spec: str | None, temperature: float | None,
-           dist_requests: int | None, dist_prefix: int | None, no_reference: bool, quiet: bool, as_json: bool,
-           record_dir: str | None) -> int:
+           dist_requests: int | None, dist_prefix: int | None, no_reference: bool, reference_beside: bool,
+           memory_limit: str | None, quiet: bool, as_json: bool, record_dir: str | None) -> int:
     """Spawn servers with and without a drafter across widths; judge every completion against classic decode.
 
     Each arm (baseline at the start, one per width, the target drafting for
@@ -95,9 +101,19 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
     rejected, or the arm is inconclusive; a pass states the smallest TV it
     detects with 99% power.
 
+    Memory: servers run one at a time, and the classic reference's worker is
+    loaded only while no server is (each arm is judged once its server has
+    stopped), so a job needs about its largest server plus the harness; the
+    record states each server's and each reference worker's peak RSS and the
+    job's peak over all its processes. --reference-beside keeps the worker
+    loaded beside the servers (faster, a second copy of the target). Before
+    anything starts, the job states the memory it expects (weights, drafter,
+    reference, KV at its lengths) and is refused (exit 4) when the machine has
+    less available (--memory-limit or SPECPARITY_MEMORY_LIMIT sets the limit).
+
     \b
     Exit codes: 0 all match, 1 diverged, 2 usage, 3 inconclusive / not engaged /
-    declined, 4 a server would not start or a request failed.
+    declined, 4 a server would not start, a request failed, or the job would not fit in memory.
 
     \b
     Examples:
@@ -109,6 +125,7 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
         specparity served --model ./t --draft-model ./d --temperature 0.7 --dist-requests 1000
     """
     from specparity.harness.config import Overrides, apply_overrides, load_job
+    from specparity.harness.memory import served_budget
     from specparity.harness.shard import parse_shard
     from specparity.records.served import served_identity
 
@@ -120,7 +137,8 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
             widths=parse_int_list(widths, "--widths", minimum=2, limit="max_width") if widths is not None else None,
             width_mode=width_mode, max_tokens=max_tokens, concurrency=concurrency, repeats=repeats,
             start_timeout=start_timeout, request_timeout=request_timeout, temperature=temperature,
-            dist_requests=dist_requests, dist_prefix=dist_prefix, reference=False if no_reference else None)
+            dist_requests=dist_requests, dist_prefix=dist_prefix, reference=False if no_reference else None,
+            reference_beside=True if reference_beside else None)
         job = apply_overrides(load_job(config_path) if config_path else None, overrides)
         # consent before anything starts: no server, reference or export runs a checkpoint's code unasked
         from specparity.engines import require_consent
@@ -130,18 +148,22 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
             require_consent([(where, p.target),
                              ("--draft-model" if config_path is None else f"pairing {p.name}: draft", p.draft)],
                             p.trust_remote_code, toolkit_code_ok=True)
+        budget = served_budget(job, memory_limit).check()  # refused before the record opens and any server starts
     except SpecparityError as err:
         raise err.flagged(FLAGS) from err
     if config_path is None and model is None and not quiet and not as_json:
         click.echo(f"using the built-in job on the embedded pair {job.pairings[0].target}", err=True)
+    if not quiet and not as_json:
+        click.echo(budget.line(), err=True)
     title = f"served: {', '.join(p.name for p in job.pairings)} ({job.source} job)"
     slug = "served" if shard is None else f"served-shard{shard.index}of{shard.count}"
     cmd = CommandRun("served", title, served_identity(job), record_dir, as_json, quiet, slug=slug)
     with cmd:
-        return cmd.finish(*_run(cmd, job, shard))
+        return cmd.finish(*_run(cmd, job, shard, memory_limit))
 
 
-def _run(cmd: CommandRun, job: Job, shard: Shard | None) -> tuple[ServedReport, None, list[str]]:
+def _run(cmd: CommandRun, job: Job, shard: Shard | None,
+         memory_limit: str | None = None) -> tuple[ServedReport, None, list[str]]:
     """The one library call: run the job into the record; (report, text lines, record body)."""
     from specparity.harness.run import ServedRun
     from specparity.records.served import SERVERS_DIR, served_markdown, write_arm
@@ -153,5 +175,6 @@ def _run(cmd: CommandRun, job: Job, shard: Shard | None) -> tuple[ServedReport, 
         write_arm(cmd.observer.result, pairing.name, arm)
         sink.timing(f"{pairing.name}/{arm.name}", arm.seconds)
 
-    report = ServedRun(job, workdir=workdir, on_arm=on_arm, observer=cmd.observer, shard=shard).run()
+    report = ServedRun(job, workdir=workdir, on_arm=on_arm, observer=cmd.observer, shard=shard,
+                       memory_limit=memory_limit).run()
     return report, None, served_markdown(report, sink)
