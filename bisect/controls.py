@@ -21,6 +21,7 @@ from typing import Any
 from specparity.bisect.dump import read_dump
 from specparity.bisect.report import BisectReport, compare_arms
 from specparity.errors import InfrastructureError, InputError
+from specparity.tied import run_tied_captured
 from specparity.verdicts import Verdict
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,8 @@ def _run_arm(name: str, env_changes: dict[str, str | None], args: list[str],
     argv = cli_command() + ["bisect", "dump", *args, "--arm", "both", "--out", str(out)]
     log.info("control arm %s: %s", name, " ".join(argv))
     try:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=3600)
+        # tied: stopping the bisect (Ctrl-C, SIGTERM, SIGKILL) stops its control arm too
+        proc = run_tied_captured(argv, f"control arm {name}", timeout=3600, env=env)
     except (OSError, subprocess.SubprocessError) as err:
         raise InfrastructureError(f"control arm {name}: could not run ({err})") from err
     if proc.returncode != 0:

@@ -18,11 +18,12 @@ tests, bisect's control arms) goes through :class:`Server`:
 - unable to outlive the harness, however it dies (SIGKILL included): on Linux
   the server gets SIGKILL when the harness dies (a parent-death signal), and on
   every system a watcher process stops its whole group when a pipe only the
-  harness holds closes (see :mod:`specparity.harness.watchdog`).
+  harness holds closes (see :mod:`specparity.watchdog`).
 
 :func:`spawn_tied` starts each such process (the servers, and the classic
-reference's worker of harness.oracle). A module registry remembers every live
-one: :func:`stop_all` stops them, and is run at interpreter exit and on SIGINT /
+reference's worker of harness.oracle) through :mod:`specparity.tied`, the one
+way any long-running child starts (probes' CLI arms and bisect's control arms
+too); its registry remembers every live one: :func:`stop_all` stops them, and is run at interpreter exit and on SIGINT /
 SIGTERM (the handlers are installed the first time one starts and chain to the
 previous ones).
 SIGTERM then raises :class:`~specparity.errors.Terminated` in the main thread,
@@ -39,26 +40,34 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import queue
 import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Any, Protocol, Self
+from types import TracebackType
+from typing import Any, Self
 
-from specparity.errors import InfrastructureError, Terminated, UsageError
-from specparity.harness import watchdog
-from specparity.harness.watchdog import group_alive
+from specparity.errors import InfrastructureError, UsageError
+from specparity import tied
+from specparity.tied import (
+    DEFAULT_STOP_TIMEOUT,
+    Stoppable,
+    signal_group,
+    catch_sigterm,
+    end_watcher,
+    register,
+    run_tied,
+    stop_all,
+    unregister,
+)
+from specparity.watchdog import group_alive
 
 __all__ = ["ArgTemplate", "HOST", "HOST_ARG", "PORT_ARG", "Server", "ServerStartError", "ServerTimes", "Stoppable",
            "catch_sigterm", "end_watcher", "free_port", "group_alive", "live_servers", "log_tail", "register",
@@ -69,7 +78,6 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 DEFAULT_READY_PATH = "/health"
 DEFAULT_START_TIMEOUT = 120.0
-DEFAULT_STOP_TIMEOUT = 10.0
 LOG_TAIL_LINES = 30
 READY_POLL = 2.0  # seconds one readiness poll may take in total (never past the start deadline)
 READY_MAX_BYTES = 1 << 20
@@ -339,13 +347,13 @@ class Server:
         t0 = time.perf_counter()
         try:
             if proc.poll() is None:
-                _signal_group(proc.pid, signal.SIGTERM)
+                signal_group(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(self.stop_timeout)
                 except subprocess.TimeoutExpired:
                     log.warning("%s ignored SIGTERM for %g s: SIGKILL", self.name, self.stop_timeout)
             # the leader may have exited while children of its group live on
-            _signal_group(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             try:
                 proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
@@ -369,293 +377,19 @@ class Server:
         self.stop()
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-# -- tying each server's life to this process's (see specparity.harness.watchdog) ---------------
-WATCHDOG = str(Path(watchdog.__file__).resolve())
-# Linux only: the server's first program asks for SIGKILL when its parent dies (tests turn it off
+# Linux only: a server's first program asks for SIGKILL when its parent dies (tests turn it off
 # to exercise the watcher alone, as on macOS)
-PARENT_DEATH_SIGNAL = sys.platform.startswith("linux")
-_PIPE: tuple[int, int] | None = None
-_PIPE_LOCK = threading.Lock()
-
-
-def _pipe_read_end() -> int:
-    """The read end of the pipe whose write end this process holds until it dies (made once)."""
-    global _PIPE
-    with _PIPE_LOCK:
-        if _PIPE is None:
-            _PIPE = os.pipe()  # close-on-exec: no other child inherits the write end
-        return _PIPE[0]
+PARENT_DEATH_SIGNAL = tied.PARENT_DEATH_SIGNAL
 
 
 def spawn_tied(argv: Sequence[str], grace: float, watcher_out: Any = subprocess.DEVNULL, **popen: Any
                ) -> tuple[subprocess.Popen, subprocess.Popen | None, BaseException | None]:
-    """Start ``argv`` (``popen``: subprocess.Popen's keywords) tied to this process's life: in a
-    session and process group of its own, behind the exec wrapper that asks for the parent-death
-    signal (Linux), forked from the spawner thread, with a watcher (writing to ``watcher_out``)
-    that stops its group ``grace`` seconds after SIGTERM once this process is gone, however it died.
-
-    Returns the process, its watcher (None when it could not start: a warning says so) and the
-    Ctrl-C / SIGTERM that arrived while it was forked (register the process, then raise it).
-    Every server starts so (:class:`Server`), and the classic reference's worker (harness.oracle).
-    """
-    _install_handlers()
-    wrapped = list(argv)
-    if PARENT_DEATH_SIGNAL:
-        wrapped = [sys.executable, "-I", "-S", WATCHDOG, "exec", str(os.getpid()), "--", *wrapped]
-    proc, interrupted = _SPAWNER.popen(wrapped, start_new_session=True, **popen)
-    watcher = _watch(proc.pid, grace, str(popen.get("cwd") or tempfile.gettempdir()), watcher_out)
-    return proc, watcher, interrupted
-
-
-class _TiedRun:
-    """A child that runs to its end (:func:`run_tied`), stoppable by :func:`stop_all` meanwhile."""
-
-    def __init__(self, name: str, proc: subprocess.Popen, watcher: subprocess.Popen | None, grace: float):
-        self._name, self.proc, self.watcher, self.grace = name, proc, watcher, grace
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def stop(self) -> None:
-        """SIGTERM to its group, SIGKILL after ``grace`` seconds: it and anything it started end."""
-        if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(self.grace)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal_group(self.proc.pid, signal.SIGKILL)
-        try:
-            self.proc.wait(DEFAULT_STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            log.error("%s (pid %d) survived SIGKILL", self._name, self.proc.pid)
-
-
-def run_tied(argv: Sequence[str], name: str, grace: float = 5.0, **popen: Any) -> int:
-    """Run ``argv`` to its end tied to this process (:func:`spawn_tied`): Ctrl-C, SIGTERM or any
-    error here stops it and its group; SIGKILL here has its watcher stop it. Its exit code.
-
-    For a command re-run in an engine's environment: the one way the toolkit runs a child to completion.
-    """
-    proc, watcher, interrupted = spawn_tied(argv, grace, **popen)
-    run = _TiedRun(name, proc, watcher, grace)
-    register(run)
-    try:
-        if interrupted is not None:
-            raise interrupted
-        while True:
-            # short waits: a blocking one holds Popen's wait lock, and the SIGTERM handler's stop_all,
-            # which runs in this thread, could not reap the child until its own timeouts ran out
-            try:
-                return proc.wait(0.2)
-            except subprocess.TimeoutExpired:
-                continue
-    finally:
-        try:
-            if proc.poll() is None:
-                run.stop()
-            else:
-                # the child has exited: anything it left in its group goes too
-                _signal_group(proc.pid, signal.SIGKILL)
-        finally:
-            unregister(run)
-            if watcher is not None:
-                end_watcher(watcher)
-
-
-def _watch(pgid: int, grace: float, cwd: str, log_file: Any) -> subprocess.Popen | None:
-    """Start the watcher of group ``pgid``, in a session of its own; None (and a warning) if it cannot run."""
-    fd = _pipe_read_end()
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-I", "-S", WATCHDOG, "watch", str(os.getpid()), str(pgid), str(fd), f"{grace:g}"],
-            pass_fds=(fd,), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    except OSError as err:
-        log.warning("no watcher for process group %d (%s): it relies on the parent-death signal", pgid, err)
-        return None
-
-
-def end_watcher(proc: subprocess.Popen) -> None:
-    """Kill and reap a watcher of ours, once what it guards is stopped (never a reused pid: it is
-    ours until reaped)."""
-    if proc.poll() is None:
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
-    try:
-        proc.wait(DEFAULT_STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        log.error("watcher pid %d survived SIGKILL", proc.pid)
-
-
-class _Spawner:
-    """Forks every server from one thread that lives as long as the process.
-
-    Linux sends the parent-death signal when the *thread* that forked a child
-    exits, not the process: a server started from a worker thread would be
-    killed when that worker ended.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._jobs: queue.SimpleQueue[tuple[Future[subprocess.Popen], list[str], dict[str, Any]]] = \
-            queue.SimpleQueue()
-
-    def popen(self, argv: list[str], **kwargs: Any) -> tuple[subprocess.Popen, BaseException | None]:
-        """The process, and the Ctrl-C / SIGTERM that arrived while it was forked (the caller
-        registers the process, then raises it)."""
-        if not PARENT_DEATH_SIGNAL or threading.current_thread() is self._thread:
-            return subprocess.Popen(argv, **kwargs), None
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="specparity-spawner", daemon=True)
-                self._thread.start()
-        fut: Future[subprocess.Popen] = Future()
-        self._jobs.put((fut, argv, kwargs))
-        interrupted: BaseException | None = None
-        while True:
-            try:
-                proc = fut.result()
-                break
-            except KeyboardInterrupt as err:
-                # the fork goes on in the spawner: wait for the process, so that it is registered
-                # and stopped, then let the interruption through
-                interrupted = err
-        return proc, interrupted
-
-    def _serve(self) -> None:
-        while True:
-            fut, argv, kwargs = self._jobs.get()
-            try:
-                fut.set_result(subprocess.Popen(argv, **kwargs))
-            except BaseException as err:  # noqa: BLE001 (handed to the caller)
-                fut.set_exception(err)
-
-
-_SPAWNER = _Spawner()
-
-
-# -- the registry: every live server, stopped at exit and on SIGINT / SIGTERM -------------------
-class Stoppable(Protocol):
-    """What the registry stops: a :class:`Server`, the classic reference's worker."""
-
-    @property
-    def name(self) -> str: ...
-
-    def stop(self) -> Any: ...
-
-
-class _Registry:
-    def __init__(self) -> None:
-        # reentrant: a signal handler runs stop_all in the main thread, maybe while it holds the lock
-        self._lock = threading.RLock()
-        self._live: list[Stoppable] = []
-
-    def add(self, s: Stoppable) -> None:
-        with self._lock:
-            self._live.append(s)
-
-    def discard(self, s: Stoppable) -> None:
-        with self._lock:
-            if s in self._live:
-                self._live.remove(s)
-
-    def live(self) -> list[Stoppable]:
-        with self._lock:
-            return list(self._live)
-
-
-_REGISTRY = _Registry()
-_AT_EXIT = False
-_SIGNALS = False
-_TERMINATING = False
+    """:func:`specparity.tied.spawn_tied` under this module's :data:`PARENT_DEATH_SIGNAL` switch."""
+    return tied.spawn_tied(argv, grace, watcher_out, parent_death=PARENT_DEATH_SIGNAL, **popen)
 
 
 def live_servers() -> list[Server]:
-    return [s for s in _REGISTRY.live() if isinstance(s, Server)]
-
-
-def register(s: Stoppable) -> None:
-    """``s`` is stopped by :func:`stop_all` (at exit, on SIGINT / SIGTERM) until :func:`unregister`."""
-    _REGISTRY.add(s)
-
-
-def unregister(s: Stoppable) -> None:
-    _REGISTRY.discard(s)
-
-
-def stop_all() -> None:
-    """Stop every server (and other registered process) this process started and has not stopped yet."""
-    for s in reversed(_REGISTRY.live()):
-        try:
-            s.stop()
-        except Exception:  # stopping the others matters more than this one's error
-            log.exception("stopping %s", s.name)
-
-
-def _install_handlers() -> None:
-    global _AT_EXIT, _SIGNALS
-    if not _AT_EXIT:
-        _AT_EXIT = True
-        atexit.register(stop_all)
-    # signal handlers can only be set from the main thread: a server started from another
-    # thread leaves them to the next start from the main thread
-    if _SIGNALS or threading.current_thread() is not threading.main_thread():
-        return
-    _SIGNALS = True
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.getsignal(sig)
-        if previous == signal.SIG_IGN:
-            continue  # ignored by whoever started us (nohup, a background job): it stays ignored
-        signal.signal(sig, _make_handler(sig, previous))
-
-
-def _make_handler(sig: int, previous: Any) -> Callable[[int, FrameType | None], None]:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGTERM and _TERMINATING:
-            _die(signum)  # a second SIGTERM while stopping: at once (the watchers take the servers)
-        stop_all()
-        if callable(previous):
-            previous(signum, frame)
-        elif sig == signal.SIGINT:
-            raise KeyboardInterrupt
-        else:
-            _terminate(signum, frame)
-    return handler
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM as an exception in the main thread, as SIGINT raises KeyboardInterrupt: context
-    managers and ``finally`` blocks run, a record closes as interrupted. A second one kills."""
-    global _TERMINATING
-    if _TERMINATING:
-        _die(signum)
-    _TERMINATING = True
-    raise Terminated("terminated by SIGTERM")
-
-
-def _die(signum: int) -> None:
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def catch_sigterm() -> None:
-    """From now on SIGTERM raises :class:`~specparity.errors.Terminated` in the main thread (every
-    command that writes a record calls this, so a run stopped before any server started closes
-    its record too). A SIGTERM handler someone else set, or an ignored SIGTERM, is left alone."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminate)
+    return [s for s in tied.live() if isinstance(s, Server)]
 
 
 # -- scratch directories: removed at exit, after the servers that ran in them ----------------------

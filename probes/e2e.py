@@ -44,6 +44,7 @@ from specparity.completions import CompletionDifference, Side, first_difference,
 from specparity.prompts import encode_prompt
 from specparity.processors import ProcessorOptions
 from specparity.progress import NULL, Observer
+from specparity.tied import run_tied_captured
 from specparity.verdicts import ReportMixin, Verdict, combine
 
 log = logging.getLogger(__name__)
@@ -343,9 +344,9 @@ def run_cli_arm(target: str, draft: str | None, prompt_text: str, options: E2EOp
         work = Path(tmp) / "cwd"
         work.mkdir()
         try:
-            proc = subprocess.run(arm.argv, cwd=work, env=env, capture_output=True, text=True,
-                                  encoding="utf-8", errors="replace", input=prompt_text,
-                                  timeout=CLI_TIMEOUT_S, check=False)
+            # tied: a Ctrl-C, SIGTERM or SIGKILL of this run takes mlx_lm.generate with it
+            proc = run_tied_captured(arm.argv, "mlx_lm.generate", timeout=CLI_TIMEOUT_S, input=prompt_text,
+                                     cwd=work, env=env)
         except subprocess.TimeoutExpired:
             arm.error = f"mlx_lm.generate did not finish in {CLI_TIMEOUT_S} s"
             return arm

@@ -33,6 +33,7 @@ from specparity.probes.e2e import (
     CLI_TIMEOUT_S, E2EOptions, E2ERun, EntryArm, compare_arms, run_api_arm, run_cli_arm,
 )
 from specparity.progress import NULL, Observer
+from specparity.tied import run_tied_captured
 
 # the engine's entry points as its registry entry names them (specparity/engines/dflash_mlx.py)
 ENTRY_POINTS = ("dflash-stream", "dflash-cli")
@@ -83,8 +84,9 @@ def run_dflash_cli(target: str, draft: str, prompt_text: str, max_tokens: int) -
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specparity-e2e-dflash-") as tmp:
         try:
-            proc = subprocess.run(arm.argv, cwd=tmp, env=dict(os.environ), capture_output=True, text=True,
-                                  timeout=CLI_TIMEOUT_S, check=False)
+            # tied: a Ctrl-C, SIGTERM or SIGKILL of this run takes dflash generate with it
+            proc = run_tied_captured(arm.argv, "dflash generate", timeout=CLI_TIMEOUT_S, cwd=tmp,
+                                     env=dict(os.environ))
         except subprocess.TimeoutExpired:
             arm.error = f"dflash generate did not finish in {CLI_TIMEOUT_S} s"
             return arm

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import subprocess
 import sys
 import time
 from typing import Any
@@ -111,7 +110,11 @@ def main() -> int:
         except SpecparityError as err:
             print(f"dflash_checks: skipped ({err})")
             return 0
-        return subprocess.call([python, "-P", __file__, *sys.argv[1:]], env={**environ, RERUN_MARK: "dflash-mlx"})
+        from specparity.tied import run_tied
+
+        # tied: the re-run in dflash-mlx's environment ends with this bench, however it ends
+        return run_tied([python, "-P", __file__, *sys.argv[1:]], "bench_dflash in dflash-mlx's environment",
+                        env={**environ, RERUN_MARK: "dflash-mlx"})
 
     from specparity.decode import Decoder
     from specparity.dflash_fixtures import dflash_pair

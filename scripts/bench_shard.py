@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -32,6 +32,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from specparity.fixtures import default_pair
+    from specparity.tied import run_tied_captured
 
     pair = default_pair()
     cli = str(Path(sys.executable).parent / "specparity")
@@ -43,22 +44,20 @@ def main() -> None:
         base = [cli, "served", "--config", str(cfg), "--model", str(pair.target), "--draft-model", str(pair.draft),
                 "-q", "--json"]
 
-        def start(out: str, *extra: str) -> subprocess.Popen:
-            return subprocess.Popen([*base, "--record-dir", str(Path(work) / out), *extra],
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=os.environ)
+        def run(out: str, *extra: str) -> str:
+            # tied: a served run (its servers and workers) ends with this bench, however it ends
+            return run_tied_captured([*base, "--record-dir", str(Path(work) / out), *extra], f"served {out}",
+                                     env=os.environ).stdout
 
         t0 = time.perf_counter()
-        full = start("full")
-        full_out, _ = full.communicate()
+        full_out = run("full")
         unsharded = time.perf_counter() - t0
         t0 = time.perf_counter()
-        shards = [start(f"s{i}", "--shard", f"{i}/2") for i in (1, 2)]
-        for s in shards:
-            s.communicate()
+        with ThreadPoolExecutor(2) as pool:  # the two shards at once
+            list(pool.map(lambda i: run(f"s{i}", "--shard", f"{i}/2"), (1, 2)))
         sharded = time.perf_counter() - t0
-        merged = subprocess.run([cli, "records", "merge", str(Path(work) / "s1"), str(Path(work) / "s2"),
-                                 "--out", str(Path(work) / "merged"), "--json"],
-                                capture_output=True, text=True)
+        merged = run_tied_captured([cli, "records", "merge", str(Path(work) / "s1"), str(Path(work) / "s2"),
+                                    "--out", str(Path(work) / "merged"), "--json"], "records merge")
         same = json.loads(merged.stdout)["verdict"] == json.loads(full_out)["verdict"]
     print(f"cores: {os.cpu_count()} count")
     print(f"unsharded_wall: {unsharded:.2f} s")

@@ -32,6 +32,7 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -478,6 +479,40 @@ def build_dflash_pair(
         )
         (tmp / FIXTURE_RECORD).write_text(json.dumps(info.record(), indent=2))
     log.info("built DFlash %s %s block %d fixture in %s: %s", shape, dtype, block_size, out, mix.describe())
+    return info
+
+
+# a build argument of a DFlash fixture as `fixtures make --dflash`'s flag says it: (built with, asked) -> words
+_FLAGS: dict[str, Callable[[Any, Any], str]] = {
+    "shape": lambda b, a: f"--dflash {b} (asked {a})",
+    "block_size": lambda b, a: f"--block-size {b} (asked {a})",
+    "dtype": lambda b, a: f"--dtype {b} (asked {a})",
+    "tied": lambda b, a: f"{'--tied-head' if b else 'no --tied-head'} (asked {'with' if a else 'without'})",
+    "seed": lambda b, a: f"--seed {b} (asked {a})",
+    "balance": lambda b, a: f"its drafter fitted to balance {b:g} (this command fits to {a:g})",
+}
+
+
+def make_dflash_fixture(out_dir: str, shape: str, block_size: int, dtype: str, tied: bool, seed: int,
+                        overwrite: bool, note: Callable[[str], None]) -> DFlashFixtureInfo:
+    """``specparity fixtures make --dflash``: :func:`build_dflash_pair` with the command's words.
+
+    ``note`` gets the progress line before a build and the warning for a fit whose blocks never spread; a
+    fixture already at ``out_dir`` built otherwise is a usage error naming the flags that differ.
+    """
+    if not os.path.lexists(out_dir) or overwrite:
+        note(f"building a DFlash {shape} pair (block {block_size}, {dtype}); fitting the drafter takes"
+             " a minute on a CPU")
+    try:
+        info = build_dflash_pair(out_dir, shape=shape, block_size=block_size, dtype=dtype, tied=tied, seed=seed,
+                                 overwrite=overwrite)
+    except FixtureMismatch as err:
+        said = ", ".join(_FLAGS[k](built, want) for k, (built, want) in err.differs.items())
+        raise UsageError(f"OUT_DIR {out_dir} holds a DFlash fixture built with {said}: --overwrite rebuilds it,"
+                         " or choose another OUT_DIR") from None
+    if not info.accept_mix.get("spread"):
+        note(f"warning: the drafter's blocks never spread on its fit prompts ({info.accept_mix['summary']}):"
+             " a check on this pair may never see a partly accepted block")
     return info
 
 

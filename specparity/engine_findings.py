@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specparity.dflash_fixtures import DTYPES
+from specparity.tied import run_tied_captured
 from specparity.verdicts import Verdict
 
 ENGINE_FORMAT = {"mlx-dspark": "dspark", "dspark-mlx": "dspark", "dfly-mlx": "dfly", "mtplx": ""}
@@ -60,8 +61,9 @@ def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: A
         argv += ["--target", info["target"], "--draft", info["draft"] or "",
                  "--prompt-ids", ",".join(map(str, prompt or info["fit_prompts"][0]))]
     try:
-        proc = subprocess.run(argv, env={**env.environ(), **(extra_env or {})}, capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT_S, check=False)
+        # tied: the engine's run ends with this one, however this one ends
+        proc = run_tied_captured(argv, f"{engine}'s e2e run", timeout=RUN_TIMEOUT_S,
+                                 env={**env.environ(), **(extra_env or {})})
     except subprocess.TimeoutExpired:
         return [{"engine": engine, "entry": "*", "verdict": Verdict.ERROR,
                  "failure": f"no answer in {RUN_TIMEOUT_S} s"}]

@@ -21,10 +21,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from specparity.errors import InfrastructureError
+from specparity.tied import run_tied
 
 log = logging.getLogger(__name__)
 
@@ -98,17 +100,21 @@ def ensure_llama_server(log_path: str | os.PathLike | None = None, timeout: floa
     try:
         # the script's pip download runs with this interpreter (a venv always has pip)
         env = {**os.environ, "PYTHON": sys.executable}
-        proc = subprocess.run([str(BUILD_SCRIPT)], check=False, stdout=subprocess.PIPE, stderr=out,
-                              stdin=subprocess.DEVNULL, timeout=timeout, env=env)
+        # tied: a build stopped with this process leaves no compiler running
+        with tempfile.TemporaryFile() as printed:
+            code = run_tied([str(BUILD_SCRIPT)], "llama-server's build", timeout=timeout, env=env,
+                            stdin=subprocess.DEVNULL, stdout=printed, stderr=out)
+            printed.seek(0)
+            stdout = printed.read().decode()
     except subprocess.TimeoutExpired:
         raise InfrastructureError(f"building llama-server took more than {timeout:g} s") from None
     finally:
         if out is not None:
             out.close()
-    if proc.returncode != 0:
+    if code != 0:
         where = f"; log {log_path}" if log_path else ""
-        raise InfrastructureError(f"{BUILD_SCRIPT} exited with code {proc.returncode}{where}")
-    path = proc.stdout.decode().strip().splitlines()[-1]
+        raise InfrastructureError(f"{BUILD_SCRIPT} exited with code {code}{where}")
+    path = stdout.strip().splitlines()[-1]
     if not _runs(path):
         raise InfrastructureError(f"{BUILD_SCRIPT} reported {path}, which does not answer --version")
     return path

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import click
 from click.core import ParameterSource
 
@@ -158,39 +155,15 @@ def _check_out_dir(out_dir: str, overwrite: bool) -> str:
     return str(out)
 
 
-# a build argument of a DFlash fixture as the command's flag says it: (built with, asked) -> words
-_DFLASH_FLAGS: dict[str, Callable[[Any, Any], str]] = {
-    "shape": lambda b, a: f"--dflash {b} (asked {a})",
-    "block_size": lambda b, a: f"--block-size {b} (asked {a})",
-    "dtype": lambda b, a: f"--dtype {b} (asked {a})",
-    "tied": lambda b, a: f"{'--tied-head' if b else 'no --tied-head'} (asked {'with' if a else 'without'})",
-    "seed": lambda b, a: f"--seed {b} (asked {a})",
-    "balance": lambda b, a: f"its drafter fitted to balance {b:g} (this command fits to {a:g})",
-}
-
-
 def _make_dflash(out_dir: str, shape: str, block_size: int, dtype: str, tied: bool, seed: int, overwrite: bool,
                  as_json: bool, arch: str, bits: str | None, faults: tuple[str, ...], no_draft: bool) -> int:
-    import os
-
-    from specparity.dflash_fixtures import FixtureMismatch, build_dflash_pair
+    from specparity.dflash_fixtures import make_dflash_fixture
     from specparity.errors import UsageError
 
     if arch != "llama" or bits or faults or no_draft:
         raise UsageError("--dflash builds its own pair: --arch, --bits, --fault and --no-draft do not apply")
-    if not os.path.lexists(out_dir) or overwrite:
-        click.echo(f"building a DFlash {shape} pair (block {block_size}, {dtype}); fitting the drafter takes"
-                   " a minute on a CPU", err=True)
-    try:
-        info = build_dflash_pair(out_dir, shape=shape, block_size=block_size, dtype=dtype, tied=tied, seed=seed,
-                                 overwrite=overwrite)
-    except FixtureMismatch as err:
-        said = ", ".join(_DFLASH_FLAGS[k](built, want) for k, (built, want) in err.differs.items())
-        raise UsageError(f"OUT_DIR {out_dir} holds a DFlash fixture built with {said}: --overwrite rebuilds it,"
-                         " or choose another OUT_DIR") from None
-    if not info.accept_mix.get("spread"):
-        click.echo(f"warning: the drafter's blocks never spread on its fit prompts ({info.accept_mix['summary']}):"
-                   " a check on this pair may never see a partly accepted block", err=True)
+    info = make_dflash_fixture(out_dir, shape, block_size, dtype, tied, seed, overwrite,
+                               note=lambda message: click.echo(message, err=True))
     if as_json:
         emit_json(info.to_dict())
     else:

@@ -8,11 +8,11 @@ import click
 
 from specparity.commands._common import emit_json, json_option, result_json
 from specparity.errors import EXIT_OK, UsageError
-from specparity.inputs import expand_user
 from specparity.outputs import force_option
+# show_lines: the lines of `records show`, importable from here as before
+from specparity.records.show import data_dir, list_rows, open_record, show_lines
 
-from specparity.records.compare import ID_KEYS as _ID_KEYS
-_DETAIL_KEYS = ("reason", "summary", "message", "detail")
+__all__ = ["records", "show_lines"]
 
 
 @click.group()
@@ -30,82 +30,6 @@ def records() -> None:
     """
 
 
-def _open(path: str) -> tuple[Any, dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    from specparity.records.record import list_records, read_record
-
-    p = expand_user(path)
-    if not p.exists():
-        raise UsageError(f"{path}: no such file or directory")
-    try:
-        return read_record(p)  # a malformed file is a UsageError naming it
-    except FileNotFoundError:
-        pass
-    except OSError as err:
-        raise UsageError(f"{path}: not a readable record ({err.strerror or err})") from None
-    found = list_records(p) if p.is_dir() else []
-    if not found:
-        raise UsageError(f"{path}: not a record (no data/<name>/report.json) and holds none")
-    newest = max(found, key=lambda md: (md.stat().st_mtime, md.name))
-    return _open(str(newest))
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (dict, list)):
-        return f"({len(v)} items)"
-    return str(v)
-
-
-def arm_table(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per finished part: its identifying keys, its verdict, its detail."""
-    if not rows:
-        return ["  (none finished)"]
-    keys = [k for k in _ID_KEYS if any(k in r for r in rows)]
-    has_verdict = any("verdict" in r for r in rows)
-    head = keys + (["verdict"] if has_verdict else [])
-    table = [[_cell(r.get(k)) for k in head] + [next((str(r[d]) for d in _DETAIL_KEYS if r.get(d)), "")]
-             for r in rows]
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
-    out = ["  " + "  ".join(h.ljust(w) for h, w in zip(head, widths))]
-    for t in table:
-        out.append("  " + "  ".join(c.ljust(w) for c, w in zip(t, widths)) + ("  " + t[-1] if t[-1] else ""))
-    return out
-
-
-def show_lines(rec: Any, identity: dict[str, Any], arms: dict[str, list[dict[str, Any]]]) -> list[str]:
-    lines = [f"{rec.title}  [{rec.kind}]  {rec.path}"]
-    if rec.status == "complete":
-        lines.append(f"verdict: {rec.verdict} (exit {rec.exit_code})")
-    else:
-        lines.append(f"verdict: none: INCOMPLETE record ({rec.status})"
-                     + (f", stopped by {rec.error}" if rec.error else "")
-                     + "; the parts below finished, nothing else is claimed")
-    if rec.argv:
-        lines.append("command: " + " ".join(rec.argv))
-    lines.append(f"started {rec.started or '-'}, finished {rec.finished or '-'}"
-                 + (", seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in rec.timings.items())
-                    if rec.timings else ""))
-    lines.append(f"host {identity.get('host')}, device {identity.get('device')}, mlx {identity.get('mlx')},"
-                 f" mlx-lm {identity.get('mlx_lm')}, specparity {identity.get('specparity')}")
-    from specparity.records.served import ARMS, KIND, ServedRecord
-
-    if rec.kind == KIND and arms.get(ARMS):
-        return lines + ServedRecord.of(rec.path, rec, identity, arms).table_lines()
-    for name, rows in arms.items():
-        counts: dict[str, int] = {}
-        for r in rows:
-            if "verdict" in r:
-                counts[str(r["verdict"])] = counts.get(str(r["verdict"]), 0) + 1
-        tally = ", ".join(f"{n} {v}" for v, n in counts.items())
-        lines.append("")
-        lines.append(f"{name}: {len(rows)} finished" + (f" ({tally})" if tally else ""))
-        lines.extend(arm_table(rows))
-    return lines
-
-
 @records.command("show")
 @click.argument("path", metavar="RECORD|DIR")
 @json_option
@@ -121,7 +45,7 @@ def show(path: str, as_json: bool) -> int:
     record (interrupted, failed, or still running / killed) says so and
     claims no verdict.
     """
-    rec, identity, arms = _open(path)
+    rec, identity, arms = open_record(path)
     if as_json:
         emit_json({**rec.to_dict(), "identity": identity, "results": arms})
     else:
@@ -134,22 +58,7 @@ def show(path: str, as_json: bool) -> int:
 @json_option
 def list_(directory: str, as_json: bool) -> int:
     """One line per record in DIR: name, kind, status, verdict, started."""
-    from specparity.records.record import list_records, read_record
-
-    d = expand_user(directory)
-    if not d.is_dir():
-        raise UsageError(f"{directory}: not a directory")
-    rows: list[dict[str, Any]] = []
-    for md in list_records(d):
-        try:
-            rec, _, _ = read_record(md)
-        except FileNotFoundError:
-            continue  # its data directory holds neither report.json nor identity.json: no record
-        except (OSError, UsageError) as err:
-            rows.append({"name": md.stem, "status": f"unreadable ({err})"})
-            continue
-        rows.append({"name": rec.name, "kind": rec.kind, "status": rec.status, "verdict": rec.verdict,
-                     "exit_code": rec.exit_code, "started": rec.started, "title": rec.title})
+    rows = list_rows(directory)
     if as_json:
         emit_json(rows)
         return EXIT_OK
@@ -170,11 +79,6 @@ def _report(report: Any, as_json: bool, extra: dict[str, Any] | None = None) -> 
             click.echo(line)
         click.echo(f"verdict: {report.verdict}")
     return int(report.exit_code)
-
-
-def _resolve(path: str) -> str:
-    rec, _, _ = _open(path)
-    return str(rec.data_dir)
 
 
 @records.command("compare")
@@ -207,7 +111,7 @@ def compare(old: str, new: str, as_json: bool) -> int:
     """
     from specparity.records.compare import compare_records
 
-    return _report(compare_records(_resolve(old), _resolve(new)), as_json)
+    return _report(compare_records(data_dir(old), data_dir(new)), as_json)
 
 
 @records.command("merge")
@@ -234,7 +138,7 @@ def merge(shards: tuple[str, ...], out_dir: str, as_json: bool) -> int:
 
     from specparity.records.merge import merge_records
 
-    paths = [_resolve(s) for s in shards]
+    paths = [data_dir(s) for s in shards]
     report, path = merge_records(paths, out_dir, argv=["specparity", *sys.argv[1:]])
     click.echo(f"record written: {path}", err=True)
     return _report(report, as_json, {"record": str(path)})
@@ -267,7 +171,7 @@ def junit(path: str, out: str, force: bool, as_json: bool) -> int:
     from specparity.records.served import ServedRecord
 
     target = check_new_file(out, "--out", force, make_parents=True)
-    rec, identity, parts = _open(path)
+    rec, identity, parts = open_record(path)
     sr = ServedRecord.of(rec.path, rec, identity, parts)
     if not rec.is_complete:  # its finished parts would read as a green suite: refused, as compare does
         raise UsageError(f"{rec.path}: record is {rec.status}, not complete: no JUnit for a run that did not"

@@ -1,6 +1,6 @@
 """What ties a server's life to the harness's, whatever kills the harness (even SIGKILL).
 
-Run by :mod:`specparity.harness.lifecycle` as a script, by path, with the
+Run by :mod:`specparity.tied` as a script, by path, with the
 standard library only (``python -I -S watchdog.py ...``: a few tens of
 milliseconds), in two roles:
 
