@@ -75,7 +75,14 @@ def _pairing() -> PairingResult:
                       [{"request": "p0", "kind": "repeat", "position": 1, "first_token": 3, "arms": ["w4"],
                         "whom": "only with the drafter", "state": "", "cause": "only with the drafter",
                         "finding": "request 1 p0 (repeat) differs from classic decode (first at token 3) in w4:"
-                                   " only with the drafter", "cold": []}])
+                                   " only with the drafter", "cold": []}],
+                      memory={"servers_peak_rss_bytes": {"w4": 2_000_000, "w8": 2_100_000},
+                              "largest_server_bytes": 2_100_000, "reference_workers_peak_rss_bytes": [1_900_000],
+                              "reference_beside": False, "peak_total_bytes": 2_200_000,
+                              "peak_children_bytes": 2_150_000, "harness_peak_rss_bytes": 40_000,
+                              "at_peak": {"12 specparity": 40_000, "13 python": 2_100_000},
+                              "peak_total_over_largest_server": 1.048, "expected_bytes": 2_500_000,
+                              "limit_bytes": 20_000_000_000})
     _every_field_set(p)
     return p
 

@@ -126,11 +126,12 @@ def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths
 
     positions = max(max(d_list) + max(w_list), walk, aim_limit if aim else 0) + max(map(len, ids), default=64)
     budget = probe_budget(str(resolve_path(model)), positions, flag=memory_limit)
-    if not quiet and not as_json:
-        click.echo(budget.line(), err=True)
     budget.check()
     loaded = resolve_model(model, trust_remote_code)
     check_prompts(ids, loaded)
+    # stated once the input is known good, before the probe starts: a refused input stays one line
+    if not quiet and not as_json:
+        click.echo(budget.line(), err=True)
     prompt_list = encode_prompts(loaded.tokenizer, list(prompts) or None, ids or None)
     fp = loaded.fingerprint
     run = CommandRun("probe", f"probe: {fp.model_type} {fp.short}",
