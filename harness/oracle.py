@@ -42,6 +42,7 @@ from typing import Any
 from specparity.harness.lifecycle import end_watcher, register, spawn_tied, unregister
 from specparity.reference import (
     ColdAnswer,
+    PromptCheck,
     ReferenceCompletion,
     ReferenceStats,
     ServerSettings,
@@ -90,6 +91,10 @@ class Oracle:
         self._watcher: subprocess.Popen | None = None
         # answers kept across workers: a released worker's cache goes with it
         self._answers: dict[str, ReferenceCompletion] = {}
+        # for an answer decoded from the server's own ids: the server ids the harness's own tokenization
+        # was checked against, and that check (own_prompt, own_prompt_error): the same key and the same
+        # ids give the same check, so a later worker need not decode the request again to repeat it
+        self._own: dict[str, tuple[list[int], PromptCheck | None, str | None]] = {}
         self._colds: dict[str, ColdAnswer] = {}
         self._spent = ReferenceStats()  # what the workers already ended cost
         self._hits = 0
@@ -185,12 +190,22 @@ class Oracle:
         ``prompt_ids``: decode from exactly these (an engine that tokenizes on its own said so);
         ``server_prompt_ids``: the server's own ids, checked against the harness's tokenization."""
         key = request_key(endpoint, body, settings or self.settings, prompt_ids)
-        hit = self._answers.get(key) if server_prompt_ids is None else None
-        if hit is not None:  # the worker's own check, on the answer an earlier worker gave
+        hit = self._answers.get(key)
+        own = self._own.get(key)
+        if prompt_ids is not None and server_prompt_ids is not None and (
+                own is None or own[0] != list(server_prompt_ids)):
+            hit = None  # the harness's own tokenization not yet checked against these ids: the worker's to do
+        if hit is not None:  # the worker's own checks, on the answer an earlier worker gave
             self._hits += 1
             out = copy.copy(hit)
+            if prompt_ids is None:
+                if server_prompt_ids is not None or server_prompt_tokens is not None:
+                    out.prompt_check = check_prompt(out.prompt_ids, server_prompt_ids, server_prompt_tokens)
+                return Answer(out)
             if server_prompt_tokens is not None:
                 out.prompt_check = check_prompt(out.prompt_ids, None, server_prompt_tokens)
+            if server_prompt_ids is not None and own is not None:
+                out.own_prompt, out.own_prompt_error = copy.deepcopy(own[1]), own[2]
             return Answer(out)
         req: dict[str, Any] = {"endpoint": endpoint, "body": body, "server_prompt_tokens": server_prompt_tokens,
                                "prompt_ids": prompt_ids, "server_prompt_ids": server_prompt_ids}
@@ -207,6 +222,8 @@ class Oracle:
             kept.prompt_check = kept.own_prompt = None
             kept.own_prompt_error = None
             self._answers[key] = kept
+        if prompt_ids is not None and server_prompt_ids is not None:
+            self._own[key] = (list(server_prompt_ids), copy.deepcopy(out.own_prompt), out.own_prompt_error)
         return Answer(out)
 
     def cold(self, endpoint: str, body: dict[str, Any], settings: ServerSettings | None = None,

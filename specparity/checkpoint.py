@@ -94,12 +94,17 @@ def remote_code(model_dir: Path, cfg: dict[str, Any]) -> str | None:
     return None
 
 
-def read_config(model_dir: Path) -> dict[str, Any]:
+def read_config(model_dir: Path, model_type: bool = True) -> dict[str, Any]:
+    """``model_dir``'s config.json. model_type: it must be a mapping with a ``model_type`` (what mlx-lm
+    loads); False (consent, which asks only whether the config names code): any JSON, a non-mapping
+    read as {} (a served checkpoint is the server's to load, and a fake server loads nothing)."""
     try:
         cfg = json.loads((model_dir / "config.json").read_bytes().decode("utf-8"))
     except (OSError, ValueError, RecursionError) as err:
         raise CheckpointError(f"{model_dir / 'config.json'}: malformed config"
                               f" ({first_line(str(err))})") from err
+    if not model_type:
+        return cfg if isinstance(cfg, dict) else {}
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise CheckpointError(f"{model_dir / 'config.json'}: malformed config (no model_type)")
     return cfg

@@ -136,12 +136,17 @@ def test_sigterm_without_record_dir_leaves_no_temporary_folder(cli_bin: str, lla
 def test_sigkill_mid_request_leaves_no_server_and_no_reference_worker(cli_bin: str, llama_pair: Any,
                                                                       tmp_path: Path) -> None:
     """The classic reference's worker too: stopped (SIGSTOP) as one busy computing a large model's
-    answer is, it never reads the EOF of its input, and lived on after served's SIGKILL."""
-    proc, mark, _ = _served(cli_bin, llama_pair, tmp_path, "stall")
+    answer is, it never reads the EOF of its input, and lived on after served's SIGKILL.
+
+    --reference-beside: the worker runs only while no server is resident unless the job keeps it
+    beside the servers; so both a server (holding the stalled request) and the worker are alive at the
+    kill, and neither may outlive it."""
+    proc, mark, _ = _served(cli_bin, llama_pair, tmp_path, "stall", "--reference-beside")
     try:
         _wait_for_request(mark, proc)
         workers = [p for p in marked(mark) if b"specparity.harness.reference" in _cmdline(p)]
         assert len(workers) == 1, [(p, _cmdline(p)) for p in marked(mark)]
+        assert any(FAKE.encode() in _cmdline(p) for p in marked(mark))  # and the server, mid-request
         os.kill(workers[0], signal.SIGSTOP)
         proc.kill()
         proc.communicate(timeout=60)

@@ -377,7 +377,7 @@ def require_consent(checkpoints: Iterable[tuple[str, str | os.PathLike[str] | No
         d = Path(path)
         if not (d / "config.json").is_file():
             continue  # not a local checkpoint: its loader says so
-        cfg = read_config(d)
+        cfg = read_config(d, model_type=False)  # only whether it names code: its loader judges the rest
         code = remote_code(d, cfg)
         if code and toolkit_code_ok and _toolkit_fixture(d, cfg):
             code = remote_code(d, {k: v for k, v in cfg.items() if k != "model_file"})  # any other code
