@@ -268,10 +268,11 @@ def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) ->
     rep = CompareReport(orec.kind, op, np_)
     engines: dict[str, str] = {}  # pairing -> engine (either night's; the new one's where both name it)
     if orec.kind == SERVED:
+        # both records checked (ServedRecord.of names a damaged file) before anything in them is read
+        osr, nsr = ServedRecord.of(op, orec, oid, orows), ServedRecord.of(np_, nrec, nid, nrows)
         engines = {**pairing_engines(orec.summary), **pairing_engines(nrec.summary)}
         rep.engines = list(dict.fromkeys(engines.values()))
-        old = _served_parts(ServedRecord.of(op, orec, oid, orows))
-        new = _served_parts(ServedRecord.of(np_, nrec, nid, nrows))
+        old, new = _served_parts(osr), _served_parts(nsr)
         if (orec.summary or {}).get("job") != (nrec.summary or {}).get("job"):
             rep.changes.append(Change("identity", "job config", (orec.summary or {}).get("job", {}).get("source"),
                                       (nrec.summary or {}).get("job", {}).get("source"),

@@ -382,6 +382,6 @@ def test_an_mtp_fixture_loads_through_mtplx_and_its_generation_still_cannot_run(
 
     got = findings("mtplx", {**info, "draft": None, "fit_prompts": [[1, 2, 3]]})
     for entry in ("generate_ar", "generate_mtp1", "generate_mtpk"):
-        assert got[entry]["verdict"] == "cannot_run" and "libSystem" in got[entry]["error"], got[entry]
+        assert got[entry]["verdict"] == "cannot_run" and "libSystem" in got[entry]["failure"], got[entry]
     assert "MTP heads attached: True, validated: True; coverage: exact" in got["runtime.load"]["reason"]
     assert not any(f["verdict"] == "match" for f in got.values())
