@@ -32,7 +32,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from specparity.decode import LayerState
 from specparity.errors import InfrastructureError
@@ -121,6 +121,39 @@ class TargetSession(ABC):
     def position(self) -> int:
         """Positions the target state holds."""
 
+
+
+class CacheListSession(TargetSession):
+    """A session whose state is a list of mlx-lm cache objects (``self.cache``) and the position its
+    prefill or adopted cache reached (``self.start``): state, adopt, position and fork for every adapter
+    whose engine keeps mlx-lm's own caches (mlx-dspark, dspark-mlx)."""
+
+    cache: list[Any]
+    start: int
+
+    def state(self) -> list[LayerState]:
+        from specparity.decode import snapshot
+
+        return snapshot(self.cache)
+
+    def adopt(self, cache: list[Any]) -> None:
+        from specparity.decode import cache_offset, copy_cache
+
+        # the engine's caches are mlx-lm's own (make_prompt_cache): a copy of classic decode's is one
+        self.cache = copy_cache(cache)
+        self.start = max([o for o in (cache_offset(c) for c in self.cache) if o is not None], default=0)
+
+    def position(self) -> int:
+        return self.start
+
+    def fork(self) -> Self:
+        import copy
+
+        from specparity.decode import copy_cache
+
+        other = copy.copy(self)
+        other.cache = copy_cache(self.cache)
+        return other
 
 @dataclass
 class EngineRound:

@@ -22,7 +22,6 @@ by ``mlx_lm.load`` for classic decode.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
@@ -39,7 +38,7 @@ from specparity.probes.engines.base import (
     EngineRound,
     EngineRun,
     EngineUnavailable,
-    TargetSession,
+    CacheListSession,
 )
 
 log = logging.getLogger(__name__)
@@ -131,7 +130,7 @@ class _Recorder:
             self.states.append(snapshot(cache))
 
 
-class DsparkMlxSession(TargetSession):
+class DsparkMlxSession(CacheListSession):
     """The engine's target state for one request, lent to its host adapter for each call."""
 
     def __init__(self, engine: DsparkMlxEngine):
@@ -182,26 +181,6 @@ class DsparkMlxSession(TargetSession):
             mx.eval(cache_arrays(self.cache))
         except Exception as err:  # noqa: BLE001
             raise EngineCannotRun(f"a rollback to {accepted} accepted", err) from err
-
-    def state(self) -> list[LayerState]:
-        return snapshot(self.cache)
-
-    def adopt(self, cache: list[Any]) -> None:
-        from specparity.decode import cache_offset, copy_cache
-
-        # the host adapter's caches are mlx-lm's own (make_prompt_cache): a copy of classic decode's is one
-        self.cache = copy_cache(cache)
-        self.start = max([o for o in (cache_offset(c) for c in self.cache) if o is not None], default=0)
-
-    def position(self) -> int:
-        return self.start
-
-    def fork(self) -> DsparkMlxSession:
-        from specparity.decode import copy_cache
-
-        other = copy.copy(self)
-        other.cache = copy_cache(self.cache)
-        return other
 
 
 class DsparkMlxEngine(Engine):

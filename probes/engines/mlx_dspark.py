@@ -26,7 +26,6 @@ to its model object (its conv-capture flags) reaches the reference.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
@@ -43,7 +42,7 @@ from specparity.probes.engines.base import (
     EngineRound,
     EngineRun,
     EngineUnavailable,
-    TargetSession,
+    CacheListSession,
 )
 
 log = logging.getLogger(__name__)
@@ -136,7 +135,7 @@ class _Recorder:
             self.states.append(snapshot(cache))
 
 
-class MlxDsparkSession(TargetSession):
+class MlxDsparkSession(CacheListSession):
     """The engine's target state for one request, driven through its ``Target``."""
 
     def __init__(self, engine: MlxDsparkEngine):
@@ -191,26 +190,6 @@ class MlxDsparkSession(TargetSession):
             mx.eval(cache_arrays(self.cache))
         except Exception as err:  # noqa: BLE001
             raise EngineCannotRun(f"a rollback to {accepted} of {drafted} proposals", err) from err
-
-    def state(self) -> list[LayerState]:
-        return snapshot(self.cache)
-
-    def adopt(self, cache: list[Any]) -> None:
-        from specparity.decode import cache_offset, copy_cache
-
-        # mlx-dspark's caches are mlx-lm's own (make_prompt_cache): a copy of classic decode's is one
-        self.cache = copy_cache(cache)
-        self.start = max([o for o in (cache_offset(c) for c in self.cache) if o is not None], default=0)
-
-    def position(self) -> int:
-        return self.start
-
-    def fork(self) -> MlxDsparkSession:
-        from specparity.decode import copy_cache
-
-        other = copy.copy(self)
-        other.cache = copy_cache(self.cache)
-        return other
 
 
 class MlxDsparkEngine(Engine):
