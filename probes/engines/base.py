@@ -123,6 +123,41 @@ class TargetSession(ABC):
 
 
 
+class RoundRecorder:
+    """The rounds an engine's own loop ran, as a recording wrapper of its target sees them: each verify
+    block's tokens and logits (``on_verify``), then, once the engine rolled back, the round with its
+    accepted count, the logits rows it kept and (``record_states``) the state after the rollback."""
+
+    def __init__(self, start: int, record_states: bool):
+        self.rounds: list[EngineRound] = []
+        self.logits: list[Any] = []
+        self.states: list[list[LayerState]] = []
+        self.start = start  # the position of the next round's anchor
+        self.record_states = record_states
+        self._pending: tuple[list[int], Any] | None = None
+
+    def on_verify(self, tokens: list[int], logits: Any) -> None:
+        self._pending = (tokens, logits)
+
+    def take(self) -> tuple[list[int], Any] | None:
+        """The verify block waiting for its rollback (None: a rollback with no block, e.g. the prefill's)."""
+        pending, self._pending = self._pending, None
+        return pending
+
+    def record(self, tokens: list[int], logits: Any, accepted: int, source: str, cache: list[Any]) -> None:
+        import mlx.core as mx
+
+        from specparity.decode import snapshot
+
+        kept = logits[0, : accepted + 1]
+        mx.eval(kept)
+        self.logits.append(kept)
+        self.rounds.append(EngineRound(len(self.rounds), len(tokens), accepted, source, tokens, self.start))
+        self.start += accepted + 1
+        if self.record_states:
+            self.states.append(snapshot(cache))
+
+
 class CacheListSession(TargetSession):
     """A session whose state is a list of mlx-lm cache objects (``self.cache``) and the position its
     prefill or adopted cache reached (``self.start``): state, adopt, position and fork for every adapter

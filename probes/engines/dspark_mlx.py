@@ -28,17 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specparity.decode import LayerState, snapshot
 from specparity.probes.engines.base import (
     FAULT_ENV,
     FAULTS,
     Engine,
     EngineCannotRun,
     EngineInfo,
-    EngineRound,
     EngineRun,
     EngineUnavailable,
     CacheListSession,
+    RoundRecorder,
 )
 
 log = logging.getLogger(__name__)
@@ -100,34 +99,16 @@ class _RecordingHost:
         self._rec.on_rollback(host_cache(self._host), n_keep)
 
 
-class _Recorder:
+class _Recorder(RoundRecorder):
     def __init__(self, prompt_len: int, record_states: bool):
-        self.rounds: list[EngineRound] = []
-        self.logits: list[Any] = []
-        self.states: list[list[LayerState]] = []
-        self.start = prompt_len - 1  # the prompt's last token is round 0's anchor
-        self.record_states = record_states
-        self._pending: tuple[list[int], Any] | None = None
-
-    def on_verify(self, tokens: list[int], logits: Any) -> None:
-        self._pending = (tokens, logits)
+        super().__init__(prompt_len - 1, record_states)  # the prompt's last token is round 0's anchor
 
     def on_rollback(self, cache: list[Any], n_keep: int) -> None:
-        import mlx.core as mx
-
-        if self._pending is None:
+        pending = self.take()
+        if pending is None:
             return  # the prefill's: the anchor dropped before round 0
-        tokens, logits = self._pending
-        self._pending = None
-        accepted = n_keep - self.start - 1
-        kept = logits[0, : accepted + 1]
-        mx.eval(kept)
-        self.logits.append(kept)
-        self.rounds.append(EngineRound(len(self.rounds), len(tokens), accepted, "dspark" if len(tokens) > 1
-                                       else "none", tokens, self.start))
-        self.start += accepted + 1
-        if self.record_states:
-            self.states.append(snapshot(cache))
+        tokens, logits = pending
+        self.record(tokens, logits, n_keep - self.start - 1, "dspark" if len(tokens) > 1 else "none", cache)
 
 
 class DsparkMlxSession(CacheListSession):

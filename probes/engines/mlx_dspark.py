@@ -32,17 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specparity.decode import LayerState, snapshot
 from specparity.probes.engines.base import (
     FAULT_ENV,
     FAULTS,
     Engine,
     EngineCannotRun,
     EngineInfo,
-    EngineRound,
     EngineRun,
     EngineUnavailable,
     CacheListSession,
+    RoundRecorder,
 )
 
 log = logging.getLogger(__name__)
@@ -100,39 +99,22 @@ class _RecordingTarget:
         self._rec.on_rollback(cache, n_rejected)
 
 
-class _Recorder:
+class _Recorder(RoundRecorder):
     def __init__(self, prompt_len: int, record_states: bool):
+        super().__init__(prompt_len, record_states)
         self.source = "none"
-        self.rounds: list[EngineRound] = []
-        self.logits: list[Any] = []
-        self.states: list[list[LayerState]] = []
-        self.start = prompt_len
-        self.record_states = record_states
-        self._pending: tuple[list[int], Any] | None = None
 
     def on_round(self, **r: Any) -> None:
         # speculative_generate reports the round (its source) just before it rolls back
         self.source = str(r.get("source") or "none")
 
-    def on_verify(self, tokens: list[int], logits: Any) -> None:
-        self._pending = (tokens, logits)
-
     def on_rollback(self, cache: list[Any], n_rejected: int) -> None:
-        import mlx.core as mx
-
-        assert self._pending is not None
-        tokens, logits = self._pending
-        self._pending = None
-        accepted = len(tokens) - 1 - n_rejected
-        kept = logits[0, : accepted + 1]
-        mx.eval(kept)
-        self.logits.append(kept)
+        pending = self.take()
+        assert pending is not None
+        tokens, logits = pending
         source = self.source if len(tokens) > 1 else "none"
-        self.rounds.append(EngineRound(len(self.rounds), len(tokens), accepted, source, tokens, self.start))
         self.source = "none"
-        self.start += accepted + 1
-        if self.record_states:
-            self.states.append(snapshot(cache))
+        self.record(tokens, logits, len(tokens) - 1 - n_rejected, source, cache)
 
 
 class MlxDsparkSession(CacheListSession):
