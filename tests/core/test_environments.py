@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builds import built
 
 from specparity import environments as envs
 from specparity.errors import InfrastructureError, UsageError
 from conftest import run_cli
 
 # read before the autouse fixture isolates SPECPARITY_HOME: where scripts/build-env put the real ones
-REAL_CACHE = envs.cache_root()
 TINY = "specparity-tiny"
 Tiny = tuple[envs.Environment, list[str]]  # the tiny environment and its build's progress notes
 
@@ -501,15 +501,6 @@ def test_remove_renames_then_deletes(tiny_env: Tiny, monkeypatch: pytest.MonkeyP
 # --- the packaged environments, when built (scripts/build-env NAME) --------------------------------
 
 
-def built(name: str) -> envs.Environment:
-    """The packaged environment ``name`` from the real cache: skip when not built, fail under CI."""
-    found = envs.find_environment(name, root=REAL_CACHE)
-    if found is None:
-        message = f"environment {name} is not built: run scripts/build-env {name}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
 
 
 @pytest.mark.build

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import run_cli
+from served_records import served_record as _served_record
 
 from specparity.errors import UsageError
 from specparity.outputs import check_new_file, check_record_dir
@@ -119,27 +120,6 @@ def test_fixtures_make_checks_its_out_dir_first(cli_bin, tmp_path):
 
 
 # -- issue 20, class 7: no output is overwritten silently, nor a link's target written through ----
-def _served_record(root: Path) -> Path:
-    """A complete served record on disk, as `specparity served` lays it out (one arm, one request)."""
-    import json
-
-    name = "served-host-2026-01-01"
-    data = root / "data" / name
-    data.mkdir(parents=True)
-    arm = {"pairing": "p", "name": "baseline-start", "kind": "baseline", "width": None, "setting": None,
-           "verdict": "match"}
-    summary = {"verdict": "match", "exit_code": 0,
-               "pairings": [{"name": "p", "verdict": "match", "profile": "mlx-lm", "reason": "",
-                             "arms": [arm]}]}
-    (data / "report.json").write_text(json.dumps({
-        "kind": "served", "title": "served: p", "argv": [], "status": "complete", "verdict": "match",
-        "exit_code": 0, "summary": summary}))
-    (data / "arms.jsonl").write_text(json.dumps(arm) + "\n")
-    (data / "p-baseline-start.jsonl").write_text(json.dumps(
-        {"id": "p0", "kind": "fresh", "verdict": "match", "completion": {"seconds": 0.1}}) + "\n")
-    md = root / f"{name}.md"
-    md.write_text("# served\n")
-    return md
 
 
 @pytest.mark.model

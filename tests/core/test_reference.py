@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import build
-from test_environments import REAL_CACHE, built  # at collection: the real cache, before any test's home
+from builds import REAL_CACHE, built  # at collection: the real cache, before any test's home
 
 from specparity.completions import Side, first_difference
 from specparity.errors import UsageError

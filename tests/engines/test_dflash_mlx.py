@@ -34,7 +34,7 @@ import pytest
 from conftest import run_cli
 from dflash_pairs import dflash_info
 from specparity.environments import ENV_CACHE_VAR
-from test_environments import REAL_CACHE, built
+from builds import REAL_CACHE, built
 
 pytestmark = pytest.mark.model
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ import pytest
 
 from dflash_pairs import dflash_info, pair_dirs
 from reproductions import check_reproductions
-from test_environments import REAL_CACHE, built
+from builds import REAL_CACHE, built
 
 from specparity.environments import ENV_CACHE_VAR
 from specparity.harness.config import Job, Pairing

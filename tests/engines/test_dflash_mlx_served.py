@@ -35,7 +35,7 @@ from specparity.harness.run import ServedRun
 from specparity.verdicts import Verdict
 
 from dflash_pairs import dflash_info, pair_dirs
-from test_environments import REAL_CACHE, built
+from builds import REAL_CACHE, built
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 MAX_TOKENS = 24

@@ -31,7 +31,7 @@ from specparity.dspark_fixtures import build_dfly_pair, build_dspark_pair, simul
 from specparity.engine_findings import run_engine
 from specparity.environments import ENV_CACHE_VAR
 from specparity.probes.engine_e2e import FAULT_VAR
-from test_environments import REAL_CACHE, built
+from builds import REAL_CACHE, built
 
 pytestmark = pytest.mark.model
 TOKENS = 32

@@ -196,3 +196,38 @@ def test_environment_runs_an_in_process_command_in_that_environment(llama_pair, 
     assert listed["name"] == "mlx-lm-0.31.3" and listed["packages"]["mlx-lm"] == "0.31.3"
     proc = run_cli(cli_bin, "probe", "--environment", "nope")
     assert proc.returncode == 2 and proc.stderr.startswith("Error: environment 'nope': neither a packaged")
+
+
+@pytest.mark.model
+def test_the_toy_engines_drafter_format_is_built_by_fixtures_make(cli_bin: str, tmp_path: Path) -> None:
+    """A drafter format is declared by its engine module alone: with SPECPARITY_ENGINES=toy_engine,
+    ``fixtures formats`` lists the toy's and ``fixtures make --drafter-format toy`` builds through its
+    builder; without it, ``toy`` is not a choice (exit 2, the choices named)."""
+    listed = run_cli(cli_bin, "fixtures", "formats", env=TOY_ENV)
+    assert listed.returncode == 0 and "toy      the toy's pair (read by toy)" in listed.stdout, listed.stderr
+    made = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--dflash", "llama", "--drafter-format",
+                   "toy", "--json", env=TOY_ENV)
+    assert made.returncode == 0, made.stderr[-2000:]
+    info = json.loads(made.stdout)
+    assert info["kind"] == "toy" and Path(info["target"], "config.json").is_file()
+    assert "building a toy llama pair" in made.stderr
+    refused = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx2"), "--dflash", "llama",
+                      "--drafter-format", "toy")
+    assert refused.returncode == 2 and "'toy' is not one of 'dflash'" in refused.stderr
+    assert not (tmp_path / "fx2").exists()
+
+
+def test_one_drafter_format_has_one_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two engines may read one format, but a second builder under a taken name is refused, naming it."""
+    from specparity import engines
+
+    (tmp_path / "other_dspark.py").write_text(
+        "from specparity.engines import DrafterFormat, EngineSpec\n"
+        "ENGINE = EngineSpec(name='other-dspark', drafter_format=DrafterFormat('dspark', 'x:y'))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(engines.ENGINES_VAR, "other_dspark")
+    with pytest.raises(engines.UsageError, match="engine other-dspark: drafter format 'dspark' is declared"):
+        engines.drafter_formats()
+    monkeypatch.delenv(engines.ENGINES_VAR)
+    assert list(engines.drafter_formats())[0] == engines.DEFAULT_DRAFTER_FORMAT
+    assert {"dflash", "dspark", "dfly", "mtp"} <= set(engines.drafter_formats())

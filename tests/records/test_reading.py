@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from test_outputs import _served_record
+from served_records import served_record as _served_record
 
 from specparity.errors import UsageError
 from specparity.records.record import read_record

@@ -264,7 +264,7 @@ def test_a_prometheus_counter_rise_is_engagement_evidence_and_none_is_not(llama_
 @pytest.mark.model
 # -- issue 20, class 7: outputs and --previous checked before the job runs -------------------------
 def test_nightly_checks_junit_previous_and_out_before_the_job(cli_bin: str, tmp_path: Path, llama_pair: Any) -> None:
-    from test_outputs import _served_record
+    from served_records import served_record as _served_record
 
     cfg = str(_config(tmp_path, "c", llama_pair))
     out = tmp_path / "records"

@@ -15,7 +15,7 @@ import pytest
 
 from specparity.environments import ENV_CACHE_VAR
 
-from test_environments import REAL_CACHE, built
+from builds import REAL_CACHE, built
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "nightly-parity"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

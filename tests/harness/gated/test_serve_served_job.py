@@ -1,4 +1,4 @@
-"""specparity serve through `specparity served`, the CLI: ``specparity served --config job.yaml --profile specparity-serve``.
+"""specparity serve under `specparity served --config job.yaml --profile specparity-serve`, the CLI.
 
 One job per request option (a job's ``params`` go on every request it sends): none,
 ``repetition_penalty``, ``presence_penalty``, ``logit_bias`` and ``seed``, each alone,
