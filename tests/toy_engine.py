@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from specparity.engines import DrafterFormat, EngineSpec, LoadRequest
+from specparity.engines import EngineSpec, LoadRequest
 
 
 def load(request: LoadRequest) -> Any:
@@ -57,18 +57,6 @@ def load(request: LoadRequest) -> Any:
     return eng
 
 
-def toy_format(out: str, *, shape: str, dtype: str, tied: bool, block_size: int, seed: int, overwrite: bool,
-               note: Any) -> Any:
-    """Its drafter format (``fixtures make --dflash llama --drafter-format toy``): an mlx-lm pair of the
-    ``shape`` architecture, its drafter the toy's own repeat-last proposer needs none of."""
-    from specparity.fixtures import MadeFixture, build_pair
-
-    note(f"building a toy {shape} pair")
-    info = build_pair(out, arch=shape, dtype=dtype, seed=seed, overwrite=overwrite)
-    record = {**info.to_dict(), "kind": "toy", "block_size": block_size}
-    return MadeFixture(record, [f"target: {info.target} (toy format)", f"draft:  {info.draft}"])
-
-
 def placeholders() -> dict[str, str]:
     """Served hook: the module its profile's argv runs."""
     return {"toy_module": __name__ if __name__ != "__main__" else "toy_engine"}
@@ -96,8 +84,7 @@ def serve(argv: list[str]) -> None:
 
 ENGINE = EngineSpec(name="toy", description="mlx-lm with a rollback that keeps one rejected row", adapter=load,
                     e2e_entry_points=("generate",), e2e="specparity.probes.e2e_engine:run_generate_e2e",
-                    hooks="toy_engine", profiles=("tests/toy_engine.yaml",),
-                    drafter_format=DrafterFormat("toy", "toy_engine:toy_format", "the toy's pair"))
+                    hooks="toy_engine", profiles=("tests/toy_engine.yaml",))
 
 if __name__ == "__main__":
     import sys

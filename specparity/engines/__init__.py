@@ -325,13 +325,18 @@ def _builtin_modules() -> list[str]:
     return sorted(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
-def _spec_of(module_name: str) -> EngineSpec:
+def _spec_of(module_name: str, external: bool = False) -> EngineSpec:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name is not None and module_name.startswith(err.name):  # the module itself is missing
             raise UsageError(f"{ENGINES_VAR}: no module {module_name} (an importable module path)") from None
         raise
+    except SyntaxError as err:
+        if not external:
+            raise  # a built-in engine that does not compile is our bug: a traceback with --debug
+        where = f"{err.filename}:{err.lineno}" if err.filename else module_name
+        raise UsageError(f"{ENGINES_VAR}: engine module {module_name} does not compile: {where}: {err.msg}") from None
     spec = getattr(module, "ENGINE", None)
     if not isinstance(spec, EngineSpec):
         raise UsageError(f"engine module {module_name}: defines no ENGINE = EngineSpec(...)")
@@ -347,7 +352,7 @@ def registry() -> dict[str, EngineSpec]:
     out: dict[str, EngineSpec] = {}
     external = [m.strip() for m in extra.split(",") if m.strip()]
     for module_name in [*_builtin_modules(), *external]:
-        spec = _spec_of(module_name)
+        spec = _spec_of(module_name, external=module_name in external)
         if spec.name in out or any(s.key == spec.key for s in out.values()):
             raise UsageError(f"engine module {module_name}: engine {spec.name!r} is registered already")
         out[spec.name] = spec

@@ -198,23 +198,47 @@ def test_environment_runs_an_in_process_command_in_that_environment(llama_pair, 
     assert proc.returncode == 2 and proc.stderr.startswith("Error: environment 'nope': neither a packaged")
 
 
+FORMAT_ENGINE = """# an engine of one module that reads its own drafter format, and builds it
+from specparity.engines import DrafterFormat, EngineSpec
+
+
+def build(out, *, shape, dtype, tied, block_size, seed, overwrite, note):
+    from specparity.fixtures import MadeFixture, build_pair
+
+    note(f"building a fmt-toy {shape} pair")
+    info = build_pair(out, arch=shape, dtype=dtype, seed=seed, overwrite=overwrite)
+    record = {**info.to_dict(), "kind": "fmt-toy", "block_size": block_size}
+    return MadeFixture(record, [f"target: {info.target} (fmt-toy)", f"draft:  {info.draft}"])
+
+
+ENGINE = EngineSpec(name="fmt-toy", drafter_format=DrafterFormat("fmt-toy", build, "the fmt-toy's pair"))
+"""
+
+
 @pytest.mark.model
-def test_the_toy_engines_drafter_format_is_built_by_fixtures_make(cli_bin: str, tmp_path: Path) -> None:
-    """A drafter format is declared by its engine module alone: with SPECPARITY_ENGINES=toy_engine,
-    ``fixtures formats`` lists the toy's and ``fixtures make --drafter-format toy`` builds through its
-    builder; without it, ``toy`` is not a choice (exit 2, the choices named)."""
-    listed = run_cli(cli_bin, "fixtures", "formats", env=TOY_ENV)
-    assert listed.returncode == 0 and "toy      the toy's pair (read by toy)" in listed.stdout, listed.stderr
+def test_an_engines_drafter_format_is_built_by_fixtures_make(cli_bin: str, tmp_path: Path) -> None:
+    """A drafter format is declared by its engine module alone: with SPECPARITY_ENGINES naming it,
+    ``fixtures formats`` lists it and ``fixtures make --drafter-format`` builds through its builder;
+    without it, the name is not a choice (exit 2, the choices named, nothing made)."""
+    (tmp_path / "fmt_engine.py").write_text(FORMAT_ENGINE)
+    env = {"SPECPARITY_ENGINES": "fmt_engine", "PYTHONPATH": str(tmp_path)}
+    listed = run_cli(cli_bin, "fixtures", "formats", env=env)
+    assert listed.returncode == 0 and "fmt-toy  the fmt-toy's pair (read by fmt-toy)" in listed.stdout, listed.stderr
     made = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--dflash", "llama", "--drafter-format",
-                   "toy", "--json", env=TOY_ENV)
+                   "fmt-toy", "--json", env=env)
     assert made.returncode == 0, made.stderr[-2000:]
     info = json.loads(made.stdout)
-    assert info["kind"] == "toy" and Path(info["target"], "config.json").is_file()
-    assert "building a toy llama pair" in made.stderr
+    assert info["kind"] == "fmt-toy" and Path(info["target"], "config.json").is_file()
+    assert "building a fmt-toy llama pair" in made.stderr
     refused = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx2"), "--dflash", "llama",
-                      "--drafter-format", "toy")
-    assert refused.returncode == 2 and "'toy' is not one of 'dflash'" in refused.stderr
+                      "--drafter-format", "fmt-toy")
+    assert refused.returncode == 2 and "'fmt-toy' is not one of 'dflash'" in refused.stderr
     assert not (tmp_path / "fx2").exists()
+    (tmp_path / "fmt_engine.py").write_text(FORMAT_ENGINE + "ENGINE = (\n")  # a user's module that does not compile
+    broken = run_cli(cli_bin, "fixtures", "formats", env=env)
+    assert broken.returncode == 2 and broken.stderr.startswith(
+        f"Error: SPECPARITY_ENGINES: engine module fmt_engine does not compile: {tmp_path / 'fmt_engine.py'}:"), \
+        broken.stderr
 
 
 def test_one_drafter_format_has_one_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
