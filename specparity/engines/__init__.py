@@ -36,8 +36,8 @@ mlx, an engine, or a layer above this one):
     hooks          the module of served hooks (see :class:`ServedHooks`), or None
     adapter        ``load(request: LoadRequest) -> Engine`` (the in-process adapter,
                    :class:`specparity.probes.engines.base.Engine`), or None (served only)
-    classic_paths  True for mlx-lm only: its probe, replay, bisect and e2e run the
-                   toolkit's own mlx-lm paths rather than ``adapter``
+    classic_paths  True for mlx-lm only: its replay, bisect and e2e run the toolkit's own
+                   mlx-lm paths rather than ``adapter`` (its probe runs through ``adapter``)
     e2e_entry_points  the names of the engine's own e2e entry points
     e2e            ``run(adapter, classic: Loaded, prompt: list[int], max_tokens: int,
                    entry_points: list[str], observer) -> E2ERun``, or None
@@ -49,7 +49,7 @@ mlx, an engine, or a layer above this one):
     verify_modes   values ``--verify-mode`` takes for this engine (its own policies)
 
 Functions: :func:`names` (every engine, the default first; ``in_process=True``: those
-with an adapter or the classic paths, what ``--engine`` offers), :func:`get` (by name,
+with an adapter, what ``--engine`` offers), :func:`get` (by name,
 UsageError naming the choices), :data:`DEFAULT`, :func:`for_profile` (a profile's
 ``engine:`` key), :func:`served_hooks` (a profile's hooks, a no-op where none),
 :func:`require_consent` (refuse a checkpoint's code without ``--trust-remote-code``,
@@ -115,6 +115,8 @@ class LoadRequest:
     target / draft: checkpoint directories (draft None: the target alone). trust_remote_code: the
     user's consent, already checked against both (:func:`require_consent`). verify_mode: the engine's
     own verify policy (None: its default). prefill_step_size: None: the engine's default.
+    cache: the cache options (:class:`specparity.decode.CacheOptions`) for an adapter that supports
+    them (its ``features`` hold ``cache-options``); None: the defaults.
     """
 
     target: Path
@@ -122,6 +124,7 @@ class LoadRequest:
     trust_remote_code: bool = False
     verify_mode: str | None = None
     prefill_step_size: int | None = None
+    cache: Any = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,7 @@ class EngineSpec:
 
     @property
     def in_process(self) -> bool:
-        return self.classic_paths or self.adapter is not None
+        return self.adapter is not None
 
     def importable(self) -> bool:
         """``module`` imports in this interpreter (None: always)."""
