@@ -40,5 +40,6 @@ ENGINE = EngineSpec(
     adapter=load,
     classic_paths=True,
     e2e_entry_points=("stream_generate", "generate", "cli"),
+    e2e="specparity.probes.e2e:run_mlx_lm_e2e",
     fixture="specparity.fixtures:build_pair",
 )
