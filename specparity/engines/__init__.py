@@ -36,8 +36,8 @@ mlx, an engine, or a layer above this one):
     hooks          the module of served hooks (see :class:`ServedHooks`), or None
     adapter        ``load(request: LoadRequest) -> Engine`` (the in-process adapter,
                    :class:`specparity.probes.engines.base.Engine`), or None (served only)
-    classic_paths  True for mlx-lm only: its replay, bisect and e2e run the toolkit's own
-                   mlx-lm paths rather than ``adapter`` (its probe runs through ``adapter``)
+    classic_paths  True for mlx-lm only: its replay runs the toolkit's own mlx-lm replay
+                   rather than ``adapter`` (its probe, bisect and e2e run through ``adapter``)
     e2e_entry_points  the names of the engine's own e2e entry points
     e2e            ``run(adapter, classic: Loaded, prompt: list[int], max_tokens: int,
                    entry_points: list[str], observer) -> E2ERun``, or None

@@ -1,10 +1,11 @@
 """mlx-lm: the default engine (its verify forward, trim and speculative loop, its server and generate).
 
-Its probe, replay, bisect and e2e run through its adapter
+Its probe, bisect and e2e run through its adapter
 (:class:`specparity.probes.engines.mlx_lm.MlxLmEngine`), as every engine's do; the adapter
-supports every optional check (cache options, walk, prefill parity, aimed blocks, sub-op
-capture, bisect's control arms), and is what an engine built on mlx-lm subclasses. Its environments pin one mlx-lm
-release each (a version matrix runs one job on several).
+supports every optional check (cache options, walk, prefill parity, aimed blocks, bisect's
+control arms) and is what an engine built on mlx-lm subclasses. Its replay still runs the
+toolkit's own mlx-lm replay (``classic_paths``: served logs, processors, sequences). Its
+environments pin one mlx-lm release each (a version matrix runs one job on several).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def load(request: LoadRequest) -> Any:
 
 ENGINE = EngineSpec(
     name="mlx-lm",
-    description="mlx-lm's own verify forward, trim and speculative decoding (through its own adapter)",
+    description="mlx-lm's own verify forward, trim and speculative decoding",
     module="mlx_lm",
     environments=(
         PinnedEnv("mlx-lm-0.31.3", ("mlx-lm==0.31.3",), "mlx-lm 0.31.3 (its server and generate)",
