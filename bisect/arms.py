@@ -1,8 +1,9 @@
-"""The probe's two arms, run once each with every layer captured.
+"""The probe's two arms, run once each with every layer captured, for any engine.
 
 From the state after prefill and ``depth`` decoded tokens, the chain arm feeds
-``width`` single tokens (greedy), and the block arm feeds the same ``width``
-tokens in one call, exactly as the probe does. The chain's per-step captures
+``width`` single tokens (greedy, classic decode), and the block arm feeds the
+same ``width`` tokens in one verify block through the engine's adapter, exactly
+as the probe does (mlx-lm's own adapter for a bare model). The chain's per-step captures
 (one row each) are stacked along their row axis so they line up with the
 block's ``width`` rows.
 """
@@ -135,37 +136,64 @@ def _stack_chain(calls: list[list[tuple[str, Any]]], block: dict[str, Any],
     return arrays, axes
 
 
+def _engine_block_calls(engine: Any, session: Any, tokens: list[int],
+                        subop_depth: int = 2) -> list[list[tuple[str, Any]]]:
+    """The engine's verify over ``tokens`` (``session.verify``) with capture on the model its forward runs
+    through (``engine.engine_model()``): the recorded model calls."""
+    with capture(engine.engine_model(), subop_depth=subop_depth) as (rec, _):
+        # the engine's verify returns (rows, vocab); the chain arm's model calls (1, rows, vocab)
+        rec.model_call(lambda _m, toks: session.verify(toks)[None], None, (tokens,), {})
+        return rec.pop_calls()
+
+
 def run_arms(model: Any, prompt: list[int], width: int, depth: int,
              opts: CacheOptions | None = None, arms: tuple[str, ...] = ARMS,
-             subop_depth: int = 2) -> BisectCapture:
-    """Prefill, decode ``depth`` tokens, then run the chain and block arms with capture on.
+             subop_depth: int = 2, accepted: int | None = None) -> BisectCapture:
+    """Classic decode's chain against an engine's own verify block, every layer and sub-op captured.
 
-    The chain arm always runs (it decides the tokens both arms feed); ``arms``
-    says which captures are kept. The chain arm is also repeated once from the
-    same state (the reproducibility bracket, ``BisectCapture.bracket``).
+    model: an engine adapter (:class:`specparity.probes.engines.base.Engine`), or a bare mlx-lm model
+    (through mlx-lm's own adapter, with ``opts``). Classic decode (mlx-lm's own path,
+    :meth:`Engine.classic`) prefills, decodes ``depth`` tokens and runs the chain with capture on; the
+    engine starts from an exact copy of that state (its own cache types) and runs its verify forward
+    over the same ``width`` tokens with capture on its own model. The chain arm always runs (it decides
+    the tokens both arms feed); ``arms`` says which captures are kept. The chain arm is also repeated
+    once from the same state (the reproducibility bracket, ``BisectCapture.bracket``). With
+    ``accepted``, the engine then rolls back to ``accepted`` its own way and the block arm's cache is
+    its state after the rollback, the chain arm's is classic decode's after the ``accepted + 1`` kept
+    tokens: the per-layer report then names the first layer whose state the rollback got wrong.
     """
     import mlx.core as mx
 
     from specparity.decode import advance_to_depth, greedy_chain, snapshot
+    from specparity.probes.forward.blockchain import as_engine
 
+    engine = as_engine(model, opts)
     seconds: dict[str, float] = {}
+    cmodel = engine.classic_model()
     t0 = time.perf_counter()
-    dec, first, _ = advance_to_depth(model, prompt, depth, opts)
-    seconds["advance"] = time.perf_counter() - t0
-    with capture(model, subop_depth=subop_depth) as (rec, cmap):
-        t0 = time.perf_counter()
-        chain_dec = dec.fork()
-        tokens, chain_logits = greedy_chain(chain_dec, first, width)
-        chain_calls = rec.pop_calls()
-        seconds["chain"] = time.perf_counter() - t0
-        start = len(prompt) - 1 + depth
-        bracket = repeat_chain(dec, tokens, chain_logits, start, f"width {width}, depth {depth}")
-        repeat_calls = rec.pop_calls()
-        t0 = time.perf_counter()
-        block_dec = dec.fork()
-        block_dec.forward(tokens)
-        block_calls = rec.pop_calls()
-        seconds["block"] = time.perf_counter() - t0
+    with engine.classic():
+        dec, first, _ = advance_to_depth(cmodel, prompt, depth, engine.cache_options())
+        seconds["advance"] = time.perf_counter() - t0
+        with capture(cmodel, subop_depth=subop_depth) as (rec, cmap):
+            t0 = time.perf_counter()
+            chain_dec = dec.fork()
+            kept = chain_dec.fork() if accepted is not None else None
+            tokens, chain_logits = greedy_chain(chain_dec, first, width)
+            chain_calls = rec.pop_calls()
+            seconds["chain"] = time.perf_counter() - t0
+            bracket = repeat_chain(dec, tokens, chain_logits, len(prompt) - 1 + depth,
+                                   f"width {width}, depth {depth}")
+            repeat_calls = rec.pop_calls()
+        if kept is not None and accepted is not None:
+            for t in tokens[: accepted + 1]:
+                kept.forward([t])
+    session = engine.session()
+    session.adopt(dec.cache)
+    t0 = time.perf_counter()
+    block_calls = _engine_block_calls(engine, session, tokens, subop_depth)
+    if accepted is not None:
+        session.rollback(accepted)
+    seconds["block"] = time.perf_counter() - t0
     block_order, block, chain_arrays, axes = _paired(chain_calls, block_calls, width)
     if not bracket.reproducible:
         repeat_arrays, _ = _stack_chain(repeat_calls, block, width)
@@ -175,8 +203,9 @@ def run_arms(model: Any, prompt: list[int], width: int, depth: int,
             bracket.where += f"; first differing capture: {differing}"
     order = [n for n in block_order if n in chain_arrays]
     mx.eval(list(chain_arrays.values()), list(block.values()))
-    chain_cache, block_cache = snapshot(chain_dec.cache), snapshot(block_dec.cache)
-    layers = model_layers(model)
+    chain_cache = snapshot((kept if kept is not None else chain_dec).cache)
+    block_cache = session.state()
+    layers = model_layers(cmodel)
     # a cache list shorter than the layers (nemotron_h: no cache for MLP blocks) cannot be
     # matched to them by index: each block's own modules decide its kind then
     aligned = len(chain_cache) == len(layers)
@@ -186,69 +215,4 @@ def run_arms(model: Any, prompt: list[int], width: int, depth: int,
         out["chain"] = ArmCapture("chain", order, chain_arrays, axes, chain_cache)
     if "block" in arms:
         out["block"] = ArmCapture("block", order, {n: block[n] for n in order}, axes, block_cache)
-    return BisectCapture(width, depth, list(prompt), list(tokens), kinds, out, cmap, seconds, bracket)
-
-
-def _engine_block_calls(engine: Any, session: Any, tokens: list[int]) -> list[list[tuple[str, Any]]]:
-    """The engine's verify over ``tokens`` (``session.verify``) with capture on the model its forward runs
-    through (``engine.engine_model()``): the recorded model calls."""
-    with capture(engine.engine_model()) as (rec, _):
-        # the engine's verify returns (rows, vocab); the chain arm's model calls (1, rows, vocab)
-        rec.model_call(lambda _m, toks: session.verify(toks)[None], None, (tokens,), {})
-        return rec.pop_calls()
-
-
-def run_engine_arms(engine: Any, prompt: list[int], width: int, depth: int, accepted: int | None = None,
-                    subop_depth: int = 2) -> BisectCapture:
-    """Classic decode's chain against an engine's own verify block, every layer captured.
-
-    Classic decode (mlx-lm's own path, :meth:`Engine.classic`) prefills, decodes
-    ``depth`` tokens and runs the chain with capture on; the engine starts from
-    an exact copy of that state (its own cache types) and runs its verify
-    forward over the same ``width`` tokens with capture on its own model. With
-    ``accepted``, the engine then rolls back to ``accepted`` its own way and the
-    block arm's cache is its state after the rollback, the chain arm's is
-    classic decode's after the ``accepted + 1`` kept tokens: the per-layer
-    report then names the first layer whose state the rollback got wrong.
-    """
-    import mlx.core as mx
-
-    from specparity.decode import advance_to_depth, greedy_chain, snapshot
-
-    seconds: dict[str, float] = {}
-    model = engine.classic_model()
-    t0 = time.perf_counter()
-    with engine.classic():
-        dec, first, _ = advance_to_depth(model, prompt, depth)
-        seconds["advance"] = time.perf_counter() - t0
-        with capture(model, subop_depth=subop_depth) as (rec, cmap):
-            t0 = time.perf_counter()
-            chain_dec = dec.fork()
-            kept = chain_dec.fork() if accepted is not None else None
-            tokens, chain_logits = greedy_chain(chain_dec, first, width)
-            chain_calls = rec.pop_calls()
-            seconds["chain"] = time.perf_counter() - t0
-            bracket = repeat_chain(dec, tokens, chain_logits, len(prompt) - 1 + depth,
-                                   f"width {width}, depth {depth}")
-            rec.pop_calls()
-        if kept is not None and accepted is not None:
-            for t in tokens[: accepted + 1]:
-                kept.forward([t])
-    session = engine.session()
-    session.adopt(dec.cache)
-    t0 = time.perf_counter()
-    block_calls = _engine_block_calls(engine, session, tokens)
-    if accepted is not None:
-        session.rollback(accepted)
-    seconds["block"] = time.perf_counter() - t0
-    block_order, block, chain_arrays, axes = _paired(chain_calls, block_calls, width)
-    order = [n for n in block_order if n in chain_arrays]
-    mx.eval(list(chain_arrays.values()), list(block.values()))
-    chain_cache = snapshot((kept if kept is not None else chain_dec).cache)
-    block_cache = session.state()
-    layers = model_layers(model)
-    aligned = len(chain_cache) == len(layers)
-    kinds = [layer_kind(layer, chain_cache[i].kind if aligned else None) for i, layer in enumerate(layers)]
-    out = {"chain": ArmCapture("chain", order, chain_arrays, axes, chain_cache),
-           "block": ArmCapture("block", order, {n: block[n] for n in order}, axes, block_cache)}
     return BisectCapture(width, depth, list(prompt), list(tokens), kinds, out, cmap, seconds, bracket)

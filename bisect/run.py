@@ -23,18 +23,44 @@ def model_meta(loaded: Any) -> dict[str, Any]:
             "dtype": model_dtype(loaded.model), "path": str(loaded.path)}
 
 
-def bisect_model(loaded: Any, prompt: list[int], width: int, depth: int,
-                 opts: CacheOptions | None = None) -> tuple[BisectCapture, BisectReport]:
-    """Run chain and block once each with capture on; compare chain against block."""
-    bc = run_arms(loaded.model, prompt, width, depth, opts)
-    meta = model_meta(loaded)
-    meta.update(prompt_tokens=len(prompt),
-                cache_options=(opts or CacheOptions()).describe(),
-                capture_bytes=bc.capture_bytes)
-    report = compare_arms(bc.arms["chain"], bc.arms["block"], width, depth, bc.layer_kinds,
-                          meta=meta)
-    return bc, report
+def _engine_of(model: Any, opts: CacheOptions | None) -> Any:
+    """An engine adapter is itself; a checkpoint (``Loaded``) goes through mlx-lm's own adapter with ``opts``."""
+    from specparity.probes.engines.base import Engine
+    from specparity.probes.engines.mlx_lm import MlxLmEngine
 
+    return model if isinstance(model, Engine) else MlxLmEngine(model, opts=opts)
+
+
+def bisect_model(model: Any, prompt: list[int], width: int, depth: int, opts: CacheOptions | None = None,
+                 accepted: int | None = None) -> tuple[BisectCapture, BisectReport]:
+    """Run chain and block once each with capture on; compare chain against block.
+
+    model: an engine adapter, or a checkpoint (``Loaded``) bisected through mlx-lm's own adapter with
+    ``opts``. accepted: also roll the engine back to ``accepted`` proposals (its state against classic
+    decode's over the kept tokens).
+    """
+    engine = _engine_of(model, opts)
+    bc = run_arms(engine, prompt, width, depth, accepted=accepted)
+    loaded = engine.checkpoint()
+    info = engine.info
+    labels: tuple[str | None, str | None] = (None, None)
+    if loaded is not None:
+        meta = model_meta(loaded)
+        meta.update(prompt_tokens=len(prompt), cache_options=engine.cache_options().describe(),
+                    capture_bytes=bc.capture_bytes)
+    else:
+        from specparity.checkpoint import fingerprint, model_dtype
+
+        fp = fingerprint(info.target)
+        meta = {"model_type": fp.model_type, "fingerprint": fp.digest,
+                "dtype": model_dtype(engine.classic_model()), "path": info.target, "engine": info.to_dict(),
+                "prompt_tokens": len(prompt), "capture_bytes": bc.capture_bytes}
+        labels = ("classic chain", f"{info.name} block")
+    if accepted is not None:
+        meta["rollback"] = (f"block arm's cache: the engine's state after its rollback to {accepted} of"
+                            f" {width - 1} proposals; chain arm's: classic decode's after {accepted + 1} tokens")
+    report = compare_arms(bc.arms["chain"], bc.arms["block"], width, depth, bc.layer_kinds, *labels, meta=meta)
+    return bc, report
 
 
 @dataclass
@@ -94,12 +120,15 @@ def dump_args(path: str, trust_remote_code: bool, width: int, depth: int, prompt
     return args + (["--trust-remote-code"] if trust_remote_code else [])
 
 
-def run_bisect(loaded: Any, prompt: list[int], width: int, depth: int, opts: CacheOptions,
+def run_bisect(model: Any, prompt: list[int], width: int, depth: int, opts: CacheOptions | None = None,
                controls: list[tuple[str, str]] | None = None, trust_remote_code: bool = False,
-               observer: Observer = NULL) -> BisectRun:
-    """Bisect in process; with ``controls`` (NAME, VALUE), rerun both arms per environment."""
+               observer: Observer = NULL, accepted: int | None = None) -> BisectRun:
+    """Bisect in process through an engine (or a checkpoint, through mlx-lm's adapter with ``opts``);
+    with ``controls`` (NAME, VALUE), rerun both arms per environment (an adapter that supports
+    ``control-arms``, on its checkpoint)."""
+    engine = _engine_of(model, opts)
     with observer.part("arms", total=2):
-        bc, report = bisect_model(loaded, prompt, width, depth, opts)
+        bc, report = bisect_model(engine, prompt, width, depth, accepted=accepted)
         observer.item("arms", 2)
     bracket = bc.bracket
     assert bracket is not None  # run_arms always repeats the chain
@@ -109,38 +138,12 @@ def run_bisect(loaded: Any, prompt: list[int], width: int, depth: int, opts: Cac
     for row in report.to_dict()["rows"]:
         observer.result("layers", row)
     ctrl = None
-    if controls:
+    loaded = engine.checkpoint()
+    if controls and loaded is not None:
         from specparity.bisect.controls import run_controls
 
         observer.note(f"bisect: running {len(controls) + 1} control processes")
         with tempfile.TemporaryDirectory(prefix="specparity-controls-") as tmp:
             ctrl = run_controls(controls, dump_args(str(loaded.path), trust_remote_code, width, depth,
-                                                    prompt, opts), Path(tmp), width)
+                                                    prompt, engine.cache_options()), Path(tmp), width)
     return BisectRun(report, ctrl, bracket)
-
-
-def bisect_engine(engine: Any, prompt: list[int], width: int, depth: int, accepted: int | None = None,
-                  observer: Observer = NULL) -> BisectRun:
-    """Classic decode's chain vs an engine's verify block (and its rollback to ``accepted``), per layer."""
-    from specparity.bisect.arms import run_engine_arms
-
-    with observer.part("arms", total=2):
-        bc = run_engine_arms(engine, prompt, width, depth, accepted)
-        observer.item("arms", 2)
-    from specparity.checkpoint import fingerprint, model_dtype
-
-    info = engine.info
-    fp = fingerprint(info.target)
-    meta = {"model_type": fp.model_type, "fingerprint": fp.digest, "dtype": model_dtype(engine.classic_model()),
-            "path": info.target, "engine": info.to_dict(), "prompt_tokens": len(prompt),
-            "capture_bytes": bc.capture_bytes}
-    if accepted is not None:
-        meta["rollback"] = (f"block arm's cache: the engine's state after its rollback to {accepted} of"
-                            f" {width - 1} proposals; chain arm's: classic decode's after {accepted + 1} tokens")
-    report = compare_arms(bc.arms["chain"], bc.arms["block"], width, depth, bc.layer_kinds,
-                          "classic chain", f"{info.name} block", meta=meta)
-    assert bc.bracket is not None
-    observer.result("bracket", bc.bracket.to_dict())
-    for row in report.to_dict()["rows"]:
-        observer.result("layers", row)
-    return BisectRun(report, None, bc.bracket)

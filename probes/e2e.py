@@ -585,14 +585,15 @@ class E2ERun(ReportMixin):
                 "entries": [e.to_dict() for e in self.entries]}
 
 
-def parse_entry_points(value: str | None) -> list[str]:
+def parse_entry_points(value: str | None, choices: tuple[str, ...] = ENTRY_POINTS) -> list[str]:
+    """``--entry-points``: the named entry points among ``choices`` (an engine's), in order; all when none."""
     if not value:
-        return list(ENTRY_POINTS)
+        return list(choices)
     out = []
     for item in value.split(","):
         item = item.strip()
-        if item not in ENTRY_POINTS:
-            raise InputError("entry-points", f"{value!r}: {item!r} is not one of {', '.join(ENTRY_POINTS)}")
+        if item not in choices:
+            raise InputError("entry-points", f"{value!r}: {item!r} is not one of {', '.join(choices)}")
         if item not in out:
             out.append(item)
     return out
@@ -640,3 +641,16 @@ def run_e2e(loaded: Any, draft: Any, prompt: str | list[int], options: E2EOption
             run.entries.append(res)
             observer.item("entry points")
     return run
+
+
+def run_mlx_lm_e2e(engine: Any, loaded: Any, prompt: str | list[int], max_tokens: int | None,
+                   entry_points: list[str], observer: Observer = NULL, *, options: E2EOptions | None = None,
+                   chat_template: bool = False, trust_remote_code: bool = False) -> E2ERun:
+    """mlx-lm's e2e as its engine entry (``EngineSpec.e2e``): :func:`run_e2e` with the adapter's drafter.
+
+    It takes what only mlx-lm's entry points take (``options``: the generation options passed to each,
+    the prompt as text or ids, ``chat_template``); ``max_tokens`` None: each entry point's own.
+    """
+    opts = options if options is not None else E2EOptions(max_tokens=max_tokens)
+    return run_e2e(loaded, engine.draft, prompt, opts, entry_points, trust_remote_code, observer=observer,
+                   chat_template=chat_template)

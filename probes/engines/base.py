@@ -45,6 +45,21 @@ from specparity.errors import InfrastructureError
 FAULT_ENV = "SPECPARITY_ENGINE_FAULT"
 FAULTS = ("stale-row", "verify-row")
 
+# The optional parts of the checks an adapter may support (:attr:`Engine.features`), beyond what every
+# adapter does (verify, rollback, state, its own prefill and loop). A command given an option of a part its
+# engine's adapter lacks says the option is not applied; nothing asks an engine's name.
+FEATURES = {
+    "cache-options": "the classic reference and the engine run the cache a server runs (--kv-bits,"
+                     " --kv-group-size, --quantized-kv-start, --max-kv-size)",
+    "walk": "probe --walk: consecutive full-accept blocks from the prefilled state",
+    "prefill-parity": "probe --prefill: one-shot, chunked and token-by-token classic prefill compared",
+    "aim": "probe --aim: blocks and walks placed to straddle every cache boundary",
+    "classic-prefill": "the engine's prefill is classic decode's own: its own-prefill check would compare"
+                       " classic decode with itself (prefill parity covers it)",
+    "control-arms": "bisect --control: the same cell rerun under other settings, in subprocesses"
+                    " (`bisect dump` of the classic arms)",
+}
+
 
 class EngineUnavailable(InfrastructureError):
     """The engine is not installed in this interpreter, or will not load the checkpoint."""
@@ -121,6 +136,15 @@ class TargetSession(ABC):
     def position(self) -> int:
         """Positions the target state holds."""
 
+    def extend(self, tokens: list[int]) -> Any:
+        """A verify block every row of which is accepted (a full-accept round): its logits (rows, vocab).
+
+        The default is :meth:`verify` then :meth:`rollback` to every row; an engine whose full accept
+        needs no rollback may do it in one call.
+        """
+        logits = self.verify(tokens)
+        self.rollback(len(tokens) - 1)
+        return logits
 
 
 class RoundRecorder:
@@ -241,9 +265,31 @@ class EngineRun:
 
 
 class Engine(ABC):
-    """An engine loaded on one target (and drafter)."""
+    """An engine loaded on one target (and drafter).
+
+    features: the optional parts of the checks this adapter supports (:data:`FEATURES`).
+    rollback_default: whether ``probe`` rolls back to every accept k unless told (``--rollback``).
+    """
 
     info: EngineInfo
+    features: frozenset[str] = frozenset()
+    rollback_default: bool = True
+
+    def supports(self, feature: str) -> bool:
+        """The adapter supports ``feature`` (one of :data:`FEATURES`)."""
+        return feature in self.features
+
+    def cache_options(self) -> Any:
+        """The cache options classic decode runs with against this engine
+        (:class:`specparity.decode.CacheOptions`; the defaults unless the adapter supports ``cache-options``)."""
+        from specparity.decode import CacheOptions
+
+        return CacheOptions()
+
+    def checkpoint(self) -> Any | None:
+        """The target as the toolkit's loader loaded it (:class:`specparity.checkpoint.Loaded`: its path,
+        tokenizer and fingerprint), or None where the engine loaded it its own way."""
+        return None
 
     @abstractmethod
     def session(self) -> TargetSession:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from specparity.decode import CacheOptions, Decoder, LayerState, copy_cache, snapshot, trimmable
-from specparity.probes.engines.base import Engine, EngineInfo, EngineRound, EngineRun, TargetSession
+from specparity.probes.engines.base import FEATURES, Engine, EngineInfo, EngineRound, EngineRun, TargetSession
 
 
 class MlxLmSession(TargetSession):
@@ -56,31 +56,69 @@ class MlxLmSession(TargetSession):
         offsets = [o for o in self.dec.offsets() if o is not None]
         return max(offsets) if offsets else 0
 
+    def extend(self, tokens: list[int]) -> Any:
+        # a full accept trims nothing: the block is the round (no copy kept for a rollback)
+        self._saved, self._block = None, list(tokens)
+        return self.dec.forward(tokens)
+
 
 class MlxLmEngine(Engine):
-    """mlx-lm's verify forward and trim; its speculative loop with an mlx-lm drafter."""
+    """mlx-lm's verify forward and trim; its speculative loop with an mlx-lm drafter.
+
+    loaded: the target (:class:`specparity.checkpoint.Loaded`). draft: the drafter, a ``Loaded`` or
+    its directory (loaded when the loop first needs it). opts: the cache options both classic decode
+    and the engine run. trust_remote_code: the user's consent, for a drafter loaded later. It
+    supports every optional check (:data:`FEATURES`); its caches are classic decode's own, so its
+    prefill is classic decode's.
+    """
+
+    features = frozenset(FEATURES)
 
     def __init__(self, loaded: Any, draft: Any = None, num_draft_tokens: int = 3,
-                 opts: CacheOptions | None = None):
+                 opts: CacheOptions | None = None, trust_remote_code: bool = False):
         from importlib.metadata import version
 
-
+        self.trust_remote_code = trust_remote_code
         self.loaded = loaded
         self.model = loaded.model
-        self.draft = draft
+        self._draft = draft
         self.num_draft_tokens = num_draft_tokens
         self.opts = opts or CacheOptions()
         width = num_draft_tokens + 1
-        self.info = EngineInfo("mlx-lm", version("mlx-lm"), str(loaded.path),
-                               str(draft.path) if draft is not None else None, width,
-                               list(range(2, width + 1)),
+        draft_path = getattr(draft, "path", draft)
+        # no widths of its own: the probe's default widths apply
+        self.info = EngineInfo("mlx-lm", version("mlx-lm"), str(getattr(loaded, "path", "")),
+                               str(draft_path) if draft_path is not None else None, width, [],
                                packages={"mlx": version("mlx"), "mlx-lm": version("mlx-lm")})
+
+    @classmethod
+    def of_model(cls, model: Any, opts: CacheOptions | None = None) -> MlxLmEngine:
+        """mlx-lm's adapter over a bare model object (the library's probe and bisect calls on a model)."""
+        from types import SimpleNamespace
+
+        return cls(SimpleNamespace(model=model, path=""), opts=opts)
+
+    @property
+    def draft(self) -> Any:
+        """The drafter (``Loaded``), loaded on first use when a directory was given."""
+        if self._draft is not None and not hasattr(self._draft, "model"):
+            from specparity.checkpoint import load_checkpoint
+
+            self._draft = load_checkpoint(self._draft, trust_remote_code=self.trust_remote_code,
+                                          flag="--draft-model")
+        return self._draft
 
     def session(self) -> MlxLmSession:
         return MlxLmSession(self.model, self.opts)
 
     def classic_model(self) -> Any:
         return self.model
+
+    def cache_options(self) -> CacheOptions:
+        return self.opts
+
+    def checkpoint(self) -> Any | None:
+        return self.loaded if hasattr(self.loaded, "fingerprint") else None
 
     def generate(self, prompt: list[int], max_tokens: int, record_states: bool = True) -> EngineRun:
         from specparity.errors import UsageError

@@ -20,9 +20,11 @@ from specparity.verdicts import ReportMixin, Verdict, combine
 class ProbeRun(ReportMixin):
     """One probe run.
 
-    probe: the block-vs-chain cells and walks (blockchain.ProbeReport).
+    probe: the block-vs-chain cells, walks, aimed blocks, rollbacks and the engine's own prefill
+      (blockchain.ProbeReport).
     prefill: prefill-parity results, one per prompt (empty when not asked).
-    meta: model path, type, dtype, fingerprint, cache description, prompt lengths.
+    meta: model path, type, dtype, fingerprint, cache description, prompt lengths (empty for an engine
+      that loaded its target its own way: the engine line says what ran).
     """
 
     probe: Any
@@ -37,6 +39,9 @@ class ProbeRun(ReportMixin):
 
     def header(self) -> str:
         m = self.meta
+        if not m:
+            e = self.probe.engine or {}
+            return f"engine {e.get('name')} {e.get('version')} ({e.get('family')}); " + "; ".join(e.get("notes", []))
         return (f"model {m.get('model')} ({m.get('model_type')}, {m.get('dtype')}, fingerprint"
                 f" {m.get('fingerprint')})\ncache: {m.get('cache')}; prompts: {m.get('prompts')}")
 
@@ -48,43 +53,59 @@ class ProbeRun(ReportMixin):
     def markdown(self) -> list[str]:
         from specparity.probes.forward.render import probe_markdown
 
-        body = probe_markdown(self.probe, "body", self.meta, self.prefill).splitlines()
+        meta = self.meta or {"engine": self.header()}
+        body = probe_markdown(self.probe, "body", meta, self.prefill).splitlines()
         return body[2:]  # the record's frame carries the title
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.probe.to_dict(), "verdict": self.verdict, "exit_code": self.exit_code,
-                "prefill": [r.to_dict() for r in self.prefill], "meta": self.meta}
+                "prefill": [r.to_dict() for r in self.prefill] + [p.to_dict() for p in self.probe.prefill],
+                "meta": self.meta}
 
 
-def run_probe(loaded: Any, widths: list[int], depths: list[int], prompts: list[list[int]],
-              opts: CacheOptions, walk_positions: int = 0, walk_widths: list[int] | None = None,
+def run_probe(model: Any, widths: list[int], depths: list[int], prompts: list[list[int]],
+              opts: CacheOptions | None = None, walk_positions: int = 0, walk_widths: list[int] | None = None,
               prefill: bool = True, observer: Observer = NULL, aim: bool = True,
-              aim_limit: int | None = None) -> ProbeRun:
-    """Probe ``loaded`` (checkpoint.Loaded) at every (width, depth), walk, and prefill parity.
+              aim_limit: int | None = None, rollback: bool = False, engine_prefill: bool = False,
+              wrong_id: int = 0) -> ProbeRun:
+    """Probe at every (width, depth), walk, aimed blocks, rollbacks, prefill parity, through an engine.
 
-    ``aim``: also blocks, walks and a prefill-parity prompt aimed at every cache
-    boundary (probes.forward.boundaries). A failed reproducibility bracket
-    skips prefill parity: the run is inconclusive.
+    model: an engine adapter (probes.engines.base.Engine), or a checkpoint (checkpoint.Loaded) probed
+    through mlx-lm's adapter with ``opts``. What the adapter does not support (``walk``, ``aim``,
+    ``prefill-parity``: its ``features``) is not run. ``aim``: also blocks, walks and a prefill-parity
+    prompt aimed at every cache boundary (probes.forward.boundaries). A failed reproducibility bracket
+    skips prefill parity: the run is inconclusive. ``rollback`` / ``engine_prefill``: every rollback to
+    k accepted, and the engine's own prefill, against classic decode.
     """
     from specparity.checkpoint import model_dtype
+    from specparity.probes.engines.base import Engine
+    from specparity.probes.engines.mlx_lm import MlxLmEngine
     from specparity.probes.forward.blockchain import DEFAULT_AIM_LIMIT, probe_block_vs_chain
 
     limit = DEFAULT_AIM_LIMIT if aim_limit is None else aim_limit
-
-    report = probe_block_vs_chain(loaded.model, widths, depths, prompts, opts,
-                                  walk_positions=walk_positions, walk_widths=walk_widths,
-                                  observer=observer, aim=aim, aim_limit=limit)
+    engine = model if isinstance(model, Engine) else MlxLmEngine(model, opts=opts)
+    loaded = engine.checkpoint()
+    opts = engine.cache_options()
+    aim = aim and engine.supports("aim")
+    if not engine.supports("walk"):
+        walk_positions = 0
+    report = probe_block_vs_chain(engine, widths, depths, prompts,
+                                  walk_positions=walk_positions, walk_widths=walk_widths, observer=observer,
+                                  aim=aim, aim_limit=limit, rollback=rollback, engine_prefill=engine_prefill,
+                                  wrong_id=wrong_id)
     pre = []
-    if prefill and report.reproducible:
+    if prefill and engine.supports("prefill-parity") and report.reproducible:
         with observer.part("prefill", total=len(prompts) + 1):
-            pre = run_prefill_parity(loaded.model, prompts, opts,
+            pre = run_prefill_parity(engine.classic_model(), prompts, opts,
                                      aim=aim and opts.prefill_step_size + 2 <= limit, observer=observer)
-    from specparity.probes.forward.boundaries import describe_cache
+    meta: dict[str, Any] = {}
+    if loaded is not None:
+        from specparity.probes.forward.boundaries import describe_cache
 
-    fp = loaded.fingerprint
-    meta = {"model": fp.path, "model_type": fp.model_type, "dtype": model_dtype(loaded.model),
-            "fingerprint": fp.short, "cache": describe_cache(loaded.model, opts),
-            "prompts": ", ".join(f"{len(p)} tokens" for p in prompts)}
+        fp = loaded.fingerprint
+        meta = {"model": fp.path, "model_type": fp.model_type, "dtype": model_dtype(loaded.model),
+                "fingerprint": fp.short, "cache": describe_cache(loaded.model, opts),
+                "prompts": ", ".join(f"{len(p)} tokens" for p in prompts)}
     return ProbeRun(report, pre, meta)
 
 

@@ -100,5 +100,8 @@ def probe_markdown(report: Any, title: str, meta: dict[str, Any], prefill: list 
         out += ["", "## Reproducibility and cache boundaries", ""] + [f"- {x}" for x in reach]
     if prefill:
         out += ["", "## Prefill parity", ""] + [f"- {prefill_line(r)}" for r in prefill]
+    engine = [p.line() for p in getattr(report, "prefill", [])] + list(getattr(report, "rollback_lines", list)())
+    if engine:
+        out += ["", "## The engine's own prefill and rollbacks", ""] + [f"- {x}" for x in engine]
     out += ["", f"Overall verdict: **{report.verdict}**", ""]
     return "\n".join(out)

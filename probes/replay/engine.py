@@ -31,7 +31,7 @@ from typing import Any
 from specparity.compare import Diff, StateDiff, compare_arrays, first_state_difference
 from specparity.decode import Decoder, GreedyPick, greedy_pick, snapshot
 from specparity.probes.engines.base import Engine, EngineCannotRun, EngineRun
-from specparity.probes.forward.engine import state_words
+from specparity.probes.forward.blockchain import state_words
 from specparity.progress import NULL, Observer
 from specparity.verdicts import ReportMixin, Verdict, combine
 

@@ -167,8 +167,10 @@ def engine_paths(engine: str, model: str | None, draft_model: str | None) -> tup
             default = Path(info.target), Path(info.draft) if info.draft else None
         target, own_draft = default
         return target, resolve_model_dir(draft_model, "--draft-model") if draft_model else own_draft
-    target = resolve_model_dir(model, "--model")
-    draft = resolve_model_dir(draft_model, "--draft-model") if draft_model else None
+    from specparity.commands._common import resolve_path
+
+    target = resolve_model_dir(str(resolve_path(model)), "--model")  # a hub id too
+    draft = resolve_model_dir(str(resolve_path(draft_model, "draft")), "--draft-model") if draft_model else None
     if draft is None:
         from specparity.fixtures import fixture_draft
 
@@ -179,19 +181,24 @@ def engine_paths(engine: str, model: str | None, draft_model: str | None) -> tup
 
 def load_adapter(engine: str, model: str | None, draft_model: str | None, need_draft: bool,
                  verify_mode: str | None, trust_remote_code: bool = False,
-                 prefill_step_size: int | None = None) -> Any:
-    """``engine``'s in-process adapter on ``--model`` (and its drafter): consent checked before anything loads."""
+                 prefill_step_size: int | None = None, cache: Any = None,
+                 paths: tuple[Path, Path | None] | None = None) -> Any:
+    """``engine``'s in-process adapter on ``--model`` (and its drafter): consent checked before anything loads.
+
+    cache: the cache options (decode.CacheOptions) for an adapter that takes them. paths: the
+    ``engine_paths`` already resolved (None: resolved here).
+    """
     from specparity.engines import LoadRequest, get
 
     spec = get(engine)
-    target, draft = engine_paths(engine, model, draft_model)
+    target, draft = paths if paths is not None else engine_paths(engine, model, draft_model)
     if need_draft and draft is None:
         raise UsageError(f"--engine {engine}: give --draft-model (the engine's drafter) for the engine's own loop")
     if verify_mode is not None and verify_mode not in spec.verify_modes:
         raise UsageError(f"--verify-mode {verify_mode}: --engine {engine} takes"
                          f" {', '.join(spec.verify_modes) or 'none'}")
     return spec.load(LoadRequest(target, draft, trust_remote_code=trust_remote_code, verify_mode=verify_mode,
-                                 prefill_step_size=prefill_step_size))
+                                 prefill_step_size=prefill_step_size, cache=cache))
 
 
 def engine_prompts(engine: Any, texts: list[str] | None, ids: list[list[int]] | None) -> list[list[int]]:
@@ -202,6 +209,9 @@ def engine_prompts(engine: Any, texts: list[str] | None, ids: list[list[int]] | 
     if ids:
         check_prompts(ids, engine.classic_model())
         return ids
+    loaded = engine.checkpoint()
+    if loaded is not None:
+        return encode_prompts(loaded.tokenizer, texts or None, None)
     from mlx_lm.utils import load_tokenizer
 
     return encode_prompts(load_tokenizer(Path(engine.info.target)), texts or None, None)

@@ -17,7 +17,6 @@ from specparity.commands._common import (
     json_option,
     model_options,
     record_option,
-    resolve_model,
 )
 from specparity.commands._engine import engine_option
 from specparity.errors import EXIT_OK, UsageError
@@ -42,17 +41,14 @@ def _coords_options(f: Any) -> Any:
     return f
 
 
-def _prompt(loaded: Any, prompt: str | None, prompt_ids: str | None) -> list[int]:
-    from specparity.prompts import DEFAULT_PROMPTS, encode_prompts, parse_prompt_ids
+def _prompt(engine: Any, prompt: str | None, prompt_ids: str | None) -> list[int]:
+    """--prompt-ids, --prompt, else the first built-in probe prompt, for ``engine`` (an adapter)."""
+    from specparity.commands._engine import engine_prompts
+    from specparity.prompts import DEFAULT_PROMPTS, parse_prompt_ids
 
     if prompt_ids:
-        from specparity.inputs import check_prompts
-
-        ids = parse_prompt_ids([prompt_ids])[0]
-        check_prompts([ids], loaded)
-        return ids
-    text = prompt if prompt is not None else DEFAULT_PROMPTS[0]
-    return encode_prompts(loaded.tokenizer, [text])[0]
+        return engine_prompts(engine, None, parse_prompt_ids([prompt_ids]))[0]
+    return engine_prompts(engine, [prompt if prompt is not None else DEFAULT_PROMPTS[0]], None)[0]
 
 
 def _need_width(width: int | None, depth: int = 0) -> int:
@@ -121,61 +117,46 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
     """
     if ctx.invoked_subcommand is not None:
         return None
-    from specparity.engines import get
-
-    if not get(engine).classic_paths:
-        return _engine_bisect(engine, width, depth, prompt, prompt_ids, model, trust_remote_code, controls,
-                              verify_mode, environment, accepted, as_json, record_dir, quiet, kwargs)
-    if accepted is not None:
-        raise UsageError("--accepted rolls back an engine's block: give --engine")
     from specparity.bisect.controls import parse_control
     from specparity.bisect.run import run_bisect
+    from specparity.commands._engine import explicit, load_adapter, rerun_elsewhere
 
+    if accepted is not None and "engine" not in explicit(ctx, "engine"):
+        raise UsageError("--accepted rolls back an engine's block: give --engine")
     w = _need_width(width, depth)
-    parsed = [parse_control(c) for c in controls]
-    opts = cache_options_from(kwargs)
-    from specparity.commands._engine import rerun_in_environment
-
-    code = rerun_in_environment(engine, environment, model, None, trust_remote_code)
-    if code is not None:
-        return code
-    loaded = resolve_model(model, trust_remote_code)
-    ids = _prompt(loaded, prompt, prompt_ids)
-    click.echo(f"bisect: width {w}, depth {depth}, {len(ids)} prompt tokens", err=True)
-    fp = loaded.fingerprint
-    run = CommandRun("bisect", f"bisect: {fp.model_type} {fp.short} width {w} depth {depth}",
-                     {"model": fp.to_dict(), "width": w, "depth": depth}, record_dir, as_json, quiet)
-    with run:
-        return _emit(run, run_bisect(loaded, ids, w, depth, opts, parsed, trust_remote_code,
-                                     observer=run.observer))
-
-
-def _engine_bisect(engine: str, width: int | None, depth: int, prompt: str | None, prompt_ids: str | None,
-                   model: str | None, trust_remote_code: bool, controls: tuple[str, ...], verify_mode: str | None,
-                   environment: str | None, accepted: int | None,
-                   as_json: bool, record_dir: str | None, quiet: bool, kwargs: dict[str, Any]) -> int:
-    from specparity.bisect.run import bisect_engine
-    from specparity.commands._engine import engine_prompts, load_adapter, rerun_elsewhere
-    from specparity.prompts import parse_prompt_ids
-
-    w = _need_width(width, depth)
-    if controls:
-        raise UsageError(f"--engine {engine}: --control reruns mlx-lm's arms; not with an engine")
     if accepted is not None and accepted > w - 1:
         raise UsageError(f"--accepted {accepted}: a {w}-row block holds at most {w - 1} proposals")
+    parsed = [parse_control(c) for c in controls]
+    opts = cache_options_from(kwargs)
     code = rerun_elsewhere(engine, model, None, trust_remote_code, environment)
     if code is not None:
         return code
     eng = load_adapter(engine, model, None, need_draft=False, verify_mode=verify_mode,
-                       trust_remote_code=trust_remote_code, prefill_step_size=kwargs["prefill_step_size"])
-    ids = engine_prompts(eng, [prompt] if prompt else None, parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]
-    click.echo(f"bisect --engine {engine}: width {w}, depth {depth}, {len(ids)} prompt tokens"
-               + (f", rollback to {accepted}" if accepted is not None else ""), err=True)
-    run = CommandRun("bisect", f"bisect --engine {engine}: width {w} depth {depth}",
-                     {"engine": eng.info.to_dict(), "width": w, "depth": depth}, record_dir, as_json, quiet,
-                     slug=f"bisect-{engine}")
+                       trust_remote_code=trust_remote_code, prefill_step_size=opts.prefill_step_size, cache=opts)
+    if controls and not eng.supports("control-arms"):
+        raise UsageError(f"--engine {engine}: --control reruns mlx-lm's arms; not with an engine")
+    ignored = [] if eng.supports("cache-options") else explicit(
+        ctx, "kv_bits", "max_kv_size", "quantized_kv_start", "kv_group_size")
+    if ignored:
+        click.echo(f"--engine {engine}: not applied: {', '.join('--' + n.replace('_', '-') for n in ignored)}",
+                   err=True)
+    ids = _prompt(eng, prompt, prompt_ids)
+    loaded = eng.checkpoint()
+    if loaded is not None:
+        click.echo(f"bisect: width {w}, depth {depth}, {len(ids)} prompt tokens"
+                   + (f", rollback to {accepted}" if accepted is not None else ""), err=True)
+        fp = loaded.fingerprint
+        run = CommandRun("bisect", f"bisect: {fp.model_type} {fp.short} width {w} depth {depth}",
+                         {"model": fp.to_dict(), "width": w, "depth": depth}, record_dir, as_json, quiet)
+    else:
+        click.echo(f"bisect --engine {engine}: width {w}, depth {depth}, {len(ids)} prompt tokens"
+                   + (f", rollback to {accepted}" if accepted is not None else ""), err=True)
+        run = CommandRun("bisect", f"bisect --engine {engine}: width {w} depth {depth}",
+                         {"engine": eng.info.to_dict(), "width": w, "depth": depth}, record_dir, as_json, quiet,
+                         slug=f"bisect-{engine}")
     with run:
-        return _emit(run, bisect_engine(eng, ids, w, depth, accepted, observer=run.observer))
+        return _emit(run, run_bisect(eng, ids, w, depth, controls=parsed, trust_remote_code=trust_remote_code,
+                                     observer=run.observer, accepted=accepted))
 
 
 @bisect.command("dump")
@@ -209,10 +190,16 @@ def dump(width: int | None, depth: int, prompt: str | None, prompt_ids: str | No
     w = _need_width(width, depth)
     check_new_file(out, "--out", force, also=(manifest_path(out),))
     opts = cache_options_from(kwargs)
-    loaded = resolve_model(model, trust_remote_code)
-    ids = _prompt(loaded, prompt, prompt_ids)
+    from specparity.commands._engine import load_adapter
+    from specparity.engines import DEFAULT
+
+    # the classic arms, through the default engine's adapter (the one `--control` reruns)
+    eng = load_adapter(DEFAULT, model, None, need_draft=False, verify_mode=None,
+                       trust_remote_code=trust_remote_code, prefill_step_size=opts.prefill_step_size, cache=opts)
+    loaded = eng.checkpoint()
+    ids = _prompt(eng, prompt, prompt_ids)
     arms = ("chain", "block") if arm == "both" else (arm,)
-    bc = run_arms(loaded.model, ids, w, depth, opts, arms=arms)
+    bc = run_arms(eng, ids, w, depth, arms=arms)
     manifest = write_dump(out, bc, arms, {
         "model": model_meta(loaded), "env": kernel_env(), "cache_options": opts.to_dict(),
         "identity": identity(model=loaded.fingerprint.to_dict()),

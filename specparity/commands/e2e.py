@@ -86,20 +86,33 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         specparity e2e --model ./chat-model --prompt "Hi" --chat-template
         specparity e2e --engine dflash-mlx --model ./fx/target --draft-model ./fx/draft --max-tokens 64
     """
+    import inspect
+
+    from specparity.commands._common import resolve_path
+    from specparity.commands._engine import engine_paths, engine_prompts, explicit, load_adapter, rerun_elsewhere
+    from specparity.engines import get, resolve
     from specparity.errors import UsageError
-    from specparity.probes.e2e import E2EOptions, parse_entry_points, run_e2e
+    from specparity.inputs import check_limit, check_positions
+    from specparity.probes.e2e import E2EOptions, parse_entry_points
     from specparity.prompts import DEFAULT_PROMPTS, parse_prompt_ids
 
-    from specparity.engines import get
-    from specparity.inputs import check_limit, check_positions
-
-    if not get(engine).classic_paths:
-        return _engine_e2e(ctx, engine, model, trust_remote_code, draft_model, entry_points, prompt_text,
-                           prompt_ids, max_tokens, environment, as_json, record_dir, quiet)
-
-    entries = parse_entry_points(entry_points)
+    spec = get(engine)
+    if spec.e2e is None or not spec.e2e_entry_points:
+        raise UsageError(f"--engine {engine}: the engine declares no e2e entry points")
+    run_entry = resolve(spec.e2e)
+    # an engine's e2e that takes the generation options (mlx-lm's entry points) gets them, the prompt as
+    # text or ids and the chat template; any other runs its entry points with their own defaults
+    takes_options = "options" in inspect.signature(run_entry).parameters
+    entries = parse_entry_points(entry_points, spec.e2e_entry_points)
     if max_tokens is not None:
         check_positions(max_tokens, "--max-tokens")
+    if not takes_options:
+        ignored = explicit(ctx, "num_draft_tokens", "max_kv_size", "prefill_step_size", "kv_bits", "kv_group_size",
+                           "quantized_kv_start", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                           "logit_bias", "chat_template")
+        if ignored:
+            raise UsageError(f"--engine {engine}: {', '.join('--' + n.replace('_', '-') for n in ignored)}"
+                             f" are mlx-lm options ({engine}'s entry points run with their own defaults)")
     if num_draft_tokens is not None:  # a round verifies num_draft_tokens + 1 rows
         check_limit(num_draft_tokens + 1, "--num-draft-tokens", "max_width", num_draft_tokens)
     if prompt_text is not None and prompt_ids is not None:
@@ -110,69 +123,15 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         prefill_step_size=prefill_step_size, kv_bits=int(kv_bits) if kv_bits else None,
         kv_group_size=int(kv_group_size) if kv_group_size else None,
         quantized_kv_start=quantized_kv_start, processors=procs)
-    from specparity.commands._engine import rerun_in_environment
-
-    code = rerun_in_environment(engine, environment, model, draft_model, trust_remote_code)
-    if code is not None:
-        return code
-    loaded = resolve_model(model, trust_remote_code)
-    draft = resolve_model(draft_model, trust_remote_code, role="draft")
-    vocab = getattr(getattr(loaded.model, "args", None), "vocab_size", None)
-    if isinstance(vocab, int):
-        from specparity.processors import check_vocab
-
-        check_vocab(procs, vocab)
-    prompt: str | list[int] = (parse_prompt_ids([prompt_ids])[0] if prompt_ids is not None
-                               else prompt_text if prompt_text is not None else DEFAULT_PROMPTS[0])
-    if not isinstance(prompt, str):
-        from specparity.inputs import check_token_ids, vocab_size
-
-        check_token_ids(prompt, vocab_size(loaded), "--prompt-ids")
-    fp = loaded.fingerprint
-    run = CommandRun("e2e", f"e2e: {fp.model_type} {fp.short}",
-                     {"model": fp.to_dict(), "draft_model": draft.fingerprint.to_dict(),
-                      "options": options.passed(True)},
-                     record_dir, as_json, quiet, slug=f"e2e-{fp.model_type}")
-    with run:
-        result = run_e2e(loaded, draft, prompt, options, entries, trust_remote_code, observer=run.observer,
-                         chat_template=chat_template)
-        return run.finish(result)
-
-
-def _engine_e2e(ctx: click.Context, engine: str, model: str | None, trust_remote_code: bool,
-                draft_model: str | None, entry_points: str | None, prompt_text: str | None, prompt_ids: str | None,
-                max_tokens: int | None, environment: str | None, as_json: bool, record_dir: str | None,
-                quiet: bool) -> int:
-    """``e2e --engine NAME``: the engine's own entry points against mlx-lm's classic arms."""
-    from specparity.commands._engine import engine_paths, engine_prompts, explicit, load_adapter, rerun_elsewhere
-    from specparity.engines import get, resolve
-    from specparity.errors import UsageError
-    from specparity.prompts import parse_prompt_ids
-
-    spec = get(engine)
-    entry_names = spec.e2e_entry_points
-    if spec.e2e is None or not entry_names:
-        raise UsageError(f"--engine {engine}: the engine declares no e2e entry points")
-    chosen = [e.strip() for e in (entry_points or ",".join(entry_names)).split(",") if e.strip()]
-    bad = [e for e in chosen if e not in entry_names]
-    if bad:
-        raise UsageError(f"--entry-points {entry_points!r}: with --engine {engine} choose from"
-                         f" {', '.join(entry_names)}")
-    ignored = [n for n in explicit(ctx, "num_draft_tokens", "max_kv_size", "prefill_step_size", "kv_bits",
-                                   "kv_group_size", "quantized_kv_start", "repetition_penalty",
-                                   "presence_penalty", "frequency_penalty", "logit_bias")]
-    if ignored:
-        raise UsageError(f"--engine {engine}: {', '.join('--' + n.replace('_', '-') for n in ignored)}"
-                         f" are mlx-lm options ({engine}'s entry points run with their own defaults)")
-    if prompt_text is not None and prompt_ids is not None:
-        raise UsageError("give --prompt or --prompt-ids, not both")
     code = rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
     if code is not None:
         return code
     target, draft = engine_paths(engine, model, draft_model)
+    if draft is None and takes_options:
+        draft = resolve_path(None, "draft")  # mlx-lm's entry points: the embedded drafter by default
     from specparity.probes.engines.own_loop import OwnLoopEngine, run_own_loops_e2e
 
-    if resolve(spec.e2e) is run_own_loops_e2e:
+    if run_entry is run_own_loops_e2e:
         # each own loop loads the pair with the engine's own loaders and reports its own load error, per entry
         # point: the in-process adapter (mlx-dspark's, dspark-mlx's) is not loaded for it
         if draft is None:
@@ -180,12 +139,36 @@ def _engine_e2e(ctx: click.Context, engine: str, model: str | None, trust_remote
         eng: Any = OwnLoopEngine(engine, target, draft)
     else:
         eng = load_adapter(engine, str(target), draft_model, need_draft=True, verify_mode=None,
-                           trust_remote_code=trust_remote_code)
-    loaded = resolve_model(str(target), trust_remote_code)
-    prompt = engine_prompts(eng, [prompt_text] if prompt_text else None,
-                            parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]
-    run = CommandRun("e2e", f"e2e --engine {engine}: {target.parent.name}/{target.name}",
-                     {"engine": eng.info.to_dict()}, record_dir, as_json, quiet, slug=f"e2e-{engine}")
+                           trust_remote_code=trust_remote_code, paths=(target, draft))
+    # classic decode's checkpoint: the adapter's own where it loaded one with the toolkit's loader
+    loaded = (eng.checkpoint() if not isinstance(eng, OwnLoopEngine) else None) \
+        or resolve_model(str(target), trust_remote_code)
+    if takes_options:
+        vocab = getattr(getattr(loaded.model, "args", None), "vocab_size", None)
+        if isinstance(vocab, int):
+            from specparity.processors import check_vocab
+
+            check_vocab(procs, vocab)
+        prompt: str | list[int] = (parse_prompt_ids([prompt_ids])[0] if prompt_ids is not None
+                                   else prompt_text if prompt_text is not None else DEFAULT_PROMPTS[0])
+        if not isinstance(prompt, str):
+            from specparity.inputs import check_token_ids, vocab_size
+
+            check_token_ids(prompt, vocab_size(loaded), "--prompt-ids")
+        fp = loaded.fingerprint
+        run = CommandRun("e2e", f"e2e: {fp.model_type} {fp.short}",
+                         {"model": fp.to_dict(), "draft_model": eng.draft.fingerprint.to_dict(),
+                          "options": options.passed(True)},
+                         record_dir, as_json, quiet, slug=f"e2e-{fp.model_type}")
+        extra: dict[str, Any] = {"options": options, "chat_template": chat_template,
+                                 "trust_remote_code": trust_remote_code}
+    else:
+        prompt = engine_prompts(eng, [prompt_text] if prompt_text else None,
+                                parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]
+        run = CommandRun("e2e", f"e2e --engine {engine}: {target.parent.name}/{target.name}",
+                         {"engine": eng.info.to_dict()}, record_dir, as_json, quiet, slug=f"e2e-{engine}")
+        extra = {}
+        max_tokens = max_tokens or 64
     with run:
-        result = resolve(spec.e2e)(eng, loaded, prompt, max_tokens or 64, chosen, observer=run.observer)
+        result = run_entry(eng, loaded, prompt, max_tokens, entries, observer=run.observer, **extra)
         return run.finish(result)

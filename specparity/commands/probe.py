@@ -15,8 +15,6 @@ from specparity.commands._common import (
     model_options,
     parse_int_list,
     record_option,
-    resolve_model,
-    resolve_path,
 )
 from specparity.commands._engine import engine_option
 from specparity.errors import UsageError
@@ -42,9 +40,10 @@ from specparity.errors import UsageError
               help="Aim only at boundaries up to this many positions; further ones are named in the report.")
 @click.option("--draft-model", default=None, metavar="DIR",
               help="--engine dflash-mlx: the DFlash drafter (its block size sets the default widths).")
-@click.option("--rollback/--no-rollback", default=True, show_default=True,
-              help="--engine: also roll back to every accept k of each width and compare the engine's"
-                   " state with classic decode's over the k + 1 kept tokens.")
+@click.option("--rollback/--no-rollback", default=None,
+              help="Also roll back to every accept k of each width and compare the engine's state with"
+                   " classic decode's over the k + 1 kept tokens (default: on, except for mlx-lm, whose"
+                   " trim `specparity replay` checks round by round).")
 @engine_option
 @cache_options
 @click.option("--memory-limit", default=None, metavar="SIZE",
@@ -55,7 +54,7 @@ from specparity.errors import UsageError
 @click.pass_context
 def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths: str, depths: str,
           prompts: tuple[str, ...], prompt_ids: tuple[str, ...], walk: int, walk_widths: str | None,
-          prefill: bool, aim: bool, aim_limit: int, draft_model: str | None, rollback: bool, engine: str,
+          prefill: bool, aim: bool, aim_limit: int, draft_model: str | None, rollback: bool | None, engine: str,
           verify_mode: str | None, environment: str | None, memory_limit: str | None, as_json: bool,
           record_dir: str | None, quiet: bool,
           **cache_kwargs: Any) -> int:
@@ -94,15 +93,10 @@ def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths
         specparity probe --kv-bits 8 --quantized-kv-start 0 --json
         specparity probe --engine dflash-mlx --model ./fx/target --draft-model ./fx/draft
     """
-    from specparity.engines import get
-
-    if not get(engine).classic_paths:
-        return _engine_probe(ctx, engine, model, trust_remote_code, draft_model, widths, depths, prompts,
-                             prompt_ids, rollback, verify_mode, environment, as_json, record_dir, quiet,
-                             cache_kwargs)
+    from specparity.commands._engine import engine_paths, engine_prompts, explicit, load_adapter, rerun_elsewhere
+    from specparity.inputs import check_positions
     from specparity.probes.forward.probe import run_probe
-    from specparity.inputs import check_positions, check_prompts
-    from specparity.prompts import encode_prompts, parse_prompt_ids
+    from specparity.prompts import parse_prompt_ids
 
     w_list = parse_int_list(widths, "--widths", minimum=1, limit="max_width")
     d_list = parse_int_list(depths, "--depths", minimum=0, limit="max_positions")
@@ -116,65 +110,48 @@ def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths
     ids = parse_prompt_ids(prompt_ids)
     opts = cache_options_from(cache_kwargs)
 
-    from specparity.commands._engine import rerun_in_environment
-
-    code = rerun_in_environment(engine, environment, model, None, trust_remote_code)
+    code = rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
     if code is not None:
         return code
+    paths = engine_paths(engine, model, draft_model)
     # the memory it expects, from the checkpoint's files, checked before it loads
     from specparity.harness.memory import probe_budget
 
     positions = max(max(d_list) + max(w_list), walk, aim_limit if aim else 0) + max(map(len, ids), default=64)
-    budget = probe_budget(str(resolve_path(model)), positions, flag=memory_limit)
+    budget = probe_budget(str(paths[0]), positions, flag=memory_limit)
     budget.check()
-    loaded = resolve_model(model, trust_remote_code)
-    check_prompts(ids, loaded)
-    # stated once the input is known good, before the probe starts: a refused input stays one line
-    if not quiet and not as_json:
-        click.echo(budget.line(), err=True)
-    prompt_list = encode_prompts(loaded.tokenizer, list(prompts) or None, ids or None)
-    fp = loaded.fingerprint
-    run = CommandRun("probe", f"probe: {fp.model_type} {fp.short}",
-                     {"model": fp.to_dict(), "cache": opts.to_dict()}, record_dir, as_json, quiet,
-                     slug=f"probe-{fp.model_type}")
-    with run:
-        result = run_probe(loaded, w_list, d_list, prompt_list, opts, walk_positions=walk,
-                           walk_widths=ww, prefill=prefill, observer=run.observer, aim=aim,
-                           aim_limit=aim_limit)
-        return run.finish(result, markdown=result.markdown(), extra={"model": fp.to_dict()})
-
-
-def _engine_probe(ctx: click.Context, engine: str, model: str | None, trust_remote_code: bool,
-                  draft_model: str | None, widths: str,
-                  depths: str, prompts: tuple[str, ...], prompt_ids: tuple[str, ...], rollback: bool,
-                  verify_mode: str | None, environment: str | None, as_json: bool, record_dir: str | None,
-                  quiet: bool, cache_kwargs: dict[str, Any]) -> int:
-    """``probe --engine``: the engine's verify block, rollback and prefill against classic decode."""
-    from specparity.commands._engine import engine_prompts, explicit, load_adapter, rerun_elsewhere
-    from specparity.probes.forward.engine import probe_engine
-    from specparity.prompts import parse_prompt_ids
-
-    code = rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
-    if code is not None:
-        return code
-    ignored = explicit(ctx, "walk", "walk_widths", "prefill", "aim", "aim_limit", "kv_bits", "max_kv_size",
-                       "quantized_kv_start", "kv_group_size")
+    eng = load_adapter(engine, model, draft_model, need_draft=False, verify_mode=verify_mode,
+                       trust_remote_code=trust_remote_code, prefill_step_size=opts.prefill_step_size,
+                       cache=opts, paths=paths)
+    # an option of a check the engine's adapter does not support is said, not silently dropped
+    unsupported = {"walk": ("walk", "walk_widths"), "prefill-parity": ("prefill",), "aim": ("aim", "aim_limit"),
+                   "cache-options": ("kv_bits", "max_kv_size", "quantized_kv_start", "kv_group_size")}
+    ignored = explicit(ctx, *(n for f, names in unsupported.items() if not eng.supports(f) for n in names))
     if ignored:
         click.echo(f"--engine {engine}: not applied: {', '.join('--' + n.replace('_', '-') for n in ignored)}",
                    err=True)
-    d_list = parse_int_list(depths, "--depths", minimum=0, limit="max_positions")
-    if not d_list:
-        raise UsageError("--depths: give at least one depth")
-    eng = load_adapter(engine, model, draft_model, need_draft=False, verify_mode=verify_mode,
-                       trust_remote_code=trust_remote_code, prefill_step_size=cache_kwargs["prefill_step_size"])
-    if "widths" in explicit(ctx, "widths") or not eng.info.widths:
-        w_list = parse_int_list(widths, "--widths", minimum=1, limit="max_width")
-    else:
+    if "widths" not in explicit(ctx, "widths") and eng.info.widths:
         w_list = list(eng.info.widths)
-    prompt_list = engine_prompts(eng, list(prompts) or None, parse_prompt_ids(prompt_ids) or None)
+    prompt_list = engine_prompts(eng, list(prompts) or None, ids or None)
+    # stated once the input is known good, before the probe starts: a refused input stays one line
+    if not quiet and not as_json:
+        click.echo(budget.line(), err=True)
     info = eng.info
-    run = CommandRun("probe", f"probe --engine {engine}: {Path(info.target).parent.name}/{Path(info.target).name}",
-                     {"engine": info.to_dict()}, record_dir, as_json, quiet, slug=f"probe-{engine}")
+    loaded = eng.checkpoint()
+    if loaded is not None:
+        fp = loaded.fingerprint
+        run = CommandRun("probe", f"probe: {fp.model_type} {fp.short}",
+                         {"model": fp.to_dict(), "cache": opts.to_dict()}, record_dir, as_json, quiet,
+                         slug=f"probe-{fp.model_type}")
+        extra = {"model": fp.to_dict(), "engine": info.to_dict()}
+    else:
+        where = Path(info.target)
+        run = CommandRun("probe", f"probe --engine {engine}: {where.parent.name}/{where.name}",
+                         {"engine": info.to_dict()}, record_dir, as_json, quiet, slug=f"probe-{engine}")
+        extra = {"engine": info.to_dict()}
     with run:
-        result = probe_engine(eng, w_list, d_list, prompt_list, rollback=rollback, observer=run.observer)
-        return run.finish(result, extra={"engine": info.to_dict()})
+        result = run_probe(eng, w_list, d_list, prompt_list, walk_positions=walk, walk_widths=ww,
+                           prefill=prefill, observer=run.observer, aim=aim, aim_limit=aim_limit,
+                           rollback=eng.rollback_default if rollback is None else rollback,
+                           engine_prefill=not eng.supports("classic-prefill"))
+        return run.finish(result, markdown=result.markdown(), extra=extra)

@@ -36,8 +36,8 @@ mlx, an engine, or a layer above this one):
     hooks          the module of served hooks (see :class:`ServedHooks`), or None
     adapter        ``load(request: LoadRequest) -> Engine`` (the in-process adapter,
                    :class:`specparity.probes.engines.base.Engine`), or None (served only)
-    classic_paths  True for mlx-lm only: its probe, replay, bisect and e2e run the
-                   toolkit's own mlx-lm paths rather than ``adapter``
+    classic_paths  True for mlx-lm only: its replay runs the toolkit's own mlx-lm replay
+                   rather than ``adapter`` (its probe, bisect and e2e run through ``adapter``)
     e2e_entry_points  the names of the engine's own e2e entry points
     e2e            ``run(adapter, classic: Loaded, prompt: list[int], max_tokens: int,
                    entry_points: list[str], observer) -> E2ERun``, or None
@@ -51,7 +51,7 @@ mlx, an engine, or a layer above this one):
 
 Functions: :func:`drafter_formats` (every drafter format the engines declare, by name: what
 ``fixtures make --drafter-format`` offers), :func:`names` (every engine, the default first; ``in_process=True``: those
-with an adapter or the classic paths, what ``--engine`` offers), :func:`get` (by name,
+with an adapter, what ``--engine`` offers), :func:`get` (by name,
 UsageError naming the choices), :data:`DEFAULT`, :func:`for_profile` (a profile's
 ``engine:`` key), :func:`served_hooks` (a profile's hooks, a no-op where none),
 :func:`require_consent` (refuse a checkpoint's code without ``--trust-remote-code``,
@@ -117,6 +117,8 @@ class LoadRequest:
     target / draft: checkpoint directories (draft None: the target alone). trust_remote_code: the
     user's consent, already checked against both (:func:`require_consent`). verify_mode: the engine's
     own verify policy (None: its default). prefill_step_size: None: the engine's default.
+    cache: the cache options (:class:`specparity.decode.CacheOptions`) for an adapter that supports
+    them (its ``features`` hold ``cache-options``); None: the defaults.
     """
 
     target: Path
@@ -124,6 +126,7 @@ class LoadRequest:
     trust_remote_code: bool = False
     verify_mode: str | None = None
     prefill_step_size: int | None = None
+    cache: Any = None
 
 
 # the format ``fixtures make --dflash SHAPE`` builds when --drafter-format is not given
@@ -187,7 +190,7 @@ class EngineSpec:
 
     @property
     def in_process(self) -> bool:
-        return self.classic_paths or self.adapter is not None
+        return self.adapter is not None
 
     def importable(self) -> bool:
         """``module`` imports in this interpreter (None: always)."""

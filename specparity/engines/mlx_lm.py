@@ -1,9 +1,11 @@
 """mlx-lm: the default engine (its verify forward, trim and speculative loop, its server and generate).
 
-Its probe, replay, bisect and e2e run the toolkit's own mlx-lm paths
-(``classic_paths``); its adapter (:class:`specparity.probes.engines.mlx_lm.MlxLmEngine`)
-is what an engine built on mlx-lm subclasses. Its environments pin one mlx-lm
-release each (a version matrix runs one job on several).
+Its probe, bisect and e2e run through its adapter
+(:class:`specparity.probes.engines.mlx_lm.MlxLmEngine`), as every engine's do; the adapter
+supports every optional check (cache options, walk, prefill parity, aimed blocks, bisect's
+control arms) and is what an engine built on mlx-lm subclasses. Its replay still runs the
+toolkit's own mlx-lm replay (``classic_paths``: served logs, processors, sequences). Its
+environments pin one mlx-lm release each (a version matrix runs one job on several).
 """
 
 from __future__ import annotations
@@ -14,19 +16,20 @@ from specparity.engines import EngineSpec, LoadRequest, PinnedEnv
 
 
 def load(request: LoadRequest) -> Any:
-    """mlx-lm's adapter on the target (and drafter), loaded by mlx-lm."""
+    """mlx-lm's adapter on the target, with the request's cache options; the drafter loads when its loop runs."""
     from specparity.checkpoint import load_checkpoint
     from specparity.probes.engines.mlx_lm import MlxLmEngine
 
     target = load_checkpoint(request.target, trust_remote_code=request.trust_remote_code)
-    draft = (load_checkpoint(request.draft, trust_remote_code=request.trust_remote_code, flag="--draft-model")
-             if request.draft is not None else None)
-    return MlxLmEngine(target, draft)
+    eng = MlxLmEngine(target, request.draft, opts=request.cache, trust_remote_code=request.trust_remote_code)
+    # its trim is replayed round by round by `replay`; the probe checks every accept k when asked (--rollback)
+    eng.rollback_default = False
+    return eng
 
 
 ENGINE = EngineSpec(
     name="mlx-lm",
-    description="mlx-lm's own verify forward, trim and speculative decoding (the toolkit's own paths)",
+    description="mlx-lm's own verify forward, trim and speculative decoding",
     module="mlx_lm",
     environments=(
         PinnedEnv("mlx-lm-0.31.3", ("mlx-lm==0.31.3",), "mlx-lm 0.31.3 (its server and generate)",
@@ -38,4 +41,5 @@ ENGINE = EngineSpec(
     adapter=load,
     classic_paths=True,
     e2e_entry_points=("stream_generate", "generate", "cli"),
+    e2e="specparity.probes.e2e:run_mlx_lm_e2e",
 )
