@@ -385,3 +385,67 @@ def test_an_mtp_fixture_loads_through_mtplx_and_its_generation_still_cannot_run(
         assert got[entry]["verdict"] == "cannot_run" and "libSystem" in got[entry]["failure"], got[entry]
     assert "MTP heads attached: True, validated: True; coverage: exact" in got["runtime.load"]["reason"]
     assert not any(f["verdict"] == "match" for f in got.values())
+
+
+# ------------------------------- dfly-mlx: dflash-mlx's verify and rollback through dfly-mlx's own loader
+
+@pytest.mark.build
+def test_probe_engine_dfly_mlx_checks_dflash_mlx_verify_and_every_rollback_through_load_runtime(
+        dfly_fx: dict, cli_bin: str) -> None:
+    """dfly-mlx's ``load_runtime`` bundle: dflash-mlx's ``TargetOps`` verify block and tape-replay rollback at the
+    drafter's 8-row block (verify mode dflash: no reduced block). Silent on the float32 qwen3 fixture; a rollback
+    that keeps one rejected row is found at every k < 7 in the KV cache's length, a scaled verify row at row 1;
+    on the published linear-attention head ratio (qwen3_5) every cell is not run, with dflash-mlx's own error."""
+    info = dfly_fx["qwen3"]
+    n = len(info["fit_prompts"][0])
+    code, out = _dspark_cli(cli_bin, info, "probe", "--depths", "0", engine="dfly-mlx")
+    assert code == 0, out
+    eng = out["engine"]
+    assert eng["name"] == "dfly-mlx" and eng["version"] == "0.1.0" and eng["widths"] == [8]
+    assert eng["packages"]["dflash-mlx"] == "0.1.8" and "load_runtime" in " ".join(eng["notes"])
+    assert [p["verdict"] for p in out["prefill"]] == ["equal"] and out["cells"][0]["verdict"] == "equal"
+    assert [r["accepted"] for r in out["rollbacks"]] == list(range(8))
+    assert all(r["verdict"] == "equal" for r in out["rollbacks"])
+
+    code, out = _dspark_cli(cli_bin, info, "probe", "--depths", "0", fault="stale-row", engine="dfly-mlx")
+    assert code == 1 and out["engine"]["fault"] == "stale-row" and out["cells"][0]["verdict"] == "equal"
+    for r in out["rollbacks"]:
+        k = r["accepted"]
+        assert (r["verdict"], (r["first"] or {}).get("note")) == (
+            ("equal", None) if k == 7 else ("divergent", f"offset {n + k} vs {n + k + 1}")), r
+
+    code, out = _dspark_cli(cli_bin, info, "probe", "--depths", "0", fault="verify-row", engine="dfly-mlx")
+    (cell,) = out["cells"]
+    assert code == 1 and cell["verdict"] == "divergent" and cell["first_row"] == 1, cell
+    assert all(r["verdict"] == "equal" for r in out["rollbacks"])  # the kept rows' state is the chain's
+
+    code, out = _dspark_cli(cli_bin, dfly_fx["qwen3_5"], "probe", "--depths", "0", engine="dfly-mlx")
+    assert code == 3 and out["engine"]["family"] == "hybrid_gdn", out
+    assert out["cells"][0]["verdict"] == "not_run" and "broadcast" in json.dumps(out["cells"][0])
+    assert all(r["verdict"] == "not_run" for r in out["rollbacks"])
+
+
+@pytest.mark.build
+def test_replay_engine_dfly_mlx_records_its_loop_round_by_round_and_places_a_kept_row(
+        dfly_fx: dict, cli_bin: str) -> None:
+    """dflash-mlx's loop as ``dfly_mlx.generate`` runs it (copy-from-history off), its DFly backend's blocks
+    recorded as ``dfly`` rounds: equal on float32 qwen3 with drafts accepted; a kept rejected row is placed at the
+    first round that rejected anything, by its own run and by the replay of its accept vector; on the hybrid
+    its own loop stops before round 0 with dflash-mlx's error (not run, never a pass)."""
+    info = dfly_fx["qwen3"]
+    code, out = _dspark_cli(cli_bin, info, "replay", "--max-tokens", "24", engine="dfly-mlx")
+    assert code == 0, out
+    (req,) = out["requests"]
+    assert req["verdict"] == "equal" and req["error"] is None and any(a > 0 for a in req["accepts"])
+    assert "dfly" in req["sources"] and "copyspec" not in req["sources"]
+
+    code, out = _dspark_cli(cli_bin, info, "replay", "--max-tokens", "24", fault="stale-row", engine="dfly-mlx")
+    (req,) = out["requests"]
+    first_reject = next(i for i, (a, w) in enumerate(zip(req["accepts"], req["widths"])) if a < w - 1)
+    assert code == 1 and req["verdict"] == "divergent"
+    assert req["state"]["round"] == first_reject and req["state"]["first"]["name"] == "offset"
+    assert req["replay"]["state"]["round"] == first_reject
+
+    code, out = _dspark_cli(cli_bin, dfly_fx["qwen3_5"], "replay", "--max-tokens", "24", engine="dfly-mlx")
+    (req,) = out["requests"]
+    assert code == 3 and req["verdict"] == "not_run" and "broadcast" in req["error"], req
