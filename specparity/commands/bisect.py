@@ -174,8 +174,15 @@ def _engine_bisect(engine: str, width: int | None, depth: int, prompt: str | Non
     run = CommandRun("bisect", f"bisect --engine {engine}: width {w} depth {depth}",
                      {"engine": eng.info.to_dict(), "width": w, "depth": depth}, record_dir, as_json, quiet,
                      slug=f"bisect-{engine}")
+    from specparity.errors import Inconclusive
+    from specparity.probes.engines.base import EngineCannotRun
+
     with run:
-        return _emit(run, bisect_engine(eng, ids, w, depth, accepted, observer=run.observer))
+        try:
+            found = bisect_engine(eng, ids, w, depth, accepted, observer=run.observer)
+        except EngineCannotRun as err:  # the engine's own error on this shape: not run, never a pass
+            raise Inconclusive(f"bisect --engine {engine}: not run: {err}") from err
+        return _emit(run, found)
 
 
 @bisect.command("dump")
