@@ -17,7 +17,9 @@ multi-row attention; off in the library's defaults, Metal only).
 
 Here: in process, its own ``Target`` prefill, verify and rollback, and its own loop
 recorded round by round (:mod:`specparity.probes.engines.mlx_dspark`: ``probe`` and
-``replay --engine mlx-dspark``); its own loops against classic decode
+``replay --engine mlx-dspark``, ``--verify-mode max-draft-N`` for the loop its server's
+drafted arm runs); served: ``mlx-dspark serve`` (profile ``mlx-dspark``, hooks
+:mod:`specparity.harness.engines.mlx_dspark`, whose reproduction is that replay); its own loops against classic decode
 (:mod:`specparity.probes.engine_e2e`), each difference located to its round and row
 by its ``on_round`` record; its
 drafters in DeepSeek's DeepSpec format (:mod:`specparity.dspark_fixtures`).
@@ -30,12 +32,24 @@ from typing import Any
 
 from specparity.engines import EngineSpec, LoadRequest, PinnedEnv
 
+# --verify-mode max-draft-N: its loop as the profile's drafted arm of ``mlx-dspark serve --max-draft N
+# --no-lookup-drafts`` runs it (N drafts a round, every draft the drafter's); without it, its library defaults
+# (cap 2, n-gram lookup drafts on). Up to 15: a DSpark block of 16 rows (the published drafters verify 8).
+SERVED_MODE = "max-draft-"
+SERVED_MAX_CAP = 15
+SERVED_MODES = tuple(f"{SERVED_MODE}{n}" for n in range(1, SERVED_MAX_CAP + 1))
+
+
+def served_cap(verify_mode: str | None) -> int | None:
+    """The cap a ``max-draft-N`` verify mode pins (None: the library defaults)."""
+    return int(verify_mode[len(SERVED_MODE):]) if verify_mode else None
+
 
 def load(request: LoadRequest) -> Any:
     """mlx-dspark loaded on the target (and its DSpark drafter) by its own loaders."""
     from specparity.probes.engines.mlx_dspark import MlxDsparkEngine
 
-    return MlxDsparkEngine(request.target, request.draft)
+    return MlxDsparkEngine(request.target, request.draft, cap=served_cap(request.verify_mode))
 
 
 def default_checkpoints() -> tuple[Path, Path | None]:
@@ -64,4 +78,5 @@ ENGINE = EngineSpec(
     default_checkpoints=default_checkpoints,
     fixture="specparity.dspark_fixtures:build_dspark_pair",
     fixture_kind="dspark",
+    verify_modes=SERVED_MODES,
 )
