@@ -23,6 +23,7 @@ from test_environments import REAL_CACHE, built
 from specparity.environments import ENV_CACHE_VAR
 from specparity.harness.config import Job, Pairing
 from specparity.harness.judge import EXACT_TIE
+from specparity.harness.results import ServedReport
 from specparity.harness.run import ServedRun
 from specparity.verdicts import Verdict
 
@@ -36,7 +37,7 @@ def real_environments(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_CACHE_VAR, str(REAL_CACHE))
 
 
-def _served(tmp_path: Path, name: str, info: dict, max_tokens: int) -> tuple[dict, object]:
+def _served(tmp_path: Path, name: str, info: dict, max_tokens: int) -> tuple[dict, ServedReport]:
     job = Job(pairings=[Pairing(name, info["target"], info["draft"], "mlx-dspark")], widths=WIDTHS,
               max_tokens=max_tokens, prompts=[PROMPT], sequence=["fresh"])
     report = ServedRun(job, workdir=tmp_path / name).run()

@@ -14,7 +14,11 @@ MLX's CPU backend, mlx-lm 0.31.3:
 - dspark-mlx on qwen3_5: its host adapter's error before the first round;
 - dfly-mlx: its ``generate`` needs a chat template (its error on the fixtures);
   the loop it drives equals classic decode on qwen3 and, on the published
-  linear-attention head ratio, stops with dflash-mlx's broadcast error;
+  linear-attention head ratio, stops with dflash-mlx's broadcast error; in process
+  (dflash-mlx's verify and rollback through its ``load_runtime``) its probe finds,
+  with equal linear heads, the recurrent state wrong after a partial-accept rollback;
+- ``bisect --engine`` names the logits for a faulty verify row and layer 0's cache
+  for a rollback that keeps a rejected row, per engine, and is silent on the clean path;
 - mtplx: its generation does not import on Linux (a macOS system library),
   each entry point ``cannot_run`` with that cause, never a pass.
 """
@@ -441,6 +445,7 @@ def test_probe_engine_dfly_mlx_checks_dflash_mlx_verify_and_every_rollback_throu
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_replay_engine_dfly_mlx_records_its_loop_round_by_round_and_places_a_kept_row(
         dfly_fx: dict, cli_bin: str) -> None:
     """dflash-mlx's loop as ``dfly_mlx.generate`` runs it (copy-from-history off), its DFly backend's blocks

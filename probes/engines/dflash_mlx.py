@@ -279,6 +279,11 @@ class DflashEngine(Engine):
     name = NAME
     source = "dflash"
     reduced_block: int | None = REDUCED_BLOCK
+    # set by _load: the engine's bundle (None without a drafter), target model, target adapter and drafter
+    bundle: Any
+    target_model: Any
+    target_ops: Any
+    draft_model: Any
 
     def __init__(self, target: str | Path, draft: str | Path | None = None,
                  prefill_step_size: int | None = None, verify_mode: str | None = None):
@@ -329,7 +334,8 @@ class DflashEngine(Engine):
                          " fallbacks, not its Metal kernels")
         if fault is not None:
             notes.append(f"injected fault: {fault}")
-        packages = {p: version(p) for p in dict.fromkeys((self.name, "dflash-mlx", "mlx", "mlx-lm"))}
+        names = dict.fromkeys((self.name, "dflash-mlx", "mlx", "mlx-lm"))  # dfly-mlx: its own, then dflash-mlx's
+        packages: dict[str, str | None] = {p: version(p) for p in names}
         self.info = EngineInfo(self.name, version(self.name), str(target), str(draft) if draft else None, block,
                                widths, family=str(self.target_ops.family(self.target_model)), notes=notes,
                                packages=packages, fault=fault)
@@ -340,7 +346,7 @@ class DflashEngine(Engine):
         if draft is not None:
             from dflash_mlx.runtime.bundle import load_runtime_bundle
 
-            self.bundle: Any = load_runtime_bundle(model_ref=str(target), draft_ref=str(draft),
+            self.bundle = load_runtime_bundle(model_ref=str(target), draft_ref=str(draft),
                                                    verify_config=self.runtime_context.verify)
             self.target_model, self.target_ops = self.bundle.target_model, self.bundle.target_ops
             self.draft_model = self.bundle.draft_model

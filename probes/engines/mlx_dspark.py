@@ -49,6 +49,17 @@ log = logging.getLogger(__name__)
 NAME = "mlx-dspark"
 # speculative_generate's default max_draft_tokens: 2 drafts, a 3-row verify
 DEFAULT_CAP = 2
+# --verify-mode max-draft-N: its loop as the profile's drafted arm of ``mlx-dspark serve --max-draft N
+# --no-lookup-drafts`` runs it (N drafts a round, every draft the drafter's); without it, its library defaults
+# (cap 2, n-gram lookup drafts on). Up to 15: a DSpark block of 16 rows (the published drafters verify 8).
+SERVED_MODE = "max-draft-"
+SERVED_MAX_CAP = 15
+SERVED_MODES = tuple(f"{SERVED_MODE}{n}" for n in range(1, SERVED_MAX_CAP + 1))
+
+
+def served_cap(verify_mode: str | None) -> int | None:
+    """The cap a ``max-draft-N`` verify mode pins (None: the library defaults)."""
+    return int(verify_mode[len(SERVED_MODE):]) if verify_mode else None
 
 
 def available() -> bool:
