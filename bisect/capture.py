@@ -135,19 +135,41 @@ class Recorder:
         return out
 
 
-def _swap(module: Any, recorder: Recorder, rel: str, layer: int | None,
-          swapped: list[tuple[Any, type]], top: bool = False) -> None:
-    cls = type(module)
-    orig = cls.__call__
+class _Swapper:
+    """Wraps modules for one :func:`capture`: one wrapper class per module class, each instance's name in a map.
 
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if top:
-            return recorder.model_call(orig, self, args, kwargs)
-        return recorder.call(orig, self, rel, layer, args, kwargs)
+    One class per class, not per instance: an engine that patches ``type(module).__call__`` for a forward
+    (mlx-dspark records every gated-delta layer's conv input that way) reaches every instance, as it
+    would unwrapped. The wrapper claims its original's module: an engine that finds its model's functions
+    through ``sys.modules[type(layer).__module__]`` (mlx-dspark's ``gated_delta_update``) still finds them.
+    """
 
-    module.__class__ = type(cls.__name__, (cls,), {"__call__": __call__,
-                                                    "__qualname__": cls.__qualname__})
-    swapped.append((module, cls))
+    def __init__(self, recorder: Recorder):
+        self.recorder = recorder
+        self.swapped: list[tuple[Any, type]] = []
+        self._classes: dict[type, type] = {}
+        self._where: dict[int, tuple[str, int | None, bool]] = {}
+
+    def __call__(self, module: Any, rel: str, layer: int | None, top: bool = False) -> None:
+        cls = type(module)
+        self._where[id(module)] = (rel, layer, top)
+        wrapper = self._classes.get(cls)
+        if wrapper is None:
+            recorder, where, orig = self.recorder, self._where, cls.__call__
+
+            def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+                at = where.get(id(self))
+                if at is None:  # made during the capture (a copy): not one of the model's modules
+                    return orig(self, *args, **kwargs)
+                if at[2]:
+                    return recorder.model_call(orig, self, args, kwargs)
+                return recorder.call(orig, self, at[0], at[1], args, kwargs)
+
+            wrapper = type(cls.__name__, (cls,), {"__call__": __call__, "__qualname__": cls.__qualname__,
+                                                  "__module__": cls.__module__})
+            self._classes[cls] = wrapper
+        module.__class__ = wrapper
+        self.swapped.append((module, cls))
 
 
 def module_children(module: Any) -> list[tuple[str, Any]]:
@@ -257,17 +279,17 @@ def capture(model: Any, subop_depth: int = 2) -> Iterator[tuple[Recorder, Captur
     ``subop_depth``: 1 wraps each layer's direct submodules, 2 also theirs.
     """
     recorder = Recorder()
-    swapped: list[tuple[Any, type]] = []
+    swap = _Swapper(recorder)
     emb = find_embedding(model)
     norm = find_final_norm(model)
     layers = model_layers(model)
     try:
         seen: set[int] = set()
         if emb is not None:
-            _swap(emb[1], recorder, EMBED, None, swapped)
+            swap(emb[1], EMBED, None)
             seen.add(id(emb[1]))
         if norm is not None:
-            _swap(norm[1], recorder, FINAL_NORM, None, swapped)
+            swap(norm[1], FINAL_NORM, None)
             seen.add(id(norm[1]))
         for i, layer in enumerate(layers):
             for rel, child in module_children(layer):
@@ -275,16 +297,16 @@ def capture(model: Any, subop_depth: int = 2) -> Iterator[tuple[Recorder, Captur
                     for rel2, grand in module_children(child):
                         if id(grand) not in seen:
                             seen.add(id(grand))
-                            _swap(grand, recorder, f"{rel}.{rel2}", None, swapped)
+                            swap(grand, f"{rel}.{rel2}", None)
                 if id(child) not in seen:
                     seen.add(id(child))
-                    _swap(child, recorder, rel, None, swapped)
-            _swap(layer, recorder, "", i, swapped)
-        _swap(model, recorder, "", None, swapped, top=True)
+                    swap(child, rel, None)
+            swap(layer, "", i)
+        swap(model, "", None, top=True)
         cmap = CaptureMap(emb[0] if emb else None, norm[0] if norm else None, len(layers),
-                          len(swapped))
-        log.info("capture: wrapped %d modules over %d layers", len(swapped), len(layers))
+                          len(swap.swapped))
+        log.info("capture: wrapped %d modules over %d layers", len(swap.swapped), len(layers))
         yield recorder, cmap
     finally:
-        for module, cls in reversed(swapped):
+        for module, cls in reversed(swap.swapped):
             module.__class__ = cls

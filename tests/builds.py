@@ -3,6 +3,7 @@ under CI a failure, when one is missing (``scripts/build-env NAME`` builds it; n
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -21,3 +22,19 @@ def built(name: str) -> envs.Environment:
             pytest.fail(message)
         pytest.skip(message)
     return found
+
+
+def engine_cli(cli_bin: str, info: dict, command: str, *args: str, fault: str | None = None,
+                engine: str = "mlx-dspark") -> tuple[int, dict]:
+    """``command --engine ENGINE`` on ``info``'s pair, re-run in the engine's built environment."""
+    from conftest import run_cli
+    from specparity.environments import ENV_CACHE_VAR
+    from specparity.probes.engines.base import FAULT_ENV
+
+    built(engine)
+    env = {ENV_CACHE_VAR: str(REAL_CACHE), **({FAULT_ENV: fault} if fault else {})}
+    proc = run_cli(cli_bin, command, "--engine", engine, "--model", info["target"], "--draft-model",
+                   info["draft"], "--prompt-ids", ",".join(map(str, info["fit_prompts"][0])), *args, "--json",
+                   env=env)
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    return proc.returncode, json.loads(proc.stdout)

@@ -7,7 +7,8 @@ draft came from its n-gram lookup, not the drafter; the profile turns lookup
 off for drafted arms) and its prefix cache (``cached_tokens``, ``cold``). A
 request is engaged when it ran in ``dspark`` mode and committed more than one
 token per target forward in some round (``accept_len`` > 1: drafts accepted);
-the widest width is the drafter's ``block_size`` + 1 (:func:`max_width`).
+the widest width is the drafter's ``block_size`` + 1 (:func:`max_width`). A served divergence
+prints its reproduction in process (:func:`reproduction`), or why none.
 """
 
 from __future__ import annotations
@@ -45,3 +46,48 @@ def evidence(session: Any, completion: Any, before: Any) -> EngineEvidence | Non
     ev.lines.append(f"x_mlx_dspark: mode {mode}, {accept:g} tokens per target forward over"
                     f" {info.get('target_forwards')} forwards, cap {info.get('cap')}, {lookup} lookup rounds")
     return ev
+
+
+def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_ids: list[int] | None,
+                 width: int | None, first: bool) -> dict[str, Any]:
+    """``specparity replay --engine mlx-dspark --verify-mode max-draft-N`` of one served request, or why none
+    reproduces it.
+
+    The replay runs mlx-dspark's own ``speculative_generate`` in process as the profile's drafted arm
+    runs it in the server (``--max-draft N --no-lookup-drafts``: N = the arm's width - 1, every draft the
+    drafter's), on the prompt ids the server decoded, for ``max_tokens``, greedy, on a fresh cache, and
+    places the first differing token, logits row and state to its round.
+    """
+    from specparity.probes.engines.mlx_dspark import SERVED_MAX_CAP
+    from specparity.errors import UsageError
+    from specparity.probes.replay.sequence import Reproduction, replay_command
+    from specparity.reference import RequestParams
+
+    def why(reason: str) -> dict[str, Any]:
+        return Reproduction(reason=reason).to_dict()
+
+    if not first:
+        return why("mlx-dspark's prefix cache: this request was not the first its server received, and no replay"
+                   " rebuilds the cache it may have reused (it lives in its server only)")
+    if draft is None:
+        return why("an arm of mlx-dspark serve without the drafter (its baseline mode, greedy_generate): the"
+                   " in-process replay runs its speculative loop, which needs the drafter")
+    if width is None:
+        return why("the arm's width is not known: the replay pins the cap the server was given (--max-draft)")
+    block = max_width(draft)
+    if width - 1 > SERVED_MAX_CAP or (block is not None and width > block):
+        return why(f"this arm verified {width} rows (--max-draft {width - 1}): replay --engine mlx-dspark takes"
+                   f" --verify-mode max-draft-1..{min(SERVED_MAX_CAP, (block or SERVED_MAX_CAP + 1) - 1)}")
+    if prompt_ids is None:
+        return why("no prompt token ids for this request (no classic reference ran)")
+    try:
+        params = RequestParams.from_body(body)
+    except UsageError as err:
+        return why(str(err))
+    if params.temperature != 0:
+        return why(f"sampled at temperature {params.temperature:g}: the replay decodes greedily")
+    if params.repetition_penalty or params.presence_penalty or params.frequency_penalty or params.logit_bias:
+        return why("the request's logits processors: mlx-dspark's loop in process runs without them")
+    return Reproduction(command=replay_command(
+        ("--engine", "mlx-dspark"), ("--model", model), ("--draft-model", draft), ("--prompt-ids", prompt_ids),
+        ("--verify-mode", f"max-draft-{width - 1}"), ("--max-tokens", params.max_tokens))).to_dict()

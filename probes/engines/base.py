@@ -244,6 +244,7 @@ class EngineRun:
     states: per round, every layer's state after its rollback, when recorded.
     seconds: wall time of the engine's loop.
     error: the engine's own error when its loop stopped on one (the rounds before it are kept).
+    max_tokens: the tokens its loop was asked for, when the adapter says (a token past it is a finding).
     """
 
     prompt: list[int]
@@ -254,6 +255,7 @@ class EngineRun:
     states: list[list[LayerState]] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None
+    max_tokens: int | None = None
 
     @property
     def accepts(self) -> list[int]:

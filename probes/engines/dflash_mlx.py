@@ -222,16 +222,16 @@ class _RecordingOps:
 
 
 class _RecordingBackend:
-    """The engine's draft backend, noting who proposed each block."""
+    """The engine's draft backend, noting who proposed each block (``source``: its drafter's name)."""
 
-    def __init__(self, backend: Any, rec: _Recorder):
-        self._backend, self._rec = backend, rec
+    def __init__(self, backend: Any, rec: _Recorder, source: str = "dflash"):
+        self._backend, self._rec, self._source = backend, rec, source
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
     def draft_greedy(self, **kwargs: Any) -> Any:
-        self._rec.source = "dflash"
+        self._rec.source = self._source
         return self._backend.draft_greedy(**kwargs)
 
     def advance_context(self, **kwargs: Any) -> Any:
@@ -270,12 +270,27 @@ class _Recorder:
 
 
 class DflashEngine(Engine):
-    """dflash-mlx loaded on a target (and a DFlash drafter)."""
+    """dflash-mlx loaded on a target (and a DFlash drafter).
+
+    An engine built on dflash-mlx's runtime (dfly-mlx) subclasses it: ``name`` (its package), ``source`` (its
+    drafter's name in the round record), ``reduced_block`` (None: no adaptive policy) and :meth:`_load`
+    (its own loader, setting the same attributes)."""
+
+    name = NAME
+    source = "dflash"
+    reduced_block: int | None = REDUCED_BLOCK
+    # set by _load: the engine's bundle (None without a drafter), target model, target adapter and drafter
+    bundle: Any
+    target_model: Any
+    target_ops: Any
+    draft_model: Any
 
     def __init__(self, target: str | Path, draft: str | Path | None = None,
                  prefill_step_size: int | None = None, verify_mode: str | None = None):
-        if not available():
-            raise EngineUnavailable("dflash-mlx is not installed in this interpreter")
+        from specparity.engines import get
+
+        if not get(self.name).importable():
+            raise EngineUnavailable(f"{self.name} is not installed in this interpreter")
         from importlib.metadata import version
 
         import mlx.core as mx
@@ -286,21 +301,9 @@ class DflashEngine(Engine):
                                                              verify_mode=verify_mode)
         self.prefill_step_size = int(self.runtime_context.runtime.prefill_step_size)
         try:
-            if draft is not None:
-                from dflash_mlx.runtime.bundle import load_runtime_bundle
-
-                self.bundle: Any = load_runtime_bundle(model_ref=str(target), draft_ref=str(draft),
-                                                       verify_config=self.runtime_context.verify)
-                self.target_model, self.target_ops = self.bundle.target_model, self.bundle.target_ops
-                self.draft_model = self.bundle.draft_model
-            else:
-                from dflash_mlx.runtime.loading import load_target_bundle
-
-                tb = load_target_bundle(str(target), verify_config=self.runtime_context.verify)
-                self.bundle, self.target_model, self.target_ops = None, tb.model, tb.target_ops
-                self.draft_model = None
+            self._load(target, draft)
         except Exception as err:  # noqa: BLE001  (the loader's own words)
-            raise EngineUnavailable(f"dflash-mlx will not load {target}"
+            raise EngineUnavailable(f"{self.name} will not load {target}"
                                     f"{' with drafter ' + str(draft) if draft else ''}:"
                                     f" {type(err).__name__}: {err}") from err
         import os
@@ -316,25 +319,47 @@ class DflashEngine(Engine):
                 import dataclasses
 
                 self.bundle = dataclasses.replace(self.bundle, target_ops=self.target_ops)
-            log.warning("dflash-mlx: injected fault %s", fault)
+            log.warning("%s: injected fault %s", self.name, fault)
         self._classic = mlx_lm.load(str(target))[0]
         # walked once: classic() runs around every classic step
         self._classic_classes = _module_classes(self._classic)
         ids = list(getattr(self.draft_model, "target_layer_ids", []) or [])
         self.capture_layer_ids = {i + 1 for i in ids} or None
         block = int(self.draft_model.block_size) if self.draft_model is not None else None
-        widths = sorted({w for w in (block, REDUCED_BLOCK if block and block > REDUCED_BLOCK else None) if w})
+        reduced = self.reduced_block
+        widths = sorted({w for w in (block, reduced if block and reduced and block > reduced else None) if w})
         notes = [f"verify mode {self.runtime_context.runtime.verify_mode}, prefill step {self.prefill_step_size}"]
         if not mx.metal.is_available():
             notes.append(f"no Metal on this machine ({mx.default_device()}): dflash-mlx runs its pure-MLX"
                          " fallbacks, not its Metal kernels")
         if fault is not None:
             notes.append(f"injected fault: {fault}")
-        self.info = EngineInfo(NAME, version("dflash-mlx"), str(target), str(draft) if draft else None, block,
+        names = dict.fromkeys((self.name, "dflash-mlx", "mlx", "mlx-lm"))  # dfly-mlx: its own, then dflash-mlx's
+        packages: dict[str, str | None] = {p: version(p) for p in names}
+        self.info = EngineInfo(self.name, version(self.name), str(target), str(draft) if draft else None, block,
                                widths, family=str(self.target_ops.family(self.target_model)), notes=notes,
-                               packages={"dflash-mlx": version("dflash-mlx"), "mlx": version("mlx"),
-                                         "mlx-lm": version("mlx-lm")}, fault=fault)
+                               packages=packages, fault=fault)
         self.info.notes.append(f"mlx {version('mlx')}, mlx-lm {version('mlx-lm')}")
+
+    def _load(self, target: str | Path, draft: str | Path | None) -> None:
+        """dflash-mlx's own loaders: sets ``bundle``, ``target_model``, ``target_ops``, ``draft_model``."""
+        if draft is not None:
+            from dflash_mlx.runtime.bundle import load_runtime_bundle
+
+            self.bundle = load_runtime_bundle(model_ref=str(target), draft_ref=str(draft),
+                                                   verify_config=self.runtime_context.verify)
+            self.target_model, self.target_ops = self.bundle.target_model, self.bundle.target_ops
+            self.draft_model = self.bundle.draft_model
+        else:
+            from dflash_mlx.runtime.loading import load_target_bundle
+
+            tb = load_target_bundle(str(target), verify_config=self.runtime_context.verify)
+            self.bundle, self.target_model, self.target_ops = None, tb.model, tb.target_ops
+            self.draft_model = None
+
+    def loop_options(self) -> dict[str, Any]:
+        """Arguments its own loop passes ``stream_dflash_generate`` beyond the toolkit's (dflash-mlx: none)."""
+        return {}
 
     def session(self) -> DflashSession:
         return DflashSession(self)
@@ -366,16 +391,16 @@ class DflashEngine(Engine):
         from specparity.errors import UsageError
 
         if self.bundle is None:
-            raise UsageError("dflash-mlx's loop needs its DFlash drafter (--draft-model)")
+            raise UsageError(f"{self.name}'s loop needs its drafter (--draft-model)")
         rec = _Recorder(len(prompt), record_states)
         tokens: list[int] = []
         t0 = time.perf_counter()
         stream = stream_dflash_generate(
             target_model=self.target_model, target_ops=_RecordingOps(self.target_ops, rec),
             tokenizer=self.bundle.tokenizer, draft_model=self.draft_model,
-            draft_backend=_RecordingBackend(self.bundle.draft_backend, rec), prompt="",
+            draft_backend=_RecordingBackend(self.bundle.draft_backend, rec, self.source), prompt="",
             prompt_tokens_override=list(prompt), max_new_tokens=max_tokens, stop_token_ids=[],
-            runtime_context=self.runtime_context)
+            runtime_context=self.runtime_context, **self.loop_options())
         error = None
         try:
             for event in stream:

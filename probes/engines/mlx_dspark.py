@@ -49,6 +49,17 @@ log = logging.getLogger(__name__)
 NAME = "mlx-dspark"
 # speculative_generate's default max_draft_tokens: 2 drafts, a 3-row verify
 DEFAULT_CAP = 2
+# --verify-mode max-draft-N: its loop as the profile's drafted arm of ``mlx-dspark serve --max-draft N
+# --no-lookup-drafts`` runs it (N drafts a round, every draft the drafter's); without it, its library defaults
+# (cap 2, n-gram lookup drafts on). Up to 15: a DSpark block of 16 rows (the published drafters verify 8).
+SERVED_MODE = "max-draft-"
+SERVED_MAX_CAP = 15
+SERVED_MODES = tuple(f"{SERVED_MODE}{n}" for n in range(1, SERVED_MAX_CAP + 1))
+
+
+def served_cap(verify_mode: str | None) -> int | None:
+    """The cap a ``max-draft-N`` verify mode pins (None: the library defaults)."""
+    return int(verify_mode[len(SERVED_MODE):]) if verify_mode else None
 
 
 def available() -> bool:
@@ -177,7 +188,9 @@ class MlxDsparkSession(CacheListSession):
 class MlxDsparkEngine(Engine):
     """mlx-dspark loaded on a target (and a DSpark drafter)."""
 
-    def __init__(self, target: str | Path, draft: str | Path | None = None):
+    def __init__(self, target: str | Path, draft: str | Path | None = None, cap: int | None = None):
+        """``cap``: its loop as ``mlx-dspark serve --max-draft CAP --no-lookup-drafts`` runs it (None: the
+        library defaults, cap 2 with n-gram lookup drafts)."""
         if not available():
             raise EngineUnavailable("mlx-dspark is not installed in this interpreter")
         from importlib.metadata import version
@@ -207,10 +220,18 @@ class MlxDsparkEngine(Engine):
             log.warning("mlx-dspark: injected fault %s", fault)
         self._classic = mlx_lm.load(str(target))[0]
         block = int(self.drafter.max_draft) + 1 if self.drafter is not None else None
-        widths = sorted({w for w in (DEFAULT_CAP + 1, block) if w and (block is None or w <= block)})
+        if cap is not None and block is not None and cap + 1 > block:
+            from specparity.errors import UsageError
+
+            raise UsageError(f"--verify-mode max-draft-{cap}: this drafter proposes at most {block - 1} tokens a round")
+        self.cap = cap
+        widths = sorted({w for w in (DEFAULT_CAP + 1, block, cap + 1 if cap else None)
+                         if w and (block is None or w <= block)})
+        loop = (f"its loop: speculative_generate as mlx-dspark serve --max-draft {cap} --no-lookup-drafts runs it"
+                f" (cap {cap}, lookup drafts off)" if cap is not None
+                else f"its loop: speculative_generate defaults (cap {DEFAULT_CAP}, lookup drafts on)")
         notes = [f"verify forward: {'Target.run with the tap at layers ' + str(self.tap) if self.tap else 'the model'}"
-                 f" ({self.target.family}{', gated-delta rollback' if self.target.is_hybrid else ', KV trim'})",
-                 f"its loop: speculative_generate defaults (cap {DEFAULT_CAP}, lookup drafts on)"]
+                 f" ({self.target.family}{', gated-delta rollback' if self.target.is_hybrid else ', KV trim'})", loop]
         if not mx.metal.is_available():
             notes.append(f"no Metal on this machine ({mx.default_device()}): mlx-dspark's calibrated kernels"
                          " are off (as in its library defaults)")
@@ -244,13 +265,16 @@ class MlxDsparkEngine(Engine):
         error = None
         t0 = time.perf_counter()
         try:
+            served = {} if self.cap is None else {"max_draft_tokens": self.cap, "lookup_drafts": False}
             res = speculative_generate(_RecordingTarget(self.target, rec), self.tokenizer, self.drafter,
-                                       prompt_ids=list(prompt), max_new_tokens=max_tokens, on_round=rec.on_round)
+                                       prompt_ids=list(prompt), max_new_tokens=max_tokens, on_round=rec.on_round,
+                                       **served)
             tokens = [int(t) for t in res.token_ids]
         except Exception as err:  # noqa: BLE001  (the engine's own error is the finding)
             error = EngineCannotRun(f"its own loop over a {len(prompt)}-token prompt, in round {len(rec.rounds)}",
                                     err)
         mx.eval(rec.logits)
+        # its last round commits every accepted draft, past max_new_tokens too: the run says what it was asked
         return EngineRun(list(prompt), tokens, rec.rounds, first_from_prefill=True, logits=rec.logits,
                          states=rec.states, seconds=time.perf_counter() - t0,
-                         error=None if error is None else str(error))
+                         error=None if error is None else str(error), max_tokens=max_tokens)

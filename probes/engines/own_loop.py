@@ -1,9 +1,10 @@
 """The in-process face of an engine checked through its own generate loops (issue 27's engines).
 
-dfly-mlx exposes its loop, not a verify block and a rollback a probe could drive
-from outside (mlx-dspark's ``Target`` and dspark-mlx's host adapter are driven in
-process by :mod:`specparity.probes.engines.mlx_dspark` and
-:mod:`specparity.probes.engines.dspark_mlx`; their e2e still runs here):
+mtplx exposes its loops, not a verify block and a rollback a probe could drive from
+outside (and on Linux its generation does not import); mlx-dspark's ``Target``,
+dspark-mlx's host adapter and dfly-mlx's dflash-mlx ops are driven in process by
+:mod:`specparity.probes.engines.mlx_dspark`, :mod:`~specparity.probes.engines.dspark_mlx`
+and :mod:`~specparity.probes.engines.dfly_mlx` (their e2e still runs here):
 ``specparity e2e --engine NAME`` runs each loop against classic decode
 (:mod:`specparity.probes.engine_e2e`) and locates a difference to the
 round and the row of that round's verify block from the engine's own record.

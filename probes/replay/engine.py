@@ -56,9 +56,14 @@ class TokenFinding:
     classic_token: int
     pick: GreedyPick
     logits: Diff | None = None
+    # the engine's run was asked for this many tokens and emitted more (classic decode stops there)
+    past_max_tokens: int | None = None
 
     def words(self) -> str:
         where = f"round {self.round}, row {self.row}" if self.round >= 0 else "the prefill"
+        if self.past_max_tokens is not None:
+            return (f"first differing token at emitted index {self.emitted_index} ({where}): engine"
+                    f" {self.engine_token} past max_tokens={self.past_max_tokens}, where classic decode stops")
         s = (f"first differing token at emitted index {self.emitted_index} ({where}): engine {self.engine_token},"
              f" classic {self.classic_token}; {self.pick.describe()}")
         if self.logits is not None:
@@ -69,7 +74,7 @@ class TokenFinding:
         return {"emitted_index": self.emitted_index, "round": self.round, "row": self.row,
                 "engine_token": self.engine_token, "classic_token": self.classic_token,
                 "pick": self.pick.to_dict(), "logits": self.logits.to_dict() if self.logits else None,
-                "words": self.words()}
+                "past_max_tokens": self.past_max_tokens, "words": self.words()}
 
 
 @dataclass
@@ -233,6 +238,7 @@ class _Walk:
         self.state: StateFinding | None = None
         self.tie_breaks: list[int] = []
         self.classic_tokens: list[int] = []
+        self.max_tokens: int | None = None  # the run's max_tokens: a token past it is a finding
 
     def step(self, token: int) -> tuple[Any, GreedyPick, int]:
         """Feed ``token``; classic decode's row and pick after it, and the row's position."""
@@ -247,7 +253,10 @@ class _Walk:
         self.classic_tokens.append(pick.token)
         if pick.tie_flip:
             self.tie_breaks.append(self.emitted)
-        if self.token is None and pick.token != engine_token:
+        if self.token is None and self.max_tokens is not None and self.emitted >= self.max_tokens:
+            self.token = TokenFinding(self.emitted, rnd, row, engine_token, pick.token, pick,
+                                      past_max_tokens=self.max_tokens)
+        elif self.token is None and pick.token != engine_token:
             diff = (compare_arrays(classic_row[None], engine_row[None], logits=True)
                     if engine_row is not None else None)
             self.token = TokenFinding(self.emitted, rnd, row, engine_token, pick.token, pick, diff)
@@ -334,6 +343,7 @@ def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_
     """The engine's own run walked against classic decode, then its accept vector replayed."""
     t0 = time.perf_counter()
     walk = _Walk(engine, run.prompt)
+    walk.max_tokens = run.max_tokens
     report = EngineReplayReport("engine-run", engine.info.to_dict(), len(run.prompt), 0, len(run.rounds),
                                 run.accepts, run.widths, 0, [r.source for r in run.rounds], tokens=list(run.tokens),
                                 error=run.error, engine_seconds=run.seconds)
@@ -351,8 +361,11 @@ def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_
             erow = kept[k] if kept is not None else None
             if erow is not None:
                 walk.compare_row(rnd.index, k, pos, row, erow)
-            # the engine emits row k's pick as its next token: block[k + 1], or the next round's first
+            # the engine emits row k's pick as its next token: block[k + 1], or the next round's first (after
+            # the last round: its last token, when it emitted one there)
             nxt = block[k + 1] if k < a else _next_first(run, rnd.index)
+            if nxt is None and walk.emitted < len(run.tokens):
+                nxt = run.tokens[walk.emitted]
             if nxt is not None and walk.emitted < len(run.tokens):
                 walk.emit(pick, nxt, rnd.index, k, erow, row)
         if rnd.index < len(run.states):

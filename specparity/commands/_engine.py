@@ -68,7 +68,8 @@ def engine_option(f: Callable) -> Callable:
 
     f = click.option("--verify-mode", type=VerifyModeChoice(), default=None,
                      help="The engine's own verify policy (default: the engine's; dflash-mlx: adaptive, or"
-                          " dflash to keep the drafter's block size every round).")(f)
+                          " dflash to keep the drafter's block size every round; mlx-dspark: max-draft-N,"
+                          " its loop as its server's --max-draft N --no-lookup-drafts runs it).")(f)
     return click.option(
         "--engine", type=EngineChoice(), default=DEFAULT, show_default=True,
         help="Whose verify forward and rollback to check against classic decode (the engine registry;"

@@ -154,9 +154,16 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
         run = CommandRun("bisect", f"bisect --engine {engine}: width {w} depth {depth}",
                          {"engine": eng.info.to_dict(), "width": w, "depth": depth}, record_dir, as_json, quiet,
                          slug=f"bisect-{engine}")
+    from specparity.errors import Inconclusive
+    from specparity.probes.engines.base import EngineCannotRun
+
     with run:
-        return _emit(run, run_bisect(eng, ids, w, depth, controls=parsed, trust_remote_code=trust_remote_code,
-                                     observer=run.observer, accepted=accepted))
+        try:
+            found = run_bisect(eng, ids, w, depth, controls=parsed, trust_remote_code=trust_remote_code,
+                               observer=run.observer, accepted=accepted)
+        except EngineCannotRun as err:  # the engine's own error on this shape: not run, never a pass
+            raise Inconclusive(f"bisect --engine {engine}: not run: {err}") from err
+        return _emit(run, found)
 
 
 @bisect.command("dump")

@@ -8,18 +8,28 @@ does on the same target (see :mod:`specparity.engines.dflash_mlx`), and its
 ``generate`` always prompts with the tokenizer's no-thinking chat template
 (a tokenizer without one: its error).
 
-Here: ``generate`` and the loop it drives (``dfly-stream``) against classic
-decode (:mod:`specparity.probes.engine_e2e`), located by the summary's
-``acceptance_history``; its drafters made from fitted DFlash drafters
-(:func:`specparity.dspark_fixtures.build_dfly_pair`).
+Here: in process, dflash-mlx's verify and rollback reached through dfly-mlx's
+``load_runtime`` bundle, and dflash-mlx's loop as ``dfly_mlx.generate`` runs it,
+recorded round by round (:mod:`specparity.probes.engines.dfly_mlx`: ``probe``,
+``replay`` and ``bisect --engine dfly-mlx``); ``generate`` and the loop it drives
+(``dfly-stream``) against classic decode (:mod:`specparity.probes.engine_e2e`),
+located by the summary's ``acceptance_history``; its drafters made from fitted
+DFlash drafters (:func:`specparity.dspark_fixtures.build_dfly_pair`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from specparity.engines import DrafterFormat, EngineSpec, PinnedEnv
-from specparity.probes.engines.own_loop import load
+from specparity.engines import DrafterFormat, EngineSpec, LoadRequest, PinnedEnv
+
+
+def load(request: LoadRequest) -> Any:
+    """dflash-mlx's target adapter as dfly-mlx's ``load_runtime`` loads it with the DFly drafter."""
+    from specparity.probes.engines.dfly_mlx import DflyEngine
+
+    return DflyEngine(request.target, request.draft, prefill_step_size=request.prefill_step_size)
 
 
 def default_checkpoints() -> tuple[Path, Path | None]:
@@ -33,14 +43,14 @@ def default_checkpoints() -> tuple[Path, Path | None]:
 
 ENGINE = EngineSpec(
     name="dfly-mlx",
-    description="dfly-mlx 0.1.0: DFly drafting on dflash-mlx 0.1.8's verify and rollback",
+    description="dfly-mlx 0.1.0: DFly drafting on dflash-mlx 0.1.8's verify, tape-replay rollback and loop",
     module="dfly_mlx",
     environments=(
         PinnedEnv("dfly-mlx", ("dfly-mlx==0.1.0", "dflash-mlx==0.1.8", "mlx-lm==0.31.3"),
                   "dfly-mlx 0.1.0 (load_runtime + generate on dflash-mlx 0.1.8; no server) on mlx-lm 0.31.3",
                   imports=("mlx_lm", "dflash_mlx", "dfly_mlx", "dfly_mlx.generate", "dfly_mlx.loading")),
     ),
-    adapter=load("dfly-mlx"),
+    adapter=load,
     e2e_entry_points=("generate", "dfly-stream"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     default_checkpoints=default_checkpoints,

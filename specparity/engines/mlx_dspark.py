@@ -17,7 +17,9 @@ multi-row attention; off in the library's defaults, Metal only).
 
 Here: in process, its own ``Target`` prefill, verify and rollback, and its own loop
 recorded round by round (:mod:`specparity.probes.engines.mlx_dspark`: ``probe`` and
-``replay --engine mlx-dspark``); its own loops against classic decode
+``replay --engine mlx-dspark``, ``--verify-mode max-draft-N`` for the loop its server's
+drafted arm runs); served: ``mlx-dspark serve`` (profile ``mlx-dspark``, hooks
+:mod:`specparity.harness.engines.mlx_dspark`, whose reproduction is that replay); its own loops against classic decode
 (:mod:`specparity.probes.engine_e2e`), each difference located to its round and row
 by its ``on_round`` record; its
 drafters in DeepSeek's DeepSpec format (:mod:`specparity.dspark_fixtures`).
@@ -29,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from specparity.engines import DrafterFormat, EngineSpec, LoadRequest, PinnedEnv
+from specparity.probes.engines.mlx_dspark import SERVED_MODES, served_cap
 
 
 def load(request: LoadRequest) -> Any:
     """mlx-dspark loaded on the target (and its DSpark drafter) by its own loaders."""
     from specparity.probes.engines.mlx_dspark import MlxDsparkEngine
 
-    return MlxDsparkEngine(request.target, request.draft)
+    return MlxDsparkEngine(request.target, request.draft, cap=served_cap(request.verify_mode))
 
 
 def default_checkpoints() -> tuple[Path, Path | None]:
@@ -64,4 +67,5 @@ ENGINE = EngineSpec(
     default_checkpoints=default_checkpoints,
     drafter_format=DrafterFormat("dspark", "specparity.dspark_fixtures:dspark_format",
                                  "DeepSeek's DeepSpec DSpark drafter"),
+    verify_modes=SERVED_MODES,
 )

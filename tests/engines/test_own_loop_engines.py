@@ -14,7 +14,8 @@ MLX's CPU backend, mlx-lm 0.31.3:
 - dspark-mlx on qwen3_5: its host adapter's error before the first round;
 - dfly-mlx: its ``generate`` needs a chat template (its error on the fixtures);
   the loop it drives equals classic decode on qwen3 and, on the published
-  linear-attention head ratio, stops with dflash-mlx's broadcast error;
+  linear-attention head ratio, stops with dflash-mlx's broadcast error (in process:
+  tests/test_inprocess_engines.py);
 - mtplx: its generation does not import on Linux (a macOS system library),
   each entry point ``cannot_run`` with that cause, never a pass.
 """
@@ -32,6 +33,7 @@ from specparity.engine_findings import run_engine
 from specparity.environments import ENV_CACHE_VAR
 from specparity.probes.engine_e2e import FAULT_VAR
 from builds import REAL_CACHE, built
+from builds import engine_cli as _dspark_cli
 
 pytestmark = pytest.mark.model
 TOKENS = 32
@@ -238,20 +240,6 @@ def test_e2e_engine_dspark_mlx_matches_and_counts_its_accepted_drafts(fx: dict, 
 
 
 # ------------------------------------------- mlx-dspark's own Target.verify / rollback, in process
-
-def _dspark_cli(cli_bin: str, info: dict, command: str, *args: str, fault: str | None = None,
-                engine: str = "mlx-dspark") -> tuple[int, dict]:
-    """``command --engine ENGINE`` on ``info``'s pair, re-run in the engine's built environment."""
-    from specparity.probes.engines.base import FAULT_ENV
-
-    built(engine)
-    env = {ENV_CACHE_VAR: str(REAL_CACHE), **({FAULT_ENV: fault} if fault else {})}
-    proc = run_cli(cli_bin, command, "--engine", engine, "--model", info["target"], "--draft-model",
-                   info["draft"], "--prompt-ids", ",".join(map(str, info["fit_prompts"][0])), *args, "--json",
-                   env=env)
-    assert proc.stdout.strip(), proc.stderr[-2000:]
-    return proc.returncode, json.loads(proc.stdout)
-
 
 @pytest.mark.build
 def test_probe_engine_mlx_dspark_checks_its_verify_and_every_rollback_and_finds_a_kept_row(
