@@ -63,6 +63,7 @@ from typing import Any
 from specparity.completions import Side, first_index
 from specparity.decode import DEFAULT_PREFILL_STEP, DEFAULT_QUANTIZED_KV_START, CacheOptions
 from specparity.errors import InfrastructureError, UsageError, first_line
+from specparity.mlx_compat import server_031
 from specparity.processors import DEFAULT_CONTEXT, ProcessorOptions
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ class ServerSettings:
             raise UsageError(f"server argv {argv!r}: unreadable ({err})") from None
         cache_bytes = None
         if ns.prompt_cache_bytes is not None:
-            from mlx_lm.utils import _parse_size as parse_size
+            from specparity.mlx_compat import parse_size
 
             cache_bytes = int(parse_size(ns.prompt_cache_bytes))
         return cls(prefill_step_size=ns.prefill_step_size, kv_bits=ns.kv_bits, kv_group_size=ns.kv_group_size,
@@ -309,16 +310,6 @@ class ServerPrompt:
     initial_state: str = "normal"
 
 
-class _ProviderShim:
-    """The two things ``mlx_lm.server``'s tokenize step reads off its model provider."""
-
-    def __init__(self, chat_template_args: dict[str, Any]):
-        import types
-
-        self.model_provider = types.SimpleNamespace(
-            processor=None, cli_args=types.SimpleNamespace(chat_template_args=dict(chat_template_args)))
-
-
 def server_prompt(tokenizer: Any, endpoint: str, body: dict[str, Any],
                   settings: ServerSettings | None = None) -> ServerPrompt:
     """``body``'s prompt tokenized by ``mlx_lm.server``'s own tokenize step (its code, not a copy).
@@ -327,14 +318,15 @@ def server_prompt(tokenizer: Any, endpoint: str, body: dict[str, Any],
     """
     from mlx_lm import server as mlx_server
 
+    from specparity.mlx_compat import has_image_parts, server_tokenize
+
     s = settings or ServerSettings()
     body = copy.deepcopy(body)
     if endpoint == CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise UsageError("chat request: no messages")
-        image_parts = getattr(mlx_server, "_image_parts", None)  # mlx-lm 0.31 serves text only: no such step
-        if image_parts is not None and any(True for _ in image_parts(messages)):
+        if has_image_parts(messages):
             raise UsageError("chat request with images: the classic reference is text only")
         request = mlx_server.CompletionRequest("chat", "", messages, body.get("tools") or None,
                                                body.get("role_mapping"))
@@ -345,29 +337,16 @@ def server_prompt(tokenizer: Any, endpoint: str, body: dict[str, Any],
         request = mlx_server.CompletionRequest("text", prompt, [], None, None)
     else:
         raise UsageError(f"endpoint {endpoint!r}: choose from {', '.join(ENDPOINTS)}")
-    import types
-
-    args = types.SimpleNamespace(chat_template_kwargs=body.get("chat_template_kwargs"))
-    try:
-        tokenize: Any = mlx_server.ResponseGenerator._tokenize
-    except AttributeError as err:  # a later mlx-lm moved it: say so rather than guess
-        raise InfrastructureError(f"mlx-lm {_mlx_lm_version()}: its server's tokenize step moved ({err});"
-                                  " the classic reference cannot tokenize as that server does") from None
     try:
         # (prompt, segments, segment types, initial state) and, from mlx-lm 0.32, the prompt's images
-        ids, segments, types_, initial = tokenize(_ProviderShim(s.chat_template_args), tokenizer, request, args)[:4]
+        ids, segments, types_, initial = server_tokenize(tokenizer, request, s.chat_template_args,
+                                                         body.get("chat_template_kwargs"))[:4]
     except (ValueError, KeyError, TypeError) as err:
         raise UsageError(f"{endpoint} request: the server would refuse it ({type(err).__name__}: {err})") from None
     ids = [int(t) for t in ids]
     if not ids:
         raise UsageError(f"{endpoint} request: the prompt encodes to no tokens")
     return ServerPrompt(ids, [[int(t) for t in seg] for seg in segments], list(types_), initial)
-
-
-def _mlx_lm_version() -> str:
-    import mlx_lm
-
-    return str(getattr(mlx_lm, "__version__", "unknown"))
 
 
 def batchable(params: RequestParams, settings: ServerSettings, model: Any, draft: bool = False) -> bool:
@@ -494,13 +473,9 @@ class ResponseStream031(ResponseStream):
     """
 
     def __init__(self, tokenizer: Any, stop_words: list[str], initial_state: str = "normal"):
-        import types
+        from specparity.mlx_compat import state_machine_031
 
-        from mlx_lm import server as mlx_server
-
-        shim = types.SimpleNamespace(_state_machine_cache={})
-        make: Any = mlx_server.ResponseGenerator._make_state_machine  # 0.31's signature, not 0.32's
-        sm, _ = make(shim, None, tokenizer, list(stop_words), initial_state=initial_state)
+        sm = state_machine_031(tokenizer, stop_words, initial_state)
         self._sm, self._state = sm, sm.make_state()
         self._tokens: list[tuple[str, str | None]] = []  # (text, state after the token)
 
@@ -935,14 +910,6 @@ def stream_steps(tokenizer: Any, steps: Any, max_tokens: int, finalize: bool = T
             yield Step(token, detok.last_segment, logprobs, "length")
             return
         yield Step(token, detok.last_segment, logprobs)
-
-
-def server_031() -> bool:
-    """The installed mlx-lm's server is 0.31's (no ``make_stop_sequences``), not 0.32's."""
-    import importlib
-
-    # the module, not mlx_lm.generate the function (mlx_lm's __init__ binds that name)
-    return not hasattr(importlib.import_module("mlx_lm.generate"), "make_stop_sequences")
 
 
 def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: RequestParams,
