@@ -5,7 +5,7 @@ classic decode does not decide) gets one, decided by the serving loop its
 server runs (the profile's ``loop`` key, inherited by ``extends``), never by
 the profile's name:
 
-- ``mlx_lm.server`` (the loop probes.replay.sequence.ServingLoop rebuilds):
+- ``mlx_lm.server`` (the loop specparity.mlx_server.ServingLoop rebuilds):
   the first request a drafter server received replays alone on a fresh cache,
   mlx-lm's own speculative path rerun, ``specparity replay --draft-model ...
   --prompt-ids ...`` with every request parameter carried (prompt ids as the
