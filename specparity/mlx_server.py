@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -117,6 +118,16 @@ class ServerSettings:
                    chat_template_args=dict(template_args), num_draft_tokens=ns.num_draft_tokens,
                    prompt_cache_size=ns.prompt_cache_size, prompt_cache_bytes=cache_bytes,
                    decode_concurrency=ns.decode_concurrency, prompt_concurrency=ns.prompt_concurrency)
+
+    @classmethod
+    def from_namespace(cls, ns: Any) -> ServerSettings:
+        """The settings of ``mlx_lm.server``'s own parsed flags (its argparse namespace, as
+        ``specparity serve`` runs it); a flag the namespace lacks keeps its default."""
+        d = cls()
+        kw = {f.name: getattr(ns, f.name, getattr(d, f.name)) for f in fields(cls)}
+        kw["chat_template"] = kw["chat_template"] or ""
+        kw["chat_template_args"] = dict(kw["chat_template_args"] or {})
+        return cls(**kw)
 
     def to_argv(self) -> list[str]:
         """The server flags that differ from mlx_lm.server's defaults (``from_argv`` reads them back)."""
@@ -502,21 +513,53 @@ def response_stream(tokenizer: Any, stop_words: list[str], initial_state: str = 
 
 # --- classic decode ------------------------------------------------------------------
 
-def _prefixed(prefix: list[int], processors: list[Any]) -> list[Any]:
-    """Processors that see ``prefix`` before the history they are given (a pre-filled cache's tokens)."""
-    import mlx.core as mx
+Processor = Callable[[Any, Any], Any]
 
+
+def missing_prefix(prompt: Sequence[int], fed: Sequence[int], speculative: bool) -> list[int]:
+    """The prompt tokens a path of the server leaves out of its logits processors' history.
+
+    Classic decode (``generate_step`` on the whole prompt, empty cache) hands each processor
+    the full history: every prompt token, then every token emitted so far. mlx-lm 0.32's
+    server hands them less: speculative decoding (``speculative_generate_step``) starts the
+    history at the last token it was fed; classic decode after a prompt-cache hit starts it at
+    the uncached suffix. Both then append what classic decode appends, so the missing part is a
+    fixed prefix of the prompt. ``prompt``: the whole prompt; ``fed``: what the server passed to
+    ``stream_generate`` (the prompt past its cached prefix). Raises ValueError when ``fed`` is not
+    the end of ``prompt``.
+    """
+    n, k = len(prompt), len(fed)
+    if k == 0 or k > n or list(prompt[n - k:]) != list(fed):
+        raise ValueError(f"the {k} tokens fed are not the end of the {n}-token prompt")
+    return list(prompt[: n - 1]) if speculative else list(prompt[: n - k])
+
+
+def with_history(processors: list[Processor] | None, prefix: Sequence[int]) -> list[Processor] | None:
+    """``processors``, each called with ``prefix`` in front of the history it is given (a pre-filled
+    cache's tokens, or what a server path left out: :func:`missing_prefix`). Nothing else changes:
+    the same processors, the same rows, the same order."""
     if not processors or not prefix:
         return processors
-    head = mx.array(prefix)
+    import mlx.core as mx
 
-    def wrap(p: Any) -> Any:
+    head = mx.array(list(prefix), dtype=mx.uint32)
+
+    def wrap(processor: Processor) -> Processor:
         def call(tokens: Any, logits: Any) -> Any:
-            return p(mx.concatenate([head.astype(tokens.dtype), tokens]), logits)
+            tokens = head if tokens is None else mx.concatenate([head, tokens.astype(mx.uint32)])
+            return processor(tokens, logits)
 
         return call
 
     return [wrap(p) for p in processors]
+
+
+def fresh_cache(model: Any, draft_model: Any = None) -> list[Any]:
+    """A fresh prompt cache as the server makes one: the target's layers, then the drafter's."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache: list[Any] = make_prompt_cache(model)
+    return cache + make_prompt_cache(draft_model) if draft_model is not None else cache
 
 
 def prefill_segments(model: Any, segments: list[list[int]], settings: ServerSettings) -> Any:
@@ -657,7 +700,7 @@ def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: Req
     if len(segments) > 1:
         cache = prefill_segments(model, segments, settings)
         done = [t for seg in segments[:-1] for t in seg]
-        processors = _prefixed(done, processors)
+        processors = with_history(processors, done) or []
     steps = generate_step(mx.array(last), model, max_tokens=params.max_tokens,
                           sampler=params.make_sampler(tokenizer), logits_processors=processors or None,
                           prompt_cache=cache, prefill_step_size=settings.prefill_step_size,
@@ -753,7 +796,6 @@ class ServingLoop:
     def _sequential(self, prompt: ServerPrompt, params: RequestParams) -> Served:
         import mlx.core as mx
         from mlx_lm.generate import stream_generate
-        from mlx_lm.models.cache import make_prompt_cache
 
         why = ("a drafter" if self.draft_model is not None else
                "seed in the request" if params.seed is not None else "--kv-bits")
@@ -769,9 +811,7 @@ class ServingLoop:
         rest = prompt.ids[out.cached:]
         n_target = len(self.model.layers)
         if cache is None:
-            cache = make_prompt_cache(self.model)
-            if self.draft_model is not None:
-                cache += make_prompt_cache(self.draft_model)
+            cache = fresh_cache(self.model, self.draft_model)
         else:
             out.held = _offset(cache[:n_target])
             out.draft_held = _offset(cache[n_target:]) if self.draft_model is not None else None

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from test_environments import built  # at collection: the real environment cache, before any test's home
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPAT = "specparity.mlx_compat"
@@ -317,3 +318,57 @@ def test_a_reach_that_moved_names_the_version(monkeypatch):
     monkeypatch.delattr(up.ResponseGenerator, "_tokenize")
     with pytest.raises(InfrastructureError, match=r"mlx-lm \S+: its server's tokenize step moved"):
         mlx_compat.server_tokenize(None, None, {}, None)
+
+
+# Run in a pinned environment's interpreter: every reach the table lists, as that mlx-lm has it.
+_PROBE = r'''
+import json, sys, tempfile
+import mlx_lm.server as up
+from mlx_lm.models.cache import LRUPromptCache, RotatingKVCache
+from specparity import mlx_compat as c
+
+out = {"version": c.mlx_lm_version(), "checked": c.check_version(), "server_031": c.server_031()}
+out["parse_size"] = c.parse_size("2M")
+out["model_classes"] = [k.__name__ for k in c.model_classes({"model_type": "llama"})]
+with tempfile.TemporaryDirectory() as d:
+    out["download"] = str(c.download(d)) == d
+out["has_image_parts"] = c.has_image_parts([{"role": "user", "content": "hi"}])
+out["image_parts"] = hasattr(up, "_image_parts")
+out["tokenize"] = callable(getattr(up.ResponseGenerator, "_tokenize", None))
+out["make_state_machine"] = callable(getattr(up.ResponseGenerator, "_make_state_machine", None))
+out["temporal_order"] = callable(getattr(RotatingKVCache, "_temporal_order", None))
+out["trie"] = hasattr(LRUPromptCache(2), "_trie")
+g = c.generate_module()
+out["generate_steps"] = all(callable(getattr(g, n, None)) for n in
+                            ("generate_step", "speculative_generate_step", "maybe_quantize_kv_cache"))
+hooks = {"ModelProvider": ("_load",), "ResponseGenerator": ("_run_generate", "_is_batchable", "_await_response",
+         "_serve_single", "_tokenize"), "APIHandler": ("_set_completion_headers",)}
+out["server_hooks"] = sorted(f"{k}.{m}" for k, ms in hooks.items() for m in ms if not hasattr(getattr(up, k), m))
+out["server_globals"] = all(hasattr(up, n) for n in ("argparse", "ModelProvider", "run", "stream_generate", "main"))
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("name, version", [("mlx-lm-0.31.3", "0.31.3"), ("mlx-lm-0.32.2", "0.32.2")])
+def test_every_reach_of_the_table_is_there_in_each_checked_version(name, version):
+    """The table's columns, read in the pinned environments: what it says is present is present (0.31.3
+    lacks the image step, has 0.31's state machine, and lacks two of the server hooks specparity serve
+    uses: serve runs on 0.32 only)."""
+    import json
+    import subprocess
+
+    env = built(name)
+    run = subprocess.run([str(env.python), "-P", "-c", _PROBE], env=env.environ(), capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["version"] == version and got["checked"] is True
+    assert got["parse_size"] == 2_000_000 and got["model_classes"] == ["Model", "ModelArgs"] and got["download"]
+    assert got["tokenize"] and got["make_state_machine"] and got["temporal_order"] and got["trie"]
+    assert got["generate_steps"] and got["server_globals"] and got["has_image_parts"] is False
+    if version == "0.31.3":
+        assert got["server_031"] is True and got["image_parts"] is False
+        assert got["server_hooks"] == ["ResponseGenerator._await_response", "ResponseGenerator._run_generate"]
+    else:
+        assert got["server_031"] is False and got["image_parts"] is True and got["server_hooks"] == []

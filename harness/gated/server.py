@@ -15,7 +15,8 @@ prompt cache), run with four subclasses and one function swapped in:
     K + 1 verify rows) asks the memoized gate about K + 1 rows: allow runs
     mlx-lm's speculative decoding, decline its classic decode;
   - every path hands the logits processors classic decode's history, the
-    whole prompt plus every emitted token (:mod:`.history`);
+    whole prompt plus every emitted token
+    (:func:`specparity.mlx_server.missing_prefix`, :func:`~specparity.mlx_server.with_history`);
   - under ``re-prefill``, requests are served one at a time by classic
     prefill (mlx-lm's batch path prefills prompt segments separately);
   - a request whose client left stops (:mod:`.cancel`);
@@ -61,6 +62,7 @@ from specparity.harness.gated.stats import (
 from specparity.errors import EXIT_INTERRUPTED, InfrastructureError, UsageError
 from specparity.inputs import check_request, config_vocab_size
 from specparity.mlx_compat import download
+from specparity.mlx_server import ServerSettings, fresh_cache, missing_prefix, with_history
 from specparity.schema import MAX_REQUEST_BYTES, load_json
 from specparity.verdicts import CachePolicy, Decision, Verdict
 
@@ -157,13 +159,9 @@ class GateMemo:
     """
 
     def __init__(self, config: ServeConfig, cli_args: argparse.Namespace):
-        from specparity.decode import CacheOptions
-
         self.config = config
         self.trust_remote_code = bool(cli_args.trust_remote_code)
-        self.opts = CacheOptions(kv_bits=cli_args.kv_bits, kv_group_size=cli_args.kv_group_size,
-                                 quantized_kv_start=cli_args.quantized_kv_start,
-                                 prefill_step_size=cli_args.prefill_step_size)
+        self.opts = ServerSettings.from_namespace(cli_args).cache_options()
         self._memo: dict[tuple[str, str | None, int], Any] = {}
         self._policies: dict[tuple[str, str | None], Any] = {}
 
@@ -238,7 +236,6 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
     import mlx_lm.server as up
 
     from specparity.harness.gated.cache import SplitCache, catch_up, offsets
-    from specparity.harness.gated.history import missing_prefix, with_history
     from specparity.mlx_compat.server import Generator, Handler, Provider, upstream_stream_generate
 
     upstream = upstream_stream_generate()
@@ -478,7 +475,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 engage = False
                 prompt, fed, prefix = mx.array(stats.prompt_ids), list(stats.prompt_ids), []
                 if cache is not None:
-                    cache[:] = self._fresh_cache(model, draft_model)
+                    cache[:] = fresh_cache(model, draft_model)
                 self._fresh_request(stats, f"{err}; served by classic decode on a fresh cache")
             stats.path = PATH_SPECULATIVE if engage else PATH_SEQUENTIAL
             start = offsets(cache[:n_target]) if cache is not None else None
@@ -529,13 +526,6 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                         self._file_next(stats)
                         if not engage and len(cache) > n_target:
                             self._catch_up_drafter(cache, n_target, start, fed + stats.tokens)
-
-        @staticmethod
-        def _fresh_cache(model: Any, draft_model: Any) -> list[Any]:
-            from mlx_lm.models.cache import make_prompt_cache
-
-            fresh = make_prompt_cache(model)
-            return fresh + make_prompt_cache(draft_model) if draft_model is not None else fresh
 
         @staticmethod
         def _fresh_request(stats: SpecStats, reason: str) -> None:
@@ -603,10 +593,9 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             if not (t0 <= d <= t1):
                 return
             missed = new_tokens[d - t0:t1 - t0]
-            cli = self.model_provider.cli_args
-            catch_up(draft_model, draft, missed, step=cli.prefill_step_size,
-                     kv_bits=cli.kv_bits, kv_group_size=cli.kv_group_size,
-                     quantized_kv_start=cli.quantized_kv_start)
+            s = ServerSettings.from_namespace(self.model_provider.cli_args)
+            catch_up(draft_model, draft, missed, step=s.prefill_step_size, kv_bits=s.kv_bits,
+                     kv_group_size=s.kv_group_size, quantized_kv_start=s.quantized_kv_start)
             cache[n_target:] = list(draft)
 
     class GatedHandler(Handler):
@@ -883,8 +872,9 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
                 log.warning("%s", GATE_OFF_LINE)
             install_prefill_check()
             gate = GateMemo(config, cli)
-            quantized_start = cli.quantized_kv_start if cli.kv_bits is not None else None
-            prompt_cache = ExactPromptCache(cli.prompt_cache_size, step=cli.prefill_step_size,
+            settings = ServerSettings.from_namespace(cli)
+            quantized_start = settings.quantized_kv_start if settings.kv_bits is not None else None
+            prompt_cache = ExactPromptCache(settings.prompt_cache_size, step=settings.prefill_step_size,
                                             quantized_kv_start=quantized_start)
             generator = generator_cls(model_provider, prompt_cache, metrics, gate)
             route_stream_generate(generator.stream_generate)

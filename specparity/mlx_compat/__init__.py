@@ -3,41 +3,41 @@
 The toolkit rebuilds ``mlx_lm.server`` (:mod:`specparity.mlx_server`) and runs it
 with hooks (``specparity serve``), so it reads names mlx-lm does not promise to
 keep: a leading underscore, a module global the server looks up at call time, a
-class's private method. Each is reached here (and in :mod:`.server`, the server's
-classes with their private hooks under public names, which imports mlx-lm's server
-when it is imported) and nowhere else: ``tests/test_compat.py`` fails on a module
-that reaches one on its own. Each is reached through one function or method, and
-each was read in the mlx-lm versions below. A later mlx-lm
-that moved one fails here, at the one function that names it, with a line that
-says so.
+class's private method. Each is reached here, or in :mod:`.server` (the server's
+classes with their private hooks under public names; importing it imports
+mlx-lm's server), and nowhere else: ``tests/test_compat.py`` fails on a module
+that reaches one on its own, and reads every row below in both pinned
+environments. Each is reached through one function or method; a later mlx-lm
+that moved one fails there, with a line naming the version.
 
-=================================================  ==================================  ======  ======
-reach                                              what for                            0.31.3  0.32.2
-=================================================  ==================================  ======  ======
-``mlx_lm.utils._parse_size``                       ``--prompt-cache-bytes`` as read    yes     yes
-``mlx_lm.utils._get_classes``                      a fixture's model class             yes     yes
-``mlx_lm.utils._download``                         a served model's directory          yes     yes
-``mlx_lm.server._image_parts``                     refuse image requests               absent  yes
-``mlx_lm.server.ResponseGenerator._tokenize``      the server's tokenize step          yes     yes
-``ResponseGenerator._make_state_machine``          0.31's stop / text machine          yes     (0.32's differs)
-``mlx_lm.generate.make_stop_sequences`` present    0.32's server, not 0.31's           absent  yes
-``RotatingKVCache._temporal_order``                a rotating cache in position order  yes     yes
-``LRUPromptCache._trie``                           the gated server's exact entries    yes     yes
-``mlx_lm.generate.<step>`` rebound                 the e2e spy, the prefill hook       yes     yes
-``ModelProvider._load``, ``_model_map``,           ``specparity serve``'s hooks        --      yes
-``_adapter_map``; ``ResponseGenerator``'s
-``_run_generate``, ``_is_batchable``,
-``_await_response``, ``_serve_single``,
-``_tokenize``, ``_stop``, ``_generation_thread``;
-``APIHandler._set_completion_headers``
-``mlx_lm.server.argparse`` / ``ModelProvider`` /   ``specparity serve`` runs mlx-lm's  --      yes
-``run`` / ``stream_generate`` rebound              ``main()`` with them
-=================================================  ==================================  ======  ======
+    reach                                        what for                             0.31.3   0.32.2
+    -------------------------------------------  -----------------------------------  -------  -------
+    mlx_lm.utils._parse_size                     --prompt-cache-bytes, as read        yes      yes
+    mlx_lm.utils._get_classes                    a fixture's model class              yes      yes
+    mlx_lm.utils._download                       a served model's directory           yes      yes
+    mlx_lm.server._image_parts                   refuse image requests                absent   yes
+    ResponseGenerator._tokenize                  the server's tokenize step           yes      yes
+    ResponseGenerator._make_state_machine        0.31's stop and text machine         yes      (other)
+    mlx_lm.generate.make_stop_sequences present  0.32's server, not 0.31's            absent   yes
+    RotatingKVCache._temporal_order              a rotating cache in position order   yes      yes
+    LRUPromptCache._trie                         the gated server's exact entries     yes      yes
+    mlx_lm.generate's step functions rebound     the e2e spy, the prefill cancel hook yes      yes
+    ModelProvider._load, ._model_map,            specparity serve's hooks (.server)   (a)      yes
+      ._adapter_map; ResponseGenerator's
+      _run_generate, _is_batchable,
+      _await_response, _serve_single,
+      _tokenize, _stop, _generation_thread;
+      APIHandler._set_completion_headers
+    mlx_lm.server's argparse, ModelProvider,     specparity serve runs mlx-lm's       yes      yes
+      run, stream_generate rebound               main() with its own (.server)
 
-``--``: not run on that version (``specparity serve`` runs in the toolkit's own
-environment, mlx-lm 0.32). An installed mlx-lm outside :data:`CHECKED_VERSIONS`
-is not refused: :func:`check_version` logs one warning naming it, and a reach
-that moved fails where it is made.
+(a) 0.31.3 has all but ``_run_generate`` and ``_await_response``; ``specparity
+serve`` runs in the toolkit's own environment (mlx-lm 0.32), never there.
+(other): 0.32 has the name with another signature; the 0.32 path does not use it.
+
+An installed mlx-lm outside :data:`CHECKED_VERSIONS` is not refused:
+:func:`check_version` logs one warning naming it (on the first version-sensitive
+reach of the process), and a reach that moved fails where it is made.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _moved(what: str, err: BaseException) -> Exception:
 # --- mlx_lm.utils ----------------------------------------------------------------------------
 
 def parse_size(text: str) -> int:
-    """A size as ``mlx_lm.server`` reads ``--prompt-cache-bytes`` (``10GB``, ``512M``...)."""
+    """A size as ``mlx_lm.server`` reads ``--prompt-cache-bytes`` (``10GB``, ``512M``, a plain byte count)."""
     from mlx_lm import utils
 
     return int(utils._parse_size(text))
