@@ -516,6 +516,17 @@ def make_dflash_fixture(out_dir: str, shape: str, block_size: int, dtype: str, t
     return info
 
 
+def dflash_format(out: str, *, shape: str, dtype: str, tied: bool, block_size: int, seed: int, overwrite: bool,
+                  note: Callable[[str], None]) -> Any:
+    """``fixtures make --dflash SHAPE`` (``--drafter-format dflash``): a DFlash pair dflash-mlx loads."""
+    from specparity.fixtures import MadeFixture, pair_lines
+
+    info = make_dflash_fixture(out, shape, block_size, dtype, tied, seed, overwrite, note)
+    record = info.to_dict()
+    draft = f"DFlash drafter: reads target layers {info.target_layer_ids}, mask token id {info.mask_token_id}"
+    return MadeFixture(record, pair_lines(record, draft))  # its own warning went to note already
+
+
 def fixture_draft(target: Path) -> Path | None:
     """The DFlash drafter of the fixture whose target is ``target`` (``<fixture>/target``), or None when
     ``target`` is not a DFlash fixture's (see :func:`specparity.fixtures.fixture_draft`)."""

@@ -39,12 +39,14 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from specparity.dflash_fixtures import DTYPES, MASK_TOKEN, SHAPES, TARGET_LAYER_IDS, AcceptMix, target_config
 from specparity.errors import UsageError
+from specparity.fixtures import MadeFixture, accept_mix_warning, pair_lines
 
 log = logging.getLogger(__name__)
 
@@ -360,18 +362,40 @@ def build_dfly_pair(out: str | os.PathLike, shape: str = "qwen3", dtype: str = "
     return info
 
 
-def make_fixture(drafter_format: str, out: str | os.PathLike, shape: str, dtype: str, tied: bool, block_size: int,
-                 overwrite: bool) -> dict[str, Any]:
-    """``specparity fixtures make --dflash SHAPE --drafter-format dspark|dfly``: the fixture's record."""
-    if drafter_format == "dspark":
-        # a DeepSpec block of 7 proposes 7 tokens; --block-size (8 or 16 verify rows) maps to 7 or 15 proposals
-        return build_dspark_pair(out, shape=shape, dtype=dtype, tied=tied, block_size=block_size - 1,
-                                 overwrite=overwrite).to_dict()
-    if drafter_format == "dfly":
-        return build_dfly_pair(out, shape=shape, dtype=dtype, tied=tied, block_size=block_size, overwrite=overwrite)
-    if drafter_format == MTP_KIND:
-        return build_mtp_target(out, shape=shape, dtype=dtype, tied=tied, overwrite=overwrite)
-    raise UsageError(f"--drafter-format {drafter_format!r}: dspark, dfly or mtp")
+def _building(note: Callable[[str], None], out: str | os.PathLike, overwrite: bool, what: str) -> None:
+    if not os.path.lexists(out) or overwrite:
+        note(f"building {what}; fitting the drafter takes a minute on a CPU")
+
+
+def dspark_format(out: str | os.PathLike, *, shape: str, dtype: str, tied: bool, block_size: int, seed: int,
+                  overwrite: bool, note: Callable[[str], None]) -> MadeFixture:
+    """``fixtures make --dflash SHAPE --drafter-format dspark``: a DeepSpec DSpark pair. A DeepSpec block of
+    7 proposes 7 tokens: ``block_size`` (8 or 16 verify rows) maps to 7 or 15 proposals."""
+    _building(note, out, overwrite, f"a DSpark {shape} pair ({block_size} verify rows, {dtype})")
+    record = build_dspark_pair(out, shape=shape, dtype=dtype, tied=tied, seed=seed, block_size=block_size - 1,
+                               overwrite=overwrite).to_dict()
+    return MadeFixture(record, pair_lines(record, "DeepSpec DSpark drafter"), accept_mix_warning(record))
+
+
+def dfly_format(out: str | os.PathLike, *, shape: str, dtype: str, tied: bool, block_size: int, seed: int,
+                overwrite: bool, note: Callable[[str], None]) -> MadeFixture:
+    """``fixtures make --dflash SHAPE --drafter-format dfly``: a DFly pair (from a fitted DFlash pair, whose
+    seed is its own: ``seed`` is not used)."""
+    _building(note, out, overwrite, f"a DFly {shape} pair (block {block_size}, {dtype})")
+    record = build_dfly_pair(out, shape=shape, dtype=dtype, tied=tied, block_size=block_size, overwrite=overwrite)
+    return MadeFixture(record, pair_lines(record, "DFly drafter: the target's embedding and head"),
+                       accept_mix_warning(record))
+
+
+def mtp_format(out: str | os.PathLike, *, shape: str, dtype: str, tied: bool, block_size: int, seed: int,
+               overwrite: bool, note: Callable[[str], None]) -> MadeFixture:
+    """``fixtures make --dflash qwen3_5 --drafter-format mtp``: a target with MTP heads, no drafter
+    (``block_size`` does not apply: mtplx's depth is its own)."""
+    record = build_mtp_target(out, shape=shape, dtype=dtype, tied=tied, seed=seed, overwrite=overwrite)
+    lines = [f"target: {record['target']} ({record['shape_note']}; {'tied' if record['tied'] else 'untied'} head)",
+             f"MTP heads: {record['target']}/{record['mtp_file']} ({record['mtp_layers']} layer,"
+             f" {len(record['mtp_tensors'])} tensors, mtplx's format)"]
+    return MadeFixture(record, lines)
 
 
 MTP_KIND = "mtp"

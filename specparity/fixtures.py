@@ -336,6 +336,35 @@ def member(out: Path, stored: str | None) -> str | None:
     return str(p) if p.is_absolute() else str(out / p)
 
 
+@dataclass
+class MadeFixture:
+    """What a drafter format's builder made (:class:`specparity.engines.DrafterFormat`): the fixture's
+    record (``--json`` prints it), the lines that say it, and a warning for a fit whose blocks never
+    all occurred (None: they did, or the format has no drafter to fit)."""
+
+    record: dict[str, Any]
+    lines: list[str]
+    warning: str | None = None
+
+
+def accept_mix_warning(record: dict[str, Any]) -> str | None:
+    """The warning for a fixture whose measured accept mix lacks a kind of block (None: all occur)."""
+    mix = record.get("accept_mix")
+    if not isinstance(mix, dict) or mix.get("spread"):
+        return None
+    return (f"warning: not every kind of block occurs ({mix.get('summary')}): a check on this pair may never"
+            " see a partly accepted block")
+
+
+def pair_lines(record: dict[str, Any], draft_note: str) -> list[str]:
+    """A drafter fixture said in two or three lines: its target, its drafter, its accept mix."""
+    lines = [f"target: {record['target']} ({record['shape_note']}; {'tied' if record['tied'] else 'untied'} head)",
+             f"draft:  {record['draft']} ({draft_note})"]
+    if isinstance(record.get("accept_mix"), dict):
+        lines.append(f"accept mix on the fit prompts: {record['accept_mix']['summary']}")
+    return lines
+
+
 def fixture_draft(target: Path, kind: str | None = None) -> Path | None:
     """The drafter of the fixture whose target is ``target`` (``<fixture>/target``), found from the fixture's
     own record wherever it was built or moved; None when ``target`` is not the target of a fixture of this

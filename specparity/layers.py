@@ -1,6 +1,6 @@
 """The layers of the package, lowest first: a module imports only from its own layer or a lower one.
 
-This tuple is the one place the order is written down; ``tests/test_layout.py``
+This tuple is the one place the order is written down; ``tests/core/test_layout.py``
 reads it and fails on an import that points up (lazy imports inside functions
 and ``TYPE_CHECKING`` imports included: a type is a dependency too) and on any
 import cycle between modules.

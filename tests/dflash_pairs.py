@@ -2,8 +2,8 @@
 
 The builder's pair (``specparity.dflash_fixtures.build_dflash_pair``: the drafter
 fitted to its target), built once per process and root: :func:`dflash_info`
-for the tests (under the session's ``fixture_root``, so tests/test_dflash.py and
-tests/test_dflash_serve.py share every pair), and :func:`dflash_fixture` for the
+for the tests (under the session's ``fixture_root``, so tests/engines/test_dflash_mlx.py and
+tests/engines/test_dflash_mlx_served.py share every pair), and :func:`dflash_fixture` for the
 bench's ``{"target", "draft"}``.
 
 The tests' pairs are fitted to :data:`TEST_BALANCE`: the drafter stops at the

@@ -6,8 +6,28 @@ import click
 from click.core import ParameterSource
 
 from specparity.commands._common import emit_json, json_option
+from specparity.engines import DEFAULT_DRAFTER_FORMAT
 from specparity.errors import EXIT_OK
 from specparity.outputs import force_option
+
+
+class DrafterFormatChoice(click.Choice):
+    """``--drafter-format``'s choices, read from the engine registry when used."""
+
+    name = "drafter-format"
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    @property  # type: ignore[override]
+    def choices(self) -> list[str]:
+        from specparity.engines import drafter_formats
+
+        return list(drafter_formats())
+
+    @choices.setter
+    def choices(self, value: object) -> None:
+        pass
 
 
 @click.group()
@@ -34,10 +54,9 @@ def fixtures() -> None:
 @click.option("--block-size", type=click.Choice(["8", "16"]), default="16", show_default=True,
               help="--dflash: the drafter's block (verify rows).")
 @click.option("--tied-head", is_flag=True, help="--dflash: the target's output head is its embedding.")
-@click.option("--drafter-format", type=click.Choice(["dflash", "dspark", "dfly", "mtp"]), default="dflash",
-              show_default=True, help="--dflash: the drafter's format: dflash-mlx's, DeepSpec DSpark (mlx-dspark,"
-                                      " dspark-mlx), DFly (dfly-mlx), or MTP heads inside a qwen3_5 target"
-                                      " (mtplx's mtp.safetensors; no drafter).")
+@click.option("--drafter-format", type=DrafterFormatChoice(), default=DEFAULT_DRAFTER_FORMAT, show_default=True,
+              help="--dflash: the drafter's format, one an engine in the registry reads (`specparity fixtures"
+                   " formats` lists them with their engines).")
 @click.option("--size", default=None, metavar="SHAPE",
               help="Random weights in the dimensions of a real small model: llama-0.5b, llama-1.5b, qwen3-0.6b,"
                    " qwen3-1.7b (or llama-wide-vocab); quantized as mlx-lm does with --bits (group size 64).")
@@ -82,26 +101,22 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
             raise UsageError(f"{' and '.join(stray)} apply to a DFlash pair only: add --dflash SHAPE, or leave"
                              f" {'them' if len(stray) > 1 else 'it'} out")
     out_dir = _check_out_dir(out_dir, overwrite)
-    if dflash_shape is not None and drafter_format != "dflash":
-        from specparity.dspark_fixtures import make_fixture
+    if dflash_shape is not None:
+        from specparity.engines import drafter_formats
 
         if arch != "llama" or bits or faults or no_draft:
-            raise UsageError(f"--drafter-format {drafter_format} builds its own pair: --arch, --bits, --fault and"
-                             " --no-draft do not apply")
-        made = make_fixture(drafter_format, out_dir, dflash_shape, dtype, tied_head, int(block_size), overwrite)
+            raise UsageError(f"--dflash builds its own pair (--drafter-format {drafter_format}): --arch, --bits,"
+                             " --fault and --no-draft do not apply")
+        made = drafter_formats()[drafter_format].make(out_dir, shape=dflash_shape, dtype=dtype, tied=tied_head,
+                                                      block_size=int(block_size), seed=seed, overwrite=overwrite,
+                                                      note=lambda message: click.echo(message, err=True))
         if as_json:
-            emit_json(made)
+            emit_json(made.record)
         else:
-            click.echo(f"target: {made['target']} ({made['shape_note']}; {'tied' if made['tied'] else 'untied'}"
-                       " head)")
-            if made["draft"] is None:
-                click.echo(f"MTP heads: {made['target']}/{made['mtp_file']} ({made['mtp_layers']} layer,"
-                           f" {len(made['mtp_tensors'])} tensors, mtplx's format)")
-            else:
-                click.echo(f"draft:  {made['draft']} ({drafter_format} drafter)")
-                click.echo(f"accept mix: {made['accept_mix']['summary']}")
-        if "accept_mix" in made and not made["accept_mix"].get("spread"):
-            click.echo(f"warning: not every kind of block occurs ({made['accept_mix']['summary']})", err=True)
+            for line in made.lines:
+                click.echo(line)
+        if made.warning:
+            click.echo(made.warning, err=True)
         return EXIT_OK
     if size is not None:
         if dflash_shape is not None or faults or arch != "llama":
@@ -117,9 +132,6 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
             if info.draft:
                 click.echo(f"draft:  {info.draft} (two layers of the same shape, random)")
         return EXIT_OK
-    if dflash_shape is not None:
-        return _make_dflash(out_dir, dflash_shape, int(block_size), dtype, tied_head, seed, overwrite, as_json,
-                            arch, bits, faults, no_draft)
     import json
 
     from specparity.fixtures import ARCH_CONFIGS, build_pair
@@ -155,22 +167,18 @@ def _check_out_dir(out_dir: str, overwrite: bool) -> str:
     return str(out)
 
 
-def _make_dflash(out_dir: str, shape: str, block_size: int, dtype: str, tied: bool, seed: int, overwrite: bool,
-                 as_json: bool, arch: str, bits: str | None, faults: tuple[str, ...], no_draft: bool) -> int:
-    from specparity.dflash_fixtures import make_dflash_fixture
-    from specparity.errors import UsageError
+@fixtures.command("formats")
+def formats() -> int:
+    """List the drafter formats `fixtures make --drafter-format` builds, and the engines that read each.
 
-    if arch != "llama" or bits or faults or no_draft:
-        raise UsageError("--dflash builds its own pair: --arch, --bits, --fault and --no-draft do not apply")
-    info = make_dflash_fixture(out_dir, shape, block_size, dtype, tied, seed, overwrite,
-                               note=lambda message: click.echo(message, err=True))
-    if as_json:
-        emit_json(info.to_dict())
-    else:
-        click.echo(f"target: {info.target} ({info.shape_note}; {'tied' if info.tied else 'untied'} head)")
-        click.echo(f"draft:  {info.draft} (DFlash drafter: reads target layers {info.target_layer_ids},"
-                   f" mask token id {info.mask_token_id})")
-        click.echo(f"accept mix on the fit prompts: {info.accept_mix['summary']}")
+    The list is the engine registry's: an engine module declaring a new
+    drafter format (``drafter_format=DrafterFormat(...)``) adds it here.
+    """
+    from specparity.engines import drafter_formats, registry
+
+    for name, fmt in drafter_formats().items():
+        readers = [spec.name for spec in registry().values() if spec.fixture_kind == name]
+        click.echo(f"{name:<8} {fmt.help} (read by {', '.join(readers)})")
     return EXIT_OK
 
 

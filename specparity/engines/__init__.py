@@ -43,12 +43,14 @@ mlx, an engine, or a layer above this one):
                    entry_points: list[str], observer) -> E2ERun``, or None
     default_checkpoints  ``() -> (target, draft | None)``: what ``--model`` defaults to
                    (None: the toolkit's embedded fixture pair)
-    fixture        the builder of the engine's drafter-format fixture, or None
-    fixture_kind   the ``kind`` its fixtures' ``fixture.json`` holds (None: none, as mlx-lm's
-                   pairs): ``--model FIXTURE/target`` then finds its drafter beside it
+    drafter_format the drafter format its fixtures are built in (:class:`DrafterFormat`), or
+                   None (mlx-lm's plain pairs): ``specparity fixtures make --drafter-format NAME``
+                   takes its choices from here, and ``--model FIXTURE/target`` finds the
+                   drafter beside a target of that ``kind`` (:attr:`EngineSpec.fixture_kind`)
     verify_modes   values ``--verify-mode`` takes for this engine (its own policies)
 
-Functions: :func:`names` (every engine, the default first; ``in_process=True``: those
+Functions: :func:`drafter_formats` (every drafter format the engines declare, by name: what
+``fixtures make --drafter-format`` offers), :func:`names` (every engine, the default first; ``in_process=True``: those
 with an adapter or the classic paths, what ``--engine`` offers), :func:`get` (by name,
 UsageError naming the choices), :data:`DEFAULT`, :func:`for_profile` (a profile's
 ``engine:`` key), :func:`served_hooks` (a profile's hooks, a no-op where none),
@@ -124,6 +126,32 @@ class LoadRequest:
     prefill_step_size: int | None = None
 
 
+# the format ``fixtures make --dflash SHAPE`` builds when --drafter-format is not given
+DEFAULT_DRAFTER_FORMAT = "dflash"
+
+
+@dataclass(frozen=True)
+class DrafterFormat:
+    """A drafter format an engine reads, and the builder of a fixture in it.
+
+    name   the ``--drafter-format`` value and the ``kind`` the fixture's ``fixture.json`` holds;
+           engines that read the same format declare the same name and builder
+    build  ``(out_dir, *, shape, dtype, tied, block_size, seed, overwrite, note) ->``
+           :class:`specparity.fixtures.MadeFixture` (``block_size``: the verify rows asked;
+           ``note``: a progress line before a long build)
+    help   what it is, one line for ``--help``
+    """
+
+    name: str
+    build: Ref
+    help: str = ""
+
+    def make(self, out_dir: str, *, shape: str, dtype: str, tied: bool, block_size: int, seed: int,
+             overwrite: bool, note: Callable[[str], None]) -> Any:
+        return resolve(self.build)(out_dir, shape=shape, dtype=dtype, tied=tied, block_size=block_size,
+                                   seed=seed, overwrite=overwrite, note=note)
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """One engine, everything about it in one place (the fields: the module docstring)."""
@@ -139,8 +167,7 @@ class EngineSpec:
     e2e_entry_points: tuple[str, ...] = ()
     e2e: Ref = None
     default_checkpoints: Ref = None
-    fixture: Ref = None
-    fixture_kind: str | None = None
+    drafter_format: DrafterFormat | None = None
     verify_modes: tuple[str, ...] = ()
     source: str = field(default="", compare=False)
 
@@ -152,6 +179,11 @@ class EngineSpec:
     def key(self) -> str:
         """The name as a profile's ``engine:`` key may also write it (``dflash_mlx``)."""
         return profile_key(self.name)
+
+    @property
+    def fixture_kind(self) -> str | None:
+        """The ``kind`` its fixtures' ``fixture.json`` holds (its drafter format's name; None: none)."""
+        return self.drafter_format.name if self.drafter_format is not None else None
 
     @property
     def in_process(self) -> bool:
@@ -293,13 +325,18 @@ def _builtin_modules() -> list[str]:
     return sorted(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
-def _spec_of(module_name: str) -> EngineSpec:
+def _spec_of(module_name: str, external: bool = False) -> EngineSpec:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name is not None and module_name.startswith(err.name):  # the module itself is missing
             raise UsageError(f"{ENGINES_VAR}: no module {module_name} (an importable module path)") from None
         raise
+    except SyntaxError as err:
+        if not external:
+            raise  # a built-in engine that does not compile is our bug: a traceback with --debug
+        where = f"{err.filename}:{err.lineno}" if err.filename else module_name
+        raise UsageError(f"{ENGINES_VAR}: engine module {module_name} does not compile: {where}: {err.msg}") from None
     spec = getattr(module, "ENGINE", None)
     if not isinstance(spec, EngineSpec):
         raise UsageError(f"engine module {module_name}: defines no ENGINE = EngineSpec(...)")
@@ -315,13 +352,32 @@ def registry() -> dict[str, EngineSpec]:
     out: dict[str, EngineSpec] = {}
     external = [m.strip() for m in extra.split(",") if m.strip()]
     for module_name in [*_builtin_modules(), *external]:
-        spec = _spec_of(module_name)
+        spec = _spec_of(module_name, external=module_name in external)
         if spec.name in out or any(s.key == spec.key for s in out.values()):
             raise UsageError(f"engine module {module_name}: engine {spec.name!r} is registered already")
         out[spec.name] = spec
     if DEFAULT in out:
         out = {DEFAULT: out[DEFAULT], **{k: v for k, v in out.items() if k != DEFAULT}}
     _REGISTRY, _REGISTRY_FOR = out, extra
+    return out
+
+
+def drafter_formats() -> dict[str, DrafterFormat]:
+    """Every drafter format the registered engines declare, by name, the default first; two engines
+    declaring one name must declare the same builder (one format, one builder)."""
+    out: dict[str, DrafterFormat] = {}
+    for spec in registry().values():
+        fmt = spec.drafter_format
+        if fmt is None:
+            continue
+        seen = out.get(fmt.name)
+        if seen is not None and seen.build != fmt.build:
+            raise UsageError(f"engine {spec.name}: drafter format {fmt.name!r} is declared already with"
+                             f" another builder ({seen.build!r})")
+        out.setdefault(fmt.name, fmt)
+    if DEFAULT_DRAFTER_FORMAT in out:
+        out = {DEFAULT_DRAFTER_FORMAT: out[DEFAULT_DRAFTER_FORMAT],
+               **{k: v for k, v in out.items() if k != DEFAULT_DRAFTER_FORMAT}}
     return out
 
 

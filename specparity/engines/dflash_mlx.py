@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specparity.engines import EngineSpec, LoadRequest, PinnedEnv
+from specparity.engines import DrafterFormat, EngineSpec, LoadRequest, PinnedEnv
 
 # probes/e2e_dflash.py runs them (its ENTRY_POINTS: the same names, a lower layer cannot import this one)
 E2E_ENTRY_POINTS = ("dflash-stream", "dflash-cli")
@@ -61,7 +61,7 @@ ENGINE = EngineSpec(
     e2e_entry_points=E2E_ENTRY_POINTS,
     e2e="specparity.probes.e2e_dflash:run_dflash_e2e",
     default_checkpoints=default_checkpoints,
-    fixture="specparity.dflash_fixtures:build_dflash_pair",
-    fixture_kind="dflash",
+    drafter_format=DrafterFormat("dflash", "specparity.dflash_fixtures:dflash_format",
+                                 "dflash-mlx's DFlash block drafter"),
     verify_modes=("adaptive", "dflash"),
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specparity.engines import EngineSpec, PinnedEnv
+from specparity.engines import DrafterFormat, EngineSpec, PinnedEnv
 from specparity.probes.engines.own_loop import load
 
 
@@ -44,6 +44,6 @@ ENGINE = EngineSpec(
     e2e_entry_points=("generate", "dfly-stream"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     default_checkpoints=default_checkpoints,
-    fixture="specparity.dspark_fixtures:build_dfly_pair",
-    fixture_kind="dfly",
+    drafter_format=DrafterFormat("dfly", "specparity.dspark_fixtures:dfly_format",
+                                 "a DFly drafter that reads the target's embedding and head"),
 )

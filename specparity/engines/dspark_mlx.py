@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specparity.engines import EngineSpec, LoadRequest, PinnedEnv
+from specparity.engines import DrafterFormat, EngineSpec, LoadRequest, PinnedEnv
 from specparity.engines.mlx_dspark import default_checkpoints
 
 
@@ -44,6 +44,6 @@ ENGINE = EngineSpec(
     e2e_entry_points=("generate_eager", "generate"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     default_checkpoints=default_checkpoints,
-    fixture="specparity.dspark_fixtures:build_dspark_pair",
-    fixture_kind="dspark",
+    drafter_format=DrafterFormat("dspark", "specparity.dspark_fixtures:dspark_format",
+                                 "DeepSeek's DeepSpec DSpark drafter"),
 )

@@ -13,5 +13,4 @@ ENGINE = EngineSpec(
     description="llama.cpp's llama-server (served only; arithmetic other than MLX)",
     profiles=("llama.cpp",),
     hooks="specparity.harness.engines.llama_cpp",
-    fixture="specparity.fixtures:pair_gguf",
 )

@@ -38,5 +38,4 @@ ENGINE = EngineSpec(
     adapter=load,
     classic_paths=True,
     e2e_entry_points=("stream_generate", "generate", "cli"),
-    fixture="specparity.fixtures:build_pair",
 )

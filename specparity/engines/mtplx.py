@@ -19,7 +19,7 @@ row says so, and its generation still cannot run here.
 
 from __future__ import annotations
 
-from specparity.engines import EngineSpec, PinnedEnv
+from specparity.engines import DrafterFormat, EngineSpec, PinnedEnv
 from specparity.probes.engine_e2e import MTPLX_ENTRY_POINTS
 from specparity.probes.engines.own_loop import load
 
@@ -36,4 +36,6 @@ ENGINE = EngineSpec(
     adapter=load("mtplx"),
     e2e_entry_points=tuple(entry for entry, _, _ in MTPLX_ENTRY_POINTS),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
+    drafter_format=DrafterFormat("mtp", "specparity.dspark_fixtures:mtp_format",
+                                 "MTP heads inside a qwen3_5 target (mtplx's mtp.safetensors; no drafter)"),
 )

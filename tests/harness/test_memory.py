@@ -1,0 +1,130 @@
+"""Memory: a served job holds one copy of the target at a time, and states what it needs.
+
+On real processes: a checkpoint whose weights are most of a process's memory (a
+real vocabulary under two narrow layers, float32, built once here by the
+project's own builder), one served run through the CLI with one width and a few
+tokens. Its peak over every process (the harness included, sampled from /proc)
+stays within 1.1x its largest server, every request still judged against
+classic decode; the opt-in that keeps the reference beside the servers shows
+the second copy the measurement must see. A job whose expected memory exceeds
+a configured limit is refused with one line before any server starts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from specparity.fixtures import FixtureInfo, build_sized
+from specparity.harness import memory
+from specparity.harness.config import Job, Pairing
+from specparity.records.record import read_record
+
+BOUND = 1.1
+JOB = {"widths": [2], "max_tokens": 4, "sequence": ["fresh", "repeat"], "concurrency": 0, "self_draft": False,
+       "prompts": ["The quick brown fox jumps over the lazy dog."]}
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> FixtureInfo:
+    """The weight-dominated pair: 458 MB of float32 weights per checkpoint."""
+    return build_sized(tmp_path_factory.mktemp("wide") / "pair", "llama-wide-vocab", dtype="float32", bits=None)
+
+
+def _served(cli_bin: str, tmp: Path, pair: FixtureInfo, *extra: str) -> tuple[dict, dict[str, list[dict]]]:
+    cfg = tmp / "job.yaml"
+    cfg.write_text(json.dumps(JOB))
+    r = run_cli(cli_bin, "served", "--config", str(cfg), "--model", pair.target, "--draft-model", str(pair.draft),
+                "--record-dir", str(tmp / "rec"), "-q", *extra, env={"SPECPARITY_HOME": str(tmp / "home")})
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    [md] = (tmp / "rec").glob("*.md")
+    record, _, arms = read_record(md)
+    assert record.summary is not None
+    return record.summary, arms
+
+
+def _pairing(summary: dict) -> dict:
+    return summary["pairings"][0]
+
+
+@pytest.mark.model
+@pytest.mark.server
+def test_a_served_job_peaks_at_one_server_and_judges_every_request(wide: FixtureInfo, tmp_path: Path,
+                                                                   cli_bin: str) -> None:
+    report, arms = _served(cli_bin, tmp_path, wide)
+    p = _pairing(report)
+    mem = p["memory"]
+    largest, total = mem["largest_server_bytes"], mem["peak_total_bytes"]
+    weights = memory.checkpoint_bytes(wide.target)
+    assert weights is not None and largest > weights  # the weights are in the servers' memory
+    # one server's copy at a time, plus the harness's own: the reference never sits beside a server
+    assert mem["peak_children_bytes"] <= BOUND * largest, mem
+    assert total <= BOUND * largest + mem["harness_peak_rss_bytes"], mem
+    assert not mem["reference_beside"]
+    # each server's and each reference worker's peak is in the record, the worker's above the weights it holds
+    assert set(mem["servers_peak_rss_bytes"]) == {"baseline-start", "w2", "baseline-end"}
+    assert all(a["server"]["peak_rss_bytes"] > weights for a in p["arms"])
+    workers = mem["reference_workers_peak_rss_bytes"]
+    assert workers and all(w > weights for w in workers) and p["reference_cost"]["workers"] == len(workers)
+    # the classic reference still judged every request of every arm, each distinct one decoded once
+    lines = [r for rs in arms.values() for r in rs if "completion" in r and "request" in r]
+    assert len(lines) == 6 and all((r.get("reference") or {}).get("compared") for r in lines), lines
+    assert (p["reference_cost"]["computed"], p["reference_cost"]["hits"]) == (1, 5)
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+def test_the_reference_beside_the_servers_is_an_opt_in_whose_second_copy_is_measured(
+        wide: FixtureInfo, tmp_path: Path, cli_bin: str) -> None:
+    report, _ = _served(cli_bin, tmp_path, wide, "--reference-beside")
+    mem = _pairing(report)["memory"]
+    assert mem["reference_beside"]
+    # the worker's copy of the target sits beside the largest server: the measurement sees it
+    assert mem["peak_total_bytes"] > BOUND * mem["largest_server_bytes"], mem
+    weights = memory.checkpoint_bytes(wide.target)
+    assert weights is not None and mem["peak_total_bytes"] >= mem["largest_server_bytes"] + 0.8 * weights
+
+
+@pytest.mark.model
+def test_a_job_that_cannot_fit_is_refused_before_any_server_starts(llama_pair: FixtureInfo, tmp_path: Path,
+                                                                   cli_bin: str) -> None:
+    env = {"SPECPARITY_HOME": str(tmp_path / "home"), memory.LIMIT_ENV: "1MB"}
+    r = run_cli(cli_bin, "served", "--model", llama_pair.target, "--draft-model", str(llama_pair.draft),
+                "--widths", "2", "--record-dir", str(tmp_path / "rec"), env=env)
+    assert r.returncode == 4, r.stdout + r.stderr
+    [line] = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert line.startswith("Error: this served job expects about") and "--memory-limit" in line, line
+    assert memory.LIMIT_ENV in line and "1.00 MB" in line
+    assert not (tmp_path / "rec").exists() and "starting" not in r.stderr  # no record, no server
+    # the flag overrides the environment: the same job under a limit it fits is not refused there
+    job = Job(pairings=[Pairing("p", llama_pair.target, llama_pair.draft)], widths=[2])
+    assert memory.served_budget(job, "64GB").fits and not memory.served_budget(job, "1MB").fits
+    # the probe: refused before its checkpoint loads, naming the flag
+    r = run_cli(cli_bin, "probe", "--model", llama_pair.target, "--memory-limit", "1MB", "--json",
+                env={"SPECPARITY_HOME": str(tmp_path / "home")})
+    assert r.returncode == 4 and r.stdout == "", r.stdout + r.stderr
+    [line] = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert line.startswith("Error: this probe expects about") and "--memory-limit" in line, line
+
+
+@pytest.mark.model
+def test_the_budget_counts_weights_kv_and_the_reference_side_by_side_only_when_asked(
+        llama_pair: FixtureInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = memory.checkpoint_bytes(llama_pair.target)
+    assert weights and weights == sum(f.stat().st_size for f in Path(llama_pair.target).glob("*.safetensors"))
+    assert memory.kv_bytes(llama_pair.target, 100) == 2 * 6 * 2 * 32 * 4 * 100  # layers, kv heads, head_dim, f32
+    job = Job(pairings=[Pairing("p", llama_pair.target, llama_pair.draft)], widths=[2], max_tokens=16)
+    one = memory.served_budget(job, "off")
+    job.reference_beside = True
+    both = memory.served_budget(job, "off")
+    assert one.limit is None and one.fits and not one.side_by_side and both.side_by_side
+    assert both.expected - one.expected == min(one.parts.values())  # the reference's process on top
+    assert memory.parse_size("1.5GB") == int(1.5 * 2**30) and memory.parse_size("2000") == 2000
+    with pytest.raises(Exception, match="--memory-limit"):
+        memory.parse_size("lots")
+    monkeypatch.delenv(memory.LIMIT_ENV, raising=False)
+    limit, source = memory.limit()
+    assert limit is None or (limit > 0 and source)
