@@ -5,7 +5,7 @@ with hooks (``specparity serve``), so it reads names mlx-lm does not promise to
 keep: a leading underscore, a module global the server looks up at call time, a
 class's private method. Each is reached here, or in :mod:`.server` (the server's
 classes with their private hooks under public names; importing it imports
-mlx-lm's server), and nowhere else: ``tests/test_compat.py`` fails on a module
+mlx-lm's server), and nowhere else: ``tests/core/test_compat.py`` fails on a module
 that reaches one on its own, and reads every row below in both pinned
 environments. Each is reached through one function or method; a later mlx-lm
 that moved one fails there, with a line naming the version.

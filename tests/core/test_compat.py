@@ -30,9 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_environments import built  # at collection: the real environment cache, before any test's home
+from builds import built  # the real environment cache, read at collection, before any test's home
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPAT = "specparity.mlx_compat"
 MLX = "mlx_lm"
 # the mlx-lm modules whose classes' private names the scan knows (the ones the toolkit builds on)
