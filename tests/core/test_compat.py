@@ -350,6 +350,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.build
+@pytest.mark.slow
 @pytest.mark.parametrize("name, version", [("mlx-lm-0.31.3", "0.31.3"), ("mlx-lm-0.32.2", "0.32.2")])
 def test_every_reach_of_the_table_is_there_in_each_checked_version(name, version):
     """The table's columns, read in the pinned environments: what it says is present is present (0.31.3
