@@ -40,12 +40,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from specparity.harness.lifecycle import end_watcher, register, spawn_tied, unregister
+from specparity.mlx_server import ServerSettings
 from specparity.reference import (
     ColdAnswer,
     PromptCheck,
     ReferenceCompletion,
     ReferenceStats,
-    ServerSettings,
     check_prompt,
     request_key,
 )

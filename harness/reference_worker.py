@@ -3,8 +3,7 @@
 harness.oracle starts it with the servers' own interpreter (a pinned environment's mlx-lm
 judges that environment's servers); it holds one :class:`ClassicReference` and answers one
 JSON line per request line (see :func:`worker`). Cold answers run mlx_lm.server's loop as
-the sequence replay rebuilds it (probes.replay.sequence.ServingLoop), which builds on the
-reference: the worker joins the two, so neither imports the other's user.
+:mod:`specparity.mlx_server` rebuilds it (the sequence replay's loop too).
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ from typing import Any
 
 from specparity.errors import SpecparityError, UsageError, first_line
 from specparity.harness.memory import own_peak_rss
-from specparity.reference import ClassicReference, ServerSettings
-from specparity.probes.replay.sequence import ServingLoop
+from specparity.mlx_server import ServerSettings
+from specparity.reference import ClassicReference
 
 
 def worker(argv: list[str] | None = None) -> int:
@@ -66,7 +65,7 @@ def worker(argv: list[str] | None = None) -> int:
             settings = ServerSettings.from_dict(req["settings"]) if req.get("settings") else None
             if req.get("cold"):
                 cold = ref.cold(req["endpoint"], req["body"], settings, draft_model=req.get("draft_model"),
-                                prompt_ids=req.get("prompt_ids"), loop=ServingLoop)
+                                prompt_ids=req.get("prompt_ids"))
                 say({"ok": True, "cold": cold.to_dict()})
                 continue
             rc = ref.complete(req["endpoint"], req["body"], server_prompt_ids=req.get("server_prompt_ids"),

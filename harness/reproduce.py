@@ -5,7 +5,7 @@ classic decode does not decide) gets one, decided by the serving loop its
 server runs (the profile's ``loop`` key, inherited by ``extends``), never by
 the profile's name:
 
-- ``mlx_lm.server`` (the loop probes.replay.sequence.ServingLoop rebuilds):
+- ``mlx_lm.server`` (the loop specparity.mlx_server.ServingLoop rebuilds):
   the first request a drafter server received replays alone on a fresh cache,
   mlx-lm's own speculative path rerun, ``specparity replay --draft-model ...
   --prompt-ids ...`` with every request parameter carried (prompt ids as the
@@ -86,7 +86,7 @@ def reproduce(history: ServerHistory, index: int, plan: ArmPlan, finding: Findin
     model / draft: the original checkpoints (no witness wrapper). folder: where a sequence
     file may be written (None: the run keeps no files, so a sequence cannot be replayed later).
     """
-    from specparity.reference import ServerSettings
+    from specparity.mlx_server import ServerSettings
     from specparity.probes.replay.sequence import LOOP, Reproduction, request_command
 
     settings = ServerSettings.from_argv([str(a) for a in history.argv])
@@ -121,7 +121,7 @@ def _specparity_serve_why_not(body: dict[str, Any], settings: Any, drafter: str 
     """Why no command reproduces this specparity-serve finding (None: mlx-lm's speculative path on a
     fresh cache is this server's path for it)."""
     from specparity.errors import UsageError
-    from specparity.reference import RequestParams
+    from specparity.mlx_server import RequestParams
 
     if not first:
         return ("specparity-serve's prompt cache and its processors' history are not mlx_lm.server's (it"

@@ -452,7 +452,7 @@ class PairingRun:
         if not self.job.reference:
             return None
         if self._oracle is None:
-            from specparity.reference import ServerSettings
+            from specparity.mlx_server import ServerSettings
 
             target, trust = self.replay_model
             self.run_.note("  starting the classic reference (classic decode in process)")
@@ -473,7 +473,7 @@ class PairingRun:
         oracle = self.oracle(session.history.argv)
         if oracle is None or not ex.completion.ok:
             return None
-        from specparity.reference import ServerSettings
+        from specparity.mlx_server import ServerSettings
 
         settings = ServerSettings.from_argv([str(a) for a in session.history.argv])
         usage = ex.completion.usage or {}
@@ -538,7 +538,7 @@ class PairingRun:
         oracle = self.oracle(session.history.argv)
         if oracle is None:
             return Cold(None, fresh, "no classic reference in this run")
-        from specparity.reference import RequestParams, ServerSettings
+        from specparity.mlx_server import RequestParams, ServerSettings
 
         body = {**ex.request.body, **fields}
         settings = ServerSettings.from_argv([str(a) for a in session.history.argv])

@@ -119,13 +119,6 @@ def _jsonable(name: str, value: Any) -> Any:
     return type(value).__name__
 
 
-def _generate_module() -> Any:
-    """The module ``mlx_lm.generate`` (``import mlx_lm.generate as g`` yields the function)."""
-    import importlib
-
-    return importlib.import_module("mlx_lm.generate")
-
-
 class Spy:
     """Wraps mlx-lm's two step functions; records what reached them and what they yielded.
 
@@ -144,18 +137,19 @@ class Spy:
         self._saved: dict[str, Any] = {}
 
     def __enter__(self) -> Self:
-        g = _generate_module()
+        from specparity.mlx_compat import generate_module, replace_in_generate
 
+        g = generate_module()
         for name in STEPS:
             self._saved[name] = getattr(g, name)
-            setattr(g, name, self._wrap(name, self._saved[name]))
+            replace_in_generate(name, self._wrap(name, self._saved[name]))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        g = _generate_module()
+        from specparity.mlx_compat import replace_in_generate
 
         for name, fn in self._saved.items():
-            setattr(g, name, fn)
+            replace_in_generate(name, fn)
 
     def _wrap(self, name: str, fn: Any) -> Any:
         sig = inspect.signature(fn)

@@ -157,6 +157,8 @@ def snapshot(cache: list[Any]) -> list[LayerState]:
     """Each layer's valid cache contents, for byte comparison."""
     import mlx.core as mx
 
+    from specparity.mlx_compat import temporal_order
+
     out = []
     for c in cache:
         kind, off = layer_kind(c), cache_offset(c)
@@ -164,7 +166,7 @@ def snapshot(cache: list[Any]) -> list[LayerState]:
         if hasattr(c, "keys") and hasattr(c, "values"):
             k, v = c.keys, c.values
             if kind == "RotatingKVCache" and k is not None:
-                k, v = c._temporal_order(k), c._temporal_order(v)
+                k, v = temporal_order(c, k), temporal_order(c, v)
             for name, arr in (("keys", k), ("values", v)):
                 if arr is None:
                     continue

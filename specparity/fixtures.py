@@ -230,9 +230,10 @@ def _config_for(arch: str, dtype: str) -> dict[str, Any]:
 def instantiate(config: dict[str, Any]) -> Any:
     """An mlx-lm model of ``config`` with random weights in its ``torch_dtype``, evaluated."""
     import mlx.core as mx
-    from mlx_lm.utils import _get_classes as get_model_classes
 
-    model_class, args_class = get_model_classes(config=config)
+    from specparity.mlx_compat import model_classes
+
+    model_class, args_class = model_classes(config)
     model = model_class(args_class.from_dict(dict(config)))
     dtype = getattr(mx, config["torch_dtype"])
     model.set_dtype(dtype)

@@ -344,7 +344,7 @@ def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_
     """
     from specparity.errors import UsageError
     from specparity.probes.replay.sequence import Reproduction, replay_command
-    from specparity.reference import RequestParams
+    from specparity.mlx_server import RequestParams
 
     def why(reason: str) -> dict[str, Any]:
         return Reproduction(reason=reason).to_dict()

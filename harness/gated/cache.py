@@ -39,6 +39,7 @@ from typing import Any
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
+from specparity.mlx_compat import prompt_cache_trie
 from specparity.verdicts import CachePolicy
 
 log = logging.getLogger("specparity.serve")
@@ -162,7 +163,7 @@ class ExactPromptCache(LRUPromptCache):
                       len(tokens))
             return
         super().insert_cache(model, key, prompt_cache, cache_type=cache_type)
-        entry = self._trie.get(model, key)
+        entry = prompt_cache_trie(self).get(model, key)
         entry.specparity_held = None if held is None else min(held, len(key))
 
     def fetch_nearest_cache(self, model: Any, tokens: list[int]) -> tuple[list[Any] | None, list[int]]:
@@ -170,12 +171,12 @@ class ExactPromptCache(LRUPromptCache):
         policy = self.policy_for(model)
         lookup = CacheLookup(str(policy), len(tokens))
         options: list[tuple[int, int, str, list[int], Any]] = []  # (reusable, shared, why, key, entry)
-        found = self._trie.search(model, tokens)
+        found = prompt_cache_trie(self).search(model, tokens)
         for candidate in (found.exact, found.longer, found.shorter):
             if not candidate:
                 continue
             key = list(candidate)
-            entry = self._trie.get(model, key)
+            entry = prompt_cache_trie(self).get(model, key)
             shared = _common(key, tokens, len(tokens) - 1)
             m, why = shared, ""
             if policy == CachePolicy.REPREFILL:

@@ -83,10 +83,9 @@ def check() -> None:
 
 def install_prefill_check() -> None:
     """Route mlx-lm's per-chunk KV quantization hook through :func:`check` (idempotent)."""
-    import importlib
+    from specparity.mlx_compat import generate_module, replace_in_generate
 
-    gen = importlib.import_module("mlx_lm.generate")  # mlx_lm.generate is also a function's name
-    original: Any = getattr(gen, "maybe_quantize_kv_cache")
+    original: Any = getattr(generate_module(), "maybe_quantize_kv_cache")
     if getattr(original, "specparity_checked", False):
         return
 
@@ -96,4 +95,4 @@ def install_prefill_check() -> None:
         original(prompt_cache, quantized_kv_start, kv_group_size, kv_bits)
 
     checked.specparity_checked = True  # type: ignore[attr-defined]
-    setattr(gen, "maybe_quantize_kv_cache", checked)
+    replace_in_generate("maybe_quantize_kv_cache", checked)

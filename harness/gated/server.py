@@ -15,7 +15,8 @@ prompt cache), run with four subclasses and one function swapped in:
     K + 1 verify rows) asks the memoized gate about K + 1 rows: allow runs
     mlx-lm's speculative decoding, decline its classic decode;
   - every path hands the logits processors classic decode's history, the
-    whole prompt plus every emitted token (:mod:`.history`);
+    whole prompt plus every emitted token
+    (:func:`specparity.mlx_server.missing_prefix`, :func:`~specparity.mlx_server.with_history`);
   - under ``re-prefill``, requests are served one at a time by classic
     prefill (mlx-lm's batch path prefills prompt segments separately);
   - a request whose client left stops (:mod:`.cancel`);
@@ -26,9 +27,10 @@ prompt cache), run with four subclasses and one function swapped in:
   and only the checkpoint the operator named (``--allow-request-models``
   lets requests name others).
 
-``mlx_lm.server._serve_single`` calls the module's ``stream_generate``; in
-this process that name is :meth:`GatedGenerator.stream_generate`, which runs
-mlx-lm's own ``stream_generate`` for the chosen path.
+mlx-lm's sequential path (``serve_single``) calls the module's ``stream_generate``;
+in this process that name is :meth:`GatedGenerator.stream_generate`, which runs
+mlx-lm's own ``stream_generate`` for the chosen path. Every private method these
+classes override or call is reached through :mod:`specparity.mlx_compat.server`.
 
 The port is bound before anything loads (one ``Error:`` line, exit 4, when it
 cannot be); Ctrl-C stops generation and exits 130.
@@ -59,6 +61,8 @@ from specparity.harness.gated.stats import (
 
 from specparity.errors import EXIT_INTERRUPTED, InfrastructureError, UsageError
 from specparity.inputs import check_request, config_vocab_size
+from specparity.mlx_compat import download
+from specparity.mlx_server import ServerSettings, fresh_cache, missing_prefix, with_history
 from specparity.schema import MAX_REQUEST_BYTES, load_json
 from specparity.verdicts import CachePolicy, Decision, Verdict
 
@@ -138,11 +142,9 @@ def served_vocab(model: Any, draft_model: Any = None) -> int | None:
 
 def loaded_model(provider: Any) -> Any:
     """The provider's model in memory as a ``checkpoint.Loaded`` (what the gate probes)."""
-    from mlx_lm.utils import _download
-
     from specparity.checkpoint import Loaded, fingerprint
 
-    path = Path(_download(str(provider.model_key[0])))
+    path = Path(download(str(provider.model_key[0])))
     return Loaded(model=provider.model, tokenizer=provider.tokenizer, config={},
                   fingerprint=fingerprint(path), path=path)
 
@@ -157,13 +159,9 @@ class GateMemo:
     """
 
     def __init__(self, config: ServeConfig, cli_args: argparse.Namespace):
-        from specparity.decode import CacheOptions
-
         self.config = config
         self.trust_remote_code = bool(cli_args.trust_remote_code)
-        self.opts = CacheOptions(kv_bits=cli_args.kv_bits, kv_group_size=cli_args.kv_group_size,
-                                 quantized_kv_start=cli_args.quantized_kv_start,
-                                 prefill_step_size=cli_args.prefill_step_size)
+        self.opts = ServerSettings.from_namespace(cli_args).cache_options()
         self._memo: dict[tuple[str, str | None, int], Any] = {}
         self._policies: dict[tuple[str, str | None], Any] = {}
 
@@ -174,13 +172,11 @@ class GateMemo:
         memo = (model_path, adapter, width)
         if memo in self._memo:  # every request after the first at a width: nothing else
             return self._memo[memo]
-        from mlx_lm.utils import _download
-
         from specparity.probes.gate import GateDecision, gate_check
 
         try:
             self._memo[memo] = gate_check(
-                _download(model_path), width, self.opts,
+                download(model_path), width, self.opts,
                 env_prefixes=self.config.env_prefixes,
                 trust_remote_code=self.trust_remote_code,
                 loaded=loaded() if loaded is not None else None, adapter=adapter)
@@ -195,15 +191,13 @@ class GateMemo:
     def policy(self, model_path: str, loaded: Any | None = None,
                adapter: str | None = None) -> Any:
         """The PolicyDecision for ``model_path`` (prefill parity on ``loaded`` on a miss)."""
-        from mlx_lm.utils import _download
-
         from specparity.probes.gate import PolicyDecision, prompt_cache_policy
 
         memo = (model_path, adapter)
         if memo not in self._policies:
             try:
                 decision = prompt_cache_policy(
-                    _download(model_path), self.opts, env_prefixes=self.config.env_prefixes,
+                    download(model_path), self.opts, env_prefixes=self.config.env_prefixes,
                     trust_remote_code=self.trust_remote_code, loaded=loaded, adapter=adapter,
                     log_line=False)
             except Exception as err:  # noqa: BLE001 (a probe that cannot run: re-prefill)
@@ -242,11 +236,11 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
     import mlx_lm.server as up
 
     from specparity.harness.gated.cache import SplitCache, catch_up, offsets
-    from specparity.harness.gated.history import missing_prefix, with_history
+    from specparity.mlx_compat.server import Generator, Handler, Provider, upstream_stream_generate
 
-    upstream_stream_generate = up.stream_generate
+    upstream = upstream_stream_generate()
 
-    class GatedProvider(up.ModelProvider):
+    class GatedProvider(Provider):
         """Loads as mlx-lm does; a draft model that fails to load leaves a classic server."""
 
         # mlx-lm sets these to None in __init__ unannotated, so mypy would infer type None
@@ -257,18 +251,18 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             super().__init__(cli_args)
             self.draft_error: str | None = None
 
-        def _load(self, model_path: Any, adapter_path: Any = None,
-                  draft_model_path: Any = None) -> None:
+        def load_checkpoint(self, model_path: Any, adapter_path: Any = None,
+                            draft_model_path: Any = None) -> None:
             self.draft_error = None
             try:
-                super()._load(model_path, adapter_path, draft_model_path)
+                super().load_checkpoint(model_path, adapter_path, draft_model_path)
             except Exception as err:
                 if draft_model_path is None or draft_model_path != self.cli_args.draft_model:
                     raise  # a request's own draft_model: load() reports it
                 self.draft_error = f"draft model {draft_model_path} would not load: {err}"
                 log.error("specparity-serve: DRAFT-UNAVAILABLE %s; serving classic decode",
                           self.draft_error)
-                super()._load(model_path, adapter_path, None)
+                super().load_checkpoint(model_path, adapter_path, None)
                 self.model_key = (model_path, adapter_path, draft_model_path)
 
         def load(self, model_path: Any, adapter_path: Any = None,
@@ -283,7 +277,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 raise ModelUnavailable(f"model {_shown(model_path)} could not be loaded",
                                        detail) from None
 
-    class GatedGenerator(up.ResponseGenerator):
+    class GatedGenerator(Generator):
         """mlx-lm's generation loop with the gate in its speculative path."""
 
         model_provider: GatedProvider
@@ -304,7 +298,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             super().__init__(model_provider, prompt_cache)
 
         # -- start-up and shutdown -----------------------------------------------------------
-        def _run_generate(self) -> None:
+        def run_generate(self) -> None:
             try:
                 self.startup()
             except BaseException as err:  # noqa: BLE001 (reported by serve() on the main thread)
@@ -312,7 +306,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 self.started.set()
                 return
             self.started.set()
-            super()._run_generate()
+            super().run_generate()
 
         def startup(self) -> None:
             """Load the default model; its policy and default width, decided on it."""
@@ -330,11 +324,11 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
 
         def shutdown(self, timeout: float) -> None:
             """Stop generating (the active request cancelled) and wait up to ``timeout`` s."""
-            self._stop = True
+            self.request_stop()
             active = self._active
             if active is not None:
                 active[0].cancel("the server is stopping")
-            self._generation_thread.join(timeout)
+            self.join_generation(timeout)
 
         # -- the prompt-cache policy -----------------------------------------------------------
         def policy_now(self) -> Any:
@@ -355,14 +349,13 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 self._pending.prompt_cache = lookup.to_dict()
                 self._pending = None
 
-        def _is_batchable(self, args: Any) -> bool:
+        def is_batchable(self, args: Any) -> bool:
             # mlx-lm's batch path prefills a chat prompt's segments separately: a chunked
             # prefill, exact only where the policy says chunking does not matter
-            if not super()._is_batchable(args):
+            if not super().is_batchable(args):
                 return False
             provider: Any = self.model_provider
-            m = provider._model_map.get(args.model.model, args.model.model)
-            a = provider._adapter_map.get(args.model.model, args.model.adapter)
+            m, a = provider.resolve(args.model.model, args.model.adapter)
             known = self.gate.known_policy(str(m), a)
             return known is not None and known.reuse
 
@@ -396,7 +389,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
 
             return ctx, counted()
 
-        def _await_response(self, response_queue: Any) -> Any:
+        def await_response(self, response_queue: Any) -> Any:
             # a handler thread waiting for its request's next item: gives up when its client
             # left (mlx-lm's batch loop drops a stopped request without a word to its queue)
             from queue import Empty
@@ -409,20 +402,20 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                         raise RuntimeError("generation thread died") from None
                     check()
 
-        def _serve_single(self, request: Any, stream: Any) -> None:
+        def serve_single(self, request: Any, stream: Any) -> None:
             _rqueue, req, args = request
             stats = getattr(req, "specparity", None)
             self._active = (stats, args) if stats is not None else None
             try:
-                super()._serve_single(request, stream)
+                super().serve_single(request, stream)
             finally:
                 if stats is not None and not stats.finished:
                     self.finish(stats)
                 self._active = None
                 self._pending = None
 
-        def _tokenize(self, tokenizer: Any, request: Any, args: Any) -> Any:
-            out = super()._tokenize(tokenizer, request, args)
+        def tokenize(self, tokenizer: Any, request: Any, args: Any) -> Any:
+            out = super().tokenize(tokenizer, request, args)
             stats = getattr(request, "specparity", None)
             if stats is not None:
                 stats.prompt_ids = [int(t) for t in out[0]]
@@ -451,7 +444,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             """mlx-lm's stream_generate on the path the gate chose, with classic decode's
             processor history; counts the rounds and stops when the client leaves."""
             if self._active is None:
-                yield from upstream_stream_generate(model, tokenizer, prompt, max_tokens,
+                yield from upstream(model, tokenizer, prompt, max_tokens,
                                                     draft_model=draft_model, **kwargs)
                 return
             import mlx.core as mx
@@ -482,7 +475,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 engage = False
                 prompt, fed, prefix = mx.array(stats.prompt_ids), list(stats.prompt_ids), []
                 if cache is not None:
-                    cache[:] = self._fresh_cache(model, draft_model)
+                    cache[:] = fresh_cache(model, draft_model)
                 self._fresh_request(stats, f"{err}; served by classic decode on a fresh cache")
             stats.path = PATH_SPECULATIVE if engage else PATH_SEQUENTIAL
             start = offsets(cache[:n_target]) if cache is not None else None
@@ -492,12 +485,12 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                 mx.random.seed(args.seed)
             split = SplitCache(cache if cache is not None else [])
             if engage:
-                gen = upstream_stream_generate(model, tokenizer, prompt, max_tokens,
+                gen = upstream(model, tokenizer, prompt, max_tokens,
                                                draft_model=draft_model, prompt_cache=split,
                                                **kwargs)
             else:  # classic decode on the target's layers only
                 target = split[:n_target] if cache is not None else None
-                gen = upstream_stream_generate(model, tokenizer, prompt, max_tokens,
+                gen = upstream(model, tokenizer, prompt, max_tokens,
                                                prompt_cache=target, **kwargs)
             # completed: mlx-lm files the cache next (it was read to its end, or closed by
             # mlx-lm after a finish, a stop word or a stop); False: an error, nothing filed
@@ -533,13 +526,6 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
                         self._file_next(stats)
                         if not engage and len(cache) > n_target:
                             self._catch_up_drafter(cache, n_target, start, fed + stats.tokens)
-
-        @staticmethod
-        def _fresh_cache(model: Any, draft_model: Any) -> list[Any]:
-            from mlx_lm.models.cache import make_prompt_cache
-
-            fresh = make_prompt_cache(model)
-            return fresh + make_prompt_cache(draft_model) if draft_model is not None else fresh
 
         @staticmethod
         def _fresh_request(stats: SpecStats, reason: str) -> None:
@@ -607,13 +593,12 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
             if not (t0 <= d <= t1):
                 return
             missed = new_tokens[d - t0:t1 - t0]
-            cli = self.model_provider.cli_args
-            catch_up(draft_model, draft, missed, step=cli.prefill_step_size,
-                     kv_bits=cli.kv_bits, kv_group_size=cli.kv_group_size,
-                     quantized_kv_start=cli.quantized_kv_start)
+            s = ServerSettings.from_namespace(self.model_provider.cli_args)
+            catch_up(draft_model, draft, missed, step=s.prefill_step_size, kv_bits=s.kv_bits,
+                     kv_group_size=s.kv_group_size, quantized_kv_start=s.quantized_kv_start)
             cache[n_target:] = list(draft)
 
-    class GatedHandler(up.APIHandler):
+    class GatedHandler(Handler):
         """mlx-lm's handler plus ``/metrics``, the per-response facts, and the operator's models."""
 
         metrics: ServeMetrics
@@ -709,7 +694,7 @@ def _classes(config: ServeConfig) -> tuple[Any, Any, Any]:
 
         def _send_json(self, status: int, body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()
-            self._set_completion_headers(status)
+            self.set_completion_headers(status)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -849,6 +834,8 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
     """Run mlx-lm's server with ``argv`` (its own flags) until interrupted."""
     import mlx_lm.server as up
 
+    from specparity.mlx_compat.server import route_stream_generate, run_server_main
+
     config = config or ServeConfig()
     provider_cls, generator_cls, handler_cls = _classes(config)
 
@@ -885,11 +872,12 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
                 log.warning("%s", GATE_OFF_LINE)
             install_prefill_check()
             gate = GateMemo(config, cli)
-            quantized_start = cli.quantized_kv_start if cli.kv_bits is not None else None
-            prompt_cache = ExactPromptCache(cli.prompt_cache_size, step=cli.prefill_step_size,
+            settings = ServerSettings.from_namespace(cli)
+            quantized_start = settings.quantized_kv_start if settings.kv_bits is not None else None
+            prompt_cache = ExactPromptCache(settings.prompt_cache_size, step=settings.prefill_step_size,
                                             quantized_kv_start=quantized_start)
             generator = generator_cls(model_provider, prompt_cache, metrics, gate)
-            up.stream_generate = generator.stream_generate
+            route_stream_generate(generator.stream_generate)
             while not generator.started.wait(0.5):
                 pass
             if generator.startup_error is not None:
@@ -911,12 +899,4 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
     # mlx-lm configures logging itself; a handler installed earlier would silence it
     for h in list(logging.root.handlers):
         logging.root.removeHandler(h)
-    up.argparse = _ArgparseShim()  # type: ignore[assignment]
-    up.ModelProvider = provider_cls  # type: ignore[misc]
-    up.run = run  # type: ignore[assignment]
-    old_argv = sys.argv
-    sys.argv = ["specparity serve", *argv]
-    try:
-        up.main()
-    finally:
-        sys.argv = old_argv
+    run_server_main("specparity serve", argv, argparse_module=_ArgparseShim(), provider_cls=provider_cls, run=run)

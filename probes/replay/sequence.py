@@ -4,7 +4,8 @@ A finding that depends on serving-loop state (a repeated request answered from
 the prompt cache, a second turn extending the first) is not reproduced by
 replaying one request on a fresh cache. :func:`replay_sequence` rebuilds that
 state in process: every request of the sequence goes, in order, through
-:class:`ServingLoop`, which runs ``mlx_lm.server`` 0.32's own generation loop
+:class:`specparity.mlx_server.ServingLoop` (the one rebuild of the server, the
+classic reference's too), which runs ``mlx_lm.server`` 0.32's own generation loop
 without HTTP, with mlx-lm's own parts:
 
 - one ``LRUPromptCache`` for the whole sequence: ``fetch_nearest_cache`` (an
@@ -69,10 +70,8 @@ from typing import Any
 
 from specparity.completions import CompletionDifference, Side, first_difference
 from specparity.errors import InputError, UsageError
-from specparity.reference import (
-    PATH_BATCHED, PATH_SEQUENTIAL, ClassicReference, Decoded, RequestParams, ServerPrompt, ServerSettings,
-    batchable, collect, server_prompt,
-)
+from specparity.mlx_server import PATH_SEQUENTIAL, RequestParams, Served, ServerSettings, ServingLoop
+from specparity.reference import ClassicReference
 from specparity.progress import NULL, Observer
 from specparity.verdicts import ReportMixin, Verdict
 
@@ -316,200 +315,6 @@ def not_reproducible(header: SequenceHeader, entries: list[SequenceEntry]) -> st
 
 
 # --- the serving loop, in process ------------------------------------------------------
-
-@dataclass
-class Served:
-    """One request as the in-process loop served it.
-
-    path: ``batched`` or ``sequential``; why_sequential: what sent it there.
-    prompt_len: prompt tokens. cached: tokens the loop counted as taken from the prompt cache.
-    held: positions the fetched cache entry really held (target layers; None: no entry).
-    draft_held: the same for the drafter's layers. history: what the logits processors
-      saw before the first emitted token (None: no processors), as token ids.
-    decoded: the answer (ids, logprobs, text, finish reason). error: why there is none.
-    """
-
-    path: str
-    prompt_len: int
-    cached: int = 0
-    held: int | None = None
-    draft_held: int | None = None
-    why_sequential: str = ""
-    history: list[int] | None = None
-    decoded: Decoded | None = None
-    error: str | None = None
-
-    def side(self) -> Side:
-        d = self.decoded or Decoded()
-        return Side("replay", d.text, list(d.token_ids), list(d.logprobs), [list(t) for t in d.top])
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _offset(caches: list[Any]) -> int | None:
-    offs = [int(o) for o in (getattr(c, "offset", None) for c in caches) if isinstance(o, int)]
-    return min(offs) if offs else None
-
-
-class _Recording:
-    """Wraps a logits processor to keep the first history it is given."""
-
-    def __init__(self, inner: Any, sink: list[list[int]]):
-        self.inner, self.sink = inner, sink
-
-    def __call__(self, tokens: Any, logits: Any) -> Any:
-        if not self.sink:
-            self.sink.append([int(t) for t in tokens.tolist()])
-        return self.inner(tokens, logits)
-
-
-class ServingLoop:
-    """``mlx_lm.server`` 0.32's generation loop over one model (and drafter), without HTTP.
-
-    One ``LRUPromptCache`` lives as long as the loop; :meth:`serve` runs one request
-    the way the server's ``_serve_single`` (sequential) or its batch branch does.
-    """
-
-    def __init__(self, model: Any, tokenizer: Any, settings: ServerSettings, draft_model: Any = None):
-        from mlx_lm.models.cache import LRUPromptCache
-
-        self.model, self.tokenizer, self.settings, self.draft_model = model, tokenizer, settings, draft_model
-        self.lru = LRUPromptCache(settings.prompt_cache_size)
-        self.model_key = ("model", None, "draft" if draft_model is not None else None)
-        self._batch: Any = None
-
-    def close(self) -> None:
-        if self._batch is not None:
-            self._batch.close()
-            self._batch = None
-
-    def serve(self, endpoint: str, body: dict[str, Any], prompt_ids: list[int] | None = None) -> Served:
-        params = RequestParams.from_body(body, self.settings)
-        if prompt_ids is not None:
-            prompt = ServerPrompt(list(prompt_ids), [list(prompt_ids)], ["assistant"])
-        else:
-            prompt = server_prompt(self.tokenizer, endpoint, body, self.settings)
-        if batchable(params, self.settings, self.model, self.draft_model is not None):
-            return self._batched(prompt, params)
-        self.close()  # the server drains its batch before a request it cannot batch
-        return self._sequential(prompt, params)
-
-    def _sequential(self, prompt: ServerPrompt, params: RequestParams) -> Served:
-        import mlx.core as mx
-        from mlx_lm.generate import stream_generate
-        from mlx_lm.models.cache import make_prompt_cache
-
-        why = ("a drafter" if self.draft_model is not None else
-               "seed in the request" if params.seed is not None else "--kv-bits")
-        out = Served(PATH_SEQUENTIAL, len(prompt.ids), why_sequential=why)
-        if params.seed is not None:
-            mx.random.seed(params.seed)
-        sampler = params.make_sampler(self.tokenizer)
-        seen: list[list[int]] = []
-        processors = [_Recording(p, seen) for p in params.make_processors()]
-        cache_key = list(prompt.ids)
-        cache, rest = self.lru.fetch_nearest_cache(self.model_key, cache_key)
-        out.cached = len(prompt.ids) - len(rest)
-        rest = prompt.ids[out.cached:]
-        n_target = len(self.model.layers)
-        if cache is None:
-            cache = make_prompt_cache(self.model)
-            if self.draft_model is not None:
-                cache += make_prompt_cache(self.draft_model)
-        else:
-            out.held = _offset(cache[:n_target])
-            out.draft_held = _offset(cache[n_target:]) if self.draft_model is not None else None
-        num_draft = params.num_draft_tokens if params.num_draft_tokens is not None else self.settings.num_draft_tokens
-        gens = stream_generate(model=self.model, tokenizer=self.tokenizer, prompt=rest,
-                               max_tokens=params.max_tokens, sampler=sampler, logits_processors=processors,
-                               prompt_cache=cache, draft_model=self.draft_model, num_draft_tokens=num_draft,
-                               prefill_step_size=self.settings.prefill_step_size, kv_bits=self.settings.kv_bits,
-                               kv_group_size=self.settings.kv_group_size,
-                               quantized_kv_start=self.settings.quantized_kv_start)
-        try:
-            out.decoded = collect(self.tokenizer, gens, params.stop, prompt.initial_state)
-        except ValueError as err:  # the server answers this request with an error
-            out.error = f"{type(err).__name__}: {err}"
-            return out
-        finally:
-            # the server's loop drops its generator when it breaks: the drafter path rewinds then
-            gens.close()
-            del gens
-        out.history = seen[0] if seen else None
-        cache_key.extend(out.decoded.token_ids)
-        self.lru.insert_cache(self.model_key, cache_key, cache)
-        return out
-
-    def _batched(self, prompt: ServerPrompt, params: RequestParams) -> Served:
-        import mlx.core as mx
-        from mlx_lm.generate import BatchGenerator, make_stop_sequences
-
-        out = Served(PATH_BATCHED, len(prompt.ids))
-        if self._batch is None:
-            self._batch = BatchGenerator(self.model, completion_batch_size=self.settings.decode_concurrency,
-                                         prefill_batch_size=self.settings.prompt_concurrency,
-                                         prefill_step_size=self.settings.prefill_step_size,
-                                         stream=mx.default_stream(mx.default_device()))
-        bg = self._batch
-        segments = [list(s) for s in prompt.segments]
-        segment_types = list(prompt.segment_types)
-        cache, rest = self.lru.fetch_nearest_cache(self.model_key, list(prompt.ids))
-        out.cached = n = len(prompt.ids) - len(rest)
-        if cache is not None:
-            out.held = _offset(cache)
-        while n > 0:
-            if n >= len(segments[0]):
-                n -= len(segments.pop(0))
-                segment_types.pop(0)
-            else:
-                segments[0] = segments[0][n:]
-                break
-        seen: list[list[int]] = []
-        processors = [_Recording(p, seen) for p in params.make_processors()]
-        (uid,) = bg.insert_segments(segments=[segments], max_tokens=[params.max_tokens], caches=[cache],
-                                    all_tokens=[list(prompt.ids[:out.cached])],
-                                    samplers=[params.make_sampler(self.tokenizer)],
-                                    logits_processors=[processors],
-                                    stop_sequences=[make_stop_sequences(self.tokenizer, params.stop)])
-        types_left = segment_types[::-1]
-        detok = self.tokenizer.detokenizer
-        model_key, lru, settings = self.model_key, self.lru, self.settings
-
-        class _Gen:
-            def __init__(self, token: int, text: str, logprobs: Any, finish_reason: str | None):
-                self.token, self.text, self.logprobs, self.finish_reason = token, text, logprobs, finish_reason
-
-        def responses() -> Any:
-            while True:
-                prompt_responses, gen_responses = bg.next()
-                if not prompt_responses and not gen_responses:
-                    return
-                ends = [r.uid for r in prompt_responses if r.end_of_segment and not r.end_of_prompt and types_left]
-                for _, (c, key) in bg.extract_cache(ends).items():
-                    lru.insert_cache(model_key, key[:], c, cache_type=types_left.pop())
-                for r in gen_responses:
-                    if r.uid != uid:
-                        continue
-                    if r.finish_reason == "stop":
-                        detok.finalize()
-                    elif r.finish_reason == "length":
-                        detok.add_token(r.token)
-                        detok.finalize()
-                    else:
-                        detok.add_token(r.token)
-                    text = detok.last_segment
-                    if r.finish_reason is not None:
-                        lru.insert_cache(model_key, r.all_tokens[:], r.prompt_cache, cache_type="assistant")
-                        if settings.prompt_cache_bytes is not None:
-                            lru.trim_to(n_bytes=settings.prompt_cache_bytes - bg.prompt_cache_nbytes)
-                    yield _Gen(r.token, text, r.logprobs, r.finish_reason)
-                    if r.finish_reason is not None:
-                        return
-
-        out.decoded = collect(self.tokenizer, responses(), params.stop, prompt.initial_state)
-        out.history = seen[0] if seen else None
-        return out
 
 
 # --- the replay ------------------------------------------------------------------------

@@ -180,7 +180,7 @@ def test_a_gate_that_cannot_run_declines_with_its_reason(tmp_path, caplog):
 # -- processors with classic decode's history (issue 18) ------------------------------------------
 
 def test_missing_prefix_per_path():
-    from specparity.harness.gated.history import missing_prefix
+    from specparity.mlx_server import missing_prefix
 
     prompt = [5, 6, 7, 8]
     assert missing_prefix(prompt, prompt, speculative=True) == [5, 6, 7]  # keeps only the last
@@ -192,7 +192,7 @@ def test_missing_prefix_per_path():
 
 
 def test_with_history_hands_each_processor_the_prefix_first():
-    from specparity.harness.gated.history import with_history
+    from specparity.mlx_server import with_history
 
     seen = []
 
@@ -215,7 +215,7 @@ def test_penalized_speculative_and_warm_sequential_decode_equal_classic_in_proce
     from mlx_lm.generate import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_logits_processors
-    from specparity.harness.gated.history import missing_prefix, with_history
+    from specparity.mlx_server import missing_prefix, with_history
 
     model, draft, tok = _pair(fixture_root)
     prompt = tok.encode("def add(a, b):")
