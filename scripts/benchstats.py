@@ -1,0 +1,105 @@
+"""The benches' shared statistics: medians with distribution-free intervals, and whether a run resolves its goal.
+
+Imported by ``scripts/bench_*.py`` (run as ``python -P scripts/bench_x.py``, so each
+puts this folder on ``sys.path`` first). Every interval is a 95% one unless said.
+
+- :func:`median_ci`: the median of paired ratios and its distribution-free
+  confidence interval (binomial order statistics: no assumption on the noise's shape).
+- :func:`pooled_ci`: a ratio of sums over passes with a percentile bootstrap interval.
+- :func:`overhead_verdict`: an overhead goal (``<= 1%``) resolved only when the
+  interval's half-width is within the goal.
+- :func:`ratio_verdict`: a ratio goal (``<= 1.1``) met when the whole interval is
+  at or under it, missed when the whole interval is over it, otherwise not resolved.
+- :func:`interleaved`: run two or more arms in rotating order, ``repeats`` times, so
+  drift and a neighbour's load hit every arm alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+LEVEL = 0.95
+
+
+def median_ci(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """(median, low, high): the median and its distribution-free confidence interval.
+
+    Order statistics j and n - j + 1 (1-based), j the ``(1 - level) / 2`` quantile of
+    Binomial(n, 1/2): with fewer than 6 values the interval is the whole range."""
+    from scipy.stats import binom
+
+    x = sorted(values)
+    n = len(x)
+    j = max(int(binom.ppf((1 - level) / 2, n, 0.5)), 1)
+    return statistics.median(x), x[j - 1], x[n - j]
+
+
+def pooled_ci(rows: Sequence[Any], num: Callable[[Any], tuple[float, float]],
+              den: Callable[[Any], tuple[float, float]], resamples: int = 2000,
+              level: float = LEVEL) -> tuple[float, float, float]:
+    """(ratio, low, high): ``sum(a)/sum(b)`` of ``num`` over that of ``den``, each an (a, b) per row,
+    with a percentile bootstrap interval over rows (fixed seed: the same rows, the same line)."""
+    import numpy as np
+
+    data = np.array([[*num(r), *den(r)] for r in rows], dtype=float)
+
+    def ratio(d: Any) -> Any:
+        return (d[..., 0].sum(-1) / d[..., 1].sum(-1)) / (d[..., 2].sum(-1) / d[..., 3].sum(-1))
+
+    rng = np.random.default_rng(0)
+    boot = ratio(data[rng.integers(0, len(data), size=(resamples, len(data)))])
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return float(ratio(data)), float(lo), float(hi)
+
+
+def overhead_verdict(name: str, lo: float, hi: float, goal: float) -> str:
+    """Whether the overhead interval [lo, hi] resolves ``goal`` (half-width <= goal), and what it shows."""
+    half = (hi - lo) / 2
+    ci = f"95% CI [{lo:+.2%}, {hi:+.2%}], half-width {half * 100:.2f} points"
+    if half > goal:
+        return f"{name}: not resolved ({ci} > {goal * 100:.0f}: more passes or a quieter machine)"
+    if hi <= goal:
+        return f"{name}: resolved, <= {goal:.0%} ({ci})"
+    if lo > goal:
+        return f"{name}: resolved, > {goal:.0%} ({ci})"
+    return f"{name}: resolved to {half * 100:.2f} points, but the interval spans {goal:.0%} ({ci})"
+
+
+def ratio_verdict(lo: float, hi: float, goal: float) -> str:
+    """``met``, ``missed`` or ``not resolved`` for a ratio whose goal is ``<= goal``, from its interval."""
+    if hi <= goal:
+        return f"met (95% CI within <= {goal})"
+    if lo > goal:
+        return f"missed (95% CI entirely above {goal})"
+    return f"not resolved (95% CI spans {goal}: more repeats or a quieter machine)"
+
+
+def ratio_line(name: str, values: Sequence[float], goal: float | None, what: str = "") -> str:
+    """``name: median x (95% CI [lo, hi], n paired runs; what) goal <= G: verdict``, one line."""
+    med, lo, hi = median_ci(values)
+    tail = f"; {what}" if what else ""
+    line = f"{name}: {med:.3f} x (95% CI [{lo:.3f}, {hi:.3f}], median of {len(values)} paired runs{tail})"
+    if goal is not None:
+        line += f"; goal <= {goal}: {ratio_verdict(lo, hi, goal)}"
+    return line
+
+
+def met(values: Sequence[float], goal: float) -> bool:
+    """The interval's upper end is within ``goal`` (what a bench's exit code says)."""
+    return median_ci(values)[2] <= goal
+
+
+def interleaved(arms: Sequence[Callable[[], T]], repeats: int) -> list[list[T]]:
+    """``repeats`` rounds of every arm, the order rotating by one each round; per round, each arm's result
+    in the arms' own order."""
+    out: list[list[T]] = []
+    k = len(arms)
+    for r in range(repeats):
+        got: dict[int, T] = {}
+        for i in list(range(k))[r % k:] + list(range(k))[:r % k]:
+            got[i] = arms[i]()
+        out.append([got[i] for i in range(k)])
+    return out
