@@ -22,41 +22,16 @@ Prints one figure per line, ``name: value unit``.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
-from typing import Any
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with -P: the shared helpers beside it
+from benchstats import Timers  # noqa: E402
 
 GOAL = 1.2
-
-
-class Timers:
-    """Seconds spent inside the wrapped forwards, summed."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.calls = 0
-        self._undo: list[tuple[type, str, Any]] = []
-
-    def wrap(self, cls: type, name: str) -> None:
-        orig = getattr(cls, name)
-
-        @functools.wraps(orig)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t0
-                self.calls += 1
-
-        setattr(cls, name, timed)
-        self._undo.append((cls, name, orig))
-
-    def undo(self) -> None:
-        for cls, name, orig in reversed(self._undo):
-            setattr(cls, name, orig)
 
 
 def bare_loop(engine: Any, prompts: list[list[int]], max_tokens: int) -> float:

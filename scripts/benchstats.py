@@ -10,13 +10,17 @@ puts this folder on ``sys.path`` first). Every interval is a 95% one unless said
   interval's half-width is within the goal.
 - :func:`ratio_verdict`: a ratio goal (``<= 1.1``) met when the whole interval is
   at or under it, missed when the whole interval is over it, otherwise not resolved.
+- :class:`Timers`: seconds spent inside wrapped methods (the forwards a check needs),
+  counted where they happen in the check's own run.
 - :func:`interleaved`: run two or more arms in rotating order, ``repeats`` times, so
   drift and a neighbour's load hit every arm alike.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -103,3 +107,48 @@ def interleaved(arms: Sequence[Callable[[], T]], repeats: int) -> list[list[T]]:
             got[i] = arms[i]()
         out.append([got[i] for i in range(k)])
     return out
+
+
+class Timers:
+    """Seconds spent inside the wrapped methods, summed (a generator's time is counted per item it yields)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, owner: Any, name: str) -> None:
+        """Time ``owner.name`` (a class's method or a module's function) until :meth:`undo`."""
+        import inspect
+
+        orig = getattr(owner, name)
+        timers = self
+
+        def timed_gen(gen: Any) -> Any:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    item = next(gen)
+                except StopIteration as stop:
+                    timers.seconds += time.perf_counter() - t0
+                    return stop.value
+                timers.seconds += time.perf_counter() - t0
+                yield item
+
+        @functools.wraps(orig)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                out = orig(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+                self.calls += 1
+            return timed_gen(out) if inspect.isgenerator(out) else out
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, orig))
+
+    def undo(self) -> None:
+        for owner, name, orig in reversed(self._undo):
+            setattr(owner, name, orig)
+        self._undo.clear()
