@@ -21,7 +21,7 @@ the median ratio with its distribution-free 95% confidence interval
 is within it, missed when its lower end is over it, otherwise not resolved.
 
 Usage: .venv/bin/python -P scripts/bench_reference.py [--model DIR] [--max-tokens 96] [--repeat 25]
-       [--profile FILE]
+       [--prompt-scale 1] [--profile FILE]
 Prints one figure per line, ``name: value unit``; exits 1 when the CPU ratio's interval is not within the goal.
 """
 
@@ -45,14 +45,15 @@ PROMPTS = (
 )
 
 
-def requests(max_tokens: int) -> list[tuple[str, dict[str, Any]]]:
-    """The built-in job's kind of requests: plain, penalised, biased, stopped, chat."""
+def requests(max_tokens: int, scale: int = 1) -> list[tuple[str, dict[str, Any]]]:
+    """The built-in job's kind of requests: plain, penalised, biased, stopped, chat (each prompt ``scale`` times)."""
+    p = [" ".join([t] * scale) for t in PROMPTS]
     return [
-        ("completions", {"prompt": PROMPTS[0], "max_tokens": max_tokens}),
-        ("completions", {"prompt": PROMPTS[1], "max_tokens": max_tokens, "repetition_penalty": 1.3}),
-        ("completions", {"prompt": PROMPTS[2], "max_tokens": max_tokens, "presence_penalty": 0.5,
+        ("completions", {"prompt": p[0], "max_tokens": max_tokens}),
+        ("completions", {"prompt": p[1], "max_tokens": max_tokens, "repetition_penalty": 1.3}),
+        ("completions", {"prompt": p[2], "max_tokens": max_tokens, "presence_penalty": 0.5,
                          "logit_bias": {"5": 1.0}, "stop": ["\n\n\n"]}),
-        ("chat", {"messages": [{"role": "user", "content": PROMPTS[3]}], "max_tokens": max_tokens}),
+        ("chat", {"messages": [{"role": "user", "content": p[3]}], "max_tokens": max_tokens}),
     ]
 
 
@@ -83,6 +84,7 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="checkpoint (default: the embedded fixture)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeat", type=int, default=25, help="paired runs (at least 6 for an interval)")
+    ap.add_argument("--prompt-scale", type=int, default=1, help="each prompt's text this many times (longer prompts)")
     ap.add_argument("--profile", default=None, help="write cProfile stats of the reference arm here")
     args = ap.parse_args()
     if args.repeat < 6:
@@ -92,7 +94,7 @@ def main() -> int:
     from specparity.reference import ClassicReference, RequestParams
 
     model_dir = args.model or default_pair().target
-    reqs = requests(args.max_tokens)
+    reqs = requests(args.max_tokens, args.prompt_scale)
     ref = ClassicReference(model_dir)
     load = ref.cost().load_seconds
     for endpoint, body in reqs:  # warm-up: kernels, tokenizer, the server module
@@ -131,7 +133,8 @@ def main() -> int:
     wall = [r[0][0] / r[1][0] for r in runs]
     cpu = [r[0][1] / r[1][1] for r in runs]
     med = sorted(runs, key=lambda r: r[0][1] / r[1][1])[len(runs) // 2]
-    print(f"reference_requests: {len(reqs)} requests, {tokens} tokens per run, {args.repeat} paired runs")
+    print(f"reference_requests: {len(reqs)} requests, {sum(len(p) for p, _, _ in shapes)} prompt tokens,"
+          f" {tokens} tokens per run, {args.repeat} paired runs")
     print(f"reference_model_load: {load:.3f} s (once per job)")
     print(f"reference_time: {med[0][0]:.4f} s wall, {med[0][1]:.4f} s cpu (the median run)")
     print(f"bare_generation_time: {med[1][0]:.4f} s wall, {med[1][1]:.4f} s cpu (the same run)")
