@@ -97,7 +97,7 @@ def bare_loops(engine: str, target: str, draft: str, prompt: list[int], n: int) 
 
         eos = set(getattr(mlx_lm.load(target)[1], "eos_token_ids", None) or [])
 
-        def run() -> None:
+        def run_dspark() -> None:
             drafter, cfg = load_draft(draft)
             host = load_host(target, cfg)[2]
             for loop in (generate_eager, generate):
@@ -105,14 +105,14 @@ def bare_loops(engine: str, target: str, draft: str, prompt: list[int], n: int) 
                 for _ in loop(host, drafter, [list(prompt)], max_new_tokens=n, eos_id=min(eos) if eos else None):
                     pass
             classic([prompt])
-        return run
+        return run_dspark
     from dflash_mlx.runtime import get_stop_token_ids, stream_dflash_generate
     from dflash_mlx.runtime.context import build_offline_runtime_context
     from dfly_mlx.generate import generate as dfly_generate
     from dfly_mlx.generate import no_thinking_prompt_tokens
     from dfly_mlx.loading import load_runtime
 
-    def run() -> None:
+    def run_dfly() -> None:
         bundle = load_runtime(target, draft)
         text = bundle.tokenizer.decode(list(prompt))
         prompts = [prompt]
@@ -131,7 +131,7 @@ def bare_loops(engine: str, target: str, draft: str, prompt: list[int], n: int) 
                 runtime_context=build_offline_runtime_context(verify_mode="dflash")):
             pass
         classic(prompts)
-    return run
+    return run_dfly
 
 
 def e2e_check(engine: str, target: str, draft: str, prompt: list[int], n: int) -> Callable[[], Any]:

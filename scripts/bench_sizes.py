@@ -103,7 +103,7 @@ def figures(script: str, args: list[str], pattern: str) -> tuple[str, ...] | Non
 
 REF_CPU = r"reference_over_generation_cpu: ([0-9.]+) x \(95% CI \[([0-9.]+), ([0-9.]+)\]"
 PROBE = r"paired runs: median ([0-9.]+)"
-BASE_PROMPT = JOB["prompts"][0]
+BASE_PROMPT = "The quick brown fox jumps over the lazy dog."  # JOB's one prompt
 # axis: (the base value, the small grid's value, the large grid's further value)
 GRID = {"prompt": (1, 8, 32), "max_tokens": (4, 32, 128), "width": (2, 4, 8)}
 PROBE_GRID = {"prompt-len": (32, 256, 1024), "depth": (8, 32, 128), "width": (2, 4, 8)}
