@@ -91,7 +91,6 @@ def main() -> int:
         return run_tied([python, "-P", __file__, *sys.argv[1:]], "bench_dflash in dflash-mlx's environment",
                         env={**environ, RERUN_MARK: "dflash-mlx"})
 
-    from specparity.decode import Decoder
     from specparity.dflash_fixtures import dflash_pair
     from specparity.probes.engines.dflash_mlx import DflashEngine, DflashSession
 
@@ -103,10 +102,7 @@ def main() -> int:
     best: tuple[float, float, float, int] | None = None
     for _ in range(args.repeat):
         timers = Timers()
-        for name in ("prefill", "verify", "rollback"):
-            timers.wrap(DflashSession, name)
-        timers.wrap(Decoder, "forward")
-        timers.wrap(Decoder, "step")
+        timers.wrap_forwards(DflashSession)
         t0 = time.perf_counter()
         try:
             run()

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with -P: the shared helpers beside it
-from benchstats import Timers, interleaved, ratio_line  # noqa: E402
+from benchstats import Timers, interleaved, ratio_line, served_runs  # noqa: E402
 
 GOAL_CHECKS = 1.2
 GOAL_SERVED = 1.15
@@ -174,6 +174,16 @@ def adapter(engine: str, target: str, draft: str) -> tuple[Any, type, Callable[[
     return eng, DsparkMlxSession, loop_
 
 
+def figure(name: str, ratios: list[float], what: str, prof: Any, folder: str | None) -> None:
+    """The ratio line of one check, and its profile (then cleared for the next check) where asked."""
+    print(ratio_line(f"{name}_ratio", ratios, GOAL_CHECKS, what))
+    if prof is not None and folder:
+        path = Path(folder) / f"{name}.prof"
+        prof.dump_stats(path)
+        print(f"{name}_profile: {path}")
+        prof.clear()
+
+
 def in_process(engine: str, args: argparse.Namespace) -> None:
     """Both figures of one engine, here (its module imports)."""
     from specparity.commands._engine import engine_prompts
@@ -226,17 +236,11 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
     print(f"{lab}_e2e_wall: {mid[0]:.2f} s check, {mid[1]:.2f} s its loads + loops + classic decode bare"
           f" (the median run; 1 prompt of {len(prompt)} ids, {n} tokens, entry points"
           f" {', '.join(get(engine).e2e_entry_points)})")
-    print(ratio_line(f"{lab}_e2e_ratio", ratios, GOAL_CHECKS, "e2e --engine check / what it needs"))
-    if prof is not None:
-        path = Path(args.profile) / f"{engine}-e2e.prof"
-        prof.dump_stats(path)
-        print(f"{lab}_e2e_profile: {path}")
-        prof.clear()
+    figure(f"{lab}_e2e", ratios, "e2e --engine check / what it needs", prof, args.profile)
 
     if engine not in PROBED:
         print(f"{lab}_probe_ratio: not applicable ({engine} exposes its loop only, no verify or rollback to drive)")
         return
-    from specparity.decode import Decoder
     from specparity.probes.forward.engine import probe_engine
     from specparity.probes.replay.engine import check_engine_run
 
@@ -246,10 +250,7 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
 
     def probe_run() -> tuple[float, float, int]:
         timers.seconds, timers.calls = 0.0, 0
-        for name in ("prefill", "verify", "rollback"):
-            timers.wrap(session_cls, name)
-        timers.wrap(Decoder, "forward")
-        timers.wrap(Decoder, "step")
+        timers.wrap_forwards(session_cls)
         t0 = time.perf_counter()
         try:
             probe_engine(eng, eng.info.widths, [0, 8], probe_prompts)
@@ -274,11 +275,7 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
     print(f"{lab}_probe_wall: {c[0]:.2f} s checks, {c[1] + b[0]:.2f} s forwards ({c[2]} engine and classic"
           f" forwards timed in the checks + the engine's own loop bare; the median run; {len(probe_prompts)}"
           f" prompts, {n} tokens, widths {eng.info.widths} depths 0,8 with every rollback)")
-    print(ratio_line(f"{lab}_probe_ratio", ratios, GOAL_CHECKS, "probe + replay checks / the forwards they need"))
-    if prof is not None:
-        path = Path(args.profile) / f"{engine}-probe.prof"
-        prof.dump_stats(path)
-        print(f"{lab}_probe_profile: {path}")
+    figure(f"{lab}_probe", ratios, "probe + replay checks / the forwards they need", prof, args.profile)
 
 
 def run_engine(engine: str, args: argparse.Namespace, argv: list[str]) -> None:
@@ -316,7 +313,6 @@ def served(args: argparse.Namespace) -> None:
     from specparity.dspark_fixtures import dspark_pair
     from specparity.environments import find_environment
     from specparity.harness.config import Job, Pairing
-    from specparity.harness.run import ServedRun
     from specparity.prompts import DEFAULT_PROMPTS
 
     if find_environment("mlx-dspark") is None:
@@ -326,23 +322,9 @@ def served(args: argparse.Namespace) -> None:
     job = Job(pairings=[Pairing("bench", info.target, info.draft, "mlx-dspark")],
               widths=[int(w) for w in args.served_widths.split(",")], max_tokens=args.max_tokens,
               prompts=list(DEFAULT_PROMPTS))
-    ratios, walls, servers, refs = [], [], [], []
-    arms: list[Any] = []
     with tempfile.TemporaryDirectory() as work:
-        for i in range(args.served_runs):
-            t0 = time.perf_counter()
-            report = ServedRun(job, workdir=Path(work) / f"run{i}").run()
-            wall = time.perf_counter() - t0
-            own = report.server_seconds()
-            arms = report.pairings[0].arms
-            bad = [f"{a.name} {a.verdict}" for a in arms if a.verdict != "match"]
-            if bad:
-                print(f"engines_served_mlx_dspark: run {i + 1} arms not match: {bad} (timed anyway)")
-            walls.append(wall)
-            servers.append(own)
-            ratios.append(wall / own)
-            cost = report.pairings[0].reference_cost or {}
-            refs.append(float(cost.get("seconds") or 0.0) + float(cost.get("load_seconds") or 0.0))
+        walls, servers, refs, arms = served_runs(job, args.served_runs, work, "engines_served_mlx_dspark")
+    ratios = [w / o for w, o in zip(walls, servers, strict=True)]
     med = statistics.median(ratios)
     if max(ratios) <= GOAL_SERVED:
         verdict = "met (every run)"

@@ -148,7 +148,40 @@ class Timers:
         setattr(owner, name, timed)
         self._undo.append((owner, name, orig))
 
+    def wrap_forwards(self, session_cls: type) -> None:
+        """Time an in-process engine check's forwards: its session's prefill, verify and rollback, and
+        every classic decode forward and step (:class:`specparity.decode.Decoder`)."""
+        from specparity.decode import Decoder
+
+        for name in ("prefill", "verify", "rollback"):
+            self.wrap(session_cls, name)
+        self.wrap(Decoder, "forward")
+        self.wrap(Decoder, "step")
+
     def undo(self) -> None:
         for owner, name, orig in reversed(self._undo):
             setattr(owner, name, orig)
         self._undo.clear()
+
+
+def served_runs(job: Any, runs: int, work: Any, label: str) -> tuple[list[float], list[float], list[float], Any]:
+    """Run the served ``job`` ``runs`` times under ``work``: (walls, the servers' own seconds, the classic
+    reference's seconds (its loads and decoding), the last run's arms); an arm not ``match`` is said, timed anyway."""
+    from pathlib import Path
+
+    from specparity.harness.run import ServedRun
+
+    walls, servers, refs = [], [], []
+    arms: Any = []
+    for i in range(runs):
+        t0 = time.perf_counter()
+        report = ServedRun(job, workdir=Path(work) / f"run{i}").run()
+        walls.append(time.perf_counter() - t0)
+        servers.append(report.server_seconds())
+        cost = report.pairings[0].reference_cost or {}
+        refs.append(float(cost.get("seconds") or 0.0) + float(cost.get("load_seconds") or 0.0))
+        arms = report.pairings[0].arms
+        bad = [f"{a.name} {a.verdict}" for a in arms if a.verdict != "match"]
+        if bad:
+            print(f"{label}: run {i + 1} arms not match: {bad} (timed anyway)", flush=True)
+    return walls, servers, refs, arms
