@@ -364,12 +364,19 @@ def main() -> int:
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
         args.profile = str(Path(args.profile).resolve())
-    argv = [a for a in sys.argv[1:]]
-    # the child gets every flag but --engines (set per engine)
-    if "--engines" in argv:
-        i = argv.index("--engines")
-        del argv[i:i + 2]
-    argv = [a for a in argv if not a.startswith("--engines=")]
+    # the re-run in an engine's environment gets every flag but --engines (set per engine) and --profile
+    # (given again, absolute: the re-run may start elsewhere)
+    argv: list[str] = []
+    skip = False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a in ("--engines", "--profile"):
+            skip = True
+        elif not a.startswith(("--engines=", "--profile=")):
+            argv.append(a)
+    if args.profile:
+        argv += ["--profile", args.profile]
     if args.in_process:
         for engine in args.engines.split(","):
             run_engine(engine, args, argv)
