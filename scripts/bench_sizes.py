@@ -52,6 +52,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with -P: the shared statistics beside it
+from benchstats import ratio_verdict  # noqa: E402
+
 GOAL = 1.1
 JOB = {"widths": [2], "max_tokens": 4, "sequence": ["fresh", "repeat"], "concurrency": 0, "self_draft": False,
        "prompts": ["The quick brown fox jumps over the lazy dog."]}
@@ -218,8 +221,9 @@ def main() -> None:
             got_ref = figures("bench_reference.py", ["--model", target, "--repeat", str(args.reference_repeat),
                                                      "--max-tokens", "16"], REF_CPU)
             if got_ref:
+                verdict = ratio_verdict(float(got_ref[1]), float(got_ref[2]), GOAL)
                 print(f"reference_over_generation: {got_ref[0]} x cpu (95% CI [{got_ref[1]}, {got_ref[2]}],"
-                      f" median of {args.reference_repeat} interleaved paired runs; goal <= {GOAL})")
+                      f" median of {args.reference_repeat} interleaved paired runs); goal <= {GOAL}: {verdict}")
             else:
                 print("reference_over_generation: the bench failed (run scripts/bench_reference.py --model"
                       f" {target} to see why)")
