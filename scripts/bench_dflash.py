@@ -22,41 +22,16 @@ Prints one figure per line, ``name: value unit``.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
-from typing import Any
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with -P: the shared helpers beside it
+from benchstats import Timers  # noqa: E402
 
 GOAL = 1.2
-
-
-class Timers:
-    """Seconds spent inside the wrapped forwards, summed."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.calls = 0
-        self._undo: list[tuple[type, str, Any]] = []
-
-    def wrap(self, cls: type, name: str) -> None:
-        orig = getattr(cls, name)
-
-        @functools.wraps(orig)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t0
-                self.calls += 1
-
-        setattr(cls, name, timed)
-        self._undo.append((cls, name, orig))
-
-    def undo(self) -> None:
-        for cls, name, orig in reversed(self._undo):
-            setattr(cls, name, orig)
 
 
 def bare_loop(engine: Any, prompts: list[list[int]], max_tokens: int) -> float:
@@ -116,7 +91,6 @@ def main() -> int:
         return run_tied([python, "-P", __file__, *sys.argv[1:]], "bench_dflash in dflash-mlx's environment",
                         env={**environ, RERUN_MARK: "dflash-mlx"})
 
-    from specparity.decode import Decoder
     from specparity.dflash_fixtures import dflash_pair
     from specparity.probes.engines.dflash_mlx import DflashEngine, DflashSession
 
@@ -128,10 +102,7 @@ def main() -> int:
     best: tuple[float, float, float, int] | None = None
     for _ in range(args.repeat):
         timers = Timers()
-        for name in ("prefill", "verify", "rollback"):
-            timers.wrap(DflashSession, name)
-        timers.wrap(Decoder, "forward")
-        timers.wrap(Decoder, "step")
+        timers.wrap_forwards(DflashSession)
         t0 = time.perf_counter()
         try:
             run()

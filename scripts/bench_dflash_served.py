@@ -20,8 +20,10 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with -P: the shared helpers beside it
+from benchstats import served_runs  # noqa: E402
 
 GOAL = 1.15
 
@@ -35,7 +37,6 @@ def main() -> None:
 
     from specparity.environments import find_environment
     from specparity.harness.config import Job, Pairing
-    from specparity.harness.run import ServedRun
 
     env = find_environment("dflash-mlx")
     if env is None:
@@ -44,23 +45,12 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from dflash_pairs import dflash_fixture  # the one place the DFlash pair comes from
 
-    ratios, walls, servers = [], [], []
     with tempfile.TemporaryDirectory() as work:
         pair = dflash_fixture(env, "qwen3", 8, work=Path(work))
         job = Job(pairings=[Pairing("bench", pair["target"], pair["draft"], "dflash-mlx")],
                   widths=[int(w) for w in args.widths.split(",")], max_tokens=args.max_tokens)
-        for i in range(args.runs):
-            t0 = time.perf_counter()
-            report = ServedRun(job, workdir=Path(work) / f"run{i}").run()
-            wall = time.perf_counter() - t0
-            own = report.server_seconds()
-            arms = report.pairings[0].arms
-            bad = [a.name for a in arms if a.verdict != "match"]
-            if bad:
-                print(f"dflash_served: run {i + 1} arms not match: {bad} (timed anyway)")
-            walls.append(wall)
-            servers.append(own)
-            ratios.append(wall / own)
+        walls, servers, _, arms = served_runs(job, args.runs, work, "dflash_served")
+    ratios = [w / o for w, o in zip(walls, servers, strict=True)]
     print(f"dflash_served_pair: {pair['target']} (fitted drafter: {pair.get('fitted')})")
     print(f"dflash_served_arms: {len(arms)} servers, {sum(len(a.requests) for a in arms)} requests per run,"
           f" {args.runs} runs")

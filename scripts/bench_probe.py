@@ -20,6 +20,7 @@ state; probe / (bare + bracket) compares the same forwards. The spread line
 gives best, median and worst of each side.
 
 Usage: .venv/bin/python -P scripts/bench_probe.py [--width 8] [--depth 32] [--reps 25] [--model DIR]
+       [--prompt-len 32]
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=32)
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--model", default=None, help="checkpoint (default: a llama fixture built here)")
+    ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (ids 20.. cycling below 400)")
     args = ap.parse_args()
     os.environ.setdefault("SPECPARITY_HOME", tempfile.mkdtemp(prefix="specparity-bench-"))
     from specparity.checkpoint import load_checkpoint
@@ -146,7 +148,7 @@ def main() -> None:
     home = Path(os.environ["SPECPARITY_HOME"])
     target = args.model or build_pair(home / "bench-llama", arch="llama", with_draft=False).target
     model = load_checkpoint(target).model
-    prompt = list(range(20, 52))
+    prompt = [20 + i % 380 for i in range(args.prompt_len)]
     W, D = args.width, args.depth
 
     def probe() -> None:

@@ -9,12 +9,20 @@ is the generation those answers need and nothing else: mlx-lm's own
 for as many tokens as the reference emitted, each token read back as the
 server reads it. The ratio is what the reference adds on top (the server's
 tokenize step, the stop matcher, the text machine, the top-2 margins, the
-bookkeeping). Best of ``--repeat`` runs each, after a warm-up, in wall time and
-in this process's CPU time (every thread, MLX's included: steadier on a shared
-machine). Goal: ratio <= 1.1.
+bookkeeping).
 
-Usage: .venv/bin/python -P scripts/bench_reference.py [--model DIR] [--max-tokens 96] [--repeat 3]
-Prints one figure per line, ``name: value unit``.
+The two arms are interleaved: ``--repeat`` paired runs after a warm-up, each
+running every request through both arms, the order of the arms alternating from
+one run to the next, so drift and a neighbour's load hit both alike. Per paired
+run, the ratio of the arms' summed times, in wall time and in this process's CPU
+time (every thread, MLX's included: steadier on a shared machine); the figure is
+the median ratio with its distribution-free 95% confidence interval
+(scripts/benchstats.py). Goal: ratio <= 1.1, met when the interval's upper end
+is within it, missed when its lower end is over it, otherwise not resolved.
+
+Usage: .venv/bin/python -P scripts/bench_reference.py [--model DIR] [--max-tokens 96] [--repeat 25]
+       [--prompt-scale 1] [--profile FILE]
+Prints one figure per line, ``name: value unit``; exits 1 when the CPU ratio's interval is not within the goal.
 """
 
 from __future__ import annotations
@@ -22,7 +30,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with -P: the shared statistics beside it
+from benchstats import interleaved, met, ratio_line  # noqa: E402
 
 GOAL = 1.1
 PROMPTS = (
@@ -33,14 +45,15 @@ PROMPTS = (
 )
 
 
-def requests(max_tokens: int) -> list[tuple[str, dict[str, Any]]]:
-    """The built-in job's kind of requests: plain, penalised, biased, stopped, chat."""
+def requests(max_tokens: int, scale: int = 1) -> list[tuple[str, dict[str, Any]]]:
+    """The built-in job's kind of requests: plain, penalised, biased, stopped, chat (each prompt ``scale`` times)."""
+    p = [" ".join([t] * scale) for t in PROMPTS]
     return [
-        ("completions", {"prompt": PROMPTS[0], "max_tokens": max_tokens}),
-        ("completions", {"prompt": PROMPTS[1], "max_tokens": max_tokens, "repetition_penalty": 1.3}),
-        ("completions", {"prompt": PROMPTS[2], "max_tokens": max_tokens, "presence_penalty": 0.5,
+        ("completions", {"prompt": p[0], "max_tokens": max_tokens}),
+        ("completions", {"prompt": p[1], "max_tokens": max_tokens, "repetition_penalty": 1.3}),
+        ("completions", {"prompt": p[2], "max_tokens": max_tokens, "presence_penalty": 0.5,
                          "logit_bias": {"5": 1.0}, "stop": ["\n\n\n"]}),
-        ("chat", {"messages": [{"role": "user", "content": PROMPTS[3]}], "max_tokens": max_tokens}),
+        ("chat", {"messages": [{"role": "user", "content": p[3]}], "max_tokens": max_tokens}),
     ]
 
 
@@ -67,45 +80,70 @@ def bare(model: Any, prompt: list[int], params: Any, tokenizer: Any, n: int) -> 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--model", default=None, help="checkpoint (default: the embedded fixture)")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=25, help="paired runs (at least 6 for an interval)")
+    ap.add_argument("--prompt-scale", type=int, default=1, help="each prompt's text this many times (longer prompts)")
+    ap.add_argument("--profile", default=None, help="write cProfile stats of the reference arm here")
     args = ap.parse_args()
+    if args.repeat < 6:
+        ap.error("--repeat: at least 6 (a confidence interval of a median needs them)")
 
     from specparity.fixtures import default_pair
     from specparity.reference import ClassicReference, RequestParams
 
     model_dir = args.model or default_pair().target
-    reqs = requests(args.max_tokens)
+    reqs = requests(args.max_tokens, args.prompt_scale)
     ref = ClassicReference(model_dir)
     load = ref.cost().load_seconds
     for endpoint, body in reqs:  # warm-up: kernels, tokenizer, the server module
         ref.complete(endpoint, {**body, "max_tokens": 4})
-    ref_times: list[list[tuple[float, float]]] = [[] for _ in reqs]
-    bare_times: list[list[tuple[float, float]]] = [[] for _ in reqs]
-    tokens = 0
-    for _ in range(args.repeat):
+    # what the bare arm needs of each request: its prompt ids and token count (greedy: the same every run)
+    shapes = []
+    for endpoint, body in reqs:
+        out = ref.complete(endpoint, body)
+        shapes.append((out.prompt_ids, RequestParams.from_body(body), len(out.token_ids)))
+    ref.forget()
+    tokens = sum(n for _, _, n in shapes)
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+
+    def reference_arm() -> tuple[float, float]:
         ref.forget()  # a new job: nothing cached
-        tokens = 0
-        for i, (endpoint, body) in enumerate(reqs):
-            t0 = clocks()
-            out = ref.complete(endpoint, body)
-            ref_times[i].append(since(t0))
-            tokens += len(out.token_ids)
-            params = RequestParams.from_body(body)
-            bare_times[i].append(bare(ref.model, out.prompt_ids, params, ref.tokenizer, len(out.token_ids)))
-    r_wall, r_cpu = (sum(min(t[k] for t in times) for times in ref_times) for k in (0, 1))
-    b_wall, b_cpu = (sum(min(t[k] for t in times) for times in bare_times) for k in (0, 1))
-    print(f"reference_requests: {len(reqs)} requests")
-    print(f"reference_tokens: {tokens} tokens")
+        t0 = clocks()
+        if prof is not None:
+            prof.enable()
+        for endpoint, body in reqs:
+            ref.complete(endpoint, body)
+        if prof is not None:
+            prof.disable()
+        return since(t0)
+
+    def bare_arm() -> tuple[float, float]:
+        t0 = clocks()
+        for prompt, params, n in shapes:
+            bare(ref.model, prompt, params, ref.tokenizer, n)
+        return since(t0)
+
+    runs = interleaved([reference_arm, bare_arm], args.repeat)
+    wall = [r[0][0] / r[1][0] for r in runs]
+    cpu = [r[0][1] / r[1][1] for r in runs]
+    med = sorted(runs, key=lambda r: r[0][1] / r[1][1])[len(runs) // 2]
+    print(f"reference_requests: {len(reqs)} requests, {sum(len(p) for p, _, _ in shapes)} prompt tokens,"
+          f" {tokens} tokens per run, {args.repeat} paired runs")
     print(f"reference_model_load: {load:.3f} s (once per job)")
-    print(f"reference_time: {r_wall:.4f} s wall, {r_cpu:.4f} s cpu")
-    print(f"bare_generation_time: {b_wall:.4f} s wall, {b_cpu:.4f} s cpu")
-    print(f"reference_over_generation: {r_wall / b_wall:.3f} ratio wall (goal <= {GOAL})")
-    print(f"reference_over_generation_cpu: {r_cpu / b_cpu:.3f} ratio cpu (goal <= {GOAL})")
-    r, b = r_cpu, b_cpu
-    return 0 if r / b <= GOAL else 1
+    print(f"reference_time: {med[0][0]:.4f} s wall, {med[0][1]:.4f} s cpu (the median run)")
+    print(f"bare_generation_time: {med[1][0]:.4f} s wall, {med[1][1]:.4f} s cpu (the same run)")
+    print(ratio_line("reference_over_generation", wall, GOAL, "wall"))
+    print(ratio_line("reference_over_generation_cpu", cpu, GOAL, "cpu"))
+    if prof is not None:
+        prof.dump_stats(args.profile)
+        print(f"reference_profile: {args.profile} (python -m pstats {args.profile})")
+    return 0 if met(cpu, GOAL) else 1
 
 
 if __name__ == "__main__":

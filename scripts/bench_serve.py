@@ -47,6 +47,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with -P: the shared statistics beside it
+from benchstats import median_ci, overhead_verdict, pooled_ci  # noqa: E402
+
 GOAL = 0.01
 KINDS = ("fresh", "warm")  # fresh prompts, then the same prompts again (prompt-cache hits)
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
@@ -71,34 +74,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(median, low, high): the median and its distribution-free confidence interval."""
-    from scipy.stats import binom
-
-    x = sorted(values)
-    n = len(x)
-    j = int(binom.ppf((1 - level) / 2, n, 0.5))  # order statistics j and n - j + 1 (1-based)
-    j = max(j, 1)
-    return statistics.median(x), x[j - 1], x[n - j]
-
-
-def pooled_ci(rows: list[dict[str, tuple[int, float, float]]], a: str, b: str,
-              resamples: int = 2000, level: float = 0.95) -> tuple[float, float, float]:
-    """(ratio, low, high): CPU seconds per token of ``a`` over ``b``, summed over all passes,
-    with a percentile bootstrap interval over passes (fixed seed: the same rows, the same line)."""
-    import numpy as np
-
-    data = np.array([[r[a][2], r[a][0], r[b][2], r[b][0]] for r in rows], dtype=float)
-
-    def ratio(d: Any) -> Any:
-        return (d[..., 0].sum(-1) / d[..., 1].sum(-1)) / (d[..., 2].sum(-1) / d[..., 3].sum(-1))
-
-    rng = np.random.default_rng(0)
-    boot = ratio(data[rng.integers(0, len(data), size=(resamples, len(data)))])
-    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
-    return float(ratio(data)), float(lo), float(hi)
-
-
 Row = dict[str, tuple[int, float, float]]  # one pass of one kind: server -> (tokens, wall s, CPU s)
 
 
@@ -114,23 +89,15 @@ def overheads(passes: list[Row], a: str, b: str) -> tuple[tuple[float, float, fl
                                                           tuple[float, float, float]]:
     """(tokens/s overhead, low, high), (CPU per token overhead, low, high) of ``a`` over ``b``."""
     t = median_ci([tps(r[a]) / tps(r[b]) for r in passes])
-    c = pooled_ci(passes, a, b)
+    # CPU seconds per token: (CPU s, tokens) of a over those of b, summed over the passes
+    c = pooled_ci(passes, lambda r: (r[a][2], r[a][0]), lambda r: (r[b][2], r[b][0]))
     # tokens/s overhead = 1 - ratio (its interval flips ends); CPU overhead = ratio - 1
     return (1 - t[0], 1 - t[2], 1 - t[1]), (c[0] - 1, c[1] - 1, c[2] - 1)
 
 
 def verdict(name: str, lo: float, hi: float) -> str:
     """Whether the interval [lo, hi] resolves the goal (half-width <= GOAL), and what it shows."""
-    half = (hi - lo) / 2
-    ci = f"95% CI [{lo:+.2%}, {hi:+.2%}], half-width {half * 100:.2f} points"
-    if half > GOAL:
-        return (f"{name}: not resolved ({ci} > {GOAL * 100:.0f}: more passes or a quieter"
-                " machine)")
-    if hi <= GOAL:
-        return f"{name}: resolved, <= {GOAL:.0%} ({ci})"
-    if lo > GOAL:
-        return f"{name}: resolved, > {GOAL:.0%} ({ci})"
-    return f"{name}: resolved to {half * 100:.2f} points, but the interval spans {GOAL:.0%} ({ci})"
+    return overhead_verdict(name, lo, hi, GOAL)
 
 
 def main() -> int:

@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Issue 27's engines: each in-process check / the engine and classic forwards it needs; a served mlx-dspark job.
+
+(a) For each engine (mlx-dspark, dspark-mlx, dfly-mlx), in its pinned environment, on
+its default fixture (the DSpark / DFly pair of ``e2e --engine NAME``), two checks:
+
+- ``e2e``: what ``specparity e2e --engine NAME`` runs (each of the engine's own loops,
+  loaded by its own loaders, against classic decode, judged and tie-labelled, plus
+  the command's classic ``stream_generate`` arm). What it needs, run bare in the
+  same process: the pair loaded once by the engine's loaders, each entry point's
+  loop once on the same prompt ids, the target loaded once by mlx-lm and classic
+  decode of as many tokens on each distinct prompt. Everything else (each entry
+  point's own load, the second classic arm, judging) is the check's overhead.
+- ``probe`` (mlx-dspark and dspark-mlx: the engines whose verify and rollback an
+  adapter drives): what ``probe --engine NAME`` and ``replay --engine NAME`` run
+  (block vs chain and every rollback per width from copies of classic decode's
+  state, the engine's prefill, its own loop recorded round by round and walked
+  against classic decode), as ``bench_dflash.py`` measures dflash-mlx's: the
+  forwards they need are timed where they happen (the session's prefill, verify and
+  rollback, every classic step), plus the engine's own loop run bare (nothing
+  recorded) on the same prompts.
+
+The arms are interleaved (``--repeat`` paired runs after a warm-up, the order
+alternating); the figure is the median ratio with its distribution-free 95%
+confidence interval (scripts/benchstats.py). Goal: <= 1.2.
+
+(b) A served job on mlx-dspark (the ``mlx-dspark`` profile: ``mlx-dspark serve``
+from its environment, on the DSpark fixture, the target-only baseline and two
+widths, the default request sequence, the prompts its drafter was fitted on): the
+job's wall time / its servers' own start-up + generation, as
+``bench_dflash_served.py`` measures dflash-mlx's. Median of ``--served-runs`` and
+the spread. Goal: <= 1.15.
+
+An engine whose environment is not built prints one ``skipped`` line
+(``scripts/build-env NAME`` builds it) and the bench goes on; nothing is built here.
+
+Usage: .venv/bin/python -P scripts/bench_engines.py [--engines mlx-dspark,dspark-mlx,dfly-mlx]
+       [--repeat 15] [--max-tokens 32] [--prompts 2] [--served-runs 3] [--no-served] [--no-in-process]
+       [--profile DIR]
+Prints one figure per line, ``name: value unit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with -P: the shared helpers beside it
+from benchstats import Timers, interleaved, ratio_line, served_runs  # noqa: E402
+
+GOAL_CHECKS = 1.2
+GOAL_SERVED = 1.15
+ENGINES = ("mlx-dspark", "dspark-mlx", "dfly-mlx")
+PROBED = ("mlx-dspark", "dspark-mlx")  # the engines whose verify and rollback an adapter drives
+CHILD = "SPECPARITY_BENCH_ENGINES_CHILD"
+
+
+def label(engine: str) -> str:
+    return "engines_" + engine.replace("-", "_")
+
+
+# --- (a) in process, in the engine's environment -------------------------------------------------------------
+
+
+def bare_loops(engine: str, target: str, draft: str, prompt: list[int], n: int) -> Callable[[], None]:
+    """What ``e2e --engine NAME`` needs, bare: one load each, every entry point's loop, classic decode."""
+    import mlx_lm
+
+    from specparity.decode import advance_to_depth
+
+    def classic(prompts: list[list[int]]) -> None:
+        model = mlx_lm.load(target)[0]
+        for p in prompts:
+            advance_to_depth(model, p, n)
+
+    if engine == "mlx-dspark":
+        from mlx_dspark.generate import speculative_generate
+        from mlx_dspark.load import load_drafter, load_target
+
+        def run() -> None:
+            tgt, tok = load_target(target, require_tap=True)
+            drafter = load_drafter(draft)[0]
+            speculative_generate(tgt, tok, drafter, prompt_ids=list(prompt), max_new_tokens=n)
+            speculative_generate(tgt, tok, drafter, prompt_ids=list(prompt), max_new_tokens=n,
+                                 max_draft_tokens=None, lookup_drafts=False)
+            classic([prompt])
+        return run
+    if engine == "dspark-mlx":
+        from dspark_mlx import generate, generate_eager, load_draft, load_host
+
+        eos = set(getattr(mlx_lm.load(target)[1], "eos_token_ids", None) or [])
+
+        def run_dspark() -> None:
+            drafter, cfg = load_draft(draft)
+            host = load_host(target, cfg)[2]
+            for loop in (generate_eager, generate):
+                host.reset()
+                for _ in loop(host, drafter, [list(prompt)], max_new_tokens=n, eos_id=min(eos) if eos else None):
+                    pass
+            classic([prompt])
+        return run_dspark
+    from dflash_mlx.runtime import get_stop_token_ids, stream_dflash_generate
+    from dflash_mlx.runtime.context import build_offline_runtime_context
+    from dfly_mlx.generate import generate as dfly_generate
+    from dfly_mlx.generate import no_thinking_prompt_tokens
+    from dfly_mlx.loading import load_runtime
+
+    def run_dfly() -> None:
+        bundle = load_runtime(target, draft)
+        text = bundle.tokenizer.decode(list(prompt))
+        prompts = [prompt]
+        try:  # generate() prompts with its chat template: a tokenizer without one is its error, no forward
+            chat = list(no_thinking_prompt_tokens(bundle.tokenizer, text))
+            dfly_generate(bundle, text, max_tokens=n)
+            prompts.append(chat)
+        except Exception:  # noqa: BLE001  (the check reports it; the bare arm needs nothing for it)
+            pass
+        for _ in stream_dflash_generate(
+                target_model=bundle.target_model, target_ops=bundle.target_ops, tokenizer=bundle.tokenizer,
+                draft_model=bundle.draft_model, draft_backend=bundle.draft_backend, prompt="",
+                prompt_tokens_override=list(prompt), max_new_tokens=n, use_chat_template=False,
+                block_tokens=int(bundle.draft_model.block_size),
+                stop_token_ids=get_stop_token_ids(bundle.tokenizer),
+                runtime_context=build_offline_runtime_context(verify_mode="dflash")):
+            pass
+        classic(prompts)
+    return run_dfly
+
+
+def e2e_check(engine: str, target: str, draft: str, prompt: list[int], n: int) -> Callable[[], Any]:
+    """``e2e --engine NAME``'s library call, as the command makes it."""
+    from specparity.commands._common import resolve_model
+    from specparity.engines import get
+    from specparity.probes.engines.own_loop import OwnLoopEngine, run_own_loops_e2e
+
+    entries = list(get(engine).e2e_entry_points)
+
+    def run() -> Any:
+        eng = OwnLoopEngine(engine, Path(target), Path(draft))
+        loaded = resolve_model(target, False)
+        return run_own_loops_e2e(eng, loaded, list(prompt), n, entries)
+    return run
+
+
+def adapter(engine: str, target: str, draft: str) -> tuple[Any, type, Callable[[list[int], int], None]]:
+    """The engine's in-process adapter, its session class and its own loop run bare (nothing recorded)."""
+    if engine == "mlx-dspark":
+        from mlx_dspark.generate import speculative_generate
+
+        from specparity.probes.engines.mlx_dspark import MlxDsparkEngine, MlxDsparkSession
+
+        eng: Any = MlxDsparkEngine(target, draft)
+
+        def loop(p: list[int], n: int) -> None:
+            speculative_generate(eng.target, eng.tokenizer, eng.drafter, prompt_ids=list(p), max_new_tokens=n)
+        return eng, MlxDsparkSession, loop
+    from dspark_mlx import generate_eager
+
+    from specparity.probes.engines.dspark_mlx import DsparkMlxEngine, DsparkMlxSession
+
+    eng = DsparkMlxEngine(target, draft)
+
+    def loop_(p: list[int], n: int) -> None:
+        eng.host.reset()
+        for _ in generate_eager(eng.host, eng.drafter, [list(p)], max_new_tokens=n):
+            pass
+    return eng, DsparkMlxSession, loop_
+
+
+def figure(name: str, ratios: list[float], what: str, prof: Any, folder: str | None) -> None:
+    """The ratio line of one check, and its profile (then cleared for the next check) where asked."""
+    print(ratio_line(f"{name}_ratio", ratios, GOAL_CHECKS, what))
+    if prof is not None and folder:
+        path = Path(folder) / f"{name}.prof"
+        prof.dump_stats(path)
+        print(f"{name}_profile: {path}")
+        prof.clear()
+
+
+def in_process(engine: str, args: argparse.Namespace) -> None:
+    """Both figures of one engine, here (its module imports)."""
+    from specparity.commands._engine import engine_prompts
+    from specparity.engines import get
+
+    checkpoints = get(engine).checkpoints()
+    assert checkpoints is not None and checkpoints[1] is not None
+    target, draft = str(checkpoints[0]), str(checkpoints[1])
+    n = args.max_tokens
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+
+    def profiled(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            if prof is not None:
+                prof.enable()
+            try:
+                return fn()
+            finally:
+                if prof is not None:
+                    prof.disable()
+        return run
+
+    class _Info:  # engine_prompts reads the target from .info
+        def __init__(self, t: str) -> None:
+            self.info = type("I", (), {"target": t})()
+
+    prompts = engine_prompts(_Info(target), None, None)
+    prompt = prompts[0]
+
+    # e2e: the check's wall time over the bare arm's, paired
+    check, bare = profiled(e2e_check(engine, target, draft, prompt, n)), bare_loops(engine, target, draft, prompt, n)
+    check()  # warm-up: kernels, imports
+    bare()
+
+    def timed(fn: Callable[[], Any]) -> Callable[[], float]:
+        def run() -> float:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+        return run
+
+    runs = interleaved([timed(check), timed(bare)], args.repeat)
+    ratios = [c / b for c, b in runs]
+    mid = sorted(runs, key=lambda r: r[0] / r[1])[len(runs) // 2]
+    lab = label(engine)
+    print(f"{lab}_e2e_wall: {mid[0]:.2f} s check, {mid[1]:.2f} s its loads + loops + classic decode bare"
+          f" (the median run; 1 prompt of {len(prompt)} ids, {n} tokens, entry points"
+          f" {', '.join(get(engine).e2e_entry_points)})")
+    figure(f"{lab}_e2e", ratios, "e2e --engine check / what it needs", prof, args.profile)
+
+    if engine not in PROBED:
+        print(f"{lab}_probe_ratio: not applicable ({engine} exposes its loop only, no verify or rollback to drive)")
+        return
+    from specparity.probes.forward.engine import probe_engine
+    from specparity.probes.replay.engine import check_engine_run
+
+    eng, session_cls, loop = adapter(engine, target, draft)
+    probe_prompts = prompts[: args.prompts]
+    timers = Timers()
+
+    def probe_run() -> tuple[float, float, int]:
+        timers.seconds, timers.calls = 0.0, 0
+        timers.wrap_forwards(session_cls)
+        t0 = time.perf_counter()
+        try:
+            probe_engine(eng, eng.info.widths, [0, 8], probe_prompts)
+            for p in probe_prompts:
+                check_engine_run(eng, eng.generate(p, n))
+        finally:
+            timers.undo()
+        return time.perf_counter() - t0, timers.seconds, timers.calls
+
+    def loop_run() -> tuple[float, float, int]:
+        t0 = time.perf_counter()
+        for p in probe_prompts:
+            loop(p, n)
+        return time.perf_counter() - t0, 0.0, 0
+
+    probe_prof = profiled(probe_run)
+    probe_prof()  # warm-up
+    loop_run()
+    runs2 = interleaved([probe_prof, loop_run], args.repeat)
+    ratios = [c[0] / (c[1] + b[0]) for c, b in runs2]
+    c, b = sorted(runs2, key=lambda r: r[0][0] / (r[0][1] + r[1][0]))[len(runs2) // 2]
+    print(f"{lab}_probe_wall: {c[0]:.2f} s checks, {c[1] + b[0]:.2f} s forwards ({c[2]} engine and classic"
+          f" forwards timed in the checks + the engine's own loop bare; the median run; {len(probe_prompts)}"
+          f" prompts, {n} tokens, widths {eng.info.widths} depths 0,8 with every rollback)")
+    figure(f"{lab}_probe", ratios, "probe + replay checks / the forwards they need", prof, args.profile)
+
+
+def run_engine(engine: str, args: argparse.Namespace, argv: list[str]) -> None:
+    """One engine's in-process figures: here if its module imports, else re-run in its built environment."""
+    from specparity.engines import get
+
+    spec = get(engine)
+    if spec.importable():
+        in_process(engine, args)
+        return
+    if os.environ.get(CHILD):
+        print(f"{label(engine)}: skipped ({spec.module} does not import in its environment)")
+        return
+    from specparity.environments import find_environment
+
+    pinned = spec.environment
+    env = find_environment(pinned.name) if pinned is not None else None
+    if env is None:
+        name = pinned.name if pinned is not None else engine
+        print(f"{label(engine)}: skipped (environment {name} is not built: scripts/build-env {name})", flush=True)
+        return
+    from specparity.tied import run_tied
+
+    code = run_tied([str(env.python), "-P", __file__, *argv, "--engines", engine, "--no-served"],
+                    f"bench_engines in {pinned.name if pinned else engine}'s environment",
+                    env={**env.environ(), CHILD: engine})
+    if code:
+        print(f"{label(engine)}: the run in its environment exited {code}", flush=True)
+
+
+# --- (b) a served mlx-dspark job -----------------------------------------------------------------------------
+
+
+def served(args: argparse.Namespace) -> None:
+    from specparity.dspark_fixtures import dspark_pair
+    from specparity.environments import find_environment
+    from specparity.harness.config import Job, Pairing
+    from specparity.prompts import DEFAULT_PROMPTS
+
+    if find_environment("mlx-dspark") is None:
+        print("engines_served_mlx_dspark: skipped (environment mlx-dspark is not built: scripts/build-env mlx-dspark)")
+        return
+    info = dspark_pair()
+    job = Job(pairings=[Pairing("bench", info.target, info.draft, "mlx-dspark")],
+              widths=[int(w) for w in args.served_widths.split(",")], max_tokens=args.max_tokens,
+              prompts=list(DEFAULT_PROMPTS))
+    with tempfile.TemporaryDirectory() as work:
+        walls, servers, refs, arms = served_runs(job, args.served_runs, work, "engines_served_mlx_dspark")
+    ratios = [w / o for w, o in zip(walls, servers, strict=True)]
+    med = statistics.median(ratios)
+    if max(ratios) <= GOAL_SERVED:
+        verdict = "met (every run)"
+    elif min(ratios) > GOAL_SERVED:
+        verdict = "missed (every run)"
+    else:
+        verdict = f"median {'within' if med <= GOAL_SERVED else 'over'}, the runs on both sides"
+    print(f"engines_served_mlx_dspark_arms: {len(arms)} servers, {sum(len(a.requests) for a in arms)} requests"
+          f" per run, {args.served_runs} runs (pair {Path(info.target).parent.name})")
+    print(f"engines_served_mlx_dspark_job_wall: {statistics.median(walls):.2f} s median"
+          f" ({min(walls):.2f}-{max(walls):.2f}); servers' own {statistics.median(servers):.2f} s median")
+    print(f"engines_served_mlx_dspark_ratio: {med:.3f} x median, {min(ratios):.3f}-{max(ratios):.3f} over"
+          f" {args.served_runs} runs (job wall / servers' start-up + generation); goal <= {GOAL_SERVED}: {verdict}")
+    rest = [(w - r) / o for w, r, o in zip(walls, refs, servers, strict=True)]
+    print(f"engines_served_mlx_dspark_reference: {statistics.median(refs):.2f} s median (the classic reference's"
+          f" loads and decoding, in its own worker while no server is resident); job wall less it / servers'"
+          f" own: {statistics.median(rest):.3f} x median ({min(rest):.3f}-{max(rest):.3f})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--repeat", type=int, default=15, help="paired runs per check (at least 6)")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--prompts", type=int, default=2, help="prompts of the probe check")
+    ap.add_argument("--served-runs", type=int, default=3)
+    ap.add_argument("--served-widths", default="3,8")
+    ap.add_argument("--no-served", dest="served", action="store_false")
+    ap.add_argument("--no-in-process", dest="in_process", action="store_false")
+    ap.add_argument("--profile", default=None, help="write cProfile stats of each check arm into this folder")
+    args = ap.parse_args()
+    if args.repeat < 6:
+        ap.error("--repeat: at least 6 (a confidence interval of a median needs them)")
+    bad = [e for e in args.engines.split(",") if e not in ENGINES]
+    if bad:
+        ap.error(f"--engines: {', '.join(bad)}: choose from {', '.join(ENGINES)}")
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        args.profile = str(Path(args.profile).resolve())
+    # the re-run in an engine's environment gets every flag but --engines (set per engine) and --profile
+    # (given again, absolute: the re-run may start elsewhere)
+    argv: list[str] = []
+    skip = False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a in ("--engines", "--profile"):
+            skip = True
+        elif not a.startswith(("--engines=", "--profile=")):
+            argv.append(a)
+    if args.profile:
+        argv += ["--profile", args.profile]
+    if args.in_process:
+        for engine in args.engines.split(","):
+            run_engine(engine, args, argv)
+    if args.served and not os.environ.get(CHILD):
+        served(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
