@@ -358,6 +358,10 @@ class Server:
                 proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
                 log.error("%s (pid %d) survived SIGKILL", self.name, proc.pid)
+            # the group's other members too: the next server or the reference's worker loads its own
+            # copy of the target once this one's memory is back (one copy at a time)
+            if not tied.wait_group_gone(proc.pid, self.stop_timeout):
+                log.error("%s: processes of its group (%d) outlived SIGKILL", self.name, proc.pid)
         finally:
             unregister(self)
             if self._watcher is not None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from specparity.harness.lifecycle import end_watcher, register, spawn_tied, unregister
+from specparity.tied import wait_group_gone
 from specparity.mlx_server import ServerSettings
 from specparity.reference import (
     ColdAnswer,
@@ -318,6 +319,7 @@ class Oracle:
                 except (ProcessLookupError, PermissionError):
                     pass
                 proc.wait(CLOSE_TIMEOUT)
+            wait_group_gone(proc.pid, CLOSE_TIMEOUT)  # its memory back before a server loads the target
         finally:
             unregister(self)
             if self._watcher is not None:

@@ -57,6 +57,18 @@ _PIPE: tuple[int, int] | None = None
 _PIPE_LOCK = threading.Lock()
 
 
+def wait_group_gone(pgid: int, timeout: float = 5.0) -> bool:
+    """Wait until no process of group ``pgid`` is left (its leader reaped, every other member gone),
+    at most ``timeout`` seconds: a member the leader left behind still holds its memory, and the next
+    copy of a model must not load beside it. True: gone."""
+    deadline = time.monotonic() + timeout
+    while watchdog.group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def _pipe_read_end() -> int:
     """The read end of the pipe whose write end this process holds until it dies (made once)."""
     global _PIPE

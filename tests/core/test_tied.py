@@ -105,3 +105,21 @@ def test_the_spawn_check_fires_on_a_plain_popen_and_allows_nothing_stale() -> No
     assert not CALL.search("proc: subprocess.Popen[str] | None = None")
     # an allowance whose module no longer calls subprocess is dropped, not kept as a blind spot
     assert all(CALL.search((ROOT / rel).read_text()) for rel in ALLOWED), ALLOWED
+
+
+def test_wait_group_gone_waits_for_members_the_leader_left_behind() -> None:
+    """A leader reaped is not a group gone: a member it left keeps its memory until it ends, and the next
+    copy of a model must not load beside it (Server.stop and the reference worker's end wait for this)."""
+    import subprocess
+    import time
+
+    from specparity.tied import wait_group_gone
+    from specparity.watchdog import group_alive
+
+    proc = subprocess.Popen(["sh", "-c", "sleep 0.6 & exit 0"], start_new_session=True)
+    proc.wait(5)
+    assert group_alive(proc.pid)  # the leader is reaped, its child still runs in the group
+    assert not wait_group_gone(proc.pid, timeout=0.05)
+    t0 = time.monotonic()
+    assert wait_group_gone(proc.pid, timeout=5)
+    assert 0.3 < time.monotonic() - t0 < 4 and not group_alive(proc.pid)
