@@ -218,7 +218,7 @@ def _key(r: RequestResult, prefix: int) -> str | None:
 def run_distribution(pr: PairingRunner, plans: list[ArmPlan]) -> list[ArmResult]:
     """The two distribution arms of one pairing as planned (plan.plan_arms: dist-baseline, then the
     drafted arm), judged; the drafted arm carries the verdict."""
-    import httpx
+    from specparity.harness.transport import loopback_client
 
     job = pr.job
     spec = job.distribution
@@ -258,7 +258,7 @@ def run_distribution(pr: PairingRunner, plans: list[ArmPlan]) -> list[ArmResult]
                 batches.append((_bodies(spec, pr.endpoint, prompt, params, wrong_t, seeds["wrong-temperature"],
                                         DIST_WRONG_T), wrong))
             arm.verdict = Verdict.NOT_RUN  # until judged
-            with httpx.Client() as client:
+            with loopback_client() as client:
                 for reqs, into in batches:
                     pr.run_.note(f"  {len(reqs)} requests at temperature {reqs[0].body['temperature']:g}")
                     for req in reqs:

@@ -282,12 +282,12 @@ class Server:
         stalls, answers nothing by then)."""
         import httpx
 
-        from specparity.harness.transport import BadResponse, Late, fetch
+        from specparity.harness.transport import BadResponse, Late, fetch, loopback_client
 
         assert self.proc is not None
         deadline = self._t0 + self.start_timeout
         delay = 0.05
-        with httpx.Client() as client:
+        with loopback_client() as client:
             while True:
                 rc = self.proc.poll()
                 if rc is not None:

@@ -614,7 +614,7 @@ class PairingRun:
     def serve_arm(self, plan: ArmPlan, stop: bool) -> Served:
         """Start (or reuse) the arm's server and send its sequence; ``stop``: stop the server after it
         (no later arm shares it). Judging waits for :meth:`flush`, once no server is resident."""
-        import httpx
+        from specparity.harness.transport import loopback_client
 
         arm = ArmResult(plan.name, plan.kind, plan.width)
         t0 = time.perf_counter()
@@ -641,7 +641,7 @@ class PairingRun:
         fields = self.request_fields(plan)
         owner = plan.name == BASELINE_START
         requests = build_sequence(self.job, self.endpoint, self.history)
-        with httpx.Client() as client:
+        with loopback_client() as client:
             if plan.concurrency:
                 exchanges = self.send_concurrent(client, session, requests, fields, plan.concurrency)
             else:

@@ -121,10 +121,10 @@ def read_metrics(url: str, timeout: float = METRICS_TIMEOUT) -> dict[str, Any] |
     """``GET /metrics`` as JSON (None: no answer, or not JSON)."""
     import httpx
 
-    from specparity.harness.transport import BadResponse, Late, fetch, parse_json
+    from specparity.harness.transport import BadResponse, Late, fetch, loopback_client, parse_json
 
     try:  # ``timeout`` in total: a /metrics that trickles bytes is no reading
-        with httpx.Client() as client:
+        with loopback_client() as client:
             status, body = fetch(client, "GET", url + "/metrics", timeout, max_bytes=METRICS_MAX_BYTES)
         data = parse_json(body) if status == 200 else None
     except (httpx.HTTPError, Late, BadResponse) as err:

@@ -131,3 +131,39 @@ def test_a_server_that_dies_mid_answer_is_the_requests_error() -> None:
         srv.stop()
     assert comp.error is not None and comp.error.startswith(("unreadable response: not JSON (Unterminated string",
                                                              "connection failed: ")), comp.error
+
+
+def test_the_loopback_client_reaches_a_local_server_past_a_proxy_in_the_environment(monkeypatch) -> None:
+    """Requests to the servers a job started go straight to 127.0.0.1: an HTTP_PROXY in the user's
+    environment (here one where nothing listens) is not used for them, and no TLS context is built."""
+    import http.server
+    import threading
+
+    import httpx
+
+    from specparity.harness.transport import loopback_client
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/"
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    try:
+        with httpx.Client() as proxied:  # what a default client does: through the dead proxy
+            with pytest.raises(httpx.TransportError):
+                proxied.get(url, timeout=5)
+        with loopback_client() as client:
+            assert client.get(url, timeout=5).text == "hello"
+    finally:
+        srv.shutdown()
