@@ -186,7 +186,6 @@ def figure(name: str, ratios: list[float], what: str, prof: Any, folder: str | N
 
 def in_process(engine: str, args: argparse.Namespace) -> None:
     """Both figures of one engine, here (its module imports)."""
-    from specparity.commands._engine import engine_prompts
     from specparity.engines import get
 
     checkpoints = get(engine).checkpoints()
@@ -210,11 +209,11 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
                     prof.disable()
         return run
 
-    class _Info:  # engine_prompts reads the target from .info
-        def __init__(self, t: str) -> None:
-            self.info = type("I", (), {"target": t})()
+    from mlx_lm.utils import load_tokenizer
 
-    prompts = engine_prompts(_Info(target), None, None)
+    from specparity.prompts import encode_prompts
+
+    prompts = encode_prompts(load_tokenizer(Path(target)), None, None)  # the built-in prompts, as the check takes
     prompt = prompts[0]
 
     # e2e: the check's wall time over the bare arm's, paired
