@@ -26,6 +26,11 @@ Caches that cannot be trimmed (linear-attention / SSM ``ArraysCache``) are
 replayed by snapshot-and-recompute: an exact copy of the cache is taken before
 a round with rejected rows, and afterwards restored and fed only the kept rows.
 The report says which rewind it used.
+
+The target side is an engine adapter's session (:func:`replay_rounds`; :func:`replay` takes
+mlx-lm's, :class:`specparity.probes.engines.mlx_lm.MlxLmEngine`, over a bare model): its
+``prefill_anchor``, ``verify`` / ``extend``, ``rollback``, ``rewind`` and ``offsets``
+(adapter features ``anchor-prefill``, ``rewind-modes``, ``layer-offsets``).
 """
 
 from __future__ import annotations
