@@ -57,7 +57,7 @@ class MlxLmSession(TargetSession):
         self._block = list(tokens)
         return self.dec.forward(tokens)
 
-    def rollback(self, accepted: int) -> int:
+    def rollback(self, accepted: int) -> int | None:
         from mlx_lm.models.cache import trim_prompt_cache
 
         rejected = len(self._block) - 1 - accepted
