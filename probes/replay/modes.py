@@ -350,7 +350,9 @@ def _engine_replay(o: ReplayOptions, front: Frontend) -> int:
 
     engine = o.engine
     if o.algebra_only or o.locate is not None or o.save_log:
-        raise UsageError(f"--engine {engine}: --algebra-only, --locate and --save-log are mlx-lm replay options")
+        raise UsageError(f"--engine {engine}: --algebra-only, --locate and --save-log are options of the replay"
+                         " with rewind offsets (an engine whose registry entry declares anchor-prefill,"
+                         " layer-offsets and rewind-modes, as mlx-lm's does)")
     if o.policy != "wrong-id":
         raise UsageError(f"--engine {engine}: rejected rows carry --wrong-id (--policy wrong-id)")
     sources = [s for s in (o.accepts_text, o.log_path, o.draft_model) if s is not None]
