@@ -58,6 +58,13 @@ FEATURES = {
                        " classic decode with itself (prefill parity covers it)",
     "control-arms": "bisect --control: the same cell rerun under other settings, in subprocesses"
                     " (`bisect dump` of the classic arms)",
+    "anchor-prefill": "replay of a served accept vector: the session prefills all but the last prompt token"
+                      " and round 0's block starts with it, as a server's speculative loop does"
+                      " (TargetSession.prefill_anchor)",
+    "layer-offsets": "replay: every layer's cache offset after each rewind (TargetSession.offsets), so a"
+                     " rewind that silently did nothing or left a stale row is named by its round",
+    "rewind-modes": "replay: the session says how it rewinds, trim or snapshot-and-recompute, fixed for the"
+                    " request (TargetSession.rewind), and a rollback returns the rows it reports dropped",
 }
 
 
@@ -121,8 +128,9 @@ class TargetSession(ABC):
         """One verify block over ``tokens`` through the engine's verify forward: logits (rows, vocab)."""
 
     @abstractmethod
-    def rollback(self, accepted: int) -> None:
-        """After :meth:`verify`, keep its first ``accepted + 1`` rows, as the engine rolls back."""
+    def rollback(self, accepted: int) -> int | None:
+        """After :meth:`verify`, keep its first ``accepted + 1`` rows, as the engine rolls back; the rows it
+        reports dropped (None: it reports nothing; ``rewind-modes`` adapters report)."""
 
     @abstractmethod
     def state(self) -> list[LayerState]:
@@ -135,6 +143,20 @@ class TargetSession(ABC):
     @abstractmethod
     def position(self) -> int:
         """Positions the target state holds."""
+
+    def prefill_anchor(self, prompt: list[int]) -> int:
+        """Feed all of ``prompt`` but its last token; return that token, round 0's first input
+        (feature ``anchor-prefill``)."""
+        raise NotImplementedError("anchor-prefill")
+
+    def offsets(self) -> list[int | None]:
+        """Every layer's cache offset (None: a layer without one) (feature ``layer-offsets``)."""
+        raise NotImplementedError("layer-offsets")
+
+    def rewind(self) -> tuple[str, str]:
+        """How this session rewinds from here on: ``trim`` or ``snapshot-and-recompute``, and why
+        (feature ``rewind-modes``)."""
+        raise NotImplementedError("rewind-modes")
 
     def extend(self, tokens: list[int]) -> Any:
         """A verify block every row of which is accepted (a full-accept round): its logits (rows, vocab).

@@ -18,33 +18,60 @@ from specparity.decode import CacheOptions, Decoder, LayerState, copy_cache, sna
 from specparity.probes.engines.base import FEATURES, Engine, EngineInfo, EngineRound, EngineRun, TargetSession
 
 
+MODE_TRIM = "trim"
+MODE_SNAPSHOT = "snapshot-and-recompute"
+
+
 class MlxLmSession(TargetSession):
+    """A :class:`Decoder`'s cache. A rollback trims (``trim_prompt_cache``) or, where the cache cannot be
+    trimmed, restores the copy taken before the block and feeds the kept rows: chosen per block, or fixed
+    for the request once :meth:`rewind` is asked (the replay reports one mode per request)."""
+
     def __init__(self, model: Any, opts: CacheOptions):
         self.dec = Decoder(model, opts)
         self._saved: Decoder | None = None
         self._block: list[int] = []
+        self._mode: str | None = None
 
     def prefill(self, prompt: list[int]) -> Any:
         last = self.dec.prefill(prompt)
         return self.dec.forward([last])[-1:]
 
+    def prefill_anchor(self, prompt: list[int]) -> int:
+        return self.dec.prefill(prompt)
+
+    def rewind(self) -> tuple[str, str]:
+        if trimmable(self.dec.cache):
+            self._mode, reason = MODE_TRIM, "mlx-lm trim_prompt_cache"
+        else:
+            kinds = sorted({type(c).__name__ for c in self.dec.cache if not c.is_trimmable()})
+            self._mode, reason = MODE_SNAPSHOT, f"{', '.join(kinds)} cannot be trimmed"
+        return self._mode, reason
+
+    def offsets(self) -> list[int | None]:
+        return self.dec.offsets()
+
     def verify(self, tokens: list[int]) -> Any:
-        self._saved = None if trimmable(self.dec.cache) else self.dec.fork()
+        snap = self._mode == MODE_SNAPSHOT if self._mode is not None else not trimmable(self.dec.cache)
+        self._saved = self.dec.fork() if snap else None
         self._block = list(tokens)
         return self.dec.forward(tokens)
 
-    def rollback(self, accepted: int) -> None:
+    def rollback(self, accepted: int) -> int | None:
         from mlx_lm.models.cache import trim_prompt_cache
 
         rejected = len(self._block) - 1 - accepted
         if rejected <= 0:
-            return
+            return 0
         if self._saved is None:
-            trim_prompt_cache(self.dec.cache, rejected)
+            # mlx-lm annotates trim_prompt_cache -> List but returns the count it trimmed
+            trimmed = int(trim_prompt_cache(self.dec.cache, rejected))  # type: ignore[call-overload]
         else:
             self.dec = self._saved
             self.dec.forward(self._block[: accepted + 1])
+            trimmed = rejected
         self._saved = None
+        return trimmed
 
     def state(self) -> list[LayerState]:
         return snapshot(self.dec.cache)

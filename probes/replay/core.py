@@ -26,6 +26,11 @@ Caches that cannot be trimmed (linear-attention / SSM ``ArraysCache``) are
 replayed by snapshot-and-recompute: an exact copy of the cache is taken before
 a round with rejected rows, and afterwards restored and fed only the kept rows.
 The report says which rewind it used.
+
+The target side is an engine adapter's session (:func:`replay_rounds`; :func:`replay` takes
+mlx-lm's, :class:`specparity.probes.engines.mlx_lm.MlxLmEngine`, over a bare model): its
+``prefill_anchor``, ``verify`` / ``extend``, ``rollback``, ``rewind`` and ``offsets``
+(adapter features ``anchor-prefill``, ``rewind-modes``, ``layer-offsets``).
 """
 
 from __future__ import annotations
@@ -33,26 +38,28 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specparity.completions import first_index
 from specparity.compare import Diff, compare_arrays, index_ranges
-from specparity.decode import (
-    CacheOptions, Decoder, GreedyPick, greedy_chain, greedy_pick, greedy_token, trimmable,
-)
+from specparity.decode import CacheOptions, Decoder, GreedyPick, greedy_chain, greedy_pick, greedy_token
 from specparity.errors import Inconclusive, InputError, Name, UsageError
+from specparity.probes.engines.mlx_lm import MODE_SNAPSHOT, MODE_TRIM
 from specparity.probes.replay.algebra import emitted_counts, locate
 from specparity.processors import process_row
 from specparity.progress import NULL, Observer
 from specparity.reproducibility import Bracket, repeat_chain
 from specparity.verdicts import ReportMixin, Verdict
 
+if TYPE_CHECKING:
+    from specparity.probes.engines.base import Engine
+
 log = logging.getLogger(__name__)
 
 POLICY_WRONG, POLICY_CORRECT = "wrong-id", "correct-token"
 POLICIES = (POLICY_WRONG, POLICY_CORRECT)
-MODE_TRIM = "trim"
-MODE_SNAPSHOT = "snapshot-and-recompute"
+# what an adapter's session must do for an accept vector replayed with rewind offsets (base.FEATURES)
+REPLAY_FEATURES = ("anchor-prefill", "layer-offsets", "rewind-modes")
 
 
 @dataclass
@@ -390,7 +397,36 @@ def replay(
     observer: Observer = NULL,
     processors: list[Any] | None = None,
 ) -> ReplayReport:
-    """Replay ``accepts`` on ``model`` from ``prompt`` and compare with classic decode.
+    """Replay ``accepts`` on ``model`` (mlx-lm's adapter over it) and compare with classic decode:
+    :func:`replay_rounds` on :meth:`MlxLmEngine.of_model`."""
+    from specparity.probes.engines.mlx_lm import MlxLmEngine
+
+    return replay_rounds(MlxLmEngine.of_model(model, opts), prompt, accepts, width=width, widths=widths,
+                         policy=policy, wrong_id=wrong_id, served_tokens=served_tokens, trace=trace,
+                         prefill_emits=prefill_emits, observer=observer, processors=processors)
+
+
+def replay_rounds(
+    engine: Engine,
+    prompt: list[int],
+    accepts: list[int],
+    width: int | None = None,
+    widths: list[int] | None = None,
+    policy: str = POLICY_WRONG,
+    wrong_id: int = 0,
+    served_tokens: list[int] | None = None,
+    trace: list | None = None,
+    prefill_emits: bool = False,
+    observer: Observer = NULL,
+    processors: list[Any] | None = None,
+) -> ReplayReport:
+    """Replay ``accepts`` through ``engine``'s session and compare with classic decode.
+
+    The engine's adapter runs the target side: its session prefills all but the last prompt
+    token (``anchor-prefill``), verifies each block and rolls it back its own way, fixed for
+    the request (``rewind-modes``: trim, or snapshot-and-recompute), and reports every layer's
+    offset after it (``layer-offsets``); classic decode (:meth:`Engine.classic_model` with
+    :meth:`Engine.cache_options`) is the chain.
 
     ``trace``, when a list, receives every forward and rewind in order
     (``("chain", first, n)``, ``("block", tokens)``, ``("trim", n)``,
@@ -404,10 +440,13 @@ def replay(
     progress per round (part ``rounds``).
     """
     import mlx.core as mx
-    from mlx_lm.models.cache import trim_prompt_cache
 
     if policy not in POLICIES:
         raise InputError("policy", f"{policy!r}: choose from {', '.join(POLICIES)}")
+    missing = sorted(f for f in REPLAY_FEATURES if not engine.supports(f))
+    if missing:
+        raise UsageError(f"engine {engine.info.name}: its adapter lacks {', '.join(missing)}"
+                         " (an accept vector replayed with rewind offsets)")
     if not accepts:
         raise Inconclusive("the accept vector is empty: no round to replay")
     if not prompt:
@@ -415,8 +454,9 @@ def replay(
     widths = round_widths(accepts, width, widths)
     from specparity.inputs import check_token_ids, vocab_size
 
+    model = engine.classic_model()
     check_token_ids(prompt, vocab_size(model), "prompt")
-    opts = opts or CacheOptions()
+    opts = engine.cache_options()
     t0 = time.perf_counter()
 
     chain = _Chain(model, prompt, opts, trace, processors)
@@ -428,15 +468,12 @@ def replay(
                             widths=widths, policy=policy, wrong_id=wrong_id, prompt_len=len(prompt),
                             prefill_emits=prefill_emits, opts=opts.to_dict(), bracket=bracket,
                             seconds=time.perf_counter() - t0)
-    target = Decoder(model, opts)
-    last = target.prefill(prompt)
+    target = engine.session()
+    last = target.prefill_anchor(prompt)
     if last != chain.tokens[0]:  # both prefilled the same prompt
         raise AssertionError("prefill returned different last tokens")
-    if trimmable(target.cache):
-        mode, reason = MODE_TRIM, "mlx-lm trim_prompt_cache"
-    else:
-        kinds = sorted({type(c).__name__ for c in target.cache if not c.is_trimmable()})
-        mode, reason = MODE_SNAPSHOT, f"{', '.join(kinds)} cannot be trimmed"
+    mode, reason = target.rewind()
+    if mode == MODE_SNAPSHOT:
         log.info("replay by snapshot-and-recompute: %s", reason)
 
     expected = len(prompt) - 1
@@ -452,7 +489,7 @@ def replay(
         chain.ensure(1)
         if trace is not None:
             trace.append(("block", [last]))
-        row = target.forward([last])
+        row = target.extend([last])
         forwards += 1
         target_tokens.append(chain.pick(0, row[-1]))
         d = compare_arrays(chain.rows[0][None], row[-1:], logits=True)
@@ -474,14 +511,12 @@ def replay(
                 block.append(right)
             else:
                 block.append(wrong_id if wrong_id != right else (wrong_id + 1) % vocab)
-        saved = None
-        if mode == MODE_SNAPSHOT and rejected:
-            saved = target.fork()
-            if trace is not None:
-                trace.append(("fork",))
         if trace is not None:
+            if mode == MODE_SNAPSHOT and rejected:
+                trace.append(("fork",))
             trace.append(("block", list(block)))
-        logits = target.forward(block)
+        # a full accept rolls nothing back: the block is the round (no snapshot taken for it)
+        logits = target.verify(block) if rejected else target.extend(block)
         forwards += 1
         kept = logits[: a + 1]
         # each kept row sees classic decode's history: its inputs are the chain's own tokens
@@ -492,18 +527,9 @@ def replay(
         trimmed = 0
         if rejected:
             rewinds += 1
-            if mode == MODE_TRIM:
-                # mlx-lm annotates trim_prompt_cache -> List but returns the count it trimmed
-                trimmed = int(trim_prompt_cache(target.cache, rejected))  # type: ignore[call-overload]
-                if trace is not None:
-                    trace.append(("trim", rejected))
-            else:
-                assert saved is not None
-                target = saved
-                target.forward(block[: a + 1])
-                trimmed = rejected
-                if trace is not None:
-                    trace.append(("restore", list(block[: a + 1])))
+            trimmed = target.rollback(a) or 0
+            if trace is not None:
+                trace.append(("trim", rejected) if mode == MODE_TRIM else ("restore", list(block[: a + 1])))
         expected += a + 1
 
         want = chain.tokens[emitted + 1: emitted + a + 2]

@@ -132,8 +132,10 @@ def replay(o: ReplayOptions, front: Frontend) -> int:
     """Route ``o`` to its mode and run it; the exit code of its report."""
     from specparity.engines import get
     from specparity.probes.replay import algebra
+    from specparity.probes.replay.core import REPLAY_FEATURES
 
-    classic = get(o.engine).classic_paths
+    # the replay core with rewind offsets, when the engine's adapter declares what it needs
+    classic = set(REPLAY_FEATURES) <= get(o.engine).adapter_features
     if len(o.prompt_ids) > 1 and (classic or o.accepts_text is not None or o.log_path is not None):
         raise UsageError("give one --prompt-ids: several are for an engine's own run"
                          " (--engine without --accepts or --log)")
@@ -192,8 +194,23 @@ def replay(o: ReplayOptions, front: Frontend) -> int:
     if o.draft_model is not None:
         requests = [_record(loaded, o, cli_ids, procs, opts, front,
                             list(o.stop_words) if (o.stop_words or o.stop_at_eos) else None)]
-    return _replay_all(loaded, requests, findings, cli_ids, o.prompt_text, o.width, o.policy,
-                       o.wrong_id, opts, procs, front)
+    return _replay_all(_adapter(o, loaded, opts), requests, findings, cli_ids, o.prompt_text, o.width,
+                       o.policy, o.wrong_id, procs, front)
+
+
+def _adapter(o: ReplayOptions, loaded: Loaded, opts: CacheOptions) -> Any:
+    """The engine's adapter on the target already loaded, with the cache options; it must support what the
+    replay core needs (its registry entry declared so before anything loaded)."""
+    from specparity.engines import LoadRequest, get
+    from specparity.probes.replay.core import REPLAY_FEATURES
+
+    eng = get(o.engine).load(LoadRequest(Path(loaded.path), trust_remote_code=o.trust_remote_code, cache=opts,
+                                         loaded=loaded))
+    missing = [f for f in REPLAY_FEATURES if not eng.supports(f)]
+    if missing:
+        raise UsageError(f"--engine {o.engine}: its registry entry declares {', '.join(missing)} but its"
+                         " adapter does not support them")
+    return eng
 
 
 def accept_logs(accepts_text: str | None, log_path: str | None, fmt: str, regex: str | None,
@@ -305,12 +322,12 @@ def _algebra_only(requests: list[AcceptLog], findings: list[AlgebraFinding], fro
         return run.finish(AlgebraRun(len(requests), rounds, findings))
 
 
-def _replay_all(loaded: Loaded, requests: list[AcceptLog], findings: list[AlgebraFinding],
+def _replay_all(engine: Any, requests: list[AcceptLog], findings: list[AlgebraFinding],
                 cli_ids: list[int] | None, prompt_text: str | None, width: int | None,
-                policy: str, wrong_id: int, opts: CacheOptions, procs: ProcessorOptions,
-                front: Frontend) -> int:
+                policy: str, wrong_id: int, procs: ProcessorOptions, front: Frontend) -> int:
     from specparity.probes.replay.run import run_replays
 
+    loaded, opts = engine.checkpoint(), engine.cache_options()
     fp = loaded.fingerprint
     with front.open_run(f"replay: {fp.model_type} {fp.short}",
                         {"model": fp.to_dict(), "cache": opts.to_dict(), "processors": procs.to_dict()},
@@ -320,7 +337,7 @@ def _replay_all(loaded: Loaded, requests: list[AcceptLog], findings: list[Algebr
 
             run.sink.write_bytes("accepts.jsonl", "".join(
                 json.dumps(request_object(r)) + "\n" for r in requests).encode())
-        result = run_replays(loaded, requests, findings, opts, cli_ids, prompt_text, width, policy,
+        result = run_replays(engine, requests, findings, cli_ids, prompt_text, width, policy,
                              wrong_id, observer=run.observer, processors=procs)
         return run.finish(result)
 
@@ -333,7 +350,9 @@ def _engine_replay(o: ReplayOptions, front: Frontend) -> int:
 
     engine = o.engine
     if o.algebra_only or o.locate is not None or o.save_log:
-        raise UsageError(f"--engine {engine}: --algebra-only, --locate and --save-log are mlx-lm replay options")
+        raise UsageError(f"--engine {engine}: --algebra-only, --locate and --save-log are options of the replay"
+                         " with rewind offsets (an engine whose registry entry declares anchor-prefill,"
+                         " layer-offsets and rewind-modes, as mlx-lm's does)")
     if o.policy != "wrong-id":
         raise UsageError(f"--engine {engine}: rejected rows carry --wrong-id (--policy wrong-id)")
     sources = [s for s in (o.accepts_text, o.log_path, o.draft_model) if s is not None]

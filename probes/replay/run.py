@@ -13,7 +13,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from specparity.decode import CacheOptions
 from specparity.errors import Inconclusive, InputError, Name, UsageError
 from specparity.progress import NULL, Observer
 from specparity.verdicts import ReportMixin, Verdict, combine
@@ -83,20 +82,23 @@ def widths_for(req: Any, width: int | None) -> tuple[int | None, list[int] | Non
     return req.width, req.widths
 
 
-def run_replays(loaded: Any, requests: list[Any], findings: list[Any], opts: CacheOptions,
+def run_replays(engine: Any, requests: list[Any], findings: list[Any],
                 cli_ids: list[int] | None = None, prompt_text: str | None = None,
                 width: int | None = None, policy: str = "wrong-id", wrong_id: int = 0,
                 observer: Observer = NULL, processors: Any = None) -> ReplayRun:
-    """Replay each request against classic decode; one ReplayRun for them all.
+    """Replay each request through ``engine``'s adapter against classic decode; one ReplayRun for them all.
 
+    ``engine``: an adapter (:class:`specparity.probes.engines.base.Engine`) with the replay core's features,
+    its target loaded by the toolkit's loader (:meth:`Engine.checkpoint`) and its cache options.
     ``processors``: ``ProcessorOptions`` applied to the classic reference and every
     verify row as classic decode applies them (None: no processors).
     """
     from specparity.checkpoint import model_dtype
-    from specparity.probes.replay.core import replay
+    from specparity.probes.replay.core import replay_rounds
 
     from specparity.processors import ProcessorOptions, check_vocab
 
+    loaded, opts = engine.checkpoint(), engine.cache_options()
     procs = processors or ProcessorOptions()
     vocab = getattr(getattr(loaded.model, "args", None), "vocab_size", None)
     if isinstance(vocab, int):
@@ -114,9 +116,9 @@ def run_replays(loaded: Any, requests: list[Any], findings: list[Any], opts: Cac
             w, ws = widths_for(req, width)
             observer.note(f"replaying {req.source}: {len(req.accepts)} rounds")
             try:
-                report = replay(loaded.model, prompt, req.accepts, width=w, widths=ws, policy=policy,
-                                wrong_id=wrong_id, opts=opts, served_tokens=req.tokens,
-                                prefill_emits=req.prefill_emits, observer=observer, processors=made)
+                report = replay_rounds(engine, prompt, req.accepts, width=w, widths=ws, policy=policy,
+                                       wrong_id=wrong_id, served_tokens=req.tokens,
+                                       prefill_emits=req.prefill_emits, observer=observer, processors=made)
             except Inconclusive as err:
                 res = {"request": i, "source": req.source, "verdict": Verdict.NOT_RUN, "reason": str(err)}
                 run.texts.append(f"{req.source}: not run: {err}")

@@ -36,8 +36,13 @@ mlx, an engine, or a layer above this one):
     hooks          the module of served hooks (see :class:`ServedHooks`), or None
     adapter        ``load(request: LoadRequest) -> Engine`` (the in-process adapter,
                    :class:`specparity.probes.engines.base.Engine`), or None (served only)
-    classic_paths  True for mlx-lm only: its replay runs the toolkit's own mlx-lm replay
-                   rather than ``adapter`` (its probe, bisect and e2e run through ``adapter``)
+    adapter_features  the optional features its adapter supports that a command must know
+                   before anything loads (names of
+                   :data:`specparity.probes.engines.base.FEATURES`; the loaded adapter is
+                   checked to hold them): ``replay`` runs an accept vector, a served log,
+                   ``--algebra-only``, ``--locate`` and ``--sequence`` through the replay core
+                   with rewind offsets when they hold ``anchor-prefill``, ``layer-offsets`` and
+                   ``rewind-modes``, and through the whole-state replay otherwise
     e2e_entry_points  the names of the engine's own e2e entry points
     e2e            ``run(adapter, classic: Loaded, prompt: list[int], max_tokens: int,
                    entry_points: list[str], observer) -> E2ERun``, or None
@@ -118,7 +123,9 @@ class LoadRequest:
     user's consent, already checked against both (:func:`require_consent`). verify_mode: the engine's
     own verify policy (None: its default). prefill_step_size: None: the engine's default.
     cache: the cache options (:class:`specparity.decode.CacheOptions`) for an adapter that supports
-    them (its ``features`` hold ``cache-options``); None: the defaults.
+    them (its ``features`` hold ``cache-options``); None: the defaults. loaded: the target as the
+    toolkit's loader already loaded it (:class:`specparity.checkpoint.Loaded`) from ``target``, for
+    a loader that takes it rather than loading again (None: load ``target``).
     """
 
     target: Path
@@ -127,6 +134,7 @@ class LoadRequest:
     verify_mode: str | None = None
     prefill_step_size: int | None = None
     cache: Any = None
+    loaded: Any = None
 
 
 # the format ``fixtures make --dflash SHAPE`` builds when --drafter-format is not given
@@ -166,7 +174,7 @@ class EngineSpec:
     profiles: tuple[str, ...] = ()
     hooks: str | ModuleType | None = None
     adapter: Ref = None
-    classic_paths: bool = False
+    adapter_features: frozenset[str] = frozenset()
     e2e_entry_points: tuple[str, ...] = ()
     e2e: Ref = None
     default_checkpoints: Ref = None
