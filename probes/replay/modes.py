@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from specparity.engines import DEFAULT as DEFAULT_ENGINE
 from specparity.errors import Inconclusive, UsageError
 from specparity.inputs import (
     check_accept_log,
@@ -119,7 +120,7 @@ class ReplayOptions:
     prefill_emits: bool | None = None
     algebra_only: bool = False
     locate: int | None = None
-    engine: str = "mlx-lm"
+    engine: str = DEFAULT_ENGINE  # the registry's default
     verify_mode: str | None = None
     environment: str | None = None
     force: bool = False
