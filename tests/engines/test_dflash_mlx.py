@@ -226,6 +226,7 @@ def test_fixtures_make_dflash_refuses_a_fixture_built_otherwise_and_warns_on_a_f
 
 @both_columns
 @pytest.mark.build
+@pytest.mark.slow
 def test_dflash_rollback_to_a_partial_accept_leaves_the_recurrent_state_wrong(
         fixture_root: Path, cli_bin: str, dflash_env: EngineEnv, isolated_home: Path) -> None:
     """Block vs chain per width, and every rollback, through dflash-mlx's own verify and rollback; on the
@@ -546,6 +547,7 @@ def test_dflash_loads_the_fixture_drafter_as_its_own(fixture_root: Path, dflash_
     assert proc.stdout.strip() == "True"
 
 
+@pytest.mark.slow
 def test_a_dflash_fixture_record_names_its_members_relative_to_itself(fixture_root: Path, tmp_path: Path) -> None:
     """issue 30.9: fixture.json stored the paths the build was given (relative to its cwd), so a fixture run
     from elsewhere, or moved, lost its drafter. Its record now names its members relative to itself; an

@@ -49,6 +49,7 @@ def dfly_fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 # ------------------------------- dfly-mlx: dflash-mlx's verify and rollback through dfly-mlx's own loader
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_probe_engine_dfly_mlx_checks_dflash_mlx_verify_and_every_rollback_through_load_runtime(
         dfly_fx: dict, cli_bin: str) -> None:
     """dfly-mlx's ``load_runtime`` bundle: dflash-mlx's ``TargetOps`` verify block and tape-replay rollback at the
@@ -160,6 +161,7 @@ def _assert_bisect_names_each_fault(cli_bin: str, info: dict, engine: str, width
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_bisect_engine_mlx_dspark_names_the_layer_its_gated_delta_rollback_got_wrong(fx: dict, cli_bin: str) -> None:
     """Through ``Target.verify`` (captured on its own model object) and ``Target.rollback`` on qwen3_5: the
     gated-delta re-run over the kept rows (its conv and recurrent state: ``cache state.0/1``) reaches every linear

@@ -107,6 +107,7 @@ def test_mlx_dspark_loads_the_fixture_strictly_and_matches_classic_decode_in_flo
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_a_fault_in_mlx_dspark_verify_is_located_to_its_round_and_row(fx: dict) -> None:
     got = findings("mlx-dspark", fx["dspark-qwen3"], extra={FAULT_VAR: "3"})
     for f in got.values():
@@ -115,6 +116,7 @@ def test_a_fault_in_mlx_dspark_verify_is_located_to_its_round_and_row(fx: dict) 
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_mlx_dspark_emits_one_token_past_max_tokens_from_its_last_round(fx: dict) -> None:
     from tokenizers import Tokenizer
 
@@ -127,12 +129,14 @@ def test_mlx_dspark_emits_one_token_past_max_tokens_from_its_last_round(fx: dict
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_mlx_dspark_on_the_gated_delta_hybrid_matches(fx: dict) -> None:
     got = findings("mlx-dspark", fx["dspark-qwen3_5"])
     assert all(f["verdict"] == "match" for f in got.values()), got
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_bfloat16_dspark_engines_break_a_logprob_tie_the_other_way(fx: dict) -> None:
     for engine in ("mlx-dspark", "dspark-mlx"):
         for f in findings(engine, fx["dspark-qwen3-bf16"]).values():
@@ -143,6 +147,7 @@ def test_bfloat16_dspark_engines_break_a_logprob_tie_the_other_way(fx: dict) -> 
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_dspark_mlx_matches_on_qwen3_fails_on_qwen3_5_and_is_not_engaged_without_accepts(fx: dict) -> None:
     got = findings("dspark-mlx", fx["dspark-qwen3"])
     assert all(f["verdict"] == "match" and f["accepted"] > 0 for f in got.values()), got
@@ -153,6 +158,7 @@ def test_dspark_mlx_matches_on_qwen3_fails_on_qwen3_5_and_is_not_engaged_without
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_dfly_mlx_its_loop_matches_on_qwen3_and_each_error_is_its_own(dfly_fx: dict) -> None:
     got = findings("dfly-mlx", dfly_fx["qwen3"])
     assert got["dfly-stream"]["verdict"] == "match" and got["dfly-stream"]["accepted"] > 0, got["dfly-stream"]
@@ -170,6 +176,7 @@ def test_mtplx_generation_cannot_run_on_linux_with_its_own_cause() -> None:
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_e2e_engine_mlx_dspark_through_the_cli(fx: dict, cli_bin: str) -> None:
     built("mlx-dspark")
     ids = ",".join(map(str, fx["dspark-qwen3-bf16"]["fit_prompts"][0]))
@@ -230,6 +237,7 @@ def test_mlx_dspark_serve_drafts_per_request_and_overruns_max_tokens_by_one(fx: 
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_e2e_engine_dspark_mlx_matches_and_counts_its_accepted_drafts(fx: dict, cli_bin: str) -> None:
     built("dspark-mlx")
     ids = ",".join(map(str, fx["dspark-qwen3"]["fit_prompts"][0]))
@@ -242,6 +250,7 @@ def test_e2e_engine_dspark_mlx_matches_and_counts_its_accepted_drafts(fx: dict, 
 # ------------------------------------------- mlx-dspark's own Target.verify / rollback, in process
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_probe_engine_mlx_dspark_checks_its_verify_and_every_rollback_and_finds_a_kept_row(
         fx: dict, cli_bin: str) -> None:
     """Block vs chain at its widths (cap 2: 3 rows; the whole block: 8) and every rollback to k, through its own
@@ -277,6 +286,7 @@ def test_probe_engine_mlx_dspark_checks_its_verify_and_every_rollback_and_finds_
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_replay_engine_mlx_dspark_places_its_own_loop_round_by_round_and_a_kept_row_to_its_round(
         fx: dict, cli_bin: str) -> None:
     """``speculative_generate`` on a recording proxy of its Target: equal on the float32 fixture with drafts
@@ -301,6 +311,7 @@ def test_replay_engine_mlx_dspark_places_its_own_loop_round_by_round_and_a_kept_
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_probe_and_replay_engine_dspark_mlx_through_its_host_adapter(fx: dict, cli_bin: str) -> None:
     """dspark-mlx's ``MlxLmHostAdapter`` (prefill, verify_forward, kv_rollback) and its ``generate_eager``: silent
     on the float32 fixture; a rollback that keeps one rejected row is found at every k < 7 of its 8-row block
@@ -332,6 +343,7 @@ def test_probe_and_replay_engine_dspark_mlx_through_its_host_adapter(fx: dict, c
 # ------------------------------------------------------------------- an MTP fixture in mtplx's format
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_an_mtp_fixture_loads_through_mtplx_and_its_generation_still_cannot_run(tmp_path, cli_bin: str) -> None:
     """``fixtures make --drafter-format mtp``: a qwen3_5 target whose ``mtp.safetensors`` passes mtplx's own
     strict coverage check and which its ``runtime.load`` attaches and validates; a head missing one tensor

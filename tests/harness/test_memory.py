@@ -51,6 +51,7 @@ def _pairing(summary: dict) -> dict:
 
 @pytest.mark.model
 @pytest.mark.server
+@pytest.mark.slow
 def test_a_served_job_peaks_at_one_server_and_judges_every_request(wide: FixtureInfo, tmp_path: Path,
                                                                    cli_bin: str) -> None:
     report, arms = _served(cli_bin, tmp_path, wide)
@@ -60,7 +61,7 @@ def test_a_served_job_peaks_at_one_server_and_judges_every_request(wide: Fixture
     weights = memory.checkpoint_bytes(wide.target)
     assert weights is not None and largest > weights  # the weights are in the servers' memory
     # one server's copy at a time, plus the harness's own: the reference never sits beside a server
-    assert mem["peak_children_bytes"] <= BOUND * largest, mem
+    assert mem["peak_children_bytes"] <= BOUND * largest, mem.get("at_peak", mem)  # which processes, at the peak
     assert total <= BOUND * largest + mem["harness_peak_rss_bytes"], mem
     assert not mem["reference_beside"]
     # each server's and each reference worker's peak is in the record, the worker's above the weights it holds

@@ -34,6 +34,7 @@ def _arms(report):
     return {a.name: a for a in report.pairings[0].arms}
 
 
+@pytest.mark.slow
 def test_a_fault_every_server_shares_is_found_against_classic_decode(llama_pair: FixtureInfo, tmp_path: Path,
                                                                    cli_bin: str) -> None:
     """seed + repetition_penalty, repeated: mlx-lm's sequential path on a prompt-cache hit. The
