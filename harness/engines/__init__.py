@@ -39,3 +39,30 @@ class EngineEvidence:
     cached_tokens: int | None = None
     error: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def own_loop_replay(engine: str, verify_mode: str, *, model: str, draft: str, body: dict[str, Any],
+                    prompt_ids: list[int] | None) -> dict[str, Any]:
+    """The reproduction of a served request by ``replay --engine ENGINE --verify-mode MODE``: the engine's
+    own loop in process, greedy and without logits processors, on the prompt ids the server decoded;
+    or why none reproduces (no ids, a sampled request, logits processors, a body it cannot read)."""
+    from specparity.errors import UsageError
+    from specparity.mlx_server import RequestParams
+    from specparity.probes.replay.sequence import Reproduction, replay_command
+
+    def why(reason: str) -> dict[str, Any]:
+        return Reproduction(reason=reason).to_dict()
+
+    if prompt_ids is None:
+        return why("no prompt token ids for this request (no classic reference ran)")
+    try:
+        params = RequestParams.from_body(body)
+    except UsageError as err:
+        return why(str(err))
+    if params.temperature != 0:
+        return why(f"sampled at temperature {params.temperature:g}: the replay decodes greedily")
+    if params.repetition_penalty or params.presence_penalty or params.frequency_penalty or params.logit_bias:
+        return why(f"the request's logits processors: {engine}'s loop in process runs without them")
+    return Reproduction(command=replay_command(
+        ("--engine", engine), ("--model", model), ("--draft-model", draft), ("--prompt-ids", prompt_ids),
+        ("--verify-mode", verify_mode), ("--max-tokens", params.max_tokens))).to_dict()

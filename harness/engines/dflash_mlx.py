@@ -342,9 +342,8 @@ def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_
     its width is that block, on a fresh prefix cache, greedy, without logits processors (the
     in-process loop takes none).
     """
-    from specparity.errors import UsageError
-    from specparity.probes.replay.sequence import Reproduction, replay_command
-    from specparity.mlx_server import RequestParams
+    from specparity.harness.engines import own_loop_replay
+    from specparity.probes.replay.sequence import Reproduction
 
     def why(reason: str) -> dict[str, Any]:
         return Reproduction(reason=reason).to_dict()
@@ -360,16 +359,5 @@ def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_
         return why(f"replay --engine dflash-mlx runs the engine's loop at the drafter's block of {block} rows;"
                    f" this arm capped its blocks at {width} (--verify-len-cap), which the in-process loop"
                    " does not take")
-    if prompt_ids is None:
-        return why("no prompt token ids for this request (no classic reference ran)")
-    try:
-        params = RequestParams.from_body(body)
-    except UsageError as err:
-        return why(str(err))
-    if params.temperature != 0:
-        return why(f"sampled at temperature {params.temperature:g}: the replay decodes greedily")
-    if params.repetition_penalty or params.presence_penalty or params.frequency_penalty or params.logit_bias:
-        return why("the request's logits processors: dflash-mlx's loop in process runs without them")
-    return Reproduction(command=replay_command(
-        ("--engine", "dflash-mlx"), ("--model", model), ("--draft-model", draft), ("--prompt-ids", prompt_ids),
-        ("--verify-mode", "dflash"), ("--max-tokens", params.max_tokens))).to_dict()
+    return own_loop_replay("dflash-mlx", "dflash", model=model, draft=draft, body=body,
+                           prompt_ids=prompt_ids)

@@ -59,9 +59,8 @@ def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_
     places the first differing token, logits row and state to its round.
     """
     from specparity.probes.engines.mlx_dspark import SERVED_MAX_CAP
-    from specparity.errors import UsageError
-    from specparity.probes.replay.sequence import Reproduction, replay_command
-    from specparity.reference import RequestParams
+    from specparity.harness.engines import own_loop_replay
+    from specparity.probes.replay.sequence import Reproduction
 
     def why(reason: str) -> dict[str, Any]:
         return Reproduction(reason=reason).to_dict()
@@ -78,16 +77,5 @@ def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_
     if width - 1 > SERVED_MAX_CAP or (block is not None and width > block):
         return why(f"this arm verified {width} rows (--max-draft {width - 1}): replay --engine mlx-dspark takes"
                    f" --verify-mode max-draft-1..{min(SERVED_MAX_CAP, (block or SERVED_MAX_CAP + 1) - 1)}")
-    if prompt_ids is None:
-        return why("no prompt token ids for this request (no classic reference ran)")
-    try:
-        params = RequestParams.from_body(body)
-    except UsageError as err:
-        return why(str(err))
-    if params.temperature != 0:
-        return why(f"sampled at temperature {params.temperature:g}: the replay decodes greedily")
-    if params.repetition_penalty or params.presence_penalty or params.frequency_penalty or params.logit_bias:
-        return why("the request's logits processors: mlx-dspark's loop in process runs without them")
-    return Reproduction(command=replay_command(
-        ("--engine", "mlx-dspark"), ("--model", model), ("--draft-model", draft), ("--prompt-ids", prompt_ids),
-        ("--verify-mode", f"max-draft-{width - 1}"), ("--max-tokens", params.max_tokens))).to_dict()
+    return own_loop_replay("mlx-dspark", f"max-draft-{width - 1}", model=model, draft=draft, body=body,
+                           prompt_ids=prompt_ids)

@@ -16,42 +16,55 @@ import click
 from specparity.errors import UsageError
 
 
-class EngineChoice(click.Choice):
-    """``--engine``'s choices, read from the registry when used (``$SPECPARITY_ENGINES`` included)."""
+class RegistryChoice(click.Choice):
+    """A choice whose values the engine registry gives when they are used (``$SPECPARITY_ENGINES``
+    included), not when the command is defined: ``values()`` reads them."""
 
-    name = "engine"
-
-    def __init__(self) -> None:
+    def __init__(self, name: str, values: Callable[[], list[str]]) -> None:
         super().__init__([])
+        self.name = name
+        self._values = values
 
     @property  # type: ignore[override]
     def choices(self) -> list[str]:
-        from specparity.engines import names
-
-        return names(in_process=True)
+        return self._values()
 
     @choices.setter
     def choices(self, value: Any) -> None:
         pass
 
 
-class VerifyModeChoice(click.Choice):
+def _engine_names() -> list[str]:
+    from specparity.engines import names
+
+    return names(in_process=True)
+
+
+def _verify_modes() -> list[str]:
+    from specparity.engines import registry
+
+    return sorted({m for s in registry().values() for m in s.verify_modes})
+
+
+def _drafter_formats() -> list[str]:
+    from specparity.engines import drafter_formats
+
+    return list(drafter_formats())
+
+
+def EngineChoice() -> RegistryChoice:  # noqa: N802  (a type for click, as click.Choice)
+    """``--engine``'s choices: the engines with an in-process adapter."""
+    return RegistryChoice("engine", _engine_names)
+
+
+def VerifyModeChoice() -> RegistryChoice:  # noqa: N802
     """Every registered engine's own verify policies."""
+    return RegistryChoice("verify-mode", _verify_modes)
 
-    name = "verify-mode"
 
-    def __init__(self) -> None:
-        super().__init__([])
-
-    @property  # type: ignore[override]
-    def choices(self) -> list[str]:
-        from specparity.engines import registry
-
-        return sorted({m for s in registry().values() for m in s.verify_modes})
-
-    @choices.setter
-    def choices(self, value: Any) -> None:
-        pass
+def DrafterFormatChoice() -> RegistryChoice:  # noqa: N802
+    """``fixtures make --drafter-format``'s choices: every format an engine declares."""
+    return RegistryChoice("drafter-format", _drafter_formats)
 
 
 def environment_option(f: Callable) -> Callable:

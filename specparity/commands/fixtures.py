@@ -6,28 +6,10 @@ import click
 from click.core import ParameterSource
 
 from specparity.commands._common import emit_json, json_option
+from specparity.commands._engine import DrafterFormatChoice
 from specparity.engines import DEFAULT_DRAFTER_FORMAT
 from specparity.errors import EXIT_OK
 from specparity.outputs import force_option
-
-
-class DrafterFormatChoice(click.Choice):
-    """``--drafter-format``'s choices, read from the engine registry when used."""
-
-    name = "drafter-format"
-
-    def __init__(self) -> None:
-        super().__init__([])
-
-    @property  # type: ignore[override]
-    def choices(self) -> list[str]:
-        from specparity.engines import drafter_formats
-
-        return list(drafter_formats())
-
-    @choices.setter
-    def choices(self, value: object) -> None:
-        pass
 
 
 @click.group()
