@@ -207,7 +207,7 @@ class RoundRecorder:
 class CacheListSession(TargetSession):
     """A session whose state is a list of mlx-lm cache objects (``self.cache``) and the position its
     prefill or adopted cache reached (``self.start``): state, adopt, position and fork for every adapter
-    whose engine keeps mlx-lm's own caches (mlx-dspark, dspark-mlx)."""
+    whose engine keeps mlx-lm's own caches (mlx-dspark, dspark-mlx, dflash-mlx and dfly-mlx)."""
 
     cache: list[Any]
     start: int

@@ -29,7 +29,6 @@ decode, so nothing the engine does to its model object reaches the reference.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import time
 from collections.abc import Iterator
@@ -46,7 +45,7 @@ from specparity.probes.engines.base import (
     EngineRound,
     EngineRun,
     EngineUnavailable,
-    TargetSession,
+    CacheListSession,
 )
 
 log = logging.getLogger(__name__)
@@ -85,8 +84,9 @@ def _patched_classes(classes: list[type]) -> list[type]:
     return [cls for cls in classes if any(cls.__dict__.get(f) for f in _HOOK_FLAGS)]
 
 
-class DflashSession(TargetSession):
-    """The engine's target state for one request, driven through its ``TargetOps``."""
+class DflashSession(CacheListSession):
+    """The engine's target state for one request, driven through its ``TargetOps`` (its caches are
+    mlx-lm's own, its recurrent ones the engine's rollback caches: adopt maps one onto the other)."""
 
     def __init__(self, engine: DflashEngine):
         self.engine = engine
@@ -147,9 +147,6 @@ class DflashSession(TargetSession):
         except Exception as err:  # noqa: BLE001
             raise EngineCannotRun(f"a rollback to {accepted} of {drafted} proposals", err) from err
 
-    def state(self) -> list[LayerState]:
-        return snapshot(self.cache)
-
     def adopt(self, cache: list[Any]) -> None:
         from specparity.decode import cache_offset, copy_cache
 
@@ -163,16 +160,6 @@ class DflashSession(TargetSession):
                 out.append(theirs)
         self.cache = out
         self.start = max([o for o in (cache_offset(c) for c in classic) if o is not None], default=0)
-
-    def position(self) -> int:
-        return self.start
-
-    def fork(self) -> DflashSession:
-        other = copy.copy(self)
-        from specparity.decode import copy_cache
-
-        other.cache = copy_cache(self.cache)
-        return other
 
 
 class _FaultyOps:
