@@ -22,7 +22,7 @@
     reference_worker.py  the reference's worker process (specparity.reference, the classic decode every
                     served request is judged by, + the replay's serving loop for cold answers)
     oracle.py       the reference's worker process, in the pairing's environment, reached by the runner
-                    (resident only while no server is, unless the job opts in)
+                    (loaded only while no server is, unless the job opts in)
     memory.py       what the job's processes hold (peak RSS, the sampled sum) and the budget it states
                     before it starts
     judge.py        request, arm and pairing verdicts (public: merge judges with it too)

@@ -1,9 +1,10 @@
 """Memory: what a job's processes hold, their peaks, and the budget a job states before it starts.
 
 A served job holds one copy of the target at a time: its servers run one after
-another, and the classic reference's worker (harness.oracle) is resident only
-while no server is (harness.run), unless the job asks for the reference beside
-the servers (``reference_beside``), whose cost is a second copy of the target.
+another, and the classic reference's worker (harness.oracle) holds the target
+only while no server is (harness.run): beside the first server it only imports
+mlx-lm (``IMPORTING_BYTES``, no weights), unless the job asks for the reference
+beside the servers (``reference_beside``), whose cost is a second copy of the target.
 
 Measured (Linux: ``/proc``; macOS: ``ps``), never estimated:
 
@@ -42,6 +43,9 @@ LIMIT_FLAG = "--memory-limit"
 RUNTIME_BYTES = 250 * 2**20
 # the harness's own process (httpx, click, the record): it never imports mlx
 HARNESS_BYTES = 80 * 2**20
+# the classic reference's worker beside the first server while it only imports mlx-lm, no weights
+# (harness.oracle's ``spawn(load=False)``; measured on Linux, mlx 0.32 and mlx-lm 0.31/0.32: 75-90 MB)
+IMPORTING_BYTES = 100 * 2**20
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".npz")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30,
           "t": 2**40, "tb": 2**40, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -410,7 +414,8 @@ def _process(name: str, checkpoints: list[str | None], tokens: int, sequences: i
 def served_budget(job: Any, flag: str | None = None) -> Budget:
     """A served job's expected memory: per pairing its largest server (target, drafter, KV at the job's
     lengths and concurrency) and its classic reference (target, drafter for cold answers, KV), one at a
-    time unless ``job.reference_beside``; the harness's own on top."""
+    time unless ``job.reference_beside`` (one at a time: the reference's worker, importing mlx-lm with
+    no weights, beside the first server); the harness's own on top."""
     b = Budget("this served job")
     beside = bool(getattr(job, "reference_beside", False))
     b.side_by_side = beside and bool(job.reference)
@@ -419,11 +424,18 @@ def served_budget(job: Any, flag: str | None = None) -> Budget:
     peak = 0
     for p in job.pairings:
         seqs = max(1, int(job.concurrency or 1))
-        parts = dict([_process(f"{p.name} server", [p.target, p.draft], tokens, seqs, b.unknown)])
+        server = _process(f"{p.name} server", [p.target, p.draft], tokens, seqs, b.unknown)
+        parts = dict([server])
         if job.reference:
             parts.update([_process(f"{p.name} classic reference", [p.target, p.draft], tokens, 1, b.unknown)])
         b.parts.update(parts)
-        peak = max(peak, sum(parts.values()) if b.side_by_side else max(parts.values()))
+        if b.side_by_side:
+            peak = max(peak, sum(parts.values()))
+        else:  # one copy at a time; the reference's worker imports (no weights) beside the first server
+            importing = IMPORTING_BYTES if job.reference else 0
+            if importing:
+                b.parts[f"{p.name} classic reference importing beside the first server"] = importing
+            peak = max(peak, server[1] + importing, *parts.values())
     b.expected = peak + HARNESS_BYTES
     b.limit, b.limit_source = limit(flag)
     return b

@@ -17,9 +17,10 @@ large model's answer can take minutes before it reads its input again).
     answer.completion   # a ReferenceCompletion, or None with answer.error
     oracle.cost(); oracle.close()
 
-The worker holds a copy of the target, so by default the runner keeps it resident only while
-no server is (harness.run): :meth:`Oracle.release` ends the worker before a server starts, and
-the next question starts a new one. The oracle keeps every answer it was given (the same
+The worker holds a copy of the target, so by default the runner keeps it loaded only while
+no server is (harness.run): the first worker starts beside the first server only importing mlx-lm
+(``spawn(load=False)``: no weights; it loads at its first question, that server gone), and
+:meth:`Oracle.release` ends a loaded worker before a server starts; the next question starts a new one. The oracle keeps every answer it was given (the same
 request under the same settings is decoded once per job, whichever worker decoded it), what
 each worker cost, and each worker's peak resident memory (``ReferenceStats`` plus ``workers``,
 ``peak_rss_bytes`` and ``worker_peaks`` in :meth:`Oracle.cost_dict`).
@@ -101,17 +102,22 @@ class Oracle:
         self._hits = 0
         self.worker_peaks: list[int | None] = []  # each ended worker's peak resident bytes
         self.workers = 0  # workers started
+        self.waiting = False  # the live worker was started with --wait-load and has not been told to load
 
     @property
     def name(self) -> str:
         return f"classic reference of {self.checkpoint}"
 
-    def spawn(self) -> None:
-        """Start the worker now, without waiting for it to load (it loads while servers start)."""
+    def spawn(self, load: bool = True) -> None:
+        """Start the worker now, without waiting for it (``load``: it loads while servers start, a second
+        copy of the target beside them; otherwise it only imports mlx-lm, holding no weights, and loads
+        at the first question: its start-up overlaps a server's, one copy of the target kept)."""
         if self.proc is not None or self.failed is not None:
             return
         argv = [self.python, "-P", "-m", "specparity.harness.reference_worker", self.checkpoint,
                 "--settings", json.dumps(self.settings.to_dict())]
+        if not load:
+            argv.append("--wait-load")
         if self.trust_remote_code:
             argv.append("--trust-remote-code")
         if not self.batches:
@@ -131,6 +137,7 @@ class Oracle:
             return
         register(self)
         self.workers += 1
+        self.waiting = not load
         self._sel = selectors.DefaultSelector()
         assert self.proc.stdout is not None
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -141,6 +148,14 @@ class Oracle:
         self.spawn()
         if self.proc is None or self.load_seconds is not None:
             return
+        if self.waiting:  # started beside a server, imports done or under way: now no server holds the target
+            self.waiting = False
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("{\"load\": true}\n")
+                self.proc.stdin.flush()
+            except OSError:
+                pass  # it exited: the read below says so
         hello = self._read(LOAD_TIMEOUT)
         if hello is None or not hello.get("ready"):
             why = (hello or {}).get("message") or "it exited or did not answer while loading"
@@ -246,7 +261,7 @@ class Oracle:
 
     def _worker_cost(self) -> tuple[ReferenceStats, int | None] | None:
         """The live worker's cost and peak resident bytes (None: no live, loaded worker)."""
-        if self.proc is None or self.failed is not None:
+        if self.proc is None or self.failed is not None or self.waiting:
             return None
         reply = self._ask({"cost": True})
         if reply is None or not reply.get("ok"):
@@ -281,7 +296,10 @@ class Oracle:
 
     def release(self) -> None:
         """End the worker now, keeping its answers, its cost and its peak memory (a server is about to
-        start: the two would hold two copies of the target); the next question starts a new worker."""
+        start: the two would hold two copies of the target); the next question starts a new worker.
+        A worker still waiting to load holds no weights: it stays."""
+        if self.waiting and self.proc is not None and self.proc.poll() is None:
+            return
         live = self._worker_cost()
         if live is not None:
             for f in fields(ReferenceStats):

@@ -21,8 +21,10 @@ from specparity.reference import ClassicReference
 
 def worker(argv: list[str] | None = None) -> int:
     """``python -m specparity.harness.reference_worker CHECKPOINT [--trust-remote-code] [--settings JSON]
-    [--sequential]``.
+    [--sequential] [--wait-load]``.
 
+    ``--wait-load``: import mlx-lm and wait, holding no weights, for one line (any) on stdin before
+    loading (the harness starts it beside a server, so its imports overlap the server's start-up).
     Loads the checkpoint once, prints ``{"ready": true, "load_seconds": s}``, then answers
     one JSON line per request line on stdin: ``{"endpoint", "body", "settings"?,
     "server_prompt_tokens"?, "server_prompt_ids"?, "prompt_ids"?}`` -> ``{"ok": true,
@@ -39,6 +41,7 @@ def worker(argv: list[str] | None = None) -> int:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--settings", default="{}")
     p.add_argument("--sequential", action="store_true")
+    p.add_argument("--wait-load", action="store_true")
     args = p.parse_args(argv)
     out = sys.stdout
 
@@ -46,6 +49,14 @@ def worker(argv: list[str] | None = None) -> int:
         out.write(json.dumps(obj) + "\n")
         out.flush()
 
+    if args.wait_load:
+        # started beside a server: import what a load needs (most of a worker's start-up), hold no weights,
+        # and load only when told (the server is gone by then); end of input before that: exit
+        import mlx_lm.utils  # noqa: F401
+
+        line = sys.stdin.readline()
+        if not line:
+            return 0
     try:
         ref = ClassicReference(args.checkpoint, trust_remote_code=args.trust_remote_code,
                                settings=ServerSettings.from_dict(json.loads(args.settings)),

@@ -302,8 +302,9 @@ class PairingRun:
         baseline: dict[str, Completion] = {}
         pending: list[Served] = []
         try:
-            if arms and self.beside:  # opted in: the worker loads while the first server starts, and stays
-                self.oracle([str(a) for a in self.server_argv(arms[0])])
+            if arms:  # the worker starts with the first server: loading beside it where opted in (and stays),
+                # else only importing mlx-lm, holding no weights, until the first question (that server gone)
+                self.oracle([str(a) for a in self.server_argv(arms[0])], load=self.beside)
             for i, plan in enumerate(arms):
                 self.run_.arm_started(p.name, plan.name)
                 keep = any(a.server_key == plan.server_key for a in arms[i + 1:])
@@ -446,9 +447,10 @@ class PairingRun:
         return out
 
     # -- judging against classic decode -----------------------------------------------------------
-    def oracle(self, argv: list[str]) -> Oracle | None:
+    def oracle(self, argv: list[str], load: bool = True) -> Oracle | None:
         """The classic reference for this pairing (None when the job asks for none), its worker started
-        with the tokenizer settings of a server's ``argv`` (the chat template) the first time."""
+        with the tokenizer settings of a server's ``argv`` (the chat template) the first time (``load``
+        False: it imports beside a server and loads at its first question, :meth:`Oracle.spawn`)."""
         if not self.job.reference:
             return None
         if self._oracle is None:
@@ -465,7 +467,7 @@ class PairingRun:
                                   ServerSettings.from_argv([str(a) for a in argv]),
                                   timeout=max(self.run_.request_timeout, 60.0),
                                   batches=self.profile.loop in (LOOP, SPECPARITY_SERVE_LOOP))
-            self._oracle.spawn()
+            self._oracle.spawn(load=load)
         return self._oracle
 
     def classic(self, session: Session, ex: Exchange, fields: dict[str, Any]) -> Classic | None:

@@ -122,7 +122,12 @@ def test_the_budget_counts_weights_kv_and_the_reference_side_by_side_only_when_a
     job.reference_beside = True
     both = memory.served_budget(job, "off")
     assert one.limit is None and one.fits and not one.side_by_side and both.side_by_side
-    assert both.expected - one.expected == min(one.parts.values())  # the reference's process on top
+    server, reference = one.parts["p server"], one.parts["p classic reference"]
+    importing = one.parts["p classic reference importing beside the first server"]
+    assert importing == memory.IMPORTING_BYTES < reference <= server
+    # one at a time: the largest server with the reference's worker importing beside it (no weights)
+    assert one.expected == server + importing + memory.HARNESS_BYTES
+    assert both.expected == server + reference + memory.HARNESS_BYTES  # the reference's process on top
     assert memory.parse_size("1.5GB") == int(1.5 * 2**30) and memory.parse_size("2000") == 2000
     with pytest.raises(Exception, match="--memory-limit"):
         memory.parse_size("lots")
