@@ -69,9 +69,26 @@ def make_cache(model: Any, opts: CacheOptions) -> list[Any]:
 
 
 def quantize_if_due(cache: list[Any], opts: CacheOptions) -> None:
+    """mlx-lm's ``maybe_quantize_kv_cache``; a group size the model's head size does not divide is the
+    user's ``--kv-group-size`` (UsageError naming it), not an internal error."""
     from mlx_lm.generate import maybe_quantize_kv_cache
 
-    maybe_quantize_kv_cache(cache, opts.quantized_kv_start, opts.kv_group_size, opts.kv_bits)
+    try:
+        maybe_quantize_kv_cache(cache, opts.quantized_kv_start, opts.kv_group_size, opts.kv_bits)
+    except ValueError as err:
+        if "[quantize]" not in str(err) or "group size" not in str(err):
+            raise
+        from specparity.errors import Name, UsageError
+
+        import re
+
+        dims = re.findall(r"\d+", str(err).rsplit("shape", 1)[-1]) if "shape" in str(err) else []
+        head = int(dims[-1]) if dims else None
+        fits = [g for g in (128, 64, 32) if head is not None and head % g == 0]
+        raise UsageError(Name("kv-group-size"), f" {opts.kv_group_size}: does not divide the KV cache's head size"
+                         + (f" {head}" if head is not None else "")
+                         + " (mlx quantizes the KV cache in groups along the head)"
+                         + (f": pass --kv-group-size {fits[0]}" if fits else "")) from err
 
 
 def tree_items(tree: Any) -> list[tuple[str, Any]]:

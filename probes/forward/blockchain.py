@@ -44,6 +44,7 @@ from typing import Any
 
 from specparity.compare import Diff, StateDiff, compare_arrays, first_state_difference
 from specparity.decode import CacheOptions, Decoder, LayerState, snapshot
+from specparity.errors import UsageError
 from specparity.probes.engines.base import Engine, EngineCannotRun
 from specparity.progress import NULL, Observer
 from specparity.probes.forward.render import cell_line, walk_line
@@ -453,6 +454,8 @@ def probe_block_vs_chain(
         try:
             with engine.classic():
                 chain = _Chain(cmodel, prompt, need, keep, opts, snap)
+        except UsageError:  # the user's options (a KV group size the head does not take): one line, exit 2
+            raise
         except Exception as err:  # unsupported cache or model: not run, with the reason
             reason = f"chain failed: {type(err).__name__}: {err}"
             log.warning("%s", reason)
@@ -642,6 +645,8 @@ def probe_boundaries(model: Any, widths: list[int], walk_widths: list[int], prom
             try:
                 with engine.classic():
                     chain = _Chain(engine.classic_model(), p, need, keep, opts)
+            except UsageError:
+                raise
             except Exception as err:
                 reason = f"chain failed: {type(err).__name__}: {err}"
                 for a in group:

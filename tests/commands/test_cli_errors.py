@@ -83,6 +83,22 @@ def test_loader_failures_are_one_line(cli_bin, llama_pair, tmp_path):
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("command", [("probe", *FAST), ("bisect", "--width", "3"), ("replay", "--accepts", "1,2",
+                                                                                       "--width", "3")])
+def test_a_kv_group_size_the_head_does_not_take_is_named_with_one_that_fits(cli_bin, llama_pair, command):
+    # the fixture's heads are 32 wide; mlx quantizes the KV cache in groups of 64 by default (it was exit 70)
+    r = run_cli(cli_bin, *command, "--model", llama_pair.target, "--kv-bits", "8", "--quantized-kv-start", "0")
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if "Error" in line or "Traceback" in line]
+    assert len(errors) == 1 and errors[0].startswith("Error: --kv-group-size 64: does not divide the KV cache's"
+                                                     " head size 32"), r.stderr
+    assert errors[0].endswith("pass --kv-group-size 32") and r.stderr.rstrip().endswith(errors[0]), r.stderr
+    ok = run_cli(cli_bin, *command, "--model", llama_pair.target, "--kv-bits", "8", "--quantized-kv-start", "0",
+                 "--kv-group-size", "32")
+    assert ok.returncode in (0, 1), ok.stderr  # a verdict, either way
+
+
+@pytest.mark.model
 @pytest.mark.slow
 def test_a_bad_draft_model_is_named_draft_model(cli_bin, llama_pair, tmp_path):
     r = run_cli(cli_bin, "replay", "--model", llama_pair.target, "--draft-model",
