@@ -57,7 +57,7 @@ def serve(gate: str, env_prefixes: tuple[str, ...], allow_request_models: bool,
     Example:
         specparity serve --model ./target --draft-model ./draft --num-draft-tokens 3 --port 8080
     """
-    from specparity.harness.gated.server import ServeConfig
+    from specparity.harness.gated.gate import ServeConfig
     from specparity.harness.gated.server import serve as run_server
 
     run_server(list(server_args), ServeConfig(

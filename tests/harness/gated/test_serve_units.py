@@ -164,7 +164,7 @@ def test_split_cache_keeps_quantized_layers_that_mlx_lm_assigns_into_a_slice(fix
 def test_a_gate_that_cannot_run_declines_with_its_reason(tmp_path, caplog):
     import argparse
 
-    from specparity.harness.gated.server import GateMemo, ServeConfig
+    from specparity.harness.gated.gate import GateMemo, ServeConfig
 
     cli = argparse.Namespace(trust_remote_code=False, kv_bits=None, kv_group_size=64,
                              quantized_kv_start=5000, prefill_step_size=2048)
@@ -373,9 +373,10 @@ def test_a_gate_miss_in_the_server_probes_the_model_it_loaded(llama_pair, monkey
     import mlx_lm.server
     import mlx_lm.utils
     import specparity.checkpoint
-    from specparity.harness.gated.server import GateMemo, ServeConfig, _classes, loaded_model
+    from specparity.harness.gated.gate import GateMemo, ServeConfig, loaded_model
+    from specparity.harness.gated.server import _classes
 
-    provider_cls, _, _ = _classes(ServeConfig())
+    provider_cls, _, _ = _classes()
     cli = _cli(llama_pair.target)
     provider = provider_cls(cli)
     provider.load_default()
@@ -409,14 +410,15 @@ def test_a_fed_prompt_that_is_not_the_prompts_end_runs_classic_on_a_fresh_cache(
     from mlx_lm.generate import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_logits_processors
-    from specparity.harness.gated.server import ServeConfig, _classes
+    from specparity.harness.gated.gate import ServeConfig
+    from specparity.harness.gated.server import _classes
 
     model, _, tok = _pair(fixture_root)
     prompt = tok.encode("def add(a, b):")
     want = [r.token for r in stream_generate(model, tok, mx.array(prompt), 12,
                                              logits_processors=make_logits_processors(
                                                  repetition_penalty=1.5))]
-    _, generator_cls, _ = _classes(ServeConfig())
+    _, generator_cls, _ = _classes()
     gen = object.__new__(generator_cls)  # its serving state only: no generation thread
     gen.config = ServeConfig()
     gen.metrics = ServeMetrics()
