@@ -287,7 +287,7 @@ def replay_accepts(engine: Engine, prompt: list[int], accepts: list[int], widths
             if options.fill == POLICY_CORRECT:
                 block.append(right)
             else:
-                block.append(wrong_id if wrong_id != right else (wrong_id + 1) % vocab)
+                block.append(wrong_token(right, wrong_id, vocab))
         if trace is not None:
             if res.mode == MODE_SNAPSHOT and rejected:
                 trace.append(("fork",))
@@ -342,6 +342,11 @@ def replay_accepts(engine: Engine, prompt: list[int], accepts: list[int], widths
                 log.info("%s", res.rewind_finding.describe())
                 break
     return _finish(res, chain, t0, served_tokens, accepts)
+
+
+def wrong_token(right: int, wrong_id: int, vocab: int) -> int:
+    """A rejected proposal's id: ``wrong_id``, or the next id where that is the right token."""
+    return wrong_id if wrong_id != right else (wrong_id + 1) % vocab
 
 
 def _finish(res: RoundsResult, chain: ClassicChain, t0: float, served_tokens: list[int] | None,

@@ -41,7 +41,7 @@ from specparity.progress import NULL, Observer
 from specparity.verdicts import ReportMixin, Verdict, combine
 
 __all__ = ["EngineReplayReport", "EngineReplayRun", "RowFinding", "StateFinding", "TokenFinding",
-           "check_engine_run", "replay_engine", "walk_wrong"]
+           "check_engine_run", "replay_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +163,6 @@ def replay_engine(engine: Engine, prompt: list[int], accepts: list[int], widths:
     res = replay_accepts(engine, prompt, accepts, widths, RoundOptions.whole_state(), wrong_id=wrong_id,
                          observer=observer)
     return EngineReplayReport.of(res, engine.info.to_dict(), accepts)
-
-
-def walk_wrong(right: int, wrong_id: int, vocab: int) -> int:
-    """A rejected proposal's id: ``wrong_id``, or the next id where that is the right token."""
-    return wrong_id if wrong_id != right else (wrong_id + 1) % vocab
 
 
 def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_id: int = 0,
