@@ -39,6 +39,7 @@ def test_both_checks_on_a_clean_path_are_silent_and_add_no_forward(fixture_root:
     eng = MlxLmEngine(load_checkpoint(build(fixture_root, "llama-float32", arch="llama").target))
     accepts, widths = [3, 0, 2, 1, 3, 0], [4] * 6
     served = RoundOptions.served()
+    assert RoundOptions.for_adapter(eng) == served  # mlx-lm's adapter has anchor-prefill, layer-offsets, rewind-modes
     both = RoundOptions(served.start, served.fill, (CHECK_OFFSETS, CHECK_STATE), served.bracket)
     runs: dict[str, Any] = {}
     for name, opts in (("offsets", served), ("both", both)):
