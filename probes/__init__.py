@@ -14,7 +14,11 @@ replay/     a served run's rounds rebuilt in process (specparity.probes.replay)
     logs.py        accept vectors from every log format; the specparity JSONL read and written
     algebra.py     round algebra without a model: emitted counts, locate, transcript checks
     recorder.py    record an accept vector by running mlx-lm's speculative decoding
-    core.py        the replay: verify blocks and rewinds against the classic chain
+    core.py        the replay: one loop of verify blocks and rollbacks through any engine's session,
+                   its differences per engine declared (RoundOptions), one result, two reports
+    classic.py     the classic chain every replay compares with (its own picks, or tokens fed)
+    findings.py    what a replay finds: disagreements, rewinds, the first token, row and state
+    engine.py      an engine's accept vector replayed, and its own run walked, round by round
     run.py         every request of a log replayed, as one report
 sampling/   exactness at temperature > 0 (specparity.probes.sampling)
     rules.py       acceptance rules: lossless references, known-wrong controls, user rules,

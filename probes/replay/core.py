@@ -1,36 +1,56 @@
-"""Rollback replay: a served run's verify rounds, rebuilt in process, against classic decode.
+"""The replay core: one loop that replays an accept vector through any engine adapter, against classic decode.
 
-Given a prompt and a per-round accept vector, the replay prefills as classic
-decode does (:meth:`Decoder.prefill`) and, for each round with accept ``a`` and
-width ``W``, runs one target forward over the verify block::
+Given a prompt and a per-round accept vector, :func:`replay_accepts` starts the
+engine's session (:meth:`Engine.session`) and, for each round with accept ``a``
+and width ``W``, runs one target forward over the verify block::
 
     [last emitted token, a accepted proposals, W - 1 - a rejected rows]
 
-takes classic decode's greedy token of every row (mlx-lm's sampler over logprobs
-in the model's dtype, :func:`specparity.decode.greedy_token`), and rewinds the cache by the ``W - 1 - a``
-rejected rows with mlx-lm's ``trim_prompt_cache``. After every round each
-layer's cache offset must equal the expected length (prompt - 1 + tokens
-emitted so far): a rewind that silently did nothing, or left a stale row, is a
-finding reported with its round, and the replay stops there.
+then rolls it back to ``a`` accepted the engine's own way. Classic decode is one
+greedy chain (:class:`specparity.probes.replay.classic.ClassicChain`: mlx-lm's
+sampler over logprobs in the model's dtype, logits processors as
+``generate_step`` applies them). Inputs are the chain's own tokens (a full
+accept of ``a`` means the drafter proposed the target's tokens), so every
+position is compared on the history classic decode had and a flip does not
+cascade. Each kept row's logits (rows ``0..a``) are compared as bytes with the
+chain's row for the same position (:func:`specparity.compare.compare_arrays`),
+and each emitted token with the chain's token.
 
-Inputs are the classic greedy chain's own tokens (a full accept of ``a`` means
-the drafter proposed the target's tokens), so every position is compared on
-the history classic decode had and a flip does not cascade. Rejected rows
-carry a fixed wrong id (the next id where it equals the right token, so the
-first rejected proposal really is wrong) or the right token, per ``policy``.
-Each kept row's logits (rows ``0..a``) are compared as bytes with the chain's
-row for the same position (:func:`specparity.compare.compare_arrays`), and
-each emitted token with the chain's token.
+What differs between engines is declared in :class:`RoundOptions`, chosen from
+the adapter's features (:meth:`RoundOptions.for_adapter`):
+
+- how round 0 starts (``start``): ``anchor`` (the session prefills all but the
+  last prompt token, ``anchor-prefill``, and round 0's block starts with it, as
+  mlx-lm's server does); ``anchor-then-emit`` (the same, then one single step
+  over the last prompt token emits the first token before round 0, as mlxcel's
+  DFlash does); ``engine-prefill`` (the engine's own prefill over the whole
+  prompt, whose last row emits the first token: every other engine);
+- what rejected rows carry (``fill``): ``wrong-id`` (a fixed wrong id per row,
+  the next id where it equals that row's right token, so the chain runs ahead
+  by the rejected rows), ``correct-token`` (each row's right token), or
+  ``one-wrong-id`` (one wrong id for every rejected row, checked against the
+  bonus token only: the chain never runs ahead);
+- which checks run after each rollback (``checks``): ``layer-offsets`` (every
+  layer's cache offset must equal prompt - 1 + tokens emitted; a rewind that
+  silently did nothing, or left a stale row, is a :class:`RewindFinding` named
+  by its round, and the replay stops there), ``state`` (the engine's whole
+  state, :meth:`TargetSession.state`, against classic decode's cache at the same
+  position, :class:`StateFinding`, counted over every round), or both;
+- ``bracket``: the classic chain's first round repeated from the same
+  post-prefill state first (a repeat that differs makes the replay inconclusive).
+
+One :class:`RoundsResult` comes out, from which both reports are made:
+:class:`ReplayReport` (:func:`replay_rounds`, the replay of a served run's vector
+with rewind offsets: mlx-lm and any adapter with ``anchor-prefill``,
+``layer-offsets`` and ``rewind-modes``) and
+:class:`specparity.probes.replay.engine.EngineReplayReport`
+(:func:`specparity.probes.replay.engine.replay_engine`, every adapter, its
+whole state compared).
 
 Caches that cannot be trimmed (linear-attention / SSM ``ArraysCache``) are
-replayed by snapshot-and-recompute: an exact copy of the cache is taken before
-a round with rejected rows, and afterwards restored and fed only the kept rows.
-The report says which rewind it used.
-
-The target side is an engine adapter's session (:func:`replay_rounds`; :func:`replay` takes
-mlx-lm's, :class:`specparity.probes.engines.mlx_lm.MlxLmEngine`, over a bare model): its
-``prefill_anchor``, ``verify`` / ``extend``, ``rollback``, ``rewind`` and ``offsets``
-(adapter features ``anchor-prefill``, ``rewind-modes``, ``layer-offsets``).
+rewound by mlx-lm's adapter by snapshot-and-recompute: an exact copy of the cache
+is taken before a round with rejected rows, and afterwards restored and fed only
+the kept rows. The report says which rewind it used (``rewind-modes``).
 """
 
 from __future__ import annotations
@@ -41,18 +61,23 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specparity.completions import first_index
-from specparity.compare import Diff, compare_arrays, index_ranges
-from specparity.decode import CacheOptions, Decoder, GreedyPick, greedy_chain, greedy_pick, greedy_token
+from specparity.compare import compare_arrays
+from specparity.decode import CacheOptions, GreedyPick
 from specparity.errors import Inconclusive, InputError, Name, UsageError
+from specparity.probes.engines.base import EngineCannotRun
 from specparity.probes.engines.mlx_lm import MODE_SNAPSHOT, MODE_TRIM
 from specparity.probes.replay.algebra import emitted_counts, locate
-from specparity.processors import process_row
+from specparity.probes.replay.classic import ClassicChain
+from specparity.probes.replay.findings import Disagreement, Findings, RewindFinding
 from specparity.progress import NULL, Observer
-from specparity.reproducibility import Bracket, repeat_chain
+from specparity.reproducibility import Bracket
 from specparity.verdicts import ReportMixin, Verdict
 
 if TYPE_CHECKING:
     from specparity.probes.engines.base import Engine
+
+__all__ = ["Disagreement", "RewindFinding", "MODE_SNAPSHOT", "MODE_TRIM", "RoundOptions", "RoundsResult",
+           "ReplayReport", "replay_accepts", "replay_rounds", "replay", "round_widths"]
 
 log = logging.getLogger(__name__)
 
@@ -61,71 +86,289 @@ POLICIES = (POLICY_WRONG, POLICY_CORRECT)
 # what an adapter's session must do for an accept vector replayed with rewind offsets (base.FEATURES)
 REPLAY_FEATURES = ("anchor-prefill", "layer-offsets", "rewind-modes")
 
+START_ANCHOR, START_ANCHOR_EMIT, START_PREFILL = "anchor", "anchor-then-emit", "engine-prefill"
+FILL_ONE = "one-wrong-id"  # the other two fills are the policies
+CHECK_OFFSETS, CHECK_STATE = "layer-offsets", "state"
 
-@dataclass
-class Disagreement:
-    """The first position where the target's verify row left the classic chain.
 
-    round / row: the verify round (0-based) and the row inside its block; round -1
-      is the prefill's single step (when the server emits its first token there).
-    emitted_index: index of the token that row emits, over the whole output.
-    position: the absolute cache position of the row that emitted it
-      (prompt length - 1 + emitted_index, as the block-vs-chain probe counts).
-    token_classic / token_target: the chain's token and the verify row's greedy token.
-    diff: the row's logits, chain vs verify (bytes, max abs diff, ulp, margins).
-    pick: classic's greedy choice at that row (top-2 logprob margin: a flip at a
-      near tie reads differently from a flip at a confident token).
+@dataclass(frozen=True)
+class RoundOptions:
+    """How :func:`replay_accepts` replays: the differences between engines, declared (module docstring).
+
+    start: ``anchor`` | ``anchor-then-emit`` | ``engine-prefill``. fill: ``wrong-id`` |
+    ``correct-token`` | ``one-wrong-id``. checks: after each rollback, ``layer-offsets`` and/or
+    ``state``. bracket: repeat the classic chain's first round before the replay.
     """
 
-    round: int
-    row: int
-    emitted_index: int
-    position: int
-    token_classic: int
-    token_target: int
-    diff: Diff
-    pick: GreedyPick | None = None
+    start: str = START_PREFILL
+    fill: str = FILL_ONE
+    checks: tuple[str, ...] = (CHECK_STATE,)
+    bracket: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["diff"] = self.diff.to_dict()
-        d["pick"] = self.pick.to_dict() if self.pick else None
-        return d
+    @property
+    def lead(self) -> int:
+        """Tokens emitted before round 0 (the first token, from the prefill's step)."""
+        return 0 if self.start == START_ANCHOR else 1
+
+    def features(self) -> list[str]:
+        """The adapter features these options need (:data:`specparity.probes.engines.base.FEATURES`)."""
+        need = []
+        if self.start in (START_ANCHOR, START_ANCHOR_EMIT):
+            need.append("anchor-prefill")
+        if CHECK_OFFSETS in self.checks:
+            need += ["layer-offsets", "rewind-modes"]
+        return need
+
+    @classmethod
+    def served(cls, prefill_emits: bool = False, policy: str = POLICY_WRONG) -> RoundOptions:
+        """A served run's vector with rewind offsets (:func:`replay_rounds`): anchor start (then the first
+        token from the prefill's step when the server emits it there), rejected rows per ``policy``, each
+        layer's offset checked, the chain bracketed."""
+        return cls(START_ANCHOR_EMIT if prefill_emits else START_ANCHOR, policy, (CHECK_OFFSETS,), True)
+
+    @classmethod
+    def whole_state(cls) -> RoundOptions:
+        """An engine's rounds with its whole state compared (:func:`replay_engine`): the engine's own
+        prefill, one wrong id, the state after every rollback."""
+        return cls(START_PREFILL, FILL_ONE, (CHECK_STATE,), False)
+
+    @classmethod
+    def for_adapter(cls, engine: Engine, prefill_emits: bool = False, policy: str = POLICY_WRONG) -> RoundOptions:
+        """:meth:`served` where the adapter has :data:`REPLAY_FEATURES`, else :meth:`whole_state`."""
+        if all(engine.supports(f) for f in REPLAY_FEATURES):
+            return cls.served(prefill_emits, policy)
+        return cls.whole_state()
 
 
 @dataclass
-class RewindFinding:
-    """A rewind that did not take effect.
+class RoundsResult:
+    """What :func:`replay_accepts` found; :meth:`ReplayReport.of` and ``EngineReplayReport.of`` present it.
 
-    round: the round whose rewind failed. rows: rejected rows it had to drop.
-    trimmed: what ``trim_prompt_cache`` reported it dropped.
-    expected_offset: the length every layer should hold after it.
-    offsets: each layer's offset after it (None: a layer without one).
-    layers: the layers whose offset is wrong.
+    options: how it ran. rounds: rounds replayed (of rounds_total; fewer when a rewind finding or
+    the engine's error stopped it). widths / prompt_len / wrong_id / opts: its inputs.
+    positions: emitted tokens compared. forwards: verify forwards (the prefill's emitting step
+    included). rewinds: rounds that rolled rejected rows back. disagreements / first: kept rows
+    whose logits or token differ, and the first. findings: the first token, row and state findings.
+    rewind_finding: a wrong layer offset (stops the replay). mode / mode_reason: how the session
+    rewinds (``rewind-modes``; empty otherwise). dtype: of the verify logits. target_tokens /
+    classic_tokens: the verify rows' picks and the chain's. served_*: the served tokens against the
+    chain (:class:`ReplayReport`). tie_breaks / tie_breaks_total / tie_indices: the chain's exact
+    logprob ties (every row it computed). bracket: the chain's repeat (None: not asked; when not
+    reproducible the replay did not run). error: the engine could not run a call (the loop stopped
+    there). seconds: wall time.
     """
 
-    round: int
-    rows: int
-    trimmed: int
-    expected_offset: int
-    offsets: list[int | None]
-    layers: list[int]
+    options: RoundOptions
+    rounds_total: int
+    widths: list[int]
+    prompt_len: int
+    wrong_id: int
+    opts: dict[str, Any]
+    rounds: int = 0
+    positions: int = 0
+    forwards: int = 0
+    rewinds: int = 0
+    disagreements: int = 0
+    first: Disagreement | None = None
+    findings: Findings = field(default_factory=Findings)
+    rewind_finding: RewindFinding | None = None
+    mode: str = ""
+    mode_reason: str = ""
+    dtype: str = ""
+    target_tokens: list[int] = field(default_factory=list)
+    classic_tokens: list[int] = field(default_factory=list)
+    served_checked: int | None = None
+    served_first_mismatch: int | None = None
+    served_mismatch_at: tuple[int, int] | None = None
+    served_token: int | None = None
+    served_pick: GreedyPick | None = None
+    tie_breaks: list[dict[str, Any]] = field(default_factory=list)
+    tie_breaks_total: int = 0
+    tie_indices: list[int] = field(default_factory=list)
+    bracket: Bracket | None = None
+    error: EngineCannotRun | None = None
+    seconds: float = 0.0
 
-    def describe(self) -> str:
-        wrong = sorted({self.offsets[i] for i in self.layers}, key=lambda o: o or 0)
-        stale = ", ".join(
-            f"{o} ({'+' if (o or 0) > self.expected_offset else ''}"
-            f"{(o or 0) - self.expected_offset} rows)" for o in wrong
-        )
-        return (
-            f"rewind failed at round {self.round}: trimming {self.rows} rejected rows"
-            f" (trim reported {self.trimmed}) left {len(self.layers)} of {len(self.offsets)}"
-            f" layers at offset {stale} where {self.expected_offset} was expected"
-            f" (layers {index_ranges(self.layers)}); replay stopped"
-        )
+    @property
+    def reproducible(self) -> bool:
+        return self.bracket is None or self.bracket.reproducible
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+
+def replay_accepts(engine: Engine, prompt: list[int], accepts: list[int], widths: list[int],
+                   options: RoundOptions, wrong_id: int = 0, served_tokens: list[int] | None = None,
+                   trace: list | None = None, observer: Observer = NULL,
+                   processors: list[Any] | None = None) -> RoundsResult:
+    """Replay ``accepts`` (``widths`` rows per round) through ``engine``'s session as ``options`` say;
+    compare every kept row, emitted token and (per ``options.checks``) the state after each rollback with
+    one classic chain. Inputs are checked by the callers (:func:`replay_rounds`, :func:`replay_engine`).
+
+    ``served_tokens``: the server's logged tokens, compared with the chain over their whole length (even
+    after a rewind finding stopped the replay: where the engine's own output first left classic decode is
+    the user's symptom). ``trace``, when a list, receives every forward and rewind in order
+    (``("chain", first, n)``, ``("block", tokens)``, ``("trim", n)``, ``("fork",)``,
+    ``("restore", kept_tokens)``; ``("rollback", accepted)`` where the session does not say how it
+    rewinds) so a benchmark can time the same forwards bare. ``observer`` gets progress per round (part
+    ``rounds``). ``processors``: made logits processors, applied to the chain and every verify row as
+    classic decode applies them. An engine call that raises :class:`EngineCannotRun` stops the loop
+    (``error``).
+    """
+    import mlx.core as mx
+
+    t0 = time.perf_counter()
+    opts = engine.cache_options()
+    res = RoundsResult(options, len(accepts), list(widths), len(prompt), wrong_id, opts.to_dict())
+    lead, state_check = options.lead, CHECK_STATE in options.checks
+    marks = None
+    if state_check:
+        # classic decode's state where each round ends (the chain may run past it)
+        marks, end = {lead}, lead
+        for a in accepts:
+            end += a + 1
+            marks.add(end)
+    chain = ClassicChain(engine.classic_model(), prompt, opts, trace, processors, engine.classic, marks)
+    if options.bracket:
+        res.bracket = chain.bracket(widths[0] + lead)
+        if not res.bracket.reproducible:
+            log.warning("%s", res.bracket.line())
+            res.seconds = time.perf_counter() - t0
+            return res
+    found = res.findings
+    base = len(prompt) - 1  # the absolute position of the chain's row 0
+    target = engine.session()
+    try:
+        if options.start == START_PREFILL:
+            first_row = target.prefill(prompt)
+        else:
+            last = target.prefill_anchor(prompt)
+            if last != chain.tokens[0]:  # both prefilled the same prompt
+                raise AssertionError("prefill returned different last tokens")
+        if engine.supports("rewind-modes"):
+            res.mode, res.mode_reason = target.rewind()
+            if res.mode == MODE_SNAPSHOT:
+                log.info("replay by snapshot-and-recompute: %s", res.mode_reason)
+        if options.start == START_ANCHOR_EMIT:
+            # classic decode's first step over the last prompt token emits the first bonus
+            if trace is not None:
+                trace.append(("block", [last]))
+            first_row = target.extend([last])
+            res.forwards += 1
+    except EngineCannotRun as err:
+        res.error = err
+        return _finish(res, chain, t0, served_tokens, accepts)
+    emitted = 0
+    if lead:
+        chain.ensure(1)
+        row = first_row[-1]
+        tok = chain.pick(0, row)
+        res.target_tokens.append(tok)
+        d = compare_arrays(chain.rows[0][None], row[None], logits=True)
+        found.row_at(-1, 0, base, d)
+        if tok != chain.tokens[1]:
+            found.token_at(0, -1, 0, tok, chain.picks[0], d)
+        if not d.equal or tok != chain.tokens[1]:
+            res.disagreements += 1
+            res.first = Disagreement(-1, 0, 0, base, chain.tokens[1], tok, d, chain.picks.get(0))
+        emitted = res.positions = 1
+    if state_check:
+        found.state_after(-1, 0, 1, base + emitted, chain.state_at(emitted), target.state())
+
+    vocab: int | None = None
+    ahead = options.fill != FILL_ONE  # per-row fills need each rejected row's right token
+    for r, (a, w) in enumerate(observer.iterate("rounds", zip(accepts, widths), len(accepts))):
+        rejected = w - 1 - a
+        chain.ensure(emitted + (w if ahead else a + 1))
+        if vocab is None:
+            vocab = int(chain.rows[emitted].shape[-1])
+            if not 0 <= wrong_id < vocab:
+                raise InputError("wrong-id", f"{wrong_id}: outside the vocabulary (0..{vocab - 1})")
+        block = chain.tokens[emitted: emitted + a + 1]
+        for i in range(rejected):
+            right = chain.tokens[emitted + a + 1 + (i if ahead else 0)]
+            if options.fill == POLICY_CORRECT:
+                block.append(right)
+            else:
+                block.append(wrong_token(right, wrong_id, vocab))
+        if trace is not None:
+            if res.mode == MODE_SNAPSHOT and rejected:
+                trace.append(("fork",))
+            trace.append(("block", list(block)))
+        trimmed = 0
+        try:
+            # a full accept rolls nothing back: the block is the round (no snapshot taken for it)
+            logits = target.verify(block) if rejected else target.extend(block)
+            res.forwards += 1
+            if rejected:
+                trimmed = target.rollback(a) or 0
+        except EngineCannotRun as err:
+            res.error = err
+            break
+        if rejected:
+            res.rewinds += 1
+            if trace is not None:
+                trace.append(("trim", rejected) if res.mode == MODE_TRIM else ("restore", list(block[: a + 1]))
+                             if res.mode == MODE_SNAPSHOT else ("rollback", a))
+        kept = logits[: a + 1]
+        # each kept row sees classic decode's history: its inputs are the chain's own tokens
+        got = [chain.pick(emitted + k, kept[k]) for k in range(a + 1)]
+        res.target_tokens.extend(got)
+        res.dtype = str(logits.dtype).replace("mlx.core.", "")
+        want = chain.tokens[emitted + 1: emitted + a + 2]
+        ref = mx.stack([chain.rows[emitted + k] for k in range(a + 1)])
+        whole = compare_arrays(ref, kept, logits=True)
+        if not whole.equal or got != want:
+            for k in range(a + 1):
+                d = compare_arrays(ref[k: k + 1], kept[k: k + 1], logits=True)
+                if d.equal and got[k] == want[k]:
+                    continue
+                res.disagreements += 1
+                found.row_at(r, k, base + emitted + k, d)
+                if got[k] != want[k]:
+                    found.token_at(emitted + k, r, k, got[k], chain.picks[emitted + k], d)
+                if res.first is None:
+                    res.first = Disagreement(r, k, emitted + k, base + emitted + k, want[k], got[k], d,
+                                             chain.picks.get(emitted + k))
+                    log.info("first disagreement at round %d row %d", r, k)
+        emitted += a + 1
+        res.positions = emitted
+        res.rounds = r + 1
+        if state_check:
+            found.state_after(r, a, w, base + emitted, chain.state_at(emitted), target.state())
+        chain.drop_before(emitted)
+        if CHECK_OFFSETS in options.checks:
+            offsets = target.offsets()
+            bad = [i for i, o in enumerate(offsets) if o is not None and o != base + emitted]
+            if bad:
+                res.rewind_finding = RewindFinding(r, rejected, trimmed, base + emitted, offsets, bad)
+                log.info("%s", res.rewind_finding.describe())
+                break
+    return _finish(res, chain, t0, served_tokens, accepts)
+
+
+def wrong_token(right: int, wrong_id: int, vocab: int) -> int:
+    """A rejected proposal's id: ``wrong_id``, or the next id where that is the right token."""
+    return wrong_id if wrong_id != right else (wrong_id + 1) % vocab
+
+
+def _finish(res: RoundsResult, chain: ClassicChain, t0: float, served_tokens: list[int] | None,
+            accepts: list[int]) -> RoundsResult:
+    """The chain's tokens over what was emitted, the served tokens against the chain, its ties."""
+    res.classic_tokens = chain.tokens[1: res.positions + 1]
+    if served_tokens is not None:
+        chain.ensure(len(served_tokens))
+        chain.drop_before(len(chain.tokens))
+        reference = chain.tokens[1: len(served_tokens) + 1]
+        res.served_checked = len(served_tokens)
+        i = first_index(served_tokens, reference)
+        res.served_first_mismatch = i if i < len(served_tokens) else None
+        if res.served_first_mismatch is not None:
+            res.served_token = served_tokens[i]
+            res.served_pick = chain.picks.get(i)
+            lead = res.options.lead
+            res.served_mismatch_at = (-1, 0) if i < lead else locate(emitted_counts(accepts), i - lead)
+    res.tie_breaks, res.tie_breaks_total = chain.tie_breaks, chain.tie_breaks_total
+    res.tie_indices = list(chain.tie_indices)
+    res.seconds = time.perf_counter() - t0
+    return res
 
 
 @dataclass
@@ -187,6 +430,25 @@ class ReplayReport(ReportMixin):
     tie_breaks_total: int = 0
     bracket: Bracket | None = None
     seconds: float = 0.0
+
+    @classmethod
+    def of(cls, res: RoundsResult) -> ReplayReport:
+        """The report of a replay with rewind offsets (:meth:`RoundOptions.served`)."""
+        common: dict[str, Any] = dict(
+            rounds_total=res.rounds_total, widths=res.widths, policy=res.options.fill, wrong_id=res.wrong_id,
+            prompt_len=res.prompt_len, prefill_emits=res.options.start == START_ANCHOR_EMIT, opts=res.opts,
+            bracket=res.bracket, seconds=res.seconds)
+        if not res.reproducible:
+            return cls(rounds=0, rewinds=0, positions=0, disagreements=0, first=None, rewind_finding=None,
+                       mode="", mode_reason="not run: not reproducible", **common)
+        return cls(rounds=res.rounds, rewinds=res.rewinds, positions=res.positions,
+                   disagreements=res.disagreements, first=res.first, rewind_finding=res.rewind_finding,
+                   mode=res.mode, mode_reason=res.mode_reason, dtype=res.dtype, forwards=res.forwards,
+                   target_tokens=res.target_tokens, classic_tokens=res.classic_tokens,
+                   served_checked=res.served_checked, served_first_mismatch=res.served_first_mismatch,
+                   served_mismatch_at=res.served_mismatch_at, served_token=res.served_token,
+                   served_pick=res.served_pick, tie_breaks=res.tie_breaks, tie_breaks_total=res.tie_breaks_total,
+                   **common)
 
     @property
     def verdict(self) -> Verdict:
@@ -309,79 +571,6 @@ def round_widths(accepts: list[int], width: int | None, widths: list[int] | None
     return list(widths)
 
 
-class _Chain:
-    """The classic greedy chain, extended on demand, old rows dropped.
-
-    With logits processors each step's row is processed as ``generate_step``
-    processes it (history = the prompt + every token emitted before the row)
-    before the greedy pick; ``rows`` keep the raw logits, which are what a
-    verify row must reproduce byte for byte.
-    """
-
-    def __init__(self, model: Any, prompt: list[int], opts: CacheOptions,
-                 trace: list | None, processors: list[Any] | None = None):
-        self.dec = Decoder(model, opts)
-        self.prompt = list(prompt)
-        self.tokens = [self.dec.prefill(prompt)]  # c_j: the token fed at step j
-        self.rows: dict[int, Any] = {}  # j -> logits after feeding c_j
-        self.picks: dict[int, GreedyPick] = {}  # j -> classic's greedy choice after c_j
-        self.tie_breaks: list[dict[str, Any]] = []
-        self.tie_breaks_total = 0
-        self.trace = trace
-        self.processors = processors or []
-
-    def history(self, j: int) -> list[int]:
-        """What classic decode's processors see at the row after feeding c_j."""
-        return self.prompt + self.tokens[1: j + 1]
-
-    def pick(self, j: int, row: Any) -> int:
-        """The token classic decode emits from row ``j`` (processors, then the greedy pick)."""
-        return greedy_token(process_row(self.processors, self.history(j), row))
-
-    def _pick(self, j: int, row: Any) -> int:
-        """Classic's own pick at chain row ``j``, kept with its tie information."""
-        pick = self.picks[j] = greedy_pick(process_row(self.processors, self.history(j), row))
-        if pick.tie_flip:
-            self.tie_breaks_total += 1
-            if len(self.tie_breaks) < 20:
-                self.tie_breaks.append({"emitted_index": j, "pick": pick.to_dict(), "words": pick.describe()})
-        return pick.token
-
-    def ensure(self, n: int) -> None:
-        """Compute rows up to index n - 1 (and so tokens up to n)."""
-        have = len(self.tokens) - 1
-        if n <= have:
-            return
-        if self.trace is not None:
-            self.trace.append(("chain", self.tokens[have], n - have))
-        if self.processors:
-            for j in range(have, n):
-                row = self.dec.forward([self.tokens[j]])[-1]
-                self.rows[j] = row
-                self.tokens.append(self._pick(j, row))
-            return
-        fed, logits = greedy_chain(self.dec, self.tokens[have], n - have)
-        for i in range(n - have):
-            self.rows[have + i] = logits[i]
-            self._pick(have + i, logits[i])
-        self.tokens.extend(fed[1:])
-        self.tokens.append(greedy_token(logits[-1]))
-
-    def drop_before(self, j: int) -> None:
-        for k in [k for k in self.rows if k < j]:
-            del self.rows[k]
-
-
-def _bracket(chain: _Chain, n: int, start_position: int) -> Bracket:
-    """Repeat the classic chain's first ``n`` steps from a copy of its post-prefill state."""
-    import mlx.core as mx
-
-    start = chain.dec.fork()
-    chain.ensure(n)
-    return repeat_chain(start, chain.tokens[:n], mx.stack([chain.rows[j] for j in range(n)]),
-                        start_position, f"the first {n} classic steps after prefill")
-
-
 def replay(
     model: Any,
     prompt: list[int],
@@ -420,27 +609,23 @@ def replay_rounds(
     observer: Observer = NULL,
     processors: list[Any] | None = None,
 ) -> ReplayReport:
-    """Replay ``accepts`` through ``engine``'s session and compare with classic decode.
+    """Replay a served run's ``accepts`` through ``engine``'s session with rewind offsets; compare with
+    classic decode: :func:`replay_accepts` with :meth:`RoundOptions.served`.
 
     The engine's adapter runs the target side: its session prefills all but the last prompt
     token (``anchor-prefill``), verifies each block and rolls it back its own way, fixed for
     the request (``rewind-modes``: trim, or snapshot-and-recompute), and reports every layer's
     offset after it (``layer-offsets``); classic decode (:meth:`Engine.classic_model` with
-    :meth:`Engine.cache_options`) is the chain.
+    :meth:`Engine.cache_options`) is the chain. Rejected rows carry ``wrong_id`` or the right
+    token, per ``policy``, row by row.
 
-    ``trace``, when a list, receives every forward and rewind in order
-    (``("chain", first, n)``, ``("block", tokens)``, ``("trim", n)``,
-    ``("fork",)``, ``("restore", kept_tokens)``) so a benchmark can time the
-    same forwards bare. ``prefill_emits``: the server emits its first token
-    from the prefill (mlxcel's DFlash: round 0's bonus), so the replay runs
-    classic decode's first single step before round 0 and counts that token
-    as emitted index 0; otherwise (mlx-lm) round 0's block starts with the
-    last prompt token. Raises Inconclusive for an empty accept vector and
-    UsageError for an accept that does not fit its width. ``observer`` gets
-    progress per round (part ``rounds``).
+    ``prefill_emits``: the server emits its first token from the prefill (mlxcel's DFlash:
+    round 0's bonus), so the replay runs classic decode's first single step before round 0 and
+    counts that token as emitted index 0; otherwise (mlx-lm) round 0's block starts with the
+    last prompt token. Raises Inconclusive for an empty accept vector and UsageError for an
+    accept that does not fit its width. ``trace`` / ``observer`` / ``processors``: as
+    :func:`replay_accepts`.
     """
-    import mlx.core as mx
-
     if policy not in POLICIES:
         raise InputError("policy", f"{policy!r}: choose from {', '.join(POLICIES)}")
     missing = sorted(f for f in REPLAY_FEATURES if not engine.supports(f))
@@ -454,155 +639,10 @@ def replay_rounds(
     widths = round_widths(accepts, width, widths)
     from specparity.inputs import check_token_ids, vocab_size
 
-    model = engine.classic_model()
-    check_token_ids(prompt, vocab_size(model), "prompt")
-    opts = engine.cache_options()
-    t0 = time.perf_counter()
-
-    chain = _Chain(model, prompt, opts, trace, processors)
-    bracket = _bracket(chain, widths[0] + int(prefill_emits), len(prompt) - 1)
-    if not bracket.reproducible:
-        log.warning("%s", bracket.line())
-        return ReplayReport(rounds=0, rounds_total=len(accepts), rewinds=0, positions=0, disagreements=0,
-                            first=None, rewind_finding=None, mode="", mode_reason="not run: not reproducible",
-                            widths=widths, policy=policy, wrong_id=wrong_id, prompt_len=len(prompt),
-                            prefill_emits=prefill_emits, opts=opts.to_dict(), bracket=bracket,
-                            seconds=time.perf_counter() - t0)
-    target = engine.session()
-    last = target.prefill_anchor(prompt)
-    if last != chain.tokens[0]:  # both prefilled the same prompt
-        raise AssertionError("prefill returned different last tokens")
-    mode, reason = target.rewind()
-    if mode == MODE_SNAPSHOT:
-        log.info("replay by snapshot-and-recompute: %s", reason)
-
-    expected = len(prompt) - 1
-    emitted = 0
-    rewinds = forwards = disagreements = 0
-    first: Disagreement | None = None
-    finding: RewindFinding | None = None
-    target_tokens: list[int] = []
-    dtype = ""
-    rounds_done = 0
-    if prefill_emits:
-        # classic decode's first step over the last prompt token emits the first bonus
-        chain.ensure(1)
-        if trace is not None:
-            trace.append(("block", [last]))
-        row = target.extend([last])
-        forwards += 1
-        target_tokens.append(chain.pick(0, row[-1]))
-        d = compare_arrays(chain.rows[0][None], row[-1:], logits=True)
-        if not d.equal or target_tokens[0] != chain.tokens[1]:
-            disagreements += 1
-            first = Disagreement(-1, 0, 0, len(prompt) - 1, chain.tokens[1], target_tokens[0], d,
-                                 chain.picks.get(0))
-        emitted, expected = 1, len(prompt)
-    for r, (a, w) in enumerate(observer.iterate("rounds", zip(accepts, widths), len(accepts))):
-        chain.ensure(emitted + w)
-        vocab = int(chain.rows[emitted].shape[-1])
-        if not 0 <= wrong_id < vocab:
-            raise InputError("wrong-id", f"{wrong_id}: outside the vocabulary (0..{vocab - 1})")
-        block = chain.tokens[emitted: emitted + a + 1]
-        rejected = w - 1 - a
-        for i in range(rejected):
-            right = chain.tokens[emitted + a + 1 + i]
-            if policy == POLICY_CORRECT:
-                block.append(right)
-            else:
-                block.append(wrong_id if wrong_id != right else (wrong_id + 1) % vocab)
-        if trace is not None:
-            if mode == MODE_SNAPSHOT and rejected:
-                trace.append(("fork",))
-            trace.append(("block", list(block)))
-        # a full accept rolls nothing back: the block is the round (no snapshot taken for it)
-        logits = target.verify(block) if rejected else target.extend(block)
-        forwards += 1
-        kept = logits[: a + 1]
-        # each kept row sees classic decode's history: its inputs are the chain's own tokens
-        got = [chain.pick(emitted + k, kept[k]) for k in range(a + 1)]
-        target_tokens.extend(got)
-        dtype = str(logits.dtype).replace("mlx.core.", "")
-
-        trimmed = 0
-        if rejected:
-            rewinds += 1
-            trimmed = target.rollback(a) or 0
-            if trace is not None:
-                trace.append(("trim", rejected) if mode == MODE_TRIM else ("restore", list(block[: a + 1])))
-        expected += a + 1
-
-        want = chain.tokens[emitted + 1: emitted + a + 2]
-        ref = mx.stack([chain.rows[emitted + k] for k in range(a + 1)])
-        whole = compare_arrays(ref, kept, logits=True)
-        if not whole.equal or got != want:
-            for k in range(a + 1):
-                d = compare_arrays(ref[k: k + 1], kept[k: k + 1], logits=True)
-                if d.equal and got[k] == want[k]:
-                    continue
-                disagreements += 1
-                if first is None:
-                    first = Disagreement(r, k, emitted + k, len(prompt) - 1 + emitted + k,
-                                         want[k], got[k], d, chain.picks.get(emitted + k))
-                    log.info("first disagreement at round %d row %d", r, k)
-        emitted += a + 1
-        chain.drop_before(emitted)
-        rounds_done = r + 1
-
-        offsets = target.offsets()
-        bad = [i for i, o in enumerate(offsets) if o is not None and o != expected]
-        if bad:
-            finding = RewindFinding(r, rejected, trimmed, expected, offsets, bad)
-            log.info("%s", finding.describe())
-            break
-
-    classic = chain.tokens[1: emitted + 1]
-    served_checked = served_mismatch = served_token = None
-    served_pick: GreedyPick | None = None
-    served_at: tuple[int, int] | None = None
-    if served_tokens is not None:
-        # Even after a rewind finding stopped the replay, the served tokens are compared
-        # with the classic reference over their whole length: where the engine's own
-        # output first left classic decode is the user's symptom.
-        chain.ensure(len(served_tokens))
-        chain.drop_before(len(chain.tokens))
-        reference = chain.tokens[1: len(served_tokens) + 1]
-        served_checked = len(served_tokens)
-        i = first_index(served_tokens, reference)
-        served_mismatch = i if i < len(served_tokens) else None
-        if served_mismatch is not None:
-            served_token = served_tokens[served_mismatch]
-            served_pick = chain.picks.get(served_mismatch)
-            lead = 1 if prefill_emits else 0
-            served_at = (-1, 0) if served_mismatch < lead else locate(
-                emitted_counts(accepts), served_mismatch - lead)
-    return ReplayReport(
-        rounds=rounds_done,
-        rounds_total=len(accepts),
-        rewinds=rewinds,
-        positions=emitted,
-        disagreements=disagreements,
-        first=first,
-        rewind_finding=finding,
-        mode=mode,
-        mode_reason=reason,
-        widths=widths,
-        policy=policy,
-        wrong_id=wrong_id,
-        prompt_len=len(prompt),
-        prefill_emits=prefill_emits,
-        dtype=dtype,
-        opts=opts.to_dict(),
-        forwards=forwards,
-        target_tokens=target_tokens,
-        classic_tokens=classic,
-        served_checked=served_checked,
-        served_first_mismatch=served_mismatch,
-        served_mismatch_at=served_at,
-        served_token=served_token,
-        served_pick=served_pick,
-        tie_breaks=chain.tie_breaks,
-        tie_breaks_total=chain.tie_breaks_total,
-        bracket=bracket,
-        seconds=time.perf_counter() - t0,
-    )
+    check_token_ids(prompt, vocab_size(engine.classic_model()), "prompt")
+    res = replay_accepts(engine, prompt, accepts, widths, RoundOptions.served(prefill_emits, policy),
+                         wrong_id=wrong_id, served_tokens=served_tokens, trace=trace, observer=observer,
+                         processors=processors)
+    if res.error is not None:
+        raise res.error
+    return ReplayReport.of(res)

@@ -1,24 +1,28 @@
 """Rounds through an engine adapter, against classic decode: an accept vector, or the engine's own run.
 
 Two checks, each against classic decode (mlx-lm's own path on the same weights,
-one token at a time, :meth:`Engine.classic`), each round by round:
+one token at a time, :meth:`Engine.classic`: the one classic chain,
+:class:`specparity.probes.replay.classic.ClassicChain`), each round by round,
+each with the same findings (:mod:`specparity.probes.replay.findings`):
 
-:func:`replay_engine` rebuilds a run from its accept vector alone: the engine
-prefills its own way, then per round verifies [last emitted token, the chain's
-next ``a`` tokens, ``W - 1 - a`` wrong ids] through its verify forward and rolls
-back to ``a`` its own way. Every kept row's logits and the engine's whole state
-after the rollback are compared with classic decode's after the same tokens.
-The target side alone, with none of the engine's drafting.
+:func:`replay_engine` rebuilds a run from its accept vector alone: the replay
+core's one loop (:func:`specparity.probes.replay.core.replay_accepts`) with
+:meth:`RoundOptions.whole_state`: the engine prefills its own way, then per round
+verifies [last emitted token, the chain's next ``a`` tokens, ``W - 1 - a``
+copies of one wrong id] through its verify forward and rolls back to ``a`` its
+own way. Every kept row's logits and the engine's whole state after the rollback
+are compared with classic decode's after the same tokens. The target side alone,
+with none of the engine's drafting.
 
 :func:`check_engine_run` takes the engine's own run (:meth:`Engine.generate`,
 its drafter, its copy-from-history speculation, its adaptive block) and walks
-classic decode along the tokens the engine committed: at each round, the rows
-the engine kept against classic decode's rows on the same history, the token
-the engine emitted against the one classic decode picks there (the first that
-differs is the user's symptom), and the engine's state after its rollback
-against classic decode's. Then the same accept vector is replayed
-(:func:`replay_engine`), so a divergence is placed on the target side (it
-reproduces from the accept vector) or on the drafting side (it does not).
+classic decode along the tokens the engine committed (:meth:`ClassicChain.feed`):
+at each round, the rows the engine kept against classic decode's rows on the
+same history, the token the engine emitted against the one classic decode picks
+there (the first that differs is the user's symptom), and the engine's state
+after its rollback against classic decode's. Then the same accept vector is
+replayed (:func:`replay_engine`), so a divergence is placed on the target side
+(it reproduces from the accept vector) or on the drafting side (it does not).
 """
 
 from __future__ import annotations
@@ -28,100 +32,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specparity.compare import Diff, StateDiff, compare_arrays, first_state_difference
-from specparity.decode import Decoder, GreedyPick, greedy_pick, snapshot
-from specparity.probes.engines.base import Engine, EngineCannotRun, EngineRun
-from specparity.probes.forward.blockchain import state_words
+from specparity.compare import compare_arrays
+from specparity.probes.engines.base import Engine, EngineRun
+from specparity.probes.replay.classic import ClassicChain
+from specparity.probes.replay.core import RoundOptions, RoundsResult, replay_accepts
+from specparity.probes.replay.findings import Findings, RowFinding, StateFinding, TokenFinding
 from specparity.progress import NULL, Observer
 from specparity.verdicts import ReportMixin, Verdict, combine
 
+__all__ = ["EngineReplayReport", "EngineReplayRun", "RowFinding", "StateFinding", "TokenFinding",
+           "check_engine_run", "replay_engine"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TokenFinding:
-    """The first emitted token where the engine and classic decode part.
-
-    emitted_index: over the whole output. round / row: the verify round and row that
-    emitted it (round -1: the prefill). engine_token / classic_token: the two picks.
-    pick: classic decode's choice there (margin, and whether raw argmax and the
-    logprob argmax disagree: a tie the dtype made). logits: the row's logits, engine
-    vs classic (None when the engine's row was not recorded).
-    """
-
-    emitted_index: int
-    round: int
-    row: int
-    engine_token: int
-    classic_token: int
-    pick: GreedyPick
-    logits: Diff | None = None
-    # the engine's run was asked for this many tokens and emitted more (classic decode stops there)
-    past_max_tokens: int | None = None
-
-    def words(self) -> str:
-        where = f"round {self.round}, row {self.row}" if self.round >= 0 else "the prefill"
-        if self.past_max_tokens is not None:
-            return (f"first differing token at emitted index {self.emitted_index} ({where}): engine"
-                    f" {self.engine_token} past max_tokens={self.past_max_tokens}, where classic decode stops")
-        s = (f"first differing token at emitted index {self.emitted_index} ({where}): engine {self.engine_token},"
-             f" classic {self.classic_token}; {self.pick.describe()}")
-        if self.logits is not None:
-            s += f"; that row's {self.logits.summary('logit bytes')}"
-        return s
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"emitted_index": self.emitted_index, "round": self.round, "row": self.row,
-                "engine_token": self.engine_token, "classic_token": self.classic_token,
-                "pick": self.pick.to_dict(), "logits": self.logits.to_dict() if self.logits else None,
-                "past_max_tokens": self.past_max_tokens, "words": self.words()}
-
-
-@dataclass
-class RowFinding:
-    """The first kept row whose logits differ from classic decode's on the same history."""
-
-    round: int
-    row: int
-    position: int
-    diff: Diff
-
-    def words(self) -> str:
-        where = f"round {self.round}, row {self.row}" if self.round >= 0 else "the prefill's last row"
-        return f"first differing logits at {where} (position {self.position}): {self.diff.summary('logit bytes')}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "row": self.row, "position": self.position, "diff": self.diff.to_dict(),
-                "words": self.words()}
-
-
-@dataclass
-class StateFinding:
-    """The first round after which the engine's state differs from classic decode's.
-
-    round: -1 = after the prefill. accepted / width: that round's. position: positions held.
-    first: the first differing array. layers: every differing layer. rounds_differing:
-    rounds whose state differed (all of them, not just the first).
-    """
-
-    round: int
-    accepted: int
-    width: int
-    position: int
-    first: StateDiff
-    layers: list[int]
-    rounds_differing: int = 1
-
-    def words(self) -> str:
-        where = (f"round {self.round} (rollback to {self.accepted} of {self.width - 1} proposals)"
-                 if self.round >= 0 else "the prefill")
-        return (f"state first differs after {where}, position {self.position}: {len(self.layers)} layer(s),"
-                f" first {state_words(self.first)}; {self.rounds_differing} round(s) in all end in another state")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "accepted": self.accepted, "width": self.width, "position": self.position,
-                "first": self.first.to_dict(), "layers": self.layers, "rounds_differing": self.rounds_differing,
-                "words": self.words()}
 
 
 @dataclass
@@ -160,6 +82,15 @@ class EngineReplayReport(ReportMixin):
     classic_tokens: list[int] = field(default_factory=list)
     seconds: float = 0.0
     engine_seconds: float = 0.0
+
+    @classmethod
+    def of(cls, res: RoundsResult, engine: dict[str, Any], accepts: list[int]) -> EngineReplayReport:
+        """The report of an accept vector replayed through the engine (kind ``accept-vector``)."""
+        return cls("accept-vector", engine, res.prompt_len, res.rounds, res.rounds_total, list(accepts),
+                   list(res.widths), res.positions, token=res.findings.token, row=res.findings.row,
+                   state=res.findings.state, tie_breaks=[i for i in res.tie_indices if i < res.positions],
+                   error=str(res.error) if res.error is not None else None,
+                   classic_tokens=res.classic_tokens, seconds=res.seconds)
 
     @property
     def own_verdict(self) -> Verdict:
@@ -222,157 +153,71 @@ class EngineReplayReport(ReportMixin):
                 "seconds": self.seconds, "engine_seconds": self.engine_seconds}
 
 
-class _Walk:
-    """Classic decode stepped one token at a time, with the findings collected as they come."""
-
-    def __init__(self, engine: Engine, prompt: list[int]):
-        self.engine = engine
-        self.prompt = prompt
-        with engine.classic():
-            self.dec = Decoder(engine.classic_model())
-            self.next = self.dec.prefill(prompt)
-        self.fed = len(prompt) - 1  # positions classic decode holds
-        self.emitted = 0
-        self.token: TokenFinding | None = None
-        self.row: RowFinding | None = None
-        self.state: StateFinding | None = None
-        self.tie_breaks: list[int] = []
-        self.classic_tokens: list[int] = []
-        self.max_tokens: int | None = None  # the run's max_tokens: a token past it is a finding
-
-    def step(self, token: int) -> tuple[Any, GreedyPick, int]:
-        """Feed ``token``; classic decode's row and pick after it, and the row's position."""
-        with self.engine.classic():
-            row = self.dec.forward([token])[-1]
-        self.fed += 1
-        return row, greedy_pick(row), self.fed - 1
-
-    def emit(self, pick: GreedyPick, engine_token: int, rnd: int, row: int, engine_row: Any | None,
-             classic_row: Any) -> None:
-        """One emitted token: classic's pick vs the engine's."""
-        self.classic_tokens.append(pick.token)
-        if pick.tie_flip:
-            self.tie_breaks.append(self.emitted)
-        if self.token is None and self.max_tokens is not None and self.emitted >= self.max_tokens:
-            self.token = TokenFinding(self.emitted, rnd, row, engine_token, pick.token, pick,
-                                      past_max_tokens=self.max_tokens)
-        elif self.token is None and pick.token != engine_token:
-            diff = (compare_arrays(classic_row[None], engine_row[None], logits=True)
-                    if engine_row is not None else None)
-            self.token = TokenFinding(self.emitted, rnd, row, engine_token, pick.token, pick, diff)
-        self.emitted += 1
-
-    def compare_row(self, rnd: int, row: int, position: int, classic_row: Any, engine_row: Any) -> None:
-        if self.row is not None:
-            return
-        diff = compare_arrays(classic_row[None], engine_row[None], logits=True)
-        if not diff.equal:
-            self.row = RowFinding(rnd, row, position, diff)
-
-    def compare_state(self, rnd: int, accepted: int, width: int, engine_state: list[Any]) -> None:
-        first, layers = first_state_difference(snapshot(self.dec.cache), engine_state, ("classic", "engine"))
-        if first is None:
-            return
-        if self.state is None:
-            self.state = StateFinding(rnd, accepted, width, self.fed, first, layers)
-        else:
-            self.state.rounds_differing += 1
-
-
 def replay_engine(engine: Engine, prompt: list[int], accepts: list[int], widths: list[int],
                   wrong_id: int = 0, observer: Observer = NULL) -> EngineReplayReport:
-    """Replay ``accepts`` (with ``widths``) through the engine's verify and rollback; compare with classic."""
-    t0 = time.perf_counter()
-    walk = _Walk(engine, prompt)
-    sess = engine.session()
-    report = EngineReplayReport("accept-vector", engine.info.to_dict(), len(prompt), 0, len(accepts),
-                                list(accepts), list(widths), 0)
-    try:
-        first = sess.prefill(prompt)
-    except EngineCannotRun as err:
-        report.error = str(err)
-        return report
-    row, pick, pos = walk.step(walk.next)
-    walk.compare_row(-1, 0, pos, row, first[0])
-    walk.emit(pick, greedy_pick(first[0]).token, -1, 0, first[0], row)
-    walk.compare_state(-1, 0, 1, sess.state())
-    y = pick.token
-    vocab = int(row.shape[-1])
-    for r, (a, w) in enumerate(observer.iterate("rounds", zip(accepts, widths), len(accepts))):
-        # the classic rows of the kept tokens, stepping as the block's inputs become known
-        rows, picks, positions, block = [], [], [], [y]
-        for k in range(a + 1):
-            row, pick, pos = walk.step(block[k])
-            rows.append(row)
-            picks.append(pick)
-            positions.append(pos)
-            if k < a:
-                block.append(pick.token)
-        block += [walk_wrong(picks[a].token, wrong_id, vocab)] * (w - 1 - a)
-        try:
-            logits = sess.verify(block)
-            sess.rollback(a)
-        except EngineCannotRun as err:
-            report.error = str(err)
-            break
-        for k in range(a + 1):
-            walk.compare_row(r, k, positions[k], rows[k], logits[k])
-            walk.emit(picks[k], greedy_pick(logits[k]).token, r, k, logits[k], rows[k])
-        walk.compare_state(r, a, w, sess.state())
-        y = picks[a].token
-        report.rounds = r + 1
-    return _finish(report, walk, t0)
-
-
-def walk_wrong(right: int, wrong_id: int, vocab: int) -> int:
-    """A rejected proposal's id: ``wrong_id``, or the next id where that is the right token."""
-    return wrong_id if wrong_id != right else (wrong_id + 1) % vocab
-
-
-def _finish(report: EngineReplayReport, walk: _Walk, t0: float) -> EngineReplayReport:
-    report.positions = walk.emitted
-    report.token, report.row, report.state = walk.token, walk.row, walk.state
-    report.tie_breaks = walk.tie_breaks
-    report.classic_tokens = walk.classic_tokens
-    report.seconds = time.perf_counter() - t0
-    return report
+    """Replay ``accepts`` (with ``widths``) through the engine's verify and rollback; compare with classic:
+    :func:`replay_accepts` with :meth:`RoundOptions.whole_state` (the engine's own prefill, whose last row
+    emits the first token; one wrong id, ``wrong_id`` or the next id where that is the bonus token, for
+    every rejected row; the engine's whole state compared after the prefill and after every rollback). An
+    engine that cannot run a call is reported with its error, the rounds before it checked."""
+    res = replay_accepts(engine, prompt, accepts, widths, RoundOptions.whole_state(), wrong_id=wrong_id,
+                         observer=observer)
+    return EngineReplayReport.of(res, engine.info.to_dict(), accepts)
 
 
 def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_id: int = 0,
                      observer: Observer = NULL) -> EngineReplayReport:
     """The engine's own run walked against classic decode, then its accept vector replayed."""
     t0 = time.perf_counter()
-    walk = _Walk(engine, run.prompt)
-    walk.max_tokens = run.max_tokens
+    chain = ClassicChain(engine.classic_model(), run.prompt, engine.cache_options(), context=engine.classic)
+    found = Findings()
     report = EngineReplayReport("engine-run", engine.info.to_dict(), len(run.prompt), 0, len(run.rounds),
                                 run.accepts, run.widths, 0, [r.source for r in run.rounds], tokens=list(run.tokens),
                                 error=run.error, engine_seconds=run.seconds)
-    if not run.tokens:
-        return _finish(report, walk, t0)
-    # the first token: from the prefill's last row (dflash-mlx), or round 0's first row (mlx-lm)
-    if run.first_from_prefill:
-        row, pick, _ = walk.step(walk.next)
-        walk.emit(pick, run.tokens[0], -1, 0, None, row)
-    for rnd in observer.iterate("rounds", run.rounds, len(run.rounds)):
-        a, block = rnd.accepted, rnd.tokens
-        kept = run.logits[rnd.index] if rnd.index < len(run.logits) else None
-        for k in range(a + 1):
-            row, pick, pos = walk.step(block[k])
-            erow = kept[k] if kept is not None else None
-            if erow is not None:
-                walk.compare_row(rnd.index, k, pos, row, erow)
-            # the engine emits row k's pick as its next token: block[k + 1], or the next round's first (after
-            # the last round: its last token, when it emitted one there)
-            nxt = block[k + 1] if k < a else _next_first(run, rnd.index)
-            if nxt is None and walk.emitted < len(run.tokens):
-                nxt = run.tokens[walk.emitted]
-            if nxt is not None and walk.emitted < len(run.tokens):
-                walk.emit(pick, nxt, rnd.index, k, erow, row)
-        if rnd.index < len(run.states):
-            walk.compare_state(rnd.index, a, rnd.width, run.states[rnd.index])
-        report.rounds = rnd.index + 1
-    _finish(report, walk, t0)
-    if replay and run.rounds:
+    emitted = 0
+
+    def emit(pick: Any, engine_token: int, rnd: int, row: int, engine_row: Any | None, classic_row: Any) -> None:
+        """One emitted token: classic's pick vs the engine's (a token past the run's max_tokens is a finding)."""
+        nonlocal emitted
+        if run.max_tokens is not None and emitted >= run.max_tokens:
+            found.token_at(emitted, rnd, row, engine_token, pick, past_max_tokens=run.max_tokens)
+        elif pick.token != engine_token:
+            diff = (compare_arrays(classic_row[None], engine_row[None], logits=True)
+                    if engine_row is not None else None)
+            found.token_at(emitted, rnd, row, engine_token, pick, diff)
+        emitted += 1
+
+    if run.tokens:
+        # the first token: from the prefill's last row (dflash-mlx), or round 0's first row (mlx-lm)
+        if run.first_from_prefill:
+            row, pick, _ = chain.feed(chain.tokens[0])
+            emit(pick, run.tokens[0], -1, 0, None, row)
+        for rnd in observer.iterate("rounds", run.rounds, len(run.rounds)):
+            a, block = rnd.accepted, rnd.tokens
+            kept = run.logits[rnd.index] if rnd.index < len(run.logits) else None
+            for k in range(a + 1):
+                row, pick, pos = chain.feed(block[k])
+                erow = kept[k] if kept is not None else None
+                if erow is not None and found.row is None:
+                    found.row_at(rnd.index, k, pos, compare_arrays(row[None], erow[None], logits=True))
+                # the engine emits row k's pick as its next token: block[k + 1], or the next round's first
+                # (after the last round: its last token, when it emitted one there)
+                nxt = block[k + 1] if k < a else _next_first(run, rnd.index)
+                if nxt is None and emitted < len(run.tokens):
+                    nxt = run.tokens[emitted]
+                if nxt is not None and emitted < len(run.tokens):
+                    emit(pick, nxt, rnd.index, k, erow, row)
+            chain.drop_before(chain.steps)
+            if rnd.index < len(run.states):
+                found.state_after(rnd.index, a, rnd.width, len(run.prompt) - 1 + chain.steps,
+                                  chain.state_at(chain.steps), run.states[rnd.index])
+            report.rounds = rnd.index + 1
+    report.positions = emitted
+    report.token, report.row, report.state = found.token, found.row, found.state
+    report.tie_breaks = [j for j in chain.tie_indices if j < emitted]
+    report.classic_tokens = [chain.picks[j].token for j in range(emitted)]
+    report.seconds = time.perf_counter() - t0
+    if replay and run.tokens and run.rounds:
         report.replay = replay_engine(engine, run.prompt, run.accepts, run.widths, wrong_id, observer)
     report.seconds = time.perf_counter() - t0
     return report
