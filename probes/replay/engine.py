@@ -166,9 +166,13 @@ def replay_engine(engine: Engine, prompt: list[int], accepts: list[int], widths:
 
 
 def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_id: int = 0,
-                     observer: Observer = NULL) -> EngineReplayReport:
-    """The engine's own run walked against classic decode, then its accept vector replayed."""
+                     observer: Observer = NULL, max_tokens: int | None = None) -> EngineReplayReport:
+    """The engine's own run walked against classic decode, then its accept vector replayed.
+
+    ``max_tokens``: what the run was asked for, where its adapter did not say (``run.max_tokens``):
+    classic decode stops there, so a token past it is a finding, whichever engine emitted it."""
     t0 = time.perf_counter()
+    limit = run.max_tokens if run.max_tokens is not None else max_tokens
     chain = ClassicChain(engine.classic_model(), run.prompt, engine.cache_options(), context=engine.classic)
     found = Findings()
     report = EngineReplayReport("engine-run", engine.info.to_dict(), len(run.prompt), 0, len(run.rounds),
@@ -179,8 +183,8 @@ def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_
     def emit(pick: Any, engine_token: int, rnd: int, row: int, engine_row: Any | None, classic_row: Any) -> None:
         """One emitted token: classic's pick vs the engine's (a token past the run's max_tokens is a finding)."""
         nonlocal emitted
-        if run.max_tokens is not None and emitted >= run.max_tokens:
-            found.token_at(emitted, rnd, row, engine_token, pick, past_max_tokens=run.max_tokens)
+        if limit is not None and emitted >= limit:
+            found.token_at(emitted, rnd, row, engine_token, pick, past_max_tokens=limit)
         elif pick.token != engine_token:
             diff = (compare_arrays(classic_row[None], engine_row[None], logits=True)
                     if engine_row is not None else None)

@@ -385,7 +385,7 @@ def _engine_replay(o: ReplayOptions, front: Frontend) -> int:
             for prompt in prompts if id_lists else prompts[:1]:
                 front.note(f"running {engine}'s own loop: {o.max_tokens} tokens from a {len(prompt)}-token prompt")
                 reports.append(check_engine_run(eng, eng.generate(prompt, o.max_tokens), wrong_id=o.wrong_id,
-                                                observer=run.observer))
+                                                observer=run.observer, max_tokens=o.max_tokens))
         else:
             for req in requests:
                 check_accept_log(req, vocab)

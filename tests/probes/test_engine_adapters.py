@@ -12,7 +12,7 @@ from specparity.checkpoint import load_checkpoint
 from specparity.identity import device
 from specparity.probes.engines.mlx_lm import MlxLmEngine
 from specparity.probes.forward.engine import probe_engine
-from specparity.probes.replay.engine import replay_engine
+from specparity.probes.replay.engine import check_engine_run, replay_engine
 
 PROMPT = list(range(20, 36))  # 16 tokens
 cpu_only = pytest.mark.skipif(device() != "cpu",
@@ -38,6 +38,22 @@ def test_mlx_lm_adapter_is_silent_on_a_clean_path(fixture_root: Path) -> None:
     rr = replay_engine(eng, PROMPT, [3, 0, 2, 1, 3], [4] * 5)
     assert rr.verdict == "equal" and rr.positions == 1 + sum(a + 1 for a in [3, 0, 2, 1, 3])
     assert rr.token is None and rr.row is None and rr.state is None
+
+
+@cpu_only
+def test_a_token_past_max_tokens_is_a_finding_for_any_adapter(fixture_root: Path) -> None:
+    """Classic decode stops at max_tokens: an engine run that emits more diverges at the first token past it,
+    whichever adapter ran it (mlx-lm's here, its run asked for 9 and judged as asked for 8); the same run
+    judged at its own length matches."""
+    info = build(fixture_root, "llama-float32", arch="llama")
+    eng = MlxLmEngine(load_checkpoint(info.target), load_checkpoint(str(info.draft)), num_draft_tokens=3)
+    run = eng.generate(PROMPT, 9)
+    assert len(run.tokens) == 9 and run.max_tokens is None  # this adapter does not say its limit
+    clean = check_engine_run(eng, run, replay=False, max_tokens=9)
+    assert clean.verdict == "equal" and clean.token is None, clean.lines()
+    over = check_engine_run(eng, run, replay=False, max_tokens=8)
+    assert over.verdict == "divergent" and over.token is not None, over.lines()
+    assert (over.token.emitted_index, over.token.past_max_tokens) == (8, 8)
 
 
 @cpu_only
