@@ -249,7 +249,10 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
 
     import specparity.probes.forward.blockchain as blockchain
 
-    def probe_run() -> tuple[float, float, int, float, int]:
+    recorded = [0.0]  # the engine's own loop as the check runs it (recorded round by round)
+
+    def probe_run() -> tuple[float, float, int, float, int, float]:
+        recorded[0] = 0.0
         timers.seconds, timers.calls, timers.repeated, timers.repeats = 0.0, 0, 0.0, 0
         timers.wrap_forwards(session_cls, distinct=True)
         timers.exempt(blockchain, "repeat_chain")  # the reproducibility bracket repeats on purpose
@@ -259,16 +262,20 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
             probe_engine(eng, eng.info.widths, [0, 8], probe_prompts)
             timers.new_check()  # replay --engine: a command of its own, its own classic decode
             for p in probe_prompts:
-                check_engine_run(eng, eng.generate(p, n))
+                t1 = time.perf_counter()
+                got = eng.generate(p, n)
+                recorded[0] += time.perf_counter() - t1
+                check_engine_run(eng, got)
         finally:
             timers.undo()
-        return time.perf_counter() - t0, timers.seconds, timers.calls, timers.repeated, timers.repeats
+        return (time.perf_counter() - t0, timers.seconds, timers.calls, timers.repeated, timers.repeats,
+                recorded[0])
 
-    def loop_run() -> tuple[float, float, int, float, int]:
+    def loop_run() -> tuple[float, float, int, float, int, float]:
         t0 = time.perf_counter()
         for p in probe_prompts:
             loop(p, n)
-        return time.perf_counter() - t0, 0.0, 0, 0.0, 0
+        return time.perf_counter() - t0, 0.0, 0, 0.0, 0, 0.0
 
     probe_prof = profiled(probe_run)
     probe_prof()  # warm-up
@@ -284,6 +291,10 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
           f" had already decoded (replay --engine's accept-vector replay re-decodes the classic chain its walk of"
           f" the engine's run decoded): timed, not counted as needed; counting them,"
           f" {statistics.median(counting_repeats):.3f} x median")
+    rest = c[0] - c[1] - c[3] - c[5]
+    print(f"{lab}_probe_parts: of the median run's {c[0]:.2f} s, forwards needed {c[1]:.2f} s, repeated"
+          f" {c[3]:.2f} s, the engine's own loop recorded {c[5]:.2f} s (bare {b[0]:.2f} s), the rest {rest:.2f} s"
+          f" (copies, snapshots, comparisons, picks, Python)")
     figure(f"{lab}_probe", ratios, "probe + replay checks / the forwards they need", prof, args.profile)
 
 

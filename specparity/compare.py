@@ -116,24 +116,6 @@ def _ordered_ints(bits: np.ndarray, itemsize: int) -> np.ndarray:
     return np.where(signed < 0, -magnitude, magnitude)
 
 
-def _bits_equal(a: Any, b: Any) -> Any | None:
-    """Whether two mx.arrays of one shape and dtype hold the same bits, as an unevaluated mx scalar (their
-    elements viewed as unsigned integers of the same width compared: equal bits, equal bytes); None for
-    anything else (numpy arrays, other shapes or dtypes), which :func:`compare_arrays` takes the long way."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) or a.dtype != b.dtype or a.shape != b.shape:
-        return None
-    import mlx.core as mx
-
-    uint = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}.get(a.itemsize)
-    if uint is None:
-        return None
-    return mx.array_equal(a.view(uint), b.view(uint))
-
-
-def _equal_diff(a: Any) -> Diff:
-    return Diff(True, dtype_name(a), tuple(a.shape), 0, int(a.size) * int(a.itemsize), 0, int(a.size))
-
-
 def compare_arrays(a: Any, b: Any, row_axis: int = 0, logits: bool = False) -> Diff:
     """Compare two arrays byte for byte.
 
@@ -142,9 +124,6 @@ def compare_arrays(a: Any, b: Any, row_axis: int = 0, logits: bool = False) -> D
     is the vocabulary: argmax agreement and top-2 margins are reported at the
     first differing row.
     """
-    same = _bits_equal(a, b)
-    if same is not None and bool(same.item()):  # equal bits: nothing to describe, no copy to numpy
-        return _equal_diff(a)
     dtype_a, dtype_b = dtype_name(a), dtype_name(b)
     na, nb = to_numpy(a), to_numpy(b)
     if na.shape != nb.shape or dtype_a != dtype_b:
@@ -332,30 +311,5 @@ def first_state_difference(a: list[Any], b: list[Any], labels: tuple[str, str] =
                            ) -> tuple[StateDiff | None, list[int]]:
     """Where two cache snapshots first differ (:func:`compare_states`' first differing array, in layer
     order; None: equal), and every layer that differs."""
-    if _states_equal(a, b):
-        return None, []
     diffs = [d for d in compare_states(a, b, labels) if d.differs]
     return (diffs[0] if diffs else None), sorted({d.layer for d in diffs})
-
-
-def _states_equal(a: list[Any], b: list[Any]) -> bool:
-    """Two snapshots hold the same layers, offsets, array names, shapes, dtypes and bits: every array's bit
-    comparison evaluated at once (False: anything else, which :func:`compare_states` then describes)."""
-    if len(a) != len(b):
-        return False
-    checks = []
-    for la, lb in zip(a, b):
-        if la.offset != lb.offset or list(la.arrays) != list(lb.arrays):
-            return False
-        for name, xa in la.arrays.items():
-            same = _bits_equal(xa, lb.arrays[name])
-            if same is None:
-                return False
-            checks.append(same)
-    if not checks:
-        return True
-    import mlx.core as mx
-
-    together = mx.stack(checks)
-    mx.eval(together)
-    return bool(mx.all(together).item())

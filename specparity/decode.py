@@ -323,18 +323,19 @@ class GreedyPick:
 def greedy_pick(logits_row: Any) -> GreedyPick:
     """:func:`greedy_token` with the evidence a near-tie flip needs."""
     import mlx.core as mx
+    import numpy as np
 
     pick = _greedy_pick_lazy(logits_row)  # greedy_token's own computation
     raw = mx.argmax(logits_row.reshape(-1))
     lp = classic_logprobs(logits_row).reshape(-1).astype(mx.float32)
-    # the runner-up: the first best of the other ids (argmax keeps the lowest id of a tie), in float32
-    others = mx.where(mx.arange(lp.size) == pick, mx.array(-mx.inf, dtype=mx.float32), lp)
-    runner = mx.argmax(others)
-    top = lp[pick]
-    margin = top - lp[runner]
-    mx.eval(pick, raw, runner, top, margin)  # one evaluation; five scalars come out, not the vocabulary
-    return GreedyPick(int(pick.item()), int(raw.item()), int(runner.item()), float(margin.item()),
-                      float(top.item()))
+    mx.eval(pick, raw, lp)  # one evaluation for the three
+    token = int(pick.item())
+    values = np.array(lp)
+    others = values.copy()
+    others[token] = -np.inf
+    runner = int(np.argmax(others))
+    return GreedyPick(token, int(raw.item()), runner,  # type: ignore[arg-type]
+                      float(values[token] - values[runner]), float(values[token]))
 
 
 def advance_to_depth(model: Any, prompt: list[int], depth: int,

@@ -132,9 +132,9 @@ def test_cache_offsets_and_missing_arrays_are_reported():
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # the numpy path describing two NaNs
-def test_the_in_mlx_equality_path_finds_one_flipped_bit_of_any_dtype_and_reports_as_numpy_does():
-    """compare_arrays settles equal mx.arrays in mlx (no copy to numpy): a single flipped bit, -0.0 vs 0.0
-    and a NaN's payload still differ; an equal pair reports what the numpy path reports."""
+def test_one_flipped_bit_of_any_dtype_differs_and_mx_and_numpy_inputs_report_alike():
+    """A single flipped bit, -0.0 vs 0.0 and a NaN's payload differ; an equal pair reports the same from
+    mx.arrays as from numpy arrays; a strided slice compares by its own elements."""
     for dtype, uint in ((mx.float32, mx.uint32), (mx.bfloat16, mx.uint16), (mx.float16, mx.uint16),
                         (mx.int8, mx.uint8)):
         a = mx.arange(24).reshape(4, 6).astype(dtype)
@@ -152,7 +152,7 @@ def test_the_in_mlx_equality_path_finds_one_flipped_bit_of_any_dtype_and_reports
     assert compare_arrays(a[:, :2], mx.array(np.array(a)[:, :2])).equal
 
 
-def test_state_comparison_settled_in_one_evaluation_still_names_a_one_bit_difference():
+def test_a_one_bit_difference_in_a_recurrent_state_is_named_with_its_layer():
     from specparity.compare import first_state_difference
     from specparity.decode import snapshot
 
