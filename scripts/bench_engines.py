@@ -5,12 +5,15 @@
 its default fixture (the DSpark / DFly pair of ``e2e --engine NAME``), two checks:
 
 - ``e2e``: what ``specparity e2e --engine NAME`` runs (each of the engine's own loops,
-  loaded by its own loaders, against classic decode, judged and tie-labelled, plus
-  the command's classic ``stream_generate`` arm). What it needs, run bare in the
+  on the pair its own loaders loaded once, against classic decode, judged and
+  tie-labelled; classic decode is mlx-lm's ``stream_generate`` once per distinct
+  prompt, which is also the command's classic arm). What it needs, run bare in the
   same process: the pair loaded once by the engine's loaders, each entry point's
   loop once on the same prompt ids, the target loaded once by mlx-lm and classic
-  decode of as many tokens on each distinct prompt. Everything else (each entry
-  point's own load, the second classic arm, judging) is the check's overhead.
+  decode (the toolkit's greedy chain, ``advance_to_depth``: the same tokens without
+  ``stream_generate``'s own costs) of as many tokens on each distinct prompt.
+  Everything else (the command's checkpoint load and fingerprint, the spy, judging)
+  is the check's overhead.
 - ``probe`` (mlx-dspark and dspark-mlx: the engines whose verify and rollback an
   adapter drives): what ``probe --engine NAME`` and ``replay --engine NAME`` run
   (block vs chain and every rollback per width from copies of classic decode's
@@ -18,7 +21,14 @@ its default fixture (the DSpark / DFly pair of ``e2e --engine NAME``), two check
   against classic decode), as ``bench_dflash.py`` measures dflash-mlx's: the
   forwards they need are timed where they happen (the session's prefill, verify and
   rollback, every classic step), plus the engine's own loop run bare (nothing
-  recorded) on the same prompts.
+  recorded) on the same prompts. A classic forward counts once per command
+  (``Timers.wrap_forwards(distinct=True)``): one that decodes a token history the
+  same command already decoded (``replay --engine``'s accept-vector replay walks the
+  classic chain its walk of the engine's run walked) is timed apart and printed
+  (``_probe_repeats``, with the figure counting them), not counted as needed; the
+  reproducibility bracket's repeat is deliberate and counts. ``_probe_parts`` splits
+  the median run: forwards needed, repeats, the engine's loop recorded (and bare),
+  the rest.
 
 The arms are interleaved (``--repeat`` paired runs after a warm-up, the order
 alternating); the figure is the median ratio with its distribution-free 95%
