@@ -283,9 +283,9 @@ def load_once(load: Callable[[], Any]) -> Callable[[], Any]:
                 done.append((load(), None))
             except Exception as err:  # noqa: BLE001  (re-raised for every entry point)
                 done.append((None, err))
-        value, err = done[0]
-        if err is not None:
-            raise err
+        value, error = done[0]
+        if error is not None:
+            raise error
         return value
     return loaded
 

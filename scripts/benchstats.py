@@ -190,7 +190,7 @@ class Timers:
         setattr(owner, name, exempted)
         self._undo.append((owner, name, orig))
 
-    def _wrap_distinct(self, decoder: type) -> None:
+    def _wrap_distinct(self, decoder: Any) -> None:
         timers = self
         key = "_bench_history"
 
