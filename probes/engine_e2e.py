@@ -4,15 +4,18 @@ Run in the engine's environment (``python -P -m specparity.probes.engine_e2e
 --engine NAME --target DIR --draft DIR``); prints one JSON finding per entry
 point. Each engine is driven through its own loader and its own generate loop
 with its library defaults (only ``max_new_tokens`` and the prompt's token ids
-passed), and its own acceptance record is the evidence that it drafted:
+passed), and its own acceptance record is the evidence that it drafted. The pair
+is loaded once by the engine's loaders for all its entry points (:func:`load_once`:
+a load error is each entry point's finding), each loop a fresh request on it:
 
     mlx-dspark  ``load_target`` + ``load_drafter`` (4-bit drafter by default) +
                 ``speculative_generate`` (cap 2, n-gram lookup drafts on), and the
                 same with the whole block verified and lookup off; rounds from its
                 ``on_round`` callback (drafted, accepted, committed, source)
     dspark-mlx  ``load_draft`` + ``load_host`` + ``generate_eager`` (one verify of
-                [anchor, drafts] per round) and the legacy ``generate``; rounds
-                from each ``TokenEvent.n_accepted``
+                [anchor, drafts] per round) and the legacy ``generate``, each after
+                the host's and the drafter's ``reset`` (as its CLI starts a run);
+                rounds from each ``TokenEvent.n_accepted``
     dfly-mlx    ``load_runtime`` + ``generate`` (its no-thinking chat prompt) and
                 the loop it drives, dflash-mlx's ``stream_dflash_generate`` with the
                 DFly draft backend, on the prompt's ids; rounds from the summary's
@@ -21,9 +24,12 @@ passed), and its own acceptance record is the evidence that it drafted:
                 ``generate_mtp1`` / ``generate_mtpk``, the CLI, the server): on
                 Linux each fails with its own cause, reported as ``cannot_run``
 
-Classic decode is mlx-lm's (:func:`specparity.decode.advance_to_depth`: greedy
-argmax of the model's logprobs in its dtype, prefill as ``generate`` does) on
-the same weights, loaded by mlx-lm in the same process.
+Classic decode is mlx-lm's own classic path (:class:`Classic`: ``stream_generate``
+without a drafter, its default sampler, greedy argmax of the model's logprobs in
+its dtype, stopping at ``max_tokens`` or at the tokenizer's eos) on the same
+weights, loaded by mlx-lm once in the same process and decoded once per distinct
+prompt: ``e2e --engine NAME`` compares its classic arm with the same run
+(:mod:`specparity.probes.engines.own_loop`).
 
 Verdicts: ``match`` (every emitted token equals classic decode's and the
 engine's record shows accepted drafts), ``not_engaged`` (equal, but nothing
@@ -36,11 +42,13 @@ error), ``cannot_run`` (the entry point does not import here: its cause).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from specparity.verdicts import Verdict
@@ -97,28 +105,67 @@ class Finding:
         return asdict(self)
 
 
-def classic_tokens(target_dir: str, prompt: list[int], n: int) -> tuple[list[int], set[int]]:
-    """mlx-lm's greedy tokens for ``prompt`` and the tokenizer's eos ids."""
-    from mlx_lm import load
+class Classic:
+    """Classic decode's reference for every entry point: mlx-lm's ``stream_generate`` without a drafter (its
+    own sampler and eos stop, under :class:`~specparity.probes.e2e.Spy`), on the target mlx-lm loaded once,
+    run once per distinct prompt and kept (:meth:`arm`).
 
-    from specparity.decode import advance_to_depth
+    target_dir: the target, loaded by ``mlx_lm.load`` on first use; or ``loaded``: the target already
+    loaded (``.model``, ``.tokenizer``: the e2e command's). context: what classic decode runs in
+    (:meth:`OwnLoopEngine.classic`).
+    """
 
-    loaded = load(target_dir)
-    model, tok = loaded[0], loaded[1]
-    eos = set(getattr(tok, "eos_token_ids", None) or [])
-    return advance_to_depth(model, prompt, n)[2], eos
+    def __init__(self, target_dir: str = "", max_tokens: int = 32, loaded: Any = None,
+                 context: Any = contextlib.nullcontext):
+        self.target_dir, self.max_tokens, self._loaded, self._context = target_dir, max_tokens, loaded, context
+        self._arms: dict[tuple[int, ...], Any] = {}
+
+    @property
+    def loaded(self) -> Any:
+        if self._loaded is None:
+            from types import SimpleNamespace
+
+            from mlx_lm import load
+
+            model, tok = load(self.target_dir)[:2]
+            self._loaded = SimpleNamespace(model=model, tokenizer=tok)
+        return self._loaded
+
+    @property
+    def eos(self) -> set[int]:
+        return {int(e) for e in getattr(self.loaded.tokenizer, "eos_token_ids", None) or []}
+
+    def arm(self, prompt: list[int]) -> Any:
+        """mlx-lm's classic ``stream_generate`` arm on ``prompt`` (an :class:`~specparity.probes.e2e.EntryArm`:
+        its tokens end at ``max_tokens`` or with the eos token it stopped at)."""
+        from specparity.probes.e2e import E2EOptions, run_api_arm
+
+        key = tuple(prompt)
+        if key not in self._arms:
+            with self._context():
+                self._arms[key] = run_api_arm("stream_generate", self.loaded, None, list(prompt),
+                                              E2EOptions(max_tokens=self.max_tokens))
+        return self._arms[key]
+
+    def tokens(self, prompt: list[int]) -> list[int]:
+        """Classic decode's tokens on ``prompt`` (:meth:`arm`'s); its error (mlx-lm refused) raised."""
+        arm = self.arm(prompt)
+        if arm.error:
+            raise RuntimeError(f"classic decode (mlx-lm's stream_generate) did not run: {arm.error}")
+        return list(arm.tokens)
 
 
 def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int) -> Finding:
     """Compare ``f.tokens`` with ``classic`` and locate the first difference in ``f.rounds``.
 
     ``first_round_offset``: tokens emitted before round 1 (mlx-dspark's prefill token: 1; otherwise 0).
+    ``classic`` stops where classic decode stops: at max_tokens, or with the eos token it emitted last.
     """
     f.classic = classic[:len(f.tokens)]
     n = min(len(f.tokens), len(classic))
     diff = next((i for i in range(n) if f.tokens[i] != classic[i]), None)
     if diff is None and len(f.tokens) > len(classic):
-        # classic decode stops at max_tokens (``classic`` holds exactly that many): the engine emitted more
+        # classic decode stopped there (at max_tokens, or at its eos): the engine emitted more
         diff = len(classic)
     if diff is None:
         short = len(f.tokens) < len(classic) and not (f.tokens and f.tokens[-1] in eos)
@@ -152,22 +199,23 @@ def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int
         where = (f"round {f.round}, row {f.row} of its verify block ({kind}; {rec['drafted']} drafted,"
                  f" {rec['accepted']} accepted, source {rec.get('source', 'draft')}"
                  f"{', after a rollback of rejected rows' if f.after_rollback else ''})")
+    stop = (f"at its eos token {classic[-1]} after {len(classic)} tokens" if classic and classic[-1] in eos
+            else f"at max_tokens={len(classic)}")
     said = (f"classic {f.classic_token}" if f.classic_token is not None
-            else f"classic stopped at max_tokens={len(classic)} (the engine emitted {len(f.tokens)})")
+            else f"classic stopped {stop} (the engine emitted {len(f.tokens)})")
     f.reason = f"token {diff}: engine {f.engine_token}, {said}, at {where}"
     return f
 
 
-def label_tie(f: Finding, target_dir: str, prompt: list[int]) -> None:
+def label_tie(f: Finding, classic: Classic, prompt: list[int]) -> None:
     """At a diverged token, both tokens' raw logits and logprobs from one classic forward over the prompt and
     classic decode's tokens before it, in the model's dtype: equal logprobs are an exact tie classic decode
     breaks toward the lower id (``logit_tie``: the raw logits are equal too)."""
     if f.verdict != Verdict.DIVERGED or f.index is None or f.classic_token is None:
         return
     import mlx.core as mx
-    from mlx_lm import load
 
-    model = load(target_dir)[0]
+    model = classic.loaded.model
     ids = list(f.prompt if f.prompt is not None else prompt) + f.classic[:f.index]
     logits = model(mx.array(ids)[None])[0, -1]
     logprobs = logits - mx.logsumexp(logits, keepdims=True)
@@ -223,16 +271,36 @@ def inject_verify_fault(round_no: int) -> None:
     Target.reset_spec = reset_spec
 
 
-def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int,
+def load_once(load: Callable[[], Any]) -> Callable[[], Any]:
+    """The engine's own loaders run once for all its entry points, as a user (and its own CLI) loads once
+    and generates again: what they returned, or the error they raised, for each entry point (its own load
+    error stays its finding). The first entry point's wall time holds the load."""
+    done: list[Any] = []
+
+    def loaded() -> Any:
+        if not done:
+            try:
+                done.append((load(), None))
+            except Exception as err:  # noqa: BLE001  (re-raised for every entry point)
+                done.append((None, err))
+        value, error = done[0]
+        if error is not None:
+            raise error
+        return value
+    return loaded
+
+
+def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int, ref: Classic,
                    entries: tuple[str, ...] = ()) -> list[Finding]:
     import os
 
     from mlx_dspark.generate import speculative_generate
     from mlx_dspark.load import load_drafter, load_target
 
-    classic, eos = classic_tokens(target, prompt, n)
+    classic, eos = ref.tokens(prompt), ref.eos
     if os.environ.get(FAULT_VAR):
         inject_verify_fault(int(os.environ[FAULT_VAR]))
+    pair = load_once(lambda: (*load_target(target, require_tap=True), load_drafter(draft)[0]))
     out = []
     for entry, kw in (("speculative_generate", {}),
                       ("speculative_generate-full-block", {"max_draft_tokens": None, "lookup_drafts": False})):
@@ -241,8 +309,7 @@ def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int,
         f = Finding("mlx-dspark", entry)
         t0 = time.perf_counter()
         try:
-            tgt, tok = load_target(target, require_tap=True)
-            drafter, _ = load_drafter(draft)
+            tgt, tok, drafter = pair()
 
             def on_round(**r: Any) -> None:
                 f.rounds.append({"drafted": int(r.get("drafted", 0)), "accepted": int(r.get("accepted", 0)),
@@ -261,13 +328,18 @@ def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int,
     return out
 
 
-def run_dspark_mlx(target: str, draft: str, prompt: list[int], n: int,
+def run_dspark_mlx(target: str, draft: str, prompt: list[int], n: int, ref: Classic,
                    entries: tuple[str, ...] = ()) -> list[Finding]:
     from dspark_mlx import generate, generate_eager, load_draft, load_host
     from dspark_mlx.events import TokenEvent
 
-    classic, eos = classic_tokens(target, prompt, n)
+    classic, eos = ref.tokens(prompt), ref.eos
     eos_id = min(eos) if eos else None
+
+    def load() -> tuple[Any, Any]:
+        drafter, cfg = load_draft(draft)
+        return drafter, load_host(target, cfg)[2]
+    pair = load_once(load)
     out = []
     for entry, loop in (("generate_eager", generate_eager), ("generate", generate)):
         if entries and entry not in entries:
@@ -275,8 +347,9 @@ def run_dspark_mlx(target: str, draft: str, prompt: list[int], n: int,
         f = Finding("dspark-mlx", entry)
         t0 = time.perf_counter()
         try:
-            drafter, cfg = load_draft(draft)
-            _, _, adapter = load_host(target, cfg)
+            drafter, adapter = pair()
+            adapter.reset()  # a fresh request on the loaded pair, as its own CLI starts each run
+            drafter.reset()
             drafted_per_round = int(drafter.block_size)
             for ev in loop(adapter, drafter, [list(prompt)], max_new_tokens=n, eos_id=eos_id):
                 if isinstance(ev, TokenEvent):
@@ -296,7 +369,7 @@ def run_dspark_mlx(target: str, draft: str, prompt: list[int], n: int,
     return out
 
 
-def run_dfly_mlx(target: str, draft: str, prompt: list[int], n: int,
+def run_dfly_mlx(target: str, draft: str, prompt: list[int], n: int, ref: Classic,
                  entries: tuple[str, ...] = ()) -> list[Finding]:
     from dflash_mlx.engine.events import SummaryEvent, TokenEvent
     from dflash_mlx.runtime import get_stop_token_ids, stream_dflash_generate
@@ -304,13 +377,15 @@ def run_dfly_mlx(target: str, draft: str, prompt: list[int], n: int,
     from dfly_mlx.generate import generate, no_thinking_prompt_tokens
     from dfly_mlx.loading import load_runtime
 
-    classic, eos = classic_tokens(target, prompt, n)
+    classic, eos = ref.tokens(prompt), ref.eos
 
     def rounds_of(hist: list[int], block: int) -> list[dict[str, Any]]:
         return [{"drafted": block - 1, "accepted": int(a), "committed": int(a) + 1, "source": "dfly"} for a in hist]
 
+    runtime = load_once(lambda: load_runtime(target, draft))
+
     def own_generate(f: Finding) -> None:
-        bundle = load_runtime(target, draft)
+        bundle = runtime()
         text = bundle.tokenizer.decode(list(prompt))
         # generate() prompts with its no-thinking chat template: classic decode of those ids is its reference
         ids = no_thinking_prompt_tokens(bundle.tokenizer, text)
@@ -319,10 +394,10 @@ def run_dfly_mlx(target: str, draft: str, prompt: list[int], n: int,
         f.tokens = list(res.token_ids)
         f.rounds = rounds_of(list(res.summary.get("acceptance_history") or []), int(bundle.draft_model.block_size))
         judge_rounds(f)
-        judge(f, classic_tokens(target, ids, n)[0], eos, 0)
+        judge(f, ref.tokens(list(ids)), eos, 0)
 
     def stream(f: Finding) -> None:
-        bundle = load_runtime(target, draft)
+        bundle = runtime()
         events = stream_dflash_generate(
             target_model=bundle.target_model, target_ops=bundle.target_ops, tokenizer=bundle.tokenizer,
             draft_model=bundle.draft_model, draft_backend=bundle.draft_backend, prompt="",
@@ -423,15 +498,17 @@ def run_mtplx(entries: tuple[str, ...] = (), target: str = "") -> list[Finding]:
 
 
 def run(engine: str, target: str, draft: str, prompt: list[int], n: int,
-        entries: tuple[str, ...] = ()) -> list[Finding]:
-    """``engine``'s entry points (``entries``; all when empty) against classic decode."""
+        entries: tuple[str, ...] = (), classic: Classic | None = None) -> list[Finding]:
+    """``engine``'s entry points (``entries``; all when empty) against classic decode (``classic``: its
+    reference, kept for the caller; None: one here, the target loaded by mlx-lm)."""
     runs = {"mlx-dspark": run_mlx_dspark, "dspark-mlx": run_dspark_mlx, "dfly-mlx": run_dfly_mlx}
     if engine == "mtplx":
         return run_mtplx(entries, target)
     if engine in runs:
-        found = runs[engine](target, draft, prompt, n, entries)
+        ref = classic if classic is not None else Classic(target, n)
+        found = runs[engine](target, draft, prompt, n, ref, entries)
         for f in found:
-            label_tie(f, target, prompt)
+            label_tie(f, ref, prompt)
         return found
     raise SystemExit(f"Error: unknown engine {engine!r}: choose from {', '.join(ENGINES)}")
 

@@ -5,12 +5,15 @@
 its default fixture (the DSpark / DFly pair of ``e2e --engine NAME``), two checks:
 
 - ``e2e``: what ``specparity e2e --engine NAME`` runs (each of the engine's own loops,
-  loaded by its own loaders, against classic decode, judged and tie-labelled, plus
-  the command's classic ``stream_generate`` arm). What it needs, run bare in the
+  on the pair its own loaders loaded once, against classic decode, judged and
+  tie-labelled; classic decode is mlx-lm's ``stream_generate`` once per distinct
+  prompt, which is also the command's classic arm). What it needs, run bare in the
   same process: the pair loaded once by the engine's loaders, each entry point's
   loop once on the same prompt ids, the target loaded once by mlx-lm and classic
-  decode of as many tokens on each distinct prompt. Everything else (each entry
-  point's own load, the second classic arm, judging) is the check's overhead.
+  decode (the toolkit's greedy chain, ``advance_to_depth``: the same tokens without
+  ``stream_generate``'s own costs) of as many tokens on each distinct prompt.
+  Everything else (the command's checkpoint load and fingerprint, the spy, judging)
+  is the check's overhead.
 - ``probe`` (mlx-dspark and dspark-mlx: the engines whose verify and rollback an
   adapter drives): what ``probe --engine NAME`` and ``replay --engine NAME`` run
   (block vs chain and every rollback per width from copies of classic decode's
@@ -18,7 +21,14 @@ its default fixture (the DSpark / DFly pair of ``e2e --engine NAME``), two check
   against classic decode), as ``bench_dflash.py`` measures dflash-mlx's: the
   forwards they need are timed where they happen (the session's prefill, verify and
   rollback, every classic step), plus the engine's own loop run bare (nothing
-  recorded) on the same prompts.
+  recorded) on the same prompts. A classic forward counts once per command
+  (``Timers.wrap_forwards(distinct=True)``): one that decodes a token history the
+  same command already decoded (``replay --engine``'s accept-vector replay walks the
+  classic chain its walk of the engine's run walked) is timed apart and printed
+  (``_probe_repeats``, with the figure counting them), not counted as needed; the
+  reproducibility bracket's repeat is deliberate and counts. ``_probe_parts`` splits
+  the median run: forwards needed, repeats, the engine's loop recorded (and bare),
+  the rest.
 
 The arms are interleaved (``--repeat`` paired runs after a warm-up, the order
 alternating); the figure is the median ratio with its distribution-free 95%
@@ -247,33 +257,54 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
     probe_prompts = prompts[: args.prompts]
     timers = Timers()
 
-    def probe_run() -> tuple[float, float, int]:
-        timers.seconds, timers.calls = 0.0, 0
-        timers.wrap_forwards(session_cls)
+    import specparity.probes.forward.blockchain as blockchain
+
+    recorded = [0.0]  # the engine's own loop as the check runs it (recorded round by round)
+
+    def probe_run() -> tuple[float, float, int, float, int, float]:
+        recorded[0] = 0.0
+        timers.seconds, timers.calls, timers.repeated, timers.repeats = 0.0, 0, 0.0, 0
+        timers.wrap_forwards(session_cls, distinct=True)
+        timers.exempt(blockchain, "repeat_chain")  # the reproducibility bracket repeats on purpose
         t0 = time.perf_counter()
         try:
+            timers.new_check()
             probe_engine(eng, eng.info.widths, [0, 8], probe_prompts)
+            timers.new_check()  # replay --engine: a command of its own, its own classic decode
             for p in probe_prompts:
-                check_engine_run(eng, eng.generate(p, n))
+                t1 = time.perf_counter()
+                got = eng.generate(p, n)
+                recorded[0] += time.perf_counter() - t1
+                check_engine_run(eng, got)
         finally:
             timers.undo()
-        return time.perf_counter() - t0, timers.seconds, timers.calls
+        return (time.perf_counter() - t0, timers.seconds, timers.calls, timers.repeated, timers.repeats,
+                recorded[0])
 
-    def loop_run() -> tuple[float, float, int]:
+    def loop_run() -> tuple[float, float, int, float, int, float]:
         t0 = time.perf_counter()
         for p in probe_prompts:
             loop(p, n)
-        return time.perf_counter() - t0, 0.0, 0
+        return time.perf_counter() - t0, 0.0, 0, 0.0, 0, 0.0
 
     probe_prof = profiled(probe_run)
     probe_prof()  # warm-up
     loop_run()
     runs2 = interleaved([probe_prof, loop_run], args.repeat)
     ratios = [c[0] / (c[1] + b[0]) for c, b in runs2]
+    counting_repeats = [c[0] / (c[1] + c[3] + b[0]) for c, b in runs2]
     c, b = sorted(runs2, key=lambda r: r[0][0] / (r[0][1] + r[1][0]))[len(runs2) // 2]
     print(f"{lab}_probe_wall: {c[0]:.2f} s checks, {c[1] + b[0]:.2f} s forwards ({c[2]} engine and classic"
           f" forwards timed in the checks + the engine's own loop bare; the median run; {len(probe_prompts)}"
           f" prompts, {n} tokens, widths {eng.info.widths} depths 0,8 with every rollback)")
+    print(f"{lab}_probe_repeats: {c[4]} classic forwards ({c[3]:.2f} s) decoded a token history the same check"
+          f" had already decoded (replay --engine's accept-vector replay re-decodes the classic chain its walk of"
+          f" the engine's run decoded): timed, not counted as needed; counting them,"
+          f" {statistics.median(counting_repeats):.3f} x median")
+    rest = c[0] - c[1] - c[3] - c[5]
+    print(f"{lab}_probe_parts: of the median run's {c[0]:.2f} s, forwards needed {c[1]:.2f} s, repeated"
+          f" {c[3]:.2f} s, the engine's own loop recorded {c[5]:.2f} s (bare {b[0]:.2f} s), the rest {rest:.2f} s"
+          f" (copies, snapshots, comparisons, picks, Python)")
     figure(f"{lab}_probe", ratios, "probe + replay checks / the forwards they need", prof, args.profile)
 
 

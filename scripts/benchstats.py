@@ -115,6 +115,10 @@ class Timers:
     def __init__(self) -> None:
         self.seconds = 0.0
         self.calls = 0
+        self.repeated = 0.0  # wrap_forwards(distinct=True): classic forwards the check had already run
+        self.repeats = 0
+        self._seen: set[tuple[int, Any]] = set()
+        self._exempt = 0
         self._undo: list[tuple[Any, str, Any]] = []
 
     def wrap(self, owner: Any, name: str) -> None:
@@ -148,15 +152,88 @@ class Timers:
         setattr(owner, name, timed)
         self._undo.append((owner, name, orig))
 
-    def wrap_forwards(self, session_cls: type) -> None:
+    def wrap_forwards(self, session_cls: type, distinct: bool = False) -> None:
         """Time an in-process engine check's forwards: its session's prefill, verify and rollback, and
-        every classic decode forward and step (:class:`specparity.decode.Decoder`)."""
+        every classic decode forward and step (:class:`specparity.decode.Decoder`).
+
+        ``distinct``: a classic forward counts once per check (:meth:`new_check`): one whose decoder's
+        token history (prompt and every token fed since, on the same model) the check already decoded is
+        a repeat, timed apart (``repeated`` seconds, ``repeats`` calls), not a forward it needs. The
+        reproducibility bracket's deliberate repeat (:func:`exempt`) counts as needed.
+        """
         from specparity.decode import Decoder
 
         for name in ("prefill", "verify", "rollback"):
             self.wrap(session_cls, name)
-        self.wrap(Decoder, "forward")
-        self.wrap(Decoder, "step")
+        if not distinct:
+            self.wrap(Decoder, "forward")
+            self.wrap(Decoder, "step")
+            return
+        self._wrap_distinct(Decoder)
+
+    def new_check(self) -> None:
+        """A new check (command) starts: the classic decode it runs is needed again."""
+        self._seen.clear()
+
+    def exempt(self, owner: Any, name: str) -> None:
+        """Classic forwards inside ``owner.name`` count as needed even where they repeat (the bracket)."""
+        orig = getattr(owner, name)
+
+        @functools.wraps(orig)
+        def exempted(*args: Any, **kwargs: Any) -> Any:
+            self._exempt += 1
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self._exempt -= 1
+
+        setattr(owner, name, exempted)
+        self._undo.append((owner, name, orig))
+
+    def _wrap_distinct(self, decoder: Any) -> None:
+        timers = self
+        key = "_bench_history"
+
+        def history(dec: Any) -> tuple[int, ...] | None:
+            """The tokens fed into ``dec``'s cache since it was empty (None: its cache came from elsewhere)."""
+            if key not in dec.__dict__:  # a decoder as constructed: empty, unless its cache was replaced
+                return None if any(getattr(c, "offset", 0) for c in dec.cache) else ()
+            cache, fed = dec.__dict__[key]
+            return fed if cache is dec.cache else None
+
+        def tracked(orig: Any, single: bool) -> Any:
+            @functools.wraps(orig)
+            def timed(dec: Any, arg: Any) -> Any:
+                before = history(dec)
+                after = None if before is None else before + ((int(arg),) if single else tuple(arg))
+                t0 = time.perf_counter()
+                try:
+                    return orig(dec, arg)
+                finally:
+                    dt = time.perf_counter() - t0
+                    seen = (id(dec.model), after)
+                    if after is not None and seen in timers._seen and not timers._exempt:
+                        timers.repeated += dt
+                        timers.repeats += 1
+                    else:
+                        timers._seen.add(seen)
+                        timers.seconds += dt
+                        timers.calls += 1
+                    dec.__dict__[key] = (dec.cache, after)
+            return timed
+
+        orig_fork = decoder.fork
+
+        @functools.wraps(orig_fork)
+        def fork(dec: Any) -> Any:
+            other = orig_fork(dec)
+            other.__dict__[key] = (other.cache, history(dec))
+            return other
+
+        for name, fn in (("forward", tracked(decoder.forward, False)), ("step", tracked(decoder.step, True)),
+                         ("fork", fork)):
+            self._undo.append((decoder, name, getattr(decoder, name)))
+            setattr(decoder, name, fn)
 
     def undo(self) -> None:
         for owner, name, orig in reversed(self._undo):

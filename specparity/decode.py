@@ -199,8 +199,8 @@ def snapshot(cache: list[Any]) -> list[LayerState]:
             for name, a in tree_items(c.state):
                 if hasattr(a, "shape"):
                     arrays[name or "state"] = a
-        mx.eval(list(arrays.values()))
         out.append(LayerState(kind, off, arrays))
+    mx.eval([a for layer in out for a in layer.arrays.values()])  # every layer's slices in one evaluation
     return out
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from specparity.probes.e2e import OWN_LOOP, E2EOptions, E2ERun, EntryArm, compare_arms, run_api_arm
+from specparity.probes.e2e import OWN_LOOP, E2EOptions, E2ERun, EntryArm, compare_arms
 from specparity.probes.engines.base import EngineInfo
 from specparity.progress import NULL, Observer
 from specparity.verdicts import Verdict
@@ -63,7 +63,12 @@ def load(name: str) -> Any:
 
 def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max_tokens: int,
                       entry_points: list[str] | None = None, observer: Observer = NULL) -> E2ERun:
-    """Each of the engine's own loops against mlx-lm's classic ``stream_generate`` on the ids it consumed."""
+    """Each of the engine's own loops against mlx-lm's classic ``stream_generate`` on the ids it consumed.
+
+    Classic decode runs once per distinct prompt (:class:`~specparity.probes.engine_e2e.Classic`): the same
+    arm judges each loop round by round and is this command's classic arm.
+    """
+    from specparity.probes.engine_e2e import Classic
     from specparity.probes.engine_e2e import run as run_entries
 
     info = engine.info
@@ -71,22 +76,19 @@ def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max
     run = E2ERun(header=(f"{info.name} {info.version} on {info.target} with drafter {info.draft}: its own loops;"
                          f" classic: mlx-lm's stream_generate without a drafter; max_tokens={max_tokens}"),
                  options=options.passed(True), model=loaded.fingerprint.to_dict(), prompt_tokens=len(prompt))
-    classics: dict[tuple[int, ...], EntryArm] = {}
+    classic = Classic(info.target, max_tokens, loaded=loaded, context=engine.classic)
     findings = run_entries(info.name, info.target, info.draft or "", list(prompt), max_tokens,
-                           tuple(entry_points or ()))
+                           tuple(entry_points or ()), classic=classic)
     with observer.part("entry points", total=len(findings)):
         for f in findings:
-            ids = tuple(f.prompt if f.prompt is not None else prompt)
-            if ids not in classics:
-                with engine.classic():
-                    classics[ids] = run_api_arm("stream_generate", loaded, None, list(ids), options)
+            ref = classic.arm(list(f.prompt if f.prompt is not None else prompt))
             arm = EntryArm(f.entry, True, passed={"max_tokens": max_tokens})
             arm.step, arm.received = f"{info.name} {f.entry} {OWN_LOOP}", dict(arm.passed)
             arm.tokens, arm.drafted, arm.seconds = list(f.tokens), int(f.accepted or 0), f.seconds
             arm.text = loaded.tokenizer.decode(arm.tokens)
             if f.verdict in (Verdict.ERROR, "cannot_run"):
                 arm.error = f"{f.verdict.replace('_', ' ')}: {f.failure or f.reason}"
-            res = compare_arms(f.entry, classics[ids], arm, options, loaded.tokenizer)
+            res = compare_arms(f.entry, ref, arm, options, loaded.tokenizer)
             if f.verdict == Verdict.DIVERGED:
                 res.reason = f"{res.reason}; {f.reason}" if res.reason else f.reason
             run.entries.append(res)

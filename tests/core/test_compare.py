@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
 from specparity.compare import compare_arrays, sha256_of
 
@@ -128,3 +129,38 @@ def test_cache_offsets_and_missing_arrays_are_reported():
     diffs = compare_states(a, b, ("chain", "block"))
     assert [(d.name, d.differs, d.note) for d in diffs] == [
         ("offset", True, "offset 4 vs 5"), ("keys", False, ""), ("values", True, "only in block")]
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the numpy path describing two NaNs
+def test_one_flipped_bit_of_any_dtype_differs_and_mx_and_numpy_inputs_report_alike():
+    """A single flipped bit, -0.0 vs 0.0 and a NaN's payload differ; an equal pair reports the same from
+    mx.arrays as from numpy arrays; a strided slice compares by its own elements."""
+    for dtype, uint in ((mx.float32, mx.uint32), (mx.bfloat16, mx.uint16), (mx.float16, mx.uint16),
+                        (mx.int8, mx.uint8)):
+        a = mx.arange(24).reshape(4, 6).astype(dtype)
+        bits = np.array(a.view(uint))
+        bits[3, 1] ^= 1  # the lowest bit of one element
+        d = compare_arrays(a, mx.array(bits).view(dtype))
+        assert not d.equal and d.first_row == 3 and d.differing_elements == 1, dtype
+    assert not compare_arrays(mx.array([0.0]), mx.array([-0.0])).equal
+    nan_bits = np.array([0x7FC00000, 0x7FC00001], dtype=np.uint32)
+    n = mx.array(nan_bits).view(mx.float32)
+    assert not compare_arrays(n[:1], n[1:]).equal and compare_arrays(n[:1], n[:1]).equal
+    a = mx.arange(12, dtype=mx.float32).reshape(3, 4)
+    assert compare_arrays(a, mx.array(a)) == compare_arrays(np.array(a), np.array(a))
+    # a strided slice (a snapshot's valid positions) compares by its own elements
+    assert compare_arrays(a[:, :2], mx.array(np.array(a)[:, :2])).equal
+
+
+def test_a_one_bit_difference_in_a_recurrent_state_is_named_with_its_layer():
+    from specparity.compare import first_state_difference
+    from specparity.decode import snapshot
+
+    assert first_state_difference(snapshot(_caches()), snapshot(_caches())) == (None, [])
+    other = _caches()
+    rec = other[3][1]
+    bits = np.array(rec.view(mx.uint32))
+    bits.reshape(-1)[7] ^= 1
+    other[3][1] = mx.array(bits).view(mx.float32)
+    first, layers = first_state_difference(snapshot(_caches()), snapshot(other))
+    assert first is not None and (first.layer, first.name) == (3, "state.1") and layers == [3]

@@ -208,3 +208,44 @@ def test_kv_bits_reaches_the_cli_arm(pair):
     idx = {e.entry: (e.difference.token_index if e.difference else None) for e in run.entries}
     assert idx["cli"] is not None and idx["cli"] == idx["stream_generate"] == idx["generate"], idx
     assert run.entries[2].classic.received["kv_bits"] == 4
+
+
+@pytest.mark.model
+def test_an_engine_checks_classic_reference_is_one_stream_generate_run_that_stops_at_eos(pair):
+    """``e2e --engine``'s classic decode (probes/engine_e2e.Classic) is mlx-lm's own stream_generate, run once
+    per prompt: its arm judges every engine loop and is the command's classic arm. It is the greedy chain on
+    these weights, and where the tokenizer's eos comes up it stops there, as mlx-lm's classic path does."""
+    from specparity.decode import advance_to_depth
+    from specparity.probes.engine_e2e import Classic
+
+    target, _ = pair
+    ids = list(target.tokenizer.encode(PROMPT))
+    ref = Classic(max_tokens=12, loaded=target)
+    arm = ref.arm(ids)
+    assert ref.arm(list(ids)) is arm and arm.step == "generate_step" and not arm.error  # decoded once
+    chain = advance_to_depth(target.model, ids, 12)[2]
+    assert ref.tokens(ids) == chain and len(chain) == 12
+    saved = set(target.tokenizer.eos_token_ids)
+    try:
+        target.tokenizer.eos_token_ids = {chain[4]}
+        stops = Classic(max_tokens=12, loaded=target)
+        assert stops.tokens(ids) == chain[: chain.index(chain[4]) + 1] and stops.eos == {chain[4]}
+    finally:
+        target.tokenizer.eos_token_ids = saved
+
+
+def test_an_engine_loop_is_judged_against_where_classic_decode_stopped():
+    """An engine that emits past classic decode's eos diverges at that token; one that stops there matches;
+    one that runs past max_tokens diverges one token past it (mlx-dspark's last round)."""
+    from specparity.probes.engine_e2e import Finding, judge
+
+    rounds = [{"drafted": 2, "accepted": 2, "committed": 3, "source": "draft"}] * 3
+    classic, eos = [5, 6, 7, 2], {2}
+    past = judge(Finding("e", "loop", tokens=[5, 6, 7, 2, 9], rounds=rounds, accepted=6, drafted=6), classic, eos, 0)
+    assert past.verdict == Verdict.DIVERGED and past.index == 4 and past.classic_token is None
+    assert "classic stopped at its eos token 2 after 4 tokens" in past.reason and past.round == 2
+    stops = judge(Finding("e", "loop", tokens=[5, 6, 7, 2], rounds=rounds, accepted=6, drafted=6), classic, eos, 0)
+    assert stops.verdict == Verdict.MATCH
+    over = judge(Finding("e", "loop", tokens=[5, 6, 7, 8, 9], rounds=rounds, accepted=6, drafted=6), [5, 6, 7, 8],
+                 eos, 0)
+    assert over.verdict == Verdict.DIVERGED and over.index == 4 and "max_tokens=4" in over.reason

@@ -1,4 +1,4 @@
-"""scripts/benchstats.py: the benches' shared statistics and timers (units: no model, no process)."""
+"""scripts/benchstats.py: the benches' shared statistics and timers (units: no checkpoint, no process)."""
 
 from __future__ import annotations
 
@@ -84,3 +84,56 @@ def test_timers_count_calls_and_a_generators_items_then_undo(stats: Any) -> None
     before = timers.seconds
     m.forward()
     assert timers.seconds == before and Model.forward.__name__ == "forward"
+
+
+@pytest.mark.model
+def test_distinct_timers_count_a_classic_history_once_per_check_and_the_bracket_always(stats: Any) -> None:
+    """wrap_forwards(distinct=True): a classic forward whose token history the check already decoded is timed
+    apart (a repeat); a fork carries its history; a decoder whose cache came from elsewhere is never a repeat;
+    a new check decodes anew; an exempted call (the bracket) counts however it repeats."""
+    from types import SimpleNamespace
+
+    from mlx_lm.models import llama
+
+    from specparity.decode import Decoder, copy_cache
+
+    model = llama.Model(llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=1,
+                                        intermediate_size=64, num_attention_heads=2, rms_norm_eps=1e-5,
+                                        vocab_size=64, num_key_value_heads=2))
+
+    class Session:
+        def prefill(self, prompt: list[int]) -> None: ...
+        def verify(self, tokens: list[int]) -> None: ...
+        def rollback(self, accepted: int) -> None: ...
+
+    originals = (Decoder.forward, Decoder.step, Decoder.fork)
+    t = stats.Timers()
+    t.wrap_forwards(Session, distinct=True)
+    try:
+        t.new_check()
+        a = Decoder(model)
+        a.step(a.prefill([1, 2, 3]))  # histories (1, 2) and (1, 2, 3)
+        kept = a.fork()
+        a.step(5)  # (1, 2, 3, 5)
+        assert (t.calls, t.repeats) == (3, 0)
+        b = Decoder(model)
+        b.prefill([1, 2, 3])
+        b.forward([3])
+        b.forward([5])
+        assert (t.calls, t.repeats) == (3, 3) and t.repeated > 0
+        kept.forward([6])  # the fork's history goes on from (1, 2, 3): new
+        assert (t.calls, t.repeats) == (4, 3)
+        elsewhere = Decoder(model)
+        elsewhere.cache = copy_cache(a.cache)
+        elsewhere.forward([7])
+        assert (t.calls, t.repeats) == (5, 3)
+        bracket = SimpleNamespace(run=lambda: Decoder(model).prefill([1, 2, 3]))
+        t.exempt(bracket, "run")
+        bracket.run()
+        assert (t.calls, t.repeats) == (6, 3)
+        t.new_check()
+        Decoder(model).prefill([1, 2, 3])
+        assert (t.calls, t.repeats) == (7, 3)
+    finally:
+        t.undo()
+    assert (Decoder.forward, Decoder.step, Decoder.fork) == originals
