@@ -54,6 +54,8 @@ class ClassicChain:
         self.processors = processors or []
         self._marks = sorted(marks or ())
         self._states: dict[int, list[Any]] = {}
+        # every token fed so far was classic's own pick: the chain is the greedy chain, a replay may go on with it
+        self.own = True
 
     @property
     def steps(self) -> int:
@@ -118,6 +120,8 @@ class ClassicChain:
         pick there and the row's absolute position."""
         self._keep_mark()
         j = self.steps
+        if token != self.tokens[j]:
+            self.own = False
         self.tokens[j] = token
         with self.context():
             row = self.dec.forward([token])[-1]
@@ -126,14 +130,18 @@ class ClassicChain:
         self.tokens.append(pick.token)
         return row, pick, len(self.prompt) - 1 + j
 
-    def state_at(self, steps: int) -> list[Any]:
-        """Classic decode's cache snapshot after ``steps`` rows (now, or kept at a mark it ran past)."""
+    def state_at(self, steps: int, keep: bool = False) -> list[Any]:
+        """Classic decode's cache snapshot after ``steps`` rows (now, or kept at a mark it ran past);
+        ``keep``: a later caller asks for it again (a replay going on with this chain)."""
         if self.steps == steps:
             while self._marks and self._marks[0] <= steps:
                 self._marks.pop(0)
-            self._states.pop(steps, None)
-            return snapshot(self.dec.cache)
-        return self._states.pop(steps)
+            state = self._states.pop(steps, None) or snapshot(self.dec.cache)
+        else:
+            state = self._states.pop(steps)
+        if keep:
+            self._states[steps] = state
+        return state
 
     def drop_before(self, j: int) -> None:
         for k in [k for k in self.rows if k < j]:

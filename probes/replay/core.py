@@ -119,6 +119,17 @@ class RoundOptions:
             need += ["layer-offsets", "rewind-modes"]
         return need
 
+    def marks(self, accepts: list[int]) -> set[int] | None:
+        """The chain's step counts where the state check compares (after the lead, then after each
+        round's ``a + 1`` tokens); None without the state check."""
+        if CHECK_STATE not in self.checks:
+            return None
+        out, end = {self.lead}, self.lead
+        for a in accepts:
+            end += a + 1
+            out.add(end)
+        return out
+
     @classmethod
     def served(cls, prefill_emits: bool = False, policy: str = POLICY_WRONG) -> RoundOptions:
         """A served run's vector with rewind offsets (:func:`replay_rounds`): anchor start (then the first
@@ -197,7 +208,7 @@ class RoundsResult:
 def replay_accepts(engine: Engine, prompt: list[int], accepts: list[int], widths: list[int],
                    options: RoundOptions, wrong_id: int = 0, served_tokens: list[int] | None = None,
                    trace: list | None = None, observer: Observer = NULL,
-                   processors: list[Any] | None = None) -> RoundsResult:
+                   processors: list[Any] | None = None, chain: ClassicChain | None = None) -> RoundsResult:
     """Replay ``accepts`` (``widths`` rows per round) through ``engine``'s session as ``options`` say;
     compare every kept row, emitted token and (per ``options.checks``) the state after each rollback with
     one classic chain. Inputs are checked by the callers (:func:`replay_rounds`, :func:`replay_engine`).
@@ -210,7 +221,9 @@ def replay_accepts(engine: Engine, prompt: list[int], accepts: list[int], widths
     rewinds) so a benchmark can time the same forwards bare. ``observer`` gets progress per round (part
     ``rounds``). ``processors``: made logits processors, applied to the chain and every verify row as
     classic decode applies them. An engine call that raises :class:`EngineCannotRun` stops the loop
-    (``error``).
+    (``error``). ``chain``: classic decode already stepped on this prompt along its own picks (a walk of
+    the engine's run that matched it, :attr:`ClassicChain.own`), its rows kept and its states kept at
+    ``options.marks(accepts)``: the replay goes on with it instead of decoding the same chain again.
     """
     import mlx.core as mx
 
@@ -218,14 +231,10 @@ def replay_accepts(engine: Engine, prompt: list[int], accepts: list[int], widths
     opts = engine.cache_options()
     res = RoundsResult(options, len(accepts), list(widths), len(prompt), wrong_id, opts.to_dict())
     lead, state_check = options.lead, CHECK_STATE in options.checks
-    marks = None
-    if state_check:
-        # classic decode's state where each round ends (the chain may run past it)
-        marks, end = {lead}, lead
-        for a in accepts:
-            end += a + 1
-            marks.add(end)
-    chain = ClassicChain(engine.classic_model(), prompt, opts, trace, processors, engine.classic, marks)
+    if chain is None or not chain.own or trace is not None or processors or options.bracket:
+        # classic decode's state where each round ends is kept (the chain may run past it)
+        chain = ClassicChain(engine.classic_model(), prompt, opts, trace, processors, engine.classic,
+                             options.marks(accepts))
     if options.bracket:
         res.bracket = chain.bracket(widths[0] + lead)
         if not res.bracket.reproducible:

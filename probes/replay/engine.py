@@ -154,14 +154,17 @@ class EngineReplayReport(ReportMixin):
 
 
 def replay_engine(engine: Engine, prompt: list[int], accepts: list[int], widths: list[int],
-                  wrong_id: int = 0, observer: Observer = NULL) -> EngineReplayReport:
+                  wrong_id: int = 0, observer: Observer = NULL, chain: ClassicChain | None = None
+                  ) -> EngineReplayReport:
     """Replay ``accepts`` (with ``widths``) through the engine's verify and rollback; compare with classic:
     :func:`replay_accepts` with :meth:`RoundOptions.whole_state` (the engine's own prefill, whose last row
     emits the first token; one wrong id, ``wrong_id`` or the next id where that is the bonus token, for
     every rejected row; the engine's whole state compared after the prefill and after every rollback). An
-    engine that cannot run a call is reported with its error, the rounds before it checked."""
+    engine that cannot run a call is reported with its error, the rounds before it checked. ``chain``:
+    classic decode already stepped along its own picks on this prompt (:func:`check_engine_run`), gone on
+    with rather than decoded again."""
     res = replay_accepts(engine, prompt, accepts, widths, RoundOptions.whole_state(), wrong_id=wrong_id,
-                         observer=observer)
+                         observer=observer, chain=chain)
     return EngineReplayReport.of(res, engine.info.to_dict(), accepts)
 
 
@@ -173,7 +176,12 @@ def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_
     classic decode stops there, so a token past it is a finding, whichever engine emitted it."""
     t0 = time.perf_counter()
     limit = run.max_tokens if run.max_tokens is not None else max_tokens
-    chain = ClassicChain(engine.classic_model(), run.prompt, engine.cache_options(), context=engine.classic)
+    # the replay of the run's accept vector goes on with this walk's classic decode where the engine's tokens
+    # are classic's own (ClassicChain.own): its rows are kept, and its states where the replay compares
+    reuse = bool(replay and run.tokens and run.rounds)
+    marks = RoundOptions.whole_state().marks(run.accepts) if reuse else None
+    chain = ClassicChain(engine.classic_model(), run.prompt, engine.cache_options(), context=engine.classic,
+                         marks=marks)
     found = Findings()
     report = EngineReplayReport("engine-run", engine.info.to_dict(), len(run.prompt), 0, len(run.rounds),
                                 run.accepts, run.widths, 0, [r.source for r in run.rounds], tokens=list(run.tokens),
@@ -211,10 +219,11 @@ def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_
                     nxt = run.tokens[emitted]
                 if nxt is not None and emitted < len(run.tokens):
                     emit(pick, nxt, rnd.index, k, erow, row)
-            chain.drop_before(chain.steps)
+            if not reuse:
+                chain.drop_before(chain.steps)
             if rnd.index < len(run.states):
                 found.state_after(rnd.index, a, rnd.width, len(run.prompt) - 1 + chain.steps,
-                                  chain.state_at(chain.steps), run.states[rnd.index])
+                                  chain.state_at(chain.steps, keep=reuse), run.states[rnd.index])
             report.rounds = rnd.index + 1
     report.positions = emitted
     report.token, report.row, report.state = found.token, found.row, found.state
@@ -222,7 +231,8 @@ def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_
     report.classic_tokens = [chain.picks[j].token for j in range(emitted)]
     report.seconds = time.perf_counter() - t0
     if replay and run.tokens and run.rounds:
-        report.replay = replay_engine(engine, run.prompt, run.accepts, run.widths, wrong_id, observer)
+        report.replay = replay_engine(engine, run.prompt, run.accepts, run.widths, wrong_id, observer,
+                                      chain if chain.own else None)
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -101,3 +101,55 @@ def test_engine_errors_are_one_line_with_their_exit_code(cli_bin: str, tmp_path:
     assert proc.returncode == 4
     assert proc.stderr.strip().splitlines()[-1] == (
         f"Error: SPECPARITY_DFLASH_MLX_PYTHON={tmp_path / 'no-python'}: no such interpreter")
+
+
+@cpu_only
+@pytest.mark.parametrize("faults", [[], [{"kind": "stale_trim"}]], ids=["clean", "stale-trim"])
+def test_the_replay_of_an_engine_run_reuses_its_walks_classic_decode_and_finds_the_same(
+        fixture_root: Path, faults: list) -> None:
+    """check_engine_run's accept-vector replay takes classic decode's rows, picks and states from the walk of
+    the engine's run where the histories agree: on a clean run it decodes almost nothing of its own, and it
+    reports exactly what a replay decoding everything again reports (a stale trim: the same round, state and
+    layers; where the engine's tokens left classic decode's, the replay decodes its own classic chain)."""
+    from specparity.decode import Decoder
+    from specparity.probes.replay.engine import check_engine_run
+
+    info = build(fixture_root, f"llama-reuse-{len(faults)}", arch="llama", faults=faults)
+    eng = MlxLmEngine(load_checkpoint(info.target, trust_remote_code=True), draft=info.draft)
+    run = eng.generate(PROMPT, 24)
+    assert run.rounds and run.tokens
+    fed: list[tuple[int, ...]] = []
+    orig, sessions, make_session = Decoder.forward, [], eng.session
+
+    def session() -> Any:
+        sessions.append(make_session())
+        return sessions[-1]
+
+    eng.session = session  # type: ignore[method-assign]
+
+    def counted(self: Any, tokens: list[int]) -> Any:
+        if not any(self is s.dec for s in sessions):  # classic decode's forwards, not the engine's verify
+            fed.append(tuple(tokens))
+        return orig(self, tokens)
+
+    def forwards(fn: Any) -> tuple[Any, int]:
+        fed.clear()
+        Decoder.forward = counted  # type: ignore[method-assign]
+        try:
+            return fn(), len(fed)
+        finally:
+            Decoder.forward = orig  # type: ignore[method-assign]
+
+    reused, n_reused = forwards(lambda: check_engine_run(eng, run))
+    _, n_walk = forwards(lambda: check_engine_run(eng, run, replay=False))
+    again, n_again = forwards(lambda: replay_engine(eng, run.prompt, run.accepts, run.widths))
+    assert reused.replay is not None and n_reused <= n_walk + n_again
+    if reused.token is None:  # the engine's tokens are classic decode's: the replay decodes little of its own
+        assert n_reused <= n_walk + 2 < n_walk + n_again, (n_reused, n_walk, n_again)
+
+    def same(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k != "seconds"}
+
+    assert same(reused.replay.to_dict()) == same(again.to_dict())
+    if faults:
+        assert reused.replay.state is not None and reused.replay.verdict == "divergent"
