@@ -149,7 +149,8 @@ def compare_arrays(a: Any, b: Any, row_axis: int = 0, logits: bool = False) -> D
     fb = _as_float64(nb, dtype_b)
     with np.errstate(invalid="ignore"):
         abs_diff = np.abs(fa - fb)
-    max_abs = float(np.nanmax(abs_diff)) if abs_diff.size else 0.0
+    finite = abs_diff[~np.isnan(abs_diff)]  # differing NaN payloads leave no number to compare
+    max_abs = float(finite.max()) if finite.size else (float("nan") if abs_diff.size else 0.0)
     is_float = dtype_a in ("bfloat16", "float16", "float32", "float64")
     max_ulp = 0
     if is_float and itemsize in _INT_FOR_ITEMSIZE:
@@ -307,9 +308,41 @@ def compare_states(a: list[Any], b: list[Any], labels: tuple[str, str] = ("a", "
     return out
 
 
+_BITS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+
+
+def states_identical(a: list[Any], b: list[Any]) -> bool:
+    """True when two cache snapshots hold the same layers, offsets, array names, shapes, dtypes and bits,
+    settled in one mlx evaluation; False when they do not, or when this cannot say (arrays that are not
+    mlx's, shapes that differ): :func:`compare_states` then says how."""
+    import mlx.core as mx
+
+    if len(a) != len(b):
+        return False
+    flags = []
+    for la, lb in zip(a, b):
+        if la.offset != lb.offset or la.kind != lb.kind or list(la.arrays) != list(lb.arrays):
+            return False
+        for name, xa in la.arrays.items():
+            xb = lb.arrays[name]
+            if not (isinstance(xa, mx.array) and isinstance(xb, mx.array)) or xa.shape != xb.shape \
+                    or xa.dtype != xb.dtype:
+                return False
+            bits = getattr(mx, _BITS.get(xa.dtype.size, ""), None)
+            if bits is None:
+                return False
+            # the bits, not the values: -0.0 and 0.0 differ, a NaN equals only its own payload
+            flags.append(mx.all(xa.view(bits) == xb.view(bits)) if mx.issubdtype(xa.dtype, mx.floating)
+                         else mx.all(xa == xb))
+    return bool(mx.all(mx.stack(flags)).item()) if flags else True
+
+
 def first_state_difference(a: list[Any], b: list[Any], labels: tuple[str, str] = ("a", "b")
                            ) -> tuple[StateDiff | None, list[int]]:
     """Where two cache snapshots first differ (:func:`compare_states`' first differing array, in layer
-    order; None: equal), and every layer that differs."""
+    order; None: equal), and every layer that differs. Identical snapshots are settled at once
+    (:func:`states_identical`)."""
+    if states_identical(a, b):
+        return None, []
     diffs = [d for d in compare_states(a, b, labels) if d.differs]
     return (diffs[0] if diffs else None), sorted({d.layer for d in diffs})

@@ -164,3 +164,37 @@ def test_a_one_bit_difference_in_a_recurrent_state_is_named_with_its_layer():
     other[3][1] = mx.array(bits).view(mx.float32)
     first, layers = first_state_difference(snapshot(_caches()), snapshot(other))
     assert first is not None and (first.layer, first.name) == (3, "state.1") and layers == [3]
+
+
+def test_identical_snapshots_are_settled_at_once_and_agree_with_the_full_comparison():
+    """states_identical (first_state_difference's fast path) says True only where compare_states finds no
+    difference: a flipped bit of any dtype, -0.0 vs 0.0, a NaN's payload, an offset, a missing array and
+    a strided slice's own elements are all seen."""
+    from specparity.compare import compare_states, states_identical
+    from specparity.decode import LayerState, snapshot
+
+    def agree(a: list, b: list) -> bool:
+        same = states_identical(a, b)
+        assert same == (not any(d.differs for d in compare_states(a, b))), (a, b)
+        return same
+
+    assert agree(snapshot(_caches()), snapshot(_caches()))
+    for dtype, uint in ((mx.float32, mx.uint32), (mx.bfloat16, mx.uint16), (mx.float16, mx.uint16),
+                        (mx.int8, mx.uint8)):
+        a = mx.arange(24).reshape(1, 1, 4, 6).astype(dtype)
+        bits = np.array(a.view(uint))
+        bits[0, 0, 3, 1] ^= 1
+        b = mx.array(bits).view(dtype)
+        assert agree([LayerState("KVCache", 4, {"keys": a})], [LayerState("KVCache", 4, {"keys": mx.array(a)})])
+        assert not agree([LayerState("KVCache", 4, {"keys": a})], [LayerState("KVCache", 4, {"keys": b})])
+        # a strided slice: only its own positions count
+        assert agree([LayerState("KVCache", 3, {"keys": a[..., :3, :]})],
+                     [LayerState("KVCache", 3, {"keys": b[..., :3, :]})])
+    z = mx.zeros((1, 1, 2, 2))
+    assert not agree([LayerState("KVCache", 2, {"keys": z})], [LayerState("KVCache", 2, {"keys": -z})])
+    n = mx.array(np.array([0x7FC00000, 0x7FC00001], dtype=np.uint32)).view(mx.float32)
+    assert not agree([LayerState("ArraysCache", None, {"state.0": n[:1]})],
+                     [LayerState("ArraysCache", None, {"state.0": n[1:]})])
+    assert agree([LayerState("ArraysCache", None, {"state.0": n})], [LayerState("ArraysCache", None, {"state.0": n})])
+    assert not agree([LayerState("KVCache", 2, {"keys": z})], [LayerState("KVCache", 3, {"keys": z})])
+    assert not agree([LayerState("KVCache", 2, {"keys": z, "values": z})], [LayerState("KVCache", 2, {"keys": z})])
