@@ -68,7 +68,7 @@ from benchstats import Timers, interleaved, ratio_line, served_runs  # noqa: E40
 GOAL_CHECKS = 1.2
 GOAL_SERVED = 1.15
 ENGINES = ("mlx-dspark", "dspark-mlx", "dfly-mlx")
-PROBED = ("mlx-dspark", "dspark-mlx")  # the engines whose verify and rollback an adapter drives
+PROBED = ("mlx-dspark", "dspark-mlx", "dfly-mlx")  # the engines whose verify and rollback an adapter drives
 CHILD = "SPECPARITY_BENCH_ENGINES_CHILD"
 
 
@@ -171,6 +171,22 @@ def adapter(engine: str, target: str, draft: str) -> tuple[Any, type, Callable[[
         def loop(p: list[int], n: int) -> None:
             speculative_generate(eng.target, eng.tokenizer, eng.drafter, prompt_ids=list(p), max_new_tokens=n)
         return eng, MlxDsparkSession, loop
+    if engine == "dfly-mlx":
+        from dflash_mlx.runtime import stream_dflash_generate
+
+        from specparity.probes.engines.dflash_mlx import DflashSession
+        from specparity.probes.engines.dfly_mlx import DflyEngine
+
+        dfly = DflyEngine(target, draft)
+
+        def loop_dfly(p: list[int], n: int) -> None:  # DflyEngine.generate's call, nothing recorded
+            for _ in stream_dflash_generate(
+                    target_model=dfly.target_model, target_ops=dfly.target_ops, tokenizer=dfly.bundle.tokenizer,
+                    draft_model=dfly.draft_model, draft_backend=dfly.bundle.draft_backend, prompt="",
+                    prompt_tokens_override=list(p), max_new_tokens=n, stop_token_ids=[],
+                    runtime_context=dfly.runtime_context, **dfly.loop_options()):
+                pass
+        return dfly, DflashSession, loop_dfly
     from dspark_mlx import generate_eager
 
     from specparity.probes.engines.dspark_mlx import DsparkMlxEngine, DsparkMlxSession
