@@ -81,6 +81,9 @@ def index_ranges(idx: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
 
 
+_BITS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """An mx.array or numpy array as numpy, keeping the exact bits.
 
@@ -116,6 +119,26 @@ def _ordered_ints(bits: np.ndarray, itemsize: int) -> np.ndarray:
     return np.where(signed < 0, -magnitude, magnitude)
 
 
+# from this many elements up, two mx.arrays' bits are compared in mlx first (a copy of each out to numpy costs
+# 2-5 ms at a 150k vocabulary, the comparison in place 0.2-0.6 ms; below it the copy is the cheaper)
+IN_PLACE_ELEMENTS = 65536
+
+
+def _large_and_identical(a: Any, b: Any) -> bool:
+    """Two large mx.arrays of one shape and dtype whose bits are all equal (False: not known equal)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return False
+    import mlx.core as mx
+
+    if not (isinstance(a, mx.array) and isinstance(b, mx.array)) or a.size < IN_PLACE_ELEMENTS \
+            or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    bits = getattr(mx, _BITS.get(a.dtype.size, ""), None)
+    if bits is None:
+        return False
+    return bool(mx.all(a.view(bits) == b.view(bits)).item())
+
+
 def compare_arrays(a: Any, b: Any, row_axis: int = 0, logits: bool = False) -> Diff:
     """Compare two arrays byte for byte.
 
@@ -125,6 +148,9 @@ def compare_arrays(a: Any, b: Any, row_axis: int = 0, logits: bool = False) -> D
     first differing row.
     """
     dtype_a, dtype_b = dtype_name(a), dtype_name(b)
+    if _large_and_identical(a, b):  # a vocabulary-wide row: settled in place, no copy out
+        size = int(a.size)
+        return Diff(True, dtype_a, tuple(a.shape), 0, size * a.dtype.size, 0, size)
     na, nb = to_numpy(a), to_numpy(b)
     if na.shape != nb.shape or dtype_a != dtype_b:
         raise ValueError(
@@ -306,9 +332,6 @@ def compare_states(a: list[Any], b: list[Any], labels: tuple[str, str] = ("a", "
                 continue
             out.append(compare_cache_array(i, la.kind, name, xa, xb))
     return out
-
-
-_BITS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
 
 
 def states_identical(a: list[Any], b: list[Any]) -> bool:

@@ -198,3 +198,25 @@ def test_identical_snapshots_are_settled_at_once_and_agree_with_the_full_compari
     assert agree([LayerState("ArraysCache", None, {"state.0": n})], [LayerState("ArraysCache", None, {"state.0": n})])
     assert not agree([LayerState("KVCache", 2, {"keys": z})], [LayerState("KVCache", 3, {"keys": z})])
     assert not agree([LayerState("KVCache", 2, {"keys": z, "values": z})], [LayerState("KVCache", 2, {"keys": z})])
+
+
+def test_a_vocabulary_wide_row_compares_in_place_with_the_same_answer():
+    """Rows past IN_PLACE_ELEMENTS are settled in mlx when identical, with the Diff numpy inputs give; a
+    flipped bit, -0.0 and a NaN payload still differ, at the right row."""
+    from specparity.compare import IN_PLACE_ELEMENTS
+
+    rows = 2
+    width = IN_PLACE_ELEMENTS // rows + 7
+    for dtype, uint in ((mx.float32, mx.uint32), (mx.bfloat16, mx.uint16)):
+        a = mx.random.normal((rows, width)).astype(dtype)
+        same = compare_arrays(a, mx.array(a), logits=True)
+        assert same.equal and (same.dtype, same.shape) == (str(dtype).replace("mlx.core.", ""), (rows, width))
+        assert (same.total_elements, same.total_bytes) == (rows * width, rows * width * a.dtype.size)
+        if dtype == mx.float32:  # what numpy inputs give (they take the copying path)
+            assert same == compare_arrays(np.array(a), np.array(a), logits=True)
+        bits = np.array(a.view(uint))
+        bits[1, width - 1] ^= 1
+        d = compare_arrays(a, mx.array(bits).view(dtype), logits=True)
+        assert not d.equal and d.first_row == 1 and d.differing_elements == 1
+    z = mx.zeros((rows, width))
+    assert not compare_arrays(z, -z).equal
