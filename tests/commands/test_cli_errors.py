@@ -83,12 +83,12 @@ def test_loader_failures_are_one_line(cli_bin, llama_pair, tmp_path):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("command", [("probe", *FAST),
-                                     pytest.param(("bisect", "--width", "3"), marks=pytest.mark.slow),
-                                     pytest.param(("replay", "--accepts", "1,2", "--width", "3"),
-                                                  marks=pytest.mark.slow)])
+@pytest.mark.parametrize("command", [("probe", *FAST), pytest.param(("replay", "--accepts", "1,2", "--width", "3"),
+                                                                     marks=pytest.mark.slow)])
 def test_a_kv_group_size_the_head_does_not_take_is_named_with_one_that_fits(cli_bin, llama_pair, command):
-    # the fixture's heads are 32 wide; mlx quantizes the KV cache in groups of 64 by default (it was exit 70)
+    # the fixture's heads are 32 wide; mlx quantizes the KV cache in groups of 64 by default (it was exit 70);
+    # one quantization step (decode.quantize_if_due) serves probe, bisect and replay: probe catches its chain's
+    # failures, replay does not
     r = run_cli(cli_bin, *command, "--model", llama_pair.target, "--kv-bits", "8", "--quantized-kv-start", "0")
     assert r.returncode == 2, r.stderr
     errors = [line for line in r.stderr.splitlines() if "Error" in line or "Traceback" in line]
