@@ -139,6 +139,16 @@ def _large_and_identical(a: Any, b: Any) -> bool:
     return bool(mx.all(a.view(bits) == b.view(bits)).item())
 
 
+def _evaluate_together(*arrays: Any) -> None:
+    """Evaluate the mx.arrays among ``arrays`` in one go: a slice or a stack not yet computed would
+    otherwise be computed on its own as it is copied out (one synchronisation each)."""
+    import mlx.core as mx
+
+    pending = [x for x in arrays if isinstance(x, mx.array)]
+    if pending:
+        mx.eval(*pending)
+
+
 def compare_arrays(a: Any, b: Any, row_axis: int = 0, logits: bool = False) -> Diff:
     """Compare two arrays byte for byte.
 
@@ -148,6 +158,7 @@ def compare_arrays(a: Any, b: Any, row_axis: int = 0, logits: bool = False) -> D
     first differing row.
     """
     dtype_a, dtype_b = dtype_name(a), dtype_name(b)
+    _evaluate_together(a, b)
     if _large_and_identical(a, b):  # a vocabulary-wide row: settled in place, no copy out
         size = int(a.size)
         return Diff(True, dtype_a, tuple(a.shape), 0, size * a.dtype.size, 0, size)
