@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from collections.abc import Callable
 from typing import Any
 
+from specparity.completions import first_index
 from specparity.verdicts import Verdict
 
 # set to N: mlx-dspark's N-th verify of each generation flips its first row (the detector's own test)
@@ -162,11 +163,10 @@ def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int
     ``classic`` stops where classic decode stops: at max_tokens, or with the eos token it emitted last.
     """
     f.classic = classic[:len(f.tokens)]
-    n = min(len(f.tokens), len(classic))
-    diff = next((i for i in range(n) if f.tokens[i] != classic[i]), None)
-    if diff is None and len(f.tokens) > len(classic):
-        # classic decode stopped there (at max_tokens, or at its eos): the engine emitted more
-        diff = len(classic)
+    # the first differing token; past classic's end (it stopped at max_tokens or its eos) where the
+    # engine emitted more
+    first = first_index(f.tokens, classic)
+    diff = first if first < len(f.tokens) else None
     if diff is None:
         short = len(f.tokens) < len(classic) and not (f.tokens and f.tokens[-1] in eos)
         if short:
