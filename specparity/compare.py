@@ -124,19 +124,26 @@ def _ordered_ints(bits: np.ndarray, itemsize: int) -> np.ndarray:
 IN_PLACE_ELEMENTS = 65536
 
 
-def _large_and_identical(a: Any, b: Any) -> bool:
-    """Two large mx.arrays of one shape and dtype whose bits are all equal (False: not known equal)."""
+def _same_bits(a: Any, b: Any) -> Any:
+    """Whether two mx.arrays of one shape and dtype hold the same bits, as an unevaluated mx scalar (the
+    bits, not the values: -0.0 and 0.0 differ, a NaN equals only its own payload); None where this cannot
+    say (not both mx.arrays, another shape or dtype, an item size without an unsigned view)."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return False
+        return None
     import mlx.core as mx
 
-    if not (isinstance(a, mx.array) and isinstance(b, mx.array)) or a.size < IN_PLACE_ELEMENTS \
-            or a.shape != b.shape or a.dtype != b.dtype:
-        return False
+    if not (isinstance(a, mx.array) and isinstance(b, mx.array)) or a.shape != b.shape or a.dtype != b.dtype:
+        return None
     bits = getattr(mx, _BITS.get(a.dtype.size, ""), None)
-    if bits is None:
+    return None if bits is None else mx.all(a.view(bits) == b.view(bits))
+
+
+def _large_and_identical(a: Any, b: Any) -> bool:
+    """Two large mx.arrays of one shape and dtype whose bits are all equal (False: not known equal)."""
+    if getattr(a, "size", 0) < IN_PLACE_ELEMENTS:
         return False
-    return bool(mx.all(a.view(bits) == b.view(bits)).item())
+    same = _same_bits(a, b)
+    return same is not None and bool(same.item())
 
 
 def _evaluate_together(*arrays: Any) -> None:
@@ -358,16 +365,10 @@ def states_identical(a: list[Any], b: list[Any]) -> bool:
         if la.offset != lb.offset or la.kind != lb.kind or list(la.arrays) != list(lb.arrays):
             return False
         for name, xa in la.arrays.items():
-            xb = lb.arrays[name]
-            if not (isinstance(xa, mx.array) and isinstance(xb, mx.array)) or xa.shape != xb.shape \
-                    or xa.dtype != xb.dtype:
+            same = _same_bits(xa, lb.arrays[name])
+            if same is None:
                 return False
-            bits = getattr(mx, _BITS.get(xa.dtype.size, ""), None)
-            if bits is None:
-                return False
-            # the bits, not the values: -0.0 and 0.0 differ, a NaN equals only its own payload
-            flags.append(mx.all(xa.view(bits) == xb.view(bits)) if mx.issubdtype(xa.dtype, mx.floating)
-                         else mx.all(xa == xb))
+            flags.append(same)
     return bool(mx.all(mx.stack(flags)).item()) if flags else True
 
 
