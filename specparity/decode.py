@@ -78,9 +78,9 @@ def quantize_if_due(cache: list[Any], opts: CacheOptions) -> None:
     except ValueError as err:
         if "[quantize]" not in str(err) or "group size" not in str(err):
             raise
-        from specparity.errors import Name, UsageError
-
         import re
+
+        from specparity.errors import Name, UsageError
 
         dims = re.findall(r"\d+", str(err).rsplit("shape", 1)[-1]) if "shape" in str(err) else []
         head = int(dims[-1]) if dims else None

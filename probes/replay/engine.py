@@ -27,7 +27,6 @@ replayed (:func:`replay_engine`), so a divergence is placed on the target side
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +41,6 @@ from specparity.verdicts import ReportMixin, Verdict, combine
 
 __all__ = ["EngineReplayReport", "EngineReplayRun", "RowFinding", "StateFinding", "TokenFinding",
            "check_engine_run", "replay_engine"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -229,7 +226,6 @@ def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_
     report.token, report.row, report.state = found.token, found.row, found.state
     report.tie_breaks = [j for j in chain.tie_indices if j < emitted]
     report.classic_tokens = [chain.picks[j].token for j in range(emitted)]
-    report.seconds = time.perf_counter() - t0
     if replay and run.tokens and run.rounds:
         report.replay = replay_engine(engine, run.prompt, run.accepts, run.widths, wrong_id, observer,
                                       chain if chain.own else None)
