@@ -220,3 +220,18 @@ def test_a_vocabulary_wide_row_compares_in_place_with_the_same_answer():
         assert not d.equal and d.first_row == 1 and d.differing_elements == 1
     z = mx.zeros((rows, width))
     assert not compare_arrays(z, -z).equal
+    # a large cache array in a snapshot, settled in mlx beside small ones settled by their bytes
+    from specparity.compare import states_identical
+    from specparity.decode import LayerState
+
+    big = mx.random.normal((1, 2, width, 2))
+    small = mx.arange(8).reshape(1, 1, 4, 2).astype(mx.float32)
+    bits = np.array(big.view(mx.uint32))
+    bits[0, 1, width - 1, 1] ^= 1
+    flipped = mx.array(bits).view(mx.float32)
+    state = [LayerState("KVCache", width, {"keys": big, "values": small})]
+    assert states_identical(state, [LayerState("KVCache", width, {"keys": mx.array(big), "values": small})])
+    assert not states_identical(state, [LayerState("KVCache", width, {"keys": flipped, "values": small})])
+    # a small identical pair of mx.arrays: settled by its bytes, the Diff numpy inputs give
+    row = mx.random.normal((3, 17))
+    assert compare_arrays(row[1:], mx.array(row[1:])) == compare_arrays(np.array(row[1:]), np.array(row[1:]))
