@@ -5,7 +5,6 @@ puts this folder on ``sys.path`` first). Every interval is a 95% one unless said
 
 - :func:`median_ci`: the median of paired ratios and its distribution-free
   confidence interval (binomial order statistics: no assumption on the noise's shape).
-- :func:`pooled_ci`: a ratio of sums over passes with a percentile bootstrap interval.
 - :func:`overhead_verdict`: an overhead goal (``<= 1%``) resolved only when the
   interval's half-width is within the goal.
 - :func:`ratio_verdict`: a ratio goal (``<= 1.1``) met when the whole interval is
@@ -39,24 +38,6 @@ def median_ci(values: Sequence[float], level: float = LEVEL) -> tuple[float, flo
     n = len(x)
     j = max(int(binom.ppf((1 - level) / 2, n, 0.5)), 1)
     return statistics.median(x), x[j - 1], x[n - j]
-
-
-def pooled_ci(rows: Sequence[Any], num: Callable[[Any], tuple[float, float]],
-              den: Callable[[Any], tuple[float, float]], resamples: int = 2000,
-              level: float = LEVEL) -> tuple[float, float, float]:
-    """(ratio, low, high): ``sum(a)/sum(b)`` of ``num`` over that of ``den``, each an (a, b) per row,
-    with a percentile bootstrap interval over rows (fixed seed: the same rows, the same line)."""
-    import numpy as np
-
-    data = np.array([[*num(r), *den(r)] for r in rows], dtype=float)
-
-    def ratio(d: Any) -> Any:
-        return (d[..., 0].sum(-1) / d[..., 1].sum(-1)) / (d[..., 2].sum(-1) / d[..., 3].sum(-1))
-
-    rng = np.random.default_rng(0)
-    boot = ratio(data[rng.integers(0, len(data), size=(resamples, len(data)))])
-    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
-    return float(ratio(data)), float(lo), float(hi)
 
 
 def overhead_verdict(name: str, lo: float, hi: float, goal: float) -> str:
@@ -203,12 +184,12 @@ class Timers:
 
         def tracked(orig: Any, single: bool) -> Any:
             @functools.wraps(orig)
-            def timed(dec: Any, arg: Any) -> Any:
+            def timed(dec: Any, arg: Any, **kwargs: Any) -> Any:
                 before = history(dec)
                 after = None if before is None else before + ((int(arg),) if single else tuple(arg))
                 t0 = time.perf_counter()
                 try:
-                    return orig(dec, arg)
+                    return orig(dec, arg, **kwargs)
                 finally:
                     dt = time.perf_counter() - t0
                     seen = (id(dec.model), after)

@@ -11,6 +11,7 @@ that the trim took effect.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -170,8 +171,9 @@ class LayerState:
     arrays: dict[str, Any] = field(default_factory=dict)
 
 
-def snapshot(cache: list[Any]) -> list[LayerState]:
-    """Each layer's valid cache contents, for byte comparison."""
+def snapshot(cache: list[Any], evaluate: bool = True) -> list[LayerState]:
+    """Each layer's valid cache contents, for byte comparison. ``evaluate`` False: the caller evaluates
+    them (:func:`state_arrays`) together with its own arrays, before the cache changes."""
     import mlx.core as mx
 
     from specparity.mlx_compat import temporal_order
@@ -200,8 +202,14 @@ def snapshot(cache: list[Any]) -> list[LayerState]:
                 if hasattr(a, "shape"):
                     arrays[name or "state"] = a
         out.append(LayerState(kind, off, arrays))
-    mx.eval([a for layer in out for a in layer.arrays.values()])  # every layer's slices in one evaluation
+    if evaluate:
+        mx.eval(state_arrays(out))  # every layer's slices in one evaluation
     return out
+
+
+def state_arrays(state: list[LayerState]) -> list[Any]:
+    """Every array of a snapshot."""
+    return [a for layer in state for a in layer.arrays.values()]
 
 
 def trimmable(cache: list[Any]) -> bool:
@@ -216,13 +224,16 @@ class Decoder:
         self.opts = opts or CacheOptions()
         self.cache: list[Any] = make_cache(model, self.opts)
 
-    def forward(self, tokens: list[int]) -> Any:
-        """One model call over ``tokens`` (len = rows); returns logits (rows, vocab), evaluated."""
+    def forward(self, tokens: list[int], then: Callable[[Any], list[Any]] | None = None) -> Any:
+        """One model call over ``tokens`` (len = rows); returns logits (rows, vocab), evaluated.
+
+        ``then``: what the caller computes from the logits (a row, its pick), built by ``then(logits)``
+        and evaluated with them: one synchronisation instead of two."""
         import mlx.core as mx
 
         logits = self.model(mx.array(tokens, dtype=mx.uint32)[None], cache=self.cache)[0]
         quantize_if_due(self.cache, self.opts)
-        mx.eval(logits, cache_arrays(self.cache))
+        mx.eval(logits, cache_arrays(self.cache), then(logits) if then is not None else [])
         return logits
 
     def step(self, token: int) -> tuple[Any, int]:
@@ -297,9 +308,10 @@ def _greedy_pick_lazy(logits_row: Any) -> Any:
     return make_sampler(0.0)(classic_logprobs(logits_row)).reshape(-1)
 
 
-def greedy_tokens(logits: Any) -> list[int]:
-    """:func:`greedy_token` of every row of a (rows, vocab) block (row by row, as mlx-lm's verify does)."""
-    return [greedy_token(logits[i]) for i in range(int(logits.shape[0]))]
+def greedy_tokens(rows: list[Any]) -> list[Any]:
+    """:func:`greedy_token` of each logits row, row by row as mlx-lm's verify picks, unevaluated (one-element
+    arrays): the caller evaluates them in one go with its own arrays, then reads each (``int(p.item())``)."""
+    return [_greedy_pick_lazy(row) for row in rows]
 
 
 @dataclass
@@ -337,22 +349,31 @@ class GreedyPick:
         return {**asdict(self), "tie_flip": self.tie_flip}
 
 
-def greedy_pick(logits_row: Any) -> GreedyPick:
-    """:func:`greedy_token` with the evidence a near-tie flip needs."""
+def greedy_pick_parts(logits_row: Any) -> list[Any]:
+    """:func:`greedy_pick`'s arrays, unevaluated: classic's pick (:func:`greedy_token`'s own computation),
+    the raw-logit argmax and the logprobs as float32 (exact for every float dtype mlx-lm emits)."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_sampler
+
+    lp = classic_logprobs(logits_row)
+    return [make_sampler(0.0)(lp).reshape(-1), mx.argmax(logits_row.reshape(-1)),
+            lp.reshape(-1).astype(mx.float32)]
+
+
+def greedy_pick(logits_row: Any, parts: list[Any] | None = None) -> GreedyPick:
+    """:func:`greedy_token` with the evidence a near-tie flip needs. ``parts``: :func:`greedy_pick_parts`
+    of ``logits_row``, already built (and evaluated with the forward that made the row)."""
     import mlx.core as mx
     import numpy as np
 
-    pick = _greedy_pick_lazy(logits_row)  # greedy_token's own computation
-    raw = mx.argmax(logits_row.reshape(-1))
-    lp = classic_logprobs(logits_row).reshape(-1).astype(mx.float32)
-    mx.eval(pick, raw, lp)  # one evaluation for the three
+    pick, raw, lp = parts if parts is not None else greedy_pick_parts(logits_row)
+    mx.eval(pick, raw, lp)  # one evaluation for the three (nothing left to do when evaluated already)
     token = int(pick.item())
     values = np.array(lp)
-    others = values.copy()
-    others[token] = -np.inf
-    runner = int(np.argmax(others))
-    return GreedyPick(token, int(raw.item()), runner,  # type: ignore[arg-type]
-                      float(values[token] - values[runner]), float(values[token]))
+    chosen = values[token]  # a float32 scalar, kept before its place is masked
+    values[token] = -np.inf
+    runner = int(np.argmax(values))
+    return GreedyPick(token, int(raw.item()), runner, float(chosen - values[runner]), float(chosen))
 
 
 def advance_to_depth(model: Any, prompt: list[int], depth: int,

@@ -136,6 +136,12 @@ class TargetSession(ABC):
     def state(self) -> list[LayerState]:
         """Every layer's state (:func:`specparity.decode.snapshot` layout)."""
 
+    def state_unevaluated(self) -> list[LayerState]:
+        """:meth:`state`, its arrays possibly not evaluated yet: the caller evaluates them together with its
+        own (:func:`specparity.decode.state_arrays`) before the session runs again. The default is
+        :meth:`state` itself."""
+        return self.state()
+
     @abstractmethod
     def adopt(self, cache: list[Any]) -> None:
         """Start from classic decode's cache (copied into the engine's own cache types)."""
@@ -193,15 +199,16 @@ class RoundRecorder:
     def record(self, tokens: list[int], logits: Any, accepted: int, source: str, cache: list[Any]) -> None:
         import mlx.core as mx
 
-        from specparity.decode import snapshot
+        from specparity.decode import snapshot, state_arrays
 
         kept = logits[0, : accepted + 1]
-        mx.eval(kept)
+        state = snapshot(cache, evaluate=False) if self.record_states else []
+        mx.eval(kept, state_arrays(state))  # the kept rows and the state, in one evaluation
         self.logits.append(kept)
         self.rounds.append(EngineRound(len(self.rounds), len(tokens), accepted, source, tokens, self.start))
         self.start += accepted + 1
         if self.record_states:
-            self.states.append(snapshot(cache))
+            self.states.append(state)
 
 
 class CacheListSession(TargetSession):
@@ -216,6 +223,11 @@ class CacheListSession(TargetSession):
         from specparity.decode import snapshot
 
         return snapshot(self.cache)
+
+    def state_unevaluated(self) -> list[LayerState]:
+        from specparity.decode import snapshot
+
+        return snapshot(self.cache, evaluate=False)
 
     def adopt(self, cache: list[Any]) -> None:
         from specparity.decode import cache_offset, copy_cache

@@ -35,17 +35,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from specparity.decode import LayerState, snapshot
 from specparity.probes.engines.base import (
     FAULT_ENV,
     FAULTS,
     Engine,
     EngineCannotRun,
     EngineInfo,
-    EngineRound,
     EngineRun,
     EngineUnavailable,
     CacheListSession,
+    RoundRecorder,
 )
 
 log = logging.getLogger(__name__)
@@ -227,33 +226,24 @@ class _RecordingBackend:
         return self._backend.advance_context(**kwargs)
 
 
-class _Recorder:
+class _Recorder(RoundRecorder):
+    """Each verify block with the drafting source that proposed it; the round once the engine restored its
+    cache to ``accepted``."""
+
     def __init__(self, prompt_len: int, record_states: bool):
+        super().__init__(prompt_len, record_states)
         self.source = "none"
-        self.rounds: list[EngineRound] = []
-        self.logits: list[Any] = []
-        self.states: list[list[LayerState]] = []
-        self.start = prompt_len
-        self.record_states = record_states
-        self._pending: tuple[list[int], Any, str] | None = None
+        self._block: tuple[list[int], Any, str] | None = None
 
     def on_verify(self, tokens: list[int], logits: Any) -> None:
-        self._pending = (tokens, logits, self.source if len(tokens) > 1 else "none")
+        self._block = (tokens, logits, self.source if len(tokens) > 1 else "none")
         self.source = "none"
 
     def on_restore(self, cache: list[Any], accepted: int) -> None:
-        import mlx.core as mx
-
-        assert self._pending is not None
-        tokens, logits, source = self._pending
-        self._pending = None
-        kept = logits[0, : accepted + 1]
-        mx.eval(kept)
-        self.logits.append(kept)
-        self.rounds.append(EngineRound(len(self.rounds), len(tokens), accepted, source, tokens, self.start))
-        self.start += accepted + 1
-        if self.record_states:
-            self.states.append(snapshot(cache))
+        assert self._block is not None
+        tokens, logits, source = self._block
+        self._block = None
+        self.record(tokens, logits, accepted, source, cache)
 
 
 class DflashEngine(Engine):

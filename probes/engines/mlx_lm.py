@@ -76,6 +76,9 @@ class MlxLmSession(TargetSession):
     def state(self) -> list[LayerState]:
         return snapshot(self.dec.cache)
 
+    def state_unevaluated(self) -> list[LayerState]:
+        return snapshot(self.dec.cache, evaluate=False)
+
     def adopt(self, cache: list[Any]) -> None:
         self.dec.cache = copy_cache(cache)
 

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specparity.compare import Diff, StateDiff, compare_arrays, first_state_difference
-from specparity.decode import CacheOptions, Decoder, LayerState, snapshot
+from specparity.decode import CacheOptions, Decoder, LayerState, snapshot, state_arrays
 from specparity.errors import UsageError
 from specparity.probes.engines.base import Engine, EngineCannotRun
 from specparity.progress import NULL, Observer
@@ -612,8 +612,11 @@ def _rollback_cell(engine: Engine, chain: _Chain, w: int, d: int, k: int, pi: in
         sess.rollback(k)
     except Exception as err:
         return RollbackCell(w, d, k, Verdict.NOT_RUN, pi, reason=_failed(err, "rollback"))
-    rows_equal = compare_arrays(mx.stack(chain.rows[d:d + k + 1]), logits[:k + 1], logits=True).equal
-    first, layers = first_state_difference(chain.states[d + k], sess.state(), ("classic", "engine"))
+    ref, kept = mx.stack(chain.rows[d:d + k + 1]), logits[:k + 1]
+    state = sess.state_unevaluated()
+    mx.eval(ref, kept, state_arrays(state))  # the rows and the state compared, in one evaluation
+    rows_equal = compare_arrays(ref, kept, logits=True).equal
+    first, layers = first_state_difference(chain.states[d + k], state, ("classic", "engine"))
     verdict = Verdict.EQUAL if first is None else Verdict.DIVERGENT
     return RollbackCell(w, d, k, verdict, pi, base + d + k + 1, first, layers, rows_equal)
 

@@ -20,7 +20,10 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
-from specparity.decode import CacheOptions, Decoder, GreedyPick, greedy_chain, greedy_pick, greedy_token, snapshot
+from specparity.decode import (
+    CacheOptions, Decoder, GreedyPick, greedy_chain, greedy_pick, greedy_pick_parts, greedy_token, greedy_tokens,
+    snapshot,
+)
 from specparity.processors import process_row
 from specparity.reproducibility import Bracket, repeat_chain
 
@@ -71,9 +74,19 @@ class ClassicChain:
         what a target row's logits pick there."""
         return greedy_token(process_row(self.processors, self.history(j), row))
 
-    def _pick(self, j: int, row: Any) -> GreedyPick:
-        """Classic's own pick at row ``j``, kept with its tie information."""
-        pick = self.picks[j] = greedy_pick(process_row(self.processors, self.history(j), row))
+    def picks_from(self, j: int, rows: Any) -> list[Any]:
+        """:meth:`pick` of each row, the first at step ``j`` (a verify block's kept rows), unevaluated
+        (:func:`specparity.decode.greedy_tokens`)."""
+        return greedy_tokens([self._processed(j + k, rows[k]) for k in range(int(rows.shape[0]))])
+
+    def _processed(self, j: int, row: Any) -> Any:
+        """``row`` after classic decode's processors at step ``j`` (unevaluated)."""
+        return process_row(self.processors, self.history(j), row)
+
+    def _pick(self, j: int, row: Any, parts: list[Any] | None = None) -> GreedyPick:
+        """Classic's own pick at row ``j``, kept with its tie information (``parts``: its
+        :func:`greedy_pick_parts`, built and evaluated with the forward)."""
+        pick = self.picks[j] = greedy_pick(row if parts is not None else self._processed(j, row), parts)
         if pick.tie_flip:
             self.tie_breaks_total += 1
             self.tie_indices.append(j)
@@ -109,11 +122,16 @@ class ClassicChain:
                     self.tokens.append(self._pick(j, row).token)
                 return
             fed, logits = greedy_chain(self.dec, self.tokens[have], n - have)
-        for i in range(n - have):
-            self.rows[have + i] = logits[i]
-            self._pick(have + i, logits[i])
+        import mlx.core as mx
+
+        rows = [logits[i] for i in range(n - have)]
+        parts = [greedy_pick_parts(row) for row in rows]
+        mx.eval(rows, parts)  # every row's pick evidence in one evaluation
+        for i, row in enumerate(rows):
+            self.rows[have + i] = row
+            last = self._pick(have + i, row, parts[i])
         self.tokens.extend(fed[1:])
-        self.tokens.append(greedy_token(logits[-1]))
+        self.tokens.append(last.token)  # the last row's pick: greedy_token's own computation
 
     def feed(self, token: int) -> tuple[Any, GreedyPick, int]:
         """Feed ``token`` as the next input (in place of classic's own pick): the row after it, classic's
@@ -123,10 +141,18 @@ class ClassicChain:
         if token != self.tokens[j]:
             self.own = False
         self.tokens[j] = token
+        made: list[Any] = []
+
+        def row_and_pick(logits: Any) -> list[Any]:  # evaluated with the forward: one synchronisation
+            made.append(logits[-1])
+            made.extend(greedy_pick_parts(self._processed(j, made[0])))
+            return made
+
         with self.context():
-            row = self.dec.forward([token])[-1]
+            self.dec.forward([token], then=row_and_pick)
+        row = made[0]
         self.rows[j] = row
-        pick = self._pick(j, row)
+        pick = self._pick(j, row, made[1:])
         self.tokens.append(pick.token)
         return row, pick, len(self.prompt) - 1 + j
 

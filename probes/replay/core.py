@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from specparity.completions import first_index
 from specparity.compare import compare_arrays
-from specparity.decode import CacheOptions, GreedyPick
+from specparity.decode import CacheOptions, GreedyPick, state_arrays
 from specparity.errors import Inconclusive, InputError, Name, UsageError
 from specparity.probes.engines.base import EngineCannotRun
 from specparity.probes.engines.mlx_lm import MODE_SNAPSHOT, MODE_TRIM
@@ -318,11 +318,14 @@ def replay_accepts(engine: Engine, prompt: list[int], accepts: list[int], widths
                              if res.mode == MODE_SNAPSHOT else ("rollback", a))
         kept = logits[: a + 1]
         # each kept row sees classic decode's history: its inputs are the chain's own tokens
-        got = [chain.pick(emitted + k, kept[k]) for k in range(a + 1)]
+        picks = chain.picks_from(emitted, kept)
+        ref = mx.stack([chain.rows[emitted + k] for k in range(a + 1)])
+        after = target.state_unevaluated() if state_check else []
+        mx.eval(kept, picks, ref, state_arrays(after))  # what this round compares, in one evaluation
+        got = [int(p.item()) for p in picks]
         res.target_tokens.extend(got)
         res.dtype = str(logits.dtype).replace("mlx.core.", "")
         want = chain.tokens[emitted + 1: emitted + a + 2]
-        ref = mx.stack([chain.rows[emitted + k] for k in range(a + 1)])
         whole = compare_arrays(ref, kept, logits=True)
         if not whole.equal or got != want:
             for k in range(a + 1):
@@ -341,7 +344,7 @@ def replay_accepts(engine: Engine, prompt: list[int], accepts: list[int], widths
         res.positions = emitted
         res.rounds = r + 1
         if state_check:
-            found.state_after(r, a, w, base + emitted, chain.state_at(emitted), target.state())
+            found.state_after(r, a, w, base + emitted, chain.state_at(emitted), after)
         chain.drop_before(emitted)
         if CHECK_OFFSETS in options.checks:
             offsets = target.offsets()

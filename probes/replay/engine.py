@@ -204,11 +204,11 @@ def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_
         for rnd in observer.iterate("rounds", run.rounds, len(run.rounds)):
             a, block = rnd.accepted, rnd.tokens
             kept = run.logits[rnd.index] if rnd.index < len(run.logits) else None
+            classic_rows: list[tuple[Any, int]] = []  # (row, position) per kept row of this round
             for k in range(a + 1):
                 row, pick, pos = chain.feed(block[k])
+                classic_rows.append((row, pos))
                 erow = kept[k] if kept is not None else None
-                if erow is not None and found.row is None:
-                    found.row_at(rnd.index, k, pos, compare_arrays(row[None], erow[None], logits=True))
                 # the engine emits row k's pick as its next token: block[k + 1], or the next round's first
                 # (after the last round: its last token, when it emitted one there)
                 nxt = block[k + 1] if k < a else _next_first(run, rnd.index)
@@ -216,6 +216,8 @@ def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_
                     nxt = run.tokens[emitted]
                 if nxt is not None and emitted < len(run.tokens):
                     emit(pick, nxt, rnd.index, k, erow, row)
+            if kept is not None and found.row is None:
+                _rows_against(found, rnd.index, classic_rows, kept)
             if not reuse:
                 chain.drop_before(chain.steps)
             if rnd.index < len(run.states):
@@ -231,6 +233,22 @@ def check_engine_run(engine: Engine, run: EngineRun, replay: bool = True, wrong_
                                       chain if chain.own else None)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _rows_against(found: Findings, rnd: int, classic_rows: list[tuple[Any, int]], kept: Any) -> None:
+    """The round's kept rows against classic decode's on the same history, in one comparison; the first
+    that differs is compared again alone (the finding's diff is that row's)."""
+    import mlx.core as mx
+
+    n = min(len(classic_rows), int(kept.shape[0]))
+    if n == 0:
+        return
+    whole = compare_arrays(mx.stack([r for r, _ in classic_rows[:n]]), kept[:n], logits=True)
+    if whole.equal:
+        return
+    k = whole.first_row or 0
+    row, pos = classic_rows[k]
+    found.row_at(rnd, k, pos, compare_arrays(row[None], kept[k][None], logits=True))
 
 
 def _next_first(run: EngineRun, index: int) -> int | None:

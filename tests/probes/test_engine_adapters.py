@@ -127,14 +127,14 @@ def test_the_replay_of_an_engine_run_reuses_its_walks_classic_decode_and_finds_t
 
     eng.session = session  # type: ignore[method-assign]
 
-    def counted(self: Any, tokens: list[int]) -> Any:
+    def counted(self: Any, tokens: list[int], **kwargs: Any) -> Any:
         if not any(self is s.dec for s in sessions):  # classic decode's forwards, not the engine's verify
             fed.append(tuple(tokens))
-        return orig(self, tokens)
+        return orig(self, tokens, **kwargs)
 
     def forwards(fn: Any) -> tuple[Any, int]:
         fed.clear()
-        Decoder.forward = counted  # type: ignore[method-assign]
+        Decoder.forward = counted  # type: ignore[method-assign,assignment]
         try:
             return fn(), len(fed)
         finally:
