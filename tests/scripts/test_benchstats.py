@@ -42,12 +42,6 @@ def test_overhead_verdict_resolves_only_within_the_goal(stats: Any) -> None:
     assert "resolved, <= 1%" in stats.overhead_verdict("x", -0.0065, 0.0082, 0.01)
 
 
-def test_pooled_ci_is_the_ratio_of_sums(stats: Any) -> None:
-    rows = [(2.0, 1.0), (4.0, 2.0), (6.0, 3.0)]  # a's CPU per token twice b's in every row
-    r, lo, hi = stats.pooled_ci(rows, lambda x: (x[0], 1.0), lambda x: (x[1], 1.0))
-    assert r == pytest.approx(2.0) and lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
-
-
 def test_interleaved_rotates_the_order_and_keeps_each_arms_place(stats: Any) -> None:
     calls: list[str] = []
 

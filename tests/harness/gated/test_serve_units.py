@@ -471,3 +471,20 @@ def test_bench_serve_resolves_1_percent_only_with_an_interval_that_narrow(repo_r
     assert "resolved, <= 1%" in bench.verdict("x", -0.0065, 0.0082)
     assert "resolved, > 1%" in bench.verdict("x", 0.012, 0.025)
     assert "spans 1%" in bench.verdict("x", 0.002, 0.018)
+    # two rounds' range is no 95% interval, however narrow
+    assert "not resolved (2 rounds" in bench.verdict("x", -0.0077, -0.0005, rounds=2)
+    # a server's CPU time counts its threads that ended (a served request's own threads)
+    import os
+    import threading
+    import time
+
+    def spin() -> None:
+        end = time.thread_time() + 0.1
+        while time.thread_time() < end:
+            pass
+
+    before = bench.cpu_seconds(os.getpid())
+    worker = threading.Thread(target=spin)
+    worker.start()
+    worker.join()
+    assert bench.cpu_seconds(os.getpid()) - before >= 0.08  # the ended thread's 100 ms, to a tick
