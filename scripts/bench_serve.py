@@ -30,7 +30,7 @@ the upper end is <= 1%. The last lines say which, per kind, for CPU per token
 (the quieter figure: a neighbour's load does not count in it) and tokens/s.
 
 Usage: .venv/bin/python -P scripts/bench_serve.py [--rounds 12] [--passes 4] [--requests 3]
-       [--max-tokens 64]
+       [--max-tokens 64] [--no-noise-floor]
 Prints one figure per line, ``name: value unit``.
 """
 
@@ -195,6 +195,8 @@ def main() -> int:
             print(f"{label}_cpu_per_token: {statistics.median(cpt(r[name]) for r in per_round) * 1000:.3f}"
                   " ms CPU/token (median round)")
 
+        print(f"serve_rounds_{kind}_cpu_per_token: " + " ".join(
+            f"{cpt(r['serve']) / cpt(r['plain']) - 1:+.2%}" for r in per_round) + " (serve over plain, each round)")
         (t, t_lo, t_hi), (c, c_lo, c_hi) = overheads(per_round, "serve", "plain")
         print(f"serve_overhead_{kind}_tokens_per_s: {t:+.2%} (95% CI [{t_lo:+.2%}, {t_hi:+.2%}];"
               f" {scope})")

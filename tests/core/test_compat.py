@@ -22,6 +22,7 @@ against the installed mlx-lm.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import logging
 import re
@@ -96,7 +97,7 @@ def _aliases(tree: ast.AST) -> dict[str, str]:
     return out
 
 
-def reaches(source: str, privates_of: Callable[[str], set[str]] = lambda _: set(),
+def reaches(source: str, privates_of: Callable[[str], frozenset[str] | set[str]] = lambda _: set(),
             foreign: set[str] | frozenset[str] = frozenset()) -> list[tuple[int, str]]:
     """(line, what) for each reach into mlx-lm's private names in ``source``.
 
@@ -158,17 +159,19 @@ def reaches(source: str, privates_of: Callable[[str], set[str]] = lambda _: set(
     return sorted(found)
 
 
-def mlx_privates(dotted: str) -> set[str]:
-    """The private names of the installed mlx-lm's class ``dotted`` (empty: not an mlx-lm class)."""
+@functools.cache
+def mlx_privates(dotted: str) -> frozenset[str]:
+    """The private names of the installed mlx-lm's class ``dotted`` (empty: not an mlx-lm class); read once
+    per class (each reads the class's source)."""
     import importlib
 
     module, _, name = dotted.rpartition(".")
     try:
         obj = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
-        return set()
+        return frozenset()
     if not inspect.isclass(obj):
-        return set()
+        return frozenset()
     out: set[str] = set()
     for cls in obj.__mro__:
         if not cls.__module__.startswith(MLX):
@@ -178,7 +181,7 @@ def mlx_privates(dotted: str) -> set[str]:
             out |= {m for m in re.findall(r"self\.(_\w+)", inspect.getsource(cls)) if _private(m)}
         except (OSError, TypeError):
             pass
-    return out
+    return frozenset(out)
 
 
 def _own_privates(modules: dict[str, Path]) -> set[str]:

@@ -132,6 +132,7 @@ def test_a_rerun_dies_with_its_command(sig: signal.Signals, cli_bin: str, tmp_pa
 TOY_ENV = {"SPECPARITY_ENGINES": "toy_engine", "PYTHONPATH": str(Path(__file__).parents[1])}
 
 
+@pytest.mark.slow  # 19 s: every command through the toy engine; each command has its own fast test
 @pytest.mark.model
 def test_a_toy_engine_from_one_module_is_reached_and_its_fault_named(llama_pair, cli_bin: str) -> None:
     """SPECPARITY_ENGINES=toy_engine (tests/toy_engine.py, nothing else changed): probe, replay, bisect and
