@@ -227,6 +227,8 @@ class CacheListSession(TargetSession):
     def state_unevaluated(self) -> list[LayerState]:
         from specparity.decode import snapshot
 
+        if type(self).state is not CacheListSession.state:  # a subclass's own state() has the word
+            return self.state()
         return snapshot(self.cache, evaluate=False)
 
     def adopt(self, cache: list[Any]) -> None:
