@@ -125,15 +125,11 @@ IN_PLACE_ELEMENTS = 65536
 
 
 def _same_bits(a: Any, b: Any) -> Any:
-    """Whether two mx.arrays of one shape and dtype hold the same bits, as an unevaluated mx scalar (the
-    bits, not the values: -0.0 and 0.0 differ, a NaN equals only its own payload); None where this cannot
-    say (not both mx.arrays, another shape or dtype, an item size without an unsigned view)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return None
+    """Whether two mx.arrays of one shape and dtype (:func:`_bits_equal` checked both) hold the same bits,
+    as an unevaluated mx scalar (the bits, not the values: -0.0 and 0.0 differ, a NaN equals only its own
+    payload); None for an item size without an unsigned view."""
     import mlx.core as mx
 
-    if not (isinstance(a, mx.array) and isinstance(b, mx.array)) or a.shape != b.shape or a.dtype != b.dtype:
-        return None
     bits = getattr(mx, _BITS.get(a.dtype.size, ""), None)
     return None if bits is None else mx.all(a.view(bits) == b.view(bits))
 

@@ -303,9 +303,14 @@ def greedy_token(logits_row: Any) -> int:
 
 def _greedy_pick_lazy(logits_row: Any) -> Any:
     """:func:`greedy_token` as an unevaluated one-element array."""
+    return _greedy_of(classic_logprobs(logits_row))
+
+
+def _greedy_of(logprobs: Any) -> Any:
+    """mlx-lm's greedy sampler over classic logprobs, as an unevaluated one-element array."""
     from mlx_lm.sample_utils import make_sampler
 
-    return make_sampler(0.0)(classic_logprobs(logits_row)).reshape(-1)
+    return make_sampler(0.0)(logprobs).reshape(-1)
 
 
 def greedy_tokens(rows: list[Any]) -> list[Any]:
@@ -353,11 +358,9 @@ def greedy_pick_parts(logits_row: Any) -> list[Any]:
     """:func:`greedy_pick`'s arrays, unevaluated: classic's pick (:func:`greedy_token`'s own computation),
     the raw-logit argmax and the logprobs as float32 (exact for every float dtype mlx-lm emits)."""
     import mlx.core as mx
-    from mlx_lm.sample_utils import make_sampler
 
     lp = classic_logprobs(logits_row)
-    return [make_sampler(0.0)(lp).reshape(-1), mx.argmax(logits_row.reshape(-1)),
-            lp.reshape(-1).astype(mx.float32)]
+    return [_greedy_of(lp), mx.argmax(logits_row.reshape(-1)), lp.reshape(-1).astype(mx.float32)]
 
 
 def greedy_pick(logits_row: Any, parts: list[Any] | None = None) -> GreedyPick:
