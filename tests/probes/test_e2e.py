@@ -15,6 +15,7 @@ from specparity.processors import ProcessorOptions
 from specparity.verdicts import Verdict
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+LONG_TEXT = " ".join(["Speculative decoding drafts several tokens with a small model and verifies them."] * 60)
 
 
 @pytest.fixture(scope="module")
@@ -119,21 +120,11 @@ def test_cli_json_record_and_bad_input(llama_pair, tmp_path, cli_bin):
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_long_prompt_ids_run_in_every_arm_and_ids_the_cli_cannot_take_are_not_run(pair):
+def test_ids_the_cli_cannot_take_are_not_run_and_the_others_run_in_every_arm(pair):
     target, draft = pair
     tok = target.tokenizer
-    text = " ".join(["Speculative decoding drafts several tokens with a small model and verifies them."] * 60)
-    ids = list(tok.encode(text))[:700]
-    assert tok.encode(tok.decode(ids)) == ids  # text the CLI can take back
-    # the in-process entries (the CLI's, a subprocess per arm, takes the same 700 ids in the next test)
-    run = run_e2e(target, draft, ids, E2EOptions(max_tokens=16), ["stream_generate", "generate"])
-    for e in run.entries:
-        assert e.verdict != Verdict.NOT_RUN, e.lines()
-        assert e.classic.prompt == e.drafter.prompt == ids and len(e.classic.tokens) == 16
-    # 700 prompt tokens: the drafter's default prefill step (512) splits it where classic's (2048) does not
-    stream = run.entries[0]
-    assert stream.default_changes == {"prefill_step_size": (2048, 512)}
-    assert "default differs with the drafter: prefill_step_size" in "\n".join(run.lines())
+    ids = list(tok.encode(LONG_TEXT))[:700]
+    # (700 ids in every entry, the in-process ones and the CLI's: the next test, through the command)
     # ids whose text holds a NUL byte (once exit 70, "embedded null byte"): the CLI reads them from stdin
     nul = next(i for i in range(tok.vocab_size) if tok.decode([i]) == "\x00")
     odd = [nul] + ids[:40] + [nul]
@@ -159,10 +150,11 @@ def test_cli_takes_700_prompt_ids_in_every_arm(llama_pair, pair, cli_bin, tmp_pa
     """Through the command (it once exited 70 on the CLI arm, "embedded null byte"): every arm decodes
     the 700 ids, the CLI arm included."""
     tok = pair[0].tokenizer
-    text = " ".join(["Speculative decoding drafts several tokens with a small model and verifies them."] * 60)
-    ids = list(tok.encode(text))[:700]
+    ids = list(tok.encode(LONG_TEXT))[:700]
+    assert tok.encode(tok.decode(ids)) == ids  # text the CLI can take back
     r = run_cli(cli_bin, "e2e", "--model", llama_pair.target, "--draft-model", llama_pair.draft,
-                "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", "16", "--json", cwd=str(tmp_path))
+                "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", "16", "--json",
+                "--record-dir", str(tmp_path / "rec"), cwd=str(tmp_path))
     # a verdict's exit code, never a crash (70) or a usage / infrastructure error (a drafter that proposed
     # nothing in an arm is not_engaged, 3: not what this checks)
     assert r.returncode in (0, 1, 3), r.stderr[-2000:]
@@ -171,6 +163,11 @@ def test_cli_takes_700_prompt_ids_in_every_arm(llama_pair, pair, cli_bin, tmp_pa
     for e in out["entries"]:
         assert e["verdict"] != "not_run" and e["classic"]["prompt"] == e["drafter"]["prompt"] == ids, e["entry"]
         assert not e["classic"]["error"] and not e["drafter"]["error"]
+        assert len(e["classic"]["tokens"]) == 16, e["entry"]
+    # 700 prompt tokens: the drafter's default prefill step (512) splits it where classic's (2048) does not
+    assert out["entries"][0]["default_changes"] == {"prefill_step_size": [2048, 512]}
+    record = next((tmp_path / "rec").glob("*.md")).read_text()
+    assert "default differs with the drafter: prefill_step_size 2048 (generate_step) vs 512" in record, record
 
 
 @pytest.mark.model

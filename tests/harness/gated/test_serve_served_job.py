@@ -1,8 +1,10 @@
 """specparity serve under `specparity served --config job.yaml --profile specparity-serve`, the CLI.
 
-One job per request option (a job's ``params`` go on every request it sends): none,
-``repetition_penalty``, ``presence_penalty``, ``logit_bias`` and ``seed``, each alone,
-so a request without a seed reaches mlx-lm's batch path on the drafter-less servers.
+One job per request option (a job's ``params`` go on every request it sends), each alone,
+so a request without a seed reaches mlx-lm's batch path on the drafter-less servers: without
+``--kv-bits`` none, ``repetition_penalty``, ``logit_bias`` and ``seed``; with it none and
+``presence_penalty`` (the options whose faults differ there: a penalty on the sequential path;
+a logit bias and a seed meet nothing else with ``--kv-bits`` that none does not).
 Each job's sequence is fresh, repeat, shared prefix, stream and a two-turn chat, on a
 drafter server (one width) and the two drafter-less baselines, every completion judged
 against classic decode computed in process. The jobs run on servers started without and
@@ -38,6 +40,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "logit_bias": {"logit_bias": {"260": 3.0, "97": -2.0}},
     "seed": {"seed": 0},
 }
+# the jobs each variant runs (both penalties are the processors' history: one per variant)
+JOBS = {False: ["none", "repetition_penalty", "logit_bias", "seed"], True: ["none", "presence_penalty"]}
 KV = ["--kv-bits", "8", "--kv-group-size", "32", "--quantized-kv-start", "4"]
 # What mlx-lm 0.32.2's server must get wrong here, by its known faults (it may get more wrong, and
 # with --kv-bits its drafter server's warm answers vary from run to run): its speculative path
@@ -114,14 +118,14 @@ def run_jobs(cli_bin: str, jobs: dict[str, Path], runs: list[tuple[str, str]],
 def test_specparity_serve_returns_classic_decode_where_mlx_lm_server_does_not(
         llama_pair: FixtureInfo, tmp_path: Path, cli_bin: str, kv: bool, capsys) -> None:
     jobs = {}
-    for name, params in OPTIONS.items():
+    for name in JOBS[kv]:
         jobs[name] = tmp_path / f"job-{name}.yaml"
-        jobs[name].write_text(job_yaml(llama_pair, params, kv))
+        jobs[name].write_text(job_yaml(llama_pair, OPTIONS[name], kv))
     t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     # every job on specparity serve; on plain mlx_lm.server the jobs where it must get something wrong
     # (on the others nothing would be asserted of it but that its exit code agrees with its own report)
-    plain_jobs = [name for name in OPTIONS if UPSTREAM_WRONG[kv][name]]
-    runs = run_jobs(cli_bin, jobs, [(name, "specparity-serve") for name in OPTIONS]
+    plain_jobs = [name for name in JOBS[kv] if UPSTREAM_WRONG[kv][name]]
+    runs = run_jobs(cli_bin, jobs, [(name, "specparity-serve") for name in JOBS[kv]]
                     + [(name, "mlx-lm") for name in plain_jobs], tmp_path / "home")
     wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
@@ -130,7 +134,7 @@ def test_specparity_serve_returns_classic_decode_where_mlx_lm_server_does_not(
         print(f"\n[{'kv' if kv else 'no-kv'}] {len(runs)} served jobs in {wall:.0f} s ({cpu:.0f} CPU s);"
               " plain mlx_lm.server differs from classic decode on: "
               + "; ".join(f"{n}: {', '.join(sorted(f'{a}/{r}' for a, r in v)) or '-'}" for n, v in named.items()))
-    for name in OPTIONS:
+    for name in JOBS[kv]:
         gated = runs[(name, "specparity-serve")]
         arms, listed = verdicts(gated.stdout)
         assert set(arms) == {"baseline-start", "w3", "baseline-end"}, gated.stdout + gated.stderr
