@@ -354,13 +354,16 @@ class Server:
                     log.warning("%s ignored SIGTERM for %g s: SIGKILL", self.name, self.stop_timeout)
             # the leader may have exited while children of its group live on
             signal_group(proc.pid, signal.SIGKILL)
+            # SIGKILL cannot be ignored, but the kernel's teardown of a process holding gigabytes
+            # (or on a loaded machine) can outlast a short stop_timeout: wait for it, boundedly
+            reap = max(self.stop_timeout, KILL_WAIT)
             try:
-                proc.wait(self.stop_timeout)
+                proc.wait(reap)
             except subprocess.TimeoutExpired:
-                log.error("%s (pid %d) survived SIGKILL", self.name, proc.pid)
+                log.error("%s (pid %d) survived SIGKILL for %g s", self.name, proc.pid, reap)
             # the group's other members too: the next server or the reference's worker loads its own
             # copy of the target once this one's memory is back (one copy at a time)
-            if not tied.wait_group_gone(proc.pid, self.stop_timeout):
+            if not tied.wait_group_gone(proc.pid, reap):
                 log.error("%s: processes of its group (%d) outlived SIGKILL", self.name, proc.pid)
         finally:
             unregister(self)
@@ -380,6 +383,8 @@ class Server:
                  tb: TracebackType | None) -> None:
         self.stop()
 
+
+KILL_WAIT = 10.0  # seconds a stop waits, at least, for a SIGKILLed group to be gone
 
 # Linux only: a server's first program asks for SIGKILL when its parent dies (tests turn it off
 # to exercise the watcher alone, as on macOS)
