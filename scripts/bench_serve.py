@@ -23,6 +23,15 @@ rounds, with a distribution-free 95% confidence interval of the median
 6 rounds the interval is the whole range). A second plain server, measured the
 same way (plain against itself), shows what the run resolves.
 
+Each round ends with ``--fixed-requests`` one-token requests per server (fresh prompts, the
+servers taking turns): what a request costs a server apart from its tokens (the HTTP exchange, the
+handler, prefill and one step; specparity serve's checks, its client watch, its statistics and
+metrics). serve's CPU per such request minus plain's, the median over rounds with its interval,
+and that difference as a share of plain's CPU for a ``--max-tokens`` request: the part of the
+overhead that is specparity serve's own per-request work, measured to a fraction of a millisecond
+where the whole overhead's interval is a few points wide. (Sums of many requests: /proc's CPU
+clock ticks every 10 ms.)
+
 The goal is an overhead <= 1%, *resolved*: a run resolves 1% only when its
 interval's half-width is <= 1 point (an interval 4.8 points wide resolves
 nothing, whatever its point estimate), and then shows the overhead <= 1% when
@@ -30,7 +39,7 @@ the upper end is <= 1%. The last lines say which, per kind, for CPU per token
 (the quieter figure: a neighbour's load does not count in it) and tokens/s.
 
 Usage: .venv/bin/python -P scripts/bench_serve.py [--rounds 12] [--passes 4] [--requests 3]
-       [--max-tokens 64] [--no-noise-floor]
+       [--max-tokens 64] [--fixed-requests 40] [--no-noise-floor]
 Prints one figure per line, ``name: value unit``.
 """
 
@@ -129,10 +138,12 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=3, help="requests per server per pass")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--num-draft-tokens", type=int, default=3)
+    ap.add_argument("--fixed-requests", type=int, default=40,
+                    help="one-token requests per server per round: the per-request cost (0: none)")
     ap.add_argument("--no-noise-floor", dest="noise_floor", action="store_false",
                     help="skip the second plain server (plain against itself)")
     args = ap.parse_args()
-    if args.rounds < 1 or args.passes < 1 or args.requests < 1:
+    if args.rounds < 1 or args.passes < 1 or args.requests < 1 or args.fixed_requests < 0:
         ap.error("--rounds, --passes and --requests: at least 1 each (6 rounds or more for an"
                  " interval narrower than the whole range)")
 
@@ -153,6 +164,8 @@ def main() -> int:
         argvs["plain-again"] = argvs["plain"]
     names = list(argvs)
     rows: dict[str, list[Row]] = {k: [] for k in KINDS}  # per kind, one Row per round
+    fixed_rows: list[dict[str, float]] = []  # per round: server -> CPU s per one-token request
+    fixed_prompts = distinct_starts(pair.target, args.fixed_requests) if args.fixed_requests else []
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     for round_ in range(args.rounds):
         with contextlib.ExitStack() as stack:
@@ -180,6 +193,8 @@ def main() -> int:
                             sums[kind][name] = added(sums[kind][name], got)
             for kind in KINDS:
                 rows[kind].append(sums[kind])
+            if args.fixed_requests:
+                fixed_rows.append(per_request_cpu(client, servers, names, round_, fixed_prompts))
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
     scope = (f"{args.rounds} rounds x {args.passes} passes x {args.requests} requests x"
@@ -210,9 +225,72 @@ def main() -> int:
                   f" {g_hi:+.2%}])")
         verdicts += [verdict(f"serve_overhead_resolved_{kind}_cpu_per_token", c_lo, c_hi, args.rounds),
                      verdict(f"serve_overhead_resolved_{kind}_tokens_per_s", t_lo, t_hi, args.rounds)]
+    if fixed_rows:
+        plain_request = statistics.median(cpt(r["plain"]) for r in rows["fresh"]) * args.max_tokens
+        print_fixed(fixed_rows, names, plain_request, args)
     for line in verdicts:
         print(line)
     return 0
+
+
+def distinct_starts(target: str, n: int) -> list[str]:
+    """``n`` prompts whose first tokens differ from each other's and from every pass prompt's: no
+    prompt-cache entry shares a prefix with them, so each server prefills each one whole (a shared
+    first token reused by one server's cache and not the other's would be a difference of prefill,
+    not of overhead)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+
+    def first(text: str) -> int:
+        ids = tok.encode(text)
+        return ids[1] if tok.bos_token_id is not None and ids and ids[0] == tok.bos_token_id else ids[0]
+
+    used = {first(f"{w} 0.0.0: the story") for w in WORDS} | {first("warm up")}
+    out: list[str] = []
+    for i in range(len(tok)):
+        word = tok.decode([i]).strip()
+        if len(word) < 3 or not word.isalpha() or not word.isascii():
+            continue
+        prompt = f"{word} one more:"
+        t = first(prompt)
+        if t not in used:
+            used.add(t)
+            out.append(prompt)
+            if len(out) == n:
+                return out
+    raise SystemExit(f"--fixed-requests {n}: the tokenizer has only {len(out)} distinct word tokens")
+
+
+def per_request_cpu(client: Any, servers: dict[str, Any], names: list[str], round_: int,
+                    prompts: list[str]) -> dict[str, float]:
+    """CPU seconds per one-token request of each server, over ``prompts`` (fresh), the servers
+    taking turns (the order rotating). A server is idle between its turns, so the sum over its
+    requests is one difference of its clock: a tick or two of error in the whole."""
+    total = {name: 0.0 for name in names}
+    for j, prompt in enumerate(prompts):
+        k = (round_ + j) % len(names)
+        for name in names[k:] + names[:k]:
+            total[name] += timed(client, servers[name], prompt, 1)[2]
+    return {name: t / len(prompts) for name, t in total.items()}
+
+
+def print_fixed(fixed_rows: list[dict[str, float]], names: list[str], plain_request: float,
+                args: Any) -> None:
+    """serve's (and plain-again's) CPU per one-token request over plain's, and as a share of a request."""
+    plain = statistics.median(r["plain"] for r in fixed_rows)
+    print(f"serve_fixed_plain_cpu_per_request: {plain * 1000:.2f} ms CPU (median round; one-token"
+          f" requests, {args.fixed_requests} per server per round; a {args.max_tokens}-token request:"
+          f" {plain_request * 1000:.0f} ms)")
+    others = [("serve", "serve_fixed_overhead")]
+    if "plain-again" in names:
+        others.append(("plain-again", "serve_fixed_noise_floor"))
+    for name, label in others:
+        d, lo, hi = median_ci([r[name] - r["plain"] for r in fixed_rows])
+        print(f"{label}_cpu_per_request: {d * 1000:+.2f} ms (95% CI [{lo * 1000:+.2f}, {hi * 1000:+.2f}];"
+              f" {name} minus plain, {len(fixed_rows)} rounds)")
+        print(f"{label}_share_of_a_request: {d / plain_request:+.2%} (95% CI [{lo / plain_request:+.2%},"
+              f" {hi / plain_request:+.2%}]; of plain's CPU for a {args.max_tokens}-token request)")
 
 
 if __name__ == "__main__":
