@@ -249,7 +249,7 @@ def distinct_starts(target: str, n: int) -> list[str]:
     used = {first(f"{w} 0.0.0: the story") for w in WORDS} | {first("warm up")}
     out: list[str] = []
     for i in range(len(tok)):
-        word = tok.decode([i]).strip()
+        word = str(tok.decode([i])).strip()
         if len(word) < 3 or not word.isalpha() or not word.isascii():
             continue
         prompt = f"{word} one more:"
