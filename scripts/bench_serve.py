@@ -32,6 +32,12 @@ overhead that is specparity serve's own per-request work, measured to a fraction
 where the whole overhead's interval is a few points wide. (Sums of many requests: /proc's CPU
 clock ticks every 10 ms.)
 
+Per kind, the requests whose text differs from plain's are counted: on warm requests plain
+mlx_lm.server 0.32's drafter server meets its own prompt-cache fault (an entry filed one position
+short of its key) and answers otherwise than classic decode, which specparity serve returns. The
+two then generate other tokens with other acceptance, and that kind's ratio is the cost of the right
+answer, not overhead on the same work: its verdict says so.
+
 The goal is an overhead <= 1%, *resolved*: a run resolves 1% only when its
 interval's half-width is <= 1 point (an interval 4.8 points wide resolves
 nothing, whatever its point estimate), and then shows the overhead <= 1% when
@@ -65,13 +71,14 @@ WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel
          "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo"]
 
 
-def request(client: Any, url: str, prompt: str, max_tokens: int) -> int:
-    """Completion tokens of one greedy request."""
+def request(client: Any, url: str, prompt: str, max_tokens: int) -> tuple[int, str]:
+    """(completion tokens, text) of one greedy request."""
     r = client.post(url + "/v1/completions",
                     json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                           "logit_bias": {"0": -100.0}})  # no early end-of-text: equal lengths
     r.raise_for_status()
-    return int(r.json()["usage"]["completion_tokens"])
+    body = r.json()
+    return int(body["usage"]["completion_tokens"]), str(body["choices"][0]["text"])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -119,11 +126,11 @@ def verdict(name: str, lo: float, hi: float, rounds: int = MIN_ROUNDS) -> str:
     return overhead_verdict(name, lo, hi, GOAL)
 
 
-def timed(client: Any, srv: Any, prompt: str, max_tokens: int) -> Sums:
-    """(tokens, wall s, the server's CPU s) of one request."""
+def timed(client: Any, srv: Any, prompt: str, max_tokens: int) -> tuple[Sums, str]:
+    """((tokens, wall s, the server's CPU s), text) of one request."""
     cpu0, t0 = cpu_seconds(srv.pid or 0), time.perf_counter()
-    tokens = request(client, srv.url, prompt, max_tokens)
-    return tokens, time.perf_counter() - t0, cpu_seconds(srv.pid or 0) - cpu0
+    tokens, text = request(client, srv.url, prompt, max_tokens)
+    return (tokens, time.perf_counter() - t0, cpu_seconds(srv.pid or 0) - cpu0), text
 
 
 def added(a: Sums, b: Sums) -> Sums:
@@ -165,6 +172,8 @@ def main() -> int:
     names = list(argvs)
     rows: dict[str, list[Row]] = {k: [] for k in KINDS}  # per kind, one Row per round
     fixed_rows: list[dict[str, float]] = []  # per round: server -> CPU s per one-token request
+    # per kind: server -> requests whose text is not plain's (then the two did not do the same work)
+    differ: dict[str, dict[str, int]] = {k: {n: 0 for n in names} for k in KINDS}
     fixed_prompts = distinct_starts(pair.target, args.fixed_requests) if args.fixed_requests else []
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     for round_ in range(args.rounds):
@@ -188,9 +197,12 @@ def main() -> int:
                            " the story" for j in range(args.requests)]
                 for kind in KINDS:
                     for prompt in prompts:
+                        texts = {}
                         for name in order:
-                            got = timed(client, servers[name], prompt, args.max_tokens)
+                            got, texts[name] = timed(client, servers[name], prompt, args.max_tokens)
                             sums[kind][name] = added(sums[kind][name], got)
+                        for name in names[1:]:
+                            differ[kind][name] += texts[name] != texts["plain"]
             for kind in KINDS:
                 rows[kind].append(sums[kind])
             if args.fixed_requests:
@@ -210,6 +222,10 @@ def main() -> int:
             print(f"{label}_cpu_per_token: {statistics.median(cpt(r[name]) for r in per_round) * 1000:.3f}"
                   " ms CPU/token (median round)")
 
+        for name in names[1:]:
+            print(f"serve_differs_{kind}_{name.replace('-', '_')}: {differ[kind][name]} of"
+                  f" {args.rounds * args.passes * args.requests} requests (text not plain's: not the same"
+                  " work; plain mlx_lm.server's known faults change some answers it serves from its prompt cache)")
         print(f"serve_rounds_{kind}_cpu_per_token: " + " ".join(
             f"{cpt(r['serve']) / cpt(r['plain']) - 1:+.2%}" for r in per_round) + " (serve over plain, each round)")
         (t, t_lo, t_hi), (c, c_lo, c_hi) = overheads(per_round, "serve", "plain")
@@ -223,8 +239,13 @@ def main() -> int:
                   f" {f_hi:+.2%}]; plain mlx_lm.server against itself, same rounds)")
             print(f"serve_noise_floor_{kind}_cpu_per_token: {g:+.2%} (95% CI [{g_lo:+.2%},"
                   f" {g_hi:+.2%}])")
-        verdicts += [verdict(f"serve_overhead_resolved_{kind}_cpu_per_token", c_lo, c_hi, args.rounds),
-                     verdict(f"serve_overhead_resolved_{kind}_tokens_per_s", t_lo, t_hi, args.rounds)]
+        # where serve answered otherwise than plain (classic decode's text where plain's prompt cache
+        # changed its answer), the two generated other tokens with other acceptance: the ratio is
+        # then the cost of the right answer, not specparity serve's overhead on the same work
+        unlike = (f"; not the same work: serve's text differs from plain's on {differ[kind]['serve']} of"
+                  f" {args.rounds * args.passes * args.requests} requests") if differ[kind]["serve"] else ""
+        verdicts += [verdict(f"serve_overhead_resolved_{kind}_cpu_per_token", c_lo, c_hi, args.rounds) + unlike,
+                     verdict(f"serve_overhead_resolved_{kind}_tokens_per_s", t_lo, t_hi, args.rounds) + unlike]
     if fixed_rows:
         plain_request = statistics.median(cpt(r["plain"]) for r in rows["fresh"]) * args.max_tokens
         print_fixed(fixed_rows, names, plain_request, args)
@@ -271,7 +292,7 @@ def per_request_cpu(client: Any, servers: dict[str, Any], names: list[str], roun
     for j, prompt in enumerate(prompts):
         k = (round_ + j) % len(names)
         for name in names[k:] + names[:k]:
-            total[name] += timed(client, servers[name], prompt, 1)[2]
+            total[name] += timed(client, servers[name], prompt, 1)[0][2]
     return {name: t / len(prompts) for name, t in total.items()}
 
 
