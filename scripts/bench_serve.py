@@ -213,6 +213,7 @@ def main() -> int:
              f" {args.max_tokens} tokens per server and kind; load average {load0:.2f} ->"
              f" {load1:.2f} on {os.cpu_count()} CPUs")
     verdicts = []
+    asked = args.rounds * args.passes * args.requests  # requests per server and kind
     for kind in KINDS:
         per_round = rows[kind]
         for name in names:
@@ -224,7 +225,7 @@ def main() -> int:
 
         for name in names[1:]:
             print(f"serve_differs_{kind}_{name.replace('-', '_')}: {differ[kind][name]} of"
-                  f" {args.rounds * args.passes * args.requests} requests (text not plain's: not the same"
+                  f" {asked} requests (text not plain's: not the same"
                   " work; plain mlx_lm.server's known faults change some answers it serves from its prompt cache)")
         print(f"serve_rounds_{kind}_cpu_per_token: " + " ".join(
             f"{cpt(r['serve']) / cpt(r['plain']) - 1:+.2%}" for r in per_round) + " (serve over plain, each round)")
@@ -243,7 +244,7 @@ def main() -> int:
         # changed its answer), the two generated other tokens with other acceptance: the ratio is
         # then the cost of the right answer, not specparity serve's overhead on the same work
         unlike = (f"; not the same work: serve's text differs from plain's on {differ[kind]['serve']} of"
-                  f" {args.rounds * args.passes * args.requests} requests") if differ[kind]["serve"] else ""
+                  f" {asked} requests") if differ[kind]["serve"] else ""
         verdicts += [verdict(f"serve_overhead_resolved_{kind}_cpu_per_token", c_lo, c_hi, args.rounds) + unlike,
                      verdict(f"serve_overhead_resolved_{kind}_tokens_per_s", t_lo, t_hi, args.rounds) + unlike]
     if fixed_rows:
