@@ -14,6 +14,7 @@ same limits.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable
@@ -254,6 +255,7 @@ SEED_MAX = 2**64 - 1  # mx.random.seed takes an unsigned 64-bit integer
 XTC_THRESHOLD_MAX = 0.5  # mlx-lm's apply_xtc refuses more, on the generation thread
 
 
+@functools.lru_cache(maxsize=16)
 def request_schema(vocab: int | None = None) -> Any:
     """The fields of an OpenAI-style request body that reach mlx-lm's sampler, processors and
     generation loop, each with the range that cannot fail or crash there (mlx-lm's server checks

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
@@ -130,7 +130,10 @@ class CacheLookup:
         return "partial" if self.reused else "re-prefilled"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "prefilled": self.prefilled, "outcome": self.outcome}
+        # by hand: dataclasses.asdict copies every field recursively, on every request
+        return {"policy": self.policy, "prompt_tokens": self.prompt_tokens, "shared": self.shared,
+                "reused": self.reused, "reason": self.reason, "prefilled": self.prefilled,
+                "outcome": self.outcome}
 
 
 class ExactPromptCache(LRUPromptCache):

@@ -5,9 +5,11 @@ a non-streamed request writes nothing until its last token, and nothing is
 checked during prefill, so a long prompt keeps the server busy for minutes
 after the client left. Two parts fix that:
 
-- :class:`ClientWatch` watches the request's connection from the handler
-  thread's side (a peek every ``interval`` seconds) and calls ``on_gone`` when
-  the client closes it;
+- :class:`ClientWatch` watches the request's connection from its handler thread,
+  which waits for the request's next item in ``await_response``: it peeks at the
+  connection (never blocking) at most every ``interval`` seconds, on each item
+  and on each wait that timed out, and calls ``on_gone`` when the client closed
+  it (no thread of its own: a request costs no thread start);
 - :func:`install_prefill_check` makes mlx-lm's own per-chunk hook (the KV
   quantization step both ``generate_step`` and ``speculative_generate_step``
   call after every prefill chunk and every decode step) raise :class:`Cancelled`
@@ -19,6 +21,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,48 +33,59 @@ class Cancelled(Exception):
 
 
 class ClientWatch:
-    """Calls ``on_gone`` once when the peer of ``sock`` closes the connection."""
+    """Calls ``on_gone`` once when the peer of ``sock`` has closed the connection.
+
+    Polled by the thread that serves the request (:func:`poll_client`): a peek at most every
+    ``interval`` seconds, never blocking."""
 
     def __init__(self, sock: socket.socket, on_gone: Callable[[], None],
                  interval: float = WATCH_INTERVAL):
         self.sock = sock
         self.on_gone = on_gone
         self.interval = interval
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="specparity-client-watch",
-                                        daemon=True)
-
-    def start(self) -> ClientWatch:
-        self._thread.start()
-        return self
+        self.stopped = False
+        self._due = time.monotonic() + interval
 
     def stop(self) -> None:
-        self._done.set()
+        self.stopped = True
 
-    def _run(self) -> None:
-        while not self._done.is_set():
-            try:
-                readable, _, _ = select.select([self.sock], [], [], self.interval)
-                if not readable:
-                    continue
-                data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                continue
-            except (OSError, ValueError):  # reset, or closed under us: gone
-                data = b""
-            if self._done.is_set():
+    def poll(self) -> None:
+        """Peek at the connection when a peek is due; ``on_gone`` if the client closed it."""
+        if self.stopped:
+            return
+        now = time.monotonic()
+        if now < self._due:
+            return
+        self._due = now + self.interval
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            if not readable:
                 return
-            if data == b"":
-                self.on_gone()
-            return  # gone, or the client sent more (a pipelined request): stop watching
+            data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except (OSError, ValueError):  # reset, or closed under us: gone
+            data = b""
+        self.stopped = True  # gone, or the client sent more (a pipelined request): stop watching
+        if data == b"":
+            self.on_gone()
 
 
 _current = threading.local()
 
 
-def watching(event: threading.Event | None) -> None:
-    """Make ``event`` the cancel flag of the request this thread generates for (None: none)."""
+def watching(event: threading.Event | None, watch: ClientWatch | None = None) -> None:
+    """Make ``event`` the cancel flag of the request this thread generates for or serves, and
+    ``watch`` its client's connection, polled by :func:`poll_client` (None: none)."""
     _current.event = event
+    _current.watch = watch
+
+
+def poll_client() -> None:
+    """Poll the connection of the client this thread serves, if it watches one."""
+    watch = getattr(_current, "watch", None)
+    if watch is not None:
+        watch.poll()
 
 
 def check() -> None:

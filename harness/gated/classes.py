@@ -18,7 +18,9 @@ from typing import Any
 import mlx_lm.server as up
 
 from specparity.harness.gated.cache import SplitCache, catch_up, offsets
-from specparity.harness.gated.cancel import Cancelled, ClientWatch, check, watching
+from specparity.harness.gated.cancel import (
+    WATCH_INTERVAL, Cancelled, ClientWatch, check, poll_client, watching,
+)
 from specparity.harness.gated.gate import (
     GateMemo, ModelUnavailable, ServeConfig, loaded_model, log, request_names, served_vocab, shown,
 )
@@ -186,17 +188,22 @@ class GatedGenerator(Generator):
         return ctx, counted()
 
     def await_response(self, response_queue: Any) -> Any:
-        # a handler thread waiting for its request's next item: gives up when its client
-        # left (mlx-lm's batch loop drops a stopped request without a word to its queue)
+        # a handler thread waiting for its request's next item: watches its client's connection
+        # and gives up when the client left (mlx-lm's batch loop drops a stopped request without
+        # a word to its queue)
         from queue import Empty
 
         while True:
             try:
-                return response_queue.get(timeout=0.25)
+                item = response_queue.get(timeout=WATCH_INTERVAL)
             except Empty:
                 if not self.generation_available():
                     raise RuntimeError("generation thread died") from None
+                poll_client()
                 check()
+                continue
+            poll_client()
+            return item
 
     def serve_single(self, request: Any, stream: Any) -> None:
         _rqueue, req, args = request
@@ -534,8 +541,9 @@ class GatedHandler(Handler):
             self.spec.num_draft_tokens = self.num_draft_tokens
             self.spec.width = self.num_draft_tokens + 1
         request.specparity = self.spec
-        watch = self.watch = ClientWatch(self.connection, self.spec.cancel).start()
-        watching(self.spec.gone)  # this handler thread stops waiting once its client left
+        watch = self.watch = ClientWatch(self.connection, self.spec.cancel)
+        watching(self.spec.gone, watch)  # this handler thread watches its client, and stops
+        # waiting once it left
         try:
             super().handle_completion(request, stop_words)
         except (Cancelled, BrokenPipeError, ConnectionResetError):

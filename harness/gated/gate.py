@@ -8,6 +8,7 @@ helpers :mod:`.classes` and :mod:`.server` share.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -151,13 +152,15 @@ class GateMemo:
         return self._policies.get((model_path, adapter))
 
 
-def request_names(value: str | None, default: bool = True) -> list[str]:
-    """How a request may name what the operator named: the flag's value, the path it resolves
-    to, and (``default``) mlx-lm's ``default_model``. Not for adapters: mlx-lm reads
-    ``adapters: default_model`` as a folder of that name, having unloaded the served model."""
-    names = ["default_model"] if default else []
+@functools.lru_cache(maxsize=64)
+def request_names(value: str | None, default: bool = True) -> tuple[str, ...]:
+    """How a request may name what the operator named: the flag's value, the path it resolved
+    to when first asked (the checkpoint the server loaded at start-up), and (``default``)
+    mlx-lm's ``default_model``. Not for adapters: mlx-lm reads ``adapters: default_model`` as a
+    folder of that name, having unloaded the served model."""
+    names: tuple[str, ...] = ("default_model",) if default else ()
     if value:
-        names += [value, str(Path(value).expanduser().resolve())]
+        names += (value, str(Path(value).expanduser().resolve()))
     return names
 
 

@@ -303,6 +303,18 @@ def test_prompt_cache_reuses_by_policy_and_says_what_it_did(fixture_root):
     assert cache is None and seen[-1].outcome == "miss"
 
 
+def test_a_lookups_response_field_carries_every_field_and_what_follows_from_them():
+    import dataclasses
+
+    from specparity.harness.gated.cache import CacheLookup
+
+    lookup = CacheLookup("re-prefill", 12, shared=8, reused=4, reason="why")
+    out = lookup.to_dict()
+    assert set(out) == {f.name for f in dataclasses.fields(CacheLookup)} | {"prefilled", "outcome"}
+    assert out == {"policy": "re-prefill", "prompt_tokens": 12, "shared": 8, "reused": 4,
+                   "reason": "why", "prefilled": 8, "outcome": "partial"}
+
+
 @pytest.mark.model
 def test_a_quantized_entry_is_not_cut_below_quantized_kv_start(fixture_root):
     from mlx_lm.models.cache import QuantizedKVCache
@@ -488,3 +500,59 @@ def test_bench_serve_resolves_1_percent_only_with_an_interval_that_narrow(repo_r
     worker.start()
     worker.join()
     assert bench.cpu_seconds(os.getpid()) - before >= 0.08  # the ended thread's 100 ms, to a tick
+
+
+def test_the_client_watch_peeks_only_when_due_and_tells_once_that_the_client_left():
+    """The handler thread polls its client's connection: a peek at most every interval, never
+    blocking; a closed connection calls on_gone once; a client that sent more is not gone."""
+    import socket
+    import time
+
+    from specparity.harness.gated.cancel import ClientWatch, poll_client, watching
+
+    server_end, client_end = socket.socketpair()
+    gone: list[int] = []
+    watch = ClientWatch(server_end, lambda: gone.append(1), interval=0.05)
+    watching(threading.Event(), watch)
+    try:
+        client_end.close()
+        poll_client()  # not due yet: no peek, the departure is not seen
+        assert gone == []
+        time.sleep(0.06)
+        t0 = time.monotonic()
+        poll_client()
+        assert gone == [1] and time.monotonic() - t0 < 0.05  # seen, without blocking
+        time.sleep(0.06)
+        poll_client()
+        assert gone == [1]  # once
+    finally:
+        watching(None)
+        server_end.close()
+
+    server_end, client_end = socket.socketpair()
+    watch = ClientWatch(server_end, lambda: gone.append(2), interval=0.0)
+    try:
+        watch.poll()
+        assert gone == [1] and not watch.stopped  # connected and quiet: still watching
+        client_end.sendall(b"GET")  # a pipelined request: not a departure, stop watching
+        watch.poll()
+        client_end.close()
+        watch.poll()
+        assert gone == [1] and watch.stopped
+        watch2 = ClientWatch(socket.socket(), lambda: gone.append(3), interval=0.0)
+        watch2.sock.close()  # closed under it: gone
+        watch2.poll()
+        assert gone == [1, 3]
+    finally:
+        server_end.close()
+
+
+def test_a_request_may_name_the_operators_checkpoint_by_its_flag_or_the_path_it_resolves_to(tmp_path):
+    from specparity.harness.gated.gate import request_names
+
+    (tmp_path / "model").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "model")
+    assert request_names(str(link)) == ("default_model", str(link), str(tmp_path / "model"))
+    assert request_names(str(link), default=False) == (str(link), str(tmp_path / "model"))
+    assert request_names(None) == ("default_model",) and request_names(None, default=False) == ()
