@@ -542,8 +542,8 @@ class GatedHandler(Handler):
             self.spec.width = self.num_draft_tokens + 1
         request.specparity = self.spec
         watch = self.watch = ClientWatch(self.connection, self.spec.cancel)
-        watching(self.spec.gone, watch)  # this handler thread watches its client, and stops
-        # waiting once it left
+        # this handler thread polls its client's connection as it waits, and stops once it left
+        watching(self.spec.gone, watch)
         try:
             super().handle_completion(request, stop_words)
         except (Cancelled, BrokenPipeError, ConnectionResetError):
