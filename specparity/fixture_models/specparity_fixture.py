@@ -21,7 +21,12 @@ calls, so the same input gives other bytes on every call (a forward that is not
 reproducible); ``layer`` null puts it on the logits.
 ``process_noise``: ``{"kind": "process_noise", "scale": 4.0}`` adds to the logits a
 bias drawn once per process from the OS's entropy: reproducible within a process,
-not across processes (a served baseline that disagrees with itself).
+not across processes (a served baseline that disagrees with itself). With
+``"tokens": [a, b, ...]`` the bias is ``scale`` on one of those tokens instead, the
+next one for each model this checkpoint builds (claimed in a ``.process-noise``
+folder beside this file, across processes): two processes are sure to differ,
+where two random biases may favour ids that decode to the same text (e.g. two lone
+UTF-8 continuation bytes, both shown as U+FFFD).
 ``slow``: ``{"kind": "slow", "seconds": 0.05, "min_rows": 8}`` sleeps that long in every
 call of at least ``min_rows`` rows (default 1): a forward that takes time, as a large
 model's prefill does, without changing a byte.
@@ -162,6 +167,31 @@ def _own_module(name: str) -> Any:
     return module
 
 
+def _claim_index(folder: str) -> int:
+    """The first index no other model of this checkpoint has claimed (an exclusive create)."""
+    os.makedirs(folder, exist_ok=True)
+    k = 0
+    while True:
+        try:
+            os.close(os.open(os.path.join(folder, str(k)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return k
+        except FileExistsError:
+            k += 1
+
+
+def _process_bias(fault: dict, vocab: int) -> mx.array:
+    """A process_noise fault's bias: a normal draw from the OS's entropy, or ``scale`` on the next
+    of its ``tokens``."""
+    scale = float(fault.get("scale", 4.0))
+    tokens = fault.get("tokens")
+    if not tokens:
+        key = mx.random.key(int.from_bytes(os.urandom(4), "little"))
+        return mx.random.normal((vocab,), key=key) * scale
+    favoured = int(tokens[_claim_index(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                    ".process-noise")) % len(tokens)])
+    return (mx.arange(vocab) == favoured).astype(mx.float32) * scale
+
+
 class Model(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -176,7 +206,7 @@ class Model(nn.Module):
         self._constant = spec.get("constant_logits")
         self._logit_noise = False
         self._witness = spec.get("witness")
-        self._noise = next((float(f.get("scale", 4.0)) for f in self._faults if f["kind"] == "process_noise"), None)
+        self._noise = next((f for f in self._faults if f["kind"] == "process_noise"), None)
         self._slow = [f for f in self._faults if f["kind"] == "slow"]
         self._bias: mx.array | None = None
         for fault in self._faults:
@@ -203,8 +233,7 @@ class Model(nn.Module):
             out = _call_noise(out)
         if self._noise is not None:
             if self._bias is None:
-                key = mx.random.key(int.from_bytes(os.urandom(4), "little"))
-                self._bias = mx.random.normal((out.shape[-1],), key=key) * self._noise
+                self._bias = _process_bias(self._noise, out.shape[-1])
             out = out + self._bias.astype(out.dtype)
         if self._constant is not None:
             logits = mx.array(self._constant, dtype=out.dtype)
