@@ -155,8 +155,9 @@ def serve(argv: list[str], config: ServeConfig | None = None) -> None:
     """Run mlx-lm's server with ``argv`` (its own flags) until interrupted."""
     import mlx_lm.server as up
 
-    from specparity.mlx_compat.server import route_stream_generate, run_server_main
+    from specparity.mlx_compat.server import require_hooks, route_stream_generate, run_server_main
 
+    require_hooks()
     config = config or ServeConfig()
     provider_cls, generator_cls, handler_cls = _classes()
 

@@ -32,7 +32,8 @@ that moved one fails there, with a line naming the version.
       run, stream_generate rebound               main() with its own (.server)
 
 (a) 0.31.3 has all but ``_run_generate`` and ``_await_response``; ``specparity
-serve`` runs in the toolkit's own environment (mlx-lm 0.32), never there.
+serve`` runs in the toolkit's own environment (mlx-lm 0.32), and refuses to start
+on one whose server lacks a hook (``server.require_hooks``: one line, exit 4).
 (other): 0.32 has the name with another signature; the 0.32 path does not use it.
 
 An installed mlx-lm outside :data:`CHECKED_VERSIONS` is not refused:

@@ -13,9 +13,16 @@ from typing import Any
 
 import mlx_lm.server as up
 
-from specparity.mlx_compat import check_version
+from specparity.errors import InfrastructureError
+from specparity.mlx_compat import check_version, mlx_lm_version
 
 check_version()
+# the private methods of mlx_lm.server's classes the classes below override or call (0.31 lacks two)
+HOOKS: dict[str, tuple[str, ...]] = {
+    "ModelProvider": ("_load",),
+    "ResponseGenerator": ("_run_generate", "_is_batchable", "_await_response", "_serve_single", "_tokenize"),
+    "APIHandler": ("_set_completion_headers",),
+}
 # mlx-lm's own classes and stream_generate, as this module first saw them (run_server_main and
 # route_stream_generate rebind the module's globals)
 _UPSTREAM_STREAM_GENERATE = up.stream_generate
@@ -84,6 +91,22 @@ class Handler(up.APIHandler):
 
     def set_completion_headers(self, status: int) -> None:
         self._set_completion_headers(status)
+
+
+def missing_hooks() -> list[str]:
+    """The :data:`HOOKS` the installed mlx_lm.server lacks, as ``Class._method`` (sorted)."""
+    return sorted(f"{cls}.{name}" for cls, names in HOOKS.items() for name in names
+                  if not hasattr(getattr(up, cls), name))
+
+
+def require_hooks() -> None:
+    """Raise InfrastructureError naming the installed mlx-lm when its server lacks a hook: without
+    them ``specparity serve`` would never finish starting (mlx-lm 0.31 has no ``_run_generate``)."""
+    missing = missing_hooks()
+    if missing:
+        raise InfrastructureError(
+            f"specparity serve needs mlx-lm 0.32 or later: mlx-lm {mlx_lm_version()}'s server has no"
+            f" {', '.join(missing)} to hook (pip install 'mlx-lm>=0.32')")
 
 
 def upstream_stream_generate() -> Any:

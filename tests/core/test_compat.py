@@ -344,9 +344,8 @@ out["trie"] = hasattr(LRUPromptCache(2), "_trie")
 g = c.generate_module()
 out["generate_steps"] = all(callable(getattr(g, n, None)) for n in
                             ("generate_step", "speculative_generate_step", "maybe_quantize_kv_cache"))
-hooks = {"ModelProvider": ("_load",), "ResponseGenerator": ("_run_generate", "_is_batchable", "_await_response",
-         "_serve_single", "_tokenize"), "APIHandler": ("_set_completion_headers",)}
-out["server_hooks"] = sorted(f"{k}.{m}" for k, ms in hooks.items() for m in ms if not hasattr(getattr(up, k), m))
+from specparity.mlx_compat.server import missing_hooks
+out["server_hooks"] = missing_hooks()
 out["server_globals"] = all(hasattr(up, n) for n in ("argparse", "ModelProvider", "run", "stream_generate", "main"))
 print(json.dumps(out))
 '''
@@ -376,3 +375,21 @@ def test_every_reach_of_the_table_is_there_in_each_checked_version(name, version
         assert got["server_hooks"] == ["ResponseGenerator._await_response", "ResponseGenerator._run_generate"]
     else:
         assert got["server_031"] is False and got["image_parts"] is True and got["server_hooks"] == []
+
+
+@pytest.mark.build
+@pytest.mark.model
+@pytest.mark.slow
+def test_serve_on_mlx_lm_031_refuses_in_one_line(llama_pair):
+    """mlx-lm 0.31.3's server lacks two of serve's hooks: serve says so and exits 4 at once, where it
+    used to answer 503 "starting" for ever (its generation thread's hook is never called there)."""
+    import subprocess
+
+    env = built("mlx-lm-0.31.3")
+    run = subprocess.run(env.specparity_argv("serve", "--model", str(llama_pair.target), "--port", "0"),
+                         env=env.environ(), capture_output=True, text=True, timeout=120)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 4, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr and lines[-1].startswith("Error: specparity serve needs mlx-lm 0.32")
+    assert "mlx-lm 0.31.3's server has no ResponseGenerator._await_response, ResponseGenerator._run_generate" \
+        in lines[-1]
