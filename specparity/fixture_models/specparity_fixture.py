@@ -23,8 +23,9 @@ reproducible); ``layer`` null puts it on the logits.
 bias drawn once per process from the OS's entropy: reproducible within a process,
 not across processes (a served baseline that disagrees with itself). With
 ``"tokens": [a, b, ...]`` the bias is ``scale`` on one of those tokens instead, the
-next one for each model this checkpoint builds (claimed in a ``.process-noise``
-folder beside this file, across processes): two processes are sure to differ,
+next one for each model of this checkpoint, claimed at its first forward in a
+``.process-noise`` folder beside this file (across processes): any two of as many
+consecutive models as there are tokens favour different tokens,
 where two random biases may favour ids that decode to the same text (e.g. two lone
 UTF-8 continuation bytes, both shown as U+FFFD).
 ``slow``: ``{"kind": "slow", "seconds": 0.05, "min_rows": 8}`` sleeps that long in every
