@@ -21,13 +21,12 @@ calls, so the same input gives other bytes on every call (a forward that is not
 reproducible); ``layer`` null puts it on the logits.
 ``process_noise``: ``{"kind": "process_noise", "scale": 4.0}`` adds to the logits a
 bias drawn once per process from the OS's entropy: reproducible within a process,
-not across processes (a served baseline that disagrees with itself). With
-``"tokens": [a, b, ...]`` the bias is ``scale`` on one of those tokens instead, the
-next one for each model of this checkpoint, claimed at its first forward in a
-``.process-noise`` folder beside this file (across processes): any two of as many
-consecutive models as there are tokens favour different tokens,
-where two random biases may favour ids that decode to the same text (e.g. two lone
-UTF-8 continuation bytes, both shown as U+FFFD).
+not across processes (a served baseline that disagrees with itself). Two random
+biases may favour ids that decode to the same text (two lone UTF-8 continuation
+bytes both reach a client as U+FFFD); with ``"tokens": [a, b, ...]`` the bias is
+``scale`` on one of those tokens instead, each model of this checkpoint taking the
+next one at its first forward (claimed in a ``.process-noise`` folder beside this
+file, across processes), so models up to ``len(tokens)`` apart favour different tokens.
 ``slow``: ``{"kind": "slow", "seconds": 0.05, "min_rows": 8}`` sleeps that long in every
 call of at least ``min_rows`` rows (default 1): a forward that takes time, as a large
 model's prefill does, without changing a byte.
