@@ -27,6 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # kept (harmless) so the workers, and every process a test starts, import specparity as installed,
     # never a root folder that happens to share a name.
     os.environ.setdefault("PYTHONSAFEPATH", "1")
+    use_import_tables()
     # A shell without job control starts a background command with SIGINT ignored, and every process
     # a test starts would inherit that: specparity then rightly leaves Ctrl-C alone, as under nohup,
     # and the Ctrl-C tests could not test anything. A handler here (Python's own, as on a terminal) is
@@ -35,6 +36,20 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if not hasattr(config, "workerinput"):  # once, in the controller, before any worker starts
         compile_the_package()
+
+
+def use_import_tables() -> None:
+    """Every Python process the suite starts reads transformers' import table from disk instead of
+    building it from the source of ~3,300 files (tests/startup/sitecustomize.py: about 1 CPU second of
+    the 2 that importing mlx-lm costs, in each of the hundreds of processes). Once per run, in the
+    controller: the workers and everything they start inherit the environment. Already set: left
+    as it is (empty: off, every process builds its own table)."""
+    startup = str(Path(__file__).resolve().parent / "startup")
+    if "SPECPARITY_TEST_IMPORT_TABLES" in os.environ:
+        return
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specparity" / "test-import-tables"
+    os.environ["SPECPARITY_TEST_IMPORT_TABLES"] = str(cache)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (startup, os.environ.get("PYTHONPATH")) if p)
 
 
 def compile_the_package() -> None:

@@ -1,0 +1,51 @@
+"""tests/startup/sitecustomize.py: the suite's processes read transformers' import table from disk,
+the same table transformers builds, and any other sitecustomize still runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+STARTUP = Path(__file__).resolve().parents[1] / "startup"
+
+# the table transformers' `models` package imports from, and whether this process built it from source
+PROBE = """
+import pickle, sys
+import transformers.utils.import_utils as iu
+table = iu.define_import_structure(sys.argv[1], prefix="models")
+built = iu.create_import_structure_from_path.cache_info().misses > 0
+sys.stdout.buffer.write(pickle.dumps((table, built)))
+"""
+
+
+def _run(tables: str, extra_path: str | None = None) -> tuple[dict, bool]:
+    import pickle
+
+    import transformers
+
+    models = str(Path(transformers.__file__).parent / "models")
+    env = {**os.environ, "SPECPARITY_TEST_IMPORT_TABLES": tables,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(STARTUP), extra_path) if p)}
+    out = subprocess.run([sys.executable, "-P", "-c", PROBE, models], env=env, capture_output=True,
+                         timeout=120, check=True)
+    return pickle.loads(out.stdout)
+
+
+def test_a_process_reads_the_table_transformers_builds_and_builds_it_once(tmp_path):
+    own, built = _run("")  # off: transformers builds its own
+    assert built and len(own) > 0
+    first, built_first = _run(str(tmp_path / "tables"))
+    assert built_first and first == own  # built once, and kept
+    assert len(list((tmp_path / "tables").glob("*.pickle"))) == 1
+    second, built_second = _run(str(tmp_path / "tables"))
+    assert not built_second and second == own  # read from disk: no source file scanned
+
+
+def test_another_sitecustomize_later_on_the_path_still_runs(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('yes')\n")
+    table, _ = _run(str(tmp_path / "tables"), extra_path=str(other))
+    assert table and (tmp_path / "ran").read_text() == "yes"
