@@ -55,13 +55,16 @@ def _cached(original: Any, source: str, tables: str) -> Any:
         folder = str(module_path)
         if not os.path.isdir(folder):
             folder = os.path.dirname(folder)
-        key = hashlib.sha256(repr((str(module_path), prefix, source, src.st_size, src.st_mtime_ns,
-                                   _tree_stat(folder))).encode()).hexdigest()
+        try:
+            key = hashlib.sha256(repr((str(module_path), prefix, source, src.st_size, src.st_mtime_ns,
+                                       _tree_stat(folder))).encode()).hexdigest()
+        except OSError:  # a folder it cannot list: transformers builds the table as it would
+            return original(module_path, prefix)
         path = os.path.join(tables, key + ".pickle")
         try:
             with open(path, "rb") as f:
                 return pickle.load(f)
-        except (OSError, EOFError, pickle.UnpicklingError):
+        except Exception:  # none yet, or unreadable: build it again
             pass
         table = original(module_path, prefix)
         try:
