@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # reset to the default in every child at exec, so children start as they would from a terminal.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # pytest rewrites the asserts of every test module it imports (~200 modules, ~3,000 asserts: about
+    # 6 CPU seconds) and keeps the result as a .pyc, unless no .pyc may be written, as where
+    # PYTHONDONTWRITEBYTECODE is set (this project's machines): then each worker of each run rewrote
+    # them all again. In this process only (children keep the environment's setting).
+    sys.dont_write_bytecode = False
     if not hasattr(config, "workerinput"):  # once, in the controller, before any worker starts
         compile_the_package()
 

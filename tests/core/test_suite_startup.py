@@ -1,5 +1,6 @@
-"""tests/startup/sitecustomize.py: the suite's processes read transformers' import table from disk,
-the same table transformers builds, and any other sitecustomize still runs."""
+"""How the suite's processes start: each reads transformers' import table from disk
+(tests/startup/sitecustomize.py), the same table transformers builds, and any other sitecustomize
+still runs; the test modules' rewritten asserts are kept, not rewritten by every worker of every run."""
 
 from __future__ import annotations
 
@@ -49,3 +50,10 @@ def test_another_sitecustomize_later_on_the_path_still_runs(tmp_path):
     (other / "sitecustomize.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('yes')\n")
     table, _ = _run(str(tmp_path / "tables"), extra_path=str(other))
     assert table and (tmp_path / "ran").read_text() == "yes"
+
+
+def test_pytest_keeps_this_modules_rewritten_asserts():
+    """Even where PYTHONDONTWRITEBYTECODE is set (conftest lets pytest write its own .pyc)."""
+    cache = Path(__file__).parent / "__pycache__"
+    kept = [p.name for p in cache.glob(Path(__file__).stem + ".*-pytest-*.pyc")]
+    assert kept, f"no rewritten .pyc of {Path(__file__).name} in {cache}"
