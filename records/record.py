@@ -164,10 +164,12 @@ class RecordSink:
 
     # -- writing -----------------------------------------------------------------------------
     def append(self, arm: str, obj: dict[str, Any]) -> None:
-        """One finished part: a JSONL line now, and its count in report.json."""
-        self.record.arms[arm] = self.record.arms.get(arm, 0) + 1
+        """One finished part: a JSONL line now, then its count in report.json (counted only once its line
+        is written: a Ctrl-C between the two leaves a line uncounted, never a count without its line)."""
         if self.writer is not None:
             self.writer.append(arm, obj)
+        self.record.arms[arm] = self.record.arms.get(arm, 0) + 1
+        if self.writer is not None:
             self._write_report()
 
     def timing(self, part: str, seconds: float) -> None:

@@ -266,3 +266,29 @@ def test_a_record_that_lost_lines_or_holds_lines_of_another_type_is_named_not_re
         f.write('{"id": "p1", "kind": "fre')
     code, out, err = _main(capsys, "records", "show", str(record))
     assert code == 0 and "verdict: diverged" in out and "baseline-start" in out, err
+
+
+def test_a_ctrl_c_while_a_line_is_written_leaves_a_readable_record(tmp_path, monkeypatch):
+    """Ctrl-C arriving while a part's line is being appended (before it is in the file): the record that
+    the interrupted run closes counts only the lines its files hold, and reads back as interrupted."""
+    from specparity.records.record import RecordSink
+    from specparity.records.writer import RecordWriter
+
+    real_append = RecordWriter.append
+    calls = {"n": 0}
+
+    def append(self: RecordWriter, arm: str, obj: dict) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # the signal, before the third line reached the file
+        real_append(self, arm, obj)
+
+    monkeypatch.setattr(RecordWriter, "append", append)
+    with pytest.raises(KeyboardInterrupt):
+        with RecordSink(tmp_path / "rec", "probe", "a probe", {"model": None}) as sink:
+            for i in range(5):
+                sink.append("comparisons", {"width": i, "verdict": "equal"})
+    (md,) = (tmp_path / "rec").glob("probe-*.md")
+    record, _, arms = read_record(md)
+    assert record.status == "interrupted"
+    assert record.arms == {"comparisons": 2} and len(arms["comparisons"]) == 2
