@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +24,28 @@ def built(name: str) -> envs.Environment:
             pytest.fail(message)
         pytest.skip(message)
     return found
+
+
+def warm_engines_script() -> Any:
+    """scripts/warm_engines.py as a module (what it calls warm is what these tests check)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "warm_engines.py"
+    spec = importlib.util.spec_from_file_location("warm_engines", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def warmed(name: str) -> envs.Environment:
+    """``built(name)``, whose server's first-start work on this machine scripts/warm-engines has done (mlx-dspark:
+    its kernel calibration, 2 minutes and more): under CI a failure when not, so that no test pays it; elsewhere
+    the test's server does it, once."""
+    env = built(name)
+    if os.environ.get("CI") and not warm_engines_script().is_warm(env):
+        pytest.fail(f"{name} has not calibrated on this machine: run scripts/warm-engines")
+    return env
 
 
 def engine_cli(cli_bin: str, info: dict, command: str, *args: str, fault: str | None = None,

@@ -32,7 +32,7 @@ from specparity.dspark_fixtures import build_dfly_pair, build_dspark_pair, simul
 from specparity.engine_findings import run_engine
 from specparity.environments import ENV_CACHE_VAR
 from specparity.probes.engine_e2e import FAULT_VAR
-from builds import REAL_CACHE, built
+from builds import REAL_CACHE, built, warmed
 from builds import engine_cli as _dspark_cli
 
 pytestmark = pytest.mark.model
@@ -214,14 +214,13 @@ def test_mlx_dspark_serve_drafts_per_request_and_overruns_max_tokens_by_one(fx: 
     from specparity.decode import advance_to_depth
     from specparity.harness.lifecycle import HOST_ARG, PORT_ARG, Server
 
-    env = built("mlx-dspark")
+    env = warmed("mlx-dspark")  # its first start on a machine calibrates (scripts/warm-engines)
     info = fx["dspark-qwen3"]
     model, tok = load(info["target"])[:2]
     prompt = "def add(a, b):"
     classic = advance_to_depth(model, tok.encode(prompt), 26)[2]
     argv = [str(env.python), "-m", "mlx_dspark.cli", "serve", "--mode", "dspark", "--model", info["target"],
             "--drafter", info["draft"], "--host", HOST_ARG, "--port", PORT_ARG, "--max-draft", "2", "--no-warmup"]
-    # the first start calibrates its kernels for this machine (cached in ~/.cache/mlx_dspark)
     with Server(argv, env=dict(env.environ()), ready_path="/health", start_timeout=300, name="mlx-dspark") as srv:
         got = {}
         for n in (8, 24):

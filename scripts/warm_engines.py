@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""The work an engine does at its first start on a machine, done once before the tests (scripts/warm-engines).
+
+mlx-dspark 0.20.3 calibrates its kernels when it loads a checkpoint on a machine it has not met
+(small-M matmul, split SDPA, multi-row attention, prefill wide-GEMM and CPU co-prefill, memory
+bandwidth): about 2 minutes on 2 cores, filed in ~/.cache/mlx_dspark/calibration.json under keys
+made of the machine, the mlx version, the checkpoints' folder names and their attention shapes.
+Without this step the first test that starts ``mlx-dspark serve`` pays it (150 s instead of 18 s on
+this project's CI machine). This starts the server once in each mode the tests start it in (its
+baseline mode; dspark with a drafter), on the project's DSpark fixture (folders ``target`` and
+``draft``, as every DSpark fixture the tests build), and files which keys it saw in the mlx-dspark
+environment's folder: a later run that finds every one of them in the calibration file returns at once.
+
+Usage: .venv/bin/python -P scripts/warm_engines.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+def calibration_file() -> Path:
+    """mlx-dspark's calibration file (its calibrate.CACHE_DIR: under the home directory)."""
+    return Path.home() / ".cache" / "mlx_dspark" / "calibration.json"
+
+
+def calibrated() -> set[str]:
+    """The keys mlx-dspark's calibration file holds (none when it is missing or unreadable)."""
+    try:
+        return set(json.loads(calibration_file().read_text()))
+    except (OSError, ValueError):
+        return set()
+
+
+def stamp(env: Any) -> Path:
+    """Where the keys a warm run of ``env`` (the built mlx-dspark environment) saw are filed: in the
+    environment's own folder, so a rebuilt environment is warmed again."""
+    return env.path / "specparity-warm.json"
+
+
+def is_warm(env: Any) -> bool:
+    """Whether a warm run of ``env`` filed its keys and the calibration file still holds each."""
+    try:
+        wanted = set(json.loads(stamp(env).read_text()))
+    except (OSError, ValueError):
+        return False
+    return bool(wanted) and wanted <= calibrated()
+
+
+def main() -> int:
+    import httpx
+
+    from specparity import environments as envs
+    from specparity.dspark_fixtures import build_dspark_pair
+    from specparity.harness.lifecycle import HOST_ARG, PORT_ARG, Server
+
+    env = envs.find_environment("mlx-dspark")
+    if env is None:
+        print("warm-engines: mlx-dspark: its environment is not built (scripts/build-env mlx-dspark):"
+              " nothing to warm", file=sys.stderr)
+        return 0
+    if is_warm(env):
+        return 0
+    print(f"warm-engines: mlx-dspark: calibrating its kernels on this machine ({calibration_file()}; once)",
+          file=sys.stderr)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="warm-mlx-dspark-") as tmp:
+        pair = build_dspark_pair(Path(tmp) / "pair")
+        argv = [str(env.python), "-m", "mlx_dspark.cli", "serve", "--model", pair.target,
+                "--host", HOST_ARG, "--port", PORT_ARG, "--no-warmup"]
+        for mode in (["--mode", "baseline"], ["--mode", "dspark", "--drafter", pair.draft, "--max-draft", "2"]):
+            with Server([*argv, *mode], env=dict(env.environ()), ready_path="/health", start_timeout=900,
+                        name="mlx-dspark") as srv:
+                r = httpx.post(f"{srv.url}/v1/completions", timeout=300,
+                               json={"prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0})
+                r.raise_for_status()
+    seen = calibrated()
+    if not seen:
+        print(f"warm-engines: mlx-dspark: started, but {calibration_file()} holds no calibration", file=sys.stderr)
+        return 4
+    filed = stamp(env)
+    filed.parent.mkdir(parents=True, exist_ok=True)
+    filed.write_text(json.dumps(sorted(seen)) + "\n")
+    print(f"warm-engines: mlx-dspark: calibrated in {time.monotonic() - t0:.0f} s ({len(seen)} entries)",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
