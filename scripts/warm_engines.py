@@ -3,13 +3,14 @@
 
 mlx-dspark 0.20.3 calibrates its kernels when it loads a checkpoint on a machine it has not met
 (small-M matmul, split SDPA, multi-row attention, prefill wide-GEMM and CPU co-prefill, memory
-bandwidth): about 2 minutes on 2 cores, filed in ~/.cache/mlx_dspark/calibration.json under keys
+bandwidth): about a minute on 2 cores (46-53 s here; 150 s inside a test), filed in ~/.cache/mlx_dspark/calibration.json under keys
 made of the machine, the mlx version, the checkpoints' folder names and their attention shapes.
-Without this step the first test that starts ``mlx-dspark serve`` pays it (150 s instead of 18 s on
-this project's CI machine). This starts the server once in each mode the tests start it in (its
-baseline mode; dspark with a drafter), on the project's DSpark fixture (folders ``target`` and
-``draft``, as every DSpark fixture the tests build), and files which keys it saw in the mlx-dspark
-environment's folder: a later run that finds every one of them in the calibration file returns at once.
+Without this step the first test that starts ``mlx-dspark serve`` pays it (150 s instead of 16 s on
+a 2-core machine). This starts the server once in each mode the tests start it in, as the
+``mlx-dspark`` profile starts it (its baseline arm; a drafted arm), on the project's DSpark fixture
+(folders ``target`` and ``draft``, as every DSpark fixture the tests build), and files which keys
+it saw in the mlx-dspark environment's folder: a later run that finds every one of them in the
+calibration file returns at once.
 
 Usage: .venv/bin/python -P scripts/warm_engines.py
 """
@@ -22,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
 
 def calibration_file() -> Path:
     """mlx-dspark's calibration file (its calibrate.CACHE_DIR: under the home directory)."""
@@ -56,9 +58,11 @@ def main() -> int:
 
     from specparity import environments as envs
     from specparity.dspark_fixtures import build_dspark_pair
-    from specparity.harness.lifecycle import HOST_ARG, PORT_ARG, Server
+    from specparity.harness.lifecycle import Server
+    from specparity.harness.profiles import load_profile
 
-    env = envs.find_environment("mlx-dspark")
+    profile = load_profile("mlx-dspark")
+    env = envs.find_environment(profile.environment or "mlx-dspark")
     if env is None:
         print("warm-engines: mlx-dspark: its environment is not built (scripts/build-env mlx-dspark):"
               " nothing to warm", file=sys.stderr)
@@ -70,10 +74,12 @@ def main() -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="warm-mlx-dspark-") as tmp:
         pair = build_dspark_pair(Path(tmp) / "pair")
-        argv = [str(env.python), "-m", "mlx_dspark.cli", "serve", "--model", pair.target,
-                "--host", HOST_ARG, "--port", PORT_ARG, "--no-warmup"]
-        for mode in (["--mode", "baseline"], ["--mode", "dspark", "--drafter", pair.draft, "--max-draft", "2"]):
-            with Server([*argv, *mode], env=dict(env.environ()), ready_path="/health", start_timeout=900,
+        baseline = profile.render(profile.argv, model=pair.target, python=env.python)
+        w = profile.width(3)
+        drafted = baseline + profile.render(profile.draft_argv, draft_model=pair.draft, num_draft=w.setting,
+                                            width=w.rows, python=env.python)
+        for argv in (baseline, drafted):
+            with Server(argv, env=dict(env.environ()), ready_path=profile.ready_path, start_timeout=900,
                         name="mlx-dspark") as srv:
                 r = httpx.post(f"{srv.url}/v1/completions", timeout=300,
                                json={"prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0})
