@@ -4,13 +4,13 @@
 mlx-dspark 0.20.3 calibrates its kernels when it loads a checkpoint on a machine it has not met
 (small-M matmul, split SDPA, multi-row attention, prefill wide-GEMM and CPU co-prefill, memory
 bandwidth): about a minute on 2 cores (46-53 s here; 150 s inside a test), filed in
-~/.cache/mlx_dspark/calibration.json under keys made of the machine, the mlx version, the checkpoints' folder names and their attention shapes.
-Without this step the first test that starts ``mlx-dspark serve`` pays it (150 s instead of 16 s on
-a 2-core machine). This starts the server once in each mode the tests start it in, as the
-``mlx-dspark`` profile starts it (its baseline arm; a drafted arm), on the project's DSpark fixture
-(folders ``target`` and ``draft``, as every DSpark fixture the tests build), and files which keys
-it saw in the mlx-dspark environment's folder: a later run that finds every one of them in the
-calibration file returns at once.
+~/.cache/mlx_dspark/calibration.json under keys made of the machine, the mlx version, the
+checkpoints' folder names and their attention shapes. Without this step the first test that starts
+``mlx-dspark serve`` pays it (150 s instead of 16 s on a 2-core machine). This starts the server
+once in each mode the tests start it in, as the ``mlx-dspark`` profile starts it (its baseline arm;
+a drafted arm), on the project's DSpark fixture (folders ``target`` and ``draft``, as every DSpark
+fixture the tests build), and files which keys it saw in the mlx-dspark environment's folder: a
+later run that finds every one of them in the calibration file returns at once.
 
 Usage: .venv/bin/python -P scripts/warm_engines.py
 """
