@@ -107,8 +107,12 @@ def builtin_job() -> Job:
     from specparity.fixtures import default_pair
 
     pair = default_pair()
-    return Job(pairings=[Pairing("embedded-llama", pair.target, pair.draft, "mlx-lm")],
-               widths=[2, 4], max_tokens=32, concurrency=3, self_draft=True, source="built-in")
+    return _builtin_settings([Pairing("embedded-llama", pair.target, pair.draft, "mlx-lm")], "built-in")
+
+
+def _builtin_settings(pairings: list[Pairing], source: str) -> Job:
+    """The built-in job's settings around ``pairings`` (the embedded pair is built only where it runs)."""
+    return Job(pairings=pairings, widths=[2, 4], max_tokens=32, concurrency=3, self_draft=True, source=source)
 
 
 # bounds on the counts a job expands into arms and requests (widths and max_tokens are bounded by
@@ -181,8 +185,8 @@ def load_job(path: str | Path) -> Job:
     check(raw, JOB_SCHEMA, where)
     if raw.get("params"):  # the rules a served request's fields obey (specparity serve's, the replay's)
         check({"params": raw["params"]}, Fields({"params": request_schema()}), where)
-    job = builtin_job() if not raw.get("pairings") else Job(pairings=[])
-    job.source = str(p)
+    builtin = not raw.get("pairings")  # the built-in pairing, added once every key is checked
+    job = _builtin_settings([], str(p)) if builtin else Job(pairings=[], source=str(p))
     for i, item in enumerate(raw.get("pairings") or []):
         target = resolve_model(str(item["target"]), p.parent, f"{where}: pairings[{i}].target")
         draft = item.get("draft")
@@ -191,12 +195,10 @@ def load_job(path: str | Path) -> Job:
         job.pairings.append(Pairing(str(item.get("name") or f"pairing{i}"), target, draft,
                                     str(item.get("profile", "mlx-lm")), bool(item.get("trust_remote_code")),
                                     item.get("environment")))
-    if "profile" in raw:
-        prof = raw["profile"]
-        if prof not in packaged_profiles() and not Path(prof).is_absolute() and (p.parent / prof).is_file():
-            prof = str((p.parent / prof).resolve())
-        for pairing in job.pairings:
-            pairing.profile = prof
+    prof = raw.get("profile")
+    if prof is not None and prof not in packaged_profiles() and not Path(prof).is_absolute() \
+            and (p.parent / prof).is_file():
+        prof = str((p.parent / prof).resolve())
     if "widths" in raw:
         widths = raw["widths"] if isinstance(raw["widths"], list) else [raw["widths"]]
         job.widths = sorted(set(widths))
@@ -240,6 +242,11 @@ def load_job(path: str | Path) -> Job:
         job.controls.append(Control(str(c.get("name") or f"control{i}"),
                                     {str(k): str(v) for k, v in c["env"].items()},
                                     int(c.get("width", max(job.widths)))))
+    if builtin:  # a bad file is refused before the embedded pair is built
+        job.pairings = builtin_job().pairings
+    if prof is not None:
+        for pairing in job.pairings:
+            pairing.profile = str(prof)
     check_names(job, where)
     return job
 
@@ -362,41 +369,10 @@ class Overrides:
     reference_beside: bool | None = None
 
 
-def apply_overrides(job: Job | None, o: Overrides) -> Job:
-    """The job a command runs: ``job`` (a config's, or None for the built-in one) with ``o`` applied.
-
-    Errors are usage errors in the job's own terms (the command maps them to its flags).
-    """
-    from specparity.harness.profiles import load_profile
-
-    if o.profile is not None:
-        load_profile(o.profile)
-    if o.draft_model is not None and o.model is None:
-        raise UsageError(Name("draft_model"), " needs ", Name("model"))
-    if o.model is not None:
-        target = _override_checkpoint("model", o.model)
-        draft = _override_checkpoint("draft_model", o.draft_model) if o.draft_model is not None else None
-        pairing = Pairing("cli", target, draft, o.profile or "mlx-lm", o.trust_remote_code)
-        job = replace(builtin_job(), pairings=[pairing], source="command line") if job is None \
-            else replace(job, pairings=[pairing])
-    elif job is None:
-        job = builtin_job()
-    else:
-        job = replace(job)
-    if o.environment is not None:
-        from specparity.environments import load_spec
-
-        try:
-            load_spec(o.environment)
-        except UsageError as err:
-            raise OverrideError("environment", str(err)) from None
-    for p in job.pairings:
-        if o.profile is not None:
-            p.profile = o.profile
-        if o.trust_remote_code:
-            p.trust_remote_code = True
-        if o.environment is not None:
-            p.environment = o.environment
+def _checked_values(o: Overrides) -> dict[str, Any]:
+    """The job keys ``o`` sets (widths, width_mode, the counts and timeouts), each checked as a job
+    file's key is: name -> the value to set."""
+    out: dict[str, Any] = {}
     if o.widths is not None:
         if not o.widths:
             raise OverrideError("widths", "give at least one width")
@@ -405,11 +381,11 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
                 check(w, _width(1), "widths")
             except UsageError as err:
                 raise OverrideError("widths", str(err).split(": ", 1)[1]) from None
-        job.widths = sorted(set(o.widths))
+        out["widths"] = sorted(set(o.widths))
     if o.width_mode is not None:
         if o.width_mode not in WIDTH_MODES:
             raise OverrideError("width_mode", f"{o.width_mode!r}: choose from {', '.join(WIDTH_MODES)}")
-        job.width_mode = o.width_mode
+        out["width_mode"] = o.width_mode
     for name, checker in (("max_tokens", Int(1, limit="max_positions")), ("concurrency", Int(0, MAX_CONCURRENCY)),
                           ("repeats", Int(0, MAX_REPEATS)), ("start_timeout", Seconds()),
                           ("request_timeout", Seconds())):
@@ -420,11 +396,33 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
             check(value, checker, name)
         except UsageError as err:
             raise OverrideError(name, str(err).split(": ", 1)[1]) from None
-        setattr(job, name, float(value) if isinstance(checker, Seconds) else value)
-    job.reference = o.reference if o.reference is not None else job.reference
-    job.reference_beside = o.reference_beside if o.reference_beside is not None else job.reference_beside
+        out[name] = float(value) if isinstance(checker, Seconds) else value
+    return out
+
+
+def apply_overrides(job: Job | None, o: Overrides) -> Job:
+    """The job a command runs: ``job`` (a config's, or None for the built-in one) with ``o`` applied.
+
+    Every value is checked before the job is made: a bad flag never waits for the embedded pair's
+    build. Errors are usage errors in the job's own terms (the command maps them to its flags).
+    """
+    from specparity.harness.profiles import load_profile
+
+    if o.profile is not None:
+        load_profile(o.profile)
+    if o.draft_model is not None and o.model is None:
+        raise UsageError(Name("draft_model"), " needs ", Name("model"))
+    if o.environment is not None:
+        from specparity.environments import load_spec
+
+        try:
+            load_spec(o.environment)
+        except UsageError as err:
+            raise OverrideError("environment", str(err)) from None
+    values = _checked_values(o)
+    spec = None  # the distribution arm's settings (the built-in job has none)
     if o.temperature is not None or o.dist_requests is not None or o.dist_prefix is not None:
-        spec = replace(job.distribution or DistSpec())
+        spec = replace((job.distribution if job is not None else None) or DistSpec())
         if o.temperature is not None:
             spec.temperature = o.temperature
         if o.dist_requests is not None:
@@ -435,6 +433,27 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
             check_spec(spec, "")
         except UsageError as err:
             raise OverrideError("temperature", str(err)) from None
+    if o.model is not None:
+        target = _override_checkpoint("model", o.model)
+        draft = _override_checkpoint("draft_model", o.draft_model) if o.draft_model is not None else None
+        pairing = Pairing("cli", target, draft, o.profile or "mlx-lm", o.trust_remote_code)
+        job = _builtin_settings([pairing], "command line") if job is None else replace(job, pairings=[pairing])
+    elif job is None:
+        job = builtin_job()
+    else:
+        job = replace(job)
+    for p in job.pairings:
+        if o.profile is not None:
+            p.profile = o.profile
+        if o.trust_remote_code:
+            p.trust_remote_code = True
+        if o.environment is not None:
+            p.environment = o.environment
+    for name, value in values.items():
+        setattr(job, name, value)
+    job.reference = o.reference if o.reference is not None else job.reference
+    job.reference_beside = o.reference_beside if o.reference_beside is not None else job.reference_beside
+    if spec is not None:
         job.distribution = spec
     if job.distribution is not None and not any(p.draft for p in job.pairings):
         raise OverrideError("temperature", "no pairing has a drafter to compare with")

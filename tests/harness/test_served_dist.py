@@ -142,11 +142,10 @@ def test_bad_flags_are_one_line_and_exit_2(cli_bin, args, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.model
-@pytest.mark.slow
-def test_no_drafter_to_compare_is_a_usage_error(cli_bin, tmp_path):
+def test_no_drafter_to_compare_is_a_usage_error(cli_bin, tmp_path, isolated_home):
     r = run_cli(cli_bin, "served", "--model", str(tmp_path), "--temperature", "0.7")
     assert r.returncode == 2 and "no pairing has a drafter" in r.stderr
+    assert not (isolated_home / "fixtures").exists()  # --model given: the embedded pair is never built
 
 
 # -- real servers -------------------------------------------------------------------------------

@@ -212,8 +212,8 @@ def test_an_unknown_users_home_is_a_usage_error_in_process(tmp_path: Path) -> No
     assert not isinstance(err.value, InputError) or err.value.param == "record-dir"
 
 
-@pytest.mark.model  # a job file without pairings runs the built-in job: the embedded pair is built
-def test_non_utf8_config_and_prompts_files_are_named(tmp_path: Path) -> None:
+def test_non_utf8_config_and_prompts_files_are_named(tmp_path: Path, isolated_home: Path) -> None:
+    """A job file without pairings runs the built-in job; a bad one is refused before its pair is built."""
     cfg = _job(tmp_path, b'prompts: ["\xff\xfe"]\n')
     with pytest.raises(UsageError, match=r"job.yaml: not UTF-8 text \(byte 0xff at offset 11\)"):
         load_job(cfg)
@@ -224,6 +224,7 @@ def test_non_utf8_config_and_prompts_files_are_named(tmp_path: Path) -> None:
     cfg = _job(tmp_path, "prompts_file: .")
     with pytest.raises(UsageError, match="prompts_file .*: not a regular file"):
         load_job(cfg)
+    assert not (isolated_home / "fixtures").exists()
 
 
 BOMB = "env:\n  A: &a [x, x, x, x, x, x, x, x, x]\n" + "\n".join(
@@ -302,7 +303,6 @@ def test_a_profile_that_extends_names_the_file_holding_the_bad_key(tmp_path: Pat
         load_profile(str(child))
 
 
-@pytest.mark.model  # no job: the built-in one, on the embedded pair (built)
 @pytest.mark.parametrize("overrides, message", [
     (Overrides(widths=[2, 100000]), "widths: 100000 is above the maximum 1024"),
     (Overrides(max_tokens=100_000_000), "max_tokens: 100000000 is above the maximum 16384"),
@@ -310,27 +310,29 @@ def test_a_profile_that_extends_names_the_file_holding_the_bad_key(tmp_path: Pat
     (Overrides(start_timeout=float("nan")), "start_timeout: expected a number of seconds"),
     (Overrides(request_timeout=float("inf")), "request_timeout: expected a number of seconds"),
 ])
-def test_overrides_are_bounded_as_job_keys_are(overrides: Overrides, message: str) -> None:
+def test_overrides_are_bounded_as_job_keys_are(overrides: Overrides, message: str, isolated_home: Path) -> None:
+    """No job: the built-in one. A bad value is refused before its embedded pair is built."""
     with pytest.raises(UsageError) as err:
         apply_overrides(None, overrides)
     assert message in str(err.value)
+    assert not (isolated_home / "fixtures").exists()
 
 
 @pytest.mark.parametrize("args, message", [
     (["served", "--widths", "2-100000"], "Error: --widths '2-100000': 100000 is above the maximum 1024"),
-    # the same checks as the overrides above, through the flags (slow: each is a process)
-    pytest.param(["served", "--start-timeout", "nan"], "Error: --start-timeout: expected a number of seconds in"
-                 " (0, 604800], got nan", marks=[pytest.mark.slow, pytest.mark.model]),
-    pytest.param(["served", "--request-timeout", "nan"], "Error: --request-timeout: expected a number of seconds",
-                 marks=[pytest.mark.slow, pytest.mark.model]),
-    pytest.param(["served", "--max-tokens", "100000000"], "Error: --max-tokens: 100000000 is above the maximum"
-                 " 16384", marks=[pytest.mark.slow, pytest.mark.model]),
+    # the same checks as the overrides above, through the flags: refused before the embedded pair is built
+    (["served", "--start-timeout", "nan"], "Error: --start-timeout: expected a number of seconds in"
+     " (0, 604800], got nan"),
+    (["served", "--request-timeout", "nan"], "Error: --request-timeout: expected a number of seconds"),
+    (["served", "--max-tokens", "100000000"], "Error: --max-tokens: 100000000 is above the maximum 16384"),
     (["e2e", "--max-tokens", "100000000"], "Error: --max-tokens 100000000: 100000000 is above the maximum 16384"),
     (["e2e", "--num-draft-tokens", "5000"], "Error: --num-draft-tokens 5000: 5001 is above the maximum 1024"),
 ])
-def test_flags_are_bounded_on_every_command(cli_bin: str, args: list[str], message: str) -> None:
+def test_flags_are_bounded_on_every_command(cli_bin: str, args: list[str], message: str,
+                                            isolated_home: Path) -> None:
     r = run_cli(cli_bin, *args)
     assert r.returncode == 2 and r.stderr.strip().startswith(message), r.stderr
+    assert not (isolated_home / "fixtures").exists()  # nothing built for a command that refuses its flags
     assert r.stderr.strip().count("\n") == 0
 
 
