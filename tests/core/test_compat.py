@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sources
 from builds import built  # the real environment cache, read at collection, before any test's home
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def _aliases(tree: ast.AST) -> dict[str, str]:
     return out
 
 
-def reaches(source: str, privates_of: Callable[[str], frozenset[str] | set[str]] = lambda _: set(),
+def reaches(source: str | ast.Module, privates_of: Callable[[str], frozenset[str] | set[str]] = lambda _: set(),
             foreign: set[str] | frozenset[str] = frozenset()) -> list[tuple[int, str]]:
     """(line, what) for each reach into mlx-lm's private names in ``source``.
 
@@ -105,7 +106,7 @@ def reaches(source: str, privates_of: Callable[[str], frozenset[str] | set[str]]
     ``self._x`` attributes, its mlx-lm bases' included). foreign: private names of mlx-lm
     classes that no module of the package defines itself (read on any object, they are a reach).
     """
-    tree = ast.parse(source)
+    tree = sources.parse(source) if isinstance(source, str) else source
     aliases = _aliases(tree)
     found: set[tuple[int, str]] = set()
 
@@ -178,9 +179,13 @@ def mlx_privates(dotted: str) -> frozenset[str]:
             continue
         out |= {n for n in vars(cls) if _private(n)}
         try:
-            out |= {m for m in re.findall(r"self\.(_\w+)", inspect.getsource(cls)) if _private(m)}
+            file = inspect.getsourcefile(cls)
+            text = sources.class_sources(file)[cls.__qualname__] if file else inspect.getsource(cls)
+        except KeyError:  # a class the file's parse does not name so (built at run time): inspect's way
+            text = inspect.getsource(cls)
         except (OSError, TypeError):
-            pass
+            continue
+        out |= {m for m in re.findall(r"self\.(_\w+)", text) if _private(m)}
     return frozenset(out)
 
 
@@ -188,7 +193,7 @@ def _own_privates(modules: dict[str, Path]) -> set[str]:
     """Every private name the package's modules define (functions, classes, attributes they set)."""
     out: set[str] = set()
     for path in modules.values():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(sources.tree(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _private(node.name):
                 out.add(node.name)
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _private(node.attr):
@@ -272,7 +277,7 @@ def test_no_module_outside_the_compat_module_reaches_mlx_lm_private_names():
     foreign = _foreign(modules)
     bad = [f"{path.relative_to(ROOT)}:{line}: {what}"
            for name, path in modules.items() if name != COMPAT and not name.startswith(COMPAT + ".")
-           for line, what in reaches(path.read_text(), mlx_privates, foreign)]
+           for line, what in reaches(sources.tree(path), mlx_privates, foreign)]
     assert not bad, ("reaches into mlx-lm's private names outside specparity/mlx_compat.py (move each"
                      " there, with the versions it was checked against):\n" + "\n".join(bad))
 

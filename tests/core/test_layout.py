@@ -14,6 +14,8 @@ import ast
 import tomllib
 from pathlib import Path
 
+import sources
+
 from specparity.layers import LAYERS, layer_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +115,7 @@ def private_uses(modules: dict[str, tuple[str, str]], project: str = "specparity
     original offence: ``run._start`` on another module's object). Names reached through a
     third-party module (``mlx_lm.x._y``) are that library's business.
     """
-    trees = {name: ast.parse(src) for name, (_, src) in modules.items()}
+    trees = {name: sources.parse(src) for name, (_, src) in modules.items()}
     own = {name: _defined_private(tree) for name, tree in trees.items()}
     bad: list[str] = []
     for name, tree in trees.items():
@@ -209,7 +211,7 @@ def test_the_private_name_check_fires():
 
 
 def _sources(modules: dict[str, Path], root: Path = ROOT) -> dict[str, tuple[str, str]]:
-    return {name: (str(path.relative_to(root)), path.read_text()) for name, path in modules.items()}
+    return {name: (str(path.relative_to(root)), sources.read(path)) for name, path in modules.items()}
 
 
 def _edges(modules: dict[str, tuple[str, str]], project: str = "specparity") -> list[tuple[str, str, str]]:
@@ -220,7 +222,7 @@ def _edges(modules: dict[str, tuple[str, str]], project: str = "specparity") -> 
     """
     out: list[tuple[str, str, str]] = []
     for name, (where, src) in modules.items():
-        for mod, names, line in _imports(ast.parse(src), name, where.endswith("__init__.py"), types=True):
+        for mod, names, line in _imports(sources.parse(src), name, where.endswith("__init__.py"), types=True):
             if not (mod == project or mod.startswith(project + ".")):
                 continue
             targets = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in modules]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import sources
 
 from specparity.errors import EXIT_BUG, EXIT_DIVERGENT, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK
 from specparity.verdicts import Decision, Verdict, combine, decision_exit_code, exit_code, verdict
@@ -76,7 +77,7 @@ def test_no_verdict_literal_or_exit_number_outside_the_contract(repo_root):
     words = {v.value for v in Verdict} | {d.value for d in Decision} | {p.value for p in CachePolicy}
     found = []
     for path in _source_files(repo_root):
-        tree = ast.parse(path.read_text(), str(path))
+        tree = sources.tree(path)
         keys = {id(k) for node in ast.walk(tree) if isinstance(node, ast.Dict) for k in node.keys if k}
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in words \
