@@ -29,7 +29,8 @@ from specparity.errors import UsageError
 from specparity.inputs import Limits, check_token_ids, parse_fault, parse_int_list, set_limits
 from specparity.prompts import parse_prompt_ids
 
-PROFILE = settings(max_examples=150, deadline=500,
+# max_examples: the profile the conftest loads (150 in the whole suite, 40 in the fast tier)
+PROFILE = settings(deadline=500,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 ints = st.integers(min_value=-(10**15), max_value=10**15)
@@ -599,3 +600,12 @@ def test_environment_specs(raw):
         req = Requirement(line)
         assert not line.lstrip().startswith("-") and req.url is None
         assert [s.operator for s in req.specifier] in (["=="], ["==="])
+
+
+def test_each_tier_tries_its_number_of_inputs(pytestconfig):
+    """The profile the conftest loads is the one in force: no property test pins its own count."""
+    from conftest import PROPERTY_EXAMPLES
+
+    tier = "fast" if "not slow" in (pytestconfig.getoption("markexpr") or "") else "whole"
+    assert settings.default is not None and settings.default.max_examples == PROPERTY_EXAMPLES[tier]
+    assert PROFILE.max_examples == PROPERTY_EXAMPLES[tier]
