@@ -248,8 +248,9 @@ def model_params(model: Any) -> dict[str, Any]:
     return dict(tree_flatten(model.parameters()))
 
 
-def _agreement(target, draft, prompt_ids: list[int], n: int) -> float:
-    """Teacher-forced agreement of greedy tokens along the target's trajectory."""
+def _trajectory(target, prompt_ids: list[int], n: int) -> tuple[Any, Any]:
+    """The target's greedy continuation of ``prompt_ids`` (``n`` tokens): the whole sequence, and the
+    target's argmax at each continued position, teacher-forced in one forward."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -262,8 +263,15 @@ def _agreement(target, draft, prompt_ids: list[int], n: int) -> float:
         logits = target(mx.array([[y]]), cache=cache)
         y = mx.argmax(logits[0, -1]).item()
     seq = mx.array(prompt_ids + tokens)[None]
-    t_arg = mx.argmax(target(seq), axis=-1)[0, len(prompt_ids) - 1 : -1]
-    d_arg = mx.argmax(draft(seq), axis=-1)[0, len(prompt_ids) - 1 : -1]
+    return seq, mx.argmax(target(seq), axis=-1)[0, len(prompt_ids) - 1 : -1]
+
+
+def _agreement(draft, seq, t_arg, prompt_len: int) -> float:
+    """Teacher-forced agreement of the drafter's greedy tokens with the target's along its trajectory
+    (:func:`_trajectory`)."""
+    import mlx.core as mx
+
+    d_arg = mx.argmax(draft(seq), axis=-1)[0, prompt_len - 1 : -1]
     return float(mx.mean((t_arg == d_arg).astype(mx.float32)).item())  # type: ignore[arg-type]  # int | float | complex
 
 
@@ -514,11 +522,13 @@ def build_pair(
 
 
 def _tune_draft(target, draft, params, prompt, seed) -> tuple[float, float]:
-    """Pick the smallest weight noise whose agreement falls in [0.3, 0.8]."""
+    """Pick the smallest weight noise whose agreement falls in [0.3, 0.8] (the target's trajectory is
+    decoded once: only the drafter changes from one noise to the next)."""
     best: tuple[float, float] | None = None
+    seq, t_arg = _trajectory(target, prompt, 48)
     for scale in (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2):
         draft.load_weights(list(_perturbed(params, scale, seed + 1).items()))
-        agreement = _agreement(target, draft, prompt, 48)
+        agreement = _agreement(draft, seq, t_arg, len(prompt))
         if best is None or abs(agreement - 0.55) < abs(best[1] - 0.55):
             best = (scale, agreement)
         if 0.3 <= agreement <= 0.8:
