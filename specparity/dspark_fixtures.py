@@ -203,6 +203,25 @@ def simulate(trajs: list[list[int]], starts: list[int], table: list[int], block_
     return mix
 
 
+_TRAJECTORIES: dict[str, list[list[int]]] = {}
+
+
+def _fit_trajectories(target: Any, config: dict[str, Any], seed: int, prompts: list[list[int]]) -> list[list[int]]:
+    """Each prompt followed by the target's FIT_TOKENS greedy tokens (classic decode's).
+
+    Kept in this process by (config, seed, prompts), which make the target: the pairs one process
+    builds on one target (a DSpark pair, its all-wrong variant, the dfly pair over it) decode it once.
+    """
+    from specparity.decode import advance_to_depth
+
+    key = json.dumps([config, seed, prompts], sort_keys=True)
+    if key not in _TRAJECTORIES:
+        if len(_TRAJECTORIES) >= 16:
+            _TRAJECTORIES.clear()
+        _TRAJECTORIES[key] = [list(p) + advance_to_depth(target, p, FIT_TOKENS)[2] for p in prompts]
+    return [list(t) for t in _TRAJECTORIES[key]]
+
+
 def build_dspark_pair(out: str | os.PathLike, shape: str = "qwen3", dtype: str = "float32", tied: bool = False,
                       seed: int = 0, block_size: int = BLOCK_SIZE, holdout: float = HOLDOUT,
                       overwrite: bool = False) -> DSparkFixtureInfo:
@@ -232,7 +251,6 @@ def build_dspark_pair(out: str | os.PathLike, shape: str = "qwen3", dtype: str =
     import mlx.core as mx
     from tokenizers import Tokenizer
 
-    from specparity.decode import advance_to_depth
     from specparity.fixtures import VOCAB_SIZE, build_tokenizer, instantiate, model_params, publishing
     from specparity.prompts import DEFAULT_PROMPTS
 
@@ -249,7 +267,7 @@ def build_dspark_pair(out: str | os.PathLike, shape: str = "qwen3", dtype: str =
 
         mx.random.seed(seed)
         target = instantiate(config)
-        trajs = [list(p) + advance_to_depth(target, p, FIT_TOKENS)[2] for p in prompts]
+        trajs = _fit_trajectories(target, config, seed, prompts)
         starts = [len(p) for p in prompts]
         table, rows, held = bigram_table(trajs, starts, VOCAB_SIZE, holdout, seed)
         mix = simulate(trajs, starts, table, block_size)
