@@ -537,21 +537,28 @@ def missing_prefix(prompt: Sequence[int], fed: Sequence[int], speculative: bool)
 def with_history(processors: list[Processor] | None, prefix: Sequence[int]) -> list[Processor] | None:
     """``processors``, each called with ``prefix`` in front of the history it is given (a pre-filled
     cache's tokens, or what a server path left out: :func:`missing_prefix`). Nothing else changes:
-    the same processors, the same rows, the same order."""
-    if not processors or not prefix:
+    the same processors, the same rows, the same order. mlx-lm's logit bias, which never reads its
+    tokens (:func:`specparity.mlx_compat.ignores_history`), is left as it is: no array is built for it
+    on every token."""
+    from specparity.mlx_compat import ignores_history
+
+    if not processors or not prefix or all(ignores_history(p) for p in processors):
         return processors
     import mlx.core as mx
 
     head = mx.array(list(prefix), dtype=mx.uint32)
+    uint32, concatenate = mx.uint32, mx.concatenate
 
     def wrap(processor: Processor) -> Processor:
         def call(tokens: Any, logits: Any) -> Any:
-            tokens = head if tokens is None else mx.concatenate([head, tokens.astype(mx.uint32)])
-            return processor(tokens, logits)
+            if tokens is None:
+                return processor(head, logits)
+            return processor(concatenate([head, tokens if tokens.dtype == uint32 else tokens.astype(uint32)]),
+                             logits)
 
         return call
 
-    return [wrap(p) for p in processors]
+    return [p if ignores_history(p) else wrap(p) for p in processors]
 
 
 def fresh_cache(model: Any, draft_model: Any = None) -> list[Any]:

@@ -22,6 +22,7 @@ that moved one fails there, with a line naming the version.
     RotatingKVCache._temporal_order              a rotating cache in position order   yes      yes
     LRUPromptCache._trie                         the gated server's exact entries     yes      yes
     mlx_lm.generate's step functions rebound     the e2e spy, the prefill cancel hook yes      yes
+    sample_utils' logit_bias_processor by name   a processor that ignores its tokens  yes      yes
     ModelProvider._load, ._model_map,            specparity serve's hooks (.server)   (a)      yes
       ._adapter_map; ResponseGenerator's
       _run_generate, _is_batchable,
@@ -149,6 +150,15 @@ def temporal_order(cache: Any, x: Any) -> Any:
 def prompt_cache_trie(lru: Any) -> Any:
     """An ``LRUPromptCache``'s trie of entries (``search`` / ``get``)."""
     return lru._trie
+
+
+def ignores_history(processor: Any) -> bool:
+    """Whether ``processor`` is the logit bias ``make_logits_processors`` builds: it adds a bias and
+    never reads the tokens it is handed (the penalties read them). Known by its name in
+    ``mlx_lm.sample_utils`` (0.31.3, 0.32.2: ``logit_bias_processor(_, logits)``); any other
+    processor, or one so named elsewhere, reads them as far as this says."""
+    return getattr(processor, "__module__", None) == "mlx_lm.sample_utils" and \
+        getattr(processor, "__qualname__", None) == "make_logits_processors.<locals>.logit_bias_processor"
 
 
 # --- mlx_lm.server: its tokenize step and 0.31's state machine ---------------------------------

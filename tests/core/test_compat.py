@@ -352,6 +352,9 @@ out["generate_steps"] = all(callable(getattr(g, n, None)) for n in
 from specparity.mlx_compat.server import missing_hooks
 out["server_hooks"] = missing_hooks()
 out["server_globals"] = all(hasattr(up, n) for n in ("argparse", "ModelProvider", "run", "stream_generate", "main"))
+from mlx_lm.sample_utils import make_logits_processors
+bias, penalty = make_logits_processors(logit_bias={3: 1.0}, repetition_penalty=1.5)
+out["ignores_history"] = [c.ignores_history(bias), c.ignores_history(penalty)]
 print(json.dumps(out))
 '''
 
@@ -375,6 +378,7 @@ def test_every_reach_of_the_table_is_there_in_each_checked_version(name, version
     assert got["parse_size"] == 2_000_000 and got["model_classes"] == ["Model", "ModelArgs"] and got["download"]
     assert got["tokenize"] and got["make_state_machine"] and got["temporal_order"] and got["trie"]
     assert got["generate_steps"] and got["server_globals"] and got["has_image_parts"] is False
+    assert got["ignores_history"] == [True, False]  # the logit bias is known by its name; a penalty is not
     if version == "0.31.3":
         assert got["server_031"] is True and got["image_parts"] is False
         assert got["server_hooks"] == ["ResponseGenerator._await_response", "ResponseGenerator._run_generate"]

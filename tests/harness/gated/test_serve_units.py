@@ -206,6 +206,25 @@ def test_with_history_hands_each_processor_the_prefix_first():
     (wrapped,) = processors
     out = wrapped(mx.array([3, 4], dtype=mx.int32), mx.zeros((1, 4)))
     assert seen == [[1, 2, 3, 4]] and out.tolist() == [[1.0] * 4]
+    wrapped(mx.array([5], dtype=mx.uint32), mx.zeros((1, 4)))
+    assert seen[-1] == [1, 2, 5]
+
+
+def test_with_history_leaves_mlx_lms_logit_bias_alone_and_wraps_a_penalty_beside_it():
+    """The logit bias never reads its tokens: it is handed on as it is (no array built on every token);
+    a penalty in the same list still sees the prefix, and the logits are what each computes."""
+    from mlx_lm.sample_utils import make_logits_processors
+    from specparity.mlx_server import with_history
+
+    only_bias = make_logits_processors(logit_bias={2: 5.0})
+    assert with_history(only_bias, [1, 2, 3]) is only_bias
+    bias, penalty = make_logits_processors(logit_bias={2: 5.0}, repetition_penalty=2.0)
+    got = with_history([bias, penalty], [1, 2])
+    assert got is not None and got[0] is bias and got[1] is not penalty
+    # the penalty sees 1, 2 (the prefix) and 4: those ids are divided by 2 (mlx-lm's penalty writes
+    # into the logits it is handed: each call gets its own)
+    assert got[1](mx.array([4], dtype=mx.uint32), mx.ones((1, 6))).tolist() == [[1, 0.5, 0.5, 1, 0.5, 1]]
+    assert got[0](mx.array([4], dtype=mx.uint32), mx.ones((1, 6))).tolist() == [[1, 1, 6, 1, 1, 1]]
 
 
 @pytest.mark.model
