@@ -72,6 +72,7 @@ class ClientWatch:
 
 
 _current = threading.local()
+GONE = "the client closed its connection"
 
 
 def watching(event: threading.Event | None, watch: ClientWatch | None = None) -> None:
@@ -92,7 +93,7 @@ def check() -> None:
     """Raise Cancelled when the request this thread generates for has lost its client."""
     event = getattr(_current, "event", None)
     if event is not None and event.is_set():
-        raise Cancelled("the client closed its connection")
+        raise Cancelled(GONE)
 
 
 def install_prefill_check() -> None:
@@ -105,7 +106,10 @@ def install_prefill_check() -> None:
 
     def checked(prompt_cache: Any, quantized_kv_start: int, kv_group_size: int,
                 kv_bits: int | None) -> None:
-        check()
+        # check()'s body, inline: mlx-lm calls this on every step (draft and verify), not only per chunk
+        event = getattr(_current, "event", None)
+        if event is not None and event.is_set():
+            raise Cancelled(GONE)
         original(prompt_cache, quantized_kv_start, kv_group_size, kv_bits)
 
     checked.specparity_checked = True  # type: ignore[attr-defined]

@@ -74,6 +74,20 @@ def _ints(values: list[int]) -> str:
     return "[" + ",".join(str(int(v)) for v in values) + "]"
 
 
+def _at_least(counts: list[int], size: int | None = None) -> list[int]:
+    """[how many of ``counts`` exceed i, for i in 0..size-1] (size: the largest count)."""
+    size = max(counts, default=0) if size is None else size
+    hist = [0] * (size + 1)
+    for c in counts:
+        hist[min(c, size)] += 1
+    out = [0] * size
+    above = 0
+    for i in range(size - 1, -1, -1):
+        above += hist[i + 1]
+        out[i] = above
+    return out
+
+
 @dataclass
 class SpecStats:
     """One request's speculative facts.
@@ -121,6 +135,7 @@ class SpecStats:
     finished: bool = False
     _t0: float | None = None
     _summary: tuple[tuple[int, bool], dict[str, Any]] | None = field(default=None, repr=False)
+    _rounds: tuple[tuple[Any, ...], tuple[list[int], list[int]]] | None = field(default=None, repr=False)
     gone: threading.Event = field(default_factory=threading.Event, repr=False)
     ctx: Any = field(default=None, repr=False)
     cancel_reason: str = "the client closed its connection"
@@ -147,7 +162,12 @@ class SpecStats:
         """(accepts, widths) per round."""
         if not self.engaged or self.num_draft_tokens is None or self.max_tokens is None:
             return [], []
-        return accepts_from_flags(self.flags, self.num_draft_tokens, self.max_tokens)
+        # computed once per length: a request's end reads it for its summary, response and log line
+        key = (len(self.flags), self.num_draft_tokens, self.max_tokens)
+        if self._rounds is None or self._rounds[0] != key:
+            self._rounds = (key, accepts_from_flags(self.flags, self.num_draft_tokens, self.max_tokens))
+        accepts, widths = self._rounds[1]
+        return list(accepts), list(widths)
 
     def summary(self) -> dict[str, Any]:
         """Counts and rates of the rounds (all zero when not engaged); computed once per length."""
@@ -160,21 +180,13 @@ class SpecStats:
     def _summarize(self) -> dict[str, Any]:
         accepts, widths = self.rounds_view
         complete = sum(1 for f in self.flags if not f)  # rounds that ended in the target's token
-        tested_at: list[int] = []
-        accepted_at: list[int] = []
-        positions = 0
-        for r, (a, w) in enumerate(zip(accepts, widths)):
-            proposed = w - 1
-            # a round cut by the budget tested only what it accepted; otherwise a
-            # rejection at position a was tested too (unless every proposal was accepted)
-            tested = min(a + 1, proposed) if r < complete else a
-            positions += tested
-            for i in range(tested):
-                while len(tested_at) <= i:
-                    tested_at.append(0)
-                    accepted_at.append(0)
-                tested_at[i] += 1
-                accepted_at[i] += 1 if i < a else 0
+        # a round cut by the budget tested only what it accepted; otherwise a rejection at
+        # position a was tested too (unless every proposal was accepted): a <= tested always
+        tested = [min(a + 1, w - 1) if r < complete else a for r, (a, w) in enumerate(zip(accepts, widths))]
+        positions = sum(tested)
+        # per position i: the rounds that tested it (tested > i), and that accepted it (a > i)
+        tested_at = _at_least(tested)
+        accepted_at = _at_least(accepts, len(tested_at))
         accepted = sum(accepts)
         proposed = sum(w - 1 for w in widths)
         return {
