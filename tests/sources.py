@@ -32,6 +32,13 @@ def tree(path: Path) -> ast.Module:
 
 
 @functools.cache
+def nodes(module: ast.AST) -> tuple[ast.AST, ...]:
+    """Every node of ``module`` in ``ast.walk``'s order, walked once per tree (a scan walks each tree
+    several times; ``ast.walk`` itself is most of a scan's time)."""
+    return tuple(ast.walk(module))
+
+
+@functools.cache
 def class_sources(path: str) -> dict[str, str]:
     """qualified name -> source text of every class defined in the module file ``path`` (one parse per
     file; what ``inspect.getsource`` gives a class, without its parse of the whole file per class)."""

@@ -75,7 +75,7 @@ def _chain(node: ast.expr) -> tuple[str | None, list[str]]:
 def _aliases(tree: ast.AST) -> dict[str, str]:
     """Names bound to mlx-lm (anywhere in the module) -> the dotted mlx-lm name they stand for."""
     out: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in sources.nodes(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name == MLX or a.name.startswith(MLX + "."):
@@ -113,7 +113,7 @@ def reaches(source: str | ast.Module, privates_of: Callable[[str], frozenset[str
     def dotted(root: str, attrs: list[str]) -> str:
         return ".".join([aliases[root], *attrs])
 
-    for node in ast.walk(tree):
+    for node in sources.nodes(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
                 (node.module == MLX or node.module.startswith(MLX + ".")):
             for a in node.names:
@@ -193,7 +193,7 @@ def _own_privates(modules: dict[str, Path]) -> set[str]:
     """Every private name the package's modules define (functions, classes, attributes they set)."""
     out: set[str] = set()
     for path in modules.values():
-        for node in ast.walk(sources.tree(path)):
+        for node in sources.nodes(sources.tree(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _private(node.name):
                 out.add(node.name)
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _private(node.attr):

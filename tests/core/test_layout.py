@@ -82,7 +82,7 @@ def _defined_private(tree: ast.AST) -> set[str]:
     """The private names a module defines: module-level and class-level names, methods, and
     attributes its methods set on ``self`` / ``cls``."""
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in sources.nodes(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.add(node.name)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -123,7 +123,7 @@ def private_uses(modules: dict[str, tuple[str, str]], project: str = "specparity
         package = where.endswith("__init__.py")
         others = set().union(*(own[m] for m in own if m != name)) if len(own) > 1 else set()
         bound: dict[str, str] = {}  # local name -> the module (project or not) it is bound to
-        for node in ast.walk(tree):
+        for node in sources.nodes(tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
                     bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
@@ -131,7 +131,7 @@ def private_uses(modules: dict[str, tuple[str, str]], project: str = "specparity
             for n in names:
                 if mod.startswith(project) and _private(n):
                     bad.append(f"{where}:{line}: imports {n} from {mod}")
-        for node in ast.walk(tree):
+        for node in sources.nodes(tree):
             if isinstance(node, ast.ImportFrom):
                 mod = node.module or ""
                 if node.level:
@@ -140,7 +140,7 @@ def private_uses(modules: dict[str, tuple[str, str]], project: str = "specparity
                     mod = ".".join([*parts, mod]) if mod else ".".join(parts)
                 for a in node.names:
                     bound[a.asname or a.name] = f"{mod}.{a.name}"
-        for node in ast.walk(tree):
+        for node in sources.nodes(tree):
             if not (isinstance(node, ast.Attribute) and _private(node.attr)):
                 continue
             value = node.value

@@ -78,8 +78,8 @@ def test_no_verdict_literal_or_exit_number_outside_the_contract(repo_root):
     found = []
     for path in _source_files(repo_root):
         tree = sources.tree(path)
-        keys = {id(k) for node in ast.walk(tree) if isinstance(node, ast.Dict) for k in node.keys if k}
-        for node in ast.walk(tree):
+        keys = {id(k) for node in sources.nodes(tree) if isinstance(node, ast.Dict) for k in node.keys if k}
+        for node in sources.nodes(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in words \
                     and id(node) not in keys:
                 found.append(f"{path.relative_to(repo_root)}:{node.lineno}: {node.value!r}")
