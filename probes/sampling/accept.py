@@ -114,9 +114,9 @@ def measure(source: str, rule: str, expected: str | None, accepted: int, tested:
             proposed: int, rounds: int, a_min: np.ndarray, a_prod: np.ndarray,
             alpha: float, weight: float = 1.0) -> Measurement:
     """Place ``accepted`` on the closed forms; ``weight`` = draws per tested position."""
-    from scipy.stats import norm
+    from specparity.probes.sampling.laws import norm_isf
 
-    z_crit = float(norm.isf(alpha / 2.0))
+    z_crit = norm_isf(alpha / 2.0)
     z_min = _z(accepted, a_min, weight)
     z_prod = _z(accepted, a_prod, weight)
     on_min, on_prod = abs(z_min) <= z_crit, abs(z_prod) <= z_crit

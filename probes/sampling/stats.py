@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specparity.probes.sampling.laws import brentq, chi2_ppf, chi2_sf, ncx2_sf, norm_isf, norm_ppf
+
 MIN_EXPECTED = 5.0
 
 
@@ -68,8 +70,6 @@ def bin_groups(law: np.ndarray, n: float) -> list[np.ndarray]:
 
 def chi_square(counts: np.ndarray, law: np.ndarray, alpha: float) -> ChiSquare:
     """Chi-square of ``counts`` (over all cells) against ``law`` (same cells)."""
-    from scipy.stats import chi2
-
     counts = np.asarray(counts, dtype=np.float64)
     n = float(counts.sum())
     expected = law * n
@@ -79,8 +79,8 @@ def chi_square(counts: np.ndarray, law: np.ndarray, alpha: float) -> ChiSquare:
     pooled = int(((law > 0) & (expected < MIN_EXPECTED)).sum())
     dof = len(e) - 1
     stat = float(((o - e) ** 2 / e).sum()) if dof > 0 else 0.0
-    threshold = float(chi2.ppf(1.0 - alpha, dof)) if dof > 0 else None
-    p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
+    threshold = chi2_ppf(1.0 - alpha, dof) if dof > 0 else None
+    p_value = chi2_sf(stat, dof) if dof > 0 else 1.0
     return ChiSquare(
         statistic=stat, dof=dof, threshold=threshold, alpha=alpha, samples=int(n),
         p_value=p_value, bins=len(e), pooled_cells=pooled,
@@ -150,26 +150,21 @@ class Power:
 
 def noncentrality_for_power(dof: int, threshold: float, power: float = DEFAULT_POWER) -> float:
     """The non-centrality lambda with P(ncx2(dof, lambda) > threshold) = power."""
-    from scipy.optimize import brentq
-    from scipy.stats import ncx2
-
     hi = max(1.0, threshold)
-    while ncx2.sf(threshold, dof, hi) < power:
+    while ncx2_sf(threshold, dof, hi) < power:
         hi *= 2.0
-    return float(brentq(lambda lam: ncx2.sf(threshold, dof, lam) - power, 0.0, hi, xtol=1e-9))
+    return brentq(lambda lam: ncx2_sf(threshold, dof, lam) - power, 0.0, hi, xtol=1e-9)
 
 
 def power_statement(law: np.ndarray, samples: int, alpha: float,
                     power: float = DEFAULT_POWER) -> Power | None:
     """The smallest effects a chi-square at ``samples`` draws rejects with ``power`` (None: dof 0)."""
-    from scipy.stats import chi2
-
     law = np.asarray(law, dtype=np.float64)
     groups = bin_groups(law, samples)
     dof = len(groups) - 1
     if dof < 1:
         return None
-    threshold = float(chi2.ppf(1.0 - alpha, dof))
+    threshold = chi2_ppf(1.0 - alpha, dof)
     lam = noncentrality_for_power(dof, threshold, power)
     mass = np.array([law[g].sum() for g in groups])
     rel = np.sqrt(lam * (1.0 - mass) / (samples * mass))
@@ -199,11 +194,9 @@ def samples_for_tv(law: np.ndarray, tv: float, alpha: float, power: float = DEFA
 def min_detectable_shift(var_sum: float, n: float, alpha: float, power: float = DEFAULT_POWER) -> float:
     """The smallest shift of a mean of ``n`` Bernoullis (variance sum ``var_sum``) that a two-sided
     z test at ``alpha`` detects with ``power`` (normal approximation)."""
-    from scipy.stats import norm
-
     if n <= 0 or var_sum <= 0:
         return math.inf
-    return float((norm.isf(alpha / 2.0) + norm.ppf(power)) * math.sqrt(var_sum) / n)
+    return float((norm_isf(alpha / 2.0) + norm_ppf(power)) * math.sqrt(var_sum) / n)
 
 
 def near_miss_law(law: np.ndarray, samples: int, tv: float) -> np.ndarray:
@@ -252,14 +245,12 @@ class NearMiss:
 def near_miss_control(law: np.ndarray, samples: int, alpha: float, st: Power,
                       rng: np.random.Generator) -> NearMiss:
     """Draw ``samples`` tokens from a law at ``st.min_tv`` and test them like the rule."""
-    from scipy.stats import ncx2
-
     alt = near_miss_law(law, samples, st.min_tv)
     counts = rng.multinomial(samples, alt)
     groups = bin_groups(law, samples)
     lam = samples * sum((alt[g].sum() - law[g].sum()) ** 2 / law[g].sum() for g in groups)
     chi = chi_square(counts, law, alpha)
-    return NearMiss(tv=st.min_tv, predicted_power=float(ncx2.sf(st.threshold, st.dof, lam)), chi=chi,
+    return NearMiss(tv=st.min_tv, predicted_power=ncx2_sf(st.threshold, st.dof, float(lam)), chi=chi,
                     rejected=chi.rejected)
 
 
@@ -288,8 +279,6 @@ class Homogeneity:
 
 def homogeneity(a: np.ndarray, b: np.ndarray, alpha: float) -> Homogeneity:
     """Chi-square homogeneity of counts ``a`` and ``b`` (same cells), bins as ``stats.bin_groups``."""
-    from scipy.stats import chi2
-
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     n1, n2 = float(a.sum()), float(b.sum())
     pooled = (a + b) / max(n1 + n2, 1.0)
@@ -300,8 +289,8 @@ def homogeneity(a: np.ndarray, b: np.ndarray, alpha: float) -> Homogeneity:
     pg = np.array([pooled[g].sum() for g in groups])
     dof = len(groups) - 1
     stat = float((((oa - n1 * pg) ** 2) / (n1 * pg) + ((ob - n2 * pg) ** 2) / (n2 * pg)).sum()) if dof > 0 else 0.0
-    threshold = float(chi2.ppf(1.0 - alpha, dof)) if dof > 0 else None
+    threshold = chi2_ppf(1.0 - alpha, dof) if dof > 0 else None
     tv = 0.5 * float(np.abs(a / max(n1, 1.0) - b / max(n2, 1.0)).sum())
     return Homogeneity(statistic=stat, dof=dof, threshold=threshold, alpha=alpha, samples=(int(n1), int(n2)),
-                       n_eff=n_eff, p_value=float(chi2.sf(stat, dof)) if dof > 0 else 1.0, bins=len(groups),
+                       n_eff=n_eff, p_value=chi2_sf(stat, dof) if dof > 0 else 1.0, bins=len(groups),
                        rejected=bool(threshold is not None and stat > threshold), tv=tv)
