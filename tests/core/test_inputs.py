@@ -98,7 +98,8 @@ def test_vocab_size_is_the_embedding_rows(llama_pair):
 
 @pytest.mark.model
 @pytest.mark.parametrize("ids,code", [pytest.param("1,2,511", 0, marks=pytest.mark.slow), ("1,2,512", 2),
-                                      ("1,2,999999", 2), pytest.param("-1,2", 2, marks=pytest.mark.slow)])
+                                      pytest.param("1,2,999999", 2, marks=pytest.mark.slow),
+                                      pytest.param("-1,2", 2, marks=pytest.mark.slow)])
 def test_probe_prompt_ids_outside_the_vocabulary(cli_bin, llama_pair, ids, code):
     r = run_cli(cli_bin, "probe", "--model", llama_pair.target, "--prompt-ids", ids, *FAST)
     assert r.returncode == code, r.stderr

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 STARTUP = Path(__file__).resolve().parents[1] / "startup"
 
 # the table transformers' `models` package imports from, and whether this process built it from source
@@ -34,6 +36,7 @@ def _run(tables: str, extra_path: str | None = None) -> tuple[dict, bool]:
     return pickle.loads(out.stdout)
 
 
+@pytest.mark.slow  # the suite's own start-up, not a command: three processes, two of them building the table
 def test_a_process_reads_the_table_transformers_builds_and_builds_it_once(tmp_path):
     own, built = _run("")  # off: transformers builds its own
     assert built and len(own) > 0

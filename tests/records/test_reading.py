@@ -69,7 +69,13 @@ def record(tmp_path: Path) -> Path:
     return md
 
 
-@pytest.mark.parametrize("name, file, change, message", CASES, ids=[c[0] for c in CASES])
+# the fast tier reads one malformation per file (each case is five CLI runs); the whole suite every one
+FAST_CASES = {"report-not-json", "identity-list", "arm-no-verdict", "request-verdict-int"}
+
+
+@pytest.mark.parametrize("name, file, change, message",
+                         [c if c[0] in FAST_CASES else pytest.param(*c, marks=pytest.mark.slow) for c in CASES],
+                         ids=[c[0] for c in CASES])
 def test_a_malformed_record_file_is_named_by_every_command(cli_bin: str, record: Path, tmp_path: Path, name: str,
                                                            file: str, change: Callable[[dict], object] | None,
                                                            message: str) -> None:
