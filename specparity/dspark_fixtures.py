@@ -210,7 +210,7 @@ def _fit_trajectories(target: Any, config: dict[str, Any], seed: int, prompts: l
     """Each prompt followed by the target's FIT_TOKENS greedy tokens (classic decode's).
 
     Kept in this process by (config, seed, prompts), which make the target: the pairs one process
-    builds on one target (a DSpark pair, its all-wrong variant, the dfly pair over it) decode it once.
+    builds on one target (a DSpark pair and its all-wrong variant, ``holdout`` 1.0) decode it once.
     """
     from specparity.decode import advance_to_depth
 

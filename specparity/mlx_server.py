@@ -542,7 +542,10 @@ def with_history(processors: list[Processor] | None, prefix: Sequence[int]) -> l
     on every token."""
     from specparity.mlx_compat import ignores_history
 
-    if not processors or not prefix or all(ignores_history(p) for p in processors):
+    if not processors or not prefix:
+        return processors
+    reads = [not ignores_history(p) for p in processors]
+    if not any(reads):
         return processors
     import mlx.core as mx
 
@@ -558,7 +561,7 @@ def with_history(processors: list[Processor] | None, prefix: Sequence[int]) -> l
 
         return call
 
-    return [p if ignores_history(p) else wrap(p) for p in processors]
+    return [wrap(p) if r else p for p, r in zip(processors, reads)]
 
 
 def fresh_cache(model: Any, draft_model: Any = None) -> list[Any]:

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from specparity.harness.gated.cancel import GONE
 from specparity.probes.replay.logs import SPECPARITY_FORMAT
 from specparity.probes.replay.recorder import accepts_from_flags
 
@@ -138,7 +139,7 @@ class SpecStats:
     _rounds: tuple[tuple[Any, ...], tuple[list[int], list[int]]] | None = field(default=None, repr=False)
     gone: threading.Event = field(default_factory=threading.Event, repr=False)
     ctx: Any = field(default=None, repr=False)
-    cancel_reason: str = "the client closed its connection"
+    cancel_reason: str = GONE
 
     def cancel(self, reason: str | None = None) -> None:
         """Stop generating for this request (mlx-lm's own stop flag, and ours for prefill):
