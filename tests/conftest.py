@@ -105,6 +105,12 @@ LONGEST_FIRST = ("test_dflash_mlx", "test_dflash_mlx_served", "test_served_oracl
                  "test_outputs")
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import forkcli
+
+    forkcli.stop()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(rank)))
@@ -279,19 +285,20 @@ def served_results_follow_their_schema(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_cli(cli_bin: str, *args: str, env: dict | None = None, cwd: str | None = None):
-    """Run the real CLI in a subprocess; returns CompletedProcess (text).
+    """Run the real CLI in a subprocess; returns CompletedProcess (text). The commands that import
+    mlx-lm run forked from a process that imported it once (tests/forkcli.py says when, and why
+    that cannot change a run's outcome); the others are exec'd.
 
     Every ``--json`` output it prints and every record it writes (``--record-dir``, merge's
     ``--out``) is validated against the published schemas (specparity/schemas): the suite's
     own runs are the schemas' coverage.
     """
-    import subprocess
+    import forkcli
 
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
-    r = subprocess.run([cli_bin, *args], capture_output=True, text=True, env=full_env,
-                       cwd=cwd, timeout=600)
+    r = forkcli.run([cli_bin, *args], full_env, cwd, timeout=600)
     check_outputs(list(args), r.stdout, cwd)
     return r
 
