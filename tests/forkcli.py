@@ -21,7 +21,8 @@ change the outcome (:func:`forkable`):
   import); anything else (``HF_*``, ``PYTHONPATH``, pip's) could have been read at an import the zygote
   already made, and that run is exec'd.
 
-``SPECPARITY_TEST_EXEC=1`` runs every CLI run by exec (the check that both ways pass alike).
+``SPECPARITY_TEST_EXEC=1`` runs every CLI run by exec (the check that both ways pass alike); so does
+every platform but Linux (a fork after Metal or Accelerate started is unsafe on macOS).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ READ_AT_START = frozenset({"SPECPARITY_TEST_IMPORT_TABLES"})  # tests/startup/si
 def forkable(args: list[str], env: dict[str, str], zygote_env: dict[str, str]) -> bool:
     """Whether a run of ``specparity *args`` with ``env`` may be forked from a zygote started with
     ``zygote_env`` (else it is exec'd)."""
+    if sys.platform != "linux":  # fork after Metal's or Accelerate's start is unsafe on macOS: exec'd there
+        return False
     if os.environ.get("SPECPARITY_TEST_EXEC") == "1" or not args or args[0] not in FORKED_COMMANDS:
         return False
     differ = {k for k in env.keys() | zygote_env.keys() if env.get(k) != zygote_env.get(k)}
@@ -131,6 +134,8 @@ _zygote: Zygote | None = None
 def run(argv: list[str], env: dict[str, str], cwd: str | None, timeout: float) -> subprocess.CompletedProcess:
     """A CLI run (``argv[0]`` the console script): forked where :func:`forkable`, else exec'd."""
     global _zygote
+    if not forkable(argv[1:], env, env):  # what no environment makes forkable: no zygote needed
+        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
     if _zygote is None or not _zygote.alive():
         _zygote = Zygote()
     if not forkable(argv[1:], env, _zygote.env):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ def untimed(obj: Any) -> Any:
     if isinstance(obj, list):
         return [untimed(v) for v in obj]
     return obj
+
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="CLI runs are forked on Linux only")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +75,7 @@ def test_a_forked_run_takes_its_working_directory_and_environment(zygote: forkcl
     assert capped.returncode == 2 and "SPECPARITY_MAX_WIDTH" in capped.stderr, capped.stderr
 
 
-def test_a_run_a_forked_start_could_change_is_exec_d() -> None:
+def test_a_run_a_forked_start_could_change_is_exec_d(monkeypatch: pytest.MonkeyPatch) -> None:
     base = {"PATH": "/bin", "SPECPARITY_HOME": "/a"}
     assert forkcli.forkable(["probe"], {**base, "SPECPARITY_HOME": "/b"}, base)  # specparity's own: read late
     assert not forkcli.forkable(["probe"], {**base, "HF_HUB_OFFLINE": "1"}, base)  # read at import
@@ -80,4 +84,6 @@ def test_a_run_a_forked_start_could_change_is_exec_d() -> None:
     assert not forkcli.forkable(["probe"], {**base, "SPECPARITY_TEST_IMPORT_TABLES": ""}, base)
     for command in ("records", "served", "serve", "env", "--version"):  # no mlx there, or their own start
         assert not forkcli.forkable([command], base, base), command
+    monkeypatch.setenv("SPECPARITY_TEST_EXEC", "1")
+    assert not forkcli.forkable(["probe"], base, base)
 
