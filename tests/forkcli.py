@@ -48,6 +48,8 @@ PRELOAD = ("numpy", "mlx.core", "mlx.nn", "mlx_lm", "mlx_lm.generate", "mlx_lm.s
 # read by specparity when used, never at import: a run may differ from the zygote's environment in these
 OWN_PREFIX = "SPECPARITY_"
 READ_AT_START = frozenset({"SPECPARITY_TEST_IMPORT_TABLES"})  # tests/startup/sitecustomize.py
+# pytest's own, set anew for each phase of each test; nothing reads it at an import
+PYTEST_OWN = frozenset({"PYTEST_CURRENT_TEST"})
 
 
 def forkable(args: list[str], env: dict[str, str], zygote_env: dict[str, str]) -> bool:
@@ -57,7 +59,7 @@ def forkable(args: list[str], env: dict[str, str], zygote_env: dict[str, str]) -
         return False
     if os.environ.get("SPECPARITY_TEST_EXEC") == "1" or not args or args[0] not in FORKED_COMMANDS:
         return False
-    differ = {k for k in env.keys() | zygote_env.keys() if env.get(k) != zygote_env.get(k)}
+    differ = {k for k in env.keys() | zygote_env.keys() if env.get(k) != zygote_env.get(k)} - PYTEST_OWN
     return all(k.startswith(OWN_PREFIX) and k not in READ_AT_START for k in differ)
 
 
@@ -129,18 +131,20 @@ class Zygote:
 
 
 _zygote: Zygote | None = None
+ways: dict[str, int] = {"forked": 0, "exec'd": 0}  # how this process's runs started (tests/core/test_cli_runs.py)
 
 
 def run(argv: list[str], env: dict[str, str], cwd: str | None, timeout: float) -> subprocess.CompletedProcess:
     """A CLI run (``argv[0]`` the console script): forked where :func:`forkable`, else exec'd."""
     global _zygote
-    if not forkable(argv[1:], env, env):  # what no environment makes forkable: no zygote needed
-        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
-    if _zygote is None or not _zygote.alive():
-        _zygote = Zygote()
-    if not forkable(argv[1:], env, _zygote.env):
-        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
-    return _zygote.run(argv, env, cwd or os.getcwd(), timeout)
+    if forkable(argv[1:], env, env):  # else no environment makes it forkable: no zygote needed
+        if _zygote is None or not _zygote.alive():
+            _zygote = Zygote()
+        if forkable(argv[1:], env, _zygote.env):
+            ways["forked"] += 1
+            return _zygote.run(argv, env, cwd or os.getcwd(), timeout)
+    ways["exec'd"] += 1
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
 def stop() -> None:

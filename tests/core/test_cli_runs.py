@@ -75,8 +75,21 @@ def test_a_forked_run_takes_its_working_directory_and_environment(zygote: forkcl
     assert capped.returncode == 2 and "SPECPARITY_MAX_WIDTH" in capped.stderr, capped.stderr
 
 
+def test_the_suites_runs_of_those_commands_are_forked(cli_bin: str, isolated_home: Path) -> None:
+    """run_cli, inside a test (pytest sets PYTEST_CURRENT_TEST anew for each phase, conftest a home of
+    the test's own), forks a probe run and execs a records run."""
+    from conftest import run_cli
+
+    before = dict(forkcli.ways)
+    assert run_cli(cli_bin, "probe", "--widths", "0").returncode == 2
+    assert run_cli(cli_bin, "records", "list").returncode in (0, 2)
+    assert forkcli.ways["forked"] == before["forked"] + 1
+    assert forkcli.ways["exec'd"] == before["exec'd"] + 1
+
+
 def test_a_run_a_forked_start_could_change_is_exec_d(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = {"PATH": "/bin", "SPECPARITY_HOME": "/a"}
+    base = {"PATH": "/bin", "SPECPARITY_HOME": "/a", "PYTEST_CURRENT_TEST": "t.py::a (setup)"}
+    assert forkcli.forkable(["probe"], {**base, "PYTEST_CURRENT_TEST": "t.py::b (call)"}, base)
     assert forkcli.forkable(["probe"], {**base, "SPECPARITY_HOME": "/b"}, base)  # specparity's own: read late
     assert not forkcli.forkable(["probe"], {**base, "HF_HUB_OFFLINE": "1"}, base)  # read at import
     assert not forkcli.forkable(["probe"], {**base, "PYTHONPATH": "/x"}, base)  # read at start-up
