@@ -137,6 +137,21 @@ def added(a: Sums, b: Sums) -> Sums:
     return a[0] + b[0], a[1] + b[1], a[2] + b[2]
 
 
+def server_argvs(num_draft_tokens: int) -> tuple[Any, dict[str, list[str]]]:
+    """(the embedded default pair, {"plain": mlx_lm.server's argv, "serve": specparity serve's}): the
+    same flags for both, the port filled in at start."""
+    from specparity.fixtures import default_pair
+    from specparity.harness.lifecycle import PORT_ARG
+
+    pair = default_pair()
+    assert pair.draft is not None
+    bin_dir = Path(sys.executable).parent
+    common = ["--model", pair.target, "--draft-model", pair.draft, "--num-draft-tokens",
+              str(num_draft_tokens), "--port", PORT_ARG, "--log-level", "WARNING"]
+    return pair, {"plain": [str(bin_dir / "mlx_lm.server"), *common],
+                  "serve": [str(bin_dir / "specparity"), "serve", *common]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--rounds", type=int, default=12,
@@ -156,17 +171,10 @@ def main() -> int:
 
     import httpx
 
-    from specparity.fixtures import default_pair
-    from specparity.harness.lifecycle import PORT_ARG, Server
+    from specparity.harness.lifecycle import Server
 
-    pair = default_pair()
-    assert pair.draft is not None
-    bin_dir = Path(sys.executable).parent
-    common = ["--model", pair.target, "--draft-model", pair.draft, "--num-draft-tokens",
-              str(args.num_draft_tokens), "--port", PORT_ARG, "--log-level", "WARNING"]
+    pair, argvs = server_argvs(args.num_draft_tokens)
     home = tempfile.mkdtemp(prefix="bench-serve-")
-    argvs = {"plain": [str(bin_dir / "mlx_lm.server"), *common],
-             "serve": [str(bin_dir / "specparity"), "serve", *common]}
     if args.noise_floor:
         argvs["plain-again"] = argvs["plain"]
     names = list(argvs)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with -P: the shared statistics beside it
-from bench_serve import WORDS, request  # noqa: E402
+from bench_serve import WORDS, request, server_argvs  # noqa: E402
 from benchstats import median_ci, overhead_verdict  # noqa: E402
 
 GOAL = 0.01
@@ -86,19 +86,12 @@ def main() -> int:
 
     import httpx
 
-    from specparity.fixtures import default_pair
-    from specparity.harness.lifecycle import PORT_ARG, Server
+    from specparity.harness.lifecycle import Server
 
-    pair = default_pair()
-    assert pair.draft is not None
-    bin_dir = Path(sys.executable).parent
-    common = ["--model", pair.target, "--draft-model", pair.draft, "--num-draft-tokens",
-              str(args.num_draft_tokens), "--port", PORT_ARG, "--log-level", "WARNING"]
+    _, argvs = server_argvs(args.num_draft_tokens)
     work = tempfile.mkdtemp(prefix="bench-serve-counted-")
     (Path(work) / "shim").mkdir()
     (Path(work) / "shim" / "sitecustomize.py").write_text(SHIM)
-    argvs = {"plain": [str(bin_dir / "mlx_lm.server"), *common],
-             "serve": [str(bin_dir / "specparity"), "serve", *common]}
     counts: dict[str, list[int]] = {"plain": [], "serve": []}
     tokens: dict[str, list[int]] = {"plain": [], "serve": []}
     ratios: list[float] = []
