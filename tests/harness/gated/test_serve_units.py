@@ -490,6 +490,24 @@ def test_a_response_says_which_path_served_it_and_what_its_draws_promise():
     assert drafted.to_response()["draws"] == "distribution"
 
 
+def test_bench_serve_counted_resolves_1_percent_from_enough_request_pairs(repo_root):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_serve_counted", repo_root / "scripts" / "bench_serve_counted.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # one pair's "interval" is a point: no 95% interval of a median, nothing resolved
+    assert "not resolved (1 pairs" in bench.overhead_lines([1.0064], 1)[1]
+    # the 9 pairs of docs/speed.md: the median and its order-statistic interval, resolved below 1%
+    ratios = [1.00638, 1.00341, 1.00388, 1.00559, 1.00453, 1.00635, 1.00546, 1.00567, 1.00466]
+    head, verdict = bench.overhead_lines(ratios, 3)
+    assert head.startswith("serve_counted_overhead: +0.546% (95% CI [+0.388%, +0.635%]; 9 request pairs")
+    assert "resolved, <= 1%" in verdict
+    # the same spread around +1.2%: resolved, above the goal
+    assert "resolved, > 1%" in bench.overhead_lines([r + 0.007 for r in ratios], 3)[1]
+
+
 def test_bench_serve_resolves_1_percent_only_with_an_interval_that_narrow(repo_root):
     import importlib.util
 
