@@ -493,7 +493,8 @@ def test_a_response_says_which_path_served_it_and_what_its_draws_promise():
 def test_bench_serve_counted_resolves_1_percent_from_enough_request_pairs(repo_root):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_serve_counted", repo_root / "scripts" / "bench_serve_counted.py")
+    path = repo_root / "scripts" / "bench_serve_counted.py"
+    spec = importlib.util.spec_from_file_location("bench_serve_counted", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
