@@ -30,7 +30,9 @@ from __future__ import annotations
 import json
 import locale
 import os
+import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,14 +66,21 @@ def forkable(args: list[str], env: dict[str, str], zygote_env: dict[str, str]) -
 
 
 class Zygote:
-    """One zygote process (started on first use, tied to this one) and the runs it forks."""
+    """One zygote process (started on first use, tied to this one as every server is: specparity.tied)
+    and the runs it forks."""
 
     def __init__(self) -> None:
+        from specparity.tied import spawn_tied
+
         self.env = dict(os.environ)
         self.dir = tempfile.mkdtemp(prefix="specparity-zygote-")
         self.path = os.path.join(self.dir, "socket")
-        self.proc = subprocess.Popen([sys.executable, "-P", __file__, self.path, str(os.getpid())],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=self.env)
+        self.proc, self.watcher, interrupted = spawn_tied(
+            [sys.executable, "-P", __file__, self.path], 5.0, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            env=self.env)
+        if interrupted is not None:
+            self.close()
+            raise interrupted
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline()
         if ready.strip() != b"ready":
@@ -118,16 +127,16 @@ class Zygote:
         return subprocess.CompletedProcess(argv, code, text[0], text[1])
 
     def close(self) -> None:
+        from specparity.tied import end_watcher
+
         if self.alive():
             self.proc.terminate()
             self.proc.wait(30)
+        if self.watcher is not None:
+            end_watcher(self.watcher)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-        for p in (self.path, self.dir):
-            try:
-                os.unlink(p) if p == self.path else os.rmdir(p)
-            except OSError:
-                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _zygote: Zygote | None = None
@@ -154,19 +163,7 @@ def stop() -> None:
         _zygote = None
 
 
-# ---- the zygote itself (run as a script: ``python -P forkcli.py SOCKET PARENT_PID``) ----
-
-def _tie_to(parent: int) -> None:
-    """Die with the pytest worker that started this zygote (Linux; elsewhere the poll below)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
-        os._exit(0)
-
+# ---- the zygote itself (run as a script: ``python -P forkcli.py SOCKET``) ----
 
 def _child(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: become the CLI run, and end as a Python process ends."""
@@ -226,10 +223,9 @@ def _end(main: Any) -> int:
     return code & 0xFF
 
 
-def _serve(path: str, parent: int) -> None:
+def _serve(path: str) -> None:
     import importlib
 
-    _tie_to(parent)
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -248,9 +244,7 @@ def _serve(path: str, parent: int) -> None:
                 pass
         except ChildProcessError:
             pass
-        if os.getppid() != parent:
-            os._exit(0)
-        ready, _, _ = __import__("select").select([listener], [], [], 1.0)
+        ready, _, _ = select.select([listener], [], [], 1.0)
         if not ready:
             continue
         conn, _ = listener.accept()
@@ -273,4 +267,4 @@ def _serve(path: str, parent: int) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], int(sys.argv[2]))
+    _serve(sys.argv[1])
