@@ -177,13 +177,14 @@ def build(root: Path, name: str, **kwargs: Any) -> FixtureInfo:
     directory: build_pair returns whatever fixture already sits in a directory,
     so a name reused with other arguments must not land in the same one.
     """
+    from fixture_cache import cached
     from specparity.fixtures import build_pair
 
     spec = json.dumps(kwargs, sort_keys=True, default=str)
     key = (str(root), name, spec)
     if key not in _BUILT:
         digest = hashlib.sha256(spec.encode()).hexdigest()[:8]
-        _BUILT[key] = build_pair(root / f"{name}-{digest}", **kwargs)
+        _BUILT[key] = cached(build_pair, root, f"{name}-{digest}", **kwargs)
     return _BUILT[key]
 
 

@@ -22,6 +22,7 @@ import json
 import pytest
 
 from conftest import run_cli
+from fixture_cache import cached
 from specparity.dspark_fixtures import build_dfly_pair, build_dspark_pair
 from specparity.environments import ENV_CACHE_VAR
 from builds import REAL_CACHE, built
@@ -33,16 +34,16 @@ pytestmark = pytest.mark.model
 @pytest.fixture(scope="module")
 def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("inprocess-dspark")
-    return {"dspark-qwen3": build_dspark_pair(root / "dspark-qwen3").to_dict(),
-            "dspark-qwen3_5": build_dspark_pair(root / "dspark-qwen3_5", shape="qwen3_5", tied=True).to_dict()}
+    return {"dspark-qwen3": cached(build_dspark_pair, root, "dspark-qwen3").to_dict(),
+            "dspark-qwen3_5": cached(build_dspark_pair, root, "dspark-qwen3_5", shape="qwen3_5", tied=True).to_dict()}
 
 
 @pytest.fixture(scope="module")
 def dfly_fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("inprocess-dfly")
-    return {"qwen3": build_dfly_pair(root / "dfly-qwen3"),
-            "qwen3_5": build_dfly_pair(root / "dfly-qwen3_5", shape="qwen3_5", tied=True),
-            "qwen3_5-equal-heads": build_dfly_pair(root / "dfly-qwen3_5-equal", shape="qwen3_5-equal-heads",
+    return {"qwen3": cached(build_dfly_pair, root, "dfly-qwen3"),
+            "qwen3_5": cached(build_dfly_pair, root, "dfly-qwen3_5", shape="qwen3_5", tied=True),
+            "qwen3_5-equal-heads": cached(build_dfly_pair, root, "dfly-qwen3_5-equal", shape="qwen3_5-equal-heads",
                                                    tied=True)}
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fixture_cache import cached
 from reproductions import check_reproductions
 from builds import REAL_CACHE, warmed
 
@@ -54,8 +55,8 @@ def test_served_mlx_dspark_divergences_print_a_reproduction_that_reproduces(
 
     warmed("mlx-dspark")  # its servers' first start on a machine calibrates (scripts/warm-engines)
     root = tmp_path_factory.mktemp("dspark-served")
-    bf16 = build_dspark_pair(root / "bf16", dtype="bfloat16").to_dict()
-    f32 = build_dspark_pair(root / "f32").to_dict()
+    bf16 = cached(build_dspark_pair, root, "bf16", dtype="bfloat16").to_dict()
+    f32 = cached(build_dspark_pair, root, "f32").to_dict()
 
     arms, report = _served(tmp_path, "bf16", bf16, 32)
     for w in WIDTHS:

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from fixture_cache import cached
 from specparity.dspark_fixtures import build_dfly_pair, build_dspark_pair, simulate
 from specparity.engine_findings import run_engine
 from specparity.environments import ENV_CACHE_VAR
@@ -57,18 +58,19 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """The fixtures every test here shares, each built once, at its first use (DSpark in a few seconds each)."""
     root = tmp_path_factory.mktemp("issue27")
     return BuiltOnFirstUse({
-        "dspark-qwen3": lambda: build_dspark_pair(root / "dspark-qwen3").to_dict(),
-        "dspark-qwen3-bf16": lambda: build_dspark_pair(root / "dspark-qwen3-bf16", dtype="bfloat16").to_dict(),
-        "dspark-qwen3_5": lambda: build_dspark_pair(root / "dspark-qwen3_5", shape="qwen3_5", tied=True).to_dict(),
-        "dspark-none": lambda: build_dspark_pair(root / "dspark-none", holdout=1.0).to_dict(),
+        "dspark-qwen3": lambda: cached(build_dspark_pair, root, "dspark-qwen3").to_dict(),
+        "dspark-qwen3-bf16": lambda: cached(build_dspark_pair, root, "dspark-qwen3-bf16", dtype="bfloat16").to_dict(),
+        "dspark-qwen3_5": lambda: cached(build_dspark_pair, root, "dspark-qwen3_5", shape="qwen3_5",
+                                         tied=True).to_dict(),
+        "dspark-none": lambda: cached(build_dspark_pair, root, "dspark-none", holdout=1.0).to_dict(),
     })
 
 
 @pytest.fixture(scope="module")
 def dfly_fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("issue27-dfly")
-    return {"qwen3": build_dfly_pair(root / "dfly-qwen3"),
-            "qwen3_5": build_dfly_pair(root / "dfly-qwen3_5", shape="qwen3_5", tied=True)}
+    return {"qwen3": cached(build_dfly_pair, root, "dfly-qwen3"),
+            "qwen3_5": cached(build_dfly_pair, root, "dfly-qwen3_5", shape="qwen3_5", tied=True)}
 
 
 def findings(engine: str, info: dict | None, prompt: list[int] | None = None, tokens: int = TOKENS,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -122,8 +123,10 @@ def test_process_that_exits_raises_with_its_exit_code(tmp_path):
 @pytest.mark.slow
 @pytest.mark.server
 def test_never_ready_times_out_and_sigkill_takes_the_whole_group(tmp_path):
-    srv = Server([sys.executable, "-c", HANG], start_timeout=1.5, stop_timeout=0.5, name="hang",
-                 log_path=tmp_path / "hang.log")
+    # SIGTERM ignored from the shell's first line on, and across the exec (an ignored signal stays ignored):
+    # HANG's own line comes after Python's start-up, which a loaded machine can stretch past the 1.5 s
+    srv = Server(["/bin/sh", "-c", f"trap '' TERM; exec {shlex.quote(sys.executable)} -c \"$0\"", HANG],
+                 start_timeout=1.5, stop_timeout=0.5, name="hang", log_path=tmp_path / "hang.log")
     with pytest.raises(ServerStartError, match="not ready on /health after 1.5 s"):
         srv.start()
     assert srv.proc is not None and srv.proc.returncode == -signal.SIGKILL  # SIGTERM was ignored

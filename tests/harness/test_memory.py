@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from fixture_cache import cached
 from specparity.fixtures import FixtureInfo, build_sized
 from specparity.harness import memory
 from specparity.harness.config import Job, Pairing
@@ -30,7 +31,7 @@ JOB = {"widths": [2], "max_tokens": 4, "sequence": ["fresh", "repeat"], "concurr
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory: pytest.TempPathFactory) -> FixtureInfo:
     """The weight-dominated pair: 458 MB of float32 weights per checkpoint."""
-    return build_sized(tmp_path_factory.mktemp("wide") / "pair", "llama-wide-vocab", dtype="float32", bits=None)
+    return cached(build_sized, tmp_path_factory.mktemp("wide"), "pair", "llama-wide-vocab", dtype="float32", bits=None)
 
 
 def _served(cli_bin: str, tmp: Path, pair: FixtureInfo, *extra: str) -> tuple[dict, dict[str, list[dict]]]:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import run_cli
+from fixture_cache import cached
 from specparity.errors import UsageError
 from specparity.harness.client import Completion
 from specparity.harness.config import DistSpec, Job, Pairing, load_job, parse_spec
@@ -39,8 +40,8 @@ PROMPT = ["Speculative decoding drafts several tokens with a small model and ver
 def constant_pair(fixture_root):
     from specparity.fixtures import build_constant_pair, build_plain_constant
 
-    target, _ = build_constant_pair(fixture_root, E2E_TARGET, E2E_DRAFT)
-    return target, build_plain_constant(fixture_root, E2E_DRAFT)
+    target, _ = cached(build_constant_pair, fixture_root, "constant", E2E_TARGET, E2E_DRAFT)
+    return target, cached(build_plain_constant, fixture_root, "plain-constant", E2E_DRAFT)
 
 
 def law(temperature: float) -> np.ndarray:

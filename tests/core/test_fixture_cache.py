@@ -1,0 +1,128 @@
+"""The tests' fixture cache (tests/fixture_cache.py): a pair is built once and read after, by every worker
+and every later run; built again when its builder's code, its arguments or a file of it changed."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fixture_cache
+from specparity.fixtures import build_plain_constant
+
+pytestmark = pytest.mark.model
+LIVE = (1.0, 0.5)
+
+
+@pytest.fixture
+def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The cache in a folder of this test's, as a fresh process sees it (nothing checked yet)."""
+    monkeypatch.setattr(fixture_cache, "ROOT", tmp_path / "cache")
+    monkeypatch.setattr(fixture_cache, "_CHECKED", set())
+    monkeypatch.delenv(fixture_cache.OFF_VAR, raising=False)
+    return tmp_path / "cache"
+
+
+def counting(builder: Any, calls: list[bool]) -> Any:
+    """``builder`` (its module and name kept: they key the cache), noting for each call whether its folder
+    was there already (a read) or not (a build)."""
+
+    @functools.wraps(builder)
+    def wrapped(root: Path, *args: Any, **kwargs: Any) -> Any:
+        calls.append(root.exists() and any(root.iterdir()))
+        return builder(root, *args, **kwargs)
+
+    return wrapped
+
+
+def weights(target: str) -> Path:
+    return Path(target) / "model.safetensors"
+
+
+def test_the_closure_reaches_every_specparity_module_a_builder_imports_at_any_depth() -> None:
+    closure = fixture_cache.module_closure("specparity.dflash_fixtures")
+    # imported at the top (fixtures), inside a function (prompts, fixture_models), and their parents
+    for name in ("specparity", "specparity.dflash_fixtures", "specparity.fixtures", "specparity.prompts",
+                 "specparity.fixture_models.dflash_draft", "specparity.errors"):
+        assert name in closure, name
+    assert all(p.suffix == ".py" and p.is_file() for p in closure.values())
+    assert not any(n.startswith(("mlx", "tokenizers")) for n in closure)  # libraries go by their version
+
+
+def test_the_code_digest_moves_with_any_module_of_the_closure_and_with_a_library_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    digest = fixture_cache.code_digest.__wrapped__  # uncached
+    before = digest("specparity.dflash_fixtures")
+    assert digest("specparity.dflash_fixtures") == before
+    prompts = fixture_cache._module_file("specparity.prompts")
+    assert prompts is not None
+    changed = tmp_path / "prompts.py"
+    changed.write_text(prompts.read_text() + "\n# one more line\n")
+    real = fixture_cache._module_file
+    monkeypatch.setattr(fixture_cache, "_module_file",
+                        lambda name: changed if name == "specparity.prompts" else real(name))
+    assert digest("specparity.dflash_fixtures") != before
+    monkeypatch.setattr(fixture_cache, "_module_file", real)
+    real_version = fixture_cache.metadata.version
+    monkeypatch.setattr(fixture_cache.metadata, "version",
+                        lambda lib: "0.0.0" if lib == "mlx" else real_version(lib))
+    assert digest("specparity.dflash_fixtures") != before
+
+
+def test_built_once_then_read_by_a_later_process_and_built_again_when_a_file_changed(
+        cache_root: Path, tmp_path: Path) -> None:
+    calls: list[bool] = []
+    builder = counting(build_plain_constant, calls)
+    first = fixture_cache.cached(builder, tmp_path / "session", "plain", LIVE)
+    assert Path(first).is_relative_to(cache_root) and calls == [False]
+    stamp, content = weights(first).stat().st_mtime_ns, weights(first).read_bytes()
+    # a later process (nothing checked yet): the same folder, read, not built
+    fixture_cache._CHECKED.clear()
+    assert fixture_cache.cached(builder, tmp_path / "session", "plain", LIVE) == first
+    assert calls == [False, True] and weights(first).stat().st_mtime_ns == stamp
+    # other arguments: another folder
+    other = fixture_cache.cached(builder, tmp_path / "session", "plain", (2.0, 0.5))
+    assert Path(other).parent.parent != Path(first).parent.parent
+    # a test changed a file of it: the next process builds it again, and never reads the changed one
+    weights(first).write_bytes(weights(first).read_bytes() + b"\0")
+    fixture_cache._CHECKED.clear()
+    again = fixture_cache.cached(builder, tmp_path / "session", "plain", LIVE)
+    assert again == first and calls[-1] is False  # built again: the byte added is gone
+    assert weights(first).stat().st_size == len(content) and weights(first).stat().st_mtime_ns != stamp
+    assert not (tmp_path / "session").exists()
+
+
+def test_off_builds_in_the_sessions_folder(cache_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(fixture_cache.OFF_VAR, "0")
+    target = fixture_cache.cached(build_plain_constant, tmp_path / "session", "plain", LIVE)
+    assert Path(target).is_relative_to(tmp_path / "session" / "plain") and not cache_root.exists()
+
+
+def test_workers_asking_at_once_wait_for_one_build(cache_root: Path, tmp_path: Path) -> None:
+    calls: list[bool] = []
+    builder = counting(build_plain_constant, calls)
+    got: list[str] = []
+    threads = [threading.Thread(target=lambda: got.append(
+        fixture_cache.cached(builder, tmp_path / "session", "plain", LIVE))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(set(got)) == 1 and len(got) == 3
+    assert calls.count(False) == 1  # one build; the others read it
+
+
+def test_only_the_two_most_recently_used_code_folders_are_kept(cache_root: Path, tmp_path: Path) -> None:
+    now = time.time()
+    # unused for two hours (a, b), 30 s (c) and 60 s (d): d is third, but a run going on now may use it
+    for name, age in (("a", 7200), ("b", 7300), ("c", 30), ("d", 60)):
+        (cache_root / (name * 16)).mkdir(parents=True)
+        os.utime(cache_root / (name * 16), (now - age, now - age))
+    fixture_cache.cached(build_plain_constant, tmp_path / "session", "plain", LIVE)
+    kept = sorted(p.name for p in cache_root.iterdir() if p.is_dir())
+    assert kept == sorted([fixture_cache.code_digest("specparity.fixtures"), "c" * 16, "d" * 16])

@@ -1,0 +1,173 @@
+"""The fixture pairs the tests build, kept from one run to the next in specparity's own cache.
+
+A pair is a pure function of its builder's code, its arguments and the libraries that compute it (the
+DFlash and DSpark drafters are fitted with MLX ops: 5 to 30 CPU seconds each, and every worker of every
+run built its own). :func:`cached` keeps it under ``$SPECPARITY_HOME/test-fixtures/CODE/NAME-ARGS``:
+
+- CODE digests the source of the builder's module and of every specparity module it imports, however
+  deep (imports inside functions included), with the versions of Python, MLX, mlx-lm, tokenizers and
+  NumPy and the machine: change any of them and the pairs are built anew, never read from an older build;
+- NAME-ARGS names the builder and digests its arguments;
+- the builder builds it, atomically, as it builds any fixture, once: a lock beside it keeps the other
+  workers waiting for it, and they read what it built;
+- a manifest of every file (its size and modification time) is written once it is built and checked on
+  its first use in each process: a pair a test changed, or one half removed, is removed and built
+  again, never used.
+
+Only the two most recently used CODE folders are kept. ``SPECPARITY_TEST_FIXTURE_CACHE=0`` builds every
+pair in the session's own folder, as before (what a first run on a fresh machine does anyway).
+"""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TypeVar
+
+from specparity import paths
+
+T = TypeVar("T")
+
+OFF_VAR = "SPECPARITY_TEST_FIXTURE_CACHE"
+KEEP = 2  # CODE folders kept (the current one and the one before it)
+LIBRARIES = ("mlx", "mlx-lm", "tokenizers", "numpy")
+
+# read once, at collection: the real cache, before any test points $SPECPARITY_HOME elsewhere
+ROOT = paths.home() / "test-fixtures"
+_CHECKED: set[str] = set()
+
+
+def enabled() -> bool:
+    return os.environ.get(OFF_VAR, "1") != "0"
+
+
+def _module_file(name: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a name imported from a module, not a module
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+
+
+def _imports(source: str, package: str) -> set[str]:
+    """The specparity modules ``source`` imports (every import statement, at any depth)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "specparity")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the importing module's package
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] != "specparity":
+                continue
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)  # a submodule imported by name
+    return found
+
+
+def module_closure(root: str) -> dict[str, Path]:
+    """``root`` and every specparity module it imports, transitively: name -> source file."""
+    seen: dict[str, Path] = {}
+    todo = [root]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = _module_file(name)
+        if path is None:
+            continue  # a name imported from a module, not a module
+        seen[name] = path
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for parent in range(1, name.count(".") + 1):  # importing a.b.c runs a and a.b first
+            todo.append(".".join(name.split(".")[:parent]))
+        todo.extend(_imports(path.read_text(encoding="utf-8"), package))
+    return seen
+
+
+@cache
+def code_digest(module: str) -> str:
+    """The digest of everything a build by ``module``'s builders depends on (see the module docstring)."""
+    h = hashlib.sha256()
+    for name, path in sorted(module_closure(module).items()):
+        h.update(f"{name}\0".encode() + path.read_bytes() + b"\0")
+    for lib in LIBRARIES:
+        try:
+            version = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            version = "-"
+        h.update(f"{lib}={version}\0".encode())
+    h.update(f"{sys.version}\0{platform.machine()}\0{platform.system()}".encode())
+    return h.hexdigest()[:16]
+
+
+def _manifest(folder: Path) -> dict[str, list[int]]:
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            st = p.stat()
+            out[str(p.relative_to(folder))] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _prune(code_dir: Path) -> None:
+    """Touch ``code_dir`` (used now) and remove all but the KEEP most recently used CODE folders (those unused
+    for an hour)."""
+    os.utime(code_dir)
+    others = sorted((p for p in ROOT.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in others[KEEP:]:
+        if time.time() - old.stat().st_mtime > 3600:  # not one a run going on now may still use
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def cached(builder: Callable[..., T], fallback_root: Path, name: str, *args: Any, **kwargs: Any) -> T:
+    """``builder(FOLDER, *args, **kwargs)``, FOLDER kept in the cache (above), or ``fallback_root / name``
+    when the cache is off. ``builder`` builds into FOLDER, or returns what a build of these arguments left
+    there (every fixture builder here does both)."""
+    if not enabled():
+        return builder(fallback_root / name, *args, **kwargs)
+    code = code_digest(builder.__module__)
+    spec = json.dumps({"builder": f"{builder.__module__}.{builder.__qualname__}", "args": args,
+                       "kwargs": kwargs}, sort_keys=True, default=str)
+    code_dir = ROOT / code
+    folder = code_dir / f"{name}-{hashlib.sha256(spec.encode()).hexdigest()[:10]}"
+    code_dir.mkdir(parents=True, exist_ok=True)
+    if str(code_dir) not in _CHECKED:
+        _CHECKED.add(str(code_dir))
+        _prune(code_dir)
+    manifest = folder.with_name(folder.name + ".manifest.json")
+    with open(folder.with_name(folder.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if str(folder) not in _CHECKED:
+                try:
+                    stored = json.loads(manifest.read_text())
+                    good = stored["spec"] == spec and stored["files"] == _manifest(folder)
+                except (OSError, ValueError, TypeError, KeyError):
+                    good = False
+                if not good:  # never built, built in part, or changed since: built again
+                    manifest.unlink(missing_ok=True)
+                    shutil.rmtree(folder, ignore_errors=True)
+            started = time.monotonic()
+            built = builder(folder, *args, **kwargs)
+            if str(folder) not in _CHECKED:
+                if not manifest.exists():
+                    manifest.write_text(json.dumps({"spec": spec, "files": _manifest(folder),
+                                                    "build_seconds": round(time.monotonic() - started, 1)}))
+                _CHECKED.add(str(folder))
+            return built
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
