@@ -60,3 +60,22 @@ def test_pytest_keeps_this_modules_rewritten_asserts():
     cache = Path(__file__).parent / "__pycache__"
     kept = [p.name for p in cache.glob(Path(__file__).stem + ".*-pytest-*.pyc")]
     assert kept, f"no rewritten .pyc of {Path(__file__).name} in {cache}"
+
+
+HTTPCORE = ("import sys, httpcore2._synchronization as s;"
+            " print(s.trio is None, sys.modules.get('trio') is not None)")
+
+
+def test_trio_which_only_the_test_extras_install_is_absent_from_the_suites_processes(tmp_path):
+    """httpcore2 (under huggingface_hub, in every mlx-lm process) imports trio where it is installed; the
+    suite's processes run without it, as a user's install does, and without the start-up module it is
+    imported (a mutation that drops the hiding fails here)."""
+    pytest.importorskip("trio")  # installed by the test extras (selenium): what is hidden
+    env = {k: v for k, v in os.environ.items() if k not in ("SPECPARITY_TEST_IMPORT_TABLES", "PYTHONPATH")}
+    plain = subprocess.run([sys.executable, "-P", "-c", HTTPCORE], env=env, capture_output=True, text=True,
+                           timeout=120, check=True)
+    assert plain.stdout.split() == ["False", "True"]
+    env.update(SPECPARITY_TEST_IMPORT_TABLES=str(tmp_path / "tables"), PYTHONPATH=str(STARTUP))
+    hidden = subprocess.run([sys.executable, "-P", "-c", HTTPCORE], env=env, capture_output=True, text=True,
+                            timeout=120, check=True)
+    assert hidden.stdout.split() == ["True", "False"]

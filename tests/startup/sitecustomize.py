@@ -10,7 +10,8 @@ for, the prefix, and the size and modification time of every ``.py`` file under 
 transformers would have computed; nothing else of transformers or mlx-lm changes.
 
 Active only where the conftest sets ``$SPECPARITY_TEST_IMPORT_TABLES`` and puts this folder on
-``PYTHONPATH``; a ``sitecustomize`` later on the path (a distribution's) still runs.
+``PYTHONPATH``; a ``sitecustomize`` later on the path (a distribution's) still runs. There it also hides
+``trio``, which only the test extras install (:data:`HIDDEN`).
 """
 
 from __future__ import annotations
@@ -125,6 +126,14 @@ def _chain() -> None:
             sys.modules[__name__] = mine
 
 
+# Only the test extras install trio (selenium's dependency: the HTML report's browser test, which does not
+# import it); httpcore2, under huggingface_hub, imports it whenever it is installed, in every mlx-lm process
+# (about 0.1 CPU second with attrs, more on a loaded machine). A user's install has no trio and no process
+# the suite starts uses it: here, as there, it is absent (httpcore2 then runs on asyncio, as it does there).
+HIDDEN = ("trio",)
+
 if _TABLES:
     sys.meta_path.insert(0, _Finder(_TABLES))
+    for _name in HIDDEN:
+        sys.modules.setdefault(_name, None)  # type: ignore[assignment]  (import raises ModuleNotFoundError)
 _chain()
