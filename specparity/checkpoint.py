@@ -135,6 +135,23 @@ def _file_digest(path: Path, memo: dict[str, Any]) -> str:
     return memo[key]
 
 
+def _current(memo: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``memo`` whose file is still there as it was digested (same size and modification
+    time): the cache keeps what a later fingerprint can use, not every file it ever saw (checkpoints in
+    removed temporary folders, files rewritten since), so it does not grow without bound."""
+    kept = {}
+    for key, digest in memo.items():
+        path, _, stamp = key.rpartition("|")
+        path, _, size = path.rpartition("|")
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            continue
+        if f"{st.st_size}|{st.st_mtime_ns}" == f"{size}|{stamp}":
+            kept[key] = digest
+    return kept
+
+
 def fingerprint(model_dir: str | os.PathLike, flag: str = "--model") -> Fingerprint:
     """Fingerprint a checkpoint without loading it.
 
@@ -164,7 +181,7 @@ def fingerprint(model_dir: str | os.PathLike, flag: str = "--model") -> Fingerpr
         from specparity.store import atomic_write_text
 
         try:
-            atomic_write_text(memo_path, json.dumps(memo))
+            atomic_write_text(memo_path, json.dumps(_current(memo)))
         except OSError as err:
             log.warning("could not save weight digests to %s: %s", memo_path, err)
     h = hashlib.sha256((d / "config.json").read_bytes())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import mlx_lm
@@ -10,7 +11,7 @@ import pytest
 
 from conftest import ROWS4, build, run_cli
 from specparity.checkpoint import fingerprint
-from specparity.fixtures import FixtureInfo, build_pair
+from specparity.fixtures import FixtureInfo, build_pair, build_plain_constant
 
 pytestmark = pytest.mark.model
 
@@ -154,3 +155,27 @@ def test_a_directory_that_appears_during_a_build_is_never_replaced(tmp_path):
         (tmp / "new").write_text("")
     assert (out / "new").exists()  # overwrite: replaced, the same record or not
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fx"]
+
+
+def test_the_weight_digest_cache_keeps_only_files_still_there_as_they_were(tmp_path, monkeypatch):
+    """$SPECPARITY_HOME/digests.json: a fingerprint computed after a checkpoint's folder was removed, or a
+    file of it rewritten, leaves those entries out (it grew by every temporary checkpoint ever digested)."""
+    monkeypatch.setenv("SPECPARITY_HOME", str(tmp_path / "home"))
+    first = build_plain_constant(tmp_path / "a", (1.0, 0.5))
+    second = build_plain_constant(tmp_path / "b", (2.0, 0.5))
+    fingerprint(first)
+    cache = tmp_path / "home" / "digests.json"
+    keys = set(json.loads(cache.read_text()))
+    assert keys and all(k.startswith(str(Path(first).resolve())) for k in keys)
+    fingerprint(second)
+    assert set(json.loads(cache.read_text())) > keys  # both checkpoints, while both are there
+    shutil.rmtree(Path(first).parent)  # a temporary checkpoint, gone
+    weights = Path(second) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b" ")  # rewritten: its old entry is stale
+    fingerprint(second)
+    now = json.loads(cache.read_text())
+    assert not any(k.startswith(str(Path(first).resolve())) for k in now)
+    assert all(k.startswith(str(Path(second).resolve())) for k in now)
+    st = weights.stat()
+    stamps = [k for k in now if k.startswith(str(weights.resolve()) + "|")]
+    assert stamps == [f"{weights.resolve()}|{st.st_size}|{st.st_mtime_ns}"]
