@@ -2,9 +2,9 @@
 
 A pair is a pure function of its builder's code, its arguments and the libraries that compute it (the
 DFlash and DSpark drafters are fitted with MLX ops: 5 to 30 CPU seconds each, and every worker of every
-run built its own). :func:`cached` keeps it under ``$SPECPARITY_HOME/test-fixtures/CODE/NAME-ARGS``:
+run built its own). :func:`cached` keeps it under ``$SPECPARITY_HOME/test-fixtures/MODULE/CODE/NAME-ARGS``:
 
-- CODE digests the source of the builder's module and of every specparity module it imports, however
+- MODULE is the builder's module; CODE digests its source and that of every specparity module it imports, however
   deep (imports inside functions included), with the versions of Python, MLX, mlx-lm, tokenizers and
   NumPy and the machine: change any of them and the pairs are built anew, never read from an older build;
 - NAME-ARGS names the builder and digests its arguments;
@@ -14,7 +14,7 @@ run built its own). :func:`cached` keeps it under ``$SPECPARITY_HOME/test-fixtur
   its first use in each process: a pair a test changed, or one half removed, is removed and built
   again, never used.
 
-Only the two most recently used CODE folders are kept. ``SPECPARITY_TEST_FIXTURE_CACHE=0`` builds every
+Only the two most recently used CODE folders of each MODULE are kept. ``SPECPARITY_TEST_FIXTURE_CACHE=0`` builds every
 pair in the session's own folder, as before (what a first run on a fresh machine does anyway).
 """
 
@@ -124,10 +124,11 @@ def _manifest(folder: Path) -> dict[str, list[int]]:
 
 
 def _prune(code_dir: Path) -> None:
-    """Touch ``code_dir`` (used now) and remove all but the KEEP most recently used CODE folders (those unused
-    for an hour)."""
+    """Touch ``code_dir`` (used now) and remove all but the KEEP most recently used CODE folders beside it
+    (those unused for an hour)."""
     os.utime(code_dir)
-    others = sorted((p for p in ROOT.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+    others = sorted((p for p in code_dir.parent.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime,
+                    reverse=True)
     for old in others[KEEP:]:
         if time.time() - old.stat().st_mtime > 3600:  # not one a run going on now may still use
             shutil.rmtree(old, ignore_errors=True)
@@ -142,7 +143,7 @@ def cached(builder: Callable[..., T], fallback_root: Path, name: str, *args: Any
     code = code_digest(builder.__module__)
     spec = json.dumps({"builder": f"{builder.__module__}.{builder.__qualname__}", "args": args,
                        "kwargs": kwargs}, sort_keys=True, default=str)
-    code_dir = ROOT / code
+    code_dir = ROOT / builder.__module__ / code
     folder = code_dir / f"{name}-{hashlib.sha256(spec.encode()).hexdigest()[:10]}"
     code_dir.mkdir(parents=True, exist_ok=True)
     if str(code_dir) not in _CHECKED:

@@ -88,6 +88,7 @@ def test_built_once_then_read_by_a_later_process_and_built_again_when_a_file_cha
     # other arguments: another folder
     other = fixture_cache.cached(builder, tmp_path / "session", "plain", (2.0, 0.5))
     assert Path(other).parent.parent != Path(first).parent.parent
+    assert Path(first).parents[3] == cache_root / "specparity.fixtures"
     # a test changed a file of it: the next process builds it again, and never reads the changed one
     weights(first).write_bytes(weights(first).read_bytes() + b"\0")
     fixture_cache._CHECKED.clear()
@@ -119,10 +120,15 @@ def test_workers_asking_at_once_wait_for_one_build(cache_root: Path, tmp_path: P
 
 def test_only_the_two_most_recently_used_code_folders_are_kept(cache_root: Path, tmp_path: Path) -> None:
     now = time.time()
-    # unused for two hours (a, b), 30 s (c) and 60 s (d): d is third, but a run going on now may use it
+    # unused for two hours (a, b), 30 s (c) and 60 s (d): d is third, but a run going on now may use it;
+    # another module's builders keep their own (e)
+    folders = cache_root / "specparity.fixtures"
     for name, age in (("a", 7200), ("b", 7300), ("c", 30), ("d", 60)):
-        (cache_root / (name * 16)).mkdir(parents=True)
-        os.utime(cache_root / (name * 16), (now - age, now - age))
+        (folders / (name * 16)).mkdir(parents=True)
+        os.utime(folders / (name * 16), (now - age, now - age))
+    (cache_root / "specparity.dflash_fixtures" / ("e" * 16)).mkdir(parents=True)
+    os.utime(cache_root / "specparity.dflash_fixtures" / ("e" * 16), (now - 7200, now - 7200))
     fixture_cache.cached(build_plain_constant, tmp_path / "session", "plain", LIVE)
-    kept = sorted(p.name for p in cache_root.iterdir() if p.is_dir())
+    kept = sorted(p.name for p in folders.iterdir() if p.is_dir())
     assert kept == sorted([fixture_cache.code_digest("specparity.fixtures"), "c" * 16, "d" * 16])
+    assert (cache_root / "specparity.dflash_fixtures" / ("e" * 16)).is_dir()
