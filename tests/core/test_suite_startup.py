@@ -79,3 +79,5 @@ def test_trio_which_only_the_test_extras_install_is_absent_from_the_suites_proce
     hidden = subprocess.run([sys.executable, "-P", "-c", HTTPCORE], env=env, capture_output=True, text=True,
                             timeout=120, check=True)
     assert hidden.stdout.split() == ["True", "False"]
+    # hypothesis, which loads trio's plugin at import, imports there (a pytest worker imports it)
+    subprocess.run([sys.executable, "-P", "-c", "import hypothesis"], env=env, timeout=120, check=True)

@@ -130,10 +130,12 @@ def _chain() -> None:
 # import it); httpcore2, under huggingface_hub, imports it whenever it is installed, in every mlx-lm process
 # (about 0.1 CPU second with attrs, more on a loaded machine). A user's install has no trio and no process
 # the suite starts uses it: here, as there, it is absent (httpcore2 then runs on asyncio, as it does there).
+# Hypothesis loads its plugins at import, and the only one installed is trio's: none is loaded either.
 HIDDEN = ("trio",)
 
 if _TABLES:
     sys.meta_path.insert(0, _Finder(_TABLES))
     for _name in HIDDEN:
         sys.modules.setdefault(_name, None)  # type: ignore[assignment]  (import raises ModuleNotFoundError)
+    os.environ.setdefault("HYPOTHESIS_NO_PLUGINS", "1")
 _chain()
