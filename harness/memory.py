@@ -12,7 +12,12 @@ Measured (Linux: ``/proc``; macOS: ``ps``), never estimated:
   processes' high-water marks (``VmHWM``; on macOS the highest sample seen);
 - :class:`Sampler`: the whole job's memory over time, every process under the
   harness (the harness itself included) summed at each sample (Linux: their
-  proportional set sizes, so shared pages count once), and its peak.
+  proportional set sizes, so shared pages count once), and its peak. A sample
+  is not free (the kernel walks each process's page tables for its proportional
+  set size: a few milliseconds for a small mlx-lm server, more for a large
+  model), so the sampler waits at least :data:`SAMPLE_OVERHEAD`'s inverse times
+  as long as its last sample took: it takes at most 2% of one core from the
+  processes it measures, and the record states the longest wait it used.
 
 Expected, before anything starts (:func:`served_budget`, :func:`probe_budget`):
 the checkpoints' weight files, the KV cache at the job's lengths and each
@@ -30,6 +35,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,9 +225,14 @@ def own_peak_rss() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+SAMPLE_OVERHEAD = 0.02  # the share of one core a Sampler may take: it waits 50 times as long as a sample took
+
+
 class Sampler:
     """Samples the resident memory of ``root``'s whole process tree (the harness and everything it
-    started) every ``interval`` seconds on a daemon thread: the peak of the sum, and each process's peak.
+    started) every ``interval`` seconds on a daemon thread, or less often where a sample costs more than
+    :data:`SAMPLE_OVERHEAD` of that (``longest_wait``: the longest wait it used): the peak of the sum, and
+    each process's peak.
 
         with Sampler() as s: ...
         s.peak_total, s.peak_of(pid)
@@ -230,6 +241,7 @@ class Sampler:
     def __init__(self, root: int | None = None, interval: float = 0.2):
         self.root = root if root is not None else os.getpid()
         self.interval = interval if Path("/proc/self/stat").exists() else max(interval, 0.5)
+        self.longest_wait = self.interval
         self.peak_total = 0
         self.peak_children = 0  # the same, less the root process itself
         self.at_peak: dict[str, int] = {}  # "pid name" -> resident bytes, at the sample of the peak
@@ -260,8 +272,12 @@ class Sampler:
         return self.peaks.get(pid)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        wait = self.interval
+        while not self._stop.wait(wait):
+            started = time.thread_time()  # this thread's CPU, the kernel's work for it included
             self.sample()
+            wait = max(self.interval, (time.thread_time() - started) / SAMPLE_OVERHEAD)
+            self.longest_wait = max(self.longest_wait, wait)
 
     def start(self) -> Sampler:
         self.sample()

@@ -267,8 +267,10 @@ def memory_lines(mem: dict[str, Any] | None) -> list[str]:
                    f" {', '.join(_mb(w) for w in workers)}")
     if mem.get("peak_total_bytes"):
         ratio = mem.get("peak_total_over_largest_server")
-        out.append(f"  memory: every process together at most {_mb(mem['peak_total_bytes'])} (sampled, the harness's"
-                   f" own {_mb(mem.get('harness_peak_rss_bytes'))} included)"
+        every = mem.get("peak_sampled_every_s")
+        out.append(f"  memory: every process together at most {_mb(mem['peak_total_bytes'])} (sampled"
+                   + (f" at least every {every:.2g} s" if isinstance(every, (int, float)) else "")
+                   + f", the harness's own {_mb(mem.get('harness_peak_rss_bytes'))} included)"
                    + (f", {ratio:.2f}x the largest server" if isinstance(ratio, (int, float)) else "")
                    + (f"; expected {_mb(mem.get('expected_bytes'))} before it started" if mem.get("expected_bytes")
                       else ""))

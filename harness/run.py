@@ -706,8 +706,10 @@ class PairingRun:
                                "reference_workers_peak_rss_bytes": workers, "reference_beside": self.beside}
         if sampler is not None:
             sampler.sample()
-            # sampled every few tenths of a second: the sum of the harness and every process it started
+            # sampled every few tenths of a second (or less often, where a sample costs more: see
+            # memory.SAMPLE_OVERHEAD): the sum of the harness and every process it started
             out["peak_total_bytes"] = sampler.peak_total
+            out["peak_sampled_every_s"] = round(sampler.longest_wait, 3)
             out["peak_children_bytes"] = sampler.peak_children
             out["harness_peak_rss_bytes"] = sampler.peak_of(sampler.root)
             out["at_peak"] = dict(sampler.at_peak)

@@ -90,19 +90,18 @@ def compile_the_package() -> None:
         compileall.compile_dir(root / folder, quiet=2)
 
 
-# The modules that take longest (by their summed test durations in a quiet 3-worker run on 2 cores,
-# longest first), run first:
+# The modules that take longest (by their summed test durations in a quiet 3-worker run on 2 cores with the
+# fixture pairs cached, longest first), run first:
 # pytest-xdist's loadscope hands a worker one whole module at a time (a module-scoped fixture,
 # servers or served records, is made once), in collection order; longest first keeps a long
 # module from starting last and ending the run alone. The rest keep their order after these.
-LONGEST_FIRST = ("test_dflash_mlx", "test_dflash_mlx_served", "test_served_oracle", "test_serve_exact",
-                 "test_served", "test_serve_served_job", "test_own_loop_engines", "test_nightly",
-                 "test_inprocess_engines", "test_registry", "test_e2e", "test_served_dist", "test_serve_as_server",
-                 "test_reference", "test_compare_merge_show", "test_memory", "test_serve", "test_nightly_matrix",
-                 "test_cli_errors", "test_environments", "test_served_faults", "test_mlx_dspark_reproduce",
-                 "test_block_vs_chain", "test_replay", "test_served_signals", "test_inputs", "test_resolve",
-                 "test_witness", "test_replay_sequence", "test_dflash_mlx_reproduce", "test_records_cli",
-                 "test_outputs")
+LONGEST_FIRST = ("test_serve_exact", "test_dflash_mlx_served", "test_served_oracle", "test_inprocess_engines",
+                 "test_dflash_mlx", "test_nightly_matrix", "test_serve_served_job", "test_e2e", "test_own_loop_engines",
+                 "test_served_dist", "test_served", "test_registry", "test_memory", "test_nightly",
+                 "test_serve_as_server", "test_environments", "test_compare_merge_show", "test_served_faults",
+                 "test_mlx_dspark_reproduce", "test_reference", "test_serve", "test_cli_errors", "test_block_vs_chain",
+                 "test_replay", "test_served_signals", "test_inputs", "test_resolve", "test_witness",
+                 "test_replay_sequence", "test_dflash_mlx_reproduce", "test_records_cli", "test_outputs")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

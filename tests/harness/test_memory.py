@@ -65,6 +65,7 @@ def test_a_served_job_peaks_at_one_server_and_judges_every_request(wide: Fixture
     assert mem["peak_children_bytes"] <= BOUND * largest, mem.get("at_peak", mem)  # which processes, at the peak
     assert total <= BOUND * largest + mem["harness_peak_rss_bytes"], mem
     assert not mem["reference_beside"]
+    assert 0.2 <= mem["peak_sampled_every_s"] <= 5  # the sum's resolution, stated (memory.SAMPLE_OVERHEAD)
     # each server's and each reference worker's peak is in the record, the worker's above the weights it holds
     assert set(mem["servers_peak_rss_bytes"]) == {"baseline-start", "w2", "baseline-end"}
     assert all(a["server"]["peak_rss_bytes"] > weights for a in p["arms"])
@@ -135,3 +136,30 @@ def test_the_budget_counts_weights_kv_and_the_reference_side_by_side_only_when_a
     monkeypatch.delenv(memory.LIMIT_ENV, raising=False)
     limit, source = memory.limit()
     assert limit is None or (limit > 0 and source)
+
+
+def test_the_sampler_takes_at_most_its_share_of_a_core_and_says_how_often_it_sampled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample costing 20 ms of CPU (the kernel's page-table walk for a large model's server): the
+    sampler then waits 50 times that, 1 s, and states it; a free one keeps its interval."""
+    import time
+
+    costly = memory.Sampler(interval=0.05)
+
+    def sample() -> int:
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+        costly.samples += 1
+        return 0
+
+    monkeypatch.setattr(costly, "sample", sample)
+    with costly:
+        time.sleep(1.5)
+    assert costly.longest_wait == pytest.approx(0.02 / memory.SAMPLE_OVERHEAD, rel=0.3)
+    assert costly.samples <= 5  # start, at most 2 in the loop, stop (every 0.05 s: about 20)
+    free = memory.Sampler(interval=0.05)
+    monkeypatch.setattr(free, "sample", lambda: 0)
+    with free:
+        time.sleep(0.3)
+    assert free.longest_wait == 0.05
