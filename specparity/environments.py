@@ -65,6 +65,10 @@ Progress = Callable[[str], None]
 ENV_CACHE_VAR = "SPECPARITY_ENV_CACHE"
 # the running checkout's package directories, as JSON {package: directory}, read by the .pth hook
 SOURCE_VAR = "SPECPARITY_SOURCE"
+# the PYTHONPATH of every process run in a pinned environment (the caller's own is dropped: its packages must not
+# leak in): unset, none. For a start-up module every process must run, such as the test suite's
+# (tests/startup/sitecustomize.py), and nothing a pinned environment imports.
+PYTHONPATH_VAR = "SPECPARITY_ENV_PYTHONPATH"
 MANIFEST = "specparity-env.json"
 BUILD_LOG = "build.log"
 # bump when the layout of a built environment changes: every digest changes with it
@@ -318,11 +322,14 @@ class Environment:
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """Process environment for running specparity's code here: ``base`` (default os.environ) plus
-        ``$SPECPARITY_SOURCE`` naming the running checkout's package directories."""
+        ``$SPECPARITY_SOURCE`` naming the running checkout's package directories, without the caller's
+        PYTHONPATH and PYTHONHOME (``$SPECPARITY_ENV_PYTHONPATH``, where set, is its PYTHONPATH)."""
         env = dict(os.environ if base is None else base)
         env[SOURCE_VAR] = json.dumps(source_mapping())
         env.pop("PYTHONPATH", None)
         env.pop("PYTHONHOME", None)
+        if pinned_pythonpath() is not None:
+            env["PYTHONPATH"] = str(pinned_pythonpath())
         return env
 
     def specparity_argv(self, *args: str) -> list[str]:
@@ -338,6 +345,11 @@ class Environment:
         except (OSError, subprocess.SubprocessError):
             return False
         return out.returncode == 0
+
+
+def pinned_pythonpath() -> str | None:
+    """``$SPECPARITY_ENV_PYTHONPATH``: the PYTHONPATH of a process in a pinned environment (None: none)."""
+    return os.environ.get(PYTHONPATH_VAR) or None
 
 
 def interpreter(env_dir: Path) -> Path:

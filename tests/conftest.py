@@ -66,14 +66,20 @@ def use_import_tables() -> None:
     building it from the source of ~3,300 files (tests/startup/sitecustomize.py: 1.2 of the 2.75 CPU
     seconds importing mlx-lm costs, in each of the hundreds of processes), kept in specparity's own
     cache directory. Once per run, in the controller: the workers and everything they start inherit
-    the environment. Already set: left as it is (empty: off, every process builds its own table)."""
+    the environment, pinned environments' processes included ($SPECPARITY_ENV_PYTHONPATH). Already set: left as it is
+    (empty: off, every process builds its own table)."""
     if "SPECPARITY_TEST_IMPORT_TABLES" in os.environ:
         return
     from specparity.paths import home
 
+    from specparity.environments import PYTHONPATH_VAR
+
     startup = str(Path(__file__).resolve().parent / "startup")
     os.environ["SPECPARITY_TEST_IMPORT_TABLES"] = str(home() / "test-import-tables")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (startup, os.environ.get("PYTHONPATH")) if p)
+    # processes in a pinned environment (engine runs, their servers, reference workers: ~170 a run) drop the
+    # caller's PYTHONPATH; this one entry they keep (its module imports nothing of theirs)
+    os.environ[PYTHONPATH_VAR] = startup
 
 
 def compile_the_package() -> None:

@@ -380,6 +380,33 @@ def test_specparity_runs_in_an_environment_from_the_running_checkout(tiny_env: T
     assert out.returncode != 0 and "No module named 'specparity'" in out.stderr
 
 
+def test_a_pinned_environments_process_drops_the_callers_pythonpath_and_keeps_the_one_it_is_given(
+        tiny_env: Tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's PYTHONPATH never reaches a process in a pinned environment (its packages would leak in);
+    $SPECPARITY_ENV_PYTHONPATH does (the test suite's start-up module runs there, as everywhere)."""
+    env, _ = tiny_env
+    leak, startup = tmp_path / "leak", tmp_path / "startup"
+    leak.mkdir()
+    startup.mkdir()
+    (leak / "callers_package.py").write_text("")
+    (startup / "sitecustomize.py").write_text("import os\nos.environ['STARTED_HERE'] = '1'\n")
+    code = ("import importlib.util, os; print(importlib.util.find_spec('callers_package') is not None,"
+            " os.environ.get('STARTED_HERE'))")
+    monkeypatch.setenv("PYTHONPATH", str(leak))
+    monkeypatch.delenv(envs.PYTHONPATH_VAR, raising=False)
+
+    def run() -> list[str]:
+        out = subprocess.run([str(env.python), "-P", "-c", code], env=env.environ(), capture_output=True,
+                             text=True, timeout=120, cwd=str(tmp_path))
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    assert run() == ["False", "None"]
+    monkeypatch.setenv(envs.PYTHONPATH_VAR, str(startup))
+    assert run() == ["False", "1"]
+    assert env.environ()["PYTHONPATH"] == str(startup)
+
+
 def _copy_env(env: envs.Environment, root: Path) -> Path:
     """A copy of the built environment ``env`` in the cache ``root`` (its directory name kept)."""
     import shutil

@@ -31,17 +31,17 @@ _TABLES = os.environ.get("SPECPARITY_TEST_IMPORT_TABLES")
 def _tree_stat(path: str) -> tuple[tuple[str, int, int], ...]:
     """(relative path, size, mtime_ns) of every ``.py`` file under ``path``, sorted."""
     out: list[tuple[str, int, int]] = []
-    stack = [path]
+    stack = [""]  # folders relative to ``path`` (joined by hand: os.path.relpath per file was most of the cost)
     while stack:
         top = stack.pop()
-        with os.scandir(top) as it:
+        with os.scandir(os.path.join(path, top)) as it:
             for e in it:
                 if e.is_dir(follow_symlinks=False):
                     if e.name != "__pycache__":
-                        stack.append(e.path)
+                        stack.append(os.path.join(top, e.name))
                 elif e.name.endswith(".py"):
                     st = e.stat()
-                    out.append((os.path.relpath(e.path, path), st.st_size, st.st_mtime_ns))
+                    out.append((os.path.join(top, e.name), st.st_size, st.st_mtime_ns))
     return tuple(sorted(out))
 
 
