@@ -135,7 +135,7 @@ HIDDEN = ("trio",)
 
 if _TABLES:
     sys.meta_path.insert(0, _Finder(_TABLES))
-    for _name in HIDDEN:
-        sys.modules.setdefault(_name, None)  # type: ignore[assignment]  (import raises ModuleNotFoundError)
+    for _name in HIDDEN:  # None in sys.modules: importing it raises ModuleNotFoundError
+        sys.modules.setdefault(_name, None)  # type: ignore[arg-type]
     os.environ.setdefault("HYPOTHESIS_NO_PLUGINS", "1")
 _chain()
