@@ -162,4 +162,4 @@ def test_the_sampler_takes_at_most_its_share_of_a_core_and_says_how_often_it_sam
     monkeypatch.setattr(free, "sample", lambda: 0)
     with free:
         time.sleep(0.3)
-    assert free.longest_wait == 0.05
+    assert 0.05 <= free.longest_wait < 0.08  # its interval (a sample of a few microseconds; 1.6 ms would pass it)
