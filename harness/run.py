@@ -246,11 +246,12 @@ class PairingRun:
         if why:
             return f"profile {self.profile.name} cannot run here: {why}"
         if self.environment is not None:
-            from specparity.environments import ensure_environment, pinned_pythonpath
+            from specparity.environments import ensure_environment
 
             env = ensure_environment(self.environment, progress=self.run_.note)
             self.python = str(env.python)
-            self.server_env = {**env.environ(base={}), "PYTHONPATH": pinned_pythonpath(), "PYTHONHOME": None}
+            # the caller's PYTHONPATH and PYTHONHOME unset (None), unless environ() gives the environment's own
+            self.server_env = {"PYTHONPATH": None, "PYTHONHOME": None, **env.environ(base={})}
             self.env_identity = env.identity()
         self.work.mkdir(parents=True, exist_ok=True)
         for path, what in ((self.target, "target"), (self.draft, "draft")):

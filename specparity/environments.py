@@ -328,8 +328,8 @@ class Environment:
         env[SOURCE_VAR] = json.dumps(source_mapping())
         env.pop("PYTHONPATH", None)
         env.pop("PYTHONHOME", None)
-        if pinned_pythonpath() is not None:
-            env["PYTHONPATH"] = str(pinned_pythonpath())
+        if os.environ.get(PYTHONPATH_VAR):
+            env["PYTHONPATH"] = os.environ[PYTHONPATH_VAR]
         return env
 
     def specparity_argv(self, *args: str) -> list[str]:
@@ -345,11 +345,6 @@ class Environment:
         except (OSError, subprocess.SubprocessError):
             return False
         return out.returncode == 0
-
-
-def pinned_pythonpath() -> str | None:
-    """``$SPECPARITY_ENV_PYTHONPATH``: the PYTHONPATH of a process in a pinned environment (None: none)."""
-    return os.environ.get(PYTHONPATH_VAR) or None
 
 
 def interpreter(env_dir: Path) -> Path:

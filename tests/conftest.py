@@ -70,9 +70,8 @@ def use_import_tables() -> None:
     (empty: off, every process builds its own table)."""
     if "SPECPARITY_TEST_IMPORT_TABLES" in os.environ:
         return
-    from specparity.paths import home
-
     from specparity.environments import PYTHONPATH_VAR
+    from specparity.paths import home
 
     startup = str(Path(__file__).resolve().parent / "startup")
     os.environ["SPECPARITY_TEST_IMPORT_TABLES"] = str(home() / "test-import-tables")
