@@ -87,3 +87,48 @@ def test_every_folder_package_is_installed(repo_root):
         for init in (repo_root / folder).rglob("__init__.py")
     }
     assert found == set(setup["packages"])
+
+
+def _imported_top_level(repo_root: Path, setup: dict) -> dict[str, set[str]]:
+    """Every top-level module the installed packages' source imports (absolute imports, at any depth
+    of a file: inside functions too), with the files that import it."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for folder in setup["package-dir"].values():
+        for path in (repo_root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                         else [])
+                for name in names:
+                    found.setdefault(name.split(".")[0], set()).add(str(path.relative_to(repo_root)))
+    return found
+
+
+def test_every_third_party_import_is_a_declared_dependency_and_every_dependency_is_imported(repo_root):
+    """A module the toolkit imports that only arrives through another package (``packaging`` through
+    transformers, say) breaks an install the day that package drops it; a declared dependency nothing
+    imports is a download for nothing. The engines' own modules (the registry's ``module``) are not
+    dependencies: they live in the engines' pinned environments."""
+    import importlib.metadata as md
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((repo_root / "pyproject.toml").read_text())
+    setup = project["tool"]["setuptools"]
+    own = {p.split(".")[0] for p in setup["packages"]}
+    from specparity.engines import registry
+
+    engines = {s.module.split(".")[0] for s in registry().values() if s.module}
+    imported = {m: files for m, files in _imported_top_level(repo_root, setup).items()
+                if m not in sys.stdlib_module_names and m not in own}
+    declared = {canonicalize_name(Requirement(r).name) for r in project["project"]["dependencies"]}
+    dists = md.packages_distributions()
+    undeclared = {m: sorted(files)[:2] for m, files in imported.items()
+                  if m not in engines and not {canonicalize_name(d) for d in dists.get(m, [m])} & declared}
+    assert undeclared == {}, f"imported but not in [project] dependencies: {undeclared}"
+    provided = {canonicalize_name(d) for m in imported for d in dists.get(m, [m])}
+    assert declared - provided == set(), "declared dependencies that nothing imports"
