@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import fcntl
+import glob
 import hashlib
 import importlib.util
 import json
@@ -123,6 +124,12 @@ def _manifest(folder: Path) -> dict[str, list[int]]:
     return out
 
 
+def _siblings(folder: Path) -> list[Path]:
+    """Folders a builder made beside ``folder`` (``NAME.something``: build_dfly_pair's DFlash pair, which it
+    copies from): built from the same arguments, so never kept past a rebuild of ``folder``."""
+    return [p for p in folder.parent.glob(glob.escape(folder.name) + ".*") if p.is_dir() and not p.is_symlink()]
+
+
 def _prune(code_dir: Path) -> None:
     """Touch ``code_dir`` (used now) and remove all but the KEEP most recently used CODE folders beside it
     (those unused for an hour)."""
@@ -162,6 +169,8 @@ def cached(builder: Callable[..., T], fallback_root: Path, name: str, *args: Any
                 if not good:  # never built, built in part, or changed since: built again
                     manifest.unlink(missing_ok=True)
                     shutil.rmtree(folder, ignore_errors=True)
+                    for aside in _siblings(folder):  # what the builder made beside it goes too
+                        shutil.rmtree(aside, ignore_errors=True)
             started = time.monotonic()
             built = builder(folder, *args, **kwargs)
             if str(folder) not in _CHECKED:

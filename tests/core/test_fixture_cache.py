@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -96,6 +97,32 @@ def test_built_once_then_read_by_a_later_process_and_built_again_when_a_file_cha
     assert again == first and calls[-1] is False  # built again: the byte added is gone
     assert weights(first).stat().st_size == len(content) and weights(first).stat().st_mtime_ns != stamp
     assert not (tmp_path / "session").exists()
+
+
+def test_a_rebuild_removes_what_the_builder_left_beside_its_folder(cache_root: Path, tmp_path: Path) -> None:
+    """A builder that builds an intermediate pair beside its folder and copies from it (build_dfly_pair's
+    ``NAME.dflash``) reads that intermediate again when it is there: a rebuild must not copy a stale one."""
+    bases: list[str] = []
+
+    def build_with_aside(root: Path, live: tuple[float, float]) -> str:
+        base = build_plain_constant(root.with_name(root.name + ".base"), live)  # read when built, as they all do
+        if not root.exists():
+            shutil.copytree(base, root)
+        bases.append(base)
+        return str(root)
+
+    build_with_aside.__module__ = build_plain_constant.__module__
+    first = fixture_cache.cached(build_with_aside, tmp_path / "session", "aside", LIVE)
+    good = weights(first).read_bytes()
+    assert weights(bases[0]).read_bytes() == good
+    # a test changed the folder beside it, then the folder itself
+    weights(bases[0]).write_bytes(good + b"\0")
+    weights(first).write_bytes(good + b"\0")
+    fixture_cache._CHECKED.clear()
+    assert fixture_cache.cached(build_with_aside, tmp_path / "session", "aside", LIVE) == first
+    rebuilt = weights(bases[1]).read_bytes()
+    assert len(bases) == 2 and rebuilt != good + b"\0"  # the intermediate was built again, not read
+    assert weights(first).read_bytes() == rebuilt  # and the folder copied from it
 
 
 def test_off_builds_in_the_sessions_folder(cache_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
