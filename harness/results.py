@@ -373,7 +373,9 @@ class ServedReport(ReportMixin):
                             out.append(f"      reproduce in process: {rep['command']}")
                         elif rep and rep.get("reason"):
                             out.append(f"      not reproducible in process: {rep['reason']}")
-            out.append(f"  {format_groups(p.groups())}")
+            groups = p.groups()
+            if groups:  # none where no arm answered (a profile that cannot run here)
+                out.append(f"  {format_groups(groups)}")
             for rid, gs in p.request_groups().items():
                 if len(gs) > 1:
                     out.append(f"    request {rid}: {format_groups(gs)}")

@@ -194,7 +194,8 @@ class ServedRecord:
                               *[_cell((a.get("verdicts") or {}).get(r)) for r in rids], str(v)])
             out += _grid(["arm", "width", *rids, "arm verdict"], table)
             if p:
-                out.append(f"  sha256 {format_groups(p.get('groups') or [])}")
+                if p.get("groups"):
+                    out.append(f"  sha256 {format_groups(p['groups'])}")
                 for rid, gs in (p.get("request_groups") or {}).items():
                     if len(gs) > 1:
                         out.append(f"    request {rid}: {format_groups(gs)}")

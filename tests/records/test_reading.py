@@ -179,6 +179,7 @@ def test_show_of_a_pairing_that_ran_no_arm(cli_bin: str, record: Path) -> None:
                                     "reason": "profile vllm cannot run here"}]}})
     r = run_cli(cli_bin, "records", "show", str(record))
     assert r.returncode == 0 and "pairing q: vllm server" in r.stdout, r.stderr
+    assert "0 groups" not in r.stdout, r.stdout  # no arm answered: no empty groups line
 
 
 def test_compare_reads_a_parts_own_words_as_a_change(tmp_path: Path) -> None:

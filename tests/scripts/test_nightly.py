@@ -233,6 +233,7 @@ def test_unexercised_profiles_load_render_and_say_so(name, flags, cli_bin):
     assert f"profile {name} {NOT_EXERCISED}" in run.stderr
     if prof.available() is not None:  # not installed here: a clear error, never a hang or a traceback
         assert run.returncode == 4 and "cannot run here" in run.stdout, run.stdout + run.stderr
+        assert "0 groups" not in run.stdout, run.stdout  # no arm answered: no empty groups line
     assert load_profile("mlx-lm").exercised is True
 
 
