@@ -8,7 +8,7 @@ Nothing here imports mlx, numpy or the runner: ``records`` commands read these.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,6 +291,14 @@ def format_groups(groups: list[list[str]]) -> str:
     return f"{len(groups)} group{'s' if len(groups) != 1 else ''}: " + " ".join(one(g) for g in groups)
 
 
+def groups_lines(groups: list[list[str]], request_groups: Mapping[str, list[list[str]]],
+                 label: str = "") -> list[str]:
+    """A pairing's groups line (``label`` before it) and a line per request its arms split; no groups line
+    where no arm answered (a profile that cannot run here)."""
+    out = [f"  {label}{format_groups(groups)}"] if groups else []
+    return out + [f"    request {rid}: {format_groups(gs)}" for rid, gs in request_groups.items() if len(gs) > 1]
+
+
 # request verdicts a report lists one by one (a baseline's not_engaged is what a baseline is)
 _LISTED = (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED)
 
@@ -373,12 +381,7 @@ class ServedReport(ReportMixin):
                             out.append(f"      reproduce in process: {rep['command']}")
                         elif rep and rep.get("reason"):
                             out.append(f"      not reproducible in process: {rep['reason']}")
-            groups = p.groups()
-            if groups:  # none where no arm answered (a profile that cannot run here)
-                out.append(f"  {format_groups(groups)}")
-            for rid, gs in p.request_groups().items():
-                if len(gs) > 1:
-                    out.append(f"    request {rid}: {format_groups(gs)}")
+            out += groups_lines(p.groups(), p.request_groups())
             out += [f"  finding: {f}" for f in p.findings]
             if p.reference_cost:
                 c = p.reference_cost

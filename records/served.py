@@ -168,7 +168,7 @@ class ServedRecord:
     def table_lines(self) -> list[str]:
         """Per pairing: arms x requests with the verdict in each cell, the sha256 groups, what did not match."""
         from specparity.harness.plan import ArmKind
-        from specparity.harness.results import format_groups
+        from specparity.harness.results import groups_lines
         from specparity.verdicts import Verdict
 
         out: list[str] = []
@@ -194,11 +194,7 @@ class ServedRecord:
                               *[_cell((a.get("verdicts") or {}).get(r)) for r in rids], str(v)])
             out += _grid(["arm", "width", *rids, "arm verdict"], table)
             if p:
-                if p.get("groups"):
-                    out.append(f"  sha256 {format_groups(p['groups'])}")
-                for rid, gs in (p.get("request_groups") or {}).items():
-                    if len(gs) > 1:
-                        out.append(f"    request {rid}: {format_groups(gs)}")
+                out += groups_lines(p.get("groups") or [], p.get("request_groups") or {}, "sha256 ")
                 out += [f"  finding: {f}" for f in p.get("findings") or []]
             for a in lines:
                 for r in self.requests(pname, a["name"]):
