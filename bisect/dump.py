@@ -73,8 +73,9 @@ def manifest_path(out: str | os.PathLike) -> Path:
 
 
 def write_dump(out: str | os.PathLike, bc: BisectCapture, arms: tuple[str, ...],
-               info: dict[str, Any]) -> dict[str, Any]:
-    """Write ``arms`` of ``bc`` to ``out`` (safetensors) and its manifest; returns the manifest.
+               info: dict[str, Any], force: bool = False) -> dict[str, Any]:
+    """Write ``arms`` of ``bc`` to ``out`` (safetensors) and its manifest as new files (existing ones only
+    with ``force``: :func:`specparity.store.new_files`); returns the manifest.
 
     ``info`` carries identity, model (fingerprint...), env, cache options, prompt text.
     """
@@ -110,11 +111,16 @@ def write_dump(out: str | os.PathLike, bc: BisectCapture, arms: tuple[str, ...],
         **info,
     }
     text = json.dumps(manifest, indent=2, default=str)
-    tmp = path.with_name(f".{path.name}.tmp.safetensors")
-    mx.save_safetensors(str(tmp), {k: mx.contiguous(v) for k, v in tensors.items()},
-                        metadata={_META_KEY: text})
-    os.replace(tmp, path)
-    manifest_path(path).write_text(text + "\n")
+    from specparity.store import new_files
+
+    with new_files([path, manifest_path(path)], force=force, flag="--out") as (tmp, tmp_manifest):
+        # mlx names the file it writes: a name without the suffix gets one, so the suffix is given
+        written = tmp if tmp.suffix == ".safetensors" else tmp.with_name(tmp.name + ".safetensors")
+        mx.save_safetensors(str(written), {k: mx.contiguous(v) for k, v in tensors.items()},
+                            metadata={_META_KEY: text})
+        if written != tmp:
+            os.rename(written, tmp)
+        tmp_manifest.write_text(text + "\n")
     log.info("dumped %d arrays (%s) to %s", len(tensors), ", ".join(arms), path)
     return manifest
 

@@ -712,15 +712,17 @@ def _identity(sr: ServedRecord) -> str:
     return f'<section id="identity"><h2>Identity</h2><dl class="kv">{rows}</dl></section>'
 
 
-def write_html(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str]) -> HtmlSummary:
-    """Write the page for the records ``paths`` name (see :func:`load_series`) to ``out``, atomically."""
+def write_html(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str],
+               force: bool = False) -> HtmlSummary:
+    """Write the page for the records ``paths`` name (see :func:`load_series`) to ``out`` as a new file
+    (:func:`specparity.store.write_new`: an existing ``out`` only with ``force``)."""
+    from specparity.store import write_new
+
     series = load_series(list(paths))
     page = render(series)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, target)
+    write_new(target, page, force=force, flag="--out")
     latest = series[-1]
     names = latest.pairing_names()
     return HtmlSummary(target, [sr.record.name for sr in series], len(names),

@@ -152,13 +152,17 @@ def junit_xml(sr: ServedRecord) -> Any:
     return xml
 
 
-def write_junit(sr: ServedRecord, out: str | Path) -> JunitSummary:
-    """Write the JUnit XML of a served record to ``out`` (parents created); returns its counts."""
+def write_junit(sr: ServedRecord, out: str | Path, force: bool = False) -> JunitSummary:
+    """Write the JUnit XML of a served record to ``out`` as a new file (parents created; an existing
+    ``out`` only with ``force``: :func:`specparity.store.new_files`); returns its counts."""
+    from specparity.store import new_files
+
     xml = junit_xml(sr)
     path = Path(out)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        xml.write(str(path), pretty=True)
+        with new_files([path], force=force, flag="--out") as (tmp,):
+            xml.write(str(tmp), pretty=True)
     except OSError as err:
         raise InputError("out", f"{out}: {err.strerror or err}") from None
     return JunitSummary(path, int(xml.tests), int(xml.failures), int(xml.errors), int(xml.skipped))

@@ -28,6 +28,7 @@ from typing import Any
 
 from specparity.errors import UsageError
 from specparity.records.writer import RecordWriter
+from specparity.store import write_new
 from specparity.schema import (
     Anything,
     Enum,
@@ -199,9 +200,8 @@ class RecordSink:
     def _write_report(self) -> None:
         assert self.writer is not None
         path = self.writer.data_dir / REPORT_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.record.to_dict(), indent=2, default=str))
-        os.replace(tmp, path)  # our own file: readers never see half of it
+        # our own file, replaced by rename: readers never see half of it
+        write_new(path, json.dumps(self.record.to_dict(), indent=2, default=str), force=True, flag="--record-dir")
 
     # -- context manager ---------------------------------------------------------------------
     def __enter__(self) -> RecordSink:

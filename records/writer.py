@@ -19,6 +19,7 @@ from typing import Any
 from specparity.errors import InputError
 from specparity.inputs import expand_user
 from specparity.paths import slugify
+from specparity.store import write_new
 
 
 class RecordWriter:
@@ -81,7 +82,6 @@ class RecordWriter:
 
     def finish(self, markdown: str) -> Path:
         """Write the markdown (this record's own placeholder is the only thing replaced)."""
-        tmp = self.md_path.with_suffix(".md.tmp")
-        tmp.write_text(markdown)
-        os.replace(tmp, self.md_path)
+        # its own placeholder, replaced by rename: nothing beside it is written through
+        write_new(self.md_path, markdown, force=True, flag="--record-dir")
         return self.md_path

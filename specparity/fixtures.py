@@ -578,7 +578,7 @@ def pair_gguf(info: FixtureInfo, outtype: str = "f32") -> tuple[str, str | None]
             continue
         out = root / f"{role}-{outtype}.gguf"
         if not out.exists():
-            export_gguf(src, out, outtype=outtype)
+            export_gguf(src, out, outtype=outtype, force=True)  # one per fixture: a concurrent export is the same
         paths.append(str(out))
     assert paths[0] is not None
     return paths[0], paths[1]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -140,8 +139,10 @@ def _weights(src: Path) -> dict[str, Any]:
     return out
 
 
-def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "f32") -> GGUFInfo:
-    """Write the mlx-lm llama checkpoint ``src`` as the GGUF file ``out`` (atomically)."""
+def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "f32",
+                force: bool = False) -> GGUFInfo:
+    """Write the mlx-lm llama checkpoint ``src`` as the new GGUF file ``out`` (an existing one only with
+    ``force``: :func:`specparity.store.new_files`)."""
     import gguf
     import numpy as np
 
@@ -190,11 +191,11 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "
     if unknown:
         raise CheckpointError(f"{src}: tensors with no GGUF name: {', '.join(unknown[:5])}")
 
+    from specparity.store import new_files
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
-        w = gguf.GGUFWriter(tmp, "llama")
+    with new_files([out], force=force, flag="OUT") as (tmp,):
+        w = gguf.GGUFWriter(str(tmp), "llama")
         w.add_name(f"specparity fixture {src.parent.name}/{src.name}")
         w.add_file_type(gguf.LlamaFileType.ALL_F32 if outtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
         w.add_context_length(int(cfg.get("max_position_embeddings", 4096)))
@@ -231,10 +232,6 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     log.info("exported %s to %s (%s, %d tensors)", src, out, outtype, len(weights))
     return GGUFInfo(path=str(out), source=str(src), outtype=outtype, n_tensors=len(weights),
                     vocab_size=vocab_size, eos_id=eos_id, bytes=out.stat().st_size)
@@ -264,5 +261,5 @@ def cached_gguf(src: str | os.PathLike, outtype: str = "f32") -> str:
             h.update((src / name).read_bytes())
     out = home() / "gguf" / f"{h.hexdigest()[:16]}-v{EXPORT_VERSION}-{outtype}.gguf"
     if not out.exists():
-        export_gguf(src, out, outtype=outtype)
+        export_gguf(src, out, outtype=outtype, force=True)  # named by its content: a concurrent export is the same
     return str(out)

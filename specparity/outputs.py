@@ -17,6 +17,7 @@ from typing import Any
 
 from specparity.errors import UsageError
 from specparity.inputs import expand_user
+from specparity.store import name_too_long
 
 
 def _probe_write(directory: Path) -> str | None:
@@ -82,6 +83,9 @@ def check_new_file(path: str | os.PathLike | None, flag: str, force: bool = Fals
         raise UsageError(f"{flag} {str(path)!r}: empty path")
     p = expand_user(path, flag)
     for target in [p, *(expand_user(a, flag) for a in also)]:
+        long = name_too_long(target)
+        if long is not None:
+            raise UsageError(f"{flag} {target}: {long}")
         if target.is_dir():
             raise UsageError(f"{flag} {target}: is a directory")
         if (target.exists() or target.is_symlink()) and not force:

@@ -334,7 +334,7 @@ def check_outputs(argv: list[str], stdout: str, cwd: str | None = None) -> None:
     for flag in ("--record-dir", "--out"):
         if flag in argv[:-1]:
             d = Path(cwd or ".") / argv[argv.index(flag) + 1]
-            if d.is_dir() and (d / "data").is_dir():
+            if os.path.isdir(d) and os.path.isdir(d / "data"):  # False for a name too long, as for a missing one
                 check_records(d)
 
 

@@ -442,12 +442,7 @@ def request_object(req: AcceptLog, **extra: Any) -> dict[str, Any]:
 def write_requests(path: str | os.PathLike, requests: list[AcceptLog], overwrite: bool = False,
                    **extra: Any) -> Path:
     """Write ``requests`` as specparity JSONL (an existing file only with ``overwrite``)."""
-    p = Path(path)
-    try:
-        with open(p, "w" if overwrite else "x") as f:
-            f.writelines(json.dumps(request_object(req, **extra)) + "\n" for req in requests)
-    except FileExistsError:
-        raise UsageError(f"{p}: exists; choose another file or pass --force") from None
-    except OSError as err:
-        raise UsageError(f"{p}: cannot write ({err.strerror})") from None
-    return p
+    from specparity.store import write_new
+
+    text = "".join(json.dumps(request_object(req, **extra)) + "\n" for req in requests)
+    return write_new(path, text, force=overwrite, flag="--save-log")

@@ -73,6 +73,7 @@ from specparity.errors import InputError, UsageError
 from specparity.mlx_server import PATH_SEQUENTIAL, RequestParams, Served, ServerSettings, ServingLoop
 from specparity.reference import ClassicReference
 from specparity.progress import NULL, Observer
+from specparity.store import write_new
 from specparity.verdicts import ReportMixin, Verdict
 
 log = logging.getLogger(__name__)
@@ -150,15 +151,8 @@ def write_sequence(path: str | os.PathLike[str], header: SequenceHeader, entries
                    overwrite: bool = False) -> Path:
     """Write the sequence file (an existing file only with ``overwrite``)."""
     p = Path(path)
-    try:
-        with open(p, "w" if overwrite else "x") as f:
-            f.write(json.dumps(header.to_dict()) + "\n")
-            f.writelines(json.dumps(e.to_dict()) + "\n" for e in entries)
-    except FileExistsError:
-        raise UsageError(f"{p}: exists; choose another file") from None
-    except OSError as err:
-        raise UsageError(f"{p}: cannot write ({err.strerror})") from None
-    return p
+    text = json.dumps(header.to_dict()) + "\n" + "".join(json.dumps(e.to_dict()) + "\n" for e in entries)
+    return write_new(p, text, force=overwrite, flag="sequence file")
 
 
 def _server_schema(vocab: int | None = None) -> Any:

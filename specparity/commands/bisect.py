@@ -210,7 +210,7 @@ def dump(width: int | None, depth: int, prompt: str | None, prompt_ids: str | No
     manifest = write_dump(out, bc, arms, {
         "model": model_meta(loaded), "env": kernel_env(), "cache_options": opts.to_dict(),
         "identity": identity(model=loaded.fingerprint.to_dict()),
-    })
+    }, force=force)
     summary = {"out": out, "manifest": str(manifest_path(out)), "arms": list(arms),
                "width": w, "depth": depth, "logits_sha256": manifest["logits_sha256"],
                "capture_bytes": manifest["capture_bytes"]}

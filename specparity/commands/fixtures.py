@@ -190,7 +190,7 @@ def gguf(src_dir: str, out: str, outtype: str, force: bool, as_json: bool) -> in
 
     resolve_model_dir(src_dir, "SRC_DIR")
     check_new_file(out, "OUT", force, make_parents=True)
-    info = export_gguf(src_dir, out, outtype=outtype)
+    info = export_gguf(src_dir, out, outtype=outtype, force=force)
     if as_json:
         emit_json(info.to_dict())
     else:

@@ -170,15 +170,13 @@ def junit(path: str, out: str, force: bool, as_json: bool) -> int:
     from specparity.records.junit import write_junit
     from specparity.records.served import ServedRecord
 
-    target = check_new_file(out, "--out", force, make_parents=True)
+    check_new_file(out, "--out", force, make_parents=True)
     rec, identity, parts = open_record(path)
     sr = ServedRecord.of(rec.path, rec, identity, parts)
     if not rec.is_complete:  # its finished parts would read as a green suite: refused, as compare does
         raise UsageError(f"{rec.path}: record is {rec.status}, not complete: no JUnit for a run that did not"
                          " finish (its finished parts: specparity records show)")
-    if target is not None and target.is_symlink():
-        target.unlink()  # --force replaces the link itself, never writes through it
-    summary = write_junit(sr, out)
+    summary = write_junit(sr, out, force=force)  # claimed atomically: a link there is replaced, never written through
     if as_json:
         emit_json({"junit": str(summary.path), "tests": summary.tests, "failures": summary.failures,
                    "errors": summary.errors, "skipped": summary.skipped, "record": rec.path})
@@ -214,10 +212,8 @@ def html(paths: tuple[str, ...], out: str, force: bool, as_json: bool) -> int:
     from specparity.outputs import check_new_file
     from specparity.records.html import write_html
 
-    target = check_new_file(out, "--out", force, make_parents=True)
-    if target is not None and target.is_symlink():
-        target.unlink()  # --force replaces the link itself, never writes through it
-    summary = write_html(paths, out)
+    check_new_file(out, "--out", force, make_parents=True)
+    summary = write_html(paths, out, force=force)  # claimed atomically: a link there is replaced, never written through
     if as_json:
         emit_json(summary.to_dict())
     else:

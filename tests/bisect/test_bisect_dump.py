@@ -94,6 +94,23 @@ def test_dump_diff_across_processes_reproduces_in_process_report(dump_models, cl
     assert code == 1 and "first divergent layer: layer 3" in out
 
 
+def test_a_dump_never_writes_through_a_link_beside_it(dump_models, tmp_path, capsys):
+    """Links at the names a dump's temporary files once had (``.NAME.tmp.safetensors``) reach files left as
+    they were; the dump and its manifest are written, and nothing else is left in the folder."""
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"precious")
+    out_dir = tmp_path / "dumps"
+    out_dir.mkdir()
+    (out_dir / ".a.safetensors.tmp.safetensors").symlink_to(victim)
+    (out_dir / ".a.safetensors.tmp").symlink_to(victim)
+    code, _, err = run_main(_dump_args(dump_models["clean"], "--arm", "chain", "--out",
+                                       str(out_dir / "a.safetensors")), capsys)
+    assert code == 0, err
+    assert victim.read_bytes() == b"precious"
+    assert sorted(p.name for p in out_dir.iterdir()) == [".a.safetensors.tmp", ".a.safetensors.tmp.safetensors",
+                                                         "a.json", "a.safetensors"]
+
+
 def test_bfloat16_dump_round_trips(dump_models, tmp_path, capsys):
     from specparity.bisect.dump import read_dump
 
