@@ -110,6 +110,18 @@ def main(argv: list[str] | None = None) -> None:
     from specparity.engine_env import claim_rerun_result, report_rerun
 
     result_to = claim_rerun_result()
+    try:
+        code = _run(args, debug)
+    except BaseException as err:  # noqa: BLE001  (a handler below failed: the last line, never a verdict's code)
+        sys.stderr.write(f"Error: unexpected {type(err).__name__} while reporting an error:"
+                         f" {first_line(str(err))}\n")
+        code = EXIT_INTERRUPTED if isinstance(err, KeyboardInterrupt) else EXIT_BUG
+    report_rerun(result_to, args, code)  # a re-run in an engine's environment: its parent believes only this
+    sys.exit(code)
+
+
+def _run(args: list[str], debug: bool) -> int:
+    """Run the command line ``args``; its exit code, each known error reported on one line."""
     code = EXIT_BUG
     try:
         # the argv rides along: a command that re-runs in an engine's environment passes it on
@@ -153,9 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         # specparity lacks one of its own modules, which is a bug
         _traceback(debug)
         if err.name and err.name.split(".")[0] != "specparity":
-            from specparity.environments import missing_module_message
-
-            click.echo(f"Error: {missing_module_message(err.name)}", err=True)
+            click.echo(f"Error: {_missing_module_message(err.name)}", err=True)
             code = EXIT_INFRA
         else:
             click.echo(f"Error: unexpected ModuleNotFoundError: {first_line(str(err))}"
@@ -171,8 +181,18 @@ def main(argv: list[str] | None = None) -> None:
         hint = "" if debug else " (rerun with --debug for the traceback)"
         click.echo(f"Error: unexpected {what}{hint}", err=True)
         code = EXIT_BUG
-    report_rerun(result_to, args, code)  # a re-run in an engine's environment: its parent believes only this
-    sys.exit(code)
+    return code
+
+
+def _missing_module_message(module: str) -> str:
+    """The line for a module this Python lacks; the handler that prints it must not fail itself (the
+    environment it asks about may be what is broken), so a failure here falls back to the plain line."""
+    try:
+        from specparity.environments import missing_module_message
+
+        return missing_module_message(module)
+    except Exception:  # noqa: BLE001
+        return f"this Python ({sys.prefix}) lacks the module {module}"
 
 
 def _traceback(debug: bool) -> None:

@@ -195,16 +195,29 @@ class EnvSpec:
                 "digest": self.digest, "source": self.source}
 
 
-def _packaged() -> dict[str, EnvSpec]:
-    """Every registered engine's environments (:mod:`specparity.engines`), the shared pins added."""
+def packaged() -> dict[str, EnvSpec]:
+    """Every registered engine's environments (:mod:`specparity.engines`, which refuses a name two engines
+    declare), the shared pins added. Asked when used, never at import: this module is imported by the error
+    handler, which must not fail on the registry it reports."""
+    global _PACKAGED
     from specparity.engines import registry
 
-    return {env.name: EnvSpec(env.name, (*env.packages, *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                              env.description, imports=env.imports)
-            for spec in registry().values() for env in spec.environments}
+    engines = registry()
+    if _PACKAGED is None or _PACKAGED[0] is not engines:  # one set of specs per registry
+        _PACKAGED = (engines, {env.name: EnvSpec(env.name, (*env.packages, *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
+                                                 env.description, imports=env.imports)
+                               for spec in engines.values() for env in spec.environments})
+    return _PACKAGED[1]
 
 
-PACKAGED: dict[str, EnvSpec] = _packaged()
+_PACKAGED: tuple[Any, dict[str, EnvSpec]] | None = None
+
+
+def __getattr__(name: str) -> Any:
+    # ``PACKAGED``: the packaged environments as of now (see :func:`packaged`)
+    if name == "PACKAGED":
+        return packaged()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cache_root() -> Path:
@@ -246,11 +259,12 @@ def load_spec(ref: str | Mapping[str, Any] | EnvSpec) -> EnvSpec:
         return ref
     if isinstance(ref, Mapping):
         return _from_mapping(ref, "")
-    if ref in PACKAGED:
-        return PACKAGED[ref]
+    known = packaged()
+    if ref in known:
+        return known[ref]
     path = Path(ref)
     if not (ref.endswith((".yaml", ".yml")) or os.sep in ref) or not path.is_file():
-        raise UsageError(f"environment {ref!r}: neither a packaged environment ({', '.join(PACKAGED)})"
+        raise UsageError(f"environment {ref!r}: neither a packaged environment ({', '.join(known)})"
                          f" nor a YAML file")
     from specparity.schema import load_yaml_file
 
@@ -789,7 +803,8 @@ def list_environments() -> list[Listed]:
     """Packaged specs (built or not), then every other built directory in the cache."""
     rows = []
     current = set()
-    for spec in PACKAGED.values():
+    known = packaged()
+    for spec in known.values():
         current.add(spec.dirname)
         try:
             rows.append(Listed(spec.name, spec.dirname, spec, _read_built(spec, env_dir(spec)), True))
@@ -806,7 +821,7 @@ def list_environments() -> list[Listed]:
                 rows.append(Listed(d.name, d.name, None, None, False, broken=str(err)))
                 continue
             if env is not None:
-                rows.append(Listed(env.name, d.name, PACKAGED.get(env.name), env, env.spec.dirname == d.name))
+                rows.append(Listed(env.name, d.name, known.get(env.name), env, env.spec.dirname == d.name))
     return rows
 
 

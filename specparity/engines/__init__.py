@@ -65,6 +65,7 @@ before anything loads), :meth:`EngineSpec.load` (consent, then the adapter).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -76,7 +77,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from specparity.errors import UsageError
+from specparity.errors import InfrastructureError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -340,18 +341,32 @@ def _spec_of(module_name: str, external: bool = False) -> EngineSpec:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
-        if err.name is not None and module_name.startswith(err.name):  # the module itself is missing
+        missing = err.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):  # the module itself
             raise UsageError(f"{ENGINES_VAR}: no module {module_name} (an importable module path)") from None
-        raise
+        if not external:
+            raise  # a built-in engine module imports nothing optional: our bug, a traceback with --debug
+        import sys
+
+        raise InfrastructureError(f"{ENGINES_VAR}: engine module {module_name} cannot be imported: it needs the"
+                                  f" module {missing or '?'}, which this Python ({sys.prefix}) lacks (install it,"
+                                  f" or take {module_name} out of {ENGINES_VAR})") from err
     except SyntaxError as err:
         if not external:
             raise  # a built-in engine that does not compile is our bug: a traceback with --debug
         where = f"{err.filename}:{err.lineno}" if err.filename else module_name
         raise UsageError(f"{ENGINES_VAR}: engine module {module_name} does not compile: {where}: {err.msg}") from None
+    except Exception as err:  # noqa: BLE001  (the user's module failed at import: theirs to fix, named)
+        if not external:
+            raise
+        if isinstance(err, UsageError):  # an EngineSpec(...) of theirs refused its own fields
+            raise UsageError(f"{ENGINES_VAR}: engine module {module_name}: {err}") from err
+        raise UsageError(f"{ENGINES_VAR}: engine module {module_name} failed while importing:"
+                         f" {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")) from err
     spec = getattr(module, "ENGINE", None)
     if not isinstance(spec, EngineSpec):
         raise UsageError(f"engine module {module_name}: defines no ENGINE = EngineSpec(...)")
-    return spec
+    return dataclasses.replace(spec, source=module_name)
 
 
 def registry() -> dict[str, EngineSpec]:
@@ -362,10 +377,18 @@ def registry() -> dict[str, EngineSpec]:
         return _REGISTRY
     out: dict[str, EngineSpec] = {}
     external = [m.strip() for m in extra.split(",") if m.strip()]
+    envs: dict[str, str] = {}  # environment name -> the module that declared it
     for module_name in [*_builtin_modules(), *external]:
         spec = _spec_of(module_name, external=module_name in external)
-        if spec.name in out or any(s.key == spec.key for s in out.values()):
-            raise UsageError(f"engine module {module_name}: engine {spec.name!r} is registered already")
+        taken = next((s for s in out.values() if spec.name == s.name or spec.key == s.key), None)
+        if taken is not None:
+            raise UsageError(f"engine module {module_name}: engine {spec.name!r} is registered already by"
+                             f" {taken.source}")
+        for env in spec.environments:
+            if env.name in envs:  # the second would run its own pins under the first's name
+                raise UsageError(f"engine module {module_name}: environment {env.name!r} is declared already by"
+                                 f" {envs[env.name]}: an environment name is declared once (rename it)")
+            envs[env.name] = module_name
         out[spec.name] = spec
     if DEFAULT in out:
         out = {DEFAULT: out[DEFAULT], **{k: v for k, v in out.items() if k != DEFAULT}}

@@ -256,3 +256,54 @@ def test_one_drafter_format_has_one_builder(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.delenv(engines.ENGINES_VAR)
     assert list(engines.drafter_formats())[0] == engines.DEFAULT_DRAFTER_FORMAT
     assert {"dflash", "dspark", "dfly", "mtp"} <= set(engines.drafter_formats())
+
+
+# -- issue 44, classes 2 and 3: a user engine's broken import is never a "divergence"; names declared once --
+
+MISSING_DEPENDENCY = ("import specparity_test_no_such_dependency  # the user's engine needs a package not installed\n"
+                      "from specparity.engines import EngineSpec\n"
+                      "ENGINE = EngineSpec(name='dep-toy')\n")
+
+
+@pytest.mark.parametrize("argv", [("probe", "--help"), ("env", "list"), ("fixtures", "formats"),
+                                  ("e2e", "--engine", "dep-toy"), ("--debug", "env", "list")])
+def test_a_user_engine_missing_its_dependency_exits_4_naming_it(cli_bin: str, tmp_path: Path,
+                                                                argv: tuple[str, ...]) -> None:
+    """Through the installed console script: exit 4 (never 1, the divergence code, nor 70), one line naming
+    SPECPARITY_ENGINES, the module and the module it lacks; --debug adds the traceback, same code."""
+    (tmp_path / "dep_engine.py").write_text(MISSING_DEPENDENCY)
+    env = {**os.environ, "SPECPARITY_ENGINES": "dep_engine", "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([cli_bin, *argv], env=env, capture_output=True, text=True, timeout=120)
+    line = ("Error: SPECPARITY_ENGINES: engine module dep_engine cannot be imported: it needs the module"
+            " specparity_test_no_such_dependency, which this Python")
+    assert proc.returncode == 4, proc.stderr
+    if "--debug" in argv:
+        assert "Traceback" in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
+    else:
+        assert proc.stderr.startswith(line) and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stdout == ""
+
+
+def test_a_user_engine_failing_at_import_exits_2_naming_its_module(cli_bin: str, tmp_path: Path) -> None:
+    (tmp_path / "raising_engine.py").write_text("raise RuntimeError('no GPU found')\n")
+    env = {**os.environ, "SPECPARITY_ENGINES": "raising_engine", "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([cli_bin, "env", "list"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == (
+        "Error: SPECPARITY_ENGINES: engine module raising_engine failed while importing: RuntimeError:"
+        " no GPU found\n"), proc.stderr
+
+
+@pytest.mark.parametrize("name", ["dflash-mlx", "mlx-lm-0.31.3"])
+def test_an_environment_name_declared_twice_is_refused_naming_both(cli_bin: str, tmp_path: Path, name: str) -> None:
+    """A user engine declaring a pinned environment under a built-in's name would have its pins run under the
+    built-in's name: refused (exit 2) on every command that reads the registry, naming both declarers."""
+    (tmp_path / "twin_engine.py").write_text(
+        "from specparity.engines import EngineSpec, PinnedEnv\n"
+        f"ENGINE = EngineSpec(name='twin', environments=(PinnedEnv({name!r}, ('numpy==2.0.0',)),))\n")
+    env = {**os.environ, "SPECPARITY_ENGINES": "twin_engine", "PYTHONPATH": str(tmp_path)}
+    declarer = {"dflash-mlx": "specparity.engines.dflash_mlx", "mlx-lm-0.31.3": "specparity.engines.mlx_lm"}[name]
+    for argv in (("env", "list"), ("env", "show", name)):
+        proc = subprocess.run([cli_bin, *argv], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr == (
+            f"Error: engine module twin_engine: environment {name!r} is declared already by {declarer}: an"
+            " environment name is declared once (rename it)\n"), proc.stderr
