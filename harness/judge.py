@@ -158,10 +158,10 @@ def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, b
                 # a streamed answer has no ids: its token index comes from classic decode's pieces
                 res.classic.token_index = classic.token_index_at(res.classic.char_offset)
             d = res.classic
-            if d is not None and not exact and d.reference_token_count is not None \
-                    and d.token_index == d.reference_token_count == d.other_token_count:
-                # another engine emitted classic decode's very tokens; only its detokenizer wrote other text
-                res.reference["detokenized"] = f"same tokens, other text from char {d.char_offset}"
+            if d is not None and d.text_only:
+                # the server emitted classic decode's very tokens; only its detokenizer wrote other text
+                res.reference["detokenized"] = (f"the same tokens, other text from char {d.char_offset}:"
+                                                f" {d.detokenization}")
                 res.classic = None
     if base is not None and base.ok and plan.name != BASELINE_START:
         res.baseline = text_difference(side(BASELINE_START, base), base.sha256, comp, plan.name)
@@ -240,6 +240,8 @@ def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence, classic: Classi
         return res
     res.verdict = Verdict.MATCH
     res.reason = "; ".join(ev.lines[:1]) if plan.drafts else "equals classic decode"
+    if (res.reference or {}).get("detokenized"):  # named, never a divergence of the tokens
+        res.reason += f"; classic decode's tokens ({res.reference['detokenized']}: this server's detokenizer)"
     return res
 
 

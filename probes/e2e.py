@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from specparity.errors import InputError, first_line
-from specparity.completions import CompletionDifference, Side, first_difference, first_index
+from specparity.completions import CompletionDifference, Side, first_difference, first_index, other_texts
 from specparity.prompts import encode_prompt
 from specparity.processors import ProcessorOptions
 from specparity.progress import NULL, Observer
@@ -416,8 +416,8 @@ class EntryResult(ReportMixin):
     def verdict(self) -> Verdict:
         if self.classic.error or self.drafter.error or self.refused:
             return Verdict.NOT_RUN
-        if self.difference or self.dropped:
-            return Verdict.DIVERGED
+        if (self.difference and not self.difference.text_only) or self.dropped:
+            return Verdict.DIVERGED  # the same ids written as other text is not a divergence of the tokens
         step = self.drafter.step or ""
         if (step not in DRAFTING_STEPS and not step.endswith(OWN_LOOP)) or self.drafter.drafted == 0:
             return Verdict.NOT_ENGAGED
@@ -481,7 +481,8 @@ def compare_arms(entry: str, classic: EntryArm, drafter: EntryArm, options: E2EO
     if classic.error or drafter.error:
         res.reason = "; ".join(f"{a.name} did not run" for a in (classic, drafter) if a.error)
         return res
-    res.difference = first_difference(Side("classic", classic.text, classic.tokens),
+    res.difference = first_difference(Side("classic", classic.text, classic.tokens,
+                                           texts=other_texts(tokenizer, classic.tokens)),
                                       Side("drafter", drafter.text, drafter.tokens), tokenizer)
     if res.difference is not None:
         res.cause = history_cause(classic, drafter)
@@ -527,6 +528,9 @@ def judge(res: EntryResult) -> None:
     elif v == Verdict.NOT_ENGAGED:
         res.reason = (f"no evidence the drafter ran ({drafter.step or 'no step function'} was called,"
                       f" {drafter.drafted} tokens drafted)")
+    elif res.difference is not None:  # text only: named, never a divergence
+        res.reason = (f"identical token ids over {len(res.classic.tokens)} tokens; the text differs from"
+                      f" character {res.difference.char_offset} only in how the ids became text")
     else:
         res.reason = f"identical token ids and text over {len(res.classic.tokens)} tokens"
 

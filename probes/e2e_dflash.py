@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specparity.mlx_server import stream_text
 from specparity.probes.e2e import (
     CLI_TIMEOUT_S, E2EOptions, E2ERun, EntryArm, compare_arms, run_api_arm, run_cli_arm,
 )
@@ -64,7 +65,7 @@ def run_dflash_stream(engine: Any, prompt: list[int], max_tokens: int) -> EntryA
         arm.error = f"{type(err).__name__}: {err}"
     finally:
         stream.close()
-    arm.text = b.tokenizer.decode(arm.tokens)
+    arm.text = stream_text(b.tokenizer, arm.tokens)  # its ids as classic decode writes ids
     arm.seconds = time.perf_counter() - t0
     return arm
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from specparity.mlx_server import stream_text
 from specparity.probes.e2e import OWN_LOOP, E2EOptions, E2ERun, EntryArm, compare_arms, run_api_arm
 from specparity.progress import NULL, Observer
 
@@ -37,7 +38,7 @@ def run_generate_e2e(engine: Any, loaded: Any, prompt: list[int], max_tokens: in
         arm.tokens = list(own.tokens[:max_tokens])
         arm.drafted = sum(own.accepts)
         arm.error = own.error
-        arm.text = loaded.tokenizer.decode(arm.tokens)
+        arm.text = stream_text(loaded.tokenizer, arm.tokens)  # its ids as classic decode writes ids
         # classic stops at its EOS; the engine's loop is compared over the same tokens
         res = compare_arms(ENTRY, classic, arm, options, loaded.tokenizer)
         run.entries.append(res)

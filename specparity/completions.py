@@ -9,6 +9,14 @@ the first differing character, with the shared context before it, a few
 tokens or characters of each side after it, whether the emitted-token
 logprobs agreed bitwise before it, and each side's top-2 margin there (a flip
 at a near tie reads differently from a confident one).
+
+Text and tokens are told apart: two sides that emitted the very same token ids
+and wrote different text differ only in how ids became text (mlx-lm's streaming
+detokenizer drops a completion's leading space, ``tokenizer.decode`` keeps it),
+which is not a divergence of the tokens. Where the other side gave text only,
+its text is checked against the reference's ids turned into text the other
+known ways (:func:`other_texts`). Such a difference carries
+:attr:`CompletionDifference.detokenization` and is :attr:`~CompletionDifference.text_only`.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ class Side:
     name: how reports call it (``classic decode``, ``baseline-start``, ``w4``).
     text: the decoded text. token_ids: the emitted token ids (None: the producer gave none).
     logprobs: the emitted token's logprob per token. top: per token, (id, logprob) pairs best first.
+    texts: the same token ids turned into text the other known ways, by how (:func:`other_texts`): a
+      side that gave text only and wrote one of these emitted these ids, detokenized otherwise.
     """
 
     name: str
@@ -38,6 +48,7 @@ class Side:
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     top: list[list[tuple[int, float]]] | None = None
+    texts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -58,6 +69,12 @@ class CompletionDifference:
       token_index (None without logprobs on both sides).
     first_logprob_diff: first token whose logprob differs bitwise (it may precede the flip).
     margin_reference / margin_other: top-1 minus top-2 logprob at token_index on each side.
+    detokenization: the sides emitted the same token ids (shown equal, or the other side's text is the
+      reference's ids turned into text another known way) and differ only in the text made of them: how
+      (None: the tokens, or the text they stand for, differ).
+    written_as: a text-only other side writes its text this other known way (``tokenizer.decode``: the
+      leading space kept): char_offset and the snippets compare the texts past that lead, so the first
+      real difference is placed in the reference's text, not at the lead.
     """
 
     reference: str
@@ -80,6 +97,13 @@ class CompletionDifference:
     first_logprob_diff: int | None = None
     margin_reference: float | None = None
     margin_other: float | None = None
+    detokenization: str | None = None
+    written_as: str | None = None
+
+    @property
+    def text_only(self) -> bool:
+        """The same token ids on both sides; only the text made of them differs (not a token divergence)."""
+        return self.detokenization is not None
 
     @property
     def index(self) -> int:
@@ -90,12 +114,18 @@ class CompletionDifference:
 
     def line(self) -> str:
         """One line: where, what each side has there, the logprobs before it, the margins."""
+        if self.detokenization is not None:
+            return (f"the same token ids, other text from char {self.char_offset}: {self.detokenization}:"
+                    f" ...{self.text_before!r} then {self.reference} {self.reference_snippet!r}"
+                    f" vs {self.other} {self.other_snippet!r}")
         where = []
         if self.token_index is not None:
             where.append(f"token {self.token_index}")
         if self.char_offset is not None:
             where.append(f"char {self.char_offset}")
         s = f"first difference at {', '.join(where) or 'the end'}"
+        if self.written_as is not None:
+            s += f" (compared past the leading text {self.other} writes as {self.written_as} does)"
         if self.token_index is not None and self.reference_token_count is None:
             s += f" (the token index from {self.reference}'s pieces: the other side gave text only):"
         elif self.token_index is not None:
@@ -159,11 +189,12 @@ def first_difference(reference: Side, other: Side, tokenizer: Any = None) -> Com
     d = CompletionDifference(reference.name, other.name, reference_chars=len(reference.text),
                              other_chars=len(other.text))
     if reference.text != other.text:
-        off = first_index(reference.text, other.text)
+        lead, d.written_as = _written_as(reference, other)
+        off = first_index(reference.text, other.text[len(lead):])
         d.char_offset = off
         d.text_before = reference.text[max(off - CONTEXT_CHARS, 0):off]
         d.reference_snippet = reference.text[off:off + CONTEXT_CHARS]
-        d.other_snippet = other.text[off:off + CONTEXT_CHARS]
+        d.other_snippet = other.text[len(lead) + off:len(lead) + off + CONTEXT_CHARS]
     a, b = reference.token_ids, other.token_ids
     if a is not None and b is not None:
         i = first_index(a, b)
@@ -180,4 +211,58 @@ def first_difference(reference: Side, other: Side, tokenizer: Any = None) -> Com
             d.first_logprob_diff = k if k < n else None
             d.logprobs_equal_before = k >= n or k >= i
         d.margin_reference, d.margin_other = margin(reference.top, i), margin(other.top, i)
+    if d.char_offset is not None:
+        d.detokenization = _detokenization(reference, other)
     return d
+
+
+def _written_as(reference: Side, other: Side) -> tuple[str, str | None]:
+    """A text-only side that writes text another known way (a leading space mlx-lm's detokenizer drops):
+    the lead its text starts with and the way, so the two texts are compared past it and the first real
+    difference is placed in the reference's text ("", None: compared as they are)."""
+    if other.token_ids is not None:
+        return "", None
+    for how, text in reference.texts.items():
+        lead = text[:len(text) - len(reference.text)]
+        if lead and text.endswith(reference.text) and other.text.startswith(lead) \
+                and not reference.text.startswith(lead):
+            return lead, how
+    return "", None
+
+
+def _detokenization(reference: Side, other: Side) -> str | None:
+    """How two sides whose texts differ emitted the same ids (None: nothing shows they did)."""
+    how = next((k for k, text in reference.texts.items() if text == other.text), None)
+    named = f": {other.name}'s text is them decoded by {how}" if how else ""
+    if reference.token_ids is not None and other.token_ids is not None:
+        if reference.token_ids != other.token_ids:
+            return None
+        return f"both sides emitted these {len(reference.token_ids)} token ids{named}"
+    if how is None or reference.token_ids is None:
+        return None
+    return (f"{other.name} gave text only, and its text is {reference.name}'s {len(reference.token_ids)} token"
+            f" ids decoded by {how} (where {reference.name}'s is mlx-lm's streaming detokenizer's)")
+
+
+# the ways an engine or a server turns emitted ids into text, besides mlx-lm's streaming detokenizer
+# (which drops a completion's leading space): one call of the tokenizer's decode, with and without
+# the special tokens, and the tokens decoded one at a time and joined
+def other_texts(tokenizer: Any, token_ids: Sequence[int]) -> dict[str, str]:
+    """``token_ids`` (a trailing eos left out: no producer writes its text) turned into text each other
+    known way, by how; ways that raise or give the same text as an earlier one are left out."""
+    ids = [int(t) for t in token_ids]
+    eos = {int(e) for e in getattr(tokenizer, "eos_token_ids", None) or ()}
+    if ids and ids[-1] in eos:
+        ids = ids[:-1]
+    ways = {"tokenizer.decode": lambda: tokenizer.decode(ids),
+            "tokenizer.decode(skip_special_tokens=True)": lambda: tokenizer.decode(ids, skip_special_tokens=True),
+            "per-token decode, joined": lambda: "".join(tokenizer.decode([t]) for t in ids)}
+    out: dict[str, str] = {}
+    for how, make in ways.items():
+        try:
+            text = make()
+        except Exception:  # noqa: BLE001  (a tokenizer without that way: not one of its texts)
+            continue
+        if isinstance(text, str) and text not in out.values():
+            out[how] = text
+    return out

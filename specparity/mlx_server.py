@@ -691,6 +691,13 @@ def stream_steps(tokenizer: Any, steps: Any, max_tokens: int, finalize: bool = T
         yield Step(token, detok.last_segment, logprobs)
 
 
+def stream_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """The text ``stream_generate`` gives for ``token_ids`` (its detokenizer, its eos stop): what classic
+    decode writes for them, so an engine's ids are turned into text as classic decode's are."""
+    steps = ((int(t), None) for t in token_ids)
+    return "".join(s.text for s in stream_steps(tokenizer, steps, max(len(token_ids), 1)))
+
+
 def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: RequestParams,
                    settings: ServerSettings, path: str) -> Decoded:
     """Classic decode of ``prompt`` with the request's sampler and processors (no drafter, fresh cache).

@@ -63,7 +63,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from specparity.completions import Side, first_index
+from specparity.completions import Side, first_index, other_texts
 from specparity.errors import InfrastructureError, UsageError, first_line
 from specparity.mlx_server import (
     PATH_BATCHED, PATH_SEQUENTIAL, RequestParams, ServerPrompt, ServerSettings, ServingLoop, batchable,
@@ -158,6 +158,9 @@ class ReferenceCompletion:
     deterministic: greedy or seeded (False: sampling that no process can reproduce).
     params: the request's parameters as the server read them. settings: the server settings.
     seconds: time this computation took (a cache hit reports the first computation's).
+    texts: its token ids turned into text the other known ways, by how
+      (:func:`specparity.completions.other_texts`): a server that gives text only and wrote one of
+      these emitted classic decode's ids, detokenized otherwise.
     """
 
     key: str
@@ -180,11 +183,12 @@ class ReferenceCompletion:
     reasoning: str = ""
     tool_calls: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    texts: dict[str, str] = field(default_factory=dict)
 
     def side(self, name: str = "classic decode") -> Side:
         """This completion as one side of :func:`specparity.completions.first_difference`."""
         return Side(name, self.text, list(self.token_ids), list(self.logprobs),
-                    [list(t) for t in self.top])
+                    [list(t) for t in self.top], dict(self.texts))
 
     def margin(self, i: int) -> float | None:
         """Top-1 minus top-2 logprob at token ``i`` (nats)."""
@@ -485,7 +489,11 @@ class ClassicReference:
             key=key, endpoint=endpoint, prompt_ids=list(prompt.ids), token_ids=dec.token_ids, text=dec.text,
             pieces=dec.pieces, logprobs=dec.logprobs, top=dec.top, finish_reason=dec.finish_reason, path=path,
             prefill_segments=segs, deterministic=params.deterministic, params=params.to_dict(),
-            settings=settings.to_dict(), reasoning=dec.reasoning, tool_calls=dec.tool_calls, seconds=seconds)
+            settings=settings.to_dict(), reasoning=dec.reasoning, tool_calls=dec.tool_calls, seconds=seconds,
+            # a plain completion's text is its ids' text: the other ways of writing them tell a server's
+            # detokenizer from a token divergence (a chat message's text went through the server's parser)
+            texts=other_texts(self.tokenizer, dec.token_ids) if endpoint == "completions" and not dec.reasoning
+            and not dec.tool_calls else {})
 
 
 # --- near ties between engines whose arithmetic differs --------------------------------

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from specparity.mlx_server import stream_text
 from specparity.probes.e2e import OWN_LOOP, E2EOptions, E2ERun, EntryArm, compare_arms
 from specparity.probes.engines.base import EngineInfo
 from specparity.progress import NULL, Observer
@@ -85,7 +86,7 @@ def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max
             arm = EntryArm(f.entry, True, passed={"max_tokens": max_tokens})
             arm.step, arm.received = f"{info.name} {f.entry} {OWN_LOOP}", dict(arm.passed)
             arm.tokens, arm.drafted, arm.seconds = list(f.tokens), int(f.accepted or 0), f.seconds
-            arm.text = loaded.tokenizer.decode(arm.tokens)
+            arm.text = stream_text(loaded.tokenizer, arm.tokens)  # its ids as classic decode writes ids
             if f.verdict in (Verdict.ERROR, "cannot_run"):
                 arm.error = f"{f.verdict.replace('_', ' ')}: {f.failure or f.reason}"
             res = compare_arms(f.entry, ref, arm, options, loaded.tokenizer)

@@ -1,0 +1,96 @@
+"""Text and tokens told apart (issue 46): the same ids written as other text is never a token divergence.
+
+On the fixture pair's real byte-level BPE tokenizer: mlx-lm's streaming detokenizer (classic decode's text)
+drops a completion's leading space, ``tokenizer.decode`` keeps it, so an engine that writes its text the
+second way differs at character 0 from identical ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specparity.completions import Side, first_difference, other_texts
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def tok(llama_pair: Any) -> Any:
+    from mlx_lm.utils import load_tokenizer
+
+    return load_tokenizer(Path(llama_pair.target))
+
+
+@pytest.fixture(scope="module")
+def ids(tok: Any) -> list[int]:
+    out = tok.encode(" the cat sat on the mat and the dog")
+    assert tok.decode(out).startswith(" ")  # the case: a completion whose first token carries a space
+    return out
+
+
+def test_the_same_ids_written_two_ways_is_text_only_and_named(tok: Any, ids: list[int]) -> None:
+    from specparity.mlx_server import stream_text
+
+    classic = Side("classic", stream_text(tok, ids), list(ids), texts=other_texts(tok, ids))
+    engine = Side("engine", tok.decode(ids), list(ids))
+    assert classic.text != engine.text and engine.text == " " + classic.text
+    d = first_difference(classic, engine, tok)
+    assert d is not None and d.text_only and d.char_offset == 0
+    assert d.detokenization == f"both sides emitted these {len(ids)} token ids: engine's text is them decoded by" \
+                               " tokenizer.decode"
+    assert d.line().startswith("the same token ids, other text from char 0: both sides emitted")
+
+
+def test_a_text_only_side_that_wrote_the_references_ids_another_way_is_text_only(tok: Any, ids: list[int]) -> None:
+    from specparity.mlx_server import stream_text
+
+    classic = Side("classic decode", stream_text(tok, ids), list(ids), texts=other_texts(tok, ids))
+    served = Side("w4", tok.decode(ids))  # a server that gives text only
+    d = first_difference(classic, served)
+    assert d is not None and d.text_only and "w4 gave text only, and its text is classic decode's" in d.detokenization
+
+
+def test_other_ids_or_other_text_stay_a_divergence(tok: Any, ids: list[int]) -> None:
+    """Both ways: a token that differs, or a text-only answer that is not the ids' text any known way, is a
+    divergence with its place, never explained away."""
+    from specparity.mlx_server import stream_text
+
+    classic = Side("classic", stream_text(tok, ids), list(ids), texts=other_texts(tok, ids))
+    other_ids = list(ids)
+    other_ids[3] = (other_ids[3] + 1) % 256
+    d = first_difference(classic, Side("engine", tok.decode(other_ids), other_ids), tok)
+    assert d is not None and not d.text_only and d.token_index == 3
+    changed = tok.decode(ids).replace("dog", "cog")
+    d = first_difference(classic, Side("w4", changed))
+    # placed where the text really parts (past the leading space it writes as tokenizer.decode does), not at 0
+    assert d is not None and not d.text_only and d.char_offset == len(classic.text) - 3
+    assert (d.written_as, d.reference_snippet, d.other_snippet) == ("tokenizer.decode", "dog", "cog")
+
+
+def test_e2e_judges_the_same_ids_as_a_match_naming_the_text(tok: Any, ids: list[int], llama_pair: Any) -> None:
+    """e2e's comparison: an engine arm with classic decode's ids and text written by tokenizer.decode is
+    match (the text difference named), where it was 'token ids differ at index N; text differs at
+    character 0'; the same arm with one other token is diverged at that token."""
+    from specparity.mlx_server import stream_text
+    from specparity.probes.e2e import OWN_LOOP, E2EOptions, EntryArm, compare_arms
+    from specparity.verdicts import Verdict
+
+    def arm(name: str, tokens: list[int], text: str, drafts: bool) -> EntryArm:
+        a = EntryArm(name, drafts, passed={"max_tokens": len(tokens)})
+        a.step = f"engine generate {OWN_LOOP}" if drafts else "stream_generate"
+        a.received, a.tokens, a.text, a.drafted = dict(a.passed), list(tokens), text, 5 if drafts else 0
+        return a
+
+    options = E2EOptions(max_tokens=len(ids))
+    classic = arm("stream_generate", ids, stream_text(tok, ids), False)
+    res = compare_arms("generate", classic, arm("generate", ids, tok.decode(ids), True), options, tok)
+    assert res.verdict == Verdict.MATCH, res.reason
+    assert res.reason == (f"identical token ids over {len(ids)} tokens; the text differs from character 0 only in"
+                          " how the ids became text")
+    other = list(ids)
+    other[5] = (other[5] + 1) % 256
+    res = compare_arms("generate", classic, arm("generate", other, tok.decode(other), True), options, tok)
+    assert res.verdict == Verdict.DIVERGED and res.reason.startswith("token ids differ at index 5")
