@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +56,21 @@ IMPORTING_BYTES = 100 * 2**20
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".npz")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30,
           "t": 2**40, "tb": 2**40, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+# the largest limit taken: what a 64-bit machine addresses; anything above is a typo, not a limit
+MAX_SIZE = 2**63
 
 
 def parse_size(text: str, what: str = LIMIT_FLAG) -> int:
-    """``512MB``, ``16G``, ``1.5GiB``, ``2000000`` (bytes) -> bytes (binary units: 1 GB = 2**30)."""
+    """``512MB``, ``16G``, ``1.5GiB``, ``2000000`` (bytes) -> bytes (binary units: 1 GB = 2**30); above
+    :data:`MAX_SIZE` is a UsageError naming ``what`` and the text."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if m is None or m.group(2).lower() not in _UNITS:
         raise UsageError(f"{what}: {text!r} is not a size (e.g. 512MB, 16GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    # exact arithmetic: a float overflows to inf on 309 digits (int(inf) raised OverflowError)
+    size = Fraction(m.group(1)) * _UNITS[m.group(2).lower()]
+    if size > MAX_SIZE:
+        raise UsageError(f"{what}: {text!r} is above 8 EiB (2**63 bytes), more than a machine addresses")
+    return int(size)
 
 
 def fmt(n: int | float | None) -> str:
@@ -403,13 +411,25 @@ def available() -> tuple[int | None, str | None]:
 def limit(flag: str | None = None) -> tuple[int | None, str | None]:
     """The limit a job runs under: ``flag`` (--memory-limit), else $SPECPARITY_MEMORY_LIMIT, else what
     the machine has. ``none``/``off`` turns the check off."""
+    given = given_limit(flag)
+    return available() if given is None else given
+
+
+def given_limit(flag: str | None = None) -> tuple[int | None, str | None] | None:
+    """The limit the user gave: ``flag`` (--memory-limit), else $SPECPARITY_MEMORY_LIMIT; (None, None) for
+    ``none``/``off``; None when neither is given. A bad size, or an empty flag, is a UsageError naming it.
+
+    An empty variable is no variable (click's rule for every other one); an empty flag is a mistake
+    (``--memory-limit "$UNSET"``): taken as none, the machine's memory silently became the limit."""
+    if flag is not None and not str(flag).strip():
+        raise UsageError(f"{LIMIT_FLAG}: {flag!r} is empty: give a size (e.g. 16GB), or 'off' for no check")
     for given, source in ((flag, LIMIT_FLAG), (os.environ.get(LIMIT_ENV), LIMIT_ENV)):
         if given is None or not str(given).strip():
             continue
         if str(given).strip().lower() in ("none", "off"):
             return None, None
         return parse_size(given, source), source
-    return available()
+    return None
 
 
 def _process(name: str, checkpoints: list[str | None], tokens: int, sequences: int,

@@ -26,6 +26,15 @@ def json_option(f: Callable) -> Callable:
                              " specparity/schemas/).")(f)
 
 
+def memory_limit_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """click callback for ``--memory-limit``: it and $SPECPARITY_MEMORY_LIMIT are checked while the options
+    are parsed, so a bad size is refused before a checkpoint is built or loaded."""
+    from specparity.harness.memory import given_limit
+
+    given_limit(value)
+    return value
+
+
 def record_option(f: Callable) -> Callable:
     f = click.option("-q", "--quiet", is_flag=True,
                      help="No progress on stderr (progress shows only on a terminal anyway).")(f)

@@ -12,6 +12,7 @@ from specparity.commands._common import (
     cache_options,
     cache_options_from,
     json_option,
+    memory_limit_callback,
     model_options,
     parse_int_list,
     record_option,
@@ -46,7 +47,7 @@ from specparity.errors import UsageError
                    " trim `specparity replay` checks round by round).")
 @engine_option
 @cache_options
-@click.option("--memory-limit", default=None, metavar="SIZE",
+@click.option("--memory-limit", default=None, metavar="SIZE", callback=memory_limit_callback,
               help="The memory the probe may use, e.g. 16GB (default: $SPECPARITY_MEMORY_LIMIT, else what the"
                    " machine has available; 'off': no check). A probe expected to need more is refused.")
 @json_option

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from specparity.commands._common import CommandRun, json_option, record_option
+from specparity.commands._common import CommandRun, json_option, memory_limit_callback, record_option
 from specparity.errors import SpecparityError
 from specparity.harness.profiles import packaged_profiles
 from specparity.inputs import parse_int_list
@@ -62,7 +62,7 @@ FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profi
 @click.option("--reference-beside", is_flag=True,
               help="Keep the classic reference loaded beside the servers (faster judging, a second copy of"
                    " the target in memory). Default: it runs only while no server is resident.")
-@click.option("--memory-limit", default=None, metavar="SIZE",
+@click.option("--memory-limit", default=None, metavar="SIZE", callback=memory_limit_callback,
               help="The memory the job may use, e.g. 16GB (default: $SPECPARITY_MEMORY_LIMIT, else what the"
                    " machine has available; 'off': no check). A job expected to need more is refused.")
 @json_option

@@ -163,3 +163,23 @@ def test_the_sampler_takes_at_most_its_share_of_a_core_and_says_how_often_it_sam
     with free:
         time.sleep(0.3)
     assert 0.05 <= free.longest_wait < 0.08  # its interval (a sample of a few microseconds; 1.6 ms would pass it)
+
+
+HUGE = "9" * 400  # more than a float holds: float() gives inf, int(inf) raised OverflowError (exit 70)
+
+
+@pytest.mark.parametrize("command", ["probe", "served"])
+@pytest.mark.parametrize("flag, env, named", [
+    (HUGE, None, "--memory-limit"),
+    (None, HUGE, memory.LIMIT_ENV),
+    ("", None, "--memory-limit"),  # was silently no flag: the machine's memory became the limit
+])
+def test_a_size_no_machine_has_or_an_empty_flag_is_one_line_exit_2_before_any_work(
+        cli_bin: str, tmp_path: Path, command: str, flag: str | None, env: str | None, named: str) -> None:
+    home = tmp_path / "home"
+    argv = [command, *(("--memory-limit", flag) if flag is not None else ()), "--json"]
+    r = run_cli(cli_bin, *argv, env={"SPECPARITY_HOME": str(home), **({memory.LIMIT_ENV: env} if env else {})})
+    assert r.returncode == 2, r.stdout + r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"Error: {named}: {(flag if flag is not None else env)!r}"), line
+    assert not (home / "fixtures").exists()  # refused while the options were read: nothing built or loaded
