@@ -213,8 +213,8 @@ class RecordSink:
             return
         from specparity.errors import Terminated
 
-        interrupted = issubclass(et, KeyboardInterrupt)  # Ctrl-C, and SIGTERM (Terminated)
-        what = ("SIGTERM" if issubclass(et, Terminated) else "Ctrl-C (SIGINT)") if interrupted \
+        interrupted = issubclass(et, KeyboardInterrupt)  # Ctrl-C, and SIGTERM / SIGHUP (Terminated)
+        what = (ev.signal_name if isinstance(ev, Terminated) else "Ctrl-C (SIGINT)") if interrupted \
             else f"{et.__name__}: {ev}"
         done = ", ".join(f"{n} {k}" for k, n in self.record.arms.items()) or "nothing"
         self._close(INTERRUPTED if interrupted else FAILED,

@@ -15,7 +15,7 @@ import click
 
 from specparity import __version__, inputs
 from specparity.errors import (
-    EXIT_BUG, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, SpecparityError, Terminated, first_line,
+    EXIT_BUG, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_USAGE, SpecparityError, Terminated, first_line,
 )
 
 # name -> (module, attribute, one-line help shown by --help without importing it)
@@ -81,7 +81,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool, max_width: int, max_posi
     \b
     Exit codes: 0 all pass, 1 divergence found, 2 usage or configuration
     error, 3 inconclusive, 4 infrastructure error, 70 unexpected error (a bug),
-    130 Ctrl-C, 143 SIGTERM.
+    129 SIGHUP (the terminal closed), 130 Ctrl-C, 143 SIGTERM.
 
     \b
     Example:
@@ -136,8 +136,8 @@ def _run(args: list[str], debug: bool) -> int:
     except click.exceptions.Abort as err:
         # click turns KeyboardInterrupt (and so Terminated) into Abort
         if isinstance(err.__cause__, Terminated):
-            click.echo("Terminated.", err=True)
-            code = EXIT_TERMINATED
+            _say(err.__cause__.line)
+            code = err.__cause__.exit_code
         else:
             click.echo("Aborted.", err=True)
             code = EXIT_INTERRUPTED
@@ -150,10 +150,10 @@ def _run(args: list[str], debug: bool) -> int:
         else:
             click.echo(f"Error: {first_line(err.format_message())}", err=True)
         code = EXIT_USAGE
-    except Terminated:
+    except Terminated as err:
         _traceback(debug)
-        click.echo("Terminated.", err=True)
-        code = EXIT_TERMINATED
+        _say(err.line)
+        code = err.exit_code
     except KeyboardInterrupt:
         _traceback(debug)
         click.echo("Interrupted.", err=True)
@@ -182,6 +182,15 @@ def _run(args: list[str], debug: bool) -> int:
         click.echo(f"Error: unexpected {what}{hint}", err=True)
         code = EXIT_BUG
     return code
+
+
+def _say(line: str) -> str:
+    """Print an error's one line on stderr; the line without its ``Error: `` (the --json ``error``)."""
+    try:
+        click.echo(line, err=True)
+    except OSError:
+        pass  # a terminal that hung up (SIGHUP) takes no line; the exit code and the record still say it
+    return line.removeprefix("Error: ")
 
 
 def _missing_module_message(module: str) -> str:

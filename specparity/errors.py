@@ -17,12 +17,14 @@ anything else is a bug: one line, exit 70 (``EXIT_BUG``, sysexits' EX_SOFTWARE,
 never a verdict's code), and its traceback behind ``--debug``.
 
     KeyboardInterrupt            130  Ctrl-C (SIGINT)
-    +-- Terminated               143  SIGTERM, raised in the main thread as SIGINT raises
-                                      KeyboardInterrupt (harness.lifecycle.catch_sigterm)
+    +-- Terminated               143  SIGTERM, 129 SIGHUP (a closed terminal): raised in the main
+                                      thread as SIGINT raises KeyboardInterrupt
+                                      (harness.lifecycle.catch_sigterm)
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -35,6 +37,7 @@ EXIT_INFRA = 4
 EXIT_BUG = 70
 EXIT_INTERRUPTED = 130  # Ctrl-C: the shell's 128 + SIGINT
 EXIT_TERMINATED = 143  # SIGTERM: the shell's 128 + SIGTERM
+EXIT_HUNG_UP = 129  # SIGHUP (the terminal closed): the shell's 128 + SIGHUP
 
 
 @dataclass(frozen=True)
@@ -136,4 +139,25 @@ def first_line(text: str) -> str:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM stopped the run: handled as Ctrl-C is (records close as interrupted), exit 143."""
+    """SIGTERM (exit 143) or SIGHUP (a closed terminal, exit 129) stopped the run: handled as Ctrl-C is
+    (records close as interrupted, every server stops).
+
+    signum: the signal. signal_name: ``SIGTERM`` / ``SIGHUP`` (a record's ``error``). exit_code: the shell's
+    128 + the signal's number. line: what the CLI prints for it.
+    """
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        self.signum = int(signum)
+        super().__init__(f"terminated by {self.signal_name}")
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_HUNG_UP if self.signum == signal.SIGHUP else EXIT_TERMINATED
+
+    @property
+    def line(self) -> str:
+        return "Hung up (SIGHUP)." if self.signum == signal.SIGHUP else "Terminated."

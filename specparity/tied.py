@@ -275,6 +275,8 @@ _REGISTRY = _Registry()
 _AT_EXIT = False
 _SIGNALS = False
 _TERMINATING = False
+# the signals that end a run as Ctrl-C does, with its record closed and its servers stopped
+_TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def live() -> list[Stoppable]:
@@ -310,7 +312,7 @@ def _install_handlers() -> None:
     if _SIGNALS or threading.current_thread() is not threading.main_thread():
         return
     _SIGNALS = True
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, *_TERMINATING_SIGNALS):
         previous = signal.getsignal(sig)
         if previous == signal.SIG_IGN:
             continue  # ignored by whoever started us (nohup, a background job): it stays ignored
@@ -319,8 +321,8 @@ def _install_handlers() -> None:
 
 def _make_handler(sig: int, previous: Any) -> Callable[[int, FrameType | None], None]:
     def handler(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGTERM and _TERMINATING:
-            _die(signum)  # a second SIGTERM while stopping: at once (the watchers take the servers)
+        if signum != signal.SIGINT and _TERMINATING:
+            _die(signum)  # a second SIGTERM (or SIGHUP) while stopping: at once (the watchers take the servers)
         stop_all()
         if callable(previous):
             previous(signum, frame)
@@ -332,13 +334,13 @@ def _make_handler(sig: int, previous: Any) -> Callable[[int, FrameType | None], 
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM as an exception in the main thread, as SIGINT raises KeyboardInterrupt: context
+    """SIGTERM or SIGHUP as an exception in the main thread, as SIGINT raises KeyboardInterrupt: context
     managers and ``finally`` blocks run, a record closes as interrupted. A second one kills."""
     global _TERMINATING
     if _TERMINATING:
         _die(signum)
     _TERMINATING = True
-    raise Terminated("terminated by SIGTERM")
+    raise Terminated(signum)
 
 
 def _die(signum: int) -> None:
@@ -347,11 +349,15 @@ def _die(signum: int) -> None:
 
 
 def catch_sigterm() -> None:
-    """From now on SIGTERM raises :class:`~specparity.errors.Terminated` in the main thread (every
-    command that writes a record calls this, so a run stopped before any server started closes
-    its record too). A SIGTERM handler someone else set, or an ignored SIGTERM, is left alone."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminate)
+    """From now on SIGTERM and SIGHUP (a closed terminal) raise :class:`~specparity.errors.Terminated` in the
+    main thread (every command that writes a record calls this, so a run stopped before any server
+    started closes its record too). A handler someone else set, or an ignored signal (``nohup``), is
+    left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _TERMINATING_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _terminate)
 
 
 def run_tied_captured(argv: Sequence[str], name: str, timeout: float | None = None, input: str | None = None,

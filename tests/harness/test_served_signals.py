@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -118,6 +119,42 @@ def test_sigterm_mid_request_marks_the_record_interrupted_and_stops_every_server
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.server
+def test_sighup_mid_request_marks_the_record_interrupted_and_stops_every_server(
+        cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
+    """A closed terminal (SIGHUP) ends the run as SIGTERM does, exit 129; it left the record `running`
+    (killed by the default action, no handler ran)."""
+    rec = tmp_path / "rec"
+    proc, mark, tmp = _served(cli_bin, llama_pair, tmp_path, "stall", "--record-dir", str(rec))
+    try:
+        _wait_for_request(mark, proc)
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=120)
+        left = wait_gone(mark)
+    finally:
+        _cleanup(proc, mark)
+    assert proc.returncode == 129, (proc.returncode, err)
+    assert err.strip().splitlines()[-1] == "Hung up (SIGHUP)."
+    assert not left, f"still running: {left}"
+    assert not _left_in(tmp)
+    record, _, _ = read_record(next(rec.glob("*.md")))
+    assert record.status == "interrupted" and record.error == "SIGHUP"
+
+
+def test_an_ignored_sighup_stays_ignored() -> None:
+    """`nohup specparity served ...` keeps running when its terminal closes: only a SIGHUP left at its
+    default action is caught."""
+    code = ("import signal\nfrom specparity.tied import catch_sigterm\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_IGN)\ncatch_sigterm()\n"
+            "assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_DFL)\ncatch_sigterm()\n"
+            "assert signal.getsignal(signal.SIGHUP) not in (signal.SIG_IGN, signal.SIG_DFL)\n")
+    r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.server
 def test_sigterm_without_record_dir_leaves_no_temporary_folder(cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
     proc, mark, tmp = _served(cli_bin, llama_pair, tmp_path, "stall")
     try:
@@ -207,7 +244,7 @@ def test_a_record_stopped_by_sigterm_says_interrupted_by_sigterm(tmp_path: Path)
 
     with pytest.raises(Terminated), RecordSink(tmp_path, "probe", "t", {}, argv=["x"]) as sink:
         sink.append("cells", {"verdict": "equal"})
-        raise Terminated("terminated by SIGTERM")
+        raise Terminated(signal.SIGTERM)
     record, _, parts = read_record(next(tmp_path.glob("*.md")))
     assert (record.status, record.error, len(parts["cells"])) == ("interrupted", "SIGTERM", 1)
 
