@@ -234,6 +234,7 @@ class EntryArm:
     text: the text the entry point returned (the CLI's stdout without its final newline).
     step / received / defaults: the spy's record of the step call (see Spy).
     drafted: tokens the drafter proposed and the target accepted (drafter arms).
+    proposed: tokens the drafter proposed in all, where the engine's own record says (None: unknown).
     prompt: the prompt token ids that reached the step function.
     history: what its logits processors saw before the first emitted token (None: no processors).
     passed: the options the user gave this arm.
@@ -249,6 +250,7 @@ class EntryArm:
     received: dict[str, Any] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     drafted: int = 0
+    proposed: int | None = None
     prompt: list[int] | None = None
     history: list[int] | None = None
     passed: dict[str, Any] = field(default_factory=dict)
@@ -426,8 +428,9 @@ class EntryResult(ReportMixin):
     def lines(self) -> list[str]:
         c, d = self.classic, self.drafter
         out = [f"{self.entry}: {self.verdict}: {self.reason}"]
+        drafted = f"{d.drafted} drafted" if d.proposed is None else f"{d.proposed} proposed, {d.drafted} accepted"
         out.append(f"  classic: {len(c.tokens)} tokens via {c.step}; drafter: {len(d.tokens)} tokens via"
-                   f" {d.step}, {d.drafted} drafted ({c.seconds:.1f} s / {d.seconds:.1f} s)")
+                   f" {d.step}, {drafted} ({c.seconds:.1f} s / {d.seconds:.1f} s)")
         if self.difference is not None:
             out.append("  " + self.difference.line())
         if self.cause:
@@ -479,7 +482,7 @@ def compare_arms(entry: str, classic: EntryArm, drafter: EntryArm, options: E2EO
                  prompt_len: int | None = None) -> EntryResult:
     res = EntryResult(entry, classic, drafter)
     if classic.error or drafter.error:
-        res.reason = "; ".join(f"{a.name} did not run" for a in (classic, drafter) if a.error)
+        judge(res)  # not run: the cause on the verdict's own line
         return res
     res.difference = first_difference(Side("classic", classic.text, classic.tokens,
                                            texts=other_texts(tokenizer, classic.tokens)),
@@ -511,9 +514,9 @@ def judge(res: EntryResult) -> None:
     """Set ``res.reason`` from its verdict."""
     v = res.verdict
     drafter = res.drafter
-    if v == Verdict.NOT_RUN:
+    if v == Verdict.NOT_RUN:  # the cause on the verdict's own line: the engine's words, first line
         res.reason = res.refused or "; ".join(
-            f"{a.name} did not run" for a in (res.classic, drafter) if a.error)
+            f"{a.name} did not run: {first_line(a.error or '')}" for a in (res.classic, drafter) if a.error)
     elif v == Verdict.DIVERGED:
         parts = []
         d = res.difference
@@ -525,6 +528,10 @@ def judge(res: EntryResult) -> None:
             parts.append("with the drafter " + ", ".join(
                 f"{f.option} {'dropped' if f.received is None else 'changed'}" for f in res.dropped))
         res.reason = "; ".join(parts)
+    elif v == Verdict.NOT_ENGAGED and drafter.proposed:
+        res.reason = (f"the drafter proposed {drafter.proposed} tokens and the target accepted none"
+                      f" ({drafter.step}): every emitted token came from a verify block's first row, so no"
+                      " accepted draft was checked against classic decode: not a pass")
     elif v == Verdict.NOT_ENGAGED:
         res.reason = (f"no evidence the drafter ran ({drafter.step or 'no step function'} was called,"
                       f" {drafter.drafted} tokens drafted)")

@@ -37,6 +37,7 @@ def run_generate_e2e(engine: Any, loaded: Any, prompt: list[int], max_tokens: in
         arm.seconds = time.perf_counter() - t0
         arm.tokens = list(own.tokens[:max_tokens])
         arm.drafted = sum(own.accepts)
+        arm.proposed = sum(r.width - 1 for r in own.rounds)  # a round verifies its anchor and its drafts
         arm.error = own.error
         arm.text = stream_text(loaded.tokenizer, arm.tokens)  # its ids as classic decode writes ids
         # classic stops at its EOS; the engine's loop is compared over the same tokens

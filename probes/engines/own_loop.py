@@ -74,7 +74,8 @@ def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max
 
     info = engine.info
     options = E2EOptions(max_tokens=max_tokens)
-    run = E2ERun(header=(f"{info.name} {info.version} on {info.target} with drafter {info.draft}: its own loops;"
+    drafter = f"drafter {info.draft}" if info.draft else "its draft heads inside the target"
+    run = E2ERun(header=(f"{info.name} {info.version} on {info.target} with {drafter}: its own loops;"
                          f" classic: mlx-lm's stream_generate without a drafter; max_tokens={max_tokens}"),
                  options=options.passed(True), model=loaded.fingerprint.to_dict(), prompt_tokens=len(prompt))
     classic = Classic(info.target, max_tokens, loaded=loaded, context=engine.classic)
@@ -86,6 +87,7 @@ def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max
             arm = EntryArm(f.entry, True, passed={"max_tokens": max_tokens})
             arm.step, arm.received = f"{info.name} {f.entry} {OWN_LOOP}", dict(arm.passed)
             arm.tokens, arm.drafted, arm.seconds = list(f.tokens), int(f.accepted or 0), f.seconds
+            arm.proposed = f.drafted
             arm.text = stream_text(loaded.tokenizer, arm.tokens)  # its ids as classic decode writes ids
             if f.verdict in (Verdict.ERROR, "cannot_run"):
                 arm.error = f"{f.verdict.replace('_', ' ')}: {f.failure or f.reason}"

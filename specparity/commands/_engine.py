@@ -20,10 +20,20 @@ class RegistryChoice(click.Choice):
     """A choice whose values the engine registry gives when they are used (``$SPECPARITY_ENGINES``
     included), not when the command is defined: ``values()`` reads them."""
 
-    def __init__(self, name: str, values: Callable[[], list[str]]) -> None:
+    def __init__(self, name: str, values: Callable[[], list[str]],
+                 why_not: Callable[[str, str], str | None] | None = None) -> None:
         super().__init__([])
         self.name = name
         self._values = values
+        self._why_not = why_not
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        # a value the registry knows but this command cannot take: why, and where it runs instead
+        if self._why_not is not None and isinstance(value, str) and value not in self.choices:
+            why = self._why_not(value, ctx.info_name or "" if ctx is not None else "")
+            if why:
+                self.fail(why, param, ctx)
+        return super().convert(value, param, ctx)
 
     @property  # type: ignore[override]
     def choices(self) -> list[str]:
@@ -40,6 +50,20 @@ def _engine_names() -> list[str]:
     return names(in_process=True)
 
 
+def _e2e_engine_names() -> list[str]:
+    from specparity.engines import names
+
+    return names(e2e=True)
+
+
+def _not_offered(value: str, command: str) -> str | None:
+    """Why a registered engine is not a choice of ``command`` (None: it is not registered)."""
+    from specparity.engines import registry
+
+    spec = registry().get(value)
+    return spec.not_offered(command or "this command") if spec is not None else None
+
+
 def _verify_modes() -> list[str]:
     from specparity.engines import registry
 
@@ -54,7 +78,12 @@ def _drafter_formats() -> list[str]:
 
 def EngineChoice() -> RegistryChoice:  # noqa: N802  (a type for click, as click.Choice)
     """``--engine``'s choices: the engines with an in-process adapter."""
-    return RegistryChoice("engine", _engine_names)
+    return RegistryChoice("engine", _engine_names, _not_offered)
+
+
+def E2EEngineChoice() -> RegistryChoice:  # noqa: N802
+    """e2e's ``--engine`` choices: the engines with e2e entry points."""
+    return RegistryChoice("engine", _e2e_engine_names, _not_offered)
 
 
 def VerifyModeChoice() -> RegistryChoice:  # noqa: N802
@@ -98,7 +127,7 @@ def engine_choice_option(f: Callable) -> Callable:
     f = environment_option(f)
 
     return click.option(
-        "--engine", type=EngineChoice(), default=DEFAULT, show_default=True,
+        "--engine", type=E2EEngineChoice(), default=DEFAULT, show_default=True,
         help="Whose entry points to run (the engine registry; an engine of yours:"
              " $SPECPARITY_ENGINES=module.path): an engine other than mlx-lm runs its own entry points (dflash-mlx:"
              " stream_dflash_generate, the dflash generate CLI) with --draft-model its drafter, against mlx-lm's"
@@ -206,7 +235,7 @@ def load_adapter(engine: str, model: str | None, draft_model: str | None, need_d
 
     spec = get(engine)
     target, draft = paths if paths is not None else engine_paths(engine, model, draft_model)
-    if need_draft and draft is None:
+    if need_draft and draft is None and spec.drafter_checkpoint:
         raise UsageError(f"--engine {engine}: give --draft-model (the engine's drafter) for the engine's own loop")
     if verify_mode is not None and verify_mode not in spec.verify_modes:
         raise UsageError(f"--verify-mode {verify_mode}: --engine {engine} takes"
@@ -229,6 +258,18 @@ def engine_prompts(engine: Any, texts: list[str] | None, ids: list[list[int]] | 
     from mlx_lm.utils import load_tokenizer
 
     return encode_prompts(load_tokenizer(Path(engine.info.target)), texts or None, None)
+
+
+def checked_prompts(loaded: Any, texts: list[str] | None, ids: list[list[int]] | None) -> list[list[int]]:
+    """Prompt ids for a run judged against classic decode's checkpoint ``loaded`` (its tokenizer encodes
+    --prompt, its vocabulary bounds --prompt-ids): --prompt-ids, --prompt, else the built-in prompts."""
+    from specparity.inputs import check_prompts
+    from specparity.prompts import encode_prompts
+
+    if ids:
+        check_prompts(ids, loaded)
+        return ids
+    return encode_prompts(loaded.tokenizer, texts or None, None)
 
 
 def explicit(ctx: click.Context, *names: str) -> list[str]:

@@ -78,6 +78,9 @@ def _emit(run: CommandRun, result: Any) -> int:
               help="Rerun both arms in a fresh process with this environment variable"
                    " set (repeatable), plus one process without; group arms by logits sha256.")
 @engine_option
+@click.option("--draft-model", default=None, metavar="DIR",
+              help="--engine: the engine's drafter, for an engine whose adapter loads it with the target"
+                   " (default: the one beside a fixture the toolkit built).")
 @click.option("--accepted", type=click.IntRange(min=0), default=None, metavar="K",
               help="--engine: roll the engine's block back to K accepted proposals and compare its state"
                    " with classic decode's over the K + 1 kept tokens, layer by layer.")
@@ -87,7 +90,7 @@ def _emit(run: CommandRun, result: Any) -> int:
 def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None,
            prompt_ids: str | None, model: str | None, trust_remote_code: bool,
            controls: tuple[str, ...], engine: str, verify_mode: str | None, environment: str | None,
-           accepted: int | None,
+           draft_model: str | None, accepted: int | None,
            as_json: bool, record_dir: str | None, quiet: bool, **kwargs: Any) -> int | None:
     """Locate the first divergent layer and sub-op between W single steps and one W-row block.
 
@@ -128,10 +131,10 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
         raise UsageError(f"--accepted {accepted}: a {w}-row block holds at most {w - 1} proposals")
     parsed = [parse_control(c) for c in controls]
     opts = cache_options_from(kwargs)
-    code = rerun_elsewhere(engine, model, None, trust_remote_code, environment)
+    code = rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
     if code is not None:
         return code
-    eng = load_adapter(engine, model, None, need_draft=False, verify_mode=verify_mode,
+    eng = load_adapter(engine, model, draft_model, need_draft=False, verify_mode=verify_mode,
                        trust_remote_code=trust_remote_code, prefill_step_size=opts.prefill_step_size, cache=opts)
     if controls and not eng.supports("control-arms"):
         raise UsageError(f"--engine {engine}: --control reruns mlx-lm's arms; not with an engine")

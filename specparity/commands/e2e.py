@@ -89,7 +89,7 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
     import inspect
 
     from specparity.commands._common import resolve_path
-    from specparity.commands._engine import engine_paths, engine_prompts, explicit, load_adapter, rerun_elsewhere
+    from specparity.commands._engine import checked_prompts, engine_paths, explicit, load_adapter, rerun_elsewhere
     from specparity.engines import get, resolve
     from specparity.errors import UsageError
     from specparity.inputs import check_limit, check_positions
@@ -134,7 +134,7 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
     if run_entry is run_own_loops_e2e:
         # each own loop loads the pair with the engine's own loaders and reports its own load error, per entry
         # point: the in-process adapter (mlx-dspark's, dspark-mlx's) is not loaded for it
-        if draft is None:
+        if draft is None and spec.drafter_checkpoint:
             raise UsageError(f"--engine {engine}: give --draft-model (the engine's drafter) for the engine's own loop")
         eng: Any = OwnLoopEngine(engine, target, draft)
     else:
@@ -163,8 +163,9 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         extra: dict[str, Any] = {"options": options, "chat_template": chat_template,
                                  "trust_remote_code": trust_remote_code}
     else:
-        prompt = engine_prompts(eng, [prompt_text] if prompt_text else None,
-                                parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]
+        # classic decode's tokenizer and vocabulary: the engine's loops consume the ids classic decode reads
+        prompt = checked_prompts(loaded, [prompt_text] if prompt_text else None,
+                                 parse_prompt_ids([prompt_ids]) if prompt_ids else None)[0]
         run = CommandRun("e2e", f"e2e --engine {engine}: {target.parent.name}/{target.name}",
                          {"engine": eng.info.to_dict()}, record_dir, as_json, quiet, slug=f"e2e-{engine}")
         extra = {}

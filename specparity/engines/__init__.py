@@ -53,6 +53,8 @@ mlx, an engine, or a layer above this one):
                    takes its choices from here, and ``--model FIXTURE/target`` finds the
                    drafter beside a target of that ``kind`` (:attr:`EngineSpec.fixture_kind`)
     verify_modes   values ``--verify-mode`` takes for this engine (its own policies)
+    drafter_checkpoint  the engine drafts from a drafter checkpoint beside the target (False: its draft
+                   heads live in the target, as MTP heads do: no ``--draft-model`` is asked for)
 
 Functions: :func:`drafter_formats` (every drafter format the engines declare, by name: what
 ``fixtures make --drafter-format`` offers), :func:`names` (every engine, the default first; ``in_process=True``: those
@@ -181,6 +183,7 @@ class EngineSpec:
     default_checkpoints: Ref = None
     drafter_format: DrafterFormat | None = None
     verify_modes: tuple[str, ...] = ()
+    drafter_checkpoint: bool = True
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -200,6 +203,16 @@ class EngineSpec:
     @property
     def in_process(self) -> bool:
         return self.adapter is not None
+
+    def not_offered(self, command: str) -> str:
+        """Why ``command`` (probe, replay, bisect: a verify adapter's; e2e: entry points) cannot take this
+        engine, and where it runs instead, one line."""
+        served = f"specparity served --profile {self.profiles[0] if self.profiles else 'FILE'}"
+        if command == "e2e":
+            return f"engine {self.name}: no e2e entry points (it is checked served: {served})"
+        elsewhere = (f"its own loops run under specparity e2e --engine {self.name}" if self.e2e is not None
+                     else f"it is served only: {served}")
+        return f"engine {self.name}: no in-process verify adapter for {command} ({elsewhere})"
 
     def importable(self) -> bool:
         """``module`` imports in this interpreter (None: always)."""
@@ -415,9 +428,11 @@ def drafter_formats() -> dict[str, DrafterFormat]:
     return out
 
 
-def names(in_process: bool = False) -> list[str]:
-    """Engine names, the default first (``in_process``: only those probe/replay/bisect/e2e can run)."""
-    return [n for n, s in registry().items() if s.in_process or not in_process]
+def names(in_process: bool = False, e2e: bool = False) -> list[str]:
+    """Engine names, the default first (``in_process``: only those with a verify adapter, what probe, replay
+    and bisect can run; ``e2e``: only those with e2e entry points)."""
+    return [n for n, s in registry().items()
+            if (s.in_process or not in_process) and ((s.e2e is not None and bool(s.e2e_entry_points)) or not e2e)]
 
 
 def get(name: str) -> EngineSpec:

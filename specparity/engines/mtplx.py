@@ -19,9 +19,20 @@ row says so, and its generation still cannot run here.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specparity.engines import DrafterFormat, EngineSpec, PinnedEnv
 from specparity.probes.engine_e2e import MTPLX_ENTRY_POINTS
-from specparity.probes.engines.own_loop import load
+
+
+def default_checkpoints() -> tuple[Path, Path | None]:
+    """The default MTP fixture (a qwen3_5 target with its MTP heads, float32), built once; no drafter."""
+    from specparity.dspark_fixtures import build_mtp_target
+    from specparity.fixtures import fixtures_home
+
+    info = build_mtp_target(fixtures_home() / "mtp-qwen3_5-float32-untied")
+    return Path(info["target"]), None
+
 
 ENGINE = EngineSpec(
     name="mtplx",
@@ -33,9 +44,11 @@ ENGINE = EngineSpec(
                   "mtplx 2.12.2 (declares macOS-only dependencies; generation imports on Apple silicon only)"
                   " on mlx-lm 0.31.3", imports=("mlx_lm",)),
     ),
-    adapter=load("mtplx"),
+    # its loops only: no verify block or rollback a probe could drive from outside (probe, replay, bisect)
     e2e_entry_points=tuple(entry for entry, _, _ in MTPLX_ENTRY_POINTS),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
+    default_checkpoints=default_checkpoints,
+    drafter_checkpoint=False,
     drafter_format=DrafterFormat("mtp", "specparity.dspark_fixtures:mtp_format",
                                  "MTP heads inside a qwen3_5 target (mtplx's mtp.safetensors; no drafter)"),
 )

@@ -32,7 +32,16 @@ def test_the_registry_holds_every_engine_once_and_commands_offer_it(cli_bin: str
     with pytest.raises(engines.UsageError, match="engine 'nope': not registered"):
         engines.get("nope")
     proc = run_cli(cli_bin, "probe", "--engine", "llama.cpp")  # served only: not an --engine choice
-    assert proc.returncode == 2 and "'llama.cpp' is not one of 'mlx-lm', " in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and proc.stderr == (
+        "Error: Invalid value for '--engine': engine llama.cpp: no in-process verify adapter for probe (it is"
+        " served only: specparity served --profile llama.cpp)\n"), proc.stderr
+    # loops only (issue 46 item 2: exit 70 on a missing `supports`): refused with where it runs instead
+    for command in ("probe", "replay", "bisect"):
+        proc = run_cli(cli_bin, command, "--engine", "mtplx")
+        assert proc.returncode == 2 and proc.stderr == (
+            f"Error: Invalid value for '--engine': engine mtplx: no in-process verify adapter for {command} (its own"
+            " loops run under specparity e2e --engine mtplx)\n"), proc.stderr
+    assert "mtplx" in engines.names(e2e=True) and "llama.cpp" not in engines.names(e2e=True)
 
 
 def _with_code(src: str, dst: Path, marker: Path) -> Path:
