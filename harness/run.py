@@ -237,6 +237,13 @@ class PairingRun:
             self.note_once(f"no self-draft arm: {self.profile.name}'s server loads a drafter without"
                            " trust_remote_code, and this target ships its own model_file")
             return False
+        limit = self.engine.max_width(self.pairing.target)
+        if limit is not None and limit < 2:
+            # an engine whose drafters are of their own format cannot take the target as one: the default arm is
+            # left out with the reason, never run to be not_run (which would make every such job not_run)
+            self.note_once(f"no self-draft arm: {self.profile.name} cannot draft with the target itself (its"
+                           " engine takes drafters of its own format)")
+            return False
         return True
 
     # -- the pairing ---------------------------------------------------------------------------

@@ -154,6 +154,28 @@ def test_a_served_dflash_job_reads_every_round_keeps_the_ids_and_refuses_a_width
 @pytest.mark.build
 @pytest.mark.server
 @pytest.mark.model
+def test_the_documented_job_with_its_default_arms_can_pass(dflash_env: Environment, qwen3_pair: dict[str, str],
+                                                          cli_bin: str, tmp_path: Path) -> None:
+    """docs/engines.md's `served --profile dflash-mlx --model T --draft-model D --widths ...` with the default
+    arms (issue 46 item 6): the self-draft arm, which this engine cannot run (its drafters are DFlash's own
+    format), is left out with the reason instead of planned as not_run, so a job whose every arm matched
+    passes (exit 0) where it could never pass before."""
+    from conftest import run_cli
+
+    proc = run_cli(cli_bin, "served", "--profile", "dflash-mlx", "--model", qwen3_pair["target"], "--draft-model",
+                   qwen3_pair["draft"], "--widths", "2,4", "--max-tokens", "16", "--json", cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pairing = json.loads(proc.stdout)["pairings"][0]
+    assert [a["name"] for a in pairing["arms"]] == ["baseline-start", "w2", "w4", "concurrent", "baseline-end"]
+    assert pairing["verdict"] == "match"
+    assert ("no self-draft arm: dflash-mlx cannot draft with the target itself (its engine takes drafters of its"
+            " own format)") in pairing["findings"]
+
+
+@pytest.mark.slow
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.model
 def test_every_request_kind_at_every_width_matches_and_a_fallback_is_declined(
         dflash_env: Environment, qwen3_pair: dict[str, str], tmp_path: Path) -> None:
     """fresh, repeat, shared prefix, stream and a two-turn chat at widths 2, 4 and the block; then the
