@@ -208,11 +208,28 @@ def exact_tie(d: CompletionDifference, classic: Classic, dtype: str) -> dict[str
             "other_known": took is not None}
 
 
+def past_max_tokens(d: CompletionDifference, comp: Completion, body: dict[str, Any], name: str) -> str | None:
+    """The length class (None: not it): ``comp`` holds classic decode's whole text and goes on past it, with
+    more tokens than the request's max_tokens: the server did not stop where classic decode stops."""
+    limit = body.get("max_tokens", body.get("max_completion_tokens"))
+    n = comp.usage.get("completion_tokens") if isinstance(comp.usage, dict) else None
+    if n is None and comp.token_ids is not None:
+        n = len(comp.token_ids)
+    if d.reference_snippet or not d.other_snippet or not isinstance(limit, int) or not isinstance(n, int) \
+            or isinstance(n, bool) or n <= limit:
+        return None
+    return (f"a length finding: {name} emitted {n} tokens where max_tokens is {limit} ({n - limit} past it);"
+            " its text up to there is classic decode's, which stops at max_tokens")
+
+
 def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence, classic: Classic, dtype: str) -> RequestResult:
     d = res.classic
     if d is not None:
         res.verdict, res.divergence = Verdict.DIVERGED, d
         res.reason = "differs from classic decode: " + d.line()
+        length = past_max_tokens(d, res.completion, res.request.get("body") or {}, plan.name)
+        if length is not None:
+            res.reason = f"{length}; {res.reason}"
         tie = exact_tie(d, classic, dtype)
         if tie is not None:
             res.tie = tie

@@ -21,13 +21,15 @@ from specparity.harness.engines import EngineEvidence
 
 
 def max_width(draft: str) -> int | None:
-    """The drafter's block proposes ``block_size`` tokens: block_size + 1 verify rows at most."""
+    """The drafter's block proposes ``block_size`` tokens: block_size + 1 verify rows at most (0: a
+    checkpoint without a ``block_size``, such as the target itself, is not a DSpark drafter: the server
+    aborts on it; None: its config cannot be read)."""
     try:
         cfg = json.loads((Path(draft) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    block = cfg.get("block_size")
-    return int(block) + 1 if isinstance(block, int) else None
+    block = cfg.get("block_size") if isinstance(cfg, dict) else None
+    return int(block) + 1 if isinstance(block, int) and not isinstance(block, bool) else 0
 
 
 def evidence(session: Any, completion: Any, before: Any) -> EngineEvidence | None:
