@@ -1,0 +1,303 @@
+"""The docs tier: every command line of README.md, docs/*.md and every command's ``--help`` Examples, run as
+typed, with the outcome the page states (tests/docs/doclines.py says how a page states it).
+
+Collected here, under tests/ (README's test command collects ``testpaths = tests`` only): one sybil document per
+page, one test per command line, in the page's order (pytest-xdist's loadscope keeps a page on one worker, and
+its lines share the page's shell folder, as a reader's terminal does). A page's lines are marked by what they
+run (model, server, build, slow); a line after a slow one in its page is slow too, since it may read what
+that one made (the fast tier runs a page's leading fast lines only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import doclines
+import pytest
+from doclines import ROOT, DocLine
+from sybil import Document, Region, Sybil
+from sybil.integration.pytest import SybilFile, SybilItem
+
+# Documented lines whose stated outcome is right and the product's is not: expected failures until it is
+# fixed (strict: a fixed product turns them into failures to remove from here). Keyed by the page and the
+# command as typed (comments left out).
+XFAIL = {
+    ("docs/engines.md", "specparity served --profile dflash-mlx --model ./fx/dflash/target --draft-model"
+                        " ./fx/dflash/draft --widths 2,4,8"):
+        "issue 46: served --profile dflash-mlx exits 3: the default self-draft arm cannot run on that engine",
+}
+
+# The longest pages first (pytest-xdist hands out a page whole): measured with the tier alone, seconds.
+PAGE_ORDER = ("README.md", "docs/engines.md", "docs/dflash.md", "docs/nightly.md", "docs/records.md",
+              "docs/served.md", "docs/serve.md")
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def help_pages() -> list[tuple[str, click.Command, Path]]:
+    """(``specparity ... --help`` name, command, its module's file) for the root group, every command in
+    ``specparity.cli.COMMANDS`` and every subcommand, however deep."""
+    import importlib
+
+    from specparity.cli import COMMANDS, cli
+
+    out: list[tuple[str, click.Command, Path]] = [("specparity", cli, ROOT / "specparity" / "cli.py")]
+
+    def walk(name: str, cmd: click.Command, module: str) -> None:
+        out.append((name, cmd, Path(str(importlib.import_module(module).__file__))))
+        if isinstance(cmd, click.Group):
+            for sub in sorted(cmd.commands):
+                walk(f"{name} {sub}", cmd.commands[sub], cmd.commands[sub].callback.__module__)
+
+    ctx = click.Context(cli)
+    for name in sorted(COMMANDS):
+        command = cli.get_command(ctx, name)
+        assert command is not None, name
+        walk(f"specparity {name}", command, COMMANDS[name][0])
+    return out
+
+
+def _regions(blocks: Iterator[doclines.Block], source: str) -> Iterator[Region]:
+    for block in blocks:
+        for start, end, line in doclines.doc_lines(block, source):
+            yield Region(start, end, parsed=line, evaluator=evaluate)
+
+
+def parse_page(document: Document) -> Iterator[Region]:
+    source = str(Path(document.path).relative_to(ROOT))
+    return _regions(doclines.markdown_blocks(document.text), source)
+
+
+class DocsSybil(Sybil):
+    def identify(self, example: Any) -> str:
+        # readable ids: the line and the command's first words (pytest -k 'records and html')
+        words = "-".join(example.parsed.command.split()[:3])
+        return f"line:{example.line}:{re.sub(r'[^A-Za-z0-9_.,=-]+', '_', words)[:60]}"
+
+
+SYBIL = DocsSybil([parse_page], fixtures=["docs_shell"], name="docs")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    # the docs live outside testpaths: this folder's conftest is the one file under tests/ that stands for them
+    if file_path == Path(__file__):
+        return DocsTier.from_parent(parent, path=file_path, nodeid="tests/docs/documented")
+    return None
+
+
+class DocsTier(pytest.File):
+    def collect(self) -> Iterator[pytest.Collector]:
+        files: list[pytest.Collector] = [DocPage.from_parent(self, path=p, sybils=[SYBIL]) for p in pages()]
+        for name, command, module in help_pages():
+            nodeid = f"{module.relative_to(ROOT)}::{name[len('specparity'):].strip() or 'cli'} --help"
+            files.append(HelpPage.from_parent(self, path=module, nodeid=nodeid, sybils=[SYBIL],
+                                              help_name=name, help_text=command.help or ""))
+        rank = {name: i for i, name in enumerate(PAGE_ORDER)}
+        files.sort(key=lambda f: rank.get(str(Path(str(f.path)).relative_to(ROOT)) if isinstance(f, DocPage)
+                                          else "", len(rank)))
+        yield from files
+
+
+class DocPage(SybilFile):
+    """One markdown page: its lines in order, marked by what they run."""
+
+    def collect(self) -> Iterator[SybilItem]:
+        slow_before = False
+        for item in super().collect():
+            slow_before = mark(item, slow_before)
+            yield item
+
+
+class HelpPage(DocPage):
+    """One command's ``--help``: its Examples block, read from the help click prints."""
+
+    def __init__(self, *, help_name: str, help_text: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.help_name, self.help_text = help_name, help_text
+
+    def collect(self) -> Iterator[SybilItem]:
+        document = Document(self.help_text, str(self.path))
+        for region in _regions(doclines.help_blocks(self.help_text), f"{self.help_name} --help"):
+            document.add(region)
+        self.documents.append(document)
+        slow_before = False
+        for example in document.examples():
+            item = SybilItem.from_parent(self, sybil=SYBIL, example=example)
+            slow_before = mark(item, slow_before)
+            yield item
+
+
+def mark(item: SybilItem, slow_before: bool) -> bool:
+    """Mark ``item`` by what its line runs; returns whether the page has had a slow line by now."""
+    line: DocLine = item.example.parsed
+    if line.untested:
+        item.add_marker(pytest.mark.skip(reason=f"{line.source}:{line.line}: not tested: {line.untested}"))
+        return slow_before
+    n = doclines.needs(line)
+    for marker, on in (("model", n.model), ("server", n.server), ("build", n.build),
+                       ("slow", n.slow or slow_before)):
+        if on:
+            item.add_marker(marker)
+    reason = XFAIL.get((line.source, line.command))
+    if reason:
+        item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+    return slow_before or n.slow
+
+
+# --- running a page ----------------------------------------------------------------------------------------
+
+
+class Page:
+    """The terminal a reader follows one page in: a fresh copy of the checkout as the working directory, an
+    isolated SPECPARITY_HOME, the installed console script first on PATH, the pinned environments where the
+    default home keeps them (a page that removes one gets its own copy of them)."""
+
+    def __init__(self, root: Path, source: str, removes_env: bool, makes_venv: bool) -> None:
+        from builds import REAL_CACHE
+
+        self.dir = Path(tempfile.mkdtemp(prefix=re.sub(r"\W+", "-", source)[:40] + "-", dir=root))
+        self.cwd = self.dir / "checkout"
+        self.cwd.mkdir()
+        # a page that installs (README's first line) makes its own .venv; the others find the installed one
+        doclines.copy_checkout(self.cwd, link_venv=not makes_venv)
+        self.home = self.dir / "home"
+        self.home.mkdir()
+        env_cache = REAL_CACHE
+        if removes_env:  # `env remove` must not remove what the rest of the suite runs in: linked copies
+            env_cache = self.dir / "envs"
+            env_cache.mkdir()
+            for entry in REAL_CACHE.iterdir() if REAL_CACHE.is_dir() else ():
+                if entry.is_dir() and not entry.is_symlink():
+                    subprocess.run(["cp", "-al", str(entry), str(env_cache / entry.name)], check=True)
+        self.env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+                    "SPECPARITY_HOME": str(self.home), "SPECPARITY_ENV_CACHE": str(env_cache)}
+        for var in [v for v in self.env if v.startswith(("PYTEST_", "COV_"))]:
+            del self.env[var]
+
+
+@pytest.fixture(scope="session")
+def docs_shell(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this worker's pages get their folders."""
+    return tmp_path_factory.mktemp("docs")
+
+
+def page_of(example: Any) -> Page:
+    ns = example.namespace
+    if "page" not in ns:
+        lines = [r.parsed for _, r in example.document.regions]
+        ns["page"] = Page(ns["docs_shell"], lines[0].source,
+                          removes_env=any(re.search(r"\benv remove\b", ln.command) for ln in lines),
+                          makes_venv=any(ln.command.startswith("python3 -m venv .venv") and not ln.untested
+                                         for ln in lines))
+    return ns["page"]
+
+
+def evaluate(example: Any) -> str | None:
+    """Run the example's line as typed in its page's folder; a message when its outcome is not the page's."""
+    line: DocLine = example.parsed
+    require_builds(doclines.needs(line))
+    page = page_of(example)
+    if line.serves:
+        return serve_until_ctrl_c(page, line)
+    try:
+        proc = subprocess.run(["bash", "-c", line.text], cwd=page.cwd, env=page.env, capture_output=True,
+                              text=True, errors="replace", stdin=subprocess.DEVNULL, timeout=900)
+    except subprocess.TimeoutExpired:
+        return f"{line.source}:{line.line}: `{line.command}` ran past 900 s"
+    problems = []
+    if proc.returncode != line.exit_code:
+        problems.append(f"exit {proc.returncode} where the page says {line.exit_code}")
+    if line.output is not None:
+        expected = tuple(doclines.normalize(e) for e in line.output)
+        mismatch = doclines.output_mismatch(expected, doclines.normalize(proc.stdout, str(page.cwd), str(page.home)))
+        if mismatch:
+            problems.append(mismatch)
+    if not problems:
+        return None
+    return (f"{line.source}:{line.line}: `{line.command}`: " + "; ".join(problems)
+            + f"\n--- stdout (last 3000 chars)\n{proc.stdout[-3000:]}\n--- stderr (last 3000 chars)\n"
+            + proc.stderr[-3000:])
+
+
+def require_builds(n: doclines.Needs) -> None:
+    """A line that needs a one-time build runs where it is built; a skip otherwise, a failure under CI (as
+    tests/conftest.py's llama_server_bin): no test builds anything, and CI never passes by skipping."""
+    from builds import REAL_CACHE
+
+    from specparity.environments import find_environment
+    from specparity.harness.engines.llama_cpp import find_llama_server
+
+    missing = [f"environment {e} is not built: run scripts/build-env {e}" for e in n.environments
+               if find_environment(e, root=REAL_CACHE) is None]
+    if n.llama_server and not find_llama_server():
+        missing.append("llama-server is not built: run scripts/build-llama-server")
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail("; ".join(missing) + " (CI is set: a missing build fails, never skips)")
+        pytest.skip("; ".join(missing))
+
+
+@contextlib.contextmanager
+def port_lock(port: int) -> Iterator[None]:
+    """Pages that serve on one fixed port take turns (the workers are separate processes)."""
+    with open(Path(tempfile.gettempdir()) / f"specparity-docs-port-{port}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def serve_until_ctrl_c(page: Page, line: DocLine, start_timeout: float = 300) -> str | None:
+    """A server line: it answers ``GET /v1/models`` on its port, then stops on Ctrl-C (specparity serve with
+    exit 130, as serve.md says)."""
+    m = re.search(r"--port[ =](\d+)", line.command)
+    port = int(m[1]) if m else 8080
+    where = f"{line.source}:{line.line}: `{line.command}`"
+    with port_lock(port):
+        log = page.dir / f"server-{line.line}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(["bash", "-c", "exec " + line.text], cwd=page.cwd, env=page.env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + start_timeout
+            while True:
+                if proc.poll() is not None:
+                    return f"{where}: exited {proc.returncode} before it answered\n{log.read_text()[-3000:]}"
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except (urllib.error.URLError, OSError):
+                    pass
+                if time.monotonic() > deadline:
+                    return f"{where}: no answer on port {port} in {start_timeout:.0f} s\n{log.read_text()[-3000:]}"
+                time.sleep(0.5)
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                code = proc.wait(60)
+            except subprocess.TimeoutExpired:
+                return f"{where}: still running 60 s after Ctrl-C"
+            if line.command.startswith("specparity serve ") and code != 130:
+                return f"{where}: exit {code} after Ctrl-C where serve.md says 130\n{log.read_text()[-3000:]}"
+            return None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
