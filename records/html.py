@@ -237,8 +237,9 @@ class HtmlSummary:
                 f" {self.arms} arms, newest verdict {self.verdict or 'none (incomplete)'}")
 
     def to_dict(self) -> dict[str, Any]:
+        # the newest record's verdict under its own key: --json's top "verdict" is the process's
         return {"html": str(self.path), "records": self.records, "pairings": self.pairings, "arms": self.arms,
-                "verdict": self.verdict}
+                "newest_verdict": self.verdict}
 
 
 class _Ids:

@@ -81,7 +81,9 @@ def cli(ctx: click.Context, debug: bool, verbose: bool, max_width: int, max_posi
     \b
     Exit codes: 0 all pass, 1 divergence found, 2 usage or configuration
     error, 3 inconclusive, 4 infrastructure error, 70 unexpected error (a bug),
-    129 SIGHUP (the terminal closed), 130 Ctrl-C, 143 SIGTERM.
+    129 SIGHUP (the terminal closed), 130 Ctrl-C, 143 SIGTERM. With --json,
+    stdout is one JSON object whatever happens: the process's verdict and
+    exit_code first; on an error, with the error's line as "error".
 
     \b
     Example:
@@ -121,25 +123,27 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(args: list[str], debug: bool) -> int:
-    """Run the command line ``args``; its exit code, each known error reported on one line."""
+    """Run the command line ``args``; its exit code, each known error reported on one line (on stderr,
+    and as the ``--json`` object on stdout where the command line asked for --json)."""
     code = EXIT_BUG
+    error: str | None = None  # the one line an error is reported with
+    # the argv rides along: a command that re-runs in an engine's environment passes it on
+    obj: dict[str, object] = {"argv": args}
     try:
-        # the argv rides along: a command that re-runs in an engine's environment passes it on
-        rv = cli.main(args=args, prog_name="specparity", standalone_mode=False, obj={"argv": args})
+        rv = cli.main(args=args, prog_name="specparity", standalone_mode=False, obj=obj)
         code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
     except SpecparityError as err:
         _traceback(debug)
         # a library names a bad input in its own terms; on the command line it is the flag
-        message = err.as_flag()
-        click.echo(f"Error: {first_line(message)}", err=True)
+        error = _say(f"Error: {first_line(err.as_flag())}")
         code = err.exit_code
     except click.exceptions.Abort as err:
         # click turns KeyboardInterrupt (and so Terminated) into Abort
         if isinstance(err.__cause__, Terminated):
-            _say(err.__cause__.line)
+            error = _say(err.__cause__.line)
             code = err.__cause__.exit_code
         else:
-            click.echo("Aborted.", err=True)
+            error = _say("Aborted.")
             code = EXIT_INTERRUPTED
     except click.ClickException as err:
         # click's own usage errors (a bad option value, a missing argument): one line, exit 2,
@@ -148,15 +152,15 @@ def _run(args: list[str], debug: bool) -> int:
         if isinstance(err, getattr(click.exceptions, "NoArgsIsHelpError", ())):
             err.show()  # a group named without a command: its help, as the user asked
         else:
-            click.echo(f"Error: {first_line(err.format_message())}", err=True)
+            error = _say(f"Error: {first_line(err.format_message())}")
         code = EXIT_USAGE
     except Terminated as err:
         _traceback(debug)
-        _say(err.line)
+        error = _say(err.line)
         code = err.exit_code
     except KeyboardInterrupt:
         _traceback(debug)
-        click.echo("Interrupted.", err=True)
+        error = _say("Interrupted.")
         code = EXIT_INTERRUPTED
     except click.exceptions.Exit as err:
         code = err.exit_code
@@ -165,11 +169,11 @@ def _run(args: list[str], debug: bool) -> int:
         # specparity lacks one of its own modules, which is a bug
         _traceback(debug)
         if err.name and err.name.split(".")[0] != "specparity":
-            click.echo(f"Error: {_missing_module_message(err.name)}", err=True)
+            error = _say(f"Error: {_missing_module_message(err.name)}")
             code = EXIT_INFRA
         else:
-            click.echo(f"Error: unexpected ModuleNotFoundError: {first_line(str(err))}"
-                       f"{'' if debug else ' (rerun with --debug for the traceback)'}", err=True)
+            error = _say(f"Error: unexpected ModuleNotFoundError: {first_line(str(err))}"
+                         f"{'' if debug else ' (rerun with --debug for the traceback)'}")
             code = EXIT_BUG
     except (Exception, SystemExit) as err:  # noqa: BLE001  (a bug: one line, exit 70)
         # An unknown error is a bug: one line, exit 70, traceback behind --debug. A
@@ -179,8 +183,18 @@ def _run(args: list[str], debug: bool) -> int:
         what = (f"SystemExit({err.code!r}) raised by code specparity ran (a model_file or a rule?)"
                 if isinstance(err, SystemExit) else f"{type(err).__name__}: {first_line(str(err))}")
         hint = "" if debug else " (rerun with --debug for the traceback)"
-        click.echo(f"Error: unexpected {what}{hint}", err=True)
+        error = _say(f"Error: unexpected {what}{hint}")
         code = EXIT_BUG
+    if error is not None and _json_requested(args):
+        # stdout is one JSON object, whatever ended the run (imported here: --help stays instant)
+        from specparity.commands._common import JSON_PRINTED, emit_json, error_json
+
+        # a result already printed (a signal while the servers stop after it) is not followed by a second object
+        if not obj.get(JSON_PRINTED):
+            try:
+                emit_json(error_json(code, error))
+            except OSError:
+                pass  # a stdout that is gone (a closed terminal or pipe) takes nothing; the exit code says it
     return code
 
 
@@ -191,6 +205,11 @@ def _say(line: str) -> str:
     except OSError:
         pass  # a terminal that hung up (SIGHUP) takes no line; the exit code and the record still say it
     return line.removeprefix("Error: ")
+
+
+def _json_requested(args: list[str]) -> bool:
+    # read from the argv, not the parsed options: a usage error can end the parse before --json is read
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
 
 
 def _missing_module_message(module: str) -> str:

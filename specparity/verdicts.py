@@ -14,6 +14,9 @@ Vocabularies:
 Exit codes (errors.EXIT_*): 0 all pass, 1 a divergence was found, 2 usage,
 3 inconclusive (not run, not engaged, declined, underpowered), 4 infrastructure,
 70 an unexpected error (a bug in specparity or in code it ran: never a verdict).
+
+A process's verdict (the top of every ``--json``) is its report's word; where no report
+says one (a listing, a file written, an error), the word of its exit code (:func:`of_exit`).
 """
 
 from __future__ import annotations
@@ -112,6 +115,14 @@ def verdict(value: str | Verdict) -> Verdict:
 def exit_code(v: str | Verdict) -> int:
     """The exit code DESIGN.md gives a verdict."""
     return _EXIT[verdict(v)]
+
+
+def of_exit(code: int) -> Verdict:
+    """The verdict of a process that ended with ``code`` where no report says one: ``pass`` (0: a command
+    that judges nothing did what it was asked), ``divergent`` (1), ``inconclusive`` (3), and ``error`` for
+    every code that is not a verdict's (2 usage, 4 infrastructure, 70 a bug, 129/130/143 a signal)."""
+    return {EXIT_OK: Verdict.PASS, EXIT_DIVERGENT: Verdict.DIVERGENT,
+            EXIT_INCONCLUSIVE: Verdict.INCONCLUSIVE}.get(code, Verdict.ERROR)
 
 
 def decision_exit_code(d: str | Decision) -> int:

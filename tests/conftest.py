@@ -223,7 +223,7 @@ def llama_server_bin() -> str:
 
     Missing: a skip locally, a failure where ``CI`` is set, so CI never goes green by skipping.
     """
-    from specparity.harness.engines.llama_cpp import find_llama_server
+    from specparity.engines.llama_cpp.served import find_llama_server
 
     found = find_llama_server()
     if found:
@@ -304,7 +304,7 @@ def run_cli(cli_bin: str, *args: str, env: dict | None = None, cwd: str | None =
     if env:
         full_env.update(env)
     r = forkcli.run([cli_bin, *args], full_env, cwd, timeout=600)
-    check_outputs(list(args), r.stdout, cwd)
+    check_outputs(list(args), r.stdout, cwd, r.returncode)
     return r
 
 
@@ -323,14 +323,20 @@ def validate(obj: Any, name: str, what: str = "") -> None:
                              f" ({len(errors)} error(s))")
 
 
-def check_outputs(argv: list[str], stdout: str, cwd: str | None = None) -> None:
-    """The ``--json`` on ``stdout`` of ``specparity ARGV`` and the records it wrote, against their schemas."""
+def check_outputs(argv: list[str], stdout: str, cwd: str | None = None, returncode: int | None = None) -> None:
+    """The ``--json`` on ``stdout`` of ``specparity ARGV`` and the records it wrote, against their schemas.
+
+    With --json, stdout is one JSON object whatever happened (a usage error included): the process's
+    ``verdict`` and ``exit_code`` first, ``exit_code`` the process's own (``returncode``, where given)."""
     from specparity import schemas
 
-    if "--json" in argv and stdout.strip():
-        name = schemas.for_argv(argv)
-        assert name is not None, f"no schema for specparity {' '.join(argv)} --json"
-        validate(json.loads(stdout), name, f"specparity {' '.join(argv)}")
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    if "--json" in words and not {"-h", "--help"} & set(words):
+        what = f"specparity {' '.join(argv)}"
+        obj = json.loads(stdout)
+        assert isinstance(obj, dict) and list(obj)[:2] == ["verdict", "exit_code"], f"{what}: {stdout[:200]}"
+        assert returncode is None or obj["exit_code"] == returncode, (what, obj["exit_code"], returncode)
+        validate(obj, schemas.for_argv(argv), what)
     for flag in ("--record-dir", "--out"):
         if flag in argv[:-1]:
             d = Path(cwd or ".") / argv[argv.index(flag) + 1]

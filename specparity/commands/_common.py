@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import click
 
@@ -20,10 +20,15 @@ if TYPE_CHECKING:
     from specparity.processors import ProcessorOptions
 
 
+# set in the root context's obj once a --json object is on stdout (specparity.cli reads it)
+JSON_PRINTED = "json_printed"
+
+
 def json_option(f: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True,
-                        help="Print the whole result as JSON on stdout (its JSON Schema ships in"
-                             " specparity/schemas/).")(f)
+                        help="Print the whole result as one JSON object on stdout, the process's verdict and"
+                             " exit_code first; on an error {verdict, exit_code, error} (its JSON Schema ships"
+                             " in specparity/schemas/).")(f)
 
 
 def memory_limit_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -192,8 +197,26 @@ class CommandRun:
         return int(report.exit_code)
 
 
+def top_json(exit_code: int, body: Mapping[str, Any], verdict: str | None = None) -> dict[str, Any]:
+    """What every ``--json`` prints: the process's ``verdict`` and ``exit_code`` first, then ``body``.
+
+    verdict: the word of the report the command judged; None: the word of ``exit_code``
+    (:func:`specparity.verdicts.of_exit`: ``pass`` for a command that judges nothing and did its job,
+    ``error`` for an error). A verdict or exit code in ``body`` never shows at the top: a consumer reads
+    the process's there, never a record's.
+    """
+    from specparity.verdicts import of_exit
+
+    word = str(verdict) if verdict is not None else str(of_exit(exit_code))
+    payload = {"verdict": word, "exit_code": exit_code, **body}
+    payload["verdict"], payload["exit_code"] = word, exit_code
+    # what json.dumps(default=str) would print: the schemas and the tests see exactly the output
+    out: dict[str, Any] = json.loads(json.dumps(payload, default=str))
+    return out
+
+
 def result_json(report: Any, extra: dict[str, Any] | None = None, path: Path | None = None) -> dict[str, Any]:
-    """What ``--json`` prints for ``report``: ``verdict`` and ``exit_code`` first, then the whole result.
+    """What ``--json`` prints for ``report``: its ``verdict`` and ``exit_code`` first, then the whole result.
 
     The same object renders the text (``report.lines()``), so the two say the same things. A report
     whose text says more than its record's summary (``served``: every request) gives the whole of it
@@ -201,15 +224,23 @@ def result_json(report: Any, extra: dict[str, Any] | None = None, path: Path | N
     engine); path: the record written, as ``record``.
     """
     whole = getattr(report, "result_dict", None)
-    body = whole() if callable(whole) else report.to_dict()
-    payload = {"verdict": str(report.verdict), "exit_code": report.exit_code, **body, **(extra or {})}
-    payload["verdict"], payload["exit_code"] = str(report.verdict), report.exit_code
+    body = {**(whole() if callable(whole) else report.to_dict()), **(extra or {})}
     if path is not None:
-        payload["record"] = str(path)
-    # what json.dumps(default=str) would print: the schemas and the tests see exactly the output
-    return json.loads(json.dumps(payload, default=str))
+        body["record"] = str(path)
+    return top_json(int(report.exit_code), body, str(report.verdict))
 
 
-def emit_json(obj: Any) -> None:
+def error_json(exit_code: int, line: str) -> dict[str, Any]:
+    """What ``--json`` prints when the command ends in an error (usage, infrastructure, a bug, a signal):
+    ``{"verdict": "error", "exit_code": N, "error": "<the one line>"}`` (``inconclusive`` for exit 3)."""
+    return top_json(exit_code, {"error": line})
+
+
+def emit_json(obj: dict[str, Any]) -> None:
+    """Print one ``--json`` object (:func:`top_json`'s) on stdout; the run's error handler then prints
+    no second one."""
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and isinstance(ctx.find_root().obj, dict):
+        ctx.find_root().obj[JSON_PRINTED] = True

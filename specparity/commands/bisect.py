@@ -17,6 +17,7 @@ from specparity.commands._common import (
     json_option,
     model_options,
     record_option,
+    top_json,
 )
 from specparity.commands._engine import engine_option
 from specparity.errors import EXIT_OK, UsageError
@@ -218,7 +219,7 @@ def dump(width: int | None, depth: int, prompt: str | None, prompt_ids: str | No
                "width": w, "depth": depth, "logits_sha256": manifest["logits_sha256"],
                "capture_bytes": manifest["capture_bytes"]}
     if as_json:
-        emit_json(summary)
+        emit_json(top_json(EXIT_OK, summary))
     else:
         click.echo(f"wrote {', '.join(arms)} captures ({manifest['capture_bytes']} bytes) to {out}")
         for a, h in manifest["logits_sha256"].items():

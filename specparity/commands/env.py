@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from specparity.commands._common import emit_json, json_option
+from specparity.commands._common import emit_json, json_option, top_json
 from specparity.errors import EXIT_OK, InfrastructureError
 
 
@@ -43,7 +43,7 @@ def list_cmd(as_json: bool) -> int:
 
     rows = list_environments()
     if as_json:
-        emit_json({"cache": str(cache_root()), "environments": [r.to_dict() for r in rows]})
+        emit_json(top_json(EXIT_OK, {"cache": str(cache_root()), "environments": [r.to_dict() for r in rows]}))
         return EXIT_OK
     click.echo(f"cache: {cache_root()}")
     width = max([32, *(len(r.dirname) + 1 for r in rows)])
@@ -107,7 +107,7 @@ def show(name: str, as_json: bool) -> int:
                             "size_bytes": e.manifest.get("size_bytes"), "built": e.manifest.get("built"),
                             "description": spec.description}
     if as_json:
-        emit_json(info)
+        emit_json(top_json(EXIT_OK, info))
         return EXIT_OK
     click.echo(f"{e.name} ({spec.description})")
     click.echo(f"  path:    {e.path}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
-from specparity.commands._common import emit_json, json_option
+from specparity.commands._common import emit_json, json_option, top_json
 from specparity.commands._engine import DrafterFormatChoice
 from specparity.engines import DEFAULT_DRAFTER_FORMAT
 from specparity.errors import EXIT_OK
@@ -93,7 +93,7 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
                                                       block_size=int(block_size), seed=seed, overwrite=overwrite,
                                                       note=lambda message: click.echo(message, err=True))
         if as_json:
-            emit_json(made.record)
+            emit_json(top_json(EXIT_OK, made.record))
         else:
             for line in made.lines:
                 click.echo(line)
@@ -108,7 +108,7 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
         info = build_sized(out_dir, size, dtype=dtype, bits=int(bits) if bits else None, seed=seed,
                            with_draft=not no_draft, overwrite=overwrite)
         if as_json:
-            emit_json(info.to_dict())
+            emit_json(top_json(EXIT_OK, info.to_dict()))
         else:
             click.echo(f"target: {info.target} ({size}, {dtype}, {f'{bits}-bit' if bits else 'not quantized'})")
             if info.draft:
@@ -124,7 +124,7 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
     info = build_pair(out_dir, arch=arch, dtype=dtype, bits=int(bits) if bits else None,
                       seed=seed, faults=parsed, with_draft=not no_draft, overwrite=overwrite)
     if as_json:
-        emit_json(info.to_dict())
+        emit_json(top_json(EXIT_OK, info.to_dict()))
     else:
         click.echo(f"target: {info.target}")
         if info.draft:
@@ -150,7 +150,8 @@ def _check_out_dir(out_dir: str, overwrite: bool) -> str:
 
 
 @fixtures.command("formats")
-def formats() -> int:
+@json_option
+def formats(as_json: bool) -> int:
     """List the drafter formats `fixtures make --drafter-format` builds, and the engines that read each.
 
     The list is the engine registry's: an engine module declaring a new
@@ -158,9 +159,14 @@ def formats() -> int:
     """
     from specparity.engines import drafter_formats, registry
 
-    for name, fmt in drafter_formats().items():
-        readers = [spec.name for spec in registry().values() if spec.fixture_kind == name]
-        click.echo(f"{name:<8} {fmt.help} (read by {', '.join(readers)})")
+    rows = [{"name": name, "help": fmt.help,
+             "read_by": [spec.name for spec in registry().values() if spec.fixture_kind == name]}
+            for name, fmt in drafter_formats().items()]
+    if as_json:
+        emit_json(top_json(EXIT_OK, {"formats": rows}))
+        return EXIT_OK
+    for r in rows:
+        click.echo(f"{r['name']:<8} {r['help']} (read by {', '.join(r['read_by'])})")
     return EXIT_OK
 
 
@@ -192,7 +198,7 @@ def gguf(src_dir: str, out: str, outtype: str, force: bool, as_json: bool) -> in
     check_new_file(out, "OUT", force, make_parents=True)
     info = export_gguf(src_dir, out, outtype=outtype, force=force)
     if as_json:
-        emit_json(info.to_dict())
+        emit_json(top_json(EXIT_OK, info.to_dict()))
     else:
         click.echo(f"wrote {info.path} ({info.outtype}, {info.n_tensors} tensors, {info.bytes} bytes,"
                    f" vocabulary {info.vocab_size} tokens, eos id {info.eos_id})")

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from specparity.commands._common import (
-    CommandRun, cache_options, cache_options_from, emit_json, json_option, record_option, resolve_path,
+    CommandRun, cache_options, cache_options_from, emit_json, json_option, record_option, resolve_path, top_json,
 )
 from specparity.errors import EXIT_OK
 
@@ -66,7 +66,7 @@ def list_(as_json: bool) -> int:
         click.echo(f"specparity-gate: STORE-CORRUPT path={GateStore().path} ({problem});"
                    " listing the readable entries, moving nothing", err=True)
     if as_json:
-        emit_json(entries)
+        emit_json(top_json(EXIT_OK, {"entries": entries}))
         return EXIT_OK
     for key, e in sorted(entries.items()):
         f = e.get("fields", {})

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from specparity.commands._common import emit_json, json_option, result_json
+from specparity.commands._common import emit_json, json_option, result_json, top_json
 from specparity.errors import EXIT_OK, UsageError
 from specparity.outputs import force_option
 # show_lines: the lines of `records show`, importable from here as before
@@ -47,7 +47,8 @@ def show(path: str, as_json: bool) -> int:
     """
     rec, identity, arms = open_record(path)
     if as_json:
-        emit_json({**rec.to_dict(), "identity": identity, "results": arms})
+        # the record's own verdict and exit code under "report": the top is this process's (exit 0)
+        emit_json(top_json(EXIT_OK, {"report": rec.to_dict(), "identity": identity, "results": arms}))
     else:
         click.echo("\n".join(show_lines(rec, identity, arms)))
     return EXIT_OK
@@ -60,7 +61,7 @@ def list_(directory: str, as_json: bool) -> int:
     """One line per record in DIR: name, kind, status, verdict, started."""
     rows = list_rows(directory)
     if as_json:
-        emit_json(rows)
+        emit_json(top_json(EXIT_OK, {"records": rows}))
         return EXIT_OK
     if not rows:
         click.echo(f"no records in {directory}")
@@ -178,8 +179,8 @@ def junit(path: str, out: str, force: bool, as_json: bool) -> int:
                          " finish (its finished parts: specparity records show)")
     summary = write_junit(sr, out, force=force)  # claimed atomically: a link there is replaced, never written through
     if as_json:
-        emit_json({"junit": str(summary.path), "tests": summary.tests, "failures": summary.failures,
-                   "errors": summary.errors, "skipped": summary.skipped, "record": rec.path})
+        emit_json(top_json(EXIT_OK, {"junit": str(summary.path), "tests": summary.tests, "failures": summary.failures,
+                                     "errors": summary.errors, "skipped": summary.skipped, "record": rec.path}))
     else:
         click.echo(summary.line())
     return EXIT_OK
@@ -215,7 +216,7 @@ def html(paths: tuple[str, ...], out: str, force: bool, as_json: bool) -> int:
     check_new_file(out, "--out", force, make_parents=True)
     summary = write_html(paths, out, force=force)  # claimed atomically: a link there is replaced, never written through
     if as_json:
-        emit_json(summary.to_dict())
+        emit_json(top_json(EXIT_OK, summary.to_dict()))
     else:
         click.echo(summary.line())
     return EXIT_OK

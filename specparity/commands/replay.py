@@ -18,6 +18,7 @@ from specparity.commands._common import (
     record_option,
     resolve_model,
     resolve_path,
+    top_json,
 )
 from specparity.commands._engine import engine_option
 from specparity.errors import EXIT_OK
@@ -204,7 +205,7 @@ class _Cli:
 
     def show_located(self, rows: list[dict[str, Any]], index: int) -> int:
         if self.as_json:
-            emit_json(rows)
+            emit_json(top_json(EXIT_OK, {"located": rows}))
         else:
             for o in rows:
                 where = (f"round {o['round']}, row {o['row']}" if o["round"] >= 0

@@ -1,7 +1,10 @@
 """JSON Schemas (draft 2020-12) of what specparity prints and writes, published with the package.
 
 One ``<command>.schema.json`` per command's ``--json`` output (``served``,
-``records-show``, ``gate-check``, ...) and one per record data file
+``records-show``, ``gate-check``, ...): the process's ``verdict`` and ``exit_code`` at the
+top, and on an error the object its ``$defs/error`` describes instead (``{"verdict":
+"error", "exit_code": 2, "error": "<the line>"}``); ``error-object`` is that object alone,
+the schema of an argv whose command has no ``--json`` output of its own. One per record data file
 (``record-report``: report.json, ``record-identity``: identity.json,
 ``record-served-arm`` / ``record-served-request``: a served record's JSONL
 lines, ``record-part``: any other command's JSONL line). A CI step reads
@@ -21,6 +24,8 @@ from typing import Any
 
 # the global options that take a value (cli.py): skipped with it when an argv is read
 _GLOBAL_VALUED = ("--max-width", "--max-positions", "--max-samples", "--max-items")
+# the error object alone (what a usage error prints): the schema of an argv without --json output of its own
+ERROR_OBJECT = "error-object"
 # record kinds (report.json's ``kind``) -> the schema of their summary (the command's to_dict)
 _SUMMARY = {"probe": "probe", "gate": "gate-check", "bisect": "bisect", "replay": "replay", "dist": "dist",
             "accept": "accept", "e2e": "e2e"}
@@ -46,8 +51,14 @@ def load(name: str) -> dict[str, Any]:
     return data
 
 
-def for_argv(argv: list[str]) -> str | None:
-    """The schema of what ``specparity ARGV --json`` prints (None: a command without ``--json`` output)."""
+def for_argv(argv: list[str]) -> str:
+    """The schema of what ``specparity ARGV --json`` prints: the command's, or ``error-object`` where it has no
+    ``--json`` output (no command, an unknown one, ``serve``, ``env build``: a usage error's object)."""
+    name = _command_schema(argv)
+    return name if name is not None and path(name).is_file() else ERROR_OBJECT
+
+
+def _command_schema(argv: list[str]) -> str | None:
     words: list[str] = []
     skip = False
     for a in argv:

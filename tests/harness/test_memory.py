@@ -108,9 +108,10 @@ def test_a_job_that_cannot_fit_is_refused_before_any_server_starts(llama_pair: F
     # the probe: refused before its checkpoint loads, naming the flag
     r = run_cli(cli_bin, "probe", "--model", llama_pair.target, "--memory-limit", "1MB", "--json",
                 env={"SPECPARITY_HOME": str(tmp_path / "home")})
-    assert r.returncode == 4 and r.stdout == "", r.stdout + r.stderr
+    assert r.returncode == 4, r.stdout + r.stderr
     [line] = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert line.startswith("Error: this probe expects about") and "--memory-limit" in line, line
+    assert json.loads(r.stdout) == {"verdict": "error", "exit_code": 4, "error": line.removeprefix("Error: ")}
 
 
 @pytest.mark.model

@@ -8,6 +8,7 @@ is left is found by scanning /proc (fakeserver.marked), re-parented or not.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -119,21 +120,22 @@ def test_sigterm_mid_request_marks_the_record_interrupted_and_stops_every_server
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.server
-def test_sighup_mid_request_marks_the_record_interrupted_and_stops_every_server(
+def test_sighup_mid_request_marks_the_record_interrupted_stops_every_server_and_prints_one_json_object(
         cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
     """A closed terminal (SIGHUP) ends the run as SIGTERM does, exit 129; it left the record `running`
-    (killed by the default action, no handler ran)."""
+    (killed by the default action, no handler ran). With --json, stdout is the error object."""
     rec = tmp_path / "rec"
-    proc, mark, tmp = _served(cli_bin, llama_pair, tmp_path, "stall", "--record-dir", str(rec))
+    proc, mark, tmp = _served(cli_bin, llama_pair, tmp_path, "stall", "--record-dir", str(rec), "--json")
     try:
         _wait_for_request(mark, proc)
         proc.send_signal(signal.SIGHUP)
-        _, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=120)
         left = wait_gone(mark)
     finally:
         _cleanup(proc, mark)
     assert proc.returncode == 129, (proc.returncode, err)
     assert err.strip().splitlines()[-1] == "Hung up (SIGHUP)."
+    assert json.loads(out) == {"verdict": "error", "exit_code": 129, "error": "Hung up (SIGHUP)."}
     assert not left, f"still running: {left}"
     assert not _left_in(tmp)
     record, _, _ = read_record(next(rec.glob("*.md")))

@@ -212,8 +212,9 @@ def test_cli_algebra_only_and_locate(tmp_path, cli_bin):
     assert r.returncode == 0, r.stderr
     assert "emitted index 7 is round 2, row 0" in r.stdout
     r = run_cli(cli_bin, "replay", "--log", str(good), "--request", "0", "--locate", "7", "--json")
-    assert r.returncode == 0 and json.loads(r.stdout)[0] == {  # replay-locate.schema.json (run_cli)
-        "request": 0, "source": json.loads(r.stdout)[0]["source"], "emitted_index": 7, "round": 2, "row": 0}
+    [located] = json.loads(r.stdout)["located"]  # replay-locate.schema.json (run_cli)
+    assert r.returncode == 0 and located == {
+        "request": 0, "source": located["source"], "emitted_index": 7, "round": 2, "row": 0}
 
 
 def test_cli_malformed_log_is_usage_error(tmp_path, cli_bin):

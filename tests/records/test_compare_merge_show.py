@@ -517,7 +517,8 @@ def test_records_html_over_two_nights_shows_when_each_cell_changed(served_record
     r = run_cli(cli_bin, "records", "html", str(fault), str(clean), "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    assert summary["records"] == [clean.stem, fault.stem] and summary["verdict"] == "diverged"
+    assert summary["records"] == [clean.stem, fault.stem] and summary["newest_verdict"] == "diverged"
+    assert (summary["verdict"], summary["exit_code"]) == ("pass", 0)  # the process's: the page was written
     doc = _parse(out.read_text())
     changed = [a for t, a in doc.elements if t == "td" and "changed" in (a.get("class") or "")]
     assert [a["data-verdict"] for a in changed] == ["diverged"]  # w4: match, then diverged

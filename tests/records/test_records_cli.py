@@ -51,7 +51,7 @@ def test_records_list_and_show_read_every_kind(five_records, cli_bin):
     rec, out = five_records
     r = run_cli(cli_bin, "records", "list", str(rec), "--json")
     assert r.returncode == 0, r.stderr
-    rows = json.loads(r.stdout)
+    rows = json.loads(r.stdout)["records"]
     assert sorted(x["kind"] for x in rows) == ["accept", "bisect", "dist", "probe", "replay"]
     assert all(x["status"] == "complete" for x in rows)
     for kind, (data, code) in out.items():
@@ -59,8 +59,10 @@ def test_records_list_and_show_read_every_kind(five_records, cli_bin):
         assert r.returncode == 0, r.stderr
         assert f"verdict: {data['verdict']} (exit {code})" in r.stdout, kind
         shown = json.loads(run_cli(cli_bin, "records", "show", data["record"], "--json").stdout)
-        assert shown["kind"] == kind and shown["verdict"] == data["verdict"]
-        assert shown["summary"]["verdict"] == data["verdict"]
+        report = shown["report"]  # the record's own; the top is the process's (exit 0)
+        assert (shown["verdict"], shown["exit_code"]) == ("pass", 0)
+        assert report["kind"] == kind and report["verdict"] == data["verdict"] and report["exit_code"] == code
+        assert report["summary"]["verdict"] == data["verdict"]
         assert shown["results"], f"{kind}: no per-part results in the record"
     probe_text = run_cli(cli_bin, "records", "show", out["probe"][0]["record"]).stdout
     assert "cells: 2 finished (2 equal)" in probe_text and "walks: 2 finished" in probe_text
