@@ -139,12 +139,7 @@ def _run(args: list[str], debug: bool) -> int:
         code = err.exit_code
     except click.exceptions.Abort as err:
         # click turns KeyboardInterrupt (and so Terminated) into Abort
-        if isinstance(err.__cause__, Terminated):
-            error = _say(err.__cause__.line)
-            code = err.__cause__.exit_code
-        else:
-            error = _say("Aborted.")
-            code = EXIT_INTERRUPTED
+        error, code = _interrupted(err.__cause__)
     except click.ClickException as err:
         # click's own usage errors (a bad option value, a missing argument): one line, exit 2,
         # not click's Usage / Try / blank / Error block
@@ -180,11 +175,15 @@ def _run(args: list[str], debug: bool) -> int:
         # SystemExit escaping a command was raised by code specparity ran (a checkpoint's
         # model_file, a user rule): its code is not a verdict.
         _traceback(debug)
-        what = (f"SystemExit({err.code!r}) raised by code specparity ran (a model_file or a rule?)"
-                if isinstance(err, SystemExit) else f"{type(err).__name__}: {first_line(str(err))}")
-        hint = "" if debug else " (rerun with --debug for the traceback)"
-        error = _say(f"Error: unexpected {what}{hint}")
-        code = EXIT_BUG
+        if isinstance(err, OSError) and isinstance(err.__context__, KeyboardInterrupt):
+            # click's own newline before its Abort failed on a terminal that hung up (SIGHUP): the interruption
+            error, code = _interrupted(err.__context__)
+        else:
+            what = (f"SystemExit({err.code!r}) raised by code specparity ran (a model_file or a rule?)"
+                    if isinstance(err, SystemExit) else f"{type(err).__name__}: {first_line(str(err))}")
+            hint = "" if debug else " (rerun with --debug for the traceback)"
+            error = _say(f"Error: unexpected {what}{hint}")
+            code = EXIT_BUG
     if error is not None and _json_requested(args):
         # stdout is one JSON object, whatever ended the run (imported here: --help stays instant)
         from specparity.commands._common import JSON_PRINTED, emit_json, error_json
@@ -196,6 +195,13 @@ def _run(args: list[str], debug: bool) -> int:
             except OSError:
                 pass  # a stdout that is gone (a closed terminal or pipe) takes nothing; the exit code says it
     return code
+
+
+def _interrupted(cause: BaseException | None) -> tuple[str, int]:
+    """The line and exit code of a run Ctrl-C (click's Abort: ``Aborted.``, 130), SIGTERM or SIGHUP stopped."""
+    if isinstance(cause, Terminated):
+        return _say(cause.line), cause.exit_code
+    return _say("Aborted."), EXIT_INTERRUPTED
 
 
 def _say(line: str) -> str:

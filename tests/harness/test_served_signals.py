@@ -54,16 +54,23 @@ def _wait_for_request(mark: str, proc: subprocess.Popen, seconds: float = 120) -
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
-        for pid in marked(mark):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                log = Path(f"/proc/{pid}/fd/1").read_text() if FAKE.encode() in cmd else ""
-            except OSError:
-                continue
-            if "fakeserver: /v1/" in log:
-                return
+        if _requested(mark):
+            return
         time.sleep(0.1)
     pytest.fail("no request reached the server")
+
+
+def _requested(mark: str) -> bool:
+    """Whether a fake server of this run has received a request (its log says so)."""
+    for pid in marked(mark):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            log = Path(f"/proc/{pid}/fd/1").read_text() if FAKE.encode() in cmd else ""
+        except OSError:
+            continue
+        if "fakeserver: /v1/" in log:
+            return True
+    return False
 
 
 def _left_in(tmp: Path) -> list[str]:
@@ -138,6 +145,47 @@ def test_sighup_mid_request_marks_the_record_interrupted_stops_every_server_and_
     assert json.loads(out) == {"verdict": "error", "exit_code": 129, "error": "Hung up (SIGHUP)."}
     assert not left, f"still running: {left}"
     assert not _left_in(tmp)
+    record, _, _ = read_record(next(rec.glob("*.md")))
+    assert record.status == "interrupted" and record.error == "SIGHUP"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.server
+def test_a_closed_terminal_ends_the_run_with_129_and_an_interrupted_record(
+        cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
+    """The real thing: served on a pseudo-terminal it controls, closed mid-request. The kernel sends SIGHUP,
+    and what the run prints on its way out meets a terminal that is gone (click's own newline before its
+    Abort raised OSError: exit 70)."""
+    import fcntl
+    import select
+    import termios
+
+    master, slave = os.openpty()
+    mark, rec = uuid.uuid4().hex, tmp_path / "rec"
+    proc = subprocess.Popen([cli_bin, "served", "--model", llama_pair.target, "--draft-model", llama_pair.draft,
+                             "--profile", str(_profile(tmp_path, "stall")), "--widths", "2", "--max-tokens", "4",
+                             "--record-dir", str(rec)],
+                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # the terminal it controls
+                            env={**os.environ, MARK_ENV: mark})
+    os.close(slave)
+    try:
+        deadline = time.monotonic() + 120
+        while not _requested(mark):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
+            if select.select([master], [], [], 0.1)[0]:
+                os.read(master, 65536)  # the progress lines, read as a terminal would show them
+        os.close(master)
+        master = -1
+        proc.wait(120)
+        left = wait_gone(mark)
+    finally:
+        if master >= 0:
+            os.close(master)
+        _cleanup(proc, mark)
+    assert proc.returncode == 129, proc.returncode
+    assert not left, f"still running: {left}"
     record, _, _ = read_record(next(rec.glob("*.md")))
     assert record.status == "interrupted" and record.error == "SIGHUP"
 
