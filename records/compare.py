@@ -37,6 +37,7 @@ from specparity.harness.evidence import Evidence
 from specparity.harness.plan import ArmKind
 from specparity.records.record import read_complete
 from specparity.records.served import KIND as SERVED, ServedRecord
+from specparity.records.text import printable
 from specparity.verdicts import ReportMixin, Verdict, is_pass, verdict
 
 # the JSONL keys that say which part a line is, in the order a reader wants them
@@ -264,7 +265,8 @@ def compare_records(old_path: str | os.PathLike, new_path: str | os.PathLike) ->
         sides.append((str(path), rec, ident, rows))
     (op, orec, oid, orows), (np_, nrec, nid, nrows) = sides
     if orec.kind != nrec.kind:
-        raise UsageError(f"{np_}: a {nrec.kind} record, but {op} is a {orec.kind} record: compare one kind")
+        raise UsageError(f"{np_}: a {printable(nrec.kind)} record, but {op} is a {printable(orec.kind)} record:"
+                         " compare one kind")
     rep = CompareReport(orec.kind, op, np_)
     engines: dict[str, str] = {}  # pairing -> engine (either night's; the new one's where both name it)
     if orec.kind == SERVED:

@@ -34,6 +34,7 @@ from typing import Any
 from specparity.errors import UsageError
 from specparity.records.record import list_records, read_record
 from specparity.records.served import KIND, ServedRecord
+from specparity.records.text import printable
 from specparity.verdicts import Verdict
 
 # the verdict words a cell may carry, in the order the legend lists them
@@ -51,19 +52,10 @@ def esc(value: Any) -> str:
 
 
 def visible(s: str) -> str:
-    """``s`` with newlines, tabs and other control characters made visible (one glyph each), escaped,
-    so that two texts set one above the other stay aligned character for character."""
-    out = []
-    for ch in s:
-        if ch == "\n":
-            out.append("\u23ce")
-        elif ch == "\t":
-            out.append("\u2192")
-        elif ord(ch) < 32 or 127 <= ord(ch) < 160:
-            out.append("\u00b7")
-        else:
-            out.append(ch)
-    return esc("".join(out))
+    """``s`` with newlines, tabs and other control characters made visible (one glyph each,
+    records.text.printable, as ``records show`` prints them), escaped, so that two texts set one above
+    the other stay aligned character for character."""
+    return esc(printable(s))
 
 
 def _num(x: Any, fmt: str = ".4g") -> str:
@@ -96,8 +88,8 @@ def load_series(paths: Iterable[str | os.PathLike[str]]) -> list[ServedRecord]:
                 continue
             if rec.kind != KIND:
                 if single:
-                    raise UsageError(f"{path}: a {rec.kind} record: the HTML report reads served records"
-                                     " (specparity served --record-dir)")
+                    raise UsageError(f"{path}: a {printable(rec.kind)} record: the HTML report reads served"
+                                     " records (specparity served --record-dir)")
                 continue
             found[str(Path(rec.path).resolve())] = ServedRecord.of(rec.path, rec, ident, rows)
     if not found:

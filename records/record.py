@@ -19,8 +19,11 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
+import stat
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -233,20 +236,26 @@ def _record_schema() -> Fields:
     }, required=("kind", "title", "argv", "status"), open=True)
 
 
-# what readers take from identity.json (records compare, merge, show); other keys are any JSON
+# what readers take from identity.json (records compare, merge, show, html); other keys are any JSON
 IDENTITY_SCHEMA = Fields({
     "model": Nullable(MapOf(Anything(), key=Str())),
     "models": Nullable(MapOf(Nullable(MapOf(Nullable(Str()), key=Str())), key=Str())),
     "environments": Nullable(MapOf(Nullable(Fields({"packages": Nullable(MapOf(Anything(), key=Str()))}, open=True)),
                                    key=Str())),
     "shards": Nullable(ListOf(MapOf(Anything(), key=Str()))),
+    "env": Nullable(MapOf(Anything(), key=Str())),
+    "job": Nullable(Fields({"pairings": Nullable(ListOf(Anything()))}, open=True)),
 }, open=True)
 
 # a record's files are read whole; far above any record, far below what stalls a reader
 RECORD_FILE_MAX_BYTES = 1 << 30
 
+# what a reader keeps of each JSONL line: (file stem, entry number from 1, the line) -> what to hold
+Keep = Callable[[str, int, dict[str, Any]], dict[str, Any]]
 
-def read_record(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[str, list[dict[str, Any]]]]:
+
+def read_record(path: str | os.PathLike, keep: Keep | None = None
+                ) -> tuple[Record, dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Read a record: a ``.md`` path, its ``data/<name>`` directory, or its report.json.
 
     Returns (record, identity, arms: stem -> parsed JSONL lines). The one reader every
@@ -260,22 +269,15 @@ def read_record(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[s
       directory that is itself a symlink: a UsageError naming it.
 
     A JSONL line cut short by a crash (not JSON, or not an object) is skipped: it never finished.
+    Lines end at a newline only: U+2028, U+0085 and the other Unicode line breaks are valid
+    unescaped inside a JSON string. A lone surrogate escape (``"\\ud800"``, which ``json.dumps``
+    writes for a server's malformed text) reads as that escape's six characters: no output
+    could encode the surrogate itself. ``keep``: what to hold of each line once the reader has
+    checked it (``records html`` keeps what its page shows), so a large record is never held whole.
     """
     data = _data_dir(Path(path))
-    if data.is_symlink():  # the record's own folder, elsewhere: nothing in it is the record's
-        raise UsageError(f"{data}: a link out of the record (to {data.resolve()}): not read")
+    rec = read_report(data)
     root = data.resolve()
-    report = data / REPORT_FILE
-    if report.exists() or report.is_symlink():
-        raw = _json_file(report, root)
-        if not isinstance(raw, dict):
-            raise UsageError(f"{report}: not a record's report (expected an object, got {kind(raw)})")
-        check(raw, _record_schema(), str(report))
-        rec = Record(**{k: v for k, v in raw.items() if k in Record.__dataclass_fields__})
-    else:
-        rec = Record(kind="unknown", title=data.name, argv=[], status="unknown")
-    rec.name = data.name
-    rec.path = str(data.parent.parent / f"{data.name}.md")
     ident_path = data / IDENTITY_FILE
     identity: dict[str, Any] = {}
     if ident_path.exists() or ident_path.is_symlink():
@@ -286,23 +288,28 @@ def read_record(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[s
         identity = raw_ident
     arms: dict[str, list[dict[str, Any]]] = {}
     for f in sorted(data.glob("*.jsonl")):
-        rows = []
-        lines = _inside(f, root).splitlines()
-        for n, line in enumerate(lines, 1):
+        rows: list[dict[str, Any]] = []
+        cut: int | None = None  # a line that is not JSON: only the last one may be (a crash cut it short)
+        for n, line in _lines(f, root):
+            if not line.strip():
+                continue
+            if cut is not None:
+                raise UsageError(f"{f}: line {cut}: not JSON, and not the last line (a crash cuts only the last"
+                                 " one short): the file is damaged")
             try:
-                obj = json.loads(line)
+                obj = _json(line)
             except RecursionError:
                 raise UsageError(f"{f}: line {n}: not JSON (nested too deeply)") from None
             except ValueError:
-                if n == len(lines) or not line.strip():
-                    continue  # the last line, cut short by a crash: it never finished
-                raise UsageError(f"{f}: line {n}: not JSON, and not the last line (a crash cuts only the last"
-                                 " one short): the file is damaged") from None
+                cut = n
+                continue
+            del line  # parsed: its text goes before the line is checked and kept
             if not isinstance(obj, dict):  # a whole line is always an object: this one was written otherwise
                 raise UsageError(f"{f}: line {n}: expected an object (one finished part), got {describe(obj)}")
             if "verdict" in obj and not isinstance(obj["verdict"], str):  # a part's word: a verdict, or its own
                 raise UsageError(f"{f}: line {n}: verdict: expected a word (a string), got {describe(obj['verdict'])}")
-            rows.append(obj)
+            rows.append(keep(f.stem, len(rows) + 1, obj) if keep is not None else obj)
+            del obj  # let go before the next line is read: one line's objects at a time
         arms[f.stem] = rows
     # report.json counts a part after its line is written: fewer lines than counted is a lost file or lines
     for stem, counted in rec.arms.items():
@@ -316,24 +323,105 @@ def read_record(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[s
     return rec, identity, arms
 
 
-def _inside(f: Path, root: Path) -> str:
-    """A record file's text, refused (naming it) when it leads out of the record or is not UTF-8."""
+def read_report(path: str | os.PathLike) -> Record:
+    """The record's report.json alone (its kind, status, start and verdict), checked as :func:`read_record`
+    checks it: what a reader needs to choose which records to read whole. FileNotFoundError: not a record."""
+    data = _data_dir(Path(path))
+    if data.is_symlink():  # the record's own folder, elsewhere: nothing in it is the record's
+        raise UsageError(f"{data}: a link out of the record (to {data.resolve()}): not read")
+    report = data / REPORT_FILE
+    if report.exists() or report.is_symlink():
+        raw = _json_file(report, data.resolve())
+        if not isinstance(raw, dict):
+            raise UsageError(f"{report}: not a record's report (expected an object, got {kind(raw)})")
+        check(raw, _record_schema(), str(report))
+        rec = Record(**{k: v for k, v in raw.items() if k in Record.__dataclass_fields__})
+    else:
+        rec = Record(kind="unknown", title=data.name, argv=[], status="unknown")
+    rec.name = data.name
+    rec.path = str(data.parent.parent / f"{data.name}.md")
+    return rec
+
+
+def _outside(f: Path, root: Path) -> None:
+    """A UsageError naming ``f`` when it leads out of the record."""
     try:
         target = f.resolve()
     except (OSError, RuntimeError) as err:
         raise UsageError(f"{f}: {err}") from None
     if not target.is_relative_to(root):
         raise UsageError(f"{f}: a link out of the record (to {target}): not read")
-    return read_text(f, str(f), RECORD_FILE_MAX_BYTES)
+
+
+def _lines(f: Path, root: Path) -> Iterator[tuple[int, str]]:
+    """A JSONL file's lines, numbered from 1, read one at a time (a record is never held twice as text):
+    split at newlines only, each UTF-8, the file regular, inside the record and at most
+    RECORD_FILE_MAX_BYTES; else a UsageError naming it."""
+    _outside(f, root)
+    offset = 0
+    try:
+        if not stat.S_ISREG(f.stat().st_mode):  # before opening it: a FIFO's open waits for a writer
+            raise UsageError(f"{f}: not a regular file")
+        with open(f, "rb") as fh:
+            for n, raw in enumerate(fh, 1):  # a binary file's lines end at b"\n" only
+                size = len(raw)
+                if offset + size > RECORD_FILE_MAX_BYTES:
+                    raise UsageError(f"{f}: more than the {RECORD_FILE_MAX_BYTES} bytes a file may hold here")
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise UsageError(f"{f}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset"
+                                     f" {offset + err.start})") from None
+                del raw  # the line is held once, as text, while it is parsed
+                yield n, text
+                del text
+                offset += size
+    except OSError as err:
+        raise UsageError(f"{f}: {err.strerror or err}") from None
 
 
 def _json_file(f: Path, root: Path) -> Any:
+    _outside(f, root)
     try:
-        return json.loads(_inside(f, root))
+        return _json(read_text(f, str(f), RECORD_FILE_MAX_BYTES))
     except RecursionError:
         raise UsageError(f"{f}: not JSON (nested too deeply)") from None
     except ValueError as err:
         raise UsageError(f"{f}: not JSON ({err})") from None
+
+
+# a \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one, or the second alone: how a lone surrogate
+# reaches a string read from UTF-8 JSON (a pair is one character); \u first, the search skips ahead to it
+_LONE_SURROGATE_ESCAPE = re.compile(r"\\u[dD](?:[89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                                    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD])[c-fC-F][0-9a-fA-F]{2})")
+
+
+def _json(text: str) -> Any:
+    """``json.loads``, with each lone surrogate in a string or key turned back into its escape's text."""
+    value = json.loads(text)
+    if _LONE_SURROGATE_ESCAPE.search(text) is None:
+        return value
+    if isinstance(value, str):
+        return _escaped(value)
+    stack = [value]  # walked without recursion: the value may nest as deep as json.loads allows
+    while stack:
+        node = stack.pop()
+        items = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+        if isinstance(node, dict):
+            node.clear()  # refilled in order, each key escaped too
+        for k, v in items:
+            if isinstance(v, str):
+                v = _escaped(v)
+            elif isinstance(v, (dict, list)):
+                stack.append(v)
+            node[_escaped(k) if isinstance(k, str) else k] = v
+    return value
+
+
+def _escaped(s: str) -> str:
+    """``s`` with each lone surrogate written as its escape (``\\ud800``): the only characters a
+    str may hold that UTF-8 cannot."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def read_complete(path: str | os.PathLike) -> tuple[Record, dict[str, Any], dict[str, list[dict[str, Any]]]]:

@@ -16,13 +16,16 @@ through :func:`read_served`. Nothing here imports the runner or mlx.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specparity.errors import SpecparityError, UsageError
 from specparity.records.record import REPORT_FILE, Record, read_complete, read_record
+from specparity.records.text import printable
 from specparity.harness.plan import request_stem
 from specparity.paths import slugify
 from specparity.schema import (
@@ -123,7 +126,7 @@ class ServedRecord:
         """A record already read (records.record.read_record), refused unless it is a served one
         whose summary and lines are what ``served`` writes (:func:`check_served`)."""
         if record.kind != KIND:
-            raise UsageError(f"{path}: a {record.kind} record: these tools read served records"
+            raise UsageError(f"{path}: a {printable(record.kind)} record: these tools read served records"
                              " (specparity served --record-dir)")
         check_served(record, rows)
         return cls(str(path), record, identity, rows)
@@ -210,6 +213,7 @@ class ServedRecord:
         return ServedReport.from_dict(self.summary, self.requests)
 
 
+@functools.cache
 def _schemas() -> tuple[Check, Check, Check]:
     """(summary, arm line, request line): what served writes, by type. Readers rely on the
     required keys; other keys are typed where a reader uses them, and any further key is kept."""
@@ -227,12 +231,19 @@ def _schemas() -> tuple[Check, Check, Check]:
                          "top": Nullable(ListOf(ListOf(ListOf(Number(), min_len=2, max_len=2)))),
                          "usage": Nullable(names), "finish_reason": Nullable(Str()), "seconds": Nullable(Number()),
                          "status": Nullable(Int()), "error": Nullable(Str()), "raw": Nullable(names)}, open=True)
+    tokens = ListOf(Int())
     divergence = Fields({"token_index": Nullable(Int()), "char_offset": Nullable(Int()), "reference": Str(),
                          "other": Str(), "margin_reference": Nullable(Number()), "margin_other": Nullable(Number()),
-                         "first_logprob_diff": Nullable(Int())}, open=True)
+                         "first_logprob_diff": Nullable(Int()), "tokens_before": tokens, "reference_tokens": tokens,
+                         "other_tokens": tokens, "reference_pieces": Nullable(ListOf(Str())),
+                         "other_pieces": Nullable(ListOf(Str())), "reference_token_count": Nullable(Int()),
+                         "other_token_count": Nullable(Int()), "text_before": Str(), "reference_snippet": Str(),
+                         "other_snippet": Str(), "logprobs_equal_before": Nullable(Bool()),
+                         "detokenization": Nullable(Str()), "written_as": Nullable(Str())}, open=True)
     request = Fields({"id": Str(nonempty=True), "kind": Str(), "verdict": verdict, "reason": Nullable(Str()),
                       "completion": Nullable(completion), "evidence": Nullable(evidence),
-                      "divergence": Nullable(divergence),
+                      "divergence": Nullable(divergence), "classic": Nullable(divergence),
+                      "baseline": Nullable(divergence), "cold": Nullable(divergence), "text": Nullable(Str()),
                       "request": Nullable(names), "replay": Nullable(Str())},
                      required=("id", "kind", "verdict"), open=True)
     arm = Fields({"pairing": Str(), "name": Str(nonempty=True), "kind": Enum(k.value for k in ArmKind),
@@ -250,7 +261,8 @@ def _schemas() -> tuple[Check, Check, Check]:
                       "request_groups": Nullable(MapOf(groups, key=Str())), "findings": Nullable(ListOf(Str())),
                       "arms": ListOf(arm)}, required=("name", "verdict"), open=True)
     arm_names = MapOf(ListOf(Str()), key=Str())
-    summary = Fields({"pairings": ListOf(pairing), "job": Nullable(names), "wall_seconds": Nullable(Number()),
+    job = Fields({"max_tokens": Nullable(Int(0)), "pairings": Nullable(ListOf(Anything()))}, open=True)
+    summary = Fields({"pairings": ListOf(pairing), "job": Nullable(job), "wall_seconds": Nullable(Number()),
                       "shard": Nullable(Fields({"index": Int(1), "count": Int(1), "plan": arm_names, "arms": arm_names},
                                                required=("index", "count", "plan", "arms"), open=True))},
                      open=True)
@@ -260,16 +272,21 @@ def _schemas() -> tuple[Check, Check, Check]:
 def check_served(record: Record, rows: dict[str, list[dict[str, Any]]]) -> None:
     """The summary and every line as ``served`` writes them; a UsageError names the file and entry
     (a report.json of the wrong shape, an arm line without ``verdict``, ...)."""
-    summary, arm, request = _schemas()
     data = record.data_dir
     if record.summary is not None:
-        check(record.summary, summary, f"{data / REPORT_FILE}: summary")
+        check(record.summary, _schemas()[0], f"{data / REPORT_FILE}: summary")
     for stem, lines in rows.items():
-        line_check = arm if stem == ARMS else request
         for i, line in enumerate(lines):
-            check(line, line_check, f"{data / stem}.jsonl, entry {i + 1}")
+            check_line(data, stem, i + 1, line)
     if record.summary is not None:
         _check_lines_of_summary(record.summary, rows, data)
+
+
+def check_line(data: Path, stem: str, entry: int, line: dict[str, Any]) -> None:
+    """One JSONL line of a served record's data directory ``data`` as ``served`` writes it: an arm's
+    (``arms.jsonl``) or a request's; a UsageError names the file and the entry (numbered from 1)."""
+    _, arm, request = _schemas()
+    check(line, arm if stem == ARMS else request, f"{data / stem}.jsonl, entry {entry}")
 
 
 def _check_lines_of_summary(summary: dict[str, Any], rows: dict[str, list[dict[str, Any]]], data: Any) -> None:
@@ -279,15 +296,16 @@ def _check_lines_of_summary(summary: dict[str, Any], rows: dict[str, list[dict[s
     for p in summary.get("pairings") or []:
         for a in p.get("arms") or []:
             if (p["name"], a["name"]) not in lines and (None, a["name"]) not in lines:
-                raise UsageError(f"{data / ARMS}.jsonl: no line for arm {a['name']} of pairing {p['name']}, which"
+                raise UsageError(f"{data / ARMS}.jsonl: no line for arm {printable(a['name'])} of pairing"
+                                 f" {printable(p['name'])}, which"
                                  f" {REPORT_FILE}'s summary judged: the record is damaged (a file or lines lost)")
             counted = a.get("requests")
             stem = request_stem(p["name"], a["name"])
             have = len(rows.get(stem, []))
             if isinstance(counted, int) and not isinstance(counted, bool) and have < counted:
                 raise UsageError(f"{data / stem}.jsonl: {'missing' if stem not in rows else f'holds {have} requests'},"
-                                 f" where {REPORT_FILE}'s summary counts {counted} for arm {a['name']} of pairing"
-                                 f" {p['name']}: the record is damaged (a file or lines lost)")
+                                 f" where {REPORT_FILE}'s summary counts {counted} for arm {printable(a['name'])} of"
+                                 f" pairing {printable(p['name'])}: the record is damaged (a file or lines lost)")
 
 
 def read_served(path: str | os.PathLike[str], complete: bool = True) -> ServedRecord:

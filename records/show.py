@@ -8,6 +8,7 @@ from typing import Any
 from specparity.errors import UsageError
 from specparity.inputs import expand_user
 from specparity.records.compare import ID_KEYS as _ID_KEYS
+from specparity.records.text import printable
 
 _DETAIL_KEYS = ("reason", "summary", "message", "detail")
 
@@ -60,7 +61,12 @@ def arm_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def show_lines(rec: Any, identity: dict[str, Any], arms: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """What ``records show`` prints for a record: its verdict, reach, identity and per-part tables."""
+    """What ``records show`` prints for a record: its verdict, reach, identity and per-part tables, each
+    line :func:`printable` (a record is data, never terminal control)."""
+    return [printable(line) for line in _show_lines(rec, identity, arms)]
+
+
+def _show_lines(rec: Any, identity: dict[str, Any], arms: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = [f"{rec.title}  [{rec.kind}]  {rec.path}"]
     if rec.status == "complete":
         lines.append(f"verdict: {rec.verdict} (exit {rec.exit_code})")

@@ -11,6 +11,7 @@ from specparity.errors import EXIT_OK, UsageError
 from specparity.outputs import force_option
 # show_lines: the lines of `records show`, importable from here as before
 from specparity.records.show import data_dir, list_rows, open_record, show_lines
+from specparity.records.text import printable
 
 __all__ = ["records", "show_lines"]
 
@@ -66,8 +67,8 @@ def list_(directory: str, as_json: bool) -> int:
     if not rows:
         click.echo(f"no records in {directory}")
     for r in rows:
-        click.echo(f"{r['name']}  {r.get('kind', '-')}  {r['status']}  {r.get('verdict') or '-'}"
-                   f"  {r.get('started') or '-'}  {r.get('title') or ''}")
+        click.echo(printable(f"{r['name']}  {r.get('kind', '-')}  {r['status']}  {r.get('verdict') or '-'}"
+                             f"  {r.get('started') or '-'}  {r.get('title') or ''}"))
     return EXIT_OK
 
 
@@ -77,7 +78,7 @@ def _report(report: Any, as_json: bool, extra: dict[str, Any] | None = None) -> 
         emit_json(result_json(report, extra))
     else:
         for line in report.lines():
-            click.echo(line)
+            click.echo(printable(line))  # the lines quote records' text: shown, never terminal control
         click.echo(f"verdict: {report.verdict}")
     return int(report.exit_code)
 
