@@ -18,22 +18,28 @@ Everything taken from a record goes through :func:`esc` (text, ids, names, comma
 text is user data. Only the record files' stable fields are read, and every optional one may be
 missing (older records, or fields a later ``served`` adds): the page shows what is there.
 Nothing here imports the harness runner or mlx.
+
+Bounded (docs/records.md): of the records named, the newest HISTORY_NIGHTS are read, the older of
+them only as far as the history needs; of the newest, each request line is held without what the page
+never shows (token ids, logprobs, top-k logprobs away from the first difference); a text is shown up to
+TEXT_CHARS characters; the page is written as it is made, never held whole.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import html
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specparity.errors import UsageError
-from specparity.records.record import list_records, read_record
-from specparity.records.served import KIND, ServedRecord
+from specparity.records.record import Record, list_records, read_record, read_report
+from specparity.records.served import ARMS, KIND, ServedRecord, check_line
 from specparity.records.text import printable
 from specparity.verdicts import Verdict
 
@@ -44,6 +50,12 @@ VERDICTS = tuple(str(v) for v in (Verdict.MATCH, Verdict.DIVERGED, Verdict.ERROR
 CONTEXT_TOKENS = 4
 # characters of shared text shown before the first difference in the aligned texts
 CONTEXT_CHARS = 60
+# the most characters of one text the page shows (a served text around its first difference, a snippet):
+# a record's texts can be megabytes each, and a page holding them whole took 15 times the record's size
+TEXT_CHARS = 2000
+# the records the history across nights shows (the newest; a month of nightly runs): rows x nights grew
+# without bound (1,000 nights with a pairing renamed each night made a 151 MB page)
+HISTORY_NIGHTS = 30
 
 
 def esc(value: Any) -> str:
@@ -63,14 +75,24 @@ def _num(x: Any, fmt: str = ".4g") -> str:
 
 
 # -- reading ---------------------------------------------------------------------------------------
-def load_series(paths: Iterable[str | os.PathLike[str]]) -> list[ServedRecord]:
+@dataclass
+class Series:
+    """The served records a page shows, oldest first: the newest HISTORY_NIGHTS of the ``named`` ones."""
+
+    records: list[ServedRecord]
+    named: int
+
+
+def load_series(paths: Iterable[str | os.PathLike[str]]) -> Series:
     """The served records named by ``paths``, oldest first.
 
     Each path is a record (its .md, data directory or report.json) or a records directory, which
     contributes every served record in it (other kinds are skipped there; named alone, refused).
-    Incomplete records are kept: the page marks them and claims no verdict for them.
+    Incomplete records are kept: the page marks them and claims no verdict for them. Each record's
+    report.json is read to order them; the newest HISTORY_NIGHTS are then read whole (each line
+    checked), holding of the older ones what the history shows and of the newest what the page shows.
     """
-    found: dict[str, ServedRecord] = {}
+    found: dict[str, Record] = {}
     for path in paths:
         p = Path(os.path.expanduser(str(path)))
         if not p.exists():
@@ -81,7 +103,7 @@ def load_series(paths: Iterable[str | os.PathLike[str]]) -> list[ServedRecord]:
             raise UsageError(f"{path}: not a record (no data/<name>/report.json) and holds none")
         for md in mds:
             try:
-                rec, ident, rows = read_record(md)
+                rec = read_report(md)
             except FileNotFoundError:
                 if single:
                     raise UsageError(f"{path}: not a record (no report.json)") from None
@@ -91,10 +113,52 @@ def load_series(paths: Iterable[str | os.PathLike[str]]) -> list[ServedRecord]:
                     raise UsageError(f"{path}: a {printable(rec.kind)} record: the HTML report reads served"
                                      " records (specparity served --record-dir)")
                 continue
-            found[str(Path(rec.path).resolve())] = ServedRecord.of(rec.path, rec, ident, rows)
+            found[str(Path(rec.path).resolve())] = rec
     if not found:
         raise UsageError("no served record in " + ", ".join(str(p) for p in paths))
-    return sorted(found.values(), key=lambda sr: (sr.record.started or "", sr.record.name))
+    chosen = sorted(found.values(), key=lambda r: (r.started or "", r.name))[-HISTORY_NIGHTS:]
+    series = []
+    for n, head in enumerate(chosen, 1):
+        keep = _shown if n == len(chosen) else _history_only
+        rec, ident, rows = read_record(head.path, keep=functools.partial(keep, head.data_dir))
+        series.append(ServedRecord.of(rec.path, rec, ident, rows))
+    return Series(series, len(found))
+
+
+# what of a completion the page shows: its text (where the line has no text of its own) and top-k logprobs
+_COMPLETION_SHOWN = ("text", "top")
+
+
+def _shown(data: Path, stem: str, entry: int, line: dict[str, Any]) -> dict[str, Any]:
+    """What the page holds of the newest record's line (read_record's ``keep``): the line, checked whole
+    first, less the completion's token ids and logprobs, its text where the line has its own, and its
+    top-k logprobs away from the tokens the drill-down shows."""
+    check_line(data, stem, entry, line)
+    comp = line.get("completion")
+    if stem == ARMS or not isinstance(comp, dict):
+        return line
+    kept = {k: v for k, v in comp.items() if k in _COMPLETION_SHOWN}
+    if isinstance(line.get("text"), str):
+        kept.pop("text", None)
+    d = _first_diff(line)
+    k, top = d.get("token_index"), kept.get("top")
+    if isinstance(top, list):
+        if isinstance(k, int):
+            start = max(0, k - CONTEXT_TOKENS)
+            end = k + max(*map(len, _after(d)), 1)
+            kept["top"] = [_NO_TOP] * min(start, len(top)) + top[start:end]  # the same list, shared: a pointer each
+        else:
+            del kept["top"]
+    return {**line, "completion": kept}
+
+
+_NO_TOP: list[Any] = []
+
+
+def _history_only(data: Path, stem: str, entry: int, line: dict[str, Any]) -> dict[str, Any]:
+    """What the page holds of an older record's line: an arm's line, a request's id, kind and verdict."""
+    check_line(data, stem, entry, line)
+    return line if stem == ARMS else {k: line[k] for k in ("id", "kind", "verdict")}
 
 
 # -- the page --------------------------------------------------------------------------------------
@@ -214,17 +278,19 @@ def _vclass(verdict: Any) -> str:
 
 @dataclass
 class HtmlSummary:
-    """What :func:`write_html` wrote: path, records in the series (oldest first), pairings and arms of
-    the newest, and its verdict (None when incomplete)."""
+    """What :func:`write_html` wrote: path, records in the series (oldest first: the newest HISTORY_NIGHTS
+    of the ``named``), pairings and arms of the newest, and its verdict (None when incomplete)."""
 
     path: Path
     records: list[str]
     pairings: int
     arms: int
     verdict: str | None
+    named: int = 0
 
     def line(self) -> str:
-        return (f"wrote {self.path}: {len(self.records)} record{'s' if len(self.records) != 1 else ''}"
+        of = f" (the newest of {self.named} named)" if self.named > len(self.records) else ""
+        return (f"wrote {self.path}: {len(self.records)} record{'s' if len(self.records) != 1 else ''}{of}"
                 f" (newest {self.records[-1]}), {self.pairings} pairing{'s' if self.pairings != 1 else ''},"
                 f" {self.arms} arms, newest verdict {self.verdict or 'none (incomplete)'}")
 
@@ -244,31 +310,34 @@ class _Ids:
         return self.arms.setdefault((pairing, arm), f"arm-{len(self.arms) + 1}")
 
 
-def render(series: list[ServedRecord]) -> str:
-    """The page for ``series`` (oldest first; the newest gets the grid and drill-downs)."""
-    latest = series[-1]
+def render(series: Series) -> str:
+    """The page for ``series`` as one string (:func:`write_html` writes its parts as they are made)."""
+    return "".join(page(series))
+
+
+def page(series: Series) -> Iterator[str]:
+    """The page for ``series`` in parts (the newest record gets the grid and drill-downs; one part per
+    request, so no part is large)."""
+    latest = series.records[-1]
     ids = _Ids()
     rec = latest.record
-    body: list[str] = []
-    body.append(_header(latest, len(series)))
-    body.append("<main>")
-    if not rec.is_complete:
-        body.append(f'<p class="warn">This record is <b>INCOMPLETE ({esc(rec.status)})</b>'
-                    + (f", stopped by {esc(rec.error)}" if rec.error else "")
-                    + ": only the arms below finished; no verdict is claimed.</p>")
-    body.append(_grid(latest, ids))
-    body.append(_charts(latest))
-    if len(series) > 1:
-        body.append(_history(series, ids))
-    body.append(_arms(latest, ids))
-    body.append(_identity(latest))
-    body.append("</main>")
     title = f"specparity: {rec.title}"
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f'<meta http-equiv="Content-Security-Policy" content="{_csp()}">\n'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-            + "\n".join(body) + f"\n<script>{SCRIPT}</script>\n</body>\n</html>\n")
+    yield ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+           f'<meta http-equiv="Content-Security-Policy" content="{_csp()}">\n'
+           '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+           f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n")
+    yield _header(latest, series.named) + "\n<main>\n"
+    if not rec.is_complete:
+        yield (f'<p class="warn">This record is <b>INCOMPLETE ({esc(rec.status)})</b>'
+               + (f", stopped by {esc(rec.error)}" if rec.error else "")
+               + ": only the arms below finished; no verdict is claimed.</p>\n")
+    yield _grid(latest, ids) + "\n"
+    yield _charts(latest) + "\n"
+    if len(series.records) > 1:
+        yield _history(series, ids) + "\n"
+    yield from _arms(latest, ids)
+    yield _identity(latest) + "\n"
+    yield f"</main>\n<script>{SCRIPT}</script>\n</body>\n</html>\n"
 
 
 def _header(sr: ServedRecord, nights: int) -> str:
@@ -450,26 +519,36 @@ def _charts(sr: ServedRecord) -> str:
 
 
 # -- across nights ---------------------------------------------------------------------------------
-def _history(series: list[ServedRecord], ids: _Ids) -> str:
-    cells: list[tuple[str, str]] = []
-    for sr in series:
-        for pname in sr.pairing_names():
-            for a in sr.final_arms(pname) or sr.arm_lines(pname):
-                if (pname, str(a.get("name"))) not in cells:
-                    cells.append((pname, str(a.get("name"))))
+def _cells(sr: ServedRecord) -> list[tuple[str, str]]:
+    """(pairing, arm) of every arm of a record, in run order."""
+    return [(pname, str(a.get("name"))) for pname in sr.pairing_names()
+            for a in sr.final_arms(pname) or sr.arm_lines(pname)]
+
+
+def _history(series: Series, ids: _Ids) -> str:
+    """Per arm of the newest record, its verdict in each record of the series (the newest HISTORY_NIGHTS of
+    those named): rows x nights stays within the newest's arms x HISTORY_NIGHTS."""
+    nights = series.records
+    cells = list(dict.fromkeys(_cells(nights[-1])))
+    gone = {c for sr in nights[:-1] for c in _cells(sr)} - set(cells)
+    shown = (f"the newest {len(nights)} of {series.named} records" if series.named > len(nights)
+             else f"{len(nights)} records")
     out = ['<section id="history"><h2>Across nights</h2>',
-           '<p class="muted">Each arm&#39;s verdict (and acceptance) per record, oldest first; an outlined cell'
-           " changed from the record before it.</p>", '<table class="history"><tr><th>pairing</th><th>arm</th>']
+           f'<p class="muted">Each arm&#39;s verdict (and acceptance) per record, {shown}, oldest first; an'
+           " outlined cell changed from the record before it. The rows are the newest record&#39;s arms"
+           + (f"; {len(gone)} arm{'s' if len(gone) != 1 else ''} only older records have"
+              f" {'are' if len(gone) != 1 else 'is'} not shown" if gone else "") + ".</p>",
+           '<table class="history"><tr><th>pairing</th><th>arm</th>']
     out += [f'<th title="{esc(sr.record.path)}">{esc(sr.record.name)}<br><small class="muted">'
-            f"{esc((sr.record.started or '')[:16])}</small></th>" for sr in series]
+            f"{esc((sr.record.started or '')[:16])}</small></th>" for sr in nights]
     out.append("<th>since</th></tr>")
     changes: list[str] = []
     for pname, arm in cells:
         out.append(f"<tr><td>{esc(pname)}</td><td>{esc(arm)}</td>")
         prev: str | None = None
         prev_reqs: dict[str, str] = {}
-        since = series[0].record.name
-        for sr in series:
+        since = nights[0].record.name
+        for sr in nights:
             line = next((a for a in sr.final_arms(pname) or sr.arm_lines(pname) if a.get("name") == arm), None)
             if line is None:
                 out.append('<td class="muted">-</td>')
@@ -497,7 +576,8 @@ def _history(series: list[ServedRecord], ids: _Ids) -> str:
 
 
 # -- arms and requests -----------------------------------------------------------------------------
-def _arms(sr: ServedRecord, ids: _Ids) -> str:
+def _arms(sr: ServedRecord, ids: _Ids) -> Iterator[str]:
+    """The arms and their requests, a part per request."""
     out = ['<section id="requests"><h2>Arms and requests</h2>']
     for pname in sr.pairing_names():
         p = sr.pairing_summary(pname) or {}
@@ -517,13 +597,15 @@ def _arms(sr: ServedRecord, ids: _Ids) -> str:
                        + (f" <small>{esc(a.get('reason'))}</small>" if a.get("reason") else "") + "</summary>"
                        '<div class="body">')
             out += [f'<p class="mono">{esc(n)}</p>' for n in a.get("notes") or []]
+            yield "\n".join(out) + "\n"
+            out = []
             for j, r in enumerate(reqs):
-                out.append(_request(sr, pname, a, r, f"{aid}-r{j + 1}"))
+                yield _request(sr, pname, a, r, f"{aid}-r{j + 1}") + "\n"
             if not reqs:
                 out.append('<p class="muted">no request lines in this record</p>')
             out.append("</div></details>")
     out.append("</section>")
-    return "\n".join(out)
+    yield "\n".join(out) + "\n"
 
 
 def _request(sr: ServedRecord, pname: str, arm: dict[str, Any], r: dict[str, Any], rid: str) -> str:
@@ -548,14 +630,28 @@ def _request(sr: ServedRecord, pname: str, arm: dict[str, Any], r: dict[str, Any
     parts.append(_reproduction(r, rid))
     text = r.get("text") if r.get("text") is not None else (r.get("completion") or {}).get("text")
     if text is not None:
-        off = d.get("char_offset") if isinstance(d.get("char_offset"), int) else None
-        shown = (f'{visible(text[:off])}<span class="oth">{visible(text[off:])}</span>' if off is not None
-                 else visible(text))
-        parts.append(f'<details><summary class="muted">the whole served text ({len(text)} characters'
+        off = min(max(d["char_offset"], 0), len(text)) if isinstance(d.get("char_offset"), int) else None
+        start, end = _window(len(text), off)
+        at = off if off is not None and start <= off <= end else end
+        shown = (("\u2026" if start else "") + visible(text[start:at])
+                 + (f'<span class="oth">{visible(text[at:end])}</span>' if at < end else "")
+                 + ("\u2026" if end < len(text) else ""))
+        whole = end - start == len(text)
+        parts.append(f'<details><summary class="muted">the {"whole " if whole else ""}served text ({len(text)}'
+                     " characters" + ("" if whole else f", {end - start} shown from character {start}")
                      + (", from the first difference highlighted" if off is not None else "") + ")</summary>"
                      f'<div class="align">{shown}</div></details>')
     parts.append("</div></details>")
     return "\n".join(parts)
+
+
+def _window(n: int, at: int | None) -> tuple[int, int]:
+    """(start, end) of the at most TEXT_CHARS characters the page shows of a text of ``n``: from its start,
+    or from a little before ``at`` (its first difference) where that lies further in."""
+    if n <= TEXT_CHARS:
+        return 0, n
+    start = 0 if at is None else min(max(0, at - TEXT_CHARS // 4), n - TEXT_CHARS)
+    return start, start + TEXT_CHARS
 
 
 def _prompt(r: dict[str, Any]) -> str:
@@ -569,8 +665,10 @@ def _prompt(r: dict[str, Any]) -> str:
     else:
         return ""
     params = ", ".join(f"{k}={body[k]}" for k in sorted(body) if k not in ("prompt", "messages"))
+    cut = "…" if len(params) > 400 else ""  # the parameters as the prompt: a logit_bias map can be long
     return (f'<p class="muted">prompt: <span class="mono">{visible(prompt[:400])}'
-            + ("…" if len(prompt) > 400 else "") + "</span>" + (f" ({esc(params)})" if params else "") + "</p>")
+            + ("…" if len(prompt) > 400 else "") + "</span>" + (f" ({esc(params[:400])}{cut})" if params else "")
+            + "</p>")
 
 
 def _aligned(d: dict[str, Any], r: dict[str, Any]) -> str:
@@ -588,9 +686,15 @@ def _aligned(d: dict[str, Any], r: dict[str, Any]) -> str:
     caret = " " * (lab + len(cut) + len(shown))
     off = d.get("char_offset")
     at = f"char {off}" if off is not None else "no character differs (the token ids do)"
-    return ('<div class="align">' + row(ref_name, str(d.get("reference_snippet") or ""), "ref") + "\n"
-            + row(oth_name, str(d.get("other_snippet") or ""), "oth") + "\n"
+    return ('<div class="align">' + row(ref_name, str(d.get("reference_snippet") or "")[:TEXT_CHARS], "ref") + "\n"
+            + row(oth_name, str(d.get("other_snippet") or "")[:TEXT_CHARS], "oth") + "\n"
             + f'<span class="caret">{caret}^ first difference, {esc(at)}</span></div>')
+
+
+def _after(d: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """Each side's tokens from the first difference that the drill-down shows (``served`` writes a few)."""
+    n = 2 * CONTEXT_TOKENS
+    return list(d.get("reference_tokens") or [])[:n], list(d.get("other_tokens") or [])[:n]
 
 
 def _top2(top: Any, i: int) -> float | None:
@@ -607,7 +711,7 @@ def _tokens(d: dict[str, Any], r: dict[str, Any]) -> str:
     if not isinstance(k, int):
         return ""
     before = [int(t) for t in (d.get("tokens_before") or []) if isinstance(t, int)][-CONTEXT_TOKENS:]
-    ref_t, oth_t = list(d.get("reference_tokens") or []), list(d.get("other_tokens") or [])
+    ref_t, oth_t = _after(d)
     ref_p, oth_p = d.get("reference_pieces") or [], d.get("other_pieces") or []
     comp = r.get("completion") or {}
     top = comp.get("top")
@@ -708,16 +812,19 @@ def _identity(sr: ServedRecord) -> str:
 def write_html(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str],
                force: bool = False) -> HtmlSummary:
     """Write the page for the records ``paths`` name (see :func:`load_series`) to ``out`` as a new file
-    (:func:`specparity.store.write_new`: an existing ``out`` only with ``force``)."""
-    from specparity.store import write_new
+    (:func:`specparity.store.new_files`: an existing ``out`` only with ``force``), part by part as it is made."""
+    from specparity.store import new_files
 
     series = load_series(list(paths))
-    page = render(series)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
-    write_new(target, page, force=force, flag="--out")
-    latest = series[-1]
+    with new_files([target], force=force, flag="--out") as (tmp,):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(page(series))
+            f.flush()
+            os.fsync(f.fileno())
+    latest = series.records[-1]
     names = latest.pairing_names()
-    return HtmlSummary(target, [sr.record.name for sr in series], len(names),
+    return HtmlSummary(target, [sr.record.name for sr in series.records], len(names),
                        sum(len(latest.final_arms(p) or latest.arm_lines(p)) for p in names),
-                       latest.record.verdict if latest.record.is_complete else None)
+                       latest.record.verdict if latest.record.is_complete else None, series.named)

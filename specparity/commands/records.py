@@ -202,7 +202,7 @@ def html(paths: tuple[str, ...], out: str, force: bool, as_json: bool) -> int:
     two texts aligned at the first difference, the tokens and margins around
     it, the cause where named, and the command that reproduces it. Given
     several records (or a directory of nightly records), the page also shows
-    each arm's verdict per night and when each cell changed. Everything is
+    each arm's verdict per night (the newest 30) and when each cell changed. Everything is
     inline: no network, no CDN. An incomplete record is shown as incomplete.
     Exits 0 once the file is written, whatever the records' verdicts.
 

@@ -1,10 +1,10 @@
-"""Damaged, odd and crafted records through `records html` and `records show` (issue 44, classes 4, 8, 10).
+"""Damaged, odd and crafted records through `records html` and `records show` (issue 44, classes 4, 7, 8, 10).
 
 The one reader (records.record.read_record, then records.served.check_served) types every field a
 renderer reads: a field of the wrong type is one ``Error:`` line naming the file and the entry, exit 2,
 never 70; a string the file holds is shown as it is (a lone surrogate escape as its escape, a control
 character as a visible glyph, on the page and on the terminal alike). JSONL lines are split on newline
-only.
+only. The page keeps long texts and the history across nights to stated bounds (docs/records.md).
 """
 
 from __future__ import annotations
@@ -248,6 +248,154 @@ def test_show_makes_a_crafted_records_control_characters_visible(cli_bin: str, t
         assert "\u00b7[2J\u00b7[H\u00b7verdict: match\u23ce" in r.stdout, (args, r.stdout)
     r = run_cli(cli_bin, "records", "show", str(md))
     assert "verdict: diverged (exit 1)" in r.stdout and "p0\u00b72J" in r.stdout, r.stdout
+
+
+# -- class 7: bounded pages ---------------------------------------------------------------------------
+def _page(tmp_path: Path, capsys: pytest.CaptureFixture[str], *paths: Path) -> str:
+    out = tmp_path / "page.html"
+    out.unlink(missing_ok=True)
+    code, _, err = _main(capsys, "records", "html", *map(str, paths), "--out", str(out))
+    assert code == 0, err
+    return out.read_text(encoding="utf-8")
+
+
+def test_a_long_text_is_shown_cut_to_its_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 44.7: the page held every text whole (a 60 MB record took 927 MB to render); a text is shown
+    up to TEXT_CHARS characters, around its first difference, saying how long it is."""
+    from specparity.records.html import TEXT_CHARS
+
+    text = "".join(f"{i:07d} " for i in range(125_000))  # 1,000,000 characters, each window different
+    off = 600_000
+    diff = {**_DIFF, "char_offset": off, "text_before": text[off - 9:off], "other_snippet": text[off:off + 24]}
+    md = write_record(tmp_path / "rec", lines={**_LINES, "p-w2": [
+        {**_REQ_DIVERGED, "text": text, "completion": {**_REQ_DIVERGED["completion"], "text": text},
+         "divergence": diff, "classic": diff}, _REQ_CHAT]})
+    page = _page(tmp_path, capsys, md)
+    assert len(page) < 100_000, len(page)
+    assert "1000000 characters" in page and f"{TEXT_CHARS} shown" in page
+    assert text[off:off + 16] in page and text[:16] not in page  # the window holds the first difference
+
+
+def _nights(root: Path, n: int, renamed: bool) -> list[Path]:
+    """``n`` nightly served records of one arm and request, a pairing named anew each night if ``renamed``."""
+    mds = []
+    for i in range(n):
+        p = f"p{i}" if renamed else "p"
+        arm = {**_ARM_BASE, "pairing": p, "verdict": "match" if i % 3 else "diverged",
+               "verdicts": {"p0": "match" if i % 3 else "diverged"}}
+        report = {**_REPORT, "started": f"2026-01-01T{i // 60:02d}:{i % 60:02d}:00",
+                  "arms": {"arms": 1, f"{p}-baseline-start": 1},
+                  "summary": {**_REPORT["summary"], "pairings": [{**_PAIRING, "name": p, "arms": [arm]}]}}
+        mds.append(write_record(root, report=report, name=f"served-host-2026-01-01-{i}",
+                                lines={"arms": [arm], f"{p}-baseline-start": [{**_REQ_BASE,
+                                                                              "verdict": arm["verdict"]}]}))
+    return mds
+
+
+def _history_table(page: str) -> tuple[int, int]:
+    """(rows, record columns) of the page's Across nights table."""
+    start = page.index('<table class="history">')
+    parsed = _Elements()
+    parsed.feed(page[start:page.index("</table>", start)])
+    rows = sum(1 for tag, _ in parsed.elements if tag == "tr") - 1
+    columns = sum(1 for tag, _ in parsed.elements if tag == "th") - 3  # pairing, arm, since
+    return rows, columns
+
+
+def test_the_history_keeps_the_newest_nights_and_the_rows_the_newest_has(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 44.7: the history was every arm of every night by every night: 1,000 nights with a renamed
+    pairing made a 151 MB page in 70 s. It keeps the newest HISTORY_NIGHTS records and the newest's rows."""
+    from specparity.records.html import HISTORY_NIGHTS
+
+    _nights(tmp_path / "nightly", HISTORY_NIGHTS + 12, renamed=True)
+    page = _page(tmp_path, capsys, tmp_path / "nightly")
+    assert _history_table(page) == (1, HISTORY_NIGHTS)
+    assert f"the newest {HISTORY_NIGHTS} of {HISTORY_NIGHTS + 12} records" in page
+    assert "served-host-2026-01-01-11<" not in page and "served-host-2026-01-01-12<" in page
+    # the same pairing every night: its one row, its verdict each night, the night it last changed
+    _nights(tmp_path / "same", 5, renamed=False)
+    page = _page(tmp_path, capsys, tmp_path / "same")
+    assert _history_table(page) == (1, 5) and page.count('class="v v-') == 5
+
+
+@pytest.mark.slow
+def test_a_thousand_renamed_nights_make_a_small_page_quickly(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 44.7, at the issue's scale: 1,000 nights with a renamed pairing (151 MB, 70 s before)."""
+    import time
+
+    _nights(tmp_path / "nightly", 1000, renamed=True)
+    t0 = time.perf_counter()
+    page = _page(tmp_path, capsys, tmp_path / "nightly")
+    seconds = time.perf_counter() - t0
+    assert len(page) < 1_000_000 and seconds < 30, (len(page), seconds)
+
+
+def big_record(root: Path, megabytes: float, text_chars: int = 100_000) -> Path:
+    """A served record of about ``megabytes`` on disk as `served` writes one: requests with long texts
+    (mostly ASCII, one astral character each, so Python holds them four bytes a character), their token
+    ids, logprobs and top-2 logprobs."""
+    import random
+
+    rnd = random.Random(0)
+    words = ["the", "cat", "s\u00e4t", "on", "a", "mat", "na\u00efve", "\u65e5\u672c", "\n"]
+    lines: dict[str, list[Any]] = {"arms": [], "p-baseline-start": [], "p-w2": []}
+    size = 0
+    while size < megabytes * 2**20:
+        for arm in ("baseline-start", "w2"):
+            i = len(lines[f"p-{arm}"])
+            text = ("\U0001f600" + "".join(rnd.choice(words) + " " for _ in range(text_chars // 4)))[:text_chars]
+            ids = [rnd.randrange(32000) for _ in range(text_chars // 4)]
+            req = {**_REQ_BASE, "id": f"r{i}", "text": text,
+                   "completion": {"text": text, "sha256": "0" * 64, "token_ids": ids,
+                                  "logprobs": [-rnd.random() for _ in ids],
+                                  "top": [[[t, -rnd.random()], [t + 1, -1 - rnd.random()]] for t in ids]}}
+            if arm == "w2":
+                req.update(verdict="diverged", divergence={**_DIFF, "token_index": 7, "char_offset": 30})
+            lines[f"p-{arm}"].append(req)
+            size += len(json.dumps(req))
+    arms = [{**_ARM_BASE, "requests": len(lines["p-baseline-start"]),
+             "verdicts": {r["id"]: r["verdict"] for r in lines["p-baseline-start"]}},
+            {**_ARM_W2, "requests": len(lines["p-w2"]), "verdicts": {r["id"]: r["verdict"] for r in lines["p-w2"]}}]
+    lines["arms"] = arms
+    report = {**_REPORT, "arms": {k: len(v) for k, v in lines.items()},
+              "summary": {**_REPORT["summary"], "pairings": [{**_PAIRING, "arms": arms}]}}
+    return write_record(root, report=report, lines=lines)
+
+
+# what docs/records.md states: `records html` takes at most this many times the record's size (above what
+# it takes for a small record)
+STATED_MULTIPLE = 4
+_PEAK = """
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, repr(r.stderr[-300:]))
+"""
+
+
+def _peak_rss(*argv: str) -> int:
+    """Peak resident memory of the command ``argv`` in bytes (its own child: nothing else counts)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PEAK, *argv], capture_output=True, text=True, check=True).stdout
+    code, peak, err = out.split(" ", 2)
+    assert code == "0", err
+    return int(peak)
+
+
+@pytest.mark.slow
+def test_a_large_records_page_takes_memory_within_its_stated_multiple(cli_bin: str, tmp_path: Path) -> None:
+    """issue 44.7: a 60 MB record took 927 MB to render (about 15 times). docs/records.md states the
+    bound: the page's memory is at most STATED_MULTIPLE times the record's size above a small record's."""
+    small = write_record(tmp_path / "small")
+    base = _peak_rss(cli_bin, "records", "html", str(small), "--out", str(tmp_path / "small.html"))
+    md = big_record(tmp_path / "big", 24)
+    size = sum(f.stat().st_size for f in _data(md).iterdir())
+    peak = _peak_rss(cli_bin, "records", "html", str(md), "--out", str(tmp_path / "big.html"))
+    assert peak - base <= STATED_MULTIPLE * size, (f"{(peak - base) / 2**20:.0f} MB above a small record's"
+                                                   f" for {size / 2**20:.0f} MB of record")
 
 
 # -- properties: any JSON value in any field, in process --------------------------------------------
