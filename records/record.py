@@ -247,7 +247,8 @@ IDENTITY_SCHEMA = Fields({
     "job": Nullable(Fields({"pairings": Nullable(ListOf(Anything()))}, open=True)),
 }, open=True)
 
-# a record's files are read whole; far above any record, far below what stalls a reader
+# the most one record file may hold (its JSONL read a line at a time, its JSON whole): far above any
+# record, far below what stalls a reader
 RECORD_FILE_MAX_BYTES = 1 << 30
 
 # what a reader keeps of each JSONL line: (file stem, entry number from 1, the line) -> what to hold

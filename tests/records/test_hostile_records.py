@@ -488,7 +488,7 @@ def test_any_value_in_any_field_is_read_or_named(capsys: pytest.CaptureFixture[s
         before = _files(root)
         out = root / "page.html"
         code, stdout, err = _main(capsys, "records", "html", str(md), "--out", str(out))
-        event(f"html exit {code}" + (" " + err.split(": ", 2)[-1][:60] if code else ""))
+        event(f"html exit {code}")  # about a third of the drawn records are read and rendered whole
         assert code in (0, 2), (code, err)
         if code == 2:
             _one_error_line(err, "Error: ")
