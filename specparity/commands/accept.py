@@ -64,7 +64,8 @@ def accept(model: str | None, trust_remote_code: bool, draft_model: str | None,
     \b
     Examples:
         specparity accept --temperature 0.7 --positions 256
-        specparity accept --model ./target --draft-model ./draft --rule mrs
+        specparity fixtures make ./fx                  # a pair to try: ./fx/target, ./fx/draft
+        specparity accept --model ./fx/target --draft-model ./fx/draft --rule mrs
         specparity accept --end-to-end --temperature 0.7
     """
     from specparity.errors import UsageError

@@ -113,11 +113,13 @@ def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None
 
     \b
     Examples:
-        specparity bisect --model ./ckpt --width 4 --depth 32
-        specparity bisect --model ./ckpt --width 4 --control MLX_X=1 --record-dir results
-        specparity bisect --engine dflash-mlx --model ./fx/target --width 8 --accepted 3
-        specparity bisect dump --model ./ckpt --width 4 --arm block --out cpu.safetensors
-        specparity bisect diff cpu.safetensors metal.safetensors
+        specparity fixtures make ./fx                  # a pair to try: ./fx/target, ./fx/draft
+        specparity bisect --model ./fx/target --width 4 --depth 32
+        specparity bisect --model ./fx/target --width 4 --control MLX_X=1 --record-dir results
+        specparity bisect --engine dflash-mlx --width 8 --accepted 3     # exit 1: the default DFlash pair
+        specparity bisect dump --model ./fx/target --width 4 --arm block --out cpu.safetensors
+        specparity bisect dump --model ./fx/target --width 4 --arm chain --out chain.safetensors
+        specparity bisect diff cpu.safetensors chain.safetensors
     """
     if ctx.invoked_subcommand is not None:
         return None
@@ -191,7 +193,7 @@ def dump(width: int | None, depth: int, prompt: str | None, prompt_ids: str | No
 
     \b
     Example:
-        specparity bisect dump --model ./ckpt --width 4 --arm block --out a.safetensors
+        specparity bisect dump --model ./fx/target --width 4 --arm block --out a.safetensors
     """
     from specparity.bisect.arms import run_arms
     from specparity.bisect.dump import manifest_path, write_dump
@@ -245,7 +247,7 @@ def diff(a: str, b: str, a_arm: str | None, b_arm: str | None, as_json: bool,
 
     \b
     Example:
-        specparity bisect diff cpu.safetensors metal.safetensors
+        specparity bisect diff cpu.safetensors chain.safetensors
     """
     from specparity.bisect.dump import check_partners, read_dump
     from specparity.bisect.report import compare_arms

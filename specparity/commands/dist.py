@@ -65,7 +65,8 @@ def dist(rule_spec: str, num_draft: int, samples: int | None, alpha: float | Non
     Examples:
         specparity dist --rule mrs
         specparity dist --rule sampler-match --num-draft 3
-        specparity dist --rule my_engine.rules:accept --temperature 1.0
+        specparity dist --rule tests/sample_rules.py:mrs_vectorized            # yours: FILE.py:FN or MODULE:FN
+        specparity dist --rule tests/sample_rules.py:resample_from_p           # exit 1: a biased rule
         specparity dist --rule mrs --detect-tv 0.002
     """
     from specparity.probes.sampling import dist as dm

@@ -80,11 +80,12 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
 
     \b
     Examples:
-        specparity e2e --model ./target --draft-model ./draft --max-tokens 128
-        specparity e2e --max-kv-size 64 --entry-points stream_generate,cli
-        specparity e2e --repetition-penalty 1.3 --json
-        specparity e2e --model ./chat-model --prompt "Hi" --chat-template
-        specparity e2e --engine dflash-mlx --model ./fx/target --draft-model ./fx/draft --max-tokens 64
+        specparity fixtures make ./fx                  # a pair to try: ./fx/target, ./fx/draft
+        specparity e2e --model ./fx/target --draft-model ./fx/draft --max-tokens 128
+        specparity e2e --max-kv-size 64 --entry-points stream_generate,cli   # exit 1: the drafter drops it
+        specparity e2e --repetition-penalty 1.3 --json                       # exit 1: processors' history
+        specparity e2e --model ./chat-model --prompt "Hi" --chat-template    # not tested: no chat template here
+        specparity e2e --engine dflash-mlx --max-tokens 64                   # the default DFlash pair
     """
     import inspect
 

@@ -29,7 +29,8 @@ def env() -> None:
     Examples:
         specparity env list
         specparity env build dflash-mlx          # once; prints the interpreter
-        $(specparity env path --python mlx-lm-0.31.3) -m mlx_lm server --model M
+        specparity fixtures make ./fx                  # a pair to try: ./fx/target, ./fx/draft
+        $(specparity env path --python mlx-lm-0.31.3) -m mlx_lm server --model ./fx/target   # until Ctrl-C
         specparity env show mlx-lm-0.32.2 --json
         specparity env remove mlx-lm-0.31.3
     """

@@ -63,10 +63,9 @@ def make(ctx: click.Context, out_dir: str, arch: str, dtype: str, bits: str | No
         specparity fixtures make ./fx/llama
         specparity fixtures make ./fx/hybrid --arch qwen3_5 --dtype bfloat16
         specparity fixtures make ./fx/bad --fault '{"kind":"rows","layer":3,"min_rows":4}'
-        specparity fixtures make ./fx/dflash --dflash qwen3_5-27b --block-size 8 --dtype bfloat16
+        specparity fixtures make ./fx/dflash --dflash qwen3 --block-size 8
         specparity fixtures make ./fx/dspark --dflash qwen3 --drafter-format dspark --dtype bfloat16
         specparity fixtures make ./fx/mtp --dflash qwen3_5 --drafter-format mtp --tied-head
-        specparity fixtures make ./fx/q05 --size qwen3-0.6b --bits 4 --dtype bfloat16
 
     With --size, the target has the published dimensions of that model (its
     real vocabulary: rows past the fixture tokenizer's are zero, so greedy
@@ -188,7 +187,7 @@ def gguf(src_dir: str, out: str, outtype: str, force: bool, as_json: bool) -> in
         specparity fixtures make ./fx/llama
         specparity fixtures gguf ./fx/llama/target ./fx/target.gguf
         specparity fixtures gguf ./fx/llama/draft ./fx/draft.gguf
-        llama-server -m ./fx/target.gguf -md ./fx/draft.gguf --spec-type draft-simple
+        $(scripts/build-llama-server) -m ./fx/target.gguf -md ./fx/draft.gguf --spec-type draft-simple   # until Ctrl-C
     """
     from specparity.checkpoint import resolve_model_dir
     from specparity.gguf_export import export_gguf

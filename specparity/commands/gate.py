@@ -36,8 +36,10 @@ def check(model: str | None, trust_remote_code: bool, width: int, env_prefixes: 
     SPECPARITY_ALLOW_INEXACT=1 allows anyway and logs a FORFEIT line.
 
     \b
-    Example:
-        specparity gate check --model ./mlx-model --width 4
+    Examples:
+        specparity fixtures make ./fx                  # a pair to try: ./fx/target, ./fx/draft
+        specparity gate check --model ./fx/target --width 4      # exit 0: allow (1: decline)
+        specparity gate check --width 4 --kv-bits 4 --kv-group-size 32 --quantized-kv-start 25   # exit 1: declines
     """
     from specparity.identity import DEFAULT_ENV_PREFIXES
     from specparity.inputs import check_width

@@ -90,9 +90,11 @@ def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths
     \b
     Examples:
         specparity probe
-        specparity probe --model ./mlx-model --widths 2-16 --depths 0,32,128
-        specparity probe --kv-bits 8 --quantized-kv-start 0 --json
-        specparity probe --engine dflash-mlx --model ./fx/target --draft-model ./fx/draft
+        specparity fixtures make ./fx                  # a pair to try: ./fx/target, ./fx/draft
+        specparity probe --model ./fx/target --widths 2-16 --depths 0,32,128
+        specparity probe --kv-bits 8 --kv-group-size 32 --quantized-kv-start 0 --json   # exit 1; 32 divides the head
+        specparity probe --max-kv-size 1024 --prefill-step-size 512 --json
+        specparity probe --engine dflash-mlx                 # exit 1: the default DFlash pair's rollbacks
     """
     from specparity.commands._engine import engine_paths, engine_prompts, explicit, load_adapter, rerun_elsewhere
     from specparity.inputs import check_positions

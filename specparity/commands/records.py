@@ -22,12 +22,15 @@ def records() -> None:
 
     \b
     Examples:
+        specparity probe --widths 4 --depths 0 --record-dir results    # every command keeps one
         specparity records list results/
-        specparity records show results/probe-llama-host-2026-11-30.md
+        specparity records show results/probe-*.md
         specparity records show results/ --json      # the newest record in results/
-        specparity records compare last-night/ tonight/     # exit 1 on a regression
-        specparity records merge shard1/ shard2/ --out merged/
-        specparity records html nightly/ --out nightly.html   # a page to look at
+        specparity served --config examples/nightly.yaml --shard 1/2 --record-dir shard1   # exit 1
+        specparity served --config examples/nightly.yaml --shard 2/2 --record-dir shard2   # exit 1
+        specparity records merge shard1/ shard2/ --out merged/      # exit 1: the job's verdict
+        specparity records compare shard1/ merged/      # exit 0; a regression exits 1
+        specparity records html merged/ --out merged.html   # a page to look at
     """
 
 
@@ -108,8 +111,8 @@ def compare(old: str, new: str, as_json: bool) -> int:
 
     \b
     Examples:
-        specparity records compare nightly/served-host-2026-11-29.md nightly/served-host-2026-11-30.md
-        specparity records compare last/ tonight/ --json
+        specparity records compare shard1/served-*.md merged/served-*.md
+        specparity records compare shard1/ merged/ --json
     """
     from specparity.records.compare import compare_records
 
@@ -134,7 +137,7 @@ def merge(shards: tuple[str, ...], out_dir: str, as_json: bool) -> int:
 
     \b
     Examples:
-        specparity records merge shard1/ shard2/ --out nightly/
+        specparity records merge shard1/ shard2/ --out nightly/     # exit 1: the job's verdict
     """
     import sys
 
@@ -165,8 +168,8 @@ def junit(path: str, out: str, force: bool, as_json: bool) -> int:
 
     \b
     Examples:
-        specparity records junit results/served-host-2026-11-30.md --out parity.xml
-        specparity records junit results/ --out parity.xml      # the newest record
+        specparity records junit merged/served-*.md --out parity.xml
+        specparity records junit merged/ --out newest.xml      # the newest record
     """
     from specparity.outputs import check_new_file
     from specparity.records.junit import write_junit
@@ -208,8 +211,8 @@ def html(paths: tuple[str, ...], out: str, force: bool, as_json: bool) -> int:
 
     \b
     Examples:
-        specparity records html results/served-host-2026-11-30.md --out parity.html
-        specparity records html nightly/ --out nightly.html      # every served record in nightly/
+        specparity records html merged/served-*.md --out parity.html
+        specparity records html shard1/ merged/ --out nights.html      # every served record in both
     """
     from specparity.outputs import check_new_file
     from specparity.records.html import write_html

@@ -138,13 +138,15 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
     \b
     Examples:
         specparity replay --accepts 2,2,3,1,0,3 --width 4
+        printf 'DFlash accept lengths accept_lens=[2, 2, 3, 1, 0, 3]\\n' > server.log
         specparity replay --log server.log --format mlxcel-accept-lens --width 4
-        specparity replay --log server.log --format mlxcel-transcript --algebra-only
+        printf 'round 1 accepted=2\\nround 2 accepted=0\\n' > run.log
         specparity replay --log run.log --regex 'accepted=(\\d+)' --width 5
-        specparity replay --draft-model ./draft --num-draft-tokens 3 --save-log run.jsonl
-        specparity replay --draft-model ./draft --repetition-penalty 1.3
-        specparity replay --sequence served-w4-p0.sequence.jsonl
-        specparity replay --engine dflash-mlx --model ./fx/target --draft-model ./fx/draft --max-tokens 64
+        specparity fixtures make ./fx                  # a pair to try: ./fx/target, ./fx/draft
+        specparity replay --model ./fx/target --draft-model ./fx/draft --num-draft-tokens 3 --save-log run.jsonl
+        specparity replay --model ./fx/target --log run.jsonl      # the rounds just recorded
+        specparity replay --model ./fx/target --draft-model ./fx/draft --repetition-penalty 1.5   # exit 1
+        specparity replay --engine dflash-mlx --max-tokens 64      # exit 1: the default DFlash pair's rollbacks
     """
     from specparity.probes.replay.modes import ReplayOptions
     from specparity.probes.replay.modes import replay as run_replay

@@ -54,8 +54,9 @@ def serve(gate: str, env_prefixes: tuple[str, ...], allow_request_models: bool,
     leaves cancels its request.
 
     \b
-    Example:
-        specparity serve --model ./target --draft-model ./draft --num-draft-tokens 3 --port 8080
+    Examples:
+        specparity fixtures make ./fx                  # a pair to try: ./fx/target, ./fx/draft
+        specparity serve --model ./fx/target --draft-model ./fx/draft --num-draft-tokens 3 --port 8080   # until Ctrl-C
     """
     from specparity.harness.gated.gate import ServeConfig
     from specparity.harness.gated.server import serve as run_server

@@ -117,12 +117,12 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
 
     \b
     Examples:
-        specparity served
-        specparity served --model ./target --draft-model ./draft --widths 2,4,8
-        specparity served --model mlx-community/Qwen3-0.6B-4bit --draft-model ./draft
-        specparity served --config nightly.yaml --record-dir results
-        specparity served --config nightly.yaml --shard 2/4 --record-dir shard2
-        specparity served --model ./t --draft-model ./d --temperature 0.7 --dist-requests 1000
+        specparity served                                   # exit 1: the built-in job (mlx_lm.server)
+        specparity fixtures make ./fx                       # a pair to try: ./fx/target, ./fx/draft
+        specparity served --model ./fx/target --draft-model ./fx/draft --widths 2,4,8     # exit 1
+        specparity served --model mlx-community/Qwen3-0.6B-4bit --draft-model ./fx/draft  # not tested: hub
+        specparity served --config examples/nightly.yaml --record-dir results --json --quiet   # exit 1
+        specparity served --environment mlx-lm-0.31.3       # exit 1: every server in a pinned environment
     """
     from specparity.harness.config import Overrides, apply_overrides, load_job
     from specparity.harness.memory import served_budget

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-import doclines
+from docs import doclines
 import pytest
-from doclines import ROOT, DocLine
+from docs.doclines import ROOT, DocLine
 from sybil import Document, Region, Sybil
 from sybil.integration.pytest import SybilFile, SybilItem
 
@@ -100,10 +100,47 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return None
 
 
+def outcome(line: DocLine) -> tuple[Any, ...]:
+    """A line as typed and the outcome its page states: two lines alike in this run alike."""
+    return line.command, line.exit_code, line.output, line.untested, line.serves
+
+
+def page_lines(text: str, source: str) -> list[DocLine]:
+    return [ln for b in doclines.markdown_blocks(text) for _, _, ln in doclines.doc_lines(b, source)]
+
+
+def help_lines(name: str, command: click.Command) -> list[DocLine]:
+    blocks = doclines.help_blocks(command.help or "")
+    return [ln for b in blocks for _, _, ln in doclines.doc_lines(b, f"{name} --help")]
+
+
+def same_as_a_page() -> dict[Path, str]:
+    """The pages whose lines (every line, in order, with the outcomes stated) are the first lines of another docs
+    page: docs/install.md's are README's, and a command module's --help Examples (its every help, in order) are
+    its docs page's first block. Those lines run once, as that page's, from the same fresh folder and home, so in
+    the same state. Their file -> the page they run with."""
+    starts = {str(p.relative_to(ROOT)): [outcome(ln) for ln in page_lines(p.read_text(), str(p.relative_to(ROOT)))]
+              for p in pages()}
+    files: dict[Path, list[tuple[Any, ...]]] = {ROOT / src: seq for src, seq in starts.items()}
+    for name, command, module in help_pages():
+        files.setdefault(module, []).extend(outcome(ln) for ln in help_lines(name, command))
+    out: dict[Path, str] = {}
+    for path, lines in files.items():
+        page = next((src for src, seq in starts.items() if lines and ROOT / src != path and ROOT / src not in out
+                     and seq[:len(lines)] == lines), None)
+        if page:
+            out[path] = page
+    return out
+
+
 class DocsTier(pytest.File):
     def collect(self) -> Iterator[pytest.Collector]:
-        files: list[pytest.Collector] = [DocPage.from_parent(self, path=p, sybils=[SYBIL]) for p in pages()]
+        run_with_a_page = same_as_a_page()
+        files: list[pytest.Collector] = [DocPage.from_parent(self, path=p, sybils=[SYBIL]) for p in pages()
+                                         if p not in run_with_a_page]
         for name, command, module in help_pages():
+            if module in run_with_a_page:
+                continue
             nodeid = f"{module.relative_to(ROOT)}::{name[len('specparity'):].strip() or 'cli'} --help"
             files.append(HelpPage.from_parent(self, path=module, nodeid=nodeid, sybils=[SYBIL],
                                               help_name=name, help_text=command.help or ""))
@@ -120,6 +157,7 @@ class DocPage(SybilFile):
         slow_before = False
         for item in super().collect():
             slow_before = mark(item, slow_before)
+            _page_items.setdefault(str(self.path), []).append(item)
             yield item
 
 
@@ -135,10 +173,12 @@ class HelpPage(DocPage):
         for region in _regions(doclines.help_blocks(self.help_text), f"{self.help_name} --help"):
             document.add(region)
         self.documents.append(document)
-        slow_before = False
+        items = _page_items.setdefault(str(self.path), [])
+        slow_before = any(i.get_closest_marker("slow") for i in items)  # an earlier --help of this module's
         for example in document.examples():
             item = SybilItem.from_parent(self, sybil=SYBIL, example=example)
             slow_before = mark(item, slow_before)
+            items.append(item)
             yield item
 
 
@@ -196,15 +236,41 @@ def docs_shell(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("docs")
 
 
+# a page's shell, by its file: a markdown page, or a command module whose --help pages (a group's and its
+# subcommands', in that order) are one page: `records html --help` reads the records `records --help` made
+_PAGES: dict[tuple[str, str], Page] = {}
+
+
 def page_of(example: Any) -> Page:
-    ns = example.namespace
-    if "page" not in ns:
-        lines = [r.parsed for _, r in example.document.regions]
-        ns["page"] = Page(ns["docs_shell"], lines[0].source,
-                          removes_env=any(re.search(r"\benv remove\b", ln.command) for ln in lines),
-                          makes_venv=any(ln.command.startswith("python3 -m venv .venv") and not ln.untested
-                                         for ln in lines))
-    return ns["page"]
+    key = (str(example.namespace["docs_shell"]), example.path)
+    if key not in _PAGES:
+        lines = [item.example.parsed for item in _page_items.get(example.path, [])] or \
+            [r.parsed for _, r in example.document.regions]
+        page = Page(example.namespace["docs_shell"], lines[0].source,
+                    removes_env=any(re.search(r"\benv remove\b", ln.command) for ln in lines),
+                    makes_venv=any(ln.command.startswith("python3 -m venv .venv") and not ln.untested
+                                   for ln in lines))
+        if any(re.search(r"--engine dflash-mlx\b", ln.command) and "--model" not in ln.command for ln in lines):
+            seed_default_dflash_pair(page.home)
+        _PAGES[key] = page
+    return _PAGES[key]
+
+
+# every collected line by its page's file, in order (filled at collection)
+_page_items: dict[str, list[SybilItem]] = {}
+
+
+def seed_default_dflash_pair(home: Path) -> None:
+    """The engine commands' default DFlash pair (a fitted drafter: a minute of CPU) where a reader's home holds it
+    once an engine command built it: the tests' cached build of it (tests/dflash_pairs.py, as the engine tests
+    use it), linked into each page's home that names ``--engine dflash-mlx`` without ``--model``."""
+    from dflash_pairs import dflash_info
+
+    from specparity.fixtures.dflash import DEFAULT_PAIR, dflash_fixture_name
+
+    info = dflash_info(home.parent / "dflash-default", **DEFAULT_PAIR)
+    (home / "fixtures").mkdir(parents=True, exist_ok=True)
+    (home / "fixtures" / dflash_fixture_name(**DEFAULT_PAIR)).symlink_to(Path(info.target).parent)
 
 
 def evaluate(example: Any) -> str | None:
@@ -240,7 +306,7 @@ def require_builds(n: doclines.Needs) -> None:
     from builds import REAL_CACHE
 
     from specparity.environments import find_environment
-    from specparity.harness.engines.llama_cpp import find_llama_server
+    from specparity.engines.llama_cpp.served import find_llama_server
 
     missing = [f"environment {e} is not built: run scripts/build-env {e}" for e in n.environments
                if find_environment(e, root=REAL_CACHE) is None]

@@ -254,8 +254,12 @@ def specparity_calls(command: str) -> list[list[str]]:
 
 
 def needs(line: DocLine) -> Needs:
-    """What running ``line`` needs: a model, a server, one-time builds; and whether it is slow."""
+    """What running ``line`` needs: a model, a server, one-time builds; and whether it is slow. A line its page
+    says is refused (exit 2: usage) needs nothing: every command checks its input before it loads or starts
+    anything (docs/limits.md)."""
     cmd = line.command
+    if line.exit_code == 2:
+        return Needs()
     model = server = llama = False
     envs: list[str] = []
     for args in specparity_calls(cmd):
@@ -273,7 +277,7 @@ def needs(line: DocLine) -> Needs:
             if profile not in ("llama.cpp", "mlx-lm", "specparity-serve", "openai"):
                 envs.extend(_environments_of(profile, "--engine"))
         if args[:1] == ["env"] and len(args) > 2 and args[1] in ("show", "path", "remove", "build"):
-            envs.append(args[-1])
+            envs.extend(a for a in args[2:] if not a.startswith("-"))
     words = cmd.split()
     if re.search(r"(^|\s|\$\()scripts/build-llama-server\b|llama-server\s", cmd):
         llama = True

@@ -8,10 +8,10 @@ import re
 import subprocess
 from pathlib import Path
 
-import conftest as docs
-import doclines
+from docs import conftest as docs
+from docs import doclines
 import pytest
-from doclines import ROOT, DocLine
+from docs.doclines import ROOT, DocLine
 from sybil import Document
 
 
@@ -88,6 +88,8 @@ def test_markers_follow_what_a_line_runs() -> None:
     served = needs("specparity served --profile llama.cpp --model ./fx/target")
     assert served.server and served.llama_server and served.build
     assert needs("specparity e2e --engine dflash-mlx").environments == ("dflash-mlx",)
+    assert needs("specparity env show mlx-lm-0.32.2 --json").environments == ("mlx-lm-0.32.2",)
+    assert needs("specparity env path --python mlx-lm-0.32.2").environments == ("mlx-lm-0.32.2",)
     assert needs("SPECPARITY_X=$(specparity env path --python mlx-lm-0.31.3) specparity probe").environments == \
         ("mlx-lm-0.31.3",)
     assert needs("scripts/nightly-parity examples/nightly-matrix.yaml --matrix mlx-lm-0.31.3,mlx-lm-0.32.2"
@@ -120,20 +122,51 @@ def test_every_page_and_every_commands_help_is_read() -> None:
     assert {n.split()[1] for n in names if n != "specparity"} == set(COMMANDS)
     for sub in ("specparity records html", "specparity bisect dump", "specparity fixtures gguf", "specparity env show"):
         assert sub in names
-    # every Examples line of every help is a collected line: no example is dropped by the grammar
+    # every Examples line of every help is a line the grammar finds: none is dropped
     for name, command, _ in docs.help_pages():
         block = re.search(r"^\s*Examples?:\s*\n((?:[ \t]+\S.*\n?)+)", command.help or "", re.M)
         examples = [ln for ln in (block[1].splitlines() if block else []) if ln.strip()]
-        found = [ln for b in doclines.help_blocks(command.help or "") for _, _, ln in doclines.doc_lines(b, name)]
-        assert len(found) == len(examples), (name, examples, [f.command for f in found])
+        assert len(docs.help_lines(name, command)) == len(examples), (name, examples)
+
+
+# the --help Examples kept as their docs page's first lines (and install.md as README's first lines): each line
+# runs once, with the page; a help edited away from its page runs on its own, and this names the drift
+RUN_WITH = {"docs/install.md": "README.md", "specparity/commands/served.py": "docs/served.md",
+            "specparity/commands/e2e.py": "docs/e2e.md", "specparity/commands/probe.py": "docs/probe.md",
+            "specparity/commands/replay.py": "docs/replay.md", "specparity/commands/dist.py": "docs/sampling.md",
+            "specparity/commands/gate.py": "docs/gate.md", "specparity/commands/serve.py": "docs/serve.md"}
+
+
+def test_helps_and_pages_that_are_another_pages_first_lines_run_with_it() -> None:
+    found = {str(path.relative_to(ROOT)): page for path, page in docs.same_as_a_page().items()}
+    assert found == RUN_WITH
+    for name, command, module in docs.help_pages():
+        page = found.get(str(module.relative_to(ROOT)))
+        if page:  # line for line: the command, the stated exit code, output, reason not tested, server
+            lines = [docs.outcome(ln) for ln in docs.help_lines(name, command)]
+            first = [docs.outcome(ln) for ln in docs.page_lines((ROOT / page).read_text(), page)]
+            assert not lines or any(first[i:i + len(lines)] == lines for i in range(len(first))), name
+
+
+def test_every_documented_line_is_collected_once() -> None:
+    """Every line of every page and help is a collected test, or one of the lines of the page it runs with."""
+    collected = subprocess.run([str(ROOT / ".venv" / "bin" / "pytest"), "--collect-only", "-q", "-n", "0",
+                                "-p", "no:cacheprovider", str(ROOT / "tests" / "docs" / "conftest.py")],
+                               cwd=ROOT, capture_output=True, text=True, timeout=300).stdout
+    ids = [ln for ln in collected.splitlines() if "::line:" in ln]
+    run_with = docs.same_as_a_page()
+    expected = sum(len(docs.page_lines(p.read_text(), str(p.relative_to(ROOT)))) for p in docs.pages()
+                   if p not in run_with)
+    expected += sum(len(docs.help_lines(n, c)) for n, c, m in docs.help_pages() if m not in run_with)
+    assert len(ids) == expected > 100
+    assert len(set(ids)) == len(ids)
 
 
 def test_every_expected_failure_names_a_documented_line() -> None:
     documented = {(ln.source, ln.command) for page in docs.pages()
-                  for ln in lines_of(page.read_text(), str(page.relative_to(ROOT)))}
+                  for ln in docs.page_lines(page.read_text(), str(page.relative_to(ROOT)))}
     for name, command, _ in docs.help_pages():
-        documented |= {(ln.source, ln.command) for b in doclines.help_blocks(command.help or "")
-                       for _, _, ln in doclines.doc_lines(b, f"{name} --help")}
+        documented |= {(ln.source, ln.command) for ln in docs.help_lines(name, command)}
     stale = [key for key in docs.XFAIL if key not in documented]
     assert not stale, f"XFAIL entries naming no documented line (fixed in the docs? remove them): {stale}"
     assert all(reason.startswith("issue ") for reason in docs.XFAIL.values())
