@@ -146,7 +146,7 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
         specparity replay --model ./fx/target --draft-model ./fx/draft --num-draft-tokens 3 --save-log run.jsonl
         specparity replay --model ./fx/target --log run.jsonl      # the rounds just recorded
         specparity replay --model ./fx/target --draft-model ./fx/draft --repetition-penalty 1.5   # exit 1
-        specparity replay --engine dflash-mlx --max-tokens 64      # exit 1: the default DFlash pair's rollbacks
+        specparity replay --engine dflash-mlx --max-tokens 64 --verify-mode dflash   # exit 1: the default DFlash pair
     """
     from specparity.probes.replay.modes import ReplayOptions
     from specparity.probes.replay.modes import replay as run_replay

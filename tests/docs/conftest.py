@@ -34,11 +34,7 @@ from sybil.integration.pytest import SybilFile, SybilItem
 # Documented lines whose stated outcome is right and the product's is not: expected failures until it is
 # fixed (strict: a fixed product turns them into failures to remove from here). Keyed by the page and the
 # command as typed (comments left out).
-XFAIL = {
-    ("docs/engines.md", "specparity served --profile dflash-mlx --model ./fx/dflash/target --draft-model"
-                        " ./fx/dflash/draft --widths 2,4,8"):
-        "issue 46: served --profile dflash-mlx exits 3: the default self-draft arm cannot run on that engine",
-}
+XFAIL: dict[tuple[str, str], str] = {}
 
 # The longest pages first (pytest-xdist hands out a page whole): measured with the tier alone, seconds.
 PAGE_ORDER = ("README.md", "docs/engines.md", "docs/dflash.md", "docs/nightly.md", "docs/records.md",
@@ -49,6 +45,14 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+def source_root() -> Path:
+    """The checkout the installed specparity runs from (ROOT, but for a copy of the checkout whose tests run
+    against the installed package: tests/docs/test_doclines.py)."""
+    import specparity
+
+    return Path(str(specparity.__file__)).resolve().parents[1]
+
+
 def help_pages() -> list[tuple[str, click.Command, Path]]:
     """(``specparity ... --help`` name, command, its module's file) for the root group, every command in
     ``specparity.cli.COMMANDS`` and every subcommand, however deep."""
@@ -56,7 +60,7 @@ def help_pages() -> list[tuple[str, click.Command, Path]]:
 
     from specparity.cli import COMMANDS, cli
 
-    out: list[tuple[str, click.Command, Path]] = [("specparity", cli, ROOT / "specparity" / "cli.py")]
+    out: list[tuple[str, click.Command, Path]] = [("specparity", cli, source_root() / "specparity" / "cli.py")]
 
     def walk(name: str, cmd: click.Command, module: str) -> None:
         out.append((name, cmd, Path(str(importlib.import_module(module).__file__))))
@@ -141,12 +145,11 @@ class DocsTier(pytest.File):
         for name, command, module in help_pages():
             if module in run_with_a_page:
                 continue
-            nodeid = f"{module.relative_to(ROOT)}::{name[len('specparity'):].strip() or 'cli'} --help"
+            nodeid = f"{module.relative_to(source_root())}::{name[len('specparity'):].strip() or 'cli'} --help"
             files.append(HelpPage.from_parent(self, path=module, nodeid=nodeid, sybils=[SYBIL],
                                               help_name=name, help_text=command.help or ""))
         rank = {name: i for i, name in enumerate(PAGE_ORDER)}
-        files.sort(key=lambda f: rank.get(str(Path(str(f.path)).relative_to(ROOT)) if isinstance(f, DocPage)
-                                          else "", len(rank)))
+        files.sort(key=lambda f: rank.get(f.nodeid.split("::")[0], len(rank)))
         yield from files
 
 

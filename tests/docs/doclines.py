@@ -359,20 +359,26 @@ def _line_patterns(expected: tuple[str, ...]) -> list[re.Pattern[str] | None]:
 def _match(pattern: list[re.Pattern[str] | None], i: int, lines: list[str], j: int) -> bool:
     if i == len(pattern):
         return j == len(lines)
-    if pattern[i] is None:
-        return any(_match(pattern, i + 1, lines, k) for k in range(j, len(lines) + 1))
     p = pattern[i]
+    if p is None:
+        return any(_match(pattern, i + 1, lines, k) for k in range(j, len(lines) + 1))
     return j < len(lines) and p.fullmatch(lines[j].rstrip()) is not None and _match(pattern, i + 1, lines, j + 1)
 
 
 def copy_checkout(dest: Path, link_venv: bool = True) -> None:
-    """The checkout's tracked files (as they are in the working tree) under ``dest``, and its ``.venv`` as a
-    link (``link_venv``): the folder a reader who cloned the repository and ran README's install types in."""
+    """The checkout's files (as they are in the working tree) under ``dest``, and its ``.venv`` as a link
+    (``link_venv``): the folder a reader who cloned the repository and ran README's install types in."""
     import shutil
     import subprocess
 
-    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, names.decode().split("\0")):
+    if (ROOT / ".git").exists():
+        # tracked files, and new ones not yet committed (not ignored): the tree the installed package runs from
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, check=True).stdout.decode().split("\0")
+    else:  # a copy of a checkout (tests/docs/test_doclines.py): its files, as they were copied
+        listed = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
+                  if p.is_file() and not {".venv", "__pycache__"} & set(p.relative_to(ROOT).parts)]
+    for name in filter(None, listed):
         src = ROOT / name
         if src.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)

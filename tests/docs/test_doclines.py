@@ -100,8 +100,8 @@ def test_a_transcript_matches_with_its_wildcards_and_names_the_first_line_that_d
     expected = ("model .../target (llama)", "...", "verdict: equal")
     assert doclines.output_mismatch(expected, "model /x/y/target (llama)\nrow 1\nrow 2\nverdict: equal\n") is None
     assert doclines.output_mismatch(expected, "model /x/target (llama)\nverdict: equal") is None  # `...`: no line
-    assert "line 3" in doclines.output_mismatch(expected, "model /x/target (llama)\nverdict: divergent")
-    assert "line 1" in doclines.output_mismatch(expected, "model /x/target (gemma)\nverdict: equal")
+    assert "line 3" in str(doclines.output_mismatch(expected, "model /x/target (llama)\nverdict: divergent"))
+    assert "line 1" in str(doclines.output_mismatch(expected, "model /x/target (gemma)\nverdict: equal"))
     assert doclines.output_mismatch(("a",), "a\nb") is not None  # an extra line is a difference
 
 
@@ -138,10 +138,10 @@ RUN_WITH = {"docs/install.md": "README.md", "specparity/commands/served.py": "do
 
 
 def test_helps_and_pages_that_are_another_pages_first_lines_run_with_it() -> None:
-    found = {str(path.relative_to(ROOT)): page for path, page in docs.same_as_a_page().items()}
+    found = {str(path.relative_to(docs.source_root())): page for path, page in docs.same_as_a_page().items()}
     assert found == RUN_WITH
     for name, command, module in docs.help_pages():
-        page = found.get(str(module.relative_to(ROOT)))
+        page = found.get(str(module.relative_to(docs.source_root())))
         if page:  # line for line: the command, the stated exit code, output, reason not tested, server
             lines = [docs.outcome(ln) for ln in docs.help_lines(name, command)]
             first = [docs.outcome(ln) for ln in docs.page_lines((ROOT / page).read_text(), page)]
@@ -185,7 +185,7 @@ def evaluate_page(text: str, docs_shell: Path, source: str = "docs/fixtures.md")
     for region in docs._regions(doclines.markdown_blocks(text), source):
         document.add(region)
     document.namespace["docs_shell"] = docs_shell
-    return [(example.parsed, example.region.evaluator(example)) for example in document.examples()]
+    return [(example.parsed, docs.evaluate(example)) for example in document.examples()]
 
 
 FORMATS = "docs/fixtures.md"
@@ -221,7 +221,9 @@ def test_the_tier_fails_on_an_edited_page(tmp_path: Path) -> None:
     doclines.copy_checkout(copy)
     page = copy / FORMATS
     text = page.read_text()
-    first = re.search(r"```\n\$ specparity fixtures formats\n(.*)\n", text)[1]
+    found = re.search(r"```\n\$ specparity fixtures formats\n(.*)\n", text)
+    assert found
+    first = found[1]
     page.write_text(text.replace(first, first.replace("dflash", "dflesh", 1), 1))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     proc = subprocess.run([str(ROOT / ".venv" / "bin" / "pytest"), "-n", "0", "-p", "no:cacheprovider", "-q",
