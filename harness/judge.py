@@ -159,10 +159,16 @@ def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, b
                 res.classic.token_index = classic.token_index_at(res.classic.char_offset)
             d = res.classic
             if d is not None and d.text_only:
-                # the server emitted classic decode's very tokens; only its detokenizer wrote other text
+                # the server emitted classic decode's very tokens; only its detokenizer wrote other text. Without
+                # the drafter too (its baseline writes them so, or this is a baseline): the server's way, no
+                # finding. With the drafter only (its baseline writes classic decode's text): other output with
+                # the drafter, a finding named as text only
                 res.reference["detokenized"] = (f"the same tokens, other text from char {d.char_offset}:"
                                                 f" {d.detokenization}")
-                res.classic = None
+                with_drafter_only = plan.drafts and base is not None and base.ok and base.sha256 == classic.sha256
+                res.reference["detokenized_with_drafter_only"] = bool(with_drafter_only)
+                if not with_drafter_only:
+                    res.classic = None
     if base is not None and base.ok and plan.name != BASELINE_START:
         res.baseline = text_difference(side(BASELINE_START, base), base.sha256, comp, plan.name)
     if cold is not None:
@@ -227,6 +233,9 @@ def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence, classic: Classi
     if d is not None:
         res.verdict, res.divergence = Verdict.DIVERGED, d
         res.reason = "differs from classic decode: " + d.line()
+        if d.text_only:  # its baseline writes classic decode's text: the drafter changed only the text
+            res.reason = ("text only, with the drafter: classic decode's token ids written as other text (the"
+                          f" baseline writes classic decode's text); {d.line()}")
         length = past_max_tokens(d, res.completion, res.request.get("body") or {}, plan.name)
         if length is not None:
             res.reason = f"{length}; {res.reason}"
@@ -258,7 +267,7 @@ def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence, classic: Classi
     res.verdict = Verdict.MATCH
     res.reason = "; ".join(ev.lines[:1]) if plan.drafts else "equals classic decode"
     if (res.reference or {}).get("detokenized"):  # named, never a divergence of the tokens
-        res.reason += f"; classic decode's tokens ({res.reference['detokenized']}: this server's detokenizer)"
+        res.reason += f"; classic decode's tokens ({(res.reference or {})['detokenized']}: this server's detokenizer)"
     return res
 
 

@@ -241,7 +241,17 @@ def _braces(text: str) -> str:
 
 
 def packaged_profiles() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(PROFILE_DIR.glob("*.yaml"))}
+    """Every profile known by name: the generic ones here (``profiles/*.yaml``), then each registered
+    engine's own (a YAML file in its package, :meth:`specparity.engines.EngineSpec.profile_files`)."""
+    from specparity.engines import registry
+
+    out = {p.stem: p for p in sorted(PROFILE_DIR.glob("*.yaml"))}
+    for spec in registry().values():
+        for name, path in spec.profile_files().items():
+            if name in out and out[name] != path:
+                raise UsageError(f"engine {spec.name}: profile {name!r} ({path}) is packaged already ({out[name]})")
+            out[name] = path
+    return out
 
 
 _ARGV = ListOf(Scalar(), what="a list of arguments (strings or numbers; no shell)")
@@ -250,7 +260,7 @@ _OPT_REGEX = Nullable(Regex())
 
 # Every key a profile file may hold (profiles/mlx-lm.yaml documents each), checked by type per file
 # before anything is used; ``extends`` merges files already checked. Keys marked "not read yet" are
-# what dflash-mlx's profile proposes (harness/profiles/dflash-mlx.yaml): accepted, typed, unused.
+# what dflash-mlx's profile proposes (specparity/engines/dflash_mlx/dflash-mlx.yaml): accepted, typed, unused.
 PROFILE_SCHEMA = Fields({
     "name": Str(nonempty=True),
     "description": Str(),

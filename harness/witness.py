@@ -22,7 +22,7 @@ from specparity.errors import UsageError
 from specparity.fixtures import FIXTURE_MODULE
 
 WITNESS_ENV = "SPECPARITY_WITNESS_FILE"
-FIXTURE_MODEL_PATH = Path(fixtures.__file__).parent / "fixture_models" / FIXTURE_MODULE
+FIXTURE_MODEL_PATH = fixtures.MODELS_DIR / FIXTURE_MODULE
 _KEEP_OUT = {"config.json", FIXTURE_MODULE, "fixture.json"}
 
 

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINTS = ("stream_generate", "generate", "cli")
 STEPS = ("generate_step", "speculative_generate_step")
-# the calls that draft: mlx-lm's speculative step, dflash-mlx's loop and its CLI (probes/e2e_dflash.py)
+# the calls that draft: mlx-lm's speculative step, dflash-mlx's loop and its CLI (specparity/engines/dflash_mlx/e2e.py)
 DRAFTING_STEPS = ("speculative_generate_step", "stream_dflash_generate", "dflash generate")
 # any engine's own speculative loop run through its adapter (probes/e2e_engine.py) names its step so
 OWN_LOOP = "(its own loop)"
@@ -418,8 +418,10 @@ class EntryResult(ReportMixin):
     def verdict(self) -> Verdict:
         if self.classic.error or self.drafter.error or self.refused:
             return Verdict.NOT_RUN
-        if (self.difference and not self.difference.text_only) or self.dropped:
-            return Verdict.DIVERGED  # the same ids written as other text is not a divergence of the tokens
+        if self.difference or self.dropped:
+            # the same ids written as other text with the drafter (one producer, both arms) is still other output,
+            # named as text only (judge), never as tokens that differ
+            return Verdict.DIVERGED
         step = self.drafter.step or ""
         if (step not in DRAFTING_STEPS and not step.endswith(OWN_LOOP)) or self.drafter.drafted == 0:
             return Verdict.NOT_ENGAGED
@@ -520,9 +522,12 @@ def judge(res: EntryResult) -> None:
     elif v == Verdict.DIVERGED:
         parts = []
         d = res.difference
-        if d is not None and d.token_index is not None:
+        if d is not None and d.text_only:
+            parts.append(f"identical token ids over {len(res.classic.tokens)} tokens; with the drafter they are written"
+                         f" as other text from character {d.char_offset} (text only, not a token divergence)")
+        elif d is not None and d.token_index is not None:
             parts.append(f"token ids differ at index {d.token_index}")
-        if d is not None and d.char_offset is not None:
+        if d is not None and d.char_offset is not None and not d.text_only:
             parts.append(f"text differs at character {d.char_offset}")
         if res.dropped:
             parts.append("with the drafter " + ", ".join(
@@ -535,9 +540,6 @@ def judge(res: EntryResult) -> None:
     elif v == Verdict.NOT_ENGAGED:
         res.reason = (f"no evidence the drafter ran ({drafter.step or 'no step function'} was called,"
                       f" {drafter.drafted} tokens drafted)")
-    elif res.difference is not None:  # text only: named, never a divergence
-        res.reason = (f"identical token ids over {len(res.classic.tokens)} tokens; the text differs from"
-                      f" character {res.difference.char_offset} only in how the ids became text")
     else:
         res.reason = f"identical token ids and text over {len(res.classic.tokens)} tokens"
 

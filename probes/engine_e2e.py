@@ -1,28 +1,15 @@
-"""Issue 27's engines' own generate loops against classic decode, each located to its round.
+"""Engines' own generate loops against classic decode, each located to its round.
 
-Run in the engine's environment (``python -P -m specparity.probes.engine_e2e
---engine NAME --target DIR --draft DIR``); prints one JSON finding per entry
-point. Each engine is driven through its own loader and its own generate loop
-with its library defaults (only ``max_new_tokens`` and the prompt's token ids
-passed), and its own acceptance record is the evidence that it drafted. The pair
-is loaded once by the engine's loaders for all its entry points (:func:`load_once`:
-a load error is each entry point's finding), each loop a fresh request on it:
+Every engine that declares its loops (``EngineSpec.loops``, its package's ``loops.py``) is driven here:
+run in the engine's environment (``python -P -m specparity.probes.engine_e2e --engine NAME --target DIR
+--draft DIR``), it prints one JSON finding per entry point. Each engine is driven through its own loader
+and its own generate loop with its library defaults (only ``max_new_tokens`` and the prompt's token ids
+passed), and its own acceptance record is the evidence that it drafted. An engine loads the pair once for
+all its entry points (:func:`load_once`: a load error is each entry point's finding), each loop a fresh
+request on it. Nothing here names an engine: the registry gives each one's loops.
 
-    mlx-dspark  ``load_target`` + ``load_drafter`` (4-bit drafter by default) +
-                ``speculative_generate`` (cap 2, n-gram lookup drafts on), and the
-                same with the whole block verified and lookup off; rounds from its
-                ``on_round`` callback (drafted, accepted, committed, source)
-    dspark-mlx  ``load_draft`` + ``load_host`` + ``generate_eager`` (one verify of
-                [anchor, drafts] per round) and the legacy ``generate``, each after
-                the host's and the drafter's ``reset`` (as its CLI starts a run);
-                rounds from each ``TokenEvent.n_accepted``
-    dfly-mlx    ``load_runtime`` + ``generate`` (its no-thinking chat prompt) and
-                the loop it drives, dflash-mlx's ``stream_dflash_generate`` with the
-                DFly draft backend, on the prompt's ids; rounds from the summary's
-                ``acceptance_history``
-    mtplx       each entry point imported (``runtime.load``, ``generate_ar`` /
-                ``generate_mtp1`` / ``generate_mtpk``, the CLI, the server): on
-                Linux each fails with its own cause, reported as ``cannot_run``
+A loops function: ``loops(target, draft, prompt, max_tokens, classic, entries) -> list[Finding]``,
+each finding judged by :func:`judge` against ``classic`` (its rounds located by the engine's own record).
 
 Classic decode is mlx-lm's own classic path (:class:`Classic`: ``stream_generate``
 without a drafter, its default sampler, greedy argmax of the model's logprobs in
@@ -45,25 +32,15 @@ import argparse
 import contextlib
 import json
 import sys
-import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from collections.abc import Callable
 from typing import Any
 
 from specparity.completions import first_index
+from specparity.errors import UsageError
 from specparity.verdicts import Verdict
 
-# set to N: mlx-dspark's N-th verify of each generation flips its first row (the detector's own test)
-FAULT_VAR = "SPECPARITY_ENGINE_FAULT_ROUND"
-ENGINE_PACKAGES = ("mlx_dspark", "dspark_mlx", "dfly_mlx", "dflash_mlx", "mtplx")
-ENGINES = ("mlx-dspark", "dspark-mlx", "dfly-mlx", "mtplx")
-ENTRY_POINTS = {"mlx-dspark": ("speculative_generate", "speculative_generate-full-block"),
-                "dspark-mlx": ("generate_eager", "generate"), "dfly-mlx": ("generate", "dfly-stream")}
-MTPLX_ENTRY_POINTS = (("runtime.load", "mtplx.runtime", "load"), ("generate_ar", "mtplx.generation", "generate_ar"),
-                      ("generate_mtp1", "mtplx.generation", "generate_mtp1"),
-                      ("generate_mtpk", "mtplx.generation", "generate_mtpk"), ("mtplx CLI", "mtplx.cli", "main"),
-                      ("mtplx server", "mtplx.server.openai", None))
 
 
 @dataclass
@@ -230,11 +207,12 @@ def label_tie(f: Finding, classic: Classic, prompt: list[int]) -> None:
         f.reason += f"; not a tie: logprobs {pe:.6g} (engine's token) vs {pc:.6g} (classic's), {logits.dtype}"
 
 
-def _failed(f: Finding, err: BaseException) -> Finding:
+def failed(f: Finding, err: BaseException) -> Finding:
+    """``f`` as the engine's own error: its type, message and the engine's own frame that raised."""
     f.verdict = Verdict.ERROR
     frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ else []
     # the engine's own frame that raised (mlx's __getattr__ or a stdlib helper says less)
-    own = [fr for fr in frames if any(f"/{m}/" in fr.filename for m in ENGINE_PACKAGES)]
+    own = [fr for fr in frames if any(f"/{m}/" in fr.filename for m in _engine_packages())]
     picked = own or list(frames)
     at = f" (at {picked[-1].filename.rsplit('site-packages/', 1)[-1]}:{picked[-1].lineno})" if picked else ""
     f.failure = f"{type(err).__name__}: {err}"[:400] + at
@@ -242,33 +220,6 @@ def _failed(f: Finding, err: BaseException) -> Finding:
     return f
 
 
-def inject_verify_fault(round_no: int) -> None:
-    """A fault in mlx-dspark's own verify (for the detector's tests): the ``round_no``-th ``Target.verify``
-    of each generation returns row 0 with its second-best token raised above its best, so the engine emits
-    a token classic decode does not there."""
-    import mlx.core as mx
-    from mlx_dspark.target import Target
-
-    orig = Target.verify
-    calls = {"n": 0}
-
-    def verify(self: Any, ids: Any, cache: Any, tap: Any) -> Any:
-        logits, fused = orig(self, ids, cache, tap)
-        calls["n"] += 1
-        if calls["n"] == round_no:
-            row = logits[0, 0]
-            second = int(mx.argsort(row)[-2])
-            logits = logits.at[0, 0, second].add(mx.abs(row).max() * 4 + 1)
-        return logits, fused
-
-    Target.verify = verify
-    orig_reset = Target.reset_spec
-
-    def reset_spec(self: Any) -> None:
-        calls["n"] = 0
-        orig_reset(self)
-
-    Target.reset_spec = reset_spec
 
 
 def load_once(load: Callable[[], Any]) -> Callable[[], Any]:
@@ -290,141 +241,10 @@ def load_once(load: Callable[[], Any]) -> Callable[[], Any]:
     return loaded
 
 
-def run_mlx_dspark(target: str, draft: str, prompt: list[int], n: int, ref: Classic,
-                   entries: tuple[str, ...] = ()) -> list[Finding]:
-    import os
-
-    from mlx_dspark.generate import speculative_generate
-    from mlx_dspark.load import load_drafter, load_target
-
-    classic, eos = ref.tokens(prompt), ref.eos
-    if os.environ.get(FAULT_VAR):
-        inject_verify_fault(int(os.environ[FAULT_VAR]))
-    pair = load_once(lambda: (*load_target(target, require_tap=True), load_drafter(draft)[0]))
-    out = []
-    for entry, kw in (("speculative_generate", {}),
-                      ("speculative_generate-full-block", {"max_draft_tokens": None, "lookup_drafts": False})):
-        if entries and entry not in entries:
-            continue
-        f = Finding("mlx-dspark", entry)
-        t0 = time.perf_counter()
-        try:
-            tgt, tok, drafter = pair()
-
-            def on_round(**r: Any) -> None:
-                f.rounds.append({"drafted": int(r.get("drafted", 0)), "accepted": int(r.get("accepted", 0)),
-                                 "committed": int(r.get("committed", 0)), "source": str(r.get("source", ""))})
-
-            res = speculative_generate(tgt, tok, drafter, prompt_ids=list(prompt), max_new_tokens=n,
-                                       on_round=on_round, **kw)
-            f.tokens = [int(t) for t in res.token_ids]
-            f.drafted = sum(r["drafted"] for r in f.rounds)
-            f.accepted = sum(r["accepted"] for r in f.rounds)
-            judge(f, classic, eos | {int(e) for e in getattr(tok, "eos_token_ids", []) or []}, 1)
-        except Exception as err:  # noqa: BLE001  (the engine's own error is the finding)
-            _failed(f, err)
-        f.seconds = time.perf_counter() - t0
-        out.append(f)
-    return out
 
 
-def run_dspark_mlx(target: str, draft: str, prompt: list[int], n: int, ref: Classic,
-                   entries: tuple[str, ...] = ()) -> list[Finding]:
-    from dspark_mlx import generate, generate_eager, load_draft, load_host
-    from dspark_mlx.events import TokenEvent
-
-    classic, eos = ref.tokens(prompt), ref.eos
-    eos_id = min(eos) if eos else None
-
-    def load() -> tuple[Any, Any]:
-        drafter, cfg = load_draft(draft)
-        return drafter, load_host(target, cfg)[2]
-    pair = load_once(load)
-    out = []
-    for entry, loop in (("generate_eager", generate_eager), ("generate", generate)):
-        if entries and entry not in entries:
-            continue
-        f = Finding("dspark-mlx", entry)
-        t0 = time.perf_counter()
-        try:
-            drafter, adapter = pair()
-            adapter.reset()  # a fresh request on the loaded pair, as its own CLI starts each run
-            drafter.reset()
-            drafted_per_round = int(drafter.block_size)
-            for ev in loop(adapter, drafter, [list(prompt)], max_new_tokens=n, eos_id=eos_id):
-                if isinstance(ev, TokenEvent):
-                    # a round's tokens all carry its n_accepted: a new round starts when the last one is full
-                    if not f.rounds or f.rounds[-1]["committed"] == f.rounds[-1]["accepted"] + 1:
-                        f.rounds.append({"drafted": drafted_per_round, "accepted": int(ev.n_accepted),
-                                         "committed": 0, "source": "dspark"})
-                    f.rounds[-1]["committed"] += 1
-                    f.tokens.append(int(ev.token))
-                else:
-                    f.drafted, f.accepted = int(ev.n_drafted), int(ev.n_accepted)
-            judge(f, classic, eos, 0)
-        except Exception as err:  # noqa: BLE001
-            _failed(f, err)
-        f.seconds = time.perf_counter() - t0
-        out.append(f)
-    return out
 
 
-def run_dfly_mlx(target: str, draft: str, prompt: list[int], n: int, ref: Classic,
-                 entries: tuple[str, ...] = ()) -> list[Finding]:
-    from dflash_mlx.engine.events import SummaryEvent, TokenEvent
-    from dflash_mlx.runtime import get_stop_token_ids, stream_dflash_generate
-    from dflash_mlx.runtime.context import build_offline_runtime_context
-    from dfly_mlx.generate import generate, no_thinking_prompt_tokens
-    from dfly_mlx.loading import load_runtime
-
-    classic, eos = ref.tokens(prompt), ref.eos
-
-    def rounds_of(hist: list[int], block: int) -> list[dict[str, Any]]:
-        return [{"drafted": block - 1, "accepted": int(a), "committed": int(a) + 1, "source": "dfly"} for a in hist]
-
-    runtime = load_once(lambda: load_runtime(target, draft))
-
-    def own_generate(f: Finding) -> None:
-        bundle = runtime()
-        text = bundle.tokenizer.decode(list(prompt))
-        # generate() prompts with its no-thinking chat template: classic decode of those ids is its reference
-        ids = no_thinking_prompt_tokens(bundle.tokenizer, text)
-        f.prompt = list(ids)
-        res = generate(bundle, text, max_tokens=n)
-        f.tokens = list(res.token_ids)
-        f.rounds = rounds_of(list(res.summary.get("acceptance_history") or []), int(bundle.draft_model.block_size))
-        judge_rounds(f)
-        judge(f, ref.tokens(list(ids)), eos, 0)
-
-    def stream(f: Finding) -> None:
-        bundle = runtime()
-        events = stream_dflash_generate(
-            target_model=bundle.target_model, target_ops=bundle.target_ops, tokenizer=bundle.tokenizer,
-            draft_model=bundle.draft_model, draft_backend=bundle.draft_backend, prompt="",
-            prompt_tokens_override=list(prompt), max_new_tokens=n, use_chat_template=False,
-            block_tokens=int(bundle.draft_model.block_size), stop_token_ids=get_stop_token_ids(bundle.tokenizer),
-            runtime_context=build_offline_runtime_context(verify_mode="dflash"))
-        for ev in events:
-            if isinstance(ev, TokenEvent):
-                f.tokens.append(int(ev.token_id))
-            elif isinstance(ev, SummaryEvent):
-                f.rounds = rounds_of(list(ev.acceptance_history or []), int(bundle.draft_model.block_size))
-        judge_rounds(f)
-        judge(f, classic, eos, 0)
-
-    out = []
-    for entry, fn in (("generate", own_generate), ("dfly-stream", stream)):
-        if entries and entry not in entries:
-            continue
-        f = Finding("dfly-mlx", entry)
-        t0 = time.perf_counter()
-        try:
-            fn(f)
-        except Exception as err:  # noqa: BLE001  (the engine's own error is the finding)
-            _failed(f, err)
-        f.seconds = time.perf_counter() - t0
-        out.append(f)
-    return out
 
 
 def judge_rounds(f: Finding) -> None:
@@ -433,98 +253,49 @@ def judge_rounds(f: Finding) -> None:
     f.accepted = sum(r["accepted"] for r in f.rounds)
 
 
-def check_mtp_fixture(target: str) -> dict[str, Any]:
-    """An MTP target checked by mtplx's own loaders (those that import on Linux): its strict coverage check
-    of the ``qwen3_5`` head (``qwen3_5_mtp_patch._validate_load_coverage`` of the module tree it builds,
-    ``_make_qwen3_5_mtp_module``, against the weights its reader ``mtp_patch._load_mtp_weights`` takes from
-    ``expected_mtp_file``), then ``runtime.load`` (the head attached: ``mtp_enabled``, ``validate_mtp_support``).
-    Each step's own error, where it raises."""
-    from pathlib import Path
-
-    out: dict[str, Any] = {"target": target}
-    try:
-        from mlx_lm.models.qwen3_5 import TextModelArgs
-        from mtplx.artifacts import expected_mtp_file, load_config, text_config
-        from mtplx.mtp_patch import _load_mtp_weights, _num_mtp_layers
-        from mtplx.qwen3_5_mtp_patch import _make_qwen3_5_mtp_module, _validate_load_coverage
-
-        config = load_config(Path(target))
-        out["mtp_file"] = str(expected_mtp_file(Path(target), config))
-        out["mtp_layers"] = _num_mtp_layers(config)
-        weights = _load_mtp_weights(Path(out["mtp_file"]), config)
-        out["tensors"] = len(weights)
-        _validate_load_coverage(_make_qwen3_5_mtp_module(TextModelArgs.from_dict(text_config(config))), weights)
-        out["coverage"] = "exact"
-    except Exception as err:  # noqa: BLE001  (mtplx's own words are the finding)
-        out["coverage"] = f"{type(err).__name__}: {err}"
-    try:
-        from mtplx import runtime
-        from mtplx.mtp_patch import validate_mtp_support
-
-        rt = runtime.load(target)
-        out["mtp_enabled"] = bool(rt.mtp_enabled)
-        out["validated"] = bool(validate_mtp_support(rt.model))
-    except Exception as err:  # noqa: BLE001
-        out["load_error"] = f"{type(err).__name__}: {err}"
-    return out
 
 
-def run_mtplx(entries: tuple[str, ...] = (), target: str = "") -> list[Finding]:
-    """Each mtplx entry point imported: what does not import here is ``cannot_run`` with its own cause.
-    ``target``: an MTP fixture (``fixtures make --drafter-format mtp``): ``runtime.load`` loads it."""
-    import importlib
-
-    out = []
-    for entry, module, attr in MTPLX_ENTRY_POINTS:
-        if entries and entry not in entries:
-            continue
-        f = Finding("mtplx", entry)
-        try:
-            mod = importlib.import_module(module)
-            if attr is not None:
-                getattr(mod, attr)
-            f.verdict, f.reason = Verdict.ERROR, "imports here, but no MTP fixture drives it yet: not a pass"
-            if entry == "runtime.load" and target:
-                got = check_mtp_fixture(target)
-                f.failure = got.get("load_error") or ""
-                f.reason = (f"loads the MTP target (MTP heads attached: {got.get('mtp_enabled')}, validated:"
-                            f" {got.get('validated')}; coverage: {got.get('coverage')}), but its generation"
-                            " cannot run here: nothing to compare, not a pass")
-        except BaseException as err:  # noqa: BLE001  (an import may raise anything, SystemExit included)
-            _failed(f, err)
-            f.verdict, f.reason = "cannot_run", f"{module} does not import on {sys.platform}"
-        out.append(f)
-    return out
 
 
-def run(engine: str, target: str, draft: str, prompt: list[int], n: int,
+def _engine_packages() -> list[str]:
+    """The top-level packages of every registered engine (its frames are the engine's own)."""
+    from specparity.engines import registry
+
+    return sorted({spec.module.split(".")[0] for spec in registry().values() if spec.module})
+
+
+def run(engine: str, target: str, draft: str | None, prompt: list[int], n: int,
         entries: tuple[str, ...] = (), classic: Classic | None = None) -> list[Finding]:
     """``engine``'s entry points (``entries``; all when empty) against classic decode (``classic``: its
-    reference, kept for the caller; None: one here, the target loaded by mlx-lm)."""
-    runs = {"mlx-dspark": run_mlx_dspark, "dspark-mlx": run_dspark_mlx, "dfly-mlx": run_dfly_mlx}
-    if engine == "mtplx":
-        return run_mtplx(entries, target)
-    if engine in runs:
-        ref = classic if classic is not None else Classic(target, n)
-        found = runs[engine](target, draft, prompt, n, ref, entries)
-        for f in found:
-            label_tie(f, ref, prompt)
-        return found
-    raise SystemExit(f"Error: unknown engine {engine!r}: choose from {', '.join(ENGINES)}")
+    reference, kept for the caller; None: one here, the target loaded by mlx-lm): its declared loops."""
+    from specparity.engines import get, resolve
+
+    spec = get(engine)
+    if spec.loops is None:
+        raise UsageError(f"engine {engine}: declares no loops of its own")
+    ref = classic if classic is not None else Classic(target, n)
+    found: list[Finding] = resolve(spec.loops)(target, draft, list(prompt), n, ref, tuple(entries))
+    for f in found:
+        label_tie(f, ref, prompt)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specparity.engines import registry
+
     ap = argparse.ArgumentParser(prog="python -P -m specparity.probes.engine_e2e", description=__doc__.split("\n")[0])
-    ap.add_argument("--engine", required=True, choices=ENGINES)
+    ap.add_argument("--engine", required=True, choices=[n for n, s in registry().items() if s.loops is not None])
     ap.add_argument("--target", default="")
     ap.add_argument("--draft", default="")
     ap.add_argument("--prompt-ids", default="", help="comma-separated token ids")
     ap.add_argument("--max-tokens", type=int, default=32)
     a = ap.parse_args(argv)
     prompt = [int(x) for x in a.prompt_ids.split(",") if x.strip()]
-    if a.engine != "mtplx" and not (a.target and a.draft and prompt):
-        ap.error("--target, --draft and --prompt-ids are required")
-    for f in run(a.engine, a.target, a.draft, prompt, a.max_tokens):
+    from specparity.engines import get
+
+    if get(a.engine).drafter_checkpoint and not (a.target and prompt):
+        ap.error("--target and --prompt-ids are required (this engine's loops draft from a drafter checkpoint)")
+    for f in run(a.engine, a.target, a.draft or None, prompt, a.max_tokens):
         print(json.dumps(f.to_dict()), flush=True)
     return 0
 

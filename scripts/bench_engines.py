@@ -1,52 +1,44 @@
 #!/usr/bin/env python3
-"""Issue 27's engines: each in-process check / the engine and classic forwards it needs; a served mlx-dspark job.
+"""Every engine's in-process checks over the forwards they need, and its served job over its servers' own time.
 
-(a) For each engine (mlx-dspark, dspark-mlx, dfly-mlx), in its pinned environment, on
-its default fixture (the DSpark / DFly pair of ``e2e --engine NAME``), two checks:
+Nothing here names an engine: the engines are the registry's (the default engine, mlx-lm, has
+benches of its own: bench_probe, bench_replay, bench_served), each on its default fixture.
 
-- ``e2e``: what ``specparity e2e --engine NAME`` runs (each of the engine's own loops,
-  on the pair its own loaders loaded once, against classic decode, judged and
-  tie-labelled; classic decode is mlx-lm's ``stream_generate`` once per distinct
-  prompt, which is also the command's classic arm). What it needs, run bare in the
-  same process: the pair loaded once by the engine's loaders, each entry point's
-  loop once on the same prompt ids, the target loaded once by mlx-lm and classic
-  decode (the toolkit's greedy chain, ``advance_to_depth``: the same tokens without
-  ``stream_generate``'s own costs) of as many tokens on each distinct prompt.
-  Everything else (the command's checkpoint load and fingerprint, the spy, judging)
-  is the check's overhead.
-- ``probe`` (mlx-dspark and dspark-mlx: the engines whose verify and rollback an
-  adapter drives): what ``probe --engine NAME`` and ``replay --engine NAME`` run
-  (block vs chain and every rollback per width from copies of classic decode's
-  state, the engine's prefill, its own loop recorded round by round and walked
-  against classic decode), as ``bench_dflash.py`` measures dflash-mlx's: the
-  forwards they need are timed where they happen (the session's prefill, verify and
-  rollback, every classic step), plus the engine's own loop run bare (nothing
-  recorded) on the same prompts. A classic forward counts once per command
-  (``Timers.wrap_forwards(distinct=True)``): one that decodes a token history the
-  same command already decoded (``replay --engine``'s accept-vector replay walks the
-  classic chain its walk of the engine's run walked) is timed apart and printed
-  (``_probe_repeats``, with the figure counting them), not counted as needed; the
-  reproducibility bracket's repeat is deliberate and counts. ``_probe_parts`` splits
-  the median run: forwards needed, repeats, the engine's loop recorded (and bare),
-  the rest.
+(a) In process, in the engine's pinned environment, two checks where the engine has the parts:
 
-The arms are interleaved (``--repeat`` paired runs after a warm-up, the order
-alternating); the figure is the median ratio with its distribution-free 95%
-confidence interval (scripts/benchstats.py). Goal: <= 1.2.
+- ``e2e`` (an engine with its own loops, ``EngineSpec.loops``): what ``specparity e2e --engine NAME``
+  runs (each of the engine's own loops, on the pair its own loaders loaded once, against classic
+  decode, judged and tie-labelled; classic decode is mlx-lm's ``stream_generate`` once per distinct
+  prompt, which is also the command's classic arm). What it needs: the same loops function run bare
+  (``BareClassic``: the target loaded once by mlx-lm and the toolkit's greedy chain, ``advance_to_depth``,
+  of as many tokens on each distinct prompt, without ``stream_generate``'s own costs). Everything else
+  (the command's checkpoint load and fingerprint, the spy, judging) is the check's overhead.
+- ``probe`` (an engine with an in-process adapter): what ``probe --engine NAME`` and ``replay --engine
+  NAME`` run (block vs chain and every rollback per width from copies of classic decode's state, the
+  engine's prefill, its own loop recorded round by round and walked against classic decode): the
+  forwards they need are timed where they happen (the session's prefill, verify and rollback, every
+  classic step), plus the engine's own loop run bare (the adapter's ``loop``: nothing recorded) on the
+  same prompts. A classic forward counts once per command (``Timers.wrap_forwards(distinct=True)``): one
+  that decodes a token history the same command already decoded (``replay --engine``'s accept-vector
+  replay walks the classic chain its walk of the engine's run walked) is timed apart and printed
+  (``_probe_repeats``), not counted as needed; the reproducibility bracket's repeat is deliberate and
+  counts. ``_probe_parts`` splits the median run.
 
-(b) A served job on mlx-dspark (the ``mlx-dspark`` profile: ``mlx-dspark serve``
-from its environment, on the DSpark fixture, the target-only baseline and two
-widths, the default request sequence, the prompts its drafter was fitted on): the
-job's wall time / its servers' own start-up + generation, as
-``bench_dflash_served.py`` measures dflash-mlx's. Median of ``--served-runs`` and
-the spread. Goal: <= 1.15.
+The arms are interleaved (``--repeat`` paired runs after a warm-up, the order alternating); the figure
+is the median ratio with its distribution-free 95% confidence interval (scripts/benchstats.py).
+Goal: <= 1.2.
 
-An engine whose environment is not built prints one ``skipped`` line
-(``scripts/build-env NAME`` builds it) and the bench goes on; nothing is built here.
+(b) A served job per engine whose package holds a served profile (``EngineSpec.profile_files``): that
+profile's server from its environment, on the engine's default fixture, the target-only baseline and
+two widths, the default request sequence, the built-in prompts: the job's wall time / its servers'
+own start-up + generation. Median of ``--served-runs`` and the spread. Goal: <= 1.15.
 
-Usage: .venv/bin/python -P scripts/bench_engines.py [--engines mlx-dspark,dspark-mlx,dfly-mlx]
-       [--repeat 15] [--max-tokens 32] [--prompts 2] [--served-runs 3] [--no-served] [--no-in-process]
-       [--profile DIR]
+An engine whose environment is not built prints one ``skipped`` line (``scripts/build-env NAME``
+builds it) and the bench goes on; nothing is built here. An engine whose draft heads live in its
+target and whose loops cannot run here prints ``not applicable``.
+
+Usage: .venv/bin/python -P scripts/bench_engines.py [--engines NAME,NAME] [--repeat 15] [--max-tokens 32]
+       [--prompts 2] [--served-runs 3] [--no-served] [--no-in-process] [--profile DIR]
 Prints one figure per line, ``name: value unit``.
 """
 
@@ -67,9 +59,16 @@ from benchstats import Timers, interleaved, ratio_line, served_runs  # noqa: E40
 
 GOAL_CHECKS = 1.2
 GOAL_SERVED = 1.15
-ENGINES = ("mlx-dspark", "dspark-mlx", "dfly-mlx")
-PROBED = ("mlx-dspark", "dspark-mlx", "dfly-mlx")  # the engines whose verify and rollback an adapter drives
 CHILD = "SPECPARITY_BENCH_ENGINES_CHILD"
+
+
+def engines() -> list[str]:
+    """The engines this bench measures: every registered one but the default (its own benches) with its own
+    loops or an in-process adapter, and a drafter checkpoint its default fixture has."""
+    from specparity.engines import DEFAULT, registry
+
+    return [n for n, s in registry().items()
+            if n != DEFAULT and (s.loops is not None or s.in_process) and s.default_checkpoints is not None]
 
 
 def label(engine: str) -> str:
@@ -79,69 +78,39 @@ def label(engine: str) -> str:
 # --- (a) in process, in the engine's environment -------------------------------------------------------------
 
 
+class BareClassic:
+    """Classic decode as the bare arm needs it: the target loaded once by mlx-lm, each distinct prompt's tokens
+    by the toolkit's greedy chain (no ``stream_generate``), as a loops function asks its classic reference."""
+
+    def __init__(self, target: str, n: int):
+        import mlx_lm
+
+        self.model, tok = mlx_lm.load(target)[:2]
+        self.n = n
+        self.eos = {int(e) for e in getattr(tok, "eos_token_ids", None) or []}
+        self._done: dict[tuple[int, ...], list[int]] = {}
+
+    def tokens(self, prompt: list[int]) -> list[int]:
+        from specparity.decode import advance_to_depth
+
+        key = tuple(prompt)
+        if key not in self._done:
+            self._done[key] = advance_to_depth(self.model, list(prompt), self.n)[2]
+        return self._done[key]
+
+
 def bare_loops(engine: str, target: str, draft: str, prompt: list[int], n: int) -> Callable[[], None]:
-    """What ``e2e --engine NAME`` needs, bare: one load each, every entry point's loop, classic decode."""
-    import mlx_lm
+    """What ``e2e --engine NAME`` needs, bare: the engine's own loops function (one load, every entry point's
+    loop) with :class:`BareClassic` as its classic reference."""
+    from specparity.engines import get, resolve
 
-    from specparity.decode import advance_to_depth
+    spec = get(engine)
+    loops = resolve(spec.loops)
+    entries = tuple(spec.e2e_entry_points)
 
-    def classic(prompts: list[list[int]]) -> None:
-        model = mlx_lm.load(target)[0]
-        for p in prompts:
-            advance_to_depth(model, p, n)
-
-    if engine == "mlx-dspark":
-        from mlx_dspark.generate import speculative_generate
-        from mlx_dspark.load import load_drafter, load_target
-
-        def run() -> None:
-            tgt, tok = load_target(target, require_tap=True)
-            drafter = load_drafter(draft)[0]
-            speculative_generate(tgt, tok, drafter, prompt_ids=list(prompt), max_new_tokens=n)
-            speculative_generate(tgt, tok, drafter, prompt_ids=list(prompt), max_new_tokens=n,
-                                 max_draft_tokens=None, lookup_drafts=False)
-            classic([prompt])
-        return run
-    if engine == "dspark-mlx":
-        from dspark_mlx import generate, generate_eager, load_draft, load_host
-
-        eos = set(getattr(mlx_lm.load(target)[1], "eos_token_ids", None) or [])
-
-        def run_dspark() -> None:
-            drafter, cfg = load_draft(draft)
-            host = load_host(target, cfg)[2]
-            for loop in (generate_eager, generate):
-                host.reset()
-                for _ in loop(host, drafter, [list(prompt)], max_new_tokens=n, eos_id=min(eos) if eos else None):
-                    pass
-            classic([prompt])
-        return run_dspark
-    from dflash_mlx.runtime import get_stop_token_ids, stream_dflash_generate
-    from dflash_mlx.runtime.context import build_offline_runtime_context
-    from dfly_mlx.generate import generate as dfly_generate
-    from dfly_mlx.generate import no_thinking_prompt_tokens
-    from dfly_mlx.loading import load_runtime
-
-    def run_dfly() -> None:
-        bundle = load_runtime(target, draft)
-        text = bundle.tokenizer.decode(list(prompt))
-        prompts = [prompt]
-        try:  # generate() prompts with its chat template: a tokenizer without one is its error, no forward
-            chat = list(no_thinking_prompt_tokens(bundle.tokenizer, text))
-            dfly_generate(bundle, text, max_tokens=n)
-            prompts.append(chat)
-        except Exception:  # noqa: BLE001  (the check reports it; the bare arm needs nothing for it)
-            pass
-        for _ in stream_dflash_generate(
-                target_model=bundle.target_model, target_ops=bundle.target_ops, tokenizer=bundle.tokenizer,
-                draft_model=bundle.draft_model, draft_backend=bundle.draft_backend, prompt="",
-                prompt_tokens_override=list(prompt), max_new_tokens=n, use_chat_template=False,
-                block_tokens=int(bundle.draft_model.block_size),
-                stop_token_ids=get_stop_token_ids(bundle.tokenizer),
-                runtime_context=build_offline_runtime_context(verify_mode="dflash")):
-            pass
-        classic(prompts)
-    return run_dfly
+    def run() -> None:
+        loops(target, draft, list(prompt), n, BareClassic(target, n), entries)
+    return run
 
 
 def e2e_check(engine: str, target: str, draft: str, prompt: list[int], n: int) -> Callable[[], Any]:
@@ -161,43 +130,10 @@ def e2e_check(engine: str, target: str, draft: str, prompt: list[int], n: int) -
 
 def adapter(engine: str, target: str, draft: str) -> tuple[Any, type, Callable[[list[int], int], None]]:
     """The engine's in-process adapter, its session class and its own loop run bare (nothing recorded)."""
-    if engine == "mlx-dspark":
-        from mlx_dspark.generate import speculative_generate
+    from specparity.engines import LoadRequest, get
 
-        from specparity.probes.engines.mlx_dspark import MlxDsparkEngine, MlxDsparkSession
-
-        eng: Any = MlxDsparkEngine(target, draft)
-
-        def loop(p: list[int], n: int) -> None:
-            speculative_generate(eng.target, eng.tokenizer, eng.drafter, prompt_ids=list(p), max_new_tokens=n)
-        return eng, MlxDsparkSession, loop
-    if engine == "dfly-mlx":
-        from dflash_mlx.runtime import stream_dflash_generate
-
-        from specparity.probes.engines.dflash_mlx import DflashSession
-        from specparity.probes.engines.dfly_mlx import DflyEngine
-
-        dfly = DflyEngine(target, draft)
-
-        def loop_dfly(p: list[int], n: int) -> None:  # DflyEngine.generate's call, nothing recorded
-            for _ in stream_dflash_generate(
-                    target_model=dfly.target_model, target_ops=dfly.target_ops, tokenizer=dfly.bundle.tokenizer,
-                    draft_model=dfly.draft_model, draft_backend=dfly.bundle.draft_backend, prompt="",
-                    prompt_tokens_override=list(p), max_new_tokens=n, stop_token_ids=[],
-                    runtime_context=dfly.runtime_context, **dfly.loop_options()):
-                pass
-        return dfly, DflashSession, loop_dfly
-    from dspark_mlx import generate_eager
-
-    from specparity.probes.engines.dspark_mlx import DsparkMlxEngine, DsparkMlxSession
-
-    eng = DsparkMlxEngine(target, draft)
-
-    def loop_(p: list[int], n: int) -> None:
-        eng.host.reset()
-        for _ in generate_eager(eng.host, eng.drafter, [list(p)], max_new_tokens=n):
-            pass
-    return eng, DsparkMlxSession, loop_
+    eng = get(engine).load(LoadRequest(Path(target), Path(draft)))
+    return eng, type(eng.session()), eng.loop
 
 
 def figure(name: str, ratios: list[float], what: str, prof: Any, folder: str | None) -> None:
@@ -215,7 +151,9 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
     from specparity.engines import get
 
     checkpoints = get(engine).checkpoints()
-    assert checkpoints is not None and checkpoints[1] is not None
+    if checkpoints is None or checkpoints[1] is None:
+        print(f"{label(engine)}: not applicable (its default fixture has no drafter checkpoint)")
+        return
     target, draft = str(checkpoints[0]), str(checkpoints[1])
     n = args.max_tokens
     prof = None
@@ -242,18 +180,34 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
     prompts = encode_prompts(load_tokenizer(Path(target)), None, None)  # the built-in prompts, as the check takes
     prompt = prompts[0]
 
-    # e2e: the check's wall time over the bare arm's, paired
+    lab = label(engine)
+    if get(engine).loops is None:
+        print(f"{lab}_e2e_ratio: not applicable ({engine} declares no loops of its own: its e2e runs its entry"
+              " points, not measured here)")
+    else:
+        e2e_figure(engine, target, draft, prompt, n, args, profiled, prof)
+    if not get(engine).in_process:
+        print(f"{lab}_probe_ratio: not applicable ({engine} exposes its loops only, no verify or rollback to drive)")
+        return
+    probe_figure(engine, target, draft, prompts, n, args, profiled, prof)
+
+
+def timed(fn: Callable[[], Any]) -> Callable[[], float]:
+    def run() -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    return run
+
+
+def e2e_figure(engine: str, target: str, draft: str, prompt: list[int], n: int, args: argparse.Namespace,
+               profiled: Callable[[Callable[[], Any]], Callable[[], Any]], prof: Any) -> None:
+    """The e2e check's wall time over the bare arm's, paired."""
+    from specparity.engines import get
+
     check, bare = profiled(e2e_check(engine, target, draft, prompt, n)), bare_loops(engine, target, draft, prompt, n)
     check()  # warm-up: kernels, imports
     bare()
-
-    def timed(fn: Callable[[], Any]) -> Callable[[], float]:
-        def run() -> float:
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
-        return run
-
     runs = interleaved([timed(check), timed(bare)], args.repeat)
     ratios = [c / b for c, b in runs]
     mid = sorted(runs, key=lambda r: r[0] / r[1])[len(runs) // 2]
@@ -263,12 +217,14 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
           f" {', '.join(get(engine).e2e_entry_points)})")
     figure(f"{lab}_e2e", ratios, "e2e --engine check / what it needs", prof, args.profile)
 
-    if engine not in PROBED:
-        print(f"{lab}_probe_ratio: not applicable ({engine} exposes its loop only, no verify or rollback to drive)")
-        return
+
+def probe_figure(engine: str, target: str, draft: str, prompts: list[list[int]], n: int, args: argparse.Namespace,
+                 profiled: Callable[[Callable[[], Any]], Callable[[], Any]], prof: Any) -> None:
+    """The probe + replay checks' wall time over the forwards they need and the engine's bare loop, paired."""
     from specparity.probes.forward.engine import probe_engine
     from specparity.probes.replay.engine import check_engine_run
 
+    lab = label(engine)
     eng, session_cls, loop = adapter(engine, target, draft)
     probe_prompts = prompts[: args.prompts]
     timers = Timers()
@@ -352,24 +308,34 @@ def run_engine(engine: str, args: argparse.Namespace, argv: list[str]) -> None:
         print(f"{label(engine)}: the run in its environment exited {code}", flush=True)
 
 
-# --- (b) a served mlx-dspark job -----------------------------------------------------------------------------
+# --- (b) a served job per engine with a packaged profile ------------------------------------------------------
 
 
-def served(args: argparse.Namespace) -> None:
-    from specparity.dspark_fixtures import dspark_pair
+def served(engine: str, args: argparse.Namespace) -> None:
+    from specparity.engines import get
     from specparity.environments import find_environment
     from specparity.harness.config import Job, Pairing
     from specparity.prompts import DEFAULT_PROMPTS
 
-    if find_environment("mlx-dspark") is None:
-        print("engines_served_mlx_dspark: skipped (environment mlx-dspark is not built: scripts/build-env mlx-dspark)")
+    spec = get(engine)
+    lab = f"engines_served_{label(engine).removeprefix('engines_')}"
+    profiles = list(spec.profile_files())
+    if not profiles:
         return
-    info = dspark_pair()
-    job = Job(pairings=[Pairing("bench", info.target, info.draft, "mlx-dspark")],
+    pinned = spec.environment
+    if pinned is not None and find_environment(pinned.name) is None:
+        print(f"{lab}: skipped (environment {pinned.name} is not built: scripts/build-env {pinned.name})")
+        return
+    checkpoints = spec.checkpoints()
+    if checkpoints is None or checkpoints[1] is None:
+        print(f"{lab}: not applicable (its default fixture has no drafter checkpoint)")
+        return
+    target, draft = str(checkpoints[0]), str(checkpoints[1])
+    job = Job(pairings=[Pairing("bench", target, draft, profiles[0])],
               widths=[int(w) for w in args.served_widths.split(",")], max_tokens=args.max_tokens,
               prompts=list(DEFAULT_PROMPTS))
     with tempfile.TemporaryDirectory() as work:
-        walls, servers, refs, arms = served_runs(job, args.served_runs, work, "engines_served_mlx_dspark")
+        walls, servers, refs, arms = served_runs(job, args.served_runs, work, lab)
     ratios = [w / o for w, o in zip(walls, servers, strict=True)]
     med = statistics.median(ratios)
     if max(ratios) <= GOAL_SERVED:
@@ -378,21 +344,22 @@ def served(args: argparse.Namespace) -> None:
         verdict = "missed (every run)"
     else:
         verdict = f"median {'within' if med <= GOAL_SERVED else 'over'}, the runs on both sides"
-    print(f"engines_served_mlx_dspark_arms: {len(arms)} servers, {sum(len(a.requests) for a in arms)} requests"
-          f" per run, {args.served_runs} runs (pair {Path(info.target).parent.name})")
-    print(f"engines_served_mlx_dspark_job_wall: {statistics.median(walls):.2f} s median"
+    print(f"{lab}_arms: {len(arms)} servers, {sum(len(a.requests) for a in arms)} requests"
+          f" per run, {args.served_runs} runs (profile {profiles[0]}, pair {Path(target).parent.name})")
+    print(f"{lab}_job_wall: {statistics.median(walls):.2f} s median"
           f" ({min(walls):.2f}-{max(walls):.2f}); servers' own {statistics.median(servers):.2f} s median")
-    print(f"engines_served_mlx_dspark_ratio: {med:.3f} x median, {min(ratios):.3f}-{max(ratios):.3f} over"
+    print(f"{lab}_ratio: {med:.3f} x median, {min(ratios):.3f}-{max(ratios):.3f} over"
           f" {args.served_runs} runs (job wall / servers' start-up + generation); goal <= {GOAL_SERVED}: {verdict}")
     rest = [(w - r) / o for w, r, o in zip(walls, refs, servers, strict=True)]
-    print(f"engines_served_mlx_dspark_reference: {statistics.median(refs):.2f} s median (the classic reference's"
+    print(f"{lab}_reference: {statistics.median(refs):.2f} s median (the classic reference's"
           f" loads and decoding, in its own worker while no server is resident); job wall less it / servers'"
           f" own: {statistics.median(rest):.3f} x median ({min(rest):.3f}-{max(rest):.3f})")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--engines", default=",".join(ENGINES))
+    known = engines()
+    ap.add_argument("--engines", default=",".join(known))
     ap.add_argument("--repeat", type=int, default=15, help="paired runs per check (at least 6)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--prompts", type=int, default=2, help="prompts of the probe check")
@@ -404,9 +371,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.repeat < 6:
         ap.error("--repeat: at least 6 (a confidence interval of a median needs them)")
-    bad = [e for e in args.engines.split(",") if e not in ENGINES]
+    bad = [e for e in args.engines.split(",") if e not in known]
     if bad:
-        ap.error(f"--engines: {', '.join(bad)}: choose from {', '.join(ENGINES)}")
+        ap.error(f"--engines: {', '.join(bad)}: choose from {', '.join(known)}")
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
         args.profile = str(Path(args.profile).resolve())
@@ -427,7 +394,8 @@ def main() -> int:
         for engine in args.engines.split(","):
             run_engine(engine, args, argv)
     if args.served and not os.environ.get(CHILD):
-        served(args)
+        for engine in args.engines.split(","):
+            served(engine, args)
     return 0
 
 

@@ -1,18 +1,16 @@
-"""Issue 27's findings table: each engine x fixture shape, filled by the engines' own loops against classic decode.
+"""The engines' findings table: each engine x fixture shape, filled by the engines' own loops against classic decode.
 
     python -P -m specparity.engine_findings [--engine NAME ...] [--shape SHAPE ...] [--dtype DTYPE ...]
                                             [--max-tokens N] [--fixtures DIR] [--json]
 
-For every engine (mlx-dspark, dspark-mlx, dfly-mlx, mtplx) and every target
-shape it takes a drafter for (dense ``qwen3``; the gated-delta ``qwen3_5`` with
-tied and untied heads; float32 and bfloat16) it builds the drafter fixture in
-the engine's own format (:mod:`specparity.dspark_fixtures`), runs
-:mod:`specparity.probes.engine_e2e` in the engine's pinned environment (built
-on first use, cached) on the fixture's first prompt, and prints one row per
-entry point: match, the first differing token with its round and row, the
-engine's error, or why it cannot run here. mtplx has no drafter fixture (its
-MTP heads live inside the target) and on Linux none of its entry points
-imports: its rows say so.
+For every engine that declares its own loops (the registry's ``EngineSpec.loops``) and every
+target shape it takes a drafter for (dense ``qwen3``; the gated-delta ``qwen3_5`` with tied and
+untied heads; float32 and bfloat16), it builds the fixture in the engine's own drafter format
+(``EngineSpec.drafter_format``), runs :mod:`specparity.probes.engine_e2e` in the engine's pinned
+environment (built on first use, cached) on the fixture's first prompt, and prints one row per
+entry point: match, the first differing token with its round and row, the engine's error, or why
+it cannot run here. An engine without a drafter checkpoint (its draft heads inside the target)
+runs without a fixture, as its loops check what they can load. Nothing here names an engine.
 """
 
 from __future__ import annotations
@@ -24,25 +22,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specparity.dflash_fixtures import DTYPES
+from specparity.fixtures.dflash import DTYPES
 from specparity.tied import run_tied_captured
 from specparity.verdicts import Verdict
 
-ENGINE_FORMAT = {"mlx-dspark": "dspark", "dspark-mlx": "dspark", "dfly-mlx": "dfly", "mtplx": ""}
 # the gated-delta hybrid in the published linear-attention head ratio (1:2), tied and untied, and in the
 # equal-heads control shape dflash-mlx (under dfly-mlx) runs
 SHAPES = (("qwen3", False), ("qwen3_5", True), ("qwen3_5", False), ("qwen3_5-equal-heads", True))
 RUN_TIMEOUT_S = 600
 
 
+def engine_formats() -> dict[str, str]:
+    """Every engine with its own loops -> the drafter format its fixtures are built in ("": none, its draft
+    heads live in the target)."""
+    from specparity.engines import registry
+
+    return {name: (spec.fixture_kind or "") if spec.drafter_checkpoint else ""
+            for name, spec in registry().items() if spec.loops is not None}
+
+
 def fixture(kind: str, shape: str, dtype: str, tied: bool, root: Path) -> dict[str, Any]:
-    """The drafter fixture of ``kind`` for this target under ``root`` (built on first use)."""
-    from specparity.dspark_fixtures import build_dfly_pair, build_dspark_pair
+    """The fixture of drafter format ``kind`` for this target under ``root`` (built on first use), with the
+    format's own block size."""
+    from specparity.engines import drafter_formats
 
     name = f"{kind}-{shape}-{dtype}-{'tied' if tied else 'untied'}"
-    if kind == "dspark":
-        return build_dspark_pair(root / name, shape=shape, dtype=dtype, tied=tied).to_dict()
-    return build_dfly_pair(root / name, shape=shape, dtype=dtype, tied=tied)
+    made = drafter_formats()[kind].make(str(root / name), shape=shape, dtype=dtype, tied=tied, block_size=None,
+                                         seed=0, overwrite=False, note=lambda line: None)
+    return made.record
 
 
 def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: Any = None,
@@ -79,7 +86,7 @@ def findings(engines: list[str], shapes: list[tuple[str, bool]], dtypes: list[st
              root: Path) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for engine in engines:
-        kind = ENGINE_FORMAT[engine]
+        kind = engine_formats()[engine]
         if not kind:
             for row in run_engine(engine, None, max_tokens):
                 out.append({**row, "shape": "(any)", "dtype": "", "tied": None})
@@ -89,7 +96,7 @@ def findings(engines: list[str], shapes: list[tuple[str, bool]], dtypes: list[st
                 info = fixture(kind, shape, dtype, tied, root)
                 for row in run_engine(engine, info, max_tokens):
                     out.append({**row, "shape": shape, "dtype": dtype, "tied": tied,
-                                "fixture_mix": info["accept_mix"]["summary"]})
+                                "fixture_mix": (info.get("accept_mix") or {}).get("summary")})
     return out
 
 
@@ -106,7 +113,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -P -m specparity.engine_findings", description=__doc__.split("\n")[0])
-    ap.add_argument("--engine", action="append", choices=list(ENGINE_FORMAT))
+    ap.add_argument("--engine", action="append", choices=list(engine_formats()))
     ap.add_argument("--shape", action="append", choices=sorted({f"{s}-{'tied' if t else 'untied'}"
                                                                 for s, t in SHAPES}))
     ap.add_argument("--dtype", action="append", choices=list(DTYPES))
@@ -117,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     from specparity.fixtures import fixtures_home
 
     shapes = [(s, t) for s, t in SHAPES if not a.shape or f"{s}-{'tied' if t else 'untied'}" in a.shape]
-    rows = findings(a.engine or list(ENGINE_FORMAT), shapes, a.dtype or list(DTYPES), a.max_tokens,
+    rows = findings(a.engine or list(engine_formats()), shapes, a.dtype or list(DTYPES), a.max_tokens,
                     Path(a.fixtures) if a.fixtures else fixtures_home())
     print(json.dumps(rows, indent=1) if a.json else markdown(rows))
     return 1 if any(r.get("verdict") == Verdict.DIVERGED for r in rows) else 0

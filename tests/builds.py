@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,16 +25,11 @@ def built(name: str) -> envs.Environment:
     return found
 
 
-def warm_engines_script() -> Any:
-    """scripts/warm_engines.py as a module (what it calls warm is what these tests check)."""
-    import importlib.util
+def engine_warmth(name: str) -> Any:
+    """The warm module of engine ``name`` (``EngineSpec.warm``: what scripts/warm-engines calls)."""
+    from specparity.engines import get, resolve
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "warm_engines.py"
-    spec = importlib.util.spec_from_file_location("warm_engines", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return resolve(get(name).warm)
 
 
 def warmed(name: str) -> envs.Environment:
@@ -43,7 +37,7 @@ def warmed(name: str) -> envs.Environment:
     its kernel calibration, 2 minutes and more): under CI a failure when not, so that no test pays it; elsewhere
     the test's server does it, once."""
     env = built(name)
-    if os.environ.get("CI") and not warm_engines_script().is_warm(env):
+    if os.environ.get("CI") and not engine_warmth(name).is_warm(env):
         pytest.fail(f"{name} has not calibrated on this machine: run scripts/warm-engines")
     return env
 

@@ -1,6 +1,6 @@
 """DFlash fixture pairs (a target and a DFlash drafter dflash-mlx loads) for the DFlash tests and bench.
 
-The builder's pair (``specparity.dflash_fixtures.build_dflash_pair``: the drafter
+The builder's pair (``specparity.fixtures.dflash.build_dflash_pair``: the drafter
 fitted to its target), built once per process and root: :func:`dflash_info`
 for the tests (under the session's ``fixture_root``, so tests/engines/test_dflash_mlx.py and
 tests/engines/test_dflash_mlx_served.py share every pair), and :func:`dflash_fixture` for the
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from specparity.environments import Environment
 
 if TYPE_CHECKING:
-    from specparity.dflash_fixtures import DFlashFixtureInfo
+    from specparity.fixtures.dflash import DFlashFixtureInfo
 
 TEST_BALANCE = 0.0
 _BUILT: dict[str, DFlashFixtureInfo] = {}
@@ -35,7 +35,7 @@ def dflash_info(root: Path, shape: str = "qwen3", block_size: int = 8, dtype: st
     shared cache names it), so a cached pair is never one built with other arguments.
     """
     from fixture_cache import cached
-    from specparity.dflash_fixtures import build_dflash_pair, dflash_fixture_name
+    from specparity.fixtures.dflash import build_dflash_pair, dflash_fixture_name
 
     name = dflash_fixture_name(shape, block_size, dtype, tied, balance)
     if str(root / name) not in _BUILT:
@@ -56,7 +56,7 @@ def dflash_fixture(env: Environment, shape: str = "qwen3", block_size: int = 8, 
     ``env``: the dflash-mlx environment the pair is served from (kept for the callers' signature: the
     builder runs here, in the toolkit's own interpreter).
     """
-    from specparity.dflash_fixtures import BALANCE
+    from specparity.fixtures.dflash import BALANCE
 
     root = work or Path(tempfile.mkdtemp(prefix="dflash-pair-"))
     return pair_dirs(dflash_info(root, shape, block_size, dtype, tied, balance=BALANCE))

@@ -346,6 +346,11 @@ class Engine(ABC):
     def generate(self, prompt: list[int], max_tokens: int, record_states: bool = True) -> EngineRun:
         """The engine's own speculative loop over ``prompt``, recorded."""
 
+    def loop(self, prompt: list[int], max_tokens: int) -> None:
+        """The engine's own loop over ``prompt`` as :meth:`generate` calls it, nothing recorded: what a check
+        that records it costs over the engine alone (``scripts/bench_engines.py``'s bare arm)."""
+        raise NotImplementedError(f"{type(self).__name__}: no bare loop")
+
     def engine_model(self) -> Any:
         """The model object the engine's verify forward runs through (bisect captures its layers)."""
         return self.classic_model()

@@ -3,8 +3,8 @@
 mtplx exposes its loops, not a verify block and a rollback a probe could drive from
 outside (and on Linux its generation does not import); mlx-dspark's ``Target``,
 dspark-mlx's host adapter and dfly-mlx's dflash-mlx ops are driven in process by
-:mod:`specparity.probes.engines.mlx_dspark`, :mod:`~specparity.probes.engines.dspark_mlx`
-and :mod:`~specparity.probes.engines.dfly_mlx` (their e2e still runs here):
+:mod:`specparity.engines.mlx_dspark.adapter`, :mod:`~specparity.engines.dspark_mlx.adapter`
+and :mod:`~specparity.engines.dfly_mlx.adapter` (their e2e still runs here):
 ``specparity e2e --engine NAME`` runs each loop against classic decode
 (:mod:`specparity.probes.engine_e2e`) and locates a difference to the
 round and the row of that round's verify block from the engine's own record.
@@ -79,7 +79,7 @@ def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max
                          f" classic: mlx-lm's stream_generate without a drafter; max_tokens={max_tokens}"),
                  options=options.passed(True), model=loaded.fingerprint.to_dict(), prompt_tokens=len(prompt))
     classic = Classic(info.target, max_tokens, loaded=loaded, context=engine.classic)
-    findings = run_entries(info.name, info.target, info.draft or "", list(prompt), max_tokens,
+    findings = run_entries(info.name, info.target, info.draft, list(prompt), max_tokens,
                            tuple(entry_points or ()), classic=classic)
     with observer.part("entry points", total=len(findings)):
         for f in findings:

@@ -100,7 +100,7 @@ def environment_option(f: Callable) -> Callable:
     return click.option(
         "--environment", default=None, metavar="NAME|FILE",
         help="Run the whole command in this pinned environment (specparity env list, or a YAML file), built"
-             " once: e.g. mlx-lm-0.31.3 to check another mlx-lm release, or dflash-mlx-mlx-lm-0.32.2.")(f)
+             " once: e.g. mlx-lm-0.31.3 to check another mlx-lm release, or an engine's on another mlx-lm.")(f)
 
 
 def engine_option(f: Callable) -> Callable:
@@ -109,9 +109,8 @@ def engine_option(f: Callable) -> Callable:
     f = environment_option(f)
 
     f = click.option("--verify-mode", type=VerifyModeChoice(), default=None,
-                     help="The engine's own verify policy (default: the engine's; dflash-mlx: adaptive, or"
-                          " dflash to keep the drafter's block size every round; mlx-dspark: max-draft-N,"
-                          " its loop as its server's --max-draft N --no-lookup-drafts runs it).")(f)
+                     help="The engine's own verify policy, one its package declares (default: the engine's;"
+                          " docs/engines.md says each engine's).")(f)
     return click.option(
         "--engine", type=EngineChoice(), default=DEFAULT, show_default=True,
         help="Whose verify forward and rollback to check against classic decode (the engine registry;"
@@ -129,9 +128,8 @@ def engine_choice_option(f: Callable) -> Callable:
     return click.option(
         "--engine", type=E2EEngineChoice(), default=DEFAULT, show_default=True,
         help="Whose entry points to run (the engine registry; an engine of yours:"
-             " $SPECPARITY_ENGINES=module.path): an engine other than mlx-lm runs its own entry points (dflash-mlx:"
-             " stream_dflash_generate, the dflash generate CLI) with --draft-model its drafter, against mlx-lm's"
-             " classic arms.")(f)
+             " $SPECPARITY_ENGINES=module.path): an engine other than mlx-lm runs its own entry points (its"
+             " library's loops, its CLI) with --draft-model its drafter, against mlx-lm's classic arms.")(f)
 
 
 def rerun_elsewhere(engine: str, model: str | None = None, draft_model: str | None = None,

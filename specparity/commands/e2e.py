@@ -134,7 +134,7 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
 
     if run_entry is run_own_loops_e2e:
         # each own loop loads the pair with the engine's own loaders and reports its own load error, per entry
-        # point: the in-process adapter (mlx-dspark's, dspark-mlx's) is not loaded for it
+        # point: the engine's in-process adapter is not loaded for it
         if draft is None and spec.drafter_checkpoint:
             raise UsageError(f"--engine {engine}: give --draft-model (the engine's drafter) for the engine's own loop")
         eng: Any = OwnLoopEngine(engine, target, draft)

@@ -32,7 +32,7 @@ def fixtures() -> None:
                    " refused without it).")
 @click.option("--dflash", "dflash_shape", default=None, metavar="SHAPE",
               help="Build a DFlash pair instead: a target in this shape (qwen3_5 | qwen3_5-27b |"
-                   " qwen3_5-equal-heads | qwen3) and a DFlash drafter dflash-mlx loads.")
+                   " qwen3_5-equal-heads | qwen3) and a drafter in --drafter-format.")
 @click.option("--block-size", type=click.Choice(["8", "16"]), default="16", show_default=True,
               help="--dflash: the drafter's block (verify rows).")
 @click.option("--tied-head", is_flag=True, help="--dflash: the target's output head is its embedding.")

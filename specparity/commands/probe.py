@@ -40,7 +40,7 @@ from specparity.errors import UsageError
 @click.option("--aim-limit", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Aim only at boundaries up to this many positions; further ones are named in the report.")
 @click.option("--draft-model", default=None, metavar="DIR",
-              help="--engine dflash-mlx: the DFlash drafter (its block size sets the default widths).")
+              help="--engine: the engine's drafter (its block size sets the default widths).")
 @click.option("--rollback/--no-rollback", default=None,
               help="Also roll back to every accept k of each width and compare the engine's state with"
                    " classic decode's over the k + 1 kept tokens (default: on, except for mlx-lm, whose"

@@ -46,6 +46,11 @@ mlx, an engine, or a layer above this one):
     e2e_entry_points  the names of the engine's own e2e entry points
     e2e            ``run(adapter, classic: Loaded, prompt: list[int], max_tokens: int,
                    entry_points: list[str], observer) -> E2ERun``, or None
+    loops          the engine's own generate loops against classic decode (its package's ``loops.py``):
+                   ``loops(target, draft, prompt, max_tokens, classic, entries) -> list[Finding]``
+                   (:mod:`specparity.probes.engine_e2e`); the e2e of an engine checked through its loops
+                   (``specparity.probes.engines.own_loop:run_own_loops_e2e``), the findings table and the
+                   bench all drive them, nothing else
     default_checkpoints  ``() -> (target, draft | None)``: what ``--model`` defaults to
                    (None: the toolkit's embedded fixture pair)
     drafter_format the drafter format its fixtures are built in (:class:`DrafterFormat`), or
@@ -55,6 +60,9 @@ mlx, an engine, or a layer above this one):
     verify_modes   values ``--verify-mode`` takes for this engine (its own policies)
     drafter_checkpoint  the engine drafts from a drafter checkpoint beside the target (False: its draft
                    heads live in the target, as MTP heads do: no ``--draft-model`` is asked for)
+    warm           the work the engine does at its first start on a machine (a module with
+                   ``is_warm(env) -> bool`` and ``warm(env) -> exit code``), done once by
+                   ``scripts/warm-engines`` before the tests; None: none
 
 Functions: :func:`drafter_formats` (every drafter format the engines declare, by name: what
 ``fixtures make --drafter-format`` offers), :func:`names` (every engine, the default first; ``in_process=True``: those
@@ -89,7 +97,7 @@ DEFAULT = "mlx-lm"
 ENGINES_VAR = "SPECPARITY_ENGINES"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
-Ref = str | Callable[..., Any] | None
+Ref = str | Callable[..., Any] | ModuleType | None
 
 
 def resolve(ref: Ref, what: str = "") -> Any:
@@ -151,8 +159,8 @@ class DrafterFormat:
     name   the ``--drafter-format`` value and the ``kind`` the fixture's ``fixture.json`` holds;
            engines that read the same format declare the same name and builder
     build  ``(out_dir, *, shape, dtype, tied, block_size, seed, overwrite, note) ->``
-           :class:`specparity.fixtures.MadeFixture` (``block_size``: the verify rows asked;
-           ``note``: a progress line before a long build)
+           :class:`specparity.fixtures.MadeFixture` (``block_size``: the verify rows asked, None: the
+           format's own default; ``note``: a progress line before a long build)
     help   what it is, one line for ``--help``
     """
 
@@ -160,7 +168,7 @@ class DrafterFormat:
     build: Ref
     help: str = ""
 
-    def make(self, out_dir: str, *, shape: str, dtype: str, tied: bool, block_size: int, seed: int,
+    def make(self, out_dir: str, *, shape: str, dtype: str, tied: bool, block_size: int | None, seed: int,
              overwrite: bool, note: Callable[[str], None]) -> Any:
         return resolve(self.build)(out_dir, shape=shape, dtype=dtype, tied=tied, block_size=block_size,
                                    seed=seed, overwrite=overwrite, note=note)
@@ -180,10 +188,12 @@ class EngineSpec:
     adapter_features: frozenset[str] = frozenset()
     e2e_entry_points: tuple[str, ...] = ()
     e2e: Ref = None
+    loops: Ref = None
     default_checkpoints: Ref = None
     drafter_format: DrafterFormat | None = None
     verify_modes: tuple[str, ...] = ()
     drafter_checkpoint: bool = True
+    warm: str | ModuleType | None = None
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -235,6 +245,22 @@ class EngineSpec:
         require_consent([("--model", request.target), ("--draft-model", request.draft)],
                         request.trust_remote_code)
         return resolve(self.adapter)(request)
+
+    def profile_files(self) -> dict[str, Path]:
+        """Its profiles that live in its own package, by name (``NAME.yaml`` beside its ``__init__``): what
+        ``served --profile NAME`` finds; a single-module engine's profiles are given by path."""
+        import importlib.util
+
+        if not self.source:
+            return {}
+        try:
+            found = importlib.util.find_spec(self.source)
+        except (ImportError, ValueError):
+            return {}
+        if found is None or not found.submodule_search_locations or not found.origin:
+            return {}
+        folder = Path(found.origin).parent
+        return {name: folder / f"{name}.yaml" for name in self.profiles if (folder / f"{name}.yaml").is_file()}
 
     def served_hooks(self) -> ServedHooks:
         return ServedHooks(self.name, _hooks_module(self.hooks))
@@ -497,7 +523,7 @@ def _toolkit_fixture(d: Path, cfg: dict[str, Any]) -> bool:
     name = cfg.get("model_file")
     if name != fixtures.FIXTURE_MODULE:
         return False
-    packaged = Path(fixtures.__file__).parent / "fixture_models" / fixtures.FIXTURE_MODULE
+    packaged = fixtures.MODELS_DIR / fixtures.FIXTURE_MODULE
     try:
         return (d / name).read_bytes() == packaged.read_bytes()
     except OSError:

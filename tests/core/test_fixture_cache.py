@@ -46,9 +46,9 @@ def weights(target: str) -> Path:
 
 
 def test_the_closure_reaches_every_specparity_module_a_builder_imports_at_any_depth() -> None:
-    closure = fixture_cache.module_closure("specparity.dflash_fixtures")
+    closure = fixture_cache.module_closure("specparity.fixtures.dflash")
     # imported at the top (fixtures), inside a function (prompts, fixture_models), and their parents
-    for name in ("specparity", "specparity.dflash_fixtures", "specparity.fixtures", "specparity.prompts",
+    for name in ("specparity", "specparity.fixtures.dflash", "specparity.fixtures", "specparity.prompts",
                  "specparity.fixture_models.dflash_draft", "specparity.errors"):
         assert name in closure, name
     assert all(p.suffix == ".py" and p.is_file() for p in closure.values())
@@ -58,8 +58,8 @@ def test_the_closure_reaches_every_specparity_module_a_builder_imports_at_any_de
 def test_the_code_digest_moves_with_any_module_of_the_closure_and_with_a_library_version(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     digest = fixture_cache.code_digest.__wrapped__  # uncached
-    before = digest("specparity.dflash_fixtures")
-    assert digest("specparity.dflash_fixtures") == before
+    before = digest("specparity.fixtures.dflash")
+    assert digest("specparity.fixtures.dflash") == before
     prompts = fixture_cache._module_file("specparity.prompts")
     assert prompts is not None
     changed = tmp_path / "prompts.py"
@@ -67,12 +67,12 @@ def test_the_code_digest_moves_with_any_module_of_the_closure_and_with_a_library
     real = fixture_cache._module_file
     monkeypatch.setattr(fixture_cache, "_module_file",
                         lambda name: changed if name == "specparity.prompts" else real(name))
-    assert digest("specparity.dflash_fixtures") != before
+    assert digest("specparity.fixtures.dflash") != before
     monkeypatch.setattr(fixture_cache, "_module_file", real)
     real_version = fixture_cache.metadata.version
     monkeypatch.setattr(fixture_cache.metadata, "version",
                         lambda lib: "0.0.0" if lib == "mlx" else real_version(lib))
-    assert digest("specparity.dflash_fixtures") != before
+    assert digest("specparity.fixtures.dflash") != before
 
 
 def test_built_once_then_read_by_a_later_process_and_built_again_when_a_file_changed(
@@ -153,9 +153,9 @@ def test_only_the_two_most_recently_used_code_folders_are_kept(cache_root: Path,
     for name, age in (("a", 7200), ("b", 7300), ("c", 30), ("d", 60)):
         (folders / (name * 16)).mkdir(parents=True)
         os.utime(folders / (name * 16), (now - age, now - age))
-    (cache_root / "specparity.dflash_fixtures" / ("e" * 16)).mkdir(parents=True)
-    os.utime(cache_root / "specparity.dflash_fixtures" / ("e" * 16), (now - 7200, now - 7200))
+    (cache_root / "specparity.fixtures.dflash" / ("e" * 16)).mkdir(parents=True)
+    os.utime(cache_root / "specparity.fixtures.dflash" / ("e" * 16), (now - 7200, now - 7200))
     fixture_cache.cached(build_plain_constant, tmp_path / "session", "plain", LIVE)
     kept = sorted(p.name for p in folders.iterdir() if p.is_dir())
     assert kept == sorted([fixture_cache.code_digest("specparity.fixtures"), "c" * 16, "d" * 16])
-    assert (cache_root / "specparity.dflash_fixtures" / ("e" * 16)).is_dir()
+    assert (cache_root / "specparity.fixtures.dflash" / ("e" * 16)).is_dir()

@@ -260,7 +260,7 @@ def test_reference_against_llama_server_reports_every_difference_with_margins(ll
     GGUF was exported from, from llama-server's own prompt ids, and every difference carries both
     sides' top-2 margins and a near-tie call (none is hidden, none is called a pass)."""
     from specparity.fixtures import pair_gguf
-    from specparity.harness.engines.llama_cpp import find_llama_server, llama_server_argv
+    from specparity.engines.llama_cpp.served import find_llama_server, llama_server_argv
 
     binary = find_llama_server()
     if binary is None:

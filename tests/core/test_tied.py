@@ -22,10 +22,10 @@ TESTS = str(Path(__file__).resolve().parents[1])
 STUBBORN = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
             " subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)")
 
-# probes' `dflash generate` arm (e2e_dflash.run_dflash_cli), its console script replaced by the stubborn child
+# dflash-mlx's `dflash generate` e2e arm (its e2e.run_dflash_cli), its console script replaced by the stubborn child
 OWNER = textwrap.dedent("""
     import sys
-    from specparity.probes import e2e_dflash
+    from specparity.engines.dflash_mlx import e2e as e2e_dflash
     e2e_dflash.dflash_cli_argv = lambda *a: [sys.executable, "-c", {stubborn!r}]
     print("spawning", flush=True)
     e2e_dflash.run_dflash_cli("target", "draft", "prompt", 1)
@@ -81,7 +81,7 @@ ALLOWED = {
     "specparity/identity.py": "git rev-parse, 5 s timeout",
     "specparity/environments.py": "an environment's build: python -m venv, pip install / download, import probes"
                                   " with timeouts; no child serves or outlives the build",
-    "harness/engines/llama_cpp.py": "llama-server --version, 30 s timeout",
+    "specparity/engines/llama_cpp/served.py": "llama-server --version, 30 s timeout",
     "harness/run.py": "a profile's version command, short, timed out",
     "harness/memory.py": "ps and sysctl (macOS) for memory figures, 10 s timeouts",
 }

@@ -99,14 +99,14 @@ def rollback_pair(root: Path) -> Any:
     at the first spread checkpoint its drafter accepts in part so rarely that the engine's own loop
     shows the wrong state on 3 of the 8 fit prompts; fitted this far, on 6.
     """
-    from specparity.dflash_fixtures import DEFAULT_PAIR
+    from specparity.fixtures.dflash import DEFAULT_PAIR
 
     return dflash_info(root, **DEFAULT_PAIR)
 
 
 def as_default_pair(info: Any, home: Path) -> None:
     """``info`` where a command without --model finds the default DFlash pair (``$SPECPARITY_HOME/fixtures``)."""
-    from specparity.dflash_fixtures import DEFAULT_PAIR, dflash_fixture_name
+    from specparity.fixtures.dflash import DEFAULT_PAIR, dflash_fixture_name
 
     (home / "fixtures").mkdir(parents=True, exist_ok=True)
     (home / "fixtures" / dflash_fixture_name(**DEFAULT_PAIR)).symlink_to(Path(info.target).parent)
@@ -158,7 +158,7 @@ def test_dflash_fixture_is_a_real_drafter_with_a_spread_accept_mix(fixture_root:
 @pytest.mark.parametrize("shape,key,value", [("qwen3_5", 2, 4), ("qwen3_5-27b", 2, 6),
                                              ("qwen3_5-equal-heads", 2, 2)])
 def test_dflash_target_shapes_keep_the_published_head_ratios(shape: str, key: int, value: int) -> None:
-    from specparity.dflash_fixtures import target_config
+    from specparity.fixtures.dflash import target_config
     from specparity.fixtures import instantiate
 
     cfg = target_config(shape, "bfloat16", tied=True)
@@ -173,7 +173,7 @@ def test_dflash_target_shapes_keep_the_published_head_ratios(shape: str, key: in
 def _stored_fixture(out: Path, spread: bool, **built: Any) -> Path:
     """A DFlash fixture's record (fixture.json) as the builder writes it, built with ``built`` (the
     builder's defaults otherwise); no weights: the command reads the record before anything else."""
-    from specparity.dflash_fixtures import BALANCE, DFlashFixtureInfo
+    from specparity.fixtures.dflash import BALANCE, DFlashFixtureInfo
 
     args: dict[str, Any] = {"shape": "qwen3", "block_size": 8, "dtype": "float32", "tied": False, "seed": 0,
                             "balance": BALANCE, **built}
@@ -554,7 +554,7 @@ def test_a_dflash_fixture_record_names_its_members_relative_to_itself(fixture_ro
     older record's paths (relative to another cwd, or absolute and gone) still read."""
     import shutil
 
-    from specparity.dflash_fixtures import DFlashFixtureInfo, fixture_draft
+    from specparity.fixtures.dflash import DFlashFixtureInfo, fixture_draft
 
     info = dflash_info(fixture_root, "qwen3", 8)
     record = json.loads((Path(info.target).parent / "fixture.json").read_text())

@@ -1,5 +1,5 @@
 """dflash-mlx's server (``dflash serve``) live from its environment, as the dflash-mlx profile and its
-engine (harness/engines/dflash_mlx.py) drive it; and that engine's evidence readers on their own.
+engine (specparity/engines/dflash_mlx/served.py) drive it; and that engine's evidence readers on their own.
 
 What these pin (/work/team/dflash-serve-notes.md has the reading behind them):
 the arms without a drafter are served target only (``/metrics`` mode_used
@@ -27,7 +27,7 @@ import pytest
 
 from specparity.environments import ENV_CACHE_VAR, Environment
 from specparity.harness.config import Job, Pairing
-import specparity.harness.engines.dflash_mlx as dflash_mlx
+import specparity.engines.dflash_mlx.served as dflash_mlx
 from specparity.harness.lifecycle import Server
 from specparity.harness.profiles import load_profile
 from specparity.harness.results import ArmResult, ServedReport

@@ -23,7 +23,8 @@ import pytest
 
 from conftest import run_cli
 from fixture_cache import cached
-from specparity.dspark_fixtures import build_dfly_pair, build_dspark_pair
+from specparity.fixtures.dspark import build_dspark_pair
+from specparity.engines.dfly_mlx.fixtures import build_dfly_pair
 from specparity.environments import ENV_CACHE_VAR
 from builds import REAL_CACHE, built
 from builds import engine_cli as _dspark_cli
@@ -131,7 +132,7 @@ def test_replay_engine_dfly_mlx_records_its_loop_round_by_round_and_places_a_kep
 def _bisect(cli_bin: str, info: dict, engine: str, width: int, accepted: int | None = None,
             fault: str | None = None) -> tuple[int, dict | None, str]:
     """``bisect --engine ENGINE`` on ``info``'s target (its drafter found from the fixture's record), re-run in the
-    engine's built environment: exit code, JSON (None when it printed an error) and stderr."""
+    engine's built environment: exit code, its JSON (on an error, the error object) and stderr."""
     from specparity.probes.engines.base import FAULT_ENV
 
     built(engine)
@@ -183,6 +184,8 @@ def test_bisect_engine_names_the_layer_on_dense_targets_and_an_engine_error_is_n
     _assert_bisect_names_each_fault(cli_bin, fx["dspark-qwen3"], "dspark-mlx", 8, kv)
     _assert_bisect_names_each_fault(cli_bin, dfly_fx["qwen3"], "dfly-mlx", 8, kv)
     code, out, err = _bisect(cli_bin, dfly_fx["qwen3_5"], "dfly-mlx", 8)
-    assert code == 3 and out is None and "Traceback" not in err
+    # --json: the error object (the process's verdict and exit code), the same line on stderr
+    assert code == 3 and out is not None and (out["verdict"], out["exit_code"]) == ("inconclusive", 3)
+    assert "Traceback" not in err and out["error"] in err
     assert "Error: bisect --engine dfly-mlx: not run: the engine cannot run a 8-row verify block" in err
     assert "broadcast" in err.strip().splitlines()[-1]

@@ -72,7 +72,7 @@ def mlx_greedy(llama_pair):
 def _start(binary: str, model: str, tmp_path: Path, name: str, draft: str | None = None, n_max: int = 3,
            spec_type: str | None = "draft-simple"):
     from specparity.harness.lifecycle import Server
-    from specparity.harness.engines.llama_cpp import llama_server_argv
+    from specparity.engines.llama_cpp.served import llama_server_argv
 
     argv = llama_server_argv(binary, model, draft=draft, n_max=n_max, spec_type=spec_type)
     srv = Server(argv, log_path=tmp_path / f"{name}.log",
@@ -93,7 +93,7 @@ def _complete(srv, prompt: list[int] | str) -> dict:
 @pytest.mark.build
 def test_build_script_is_idempotent(llama_server_bin, repo_root):
     """Once built, the script exits at once with the cached binary's path (no rebuild)."""
-    from specparity.harness.engines.llama_cpp import cached_binary
+    from specparity.engines.llama_cpp.served import cached_binary
 
     if Path(llama_server_bin) != cached_binary():
         pytest.skip(f"llama-server came from {llama_server_bin}, not the build cache")
@@ -181,7 +181,7 @@ def test_llama_server_tokenizes_like_the_fixture_tokenizer(llama_server_bin, ggu
 
 
 def test_server_argv_without_a_drafter_has_no_spec_flags():
-    from specparity.harness.engines.llama_cpp import llama_server_argv
+    from specparity.engines.llama_cpp.served import llama_server_argv
 
     plain = llama_server_argv("llama-server", "t.gguf")
     assert not any(a.startswith("--spec") or a == "-md" for a in plain)
@@ -193,7 +193,7 @@ def test_server_argv_without_a_drafter_has_no_spec_flags():
 
 def test_find_llama_server_order(tmp_path, monkeypatch):
     """$SPECPARITY_LLAMA_SERVER first, then PATH, then the cache; a binary that fails --version is skipped."""
-    from specparity.harness.engines import llama_cpp as llama
+    from specparity.engines.llama_cpp import served as llama
 
     def fake(path: Path, ok: bool) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -220,7 +220,7 @@ def test_find_llama_server_order(tmp_path, monkeypatch):
 
 
 def test_ensure_without_toolchain_is_an_infrastructure_error(tmp_path, monkeypatch):
-    from specparity.harness.engines import llama_cpp as llama
+    from specparity.engines.llama_cpp import served as llama
 
     from specparity.errors import InfrastructureError
 

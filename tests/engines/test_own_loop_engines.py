@@ -1,7 +1,7 @@
 """Issue 27's engines (mlx-dspark 0.20.3, dspark-mlx 0.1.0, dfly-mlx 0.1.0, mtplx 2.12.2) against classic decode.
 
 Each runs its own generate loop in its pinned environment on a drafter fixture
-in its own format (:mod:`specparity.dspark_fixtures`), and its own acceptance
+in its own format (:mod:`specparity.fixtures.dspark`), and its own acceptance
 record locates a difference to the round and the verify row. What they pin, on
 MLX's CPU backend, mlx-lm 0.31.3:
 
@@ -30,10 +30,11 @@ import pytest
 
 from conftest import run_cli
 from fixture_cache import cached
-from specparity.dspark_fixtures import build_dfly_pair, build_dspark_pair, simulate
+from specparity.fixtures.dspark import build_dspark_pair, simulate
+from specparity.engines.dfly_mlx.fixtures import build_dfly_pair
 from specparity.engine_findings import run_engine
 from specparity.environments import ENV_CACHE_VAR
-from specparity.probes.engine_e2e import FAULT_VAR
+from specparity.engines.mlx_dspark.loops import FAULT_VAR
 from builds import REAL_CACHE, built, warmed
 from builds import engine_cli as _dspark_cli
 
@@ -363,8 +364,6 @@ def test_an_mtp_fixture_loads_through_mtplx_and_its_generation_still_cannot_run(
     fails that check by name; the e2e's generation entry points stay ``cannot_run`` with mtplx's own cause."""
     import subprocess
 
-    from specparity.probes.engine_e2e import check_mtp_fixture  # noqa: F401  (runs in mtplx's environment)
-
     env = built("mtplx")
     made = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "mtp"), "--dflash", "qwen3_5", "--drafter-format",
                    "mtp", "--tied-head", "--json")
@@ -383,7 +382,7 @@ def test_an_mtp_fixture_loads_through_mtplx_and_its_generation_still_cannot_run(
     del head["mtp.layers.0.mlp.up_proj.weight"]
     mx.save_safetensors(str(broken / "mtp.safetensors"), head)
 
-    code = ("import json, sys; from specparity.probes.engine_e2e import check_mtp_fixture;"
+    code = ("import json, sys; from specparity.engines.mtplx.loops import check_mtp_fixture;"
             " print(json.dumps([check_mtp_fixture(t) for t in sys.argv[1:]]))")
     proc = subprocess.run([str(env.python), "-P", "-c", code, info["target"], str(broken)], env=env.environ(),
                           capture_output=True, text=True, timeout=300, check=False)

@@ -51,7 +51,9 @@ def _user_copy(pair: dict[str, Any], dst: Path) -> tuple[Path, Path | None]:
 
 @pytest.fixture(scope="module")
 def user_pairs(tmp_path_factory: pytest.TempPathFactory, fixture_root: Path) -> dict[str, tuple[Path, Path | None]]:
-    from specparity.dspark_fixtures import build_dfly_pair, build_dspark_pair, build_mtp_target
+    from specparity.fixtures.dspark import build_dspark_pair
+    from specparity.engines.dfly_mlx.fixtures import build_dfly_pair
+    from specparity.engines.mtplx.fixtures import build_mtp_target
 
     for name in ("dflash-mlx", "mlx-dspark", "dspark-mlx", "dfly-mlx", "mtplx"):
         built(name)

@@ -110,7 +110,8 @@ def trickler() -> Iterator[Server]:
 def test_the_engines_side_requests_have_total_deadlines(trickler: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     """dflash-mlx's /metrics read and llama-server's /tokenize had per-read timeouts only: a server that
     trickles bytes held the job there for good."""
-    from specparity.harness.engines import dflash_mlx, llama_cpp
+    from specparity.engines.dflash_mlx import served as dflash_mlx
+    from specparity.engines.llama_cpp import served as llama_cpp
 
     t0 = time.monotonic()
     assert bounded(lambda: dflash_mlx.read_metrics(trickler.url, timeout=0.5), 60) is None

@@ -10,14 +10,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from builds import REAL_CACHE, warm_engines_script, warmed
+from builds import REAL_CACHE, engine_warmth, warmed
 
 from specparity.environments import ENV_CACHE_VAR
 
 
 def test_warm_only_when_every_key_the_warm_run_saw_is_still_calibrated(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    mod = warm_engines_script()
+    mod = engine_warmth("mlx-dspark")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     env = SimpleNamespace(path=tmp_path / "envs" / "mlx-dspark-0123456789ab")
     calibration = mod.calibration_file()

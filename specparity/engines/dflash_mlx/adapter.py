@@ -360,6 +360,17 @@ class DflashEngine(Engine):
             for cls, fn in patched.items():
                 cls.__call__ = fn  # type: ignore[method-assign]
 
+    def loop(self, prompt: list[int], max_tokens: int) -> None:
+        from dflash_mlx.runtime import stream_dflash_generate
+
+        assert self.bundle is not None
+        for _ in stream_dflash_generate(
+                target_model=self.target_model, target_ops=self.target_ops, tokenizer=self.bundle.tokenizer,
+                draft_model=self.draft_model, draft_backend=self.bundle.draft_backend, prompt="",
+                prompt_tokens_override=list(prompt), max_new_tokens=max_tokens, stop_token_ids=[],
+                runtime_context=self.runtime_context, **self.loop_options()):
+            pass
+
     def generate(self, prompt: list[int], max_tokens: int, record_states: bool = True) -> EngineRun:
         import mlx.core as mx
         from dflash_mlx.engine.events import TokenEvent

@@ -14,7 +14,7 @@ host adapter fails before the first round).
 
 Here: its own loops against classic decode (:mod:`specparity.probes.engine_e2e`),
 located by each token's ``n_accepted``; its drafters in DeepSeek's DeepSpec
-Qwen3 format (:mod:`specparity.dspark_fixtures`, the format mlx-dspark loads).
+Qwen3 format (:mod:`specparity.fixtures.dspark`, the format mlx-dspark loads).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from specparity.engines.mlx_dspark import default_checkpoints
 
 def load(request: LoadRequest) -> Any:
     """dspark-mlx's host adapter on the target, with its DSpark drafter, by its own loaders."""
-    from specparity.probes.engines.dspark_mlx import DsparkMlxEngine
+    from specparity.engines.dspark_mlx.adapter import DsparkMlxEngine
 
     return DsparkMlxEngine(request.target, request.draft)
 
@@ -43,7 +43,8 @@ ENGINE = EngineSpec(
     adapter=load,
     e2e_entry_points=("generate_eager", "generate"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
+    loops="specparity.engines.dspark_mlx.loops:loops",
     default_checkpoints=default_checkpoints,
-    drafter_format=DrafterFormat("dspark", "specparity.dspark_fixtures:dspark_format",
+    drafter_format=DrafterFormat("dspark", "specparity.fixtures.dspark:dspark_format",
                                  "DeepSeek's DeepSpec DSpark drafter"),
 )

@@ -1,11 +1,11 @@
 """dflash-mlx 0.1.8: a DFlash block drafter, one-forward verify, tape-replay rollback.
 
 In process: its own target adapter, verify forward, rollback and loop
-(:mod:`specparity.probes.engines.dflash_mlx`); e2e: its ``stream_dflash_generate``
-and ``dflash generate`` CLI (:mod:`specparity.probes.e2e_dflash`); served: ``dflash
-serve`` (profile ``dflash-mlx``, hooks :mod:`specparity.harness.engines.dflash_mlx`);
+(:mod:`specparity.engines.dflash_mlx.adapter`); e2e: its ``stream_dflash_generate``
+and ``dflash generate`` CLI (:mod:`specparity.engines.dflash_mlx.e2e`); served: ``dflash
+serve`` (profile ``dflash-mlx``, hooks :mod:`specparity.engines.dflash_mlx.served`);
 fixtures: a target of a real DFlash family and a drafter it loads
-(:mod:`specparity.dflash_fixtures`). It pins mlx-lm 0.31.x for its server, so it
+(:mod:`specparity.fixtures.dflash`). It pins mlx-lm 0.31.x for its server, so it
 lives in its own environment; a command that needs it in process re-runs there.
 """
 
@@ -16,13 +16,13 @@ from typing import Any
 
 from specparity.engines import DrafterFormat, EngineSpec, LoadRequest, PinnedEnv
 
-# probes/e2e_dflash.py runs them (its ENTRY_POINTS: the same names, a lower layer cannot import this one)
+# its e2e module runs them (e2e.py: ENTRY_POINTS)
 E2E_ENTRY_POINTS = ("dflash-stream", "dflash-cli")
 
 
 def load(request: LoadRequest) -> Any:
     """dflash-mlx loaded on the target (and its DFlash drafter) by its own loader."""
-    from specparity.probes.engines.dflash_mlx import DflashEngine
+    from specparity.engines.dflash_mlx.adapter import DflashEngine
 
     return DflashEngine(request.target, request.draft, verify_mode=request.verify_mode,
                         prefill_step_size=request.prefill_step_size)
@@ -32,7 +32,7 @@ def default_checkpoints() -> tuple[Path, Path | None]:
     """The default DFlash fixture pair, built once into the shared fixture cache."""
     import sys
 
-    from specparity.dflash_fixtures import DEFAULT_PAIR_NOTE, dflash_pair
+    from specparity.fixtures.dflash import DEFAULT_PAIR_NOTE, dflash_pair
 
     print(f"using the default DFlash fixture ({DEFAULT_PAIR_NOTE}), built once", file=sys.stderr)
     info = dflash_pair()
@@ -56,12 +56,12 @@ ENGINE = EngineSpec(
                            "dflash_mlx.engine.spec_epoch")),
     ),
     profiles=("dflash-mlx",),
-    hooks="specparity.harness.engines.dflash_mlx",
+    hooks="specparity.engines.dflash_mlx.served",
     adapter=load,
     e2e_entry_points=E2E_ENTRY_POINTS,
-    e2e="specparity.probes.e2e_dflash:run_dflash_e2e",
+    e2e="specparity.engines.dflash_mlx.e2e:run_dflash_e2e",
     default_checkpoints=default_checkpoints,
-    drafter_format=DrafterFormat("dflash", "specparity.dflash_fixtures:dflash_format",
+    drafter_format=DrafterFormat("dflash", "specparity.fixtures.dflash:dflash_format",
                                  "dflash-mlx's DFlash block drafter"),
     verify_modes=("adaptive", "dflash"),
 )

@@ -16,13 +16,13 @@ CLI and server calibrate per machine (small-M quantized matmul, split SDPA,
 multi-row attention; off in the library's defaults, Metal only).
 
 Here: in process, its own ``Target`` prefill, verify and rollback, and its own loop
-recorded round by round (:mod:`specparity.probes.engines.mlx_dspark`: ``probe`` and
+recorded round by round (:mod:`specparity.engines.mlx_dspark.adapter`: ``probe`` and
 ``replay --engine mlx-dspark``, ``--verify-mode max-draft-N`` for the loop its server's
 drafted arm runs); served: ``mlx-dspark serve`` (profile ``mlx-dspark``, hooks
-:mod:`specparity.harness.engines.mlx_dspark`, whose reproduction is that replay); its own loops against classic decode
+:mod:`specparity.engines.mlx_dspark.served`, whose reproduction is that replay); its own loops against classic decode
 (:mod:`specparity.probes.engine_e2e`), each difference located to its round and row
 by its ``on_round`` record; its
-drafters in DeepSeek's DeepSpec format (:mod:`specparity.dspark_fixtures`).
+drafters in DeepSeek's DeepSpec format (:mod:`specparity.fixtures.dspark`).
 """
 
 from __future__ import annotations
@@ -31,19 +31,19 @@ from pathlib import Path
 from typing import Any
 
 from specparity.engines import DrafterFormat, EngineSpec, LoadRequest, PinnedEnv
-from specparity.probes.engines.mlx_dspark import SERVED_MODES, served_cap
+from specparity.engines.mlx_dspark.adapter import SERVED_MODES, served_cap
 
 
 def load(request: LoadRequest) -> Any:
     """mlx-dspark loaded on the target (and its DSpark drafter) by its own loaders."""
-    from specparity.probes.engines.mlx_dspark import MlxDsparkEngine
+    from specparity.engines.mlx_dspark.adapter import MlxDsparkEngine
 
     return MlxDsparkEngine(request.target, request.draft, cap=served_cap(request.verify_mode))
 
 
 def default_checkpoints() -> tuple[Path, Path | None]:
     """The default DSpark fixture (dense qwen3, float32), built once into the shared fixture cache."""
-    from specparity.dspark_fixtures import dspark_pair
+    from specparity.fixtures.dspark import dspark_pair
 
     info = dspark_pair()
     return Path(info.target), Path(info.draft)
@@ -60,12 +60,14 @@ ENGINE = EngineSpec(
                   imports=("mlx_lm", "mlx_dspark", "mlx_dspark.generate", "mlx_dspark.server")),
     ),
     profiles=("mlx-dspark",),
-    hooks="specparity.harness.engines.mlx_dspark",
+    hooks="specparity.engines.mlx_dspark.served",
     adapter=load,
     e2e_entry_points=("speculative_generate", "speculative_generate-full-block"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
+    loops="specparity.engines.mlx_dspark.loops:loops",
     default_checkpoints=default_checkpoints,
-    drafter_format=DrafterFormat("dspark", "specparity.dspark_fixtures:dspark_format",
+    drafter_format=DrafterFormat("dspark", "specparity.fixtures.dspark:dspark_format",
                                  "DeepSeek's DeepSpec DSpark drafter"),
     verify_modes=SERVED_MODES,
+    warm="specparity.engines.mlx_dspark.warm",
 )

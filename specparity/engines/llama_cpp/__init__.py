@@ -1,6 +1,6 @@
 """llama.cpp: ``llama-server`` served only (no in-process adapter: it does not compute in MLX).
 
-Its hooks (:mod:`specparity.harness.engines.llama_cpp`) find the binary
+Its hooks (:mod:`specparity.engines.llama_cpp.served`) find the binary
 ``scripts/build-llama-server`` built and export each checkpoint to GGUF once.
 """
 
@@ -12,5 +12,5 @@ ENGINE = EngineSpec(
     name="llama.cpp",
     description="llama.cpp's llama-server (served only; arithmetic other than MLX)",
     profiles=("llama.cpp",),
-    hooks="specparity.harness.engines.llama_cpp",
+    hooks="specparity.engines.llama_cpp.served",
 )

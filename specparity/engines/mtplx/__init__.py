@@ -10,7 +10,7 @@ point says so (``cannot_run``, its own error), never a pass; an entry point that
 imports but that no MTP fixture drives is an error ("not a pass").
 
 Its fixture: ``specparity fixtures make DIR --dflash qwen3_5 --drafter-format mtp``
-(:func:`specparity.dspark_fixtures.build_mtp_target`), a ``qwen3_5`` target with MTP
+(:func:`specparity.engines.mtplx.fixtures.build_mtp_target`), a ``qwen3_5`` target with MTP
 heads in its format (``mtp.safetensors``, ``mtp_num_hidden_layers``), which its own
 strict coverage check and ``runtime.load`` accept on Linux
 (:func:`specparity.probes.engine_e2e.check_mtp_fixture`); the e2e's ``runtime.load``
@@ -22,12 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from specparity.engines import DrafterFormat, EngineSpec, PinnedEnv
-from specparity.probes.engine_e2e import MTPLX_ENTRY_POINTS
+from specparity.engines.mtplx.loops import MTPLX_ENTRY_POINTS
 
 
 def default_checkpoints() -> tuple[Path, Path | None]:
     """The default MTP fixture (a qwen3_5 target with its MTP heads, float32), built once; no drafter."""
-    from specparity.dspark_fixtures import build_mtp_target
+    from specparity.engines.mtplx.fixtures import build_mtp_target
     from specparity.fixtures import fixtures_home
 
     info = build_mtp_target(fixtures_home() / "mtp-qwen3_5-float32-untied")
@@ -47,8 +47,9 @@ ENGINE = EngineSpec(
     # its loops only: no verify block or rollback a probe could drive from outside (probe, replay, bisect)
     e2e_entry_points=tuple(entry for entry, _, _ in MTPLX_ENTRY_POINTS),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
+    loops="specparity.engines.mtplx.loops:loops",
     default_checkpoints=default_checkpoints,
     drafter_checkpoint=False,
-    drafter_format=DrafterFormat("mtp", "specparity.dspark_fixtures:mtp_format",
+    drafter_format=DrafterFormat("mtp", "specparity.engines.mtplx.fixtures:mtp_format",
                                  "MTP heads inside a qwen3_5 target (mtplx's mtp.safetensors; no drafter)"),
 )

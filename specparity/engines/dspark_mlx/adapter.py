@@ -214,6 +214,13 @@ class DsparkMlxEngine(Engine):
     def engine_model(self) -> Any:
         return self.host.model
 
+    def loop(self, prompt: list[int], max_tokens: int) -> None:
+        from dspark_mlx import generate_eager
+
+        self.host.reset()
+        for _ in generate_eager(self.host, self.drafter, [list(prompt)], max_new_tokens=max_tokens):
+            pass
+
     def generate(self, prompt: list[int], max_tokens: int, record_states: bool = True) -> EngineRun:
         import mlx.core as mx
         from dspark_mlx import generate_eager

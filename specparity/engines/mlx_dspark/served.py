@@ -60,7 +60,7 @@ def reproduction(*, model: str, draft: str | None, body: dict[str, Any], prompt_
     drafter's), on the prompt ids the server decoded, for ``max_tokens``, greedy, on a fresh cache, and
     places the first differing token, logits row and state to its round.
     """
-    from specparity.probes.engines.mlx_dspark import SERVED_MAX_CAP
+    from specparity.engines.mlx_dspark.adapter import SERVED_MAX_CAP
     from specparity.harness.engines import own_loop_replay
     from specparity.probes.replay.sequence import Reproduction
 

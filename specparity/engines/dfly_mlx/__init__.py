@@ -10,11 +10,11 @@ does on the same target (see :mod:`specparity.engines.dflash_mlx`), and its
 
 Here: in process, dflash-mlx's verify and rollback reached through dfly-mlx's
 ``load_runtime`` bundle, and dflash-mlx's loop as ``dfly_mlx.generate`` runs it,
-recorded round by round (:mod:`specparity.probes.engines.dfly_mlx`: ``probe``,
+recorded round by round (:mod:`specparity.engines.dfly_mlx.adapter`: ``probe``,
 ``replay`` and ``bisect --engine dfly-mlx``); ``generate`` and the loop it drives
 (``dfly-stream``) against classic decode (:mod:`specparity.probes.engine_e2e`),
 located by the summary's ``acceptance_history``; its drafters made from fitted
-DFlash drafters (:func:`specparity.dspark_fixtures.build_dfly_pair`).
+DFlash drafters (:func:`specparity.engines.dfly_mlx.fixtures.build_dfly_pair`).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from specparity.engines import DrafterFormat, EngineSpec, LoadRequest, PinnedEnv
 
 def load(request: LoadRequest) -> Any:
     """dflash-mlx's target adapter as dfly-mlx's ``load_runtime`` loads it with the DFly drafter."""
-    from specparity.probes.engines.dfly_mlx import DflyEngine
+    from specparity.engines.dfly_mlx.adapter import DflyEngine
 
     return DflyEngine(request.target, request.draft, prefill_step_size=request.prefill_step_size)
 
 
 def default_checkpoints() -> tuple[Path, Path | None]:
     """The default DFly fixture (dense qwen3, float32), built once into the shared fixture cache."""
-    from specparity.dspark_fixtures import build_dfly_pair
+    from specparity.engines.dfly_mlx.fixtures import build_dfly_pair
     from specparity.fixtures import fixtures_home
 
     info = build_dfly_pair(fixtures_home() / "dfly-qwen3-float32-untied")
@@ -53,7 +53,8 @@ ENGINE = EngineSpec(
     adapter=load,
     e2e_entry_points=("generate", "dfly-stream"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
+    loops="specparity.engines.dfly_mlx.loops:loops",
     default_checkpoints=default_checkpoints,
-    drafter_format=DrafterFormat("dfly", "specparity.dspark_fixtures:dfly_format",
+    drafter_format=DrafterFormat("dfly", "specparity.engines.dfly_mlx.fixtures:dfly_format",
                                  "a DFly drafter that reads the target's embedding and head"),
 )

@@ -252,6 +252,13 @@ class MlxDsparkEngine(Engine):
     def engine_model(self) -> Any:
         return self.target.model
 
+    def loop(self, prompt: list[int], max_tokens: int) -> None:
+        from mlx_dspark.generate import speculative_generate
+
+        served = {} if self.cap is None else {"max_draft_tokens": self.cap, "lookup_drafts": False}
+        speculative_generate(self.target, self.tokenizer, self.drafter, prompt_ids=list(prompt),
+                             max_new_tokens=max_tokens, **served)
+
     def generate(self, prompt: list[int], max_tokens: int, record_states: bool = True) -> EngineRun:
         import mlx.core as mx
         from mlx_dspark.generate import speculative_generate

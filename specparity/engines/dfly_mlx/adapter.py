@@ -10,10 +10,10 @@ and the drafter's whole block every round. So what verifies and rolls back
 is dflash-mlx's own code (``verify_block``, ``arm_rollback``,
 ``restore_after_acceptance``), reached through dfly-mlx's bundle:
 
-- :class:`DflyEngine` is :class:`~specparity.probes.engines.dflash_mlx.DflashEngine`
+- :class:`DflyEngine` is :class:`~specparity.engines.dflash_mlx.adapter.DflashEngine`
   loaded by ``load_runtime`` (the bundle dfly-mlx's entry points use) and run with
   dfly-mlx's loop policy; its sessions are dflash-mlx's
-  (:class:`~specparity.probes.engines.dflash_mlx.DflashSession`), its verify widths the
+  (:class:`~specparity.engines.dflash_mlx.adapter.DflashSession`), its verify widths the
   drafter's block only (verify mode ``dflash`` has no adaptive reduced block);
 - :meth:`DflyEngine.generate` is dflash-mlx's loop as ``dfly_mlx.generate`` calls it
   (``copyspec_mode="off"``, ``block_tokens`` the drafter's block), on the prompt's ids
@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specparity.probes.engines.dflash_mlx import DflashEngine
+from specparity.engines.dflash_mlx.adapter import DflashEngine
 
 NAME = "dfly-mlx"
 
