@@ -1,20 +1,27 @@
-"""The engine registry: every engine the toolkit checks, one module each.
+"""The engine registry: every engine the toolkit checks, one package each, found as a plugin is found.
 
-An engine is one module that defines ``ENGINE = EngineSpec(...)``: its name, the
-module it needs, its pinned environment(s), its served profile(s) and hooks, its
-in-process adapter, its e2e entry points and its drafter-format fixture builder.
-Commands take their ``--engine`` choices and default from here and never name an
-engine; consent to run a checkpoint's code, the environment an engine runs in and
-the re-run there are decided here, once, for every engine.
+An engine is one package (``specparity/engines/<name>/`` for a built-in, any package of
+a distribution for an outside one) whose ``__init__`` defines ``ENGINE = EngineSpec(...)``:
+its name, the module it needs, its pinned environment(s), its served profile(s) and
+hooks, its in-process adapter, its own loops, its e2e entry points and its
+drafter-format fixture builder; the package holds their code (``adapter.py``,
+``loops.py``, ``served.py``, ``fixtures.py``, ``<profile>.yaml``: only the parts the
+engine has). Commands take their ``--engine`` choices and default from here and never
+name an engine; consent to run a checkpoint's code, the environment an engine runs in
+and the re-run there are decided here, once, for every engine.
 
 Where engines come from, in this order (a later one with a taken name is refused):
 
-1. every module of this package (``specparity/engines/<name>.py``): mlx-lm (the
-   default), dflash-mlx, llama.cpp, and the next ones, found by listing the folder:
-   a new built-in engine is one new file here and nothing else;
-2. ``$SPECPARITY_ENGINES``: comma-separated importable module paths
-   (``SPECPARITY_ENGINES=my_pkg.my_engine``), each defining ``ENGINE``: a user's
-   engine, one module outside the package, reached by every command.
+1. the ``specparity.engines`` entry-point group (``importlib.metadata``): specparity's
+   own pyproject.toml registers the built-ins there exactly as an outside distribution
+   registers its engine (``[project.entry-points."specparity.engines"]``, ``name =
+   "package:ENGINE"``, the entry point named as the engine): mlx-lm (the default)
+   first, then every other installed distribution's, by name. Where specparity runs
+   from a checkout without installed metadata (a pinned environment's processes), its
+   own come from that checkout's pyproject.toml;
+2. ``$SPECPARITY_ENGINES``: a developer's override, comma-separated importable
+   module paths (``SPECPARITY_ENGINES=my_pkg.my_engine`` or ``my_pkg:ENGINE``), reached
+   by every command without installing anything.
 
 The contract (stable; a change is said in the commit that makes it):
 
@@ -79,7 +86,6 @@ import dataclasses
 import importlib
 import logging
 import os
-import pkgutil
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -93,8 +99,11 @@ log = logging.getLogger(__name__)
 
 # the engine commands use when --engine is not given
 DEFAULT = "mlx-lm"
-# comma-separated module paths of engines outside the package
+# comma-separated module paths (``module`` or ``module:ATTR``) of engines a developer adds without installing them
 ENGINES_VAR = "SPECPARITY_ENGINES"
+# the entry-point group every engine is registered in, the built-ins by specparity's own pyproject.toml
+GROUP = "specparity.engines"
+BUILTIN = "specparity"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 Ref = str | Callable[..., Any] | ModuleType | None
@@ -124,6 +133,45 @@ class PinnedEnv:
     packages: tuple[str, ...]
     description: str = ""
     imports: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"pinned environment {self.name!r}"
+        _check(where, "name", self.name, str)
+        _check_strings(where, "packages", self.packages)
+        _check(where, "description", self.description, str)
+        _check_strings(where, "imports", self.imports)
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def _check(where: str, field_name: str, value: Any, *types: type) -> None:
+    """``value`` is one of ``types``: else a one-line UsageError naming the field (a user's spec, at registration)."""
+    if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
+        want = " or ".join("None" if t is type(None) else t.__name__ for t in types)
+        raise UsageError(f"{where}: {field_name} must be {want}, not {_kind(value)} ({value!r:.60})")
+
+
+def _check_strings(where: str, field_name: str, value: Any) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise UsageError(f"{where}: {field_name} must be a tuple of strings, not {_kind(value)} ({value!r:.60})")
+
+
+def _check_ref(where: str, field_name: str, value: Any, module: bool = False) -> None:
+    """A code reference: None, a callable (a module, where ``module``), or an absolute ``module:attr`` (``module``
+    for a module reference) string."""
+    if value is None or callable(value) or (module and isinstance(value, ModuleType)):
+        return
+    if not isinstance(value, str):
+        raise UsageError(f"{where}: {field_name} must be a 'module:attr' string or the object, not {_kind(value)}")
+    mod, _, attr = value.partition(":")
+    if not _MODULE.fullmatch(mod) or (not module and not attr) or (module and attr):
+        shape = "an absolute module path" if module else "an absolute 'module.path:attr'"
+        raise UsageError(f"{where}: {field_name} {value!r} is not {shape} (no relative import)")
+
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 @dataclass(frozen=True)
@@ -168,10 +216,25 @@ class DrafterFormat:
     build: Ref
     help: str = ""
 
+    def __post_init__(self) -> None:
+        where = f"drafter format {self.name!r}"
+        _check(where, "name", self.name, str)
+        if not _NAME.match(self.name) or len(self.name) > 64:
+            # it names a --drafter-format choice and the kind a fixture.json holds: no path separator or newline
+            raise UsageError(f"{where}: a name is lowercase letters, digits, '.', '_' and '-' (at most 64)")
+        _check_ref(where, "build", self.build)
+        _check(where, "help", self.help, str)
+
     def make(self, out_dir: str, *, shape: str, dtype: str, tied: bool, block_size: int | None, seed: int,
              overwrite: bool, note: Callable[[str], None]) -> Any:
-        return resolve(self.build)(out_dir, shape=shape, dtype=dtype, tied=tied, block_size=block_size,
+        from specparity.fixtures import MadeFixture
+
+        made = resolve(self.build)(out_dir, shape=shape, dtype=dtype, tied=tied, block_size=block_size,
                                    seed=seed, overwrite=overwrite, note=note)
+        if not isinstance(made, MadeFixture):
+            raise UsageError(f"drafter format {self.name}: its builder {self.build!r} returned {_kind(made)}, not the"
+                             " MadeFixture(record, lines) a builder returns")
+        return made
 
 
 @dataclass(frozen=True)
@@ -195,10 +258,34 @@ class EngineSpec:
     drafter_checkpoint: bool = True
     warm: str | ModuleType | None = None
     source: str = field(default="", compare=False)
+    distribution: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        _check("engine", "name", self.name, str)
         if not _NAME.match(self.name):
             raise UsageError(f"engine {self.name!r}: a name is lowercase letters, digits, '.', '_' and '-'")
+        # every field a command reads, typed here: a user's spec of the wrong shape is one line naming the field
+        # when it registers, never a crash of a command later (issue 44)
+        where = f"engine {self.name}"
+        _check(where, "description", self.description, str)
+        _check(where, "module", self.module, str, type(None))
+        if self.module is not None and not _MODULE.fullmatch(self.module):
+            raise UsageError(f"{where}: module {self.module!r} is not an absolute module path")
+        if not isinstance(self.environments, tuple) or not all(isinstance(e, PinnedEnv) for e in self.environments):
+            raise UsageError(f"{where}: environments must be a tuple of PinnedEnv, not {_kind(self.environments)}")
+        _check_strings(where, "profiles", self.profiles)
+        _check_strings(where, "e2e_entry_points", self.e2e_entry_points)
+        _check_strings(where, "verify_modes", self.verify_modes)
+        for field_name in ("adapter", "e2e", "loops", "default_checkpoints"):
+            _check_ref(where, field_name, getattr(self, field_name))
+        for field_name in ("hooks", "warm"):
+            _check_ref(where, field_name, getattr(self, field_name), module=True)
+        if not isinstance(self.adapter_features, frozenset) or not all(isinstance(f, str) for f in
+                                                                        self.adapter_features):
+            raise UsageError(f"{where}: adapter_features must be a frozenset of strings, not"
+                             f" {_kind(self.adapter_features)}")
+        _check(where, "drafter_format", self.drafter_format, DrafterFormat, type(None))
+        _check(where, "drafter_checkpoint", self.drafter_checkpoint, bool)
 
     @property
     def key(self) -> str:
@@ -244,7 +331,27 @@ class EngineSpec:
             raise UsageError(f"engine {self.name}: no in-process adapter (served only)")
         require_consent([("--model", request.target), ("--draft-model", request.draft)],
                         request.trust_remote_code)
-        return resolve(self.adapter)(request)
+        return self.code("adapter")(request)
+
+    def code(self, field_name: str) -> Any:
+        """The object a code field of this spec names (``adapter``, ``loops``, ...), imported now; a module it
+        names that does not import is one line naming the engine, where it was registered and the module."""
+        ref = getattr(self, field_name)
+        try:
+            return resolve(ref)
+        except ModuleNotFoundError as err:
+            own = isinstance(ref, str) and err.name is not None and (
+                ref.partition(":")[0] == err.name or ref.partition(":")[0].startswith(err.name + "."))
+            whence = f"registered by {self.source} ({self.distribution or ENGINES_VAR})"
+            if own:
+                raise UsageError(f"engine {self.name}: its {field_name} {ref!r} names the module {err.name}, which"
+                                 f" does not exist ({whence})") from None
+            import sys
+
+            raise InfrastructureError(f"engine {self.name}: its {field_name} needs the module {err.name}, which this"
+                                      f" Python ({sys.prefix}) lacks ({whence})") from err
+        except AttributeError as err:
+            raise UsageError(f"engine {self.name}: its {field_name} {ref!r} names nothing there ({err})") from None
 
     def profile_files(self) -> dict[str, Path]:
         """Its profiles that live in its own package, by name (``NAME.yaml`` beside its ``__init__``): what
@@ -372,66 +479,129 @@ _REGISTRY: dict[str, EngineSpec] | None = None
 _REGISTRY_FOR: str | None = None
 
 
-def _builtin_modules() -> list[str]:
-    return sorted(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+@dataclass(frozen=True)
+class Registration:
+    """Where an engine was registered: ``ref`` (``module:ATTR``, the spec), ``origin`` (``specparity`` for a
+    built-in, ``DIST VERSION`` for an installed distribution's entry point, or ``$SPECPARITY_ENGINES``) and the
+    entry point's name (None for the variable's modules), which must be the spec's name."""
+
+    ref: str
+    origin: str
+    entry: str | None = None
+
+    @property
+    def builtin(self) -> bool:
+        return self.origin == BUILTIN
+
+    @property
+    def module(self) -> str:
+        return self.ref.partition(":")[0]
+
+    def where(self) -> str:
+        """How an error names it: the variable and the module, or the distribution and its entry point."""
+        if self.origin == ENGINES_VAR:
+            return f"{ENGINES_VAR}: engine module {self.module}"
+        return f"engine entry point {self.entry} = {self.ref} ({self.origin})"
 
 
-def _spec_of(module_name: str, external: bool = False) -> EngineSpec:
+def _canonical(dist: str) -> str:
+    return re.sub(r"[-_.]+", "-", dist).lower()
+
+
+def _pyproject_builtins() -> list[Registration]:
+    """The built-ins from the checkout's pyproject.toml, where specparity runs from its source without installed
+    metadata (a pinned environment's processes: ``specparity.environments``' source hook)."""
+    import tomllib
+
+    path = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        table = tomllib.loads(path.read_text())["project"]["entry-points"][GROUP]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [Registration(str(ref), BUILTIN, str(name)) for name, ref in table.items()]
+
+
+def registrations() -> list[Registration]:
+    """Every engine registration, in order: specparity's own (its ``specparity.engines`` entry points), every
+    other installed distribution's (by entry-point name), then ``$SPECPARITY_ENGINES``'s modules."""
+    from importlib import metadata
+
+    points = list(metadata.entry_points(group=GROUP))
+
+    def own(ep: Any) -> bool:
+        return ep.dist is not None and _canonical(ep.dist.name) == BUILTIN
+    builtin = [Registration(ep.value, BUILTIN, ep.name) for ep in points if own(ep)] or _pyproject_builtins()
+    others = [Registration(ep.value, f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "?", ep.name)
+              for ep in sorted((p for p in points if not own(p)), key=lambda p: p.name)]
+    extra = [m.strip() for m in os.environ.get(ENGINES_VAR, "").split(",") if m.strip()]
+    return [*builtin, *others, *(Registration(m if ":" in m else f"{m}:ENGINE", ENGINES_VAR) for m in extra)]
+
+
+def _spec_of(reg: Registration) -> EngineSpec:
+    external = not reg.builtin
+    module_name, _, attr = reg.ref.partition(":")
+    if not module_name or module_name.startswith(".") or not attr:
+        raise UsageError(f"{reg.where()}: {reg.ref!r} is not an absolute module path and attribute"
+                         " (module.path:ENGINE)")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         missing = err.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):  # the module itself
-            raise UsageError(f"{ENGINES_VAR}: no module {module_name} (an importable module path)") from None
+            raise UsageError(f"{reg.where()}: no module {module_name} (an importable module path)") from None
         if not external:
             raise  # a built-in engine module imports nothing optional: our bug, a traceback with --debug
         import sys
 
-        raise InfrastructureError(f"{ENGINES_VAR}: engine module {module_name} cannot be imported: it needs the"
-                                  f" module {missing or '?'}, which this Python ({sys.prefix}) lacks (install it,"
-                                  f" or take {module_name} out of {ENGINES_VAR})") from err
+        raise InfrastructureError(f"{reg.where()} cannot be imported: it needs the module {missing or '?'}, which"
+                                  f" this Python ({sys.prefix}) lacks (install it, or take the engine away)") from err
     except SyntaxError as err:
         if not external:
             raise  # a built-in engine that does not compile is our bug: a traceback with --debug
         where = f"{err.filename}:{err.lineno}" if err.filename else module_name
-        raise UsageError(f"{ENGINES_VAR}: engine module {module_name} does not compile: {where}: {err.msg}") from None
+        raise UsageError(f"{reg.where()} does not compile: {where}: {err.msg}") from None
     except Exception as err:  # noqa: BLE001  (the user's module failed at import: theirs to fix, named)
         if not external:
             raise
         if isinstance(err, UsageError):  # an EngineSpec(...) of theirs refused its own fields
-            raise UsageError(f"{ENGINES_VAR}: engine module {module_name}: {err}") from err
-        raise UsageError(f"{ENGINES_VAR}: engine module {module_name} failed while importing:"
+            raise UsageError(f"{reg.where()}: {err}") from err
+        raise UsageError(f"{reg.where()} failed while importing:"
                          f" {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")) from err
-    spec = getattr(module, "ENGINE", None)
+    spec: Any = module
+    for part in attr.split("."):
+        spec = getattr(spec, part, None)
     if not isinstance(spec, EngineSpec):
-        raise UsageError(f"engine module {module_name}: defines no ENGINE = EngineSpec(...)")
-    return dataclasses.replace(spec, source=module_name)
+        raise UsageError(f"{reg.where()}: defines no {attr} = EngineSpec(...)")
+    if reg.entry is not None and reg.entry != spec.name:
+        raise UsageError(f"{reg.where()}: the entry point is named {reg.entry!r}, its engine {spec.name!r}: name it"
+                         " as the engine")
+    return dataclasses.replace(spec, source=module_name, distribution=reg.origin)
 
 
 def registry() -> dict[str, EngineSpec]:
-    """Every registered engine by name, the default first, then built-ins, then ``$SPECPARITY_ENGINES``'."""
+    """Every registered engine by name, the default first, then the order of :func:`registrations`."""
     global _REGISTRY, _REGISTRY_FOR
-    extra = os.environ.get(ENGINES_VAR, "")
-    if _REGISTRY is not None and _REGISTRY_FOR == extra:
+    regs = registrations()
+    key = "\n".join(f"{r.ref}|{r.origin}" for r in regs)
+    if _REGISTRY is not None and _REGISTRY_FOR == key:
         return _REGISTRY
     out: dict[str, EngineSpec] = {}
-    external = [m.strip() for m in extra.split(",") if m.strip()]
     envs: dict[str, str] = {}  # environment name -> the module that declared it
-    for module_name in [*_builtin_modules(), *external]:
-        spec = _spec_of(module_name, external=module_name in external)
+    for reg in regs:
+        spec = _spec_of(reg)
         taken = next((s for s in out.values() if spec.name == s.name or spec.key == s.key), None)
         if taken is not None:
-            raise UsageError(f"engine module {module_name}: engine {spec.name!r} is registered already by"
-                             f" {taken.source}")
+            raise UsageError(f"{reg.where()}: engine {spec.name!r} is registered already by {taken.source}"
+                             f" ({taken.distribution})")
         for env in spec.environments:
             if env.name in envs:  # the second would run its own pins under the first's name
-                raise UsageError(f"engine module {module_name}: environment {env.name!r} is declared already by"
+                raise UsageError(f"engine module {reg.module}: environment {env.name!r} is declared already by"
                                  f" {envs[env.name]}: an environment name is declared once (rename it)")
-            envs[env.name] = module_name
+            envs[env.name] = reg.module
         out[spec.name] = spec
     if DEFAULT in out:
         out = {DEFAULT: out[DEFAULT], **{k: v for k, v in out.items() if k != DEFAULT}}
-    _REGISTRY, _REGISTRY_FOR = out, extra
+    _REGISTRY, _REGISTRY_FOR = out, key
     return out
 
 

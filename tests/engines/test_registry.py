@@ -316,3 +316,78 @@ def test_an_environment_name_declared_twice_is_refused_naming_both(cli_bin: str,
         assert proc.returncode == 2 and proc.stderr == (
             f"Error: engine module twin_engine: environment {name!r} is declared already by {declarer}: an"
             " environment name is declared once (rename it)\n"), proc.stderr
+
+
+# -- issue 44, class 6: a user engine of the wrong shape is refused at registration, naming the field ------------
+
+WRONG_SHAPES = {
+    "environments": "environments='dflash-mlx'",
+    "verify_modes": "verify_modes=('a', 3)",
+    "drafter_format": "drafter_format='dspark'",
+    "adapter": "adapter=42",
+    "adapter_features": "adapter_features=['replay']",
+    "e2e": "e2e='.relative:run'",
+    "hooks": "hooks='pkg:attr'",
+    "build": "drafter_format=DrafterFormat('fmt', 42)",
+    "name": "drafter_format=DrafterFormat('../fmt\\nx', 'm:f')",
+}
+
+
+@pytest.mark.parametrize("field", list(WRONG_SHAPES))
+def test_a_user_engine_of_the_wrong_shape_exits_2_naming_the_module_and_field(cli_bin: str, tmp_path: Path,
+                                                                             field: str) -> None:
+    (tmp_path / "shaped_engine.py").write_text(
+        "from specparity.engines import DrafterFormat, EngineSpec\n"
+        f"ENGINE = EngineSpec(name='shaped', {WRONG_SHAPES[field]})\n")
+    env = {**os.environ, "SPECPARITY_ENGINES": "shaped_engine", "PYTHONPATH": str(tmp_path)}
+    for argv in (("env", "list"), ("fixtures", "formats")):
+        proc = subprocess.run([cli_bin, *argv], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("Error: SPECPARITY_ENGINES: engine module shaped_engine: ") and \
+            f" {field} " in proc.stderr, proc.stderr
+
+
+def test_an_adapter_naming_a_missing_module_names_the_engine_not_specparitys_dependencies(
+        cli_bin: str, tmp_path: Path) -> None:
+    (tmp_path / "gone_engine.py").write_text(
+        "from specparity.engines import EngineSpec\n"
+        "ENGINE = EngineSpec(name='gone', adapter='gone_engine_adapter:load')\n")
+    env = {**os.environ, "SPECPARITY_ENGINES": "gone_engine", "PYTHONPATH": str(tmp_path)}
+    ckpt = tmp_path / "ckpt"  # a checkpoint's folder: the adapter is asked for before anything loads from it
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"model_type": "llama"}')
+    (ckpt / "model.safetensors").write_bytes(b"")
+    proc = subprocess.run([cli_bin, "probe", "--engine", "gone", "--model", str(ckpt)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == (
+        "Error: engine gone: its adapter 'gone_engine_adapter:load' names the module gone_engine_adapter, which"
+        f" does not exist (registered by gone_engine (SPECPARITY_ENGINES))\n"), proc.stderr
+
+
+def test_a_drafter_builder_that_returns_a_non_result_is_one_line(cli_bin: str, tmp_path: Path) -> None:
+    (tmp_path / "odd_engine.py").write_text(
+        "from specparity.engines import DrafterFormat, EngineSpec\n"
+        "def build(out, **kw):\n    return {'target': out}\n"
+        "ENGINE = EngineSpec(name='odd', drafter_format=DrafterFormat('odd', build))\n")
+    env = {**os.environ, "SPECPARITY_ENGINES": "odd_engine", "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--dflash", "qwen3", "--drafter-format",
+                           "odd"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "returned a dict, not the MadeFixture" \
+        in proc.stderr, proc.stderr
+
+
+def test_the_entry_point_group_lists_every_builtin_engine() -> None:
+    """Found as a plugin is found: specparity's own metadata registers each built-in in the group, named as
+    its engine, and the registry's engines are exactly those (no folder listing, no variable)."""
+    from importlib import metadata
+
+    from specparity import engines
+
+    points = {ep.name: ep.value for ep in metadata.entry_points(group=engines.GROUP)
+              if ep.dist is not None and ep.dist.name == "specparity"}
+    assert set(points) == set(engines.registry()) >= {"mlx-lm", "dflash-mlx", "mlx-dspark", "mtplx", "llama.cpp"}
+    for name, ref in points.items():
+        spec = engines.registry()[name]
+        assert ref == f"{spec.source}:ENGINE" and spec.distribution == "specparity" and spec.name == name
+    assert [r.entry for r in engines._pyproject_builtins()] == list(points) or \
+        sorted(r.entry or "" for r in engines._pyproject_builtins()) == sorted(points)
