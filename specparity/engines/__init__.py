@@ -67,6 +67,8 @@ mlx, an engine, or a layer above this one):
     verify_modes   values ``--verify-mode`` takes for this engine (its own policies)
     drafter_checkpoint  the engine drafts from a drafter checkpoint beside the target (False: its draft
                    heads live in the target, as MTP heads do: no ``--draft-model`` is asked for)
+    builds_on      the engines whose packages this one imports (dfly-mlx runs on dflash-mlx's verify and
+                   loop): their names may be code in its package
     warm           the work the engine does at its first start on a machine (a module with
                    ``is_warm(env) -> bool`` and ``warm(env) -> exit code``), done once by
                    ``scripts/warm-engines`` before the tests; None: none
@@ -257,6 +259,7 @@ class EngineSpec:
     verify_modes: tuple[str, ...] = ()
     drafter_checkpoint: bool = True
     warm: str | ModuleType | None = None
+    builds_on: tuple[str, ...] = ()
     source: str = field(default="", compare=False)
     distribution: str = field(default="", compare=False)
 
@@ -276,6 +279,7 @@ class EngineSpec:
         _check_strings(where, "profiles", self.profiles)
         _check_strings(where, "e2e_entry_points", self.e2e_entry_points)
         _check_strings(where, "verify_modes", self.verify_modes)
+        _check_strings(where, "builds_on", self.builds_on)
         for field_name in ("adapter", "e2e", "loops", "default_checkpoints"):
             _check_ref(where, field_name, getattr(self, field_name))
         for field_name in ("hooks", "warm"):

@@ -51,6 +51,7 @@ ENGINE = EngineSpec(
                   imports=("mlx_lm", "dflash_mlx", "dfly_mlx", "dfly_mlx.generate", "dfly_mlx.loading")),
     ),
     adapter=load,
+    builds_on=("dflash-mlx",),
     e2e_entry_points=("generate", "dfly-stream"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     loops="specparity.engines.dfly_mlx.loops:loops",

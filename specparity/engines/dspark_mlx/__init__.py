@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 from specparity.engines import DrafterFormat, EngineSpec, LoadRequest, PinnedEnv
-from specparity.engines.mlx_dspark import default_checkpoints
 
 
 def load(request: LoadRequest) -> Any:
@@ -44,7 +43,7 @@ ENGINE = EngineSpec(
     e2e_entry_points=("generate_eager", "generate"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     loops="specparity.engines.dspark_mlx.loops:loops",
-    default_checkpoints=default_checkpoints,
+    default_checkpoints="specparity.fixtures.dspark:default_checkpoints",
     drafter_format=DrafterFormat("dspark", "specparity.fixtures.dspark:dspark_format",
                                  "DeepSeek's DeepSpec DSpark drafter"),
 )

@@ -41,14 +41,6 @@ def load(request: LoadRequest) -> Any:
     return MlxDsparkEngine(request.target, request.draft, cap=served_cap(request.verify_mode))
 
 
-def default_checkpoints() -> tuple[Path, Path | None]:
-    """The default DSpark fixture (dense qwen3, float32), built once into the shared fixture cache."""
-    from specparity.fixtures.dspark import dspark_pair
-
-    info = dspark_pair()
-    return Path(info.target), Path(info.draft)
-
-
 ENGINE = EngineSpec(
     name="mlx-dspark",
     description="mlx-dspark 0.20.3: DSpark drafting, one-forward verify, trim / gated-delta re-run rollback",
@@ -65,7 +57,7 @@ ENGINE = EngineSpec(
     e2e_entry_points=("speculative_generate", "speculative_generate-full-block"),
     e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     loops="specparity.engines.mlx_dspark.loops:loops",
-    default_checkpoints=default_checkpoints,
+    default_checkpoints="specparity.fixtures.dspark:default_checkpoints",
     drafter_format=DrafterFormat("dspark", "specparity.fixtures.dspark:dspark_format",
                                  "DeepSeek's DeepSpec DSpark drafter"),
     verify_modes=SERVED_MODES,
