@@ -27,7 +27,6 @@ drafters in DeepSeek's DeepSpec format (:mod:`specparity.fixtures.dspark`).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from specparity.engines import DrafterFormat, EngineSpec, LoadRequest, PinnedEnv
