@@ -361,7 +361,7 @@ def test_an_adapter_naming_a_missing_module_names_the_engine_not_specparitys_dep
                           text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr == (
         "Error: engine gone: its adapter 'gone_engine_adapter:load' names the module gone_engine_adapter, which"
-        f" does not exist (registered by gone_engine (SPECPARITY_ENGINES))\n"), proc.stderr
+        " does not exist (registered by gone_engine (SPECPARITY_ENGINES))\n"), proc.stderr
 
 
 def test_a_drafter_builder_that_returns_a_non_result_is_one_line(cli_bin: str, tmp_path: Path) -> None:
