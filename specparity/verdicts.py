@@ -8,6 +8,9 @@ Vocabularies:
     served arms: match, diverged, declined, not_engaged, error (a pairing whose
         two baselines disagree is inconclusive)
     statistical (dist, accept): pass, divergent, inconclusive
+    an engine's own entry points (its loops, ``e2e --engine``, the findings table): match,
+        diverged, not_engaged, error, cannot_run (it does not run on this machine: a library
+        of another platform, a Python version; its own cause, never a pass)
     gate decisions: ALLOW, DECLINE, FORFEIT
     prompt-cache policies (the gate's prefill-parity decision): reuse, re-prefill
 
@@ -46,6 +49,8 @@ class Verdict(StrEnum):
     ERROR = "error"
     # statistical vocabulary
     PASS = "pass"
+    # an engine's entry point that cannot run on this machine (exit 3, as not_run)
+    CANNOT_RUN = "cannot_run"
 
 
 class Decision(StrEnum):
@@ -81,6 +86,7 @@ _EXIT: dict[Verdict, int] = {
     Verdict.DIVERGENT: EXIT_DIVERGENT,
     Verdict.DIVERGED: EXIT_DIVERGENT,
     Verdict.NOT_RUN: EXIT_INCONCLUSIVE,
+    Verdict.CANNOT_RUN: EXIT_INCONCLUSIVE,
     Verdict.INCONCLUSIVE: EXIT_INCONCLUSIVE,
     Verdict.NOT_ENGAGED: EXIT_INCONCLUSIVE,
     # a declined arm never ran the speculative path: it proves nothing about it
@@ -98,7 +104,7 @@ _DECISION_EXIT: dict[Decision, int] = {
 # exists to make, so it outranks an infrastructure error elsewhere in the run.
 _SEVERITY: dict[Verdict, int] = {
     Verdict.EQUAL: 0, Verdict.MATCH: 0, Verdict.PASS: 0,
-    Verdict.DECLINED: 1, Verdict.NOT_ENGAGED: 2, Verdict.NOT_RUN: 3, Verdict.INCONCLUSIVE: 4,
+    Verdict.DECLINED: 1, Verdict.NOT_ENGAGED: 2, Verdict.NOT_RUN: 3, Verdict.CANNOT_RUN: 3, Verdict.INCONCLUSIVE: 4,
     Verdict.ERROR: 5,
     Verdict.DIVERGED: 6, Verdict.DIVERGENT: 6,
 }

@@ -89,7 +89,7 @@ def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max
             arm.tokens, arm.drafted, arm.seconds = list(f.tokens), int(f.accepted or 0), f.seconds
             arm.proposed = f.drafted
             arm.text = stream_text(loaded.tokenizer, arm.tokens)  # its ids as classic decode writes ids
-            if f.verdict in (Verdict.ERROR, "cannot_run"):
+            if f.verdict in (Verdict.ERROR, Verdict.CANNOT_RUN):
                 arm.error = f"{f.verdict.replace('_', ' ')}: {f.failure or f.reason}"
             res = compare_arms(f.entry, ref, arm, options, loaded.tokenizer)
             if f.verdict == Verdict.DIVERGED:

@@ -15,8 +15,10 @@ def test_every_verdict_has_the_design_exit_code():
         Verdict.DIVERGENT: EXIT_DIVERGENT, Verdict.DIVERGED: EXIT_DIVERGENT,
         Verdict.NOT_RUN: EXIT_INCONCLUSIVE, Verdict.INCONCLUSIVE: EXIT_INCONCLUSIVE,
         Verdict.NOT_ENGAGED: EXIT_INCONCLUSIVE, Verdict.DECLINED: EXIT_INCONCLUSIVE,
-        Verdict.ERROR: EXIT_INFRA,
+        Verdict.CANNOT_RUN: EXIT_INCONCLUSIVE, Verdict.ERROR: EXIT_INFRA,
     }
+    # an engine entry point that cannot run here is never a pass, and never outranks one that did not run
+    assert combine(["match", "cannot_run"]) == Verdict.CANNOT_RUN and combine(["cannot_run", "error"]) == Verdict.ERROR
     assert EXIT_BUG not in {exit_code(v) for v in Verdict}
     assert [decision_exit_code(d) for d in Decision] == [0, 1, 0]
 

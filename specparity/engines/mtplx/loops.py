@@ -78,7 +78,7 @@ def loops(target: str, draft: str | None, prompt: list[int], n: int, ref: Classi
                             " cannot run here: nothing to compare, not a pass")
         except BaseException as err:  # noqa: BLE001  (an import may raise anything, SystemExit included)
             failed(f, err)
-            f.verdict, f.reason = "cannot_run", f"{module} does not import on {sys.platform}"
+            f.verdict, f.reason = Verdict.CANNOT_RUN, f"{module} does not import on {sys.platform}"
         out.append(f)
     return out
 
