@@ -27,9 +27,12 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specparity.errors import InfrastructureError
+
+if TYPE_CHECKING:
+    from specparity.engines import EngineRef
 
 log = logging.getLogger(__name__)
 
@@ -41,32 +44,32 @@ ENVIRONMENT_VAR = "SPECPARITY_ENGINE_ENVIRONMENT"
 RESULT_VAR = "SPECPARITY_RERUN_RESULT"
 
 
-def python_var(engine: str) -> str:
+def python_var(engine: EngineRef) -> str:
     """``SPECPARITY_DFLASH_MLX_PYTHON`` for ``dflash-mlx``."""
     from specparity.engines import get
 
     return get(engine).python_var
 
 
-def importable(engine: str) -> bool:
+def importable(engine: EngineRef) -> bool:
     """``engine``'s module imports here (asked of the registry)."""
     from specparity.engines import get
 
     return get(engine).importable()
 
 
-def engine_environment(engine: str, environment: str | None = None) -> tuple[str, dict[str, str]]:
+def engine_environment(engine: EngineRef, environment: str | None = None) -> tuple[str, dict[str, str]]:
     """The interpreter of ``engine``'s environment and the process environment to run specparity there
     (see the module docstring; ``environment``: this one, a name or YAML file, over both); InfrastructureError
     if there is none."""
     from specparity.environments import environment_at, interpreter
 
-    var = python_var(engine)
-    if environment is not None:
+    if environment is not None:  # the engine is not asked of the registry: it may be installed there only
         from specparity.environments import ensure_environment
 
         env = ensure_environment(environment, progress=lambda line: print(f"specparity: {line}", file=sys.stderr))
         return str(env.python), {**env.environ(), ENVIRONMENT_VAR: str(env.path)}
+    var = python_var(engine)
     if os.environ.get(var):
         path = os.environ[var]
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
@@ -105,7 +108,7 @@ def running_environment() -> dict[str, Any]:
     return {os.environ.get(RERUN_MARK) or env.name: env.identity()}
 
 
-def engine_python(engine: str) -> str:
+def engine_python(engine: EngineRef) -> str:
     """The interpreter of ``engine``'s environment (see :func:`engine_environment`)."""
     return engine_environment(engine)[0]
 

@@ -234,11 +234,15 @@ def specparity_requirements() -> list[str]:
     """specparity's own runtime dependencies (no extras), from its installed metadata or pyproject.toml."""
     from importlib import metadata
 
+    from packaging.requirements import Requirement
+
     try:
         reqs = metadata.requires("specparity") or []
     except metadata.PackageNotFoundError:
         reqs = _pyproject_requirements()
-    return sorted(r for r in reqs if not re.search(r"\bextra\s*==", r))
+    # written as packaging writes them: the metadata's and pyproject's quoting differ ('linux' / "linux"), and
+    # a spec's digest must be the same from an installed specparity and from a checkout (a pinned environment's)
+    return sorted(str(Requirement(r)) for r in reqs if not re.search(r"\bextra\s*==", r))
 
 
 def _pyproject_requirements() -> list[str]:

@@ -87,5 +87,19 @@ def identity(**extra: Any) -> dict[str, Any]:
         "env": kernel_env(),
     }
     ident.update(backend())
+    engines = outside_engines()
+    if engines:
+        ident["engines"] = engines
     ident.update(extra)
     return ident
+
+
+def outside_engines() -> dict[str, str]:
+    """The engines registered here that are not specparity's own, by name: the distribution and version they came
+    from (``DIST VERSION``), or ``$SPECPARITY_ENGINES`` (a developer's module); {} where the registry is unread."""
+    try:
+        from specparity.engines import BUILTIN, registry
+
+        return {name: spec.distribution for name, spec in registry().items() if spec.distribution != BUILTIN}
+    except Exception:  # noqa: BLE001  (an identity is written whatever the registry's state)
+        return {}

@@ -147,6 +147,11 @@ def run(argv: list[str], env: dict[str, str], cwd: str | None, timeout: float) -
     """A CLI run (``argv[0]`` the console script): forked where :func:`forkable`, else exec'd."""
     global _zygote
     if forkable(argv[1:], env, env):  # else no environment makes it forkable: no zygote needed
+        if _zygote is not None and _zygote.alive() and not forkable(argv[1:], env, _zygote.env):
+            # started while an earlier test had changed the environment (a HOME, a pip variable): a new one, so a
+            # run is never exec'd for an earlier test's sake
+            _zygote.close()
+            _zygote = None
         if _zygote is None or not _zygote.alive():
             _zygote = Zygote()
         if forkable(argv[1:], env, _zygote.env):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from specparity.engines import DEFAULT as DEFAULT_ENGINE
+from specparity.engines import EngineRef
 from specparity.errors import Inconclusive, UsageError
 from specparity.inputs import (
     check_accept_log,
@@ -63,7 +64,7 @@ class Frontend(Protocol):
         """The run's record and output (``kind`` replay), entered around the work."""
         ...
 
-    def rerun(self, engine: str, environment: str | None, model: str | None, draft_model: str | None,
+    def rerun(self, engine: EngineRef, environment: str | None, model: str | None, draft_model: str | None,
               trust_remote_code: bool, classic: bool) -> int | None:
         """None to run here; else the exit code of the command re-run in the engine's (or the named) environment."""
         ...
@@ -72,7 +73,7 @@ class Frontend(Protocol):
 
     def resolve_path(self, spec: str | None) -> Path: ...
 
-    def load_adapter(self, engine: str, model: str | None, draft_model: str | None, need_draft: bool,
+    def load_adapter(self, engine: EngineRef, model: str | None, draft_model: str | None, need_draft: bool,
                      verify_mode: str | None, trust_remote_code: bool, prefill_step_size: int | None) -> Any: ...
 
     def engine_prompts(self, engine: Any, texts: list[str] | None, ids: list[list[int]] | None) -> list[list[int]]: ...
@@ -120,7 +121,7 @@ class ReplayOptions:
     prefill_emits: bool | None = None
     algebra_only: bool = False
     locate: int | None = None
-    engine: str = DEFAULT_ENGINE  # the registry's default
+    engine: EngineRef = DEFAULT_ENGINE  # the registry's default, or the spec the command resolved
     verify_mode: str | None = None
     environment: str | None = None
     force: bool = False

@@ -9,11 +9,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from specparity.errors import UsageError
+
+if TYPE_CHECKING:
+    from specparity.engines import EngineRef
 
 
 class RegistryChoice(click.Choice):
@@ -21,19 +24,29 @@ class RegistryChoice(click.Choice):
     included), not when the command is defined: ``values()`` reads them."""
 
     def __init__(self, name: str, values: Callable[[], list[str]],
-                 why_not: Callable[[str, str], str | None] | None = None) -> None:
+                 why_not: Callable[[str, str], str | None] | None = None,
+                 to_value: Callable[[str], Any] | None = None) -> None:
         super().__init__([])
         self.name = name
         self._values = values
         self._why_not = why_not
+        self._to_value = to_value
+        self.follow = to_value is not None  # an engine's choice (a command that re-runs in an environment)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        # an engine this Python does not have, with --environment named: the command follows it there
+        if self.follow and isinstance(value, str) and ctx is not None and value not in self.choices \
+                and ctx.params.get("environment") and not _registered(value):
+            ctx.exit(follow_into_environment(value, "engine", ctx.params["environment"]))
         # a value the registry knows but this command cannot take: why, and where it runs instead
         if self._why_not is not None and isinstance(value, str) and value not in self.choices:
             why = self._why_not(value, ctx.info_name or "" if ctx is not None else "")
             if why:
                 self.fail(why, param, ctx)
-        return super().convert(value, param, ctx)
+        if self._to_value is not None and not isinstance(value, str):
+            return value  # converted already (a default click passes again)
+        chosen = super().convert(value, param, ctx)
+        return self._to_value(chosen) if self._to_value is not None else chosen
 
     @property  # type: ignore[override]
     def choices(self) -> list[str]:
@@ -56,6 +69,12 @@ def _e2e_engine_names() -> list[str]:
     return names(e2e=True)
 
 
+def _registered(name: str) -> bool:
+    from specparity.engines import registry
+
+    return name in registry()
+
+
 def _not_offered(value: str, command: str) -> str | None:
     """Why a registered engine is not a choice of ``command`` (None: it is not registered)."""
     from specparity.engines import registry
@@ -76,14 +95,21 @@ def _drafter_formats() -> list[str]:
     return list(drafter_formats())
 
 
+def _spec(name: str) -> Any:
+    from specparity.engines import get
+
+    return get(name)
+
+
 def EngineChoice() -> RegistryChoice:  # noqa: N802  (a type for click, as click.Choice)
-    """``--engine``'s choices: the engines with an in-process adapter."""
-    return RegistryChoice("engine", _engine_names, _not_offered)
+    """``--engine``'s choices: the engines with an in-process adapter; the value is the engine's spec, resolved
+    here once and passed down (every helper below takes it as it is)."""
+    return RegistryChoice("engine", _engine_names, _not_offered, _spec)
 
 
 def E2EEngineChoice() -> RegistryChoice:  # noqa: N802
-    """e2e's ``--engine`` choices: the engines with e2e entry points."""
-    return RegistryChoice("engine", _e2e_engine_names, _not_offered)
+    """e2e's ``--engine`` choices: the engines with e2e entry points; the value is the engine's spec."""
+    return RegistryChoice("engine", _e2e_engine_names, _not_offered, _spec)
 
 
 def VerifyModeChoice() -> RegistryChoice:  # noqa: N802
@@ -97,8 +123,9 @@ def DrafterFormatChoice() -> RegistryChoice:  # noqa: N802
 
 
 def environment_option(f: Callable) -> Callable:
+    # eager: read before --engine, which follows an engine installed in that environment only
     return click.option(
-        "--environment", default=None, metavar="NAME|FILE",
+        "--environment", default=None, metavar="NAME|FILE", is_eager=True,
         help="Run the whole command in this pinned environment (specparity env list, or a YAML file), built"
              " once: e.g. mlx-lm-0.31.3 to check another mlx-lm release, or an engine's on another mlx-lm.")(f)
 
@@ -132,7 +159,7 @@ def engine_choice_option(f: Callable) -> Callable:
              " library's loops, its CLI) with --draft-model its drafter, against mlx-lm's classic arms.")(f)
 
 
-def rerun_elsewhere(engine: str, model: str | None = None, draft_model: str | None = None,
+def rerun_elsewhere(engine: EngineRef, model: str | None = None, draft_model: str | None = None,
                     trust_remote_code: bool = False, environment: str | None = None) -> int | None:
     """None to run here; else the exit code of this command re-run in the engine's environment
     (``environment``: the one the user named with --environment, whatever the engine).
@@ -143,13 +170,14 @@ def rerun_elsewhere(engine: str, model: str | None = None, draft_model: str | No
     """
     import os
 
-    from specparity.engine_env import RERUN_MARK, RESULT_VAR, engine_environment, read_rerun_result, rerun_argv
+    from specparity.engine_env import RERUN_MARK, engine_environment
     from specparity.engines import get, require_consent
     from specparity.errors import InfrastructureError
 
     # the given paths as they are (a bad one is the loader's to name); the adapter's loader checks again
     require_consent([("--model", model), ("--draft-model", draft_model)], trust_remote_code)
     spec = get(engine)
+    engine = spec.name  # its name from here on: an environment variable, a message, the re-run's argv
     if os.environ.get(RERUN_MARK):
         if spec.importable():
             return None
@@ -160,10 +188,42 @@ def rerun_elsewhere(engine: str, model: str | None = None, draft_model: str | No
         from specparity.environments import load_spec
 
         load_spec(environment)  # an unknown name or a bad file: a usage error before anything is built
+    python, environ = engine_environment(engine, environment)
+    return _rerun(engine, environment, python, environ)
+
+
+def follow_into_environment(name: str, what: str, environment: str | None) -> int:
+    """This command re-run in ``environment`` for ``name``, ``what`` (``engine``, ``profile``), that is not
+    registered here: an engine installed only in that pinned environment (its distribution, found there by its
+    entry point) is reached by every command there. Exit code of the re-run; a usage error where no environment
+    was named, or where this already is the re-run (the environment does not have it either)."""
+    import os
+
+    from specparity.engine_env import RERUN_MARK, engine_environment
+    from specparity.engines import ENGINES_VAR, GROUP
+
+    if environment is None or os.environ.get(RERUN_MARK):
+        where = f" in the environment {os.environ.get(RERUN_MARK)!r} either" if environment is not None else ""
+        raise UsageError(f"{what} {name!r}: not registered{where} (an engine is installed with its distribution's"
+                         f" {GROUP!r} entry point, or named by ${ENGINES_VAR}; one installed in a pinned environment"
+                         " only is reached with --environment NAME|FILE)")
+    from specparity.environments import load_spec
+
+    load_spec(environment)
+    python, environ = engine_environment(name, environment)
+    return _rerun(name, environment, python, environ)
+
+
+def _rerun(label: str, environment: str | None, python: str, environ: dict[str, str]) -> int:
+    """This command line re-run under ``python`` with ``environ``, tied, its exit code believed only from the
+    result it writes (:func:`specparity.engine_env.read_rerun_result`)."""
+    from specparity.engine_env import RERUN_MARK, RESULT_VAR, read_rerun_result, rerun_argv
+    from specparity.errors import InfrastructureError
+
+    engine = label
     root = click.get_current_context().find_root()
     given = (root.obj or {}).get("argv") if isinstance(root.obj, dict) else None
     argv = list(given) if given is not None else sys.argv[1:]
-    python, environ = engine_environment(engine, environment)
     click.echo(f"specparity: {engine} runs in {'environment ' + environment if environment else 'its own environment'}:"
                f" {python}", err=True)
     sys.stderr.flush()
@@ -183,7 +243,7 @@ def rerun_elsewhere(engine: str, model: str | None = None, draft_model: str | No
         remove_scratch(where)
 
 
-def rerun_in_environment(engine: str, environment: str | None, model: str | None = None,
+def rerun_in_environment(engine: EngineRef, environment: str | None, model: str | None = None,
                          draft_model: str | None = None, trust_remote_code: bool = False) -> int | None:
     """The classic paths' --environment: None to run here (none named, or this is the re-run there);
     else the exit code of this command re-run in ``environment``."""
@@ -192,7 +252,7 @@ def rerun_in_environment(engine: str, environment: str | None, model: str | None
     return rerun_elsewhere(engine, model, draft_model, trust_remote_code, environment)
 
 
-def engine_paths(engine: str, model: str | None, draft_model: str | None) -> tuple[Path, Path | None]:
+def engine_paths(engine: EngineRef, model: str | None, draft_model: str | None) -> tuple[Path, Path | None]:
     """The target and drafter directories: given, the fixture's own drafter, or the engine's default."""
     from specparity.checkpoint import resolve_model_dir
     from specparity.engines import get
@@ -220,7 +280,7 @@ def engine_paths(engine: str, model: str | None, draft_model: str | None) -> tup
     return target, draft
 
 
-def load_adapter(engine: str, model: str | None, draft_model: str | None, need_draft: bool,
+def load_adapter(engine: EngineRef, model: str | None, draft_model: str | None, need_draft: bool,
                  verify_mode: str | None, trust_remote_code: bool = False,
                  prefill_step_size: int | None = None, cache: Any = None,
                  paths: tuple[Path, Path | None] | None = None) -> Any:

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from specparity.engines import EngineSpec
+
 from specparity.commands._common import (
     CommandRun,
     cache_options,
@@ -90,7 +92,7 @@ def _emit(run: CommandRun, result: Any) -> int:
 @click.pass_context
 def bisect(ctx: click.Context, width: int | None, depth: int, prompt: str | None,
            prompt_ids: str | None, model: str | None, trust_remote_code: bool,
-           controls: tuple[str, ...], engine: str, verify_mode: str | None, environment: str | None,
+           controls: tuple[str, ...], engine: EngineSpec, verify_mode: str | None, environment: str | None,
            draft_model: str | None, accepted: int | None,
            as_json: bool, record_dir: str | None, quiet: bool, **kwargs: Any) -> int | None:
     """Locate the first divergent layer and sub-op between W single steps and one W-row block.

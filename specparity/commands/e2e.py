@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from specparity.engines import EngineSpec
+
 from specparity.commands._common import (
     CommandRun,
     json_option,
@@ -53,7 +55,7 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         entry_points: str | None, prompt_text: str | None, prompt_ids: str | None, chat_template: bool,
         max_tokens: int | None, num_draft_tokens: int | None, max_kv_size: int | None,
         prefill_step_size: int | None, kv_bits: str | None, kv_group_size: str | None,
-        quantized_kv_start: int | None, engine: str, environment: str | None, as_json: bool,
+        quantized_kv_start: int | None, engine: EngineSpec, environment: str | None, as_json: bool,
         record_dir: str | None, quiet: bool,
         **proc_kwargs: Any) -> int:
     """Run mlx-lm's public entry points with and without the drafter; compare what they emit.
@@ -137,7 +139,7 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         # point: the engine's in-process adapter is not loaded for it
         if draft is None and spec.drafter_checkpoint:
             raise UsageError(f"--engine {engine}: give --draft-model (the engine's drafter) for the engine's own loop")
-        eng: Any = OwnLoopEngine(engine, target, draft)
+        eng: Any = OwnLoopEngine(engine.name, target, draft)
     else:
         eng = load_adapter(engine, str(target), draft_model, need_draft=True, verify_mode=None,
                            trust_remote_code=trust_remote_code, paths=(target, draft))

@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from specparity.engines import EngineSpec
+
 from specparity.commands._common import (
     CommandRun,
     cache_options,
@@ -55,7 +57,7 @@ from specparity.errors import UsageError
 @click.pass_context
 def probe(ctx: click.Context, model: str | None, trust_remote_code: bool, widths: str, depths: str,
           prompts: tuple[str, ...], prompt_ids: tuple[str, ...], walk: int, walk_widths: str | None,
-          prefill: bool, aim: bool, aim_limit: int, draft_model: str | None, rollback: bool | None, engine: str,
+          prefill: bool, aim: bool, aim_limit: int, draft_model: str | None, rollback: bool | None, engine: EngineSpec,
           verify_mode: str | None, environment: str | None, memory_limit: str | None, as_json: bool,
           record_dir: str | None, quiet: bool,
           **cache_kwargs: Any) -> int:

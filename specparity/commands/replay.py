@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from specparity.engines import EngineRef, EngineSpec
+
 from specparity.commands._common import (
     CommandRun,
     cache_options,
@@ -92,7 +94,7 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
            stop_words: tuple[str, ...], stop_at_eos: bool, sequence_path: str | None,
            prompt_text: str | None, prompt_ids: tuple[str, ...], width: int | None, policy: str,
            wrong_id: int, prefill_emits: bool | None, algebra_only: bool, locate: int | None,
-           engine: str, verify_mode: str | None, environment: str | None, as_json: bool, record_dir: str | None,
+           engine: EngineSpec, verify_mode: str | None, environment: str | None, as_json: bool, record_dir: str | None,
            quiet: bool, force: bool, **cache_kwargs: Any) -> int:
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
 
@@ -170,7 +172,7 @@ class _Cli:
     def open_run(self, title: str, identity_extra: dict[str, Any], slug: str) -> CommandRun:
         return CommandRun("replay", title, identity_extra, self.record_dir, self.as_json, self.quiet, slug=slug)
 
-    def rerun(self, engine: str, environment: str | None, model: str | None, draft_model: str | None,
+    def rerun(self, engine: EngineRef, environment: str | None, model: str | None, draft_model: str | None,
               trust_remote_code: bool, classic: bool) -> int | None:
         from specparity.commands._engine import rerun_elsewhere, rerun_in_environment
 
@@ -184,7 +186,7 @@ class _Cli:
     def resolve_path(self, spec: str | None) -> Path:
         return resolve_path(spec)
 
-    def load_adapter(self, engine: str, model: str | None, draft_model: str | None, need_draft: bool,
+    def load_adapter(self, engine: EngineRef, model: str | None, draft_model: str | None, need_draft: bool,
                      verify_mode: str | None, trust_remote_code: bool, prefill_step_size: int | None) -> Any:
         from specparity.commands._engine import load_adapter
 

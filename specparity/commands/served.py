@@ -126,6 +126,13 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
     """
     from specparity.harness.config import Overrides, apply_overrides, load_job
     from specparity.harness.memory import served_budget
+
+    if profile is not None and environment is not None and profile not in packaged_profiles() \
+            and not profile.endswith((".yaml", ".yml")):
+        # a profile of an engine installed in that environment only: the whole job runs there, with its hooks
+        from specparity.commands._engine import follow_into_environment
+
+        return follow_into_environment(profile, "profile", environment)
     from specparity.harness.shard import parse_shard
     from specparity.records.served import served_identity
 

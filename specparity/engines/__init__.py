@@ -291,6 +291,10 @@ class EngineSpec:
         _check(where, "drafter_format", self.drafter_format, DrafterFormat, type(None))
         _check(where, "drafter_checkpoint", self.drafter_checkpoint, bool)
 
+    def __str__(self) -> str:
+        # a command's --engine is resolved once, to its spec (the option type), and said by its name
+        return self.name
+
     @property
     def key(self) -> str:
         """The name as a profile's ``engine:`` key may also write it (``dflash_mlx``)."""
@@ -635,8 +639,14 @@ def names(in_process: bool = False, e2e: bool = False) -> list[str]:
             if (s.in_process or not in_process) and ((s.e2e is not None and bool(s.e2e_entry_points)) or not e2e)]
 
 
-def get(name: str) -> EngineSpec:
-    """The engine named ``name``; UsageError naming the choices."""
+# what a command hands down as its engine: the spec its --engine resolved to, or a name (a library caller)
+EngineRef = str | EngineSpec
+
+
+def get(name: EngineRef) -> EngineSpec:
+    """The engine named ``name`` (a spec already resolved is itself); UsageError naming the choices."""
+    if isinstance(name, EngineSpec):
+        return name
     reg = registry()
     if name in reg:
         return reg[name]
