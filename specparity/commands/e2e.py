@@ -89,11 +89,9 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
         specparity e2e --model ./chat-model --prompt "Hi" --chat-template    # not tested: no chat template here
         specparity e2e --engine dflash-mlx --max-tokens 64                   # the default DFlash pair
     """
-    import inspect
-
     from specparity.commands._common import resolve_path
     from specparity.commands._engine import checked_prompts, engine_paths, explicit, load_adapter, rerun_elsewhere
-    from specparity.engines import get, resolve
+    from specparity.engines import get
     from specparity.errors import UsageError
     from specparity.inputs import check_limit, check_positions
     from specparity.probes.e2e import E2EOptions, parse_entry_points
@@ -102,10 +100,10 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
     spec = get(engine)
     if spec.e2e is None or not spec.e2e_entry_points:
         raise UsageError(f"--engine {engine}: the engine declares no e2e entry points")
-    run_entry = resolve(spec.e2e)
-    # an engine's e2e that takes the generation options (mlx-lm's entry points) gets them, the prompt as
-    # text or ids and the chat template; any other runs its entry points with their own defaults
-    takes_options = "options" in inspect.signature(run_entry).parameters
+    run_entry = spec.code("e2e")
+    # declared by the engine (data, never read off its code): its entry points take the generation options
+    # (mlx-lm's), the prompt as text or ids and the chat template; any other runs them with their own defaults
+    takes_options = spec.e2e_options
     entries = parse_entry_points(entry_points, spec.e2e_entry_points)
     if max_tokens is not None:
         check_positions(max_tokens, "--max-tokens")
@@ -132,9 +130,9 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
     target, draft = engine_paths(engine, model, draft_model)
     if draft is None and takes_options:
         draft = resolve_path(None, "draft")  # mlx-lm's entry points: the embedded drafter by default
-    from specparity.probes.engines.own_loop import OwnLoopEngine, run_own_loops_e2e
+    from specparity.probes.engines.own_loop import OwnLoopEngine
 
-    if run_entry is run_own_loops_e2e:
+    if spec.loops is not None:
         # each own loop loads the pair with the engine's own loaders and reports its own load error, per entry
         # point: the engine's in-process adapter is not loaded for it
         if draft is None and spec.drafter_checkpoint:

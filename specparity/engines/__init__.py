@@ -51,6 +51,9 @@ mlx, an engine, or a layer above this one):
                    with rewind offsets when they hold ``anchor-prefill``, ``layer-offsets`` and
                    ``rewind-modes``, and through the whole-state replay otherwise
     e2e_entry_points  the names of the engine's own e2e entry points
+    e2e_options    its entry points take mlx-lm's generation options (``--num-draft-tokens``,
+                   ``--max-kv-size``, the processors...), the prompt as text and the chat template
+                   (False: they run with their own defaults, and e2e refuses those options)
     e2e            ``run(adapter, classic: Loaded, prompt: list[int], max_tokens: int,
                    entry_points: list[str], observer) -> E2ERun``, or None
     loops          the engine's own generate loops against classic decode (its package's ``loops.py``):
@@ -252,6 +255,7 @@ class EngineSpec:
     adapter: Ref = None
     adapter_features: frozenset[str] = frozenset()
     e2e_entry_points: tuple[str, ...] = ()
+    e2e_options: bool = False
     e2e: Ref = None
     loops: Ref = None
     default_checkpoints: Ref = None
@@ -290,6 +294,7 @@ class EngineSpec:
                              f" {_kind(self.adapter_features)}")
         _check(where, "drafter_format", self.drafter_format, DrafterFormat, type(None))
         _check(where, "drafter_checkpoint", self.drafter_checkpoint, bool)
+        _check(where, "e2e_options", self.e2e_options, bool)
 
     def __str__(self) -> str:
         # a command's --engine is resolved once, to its spec (the option type), and said by its name

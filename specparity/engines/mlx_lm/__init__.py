@@ -45,5 +45,6 @@ ENGINE = EngineSpec(
     # what replay routes on before anything loads (MlxLmEngine supports every feature)
     adapter_features=frozenset({"anchor-prefill", "layer-offsets", "rewind-modes"}),
     e2e_entry_points=("stream_generate", "generate", "cli"),
+    e2e_options=True,
     e2e="specparity.probes.e2e:run_mlx_lm_e2e",
 )
