@@ -77,8 +77,9 @@ def text_difference(ref: Side, ref_sha: str, other: Completion, other_name: str)
 
 
 @dataclass
-class Classic:
-    """Classic decode's answer to one request, as the judge needs it.
+class ClassicAnswer:
+    """Classic decode's answer to one request, as the judge needs it (what classic decode is lives in
+    specparity.decode and specparity.mlx_server; this is only its answer, judged against).
 
     side: its tokens, text, logprobs and top-2 (completions.Side). sha256: of its text.
     summary: what the record keeps (tokens, finish reason, path, the prompt check).
@@ -109,10 +110,10 @@ class Cold:
     why: str | None = None
 
 
-def classic_answer(completion: object | None, error: str | None = None) -> Classic:
+def classic_answer(completion: object | None, error: str | None = None) -> ClassicAnswer:
     """A specparity.reference.ReferenceCompletion (or an error) as the judge reads it."""
     if completion is None:
-        return Classic(None, "", {"unavailable": error or "no answer"}, None, error or "no answer")
+        return ClassicAnswer(None, "", {"unavailable": error or "no answer"}, None, error or "no answer")
     from specparity.reference import ReferenceCompletion
 
     assert isinstance(completion, ReferenceCompletion)
@@ -126,11 +127,11 @@ def classic_answer(completion: object | None, error: str | None = None) -> Class
         own = completion.own_prompt
         summary["own_prompt_check"] = own.line() if own is not None else completion.own_prompt_error
         summary["own_prompt_equal"] = own.equal if own is not None else None
-    return Classic(completion.side(CLASSIC), sha, summary, completion.token_index_at)
+    return ClassicAnswer(completion.side(CLASSIC), sha, summary, completion.token_index_at)
 
 
 def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, base: Completion | None,
-                  classic: Classic | None = None, cold: Cold | None = None, exact: bool = True,
+                  classic: ClassicAnswer | None = None, cold: Cold | None = None, exact: bool = True,
                   dtype: str = "float32") -> RequestResult:
     """One request's verdict.
 
@@ -146,7 +147,7 @@ def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, b
         return res
     if classic is not None and classic.side is not None and classic.summary.get("prompt_equal") is False:
         # classic decode answered another prompt than the server did: nothing to compare
-        classic = Classic(None, "", dict(classic.summary), None,
+        classic = ClassicAnswer(None, "", dict(classic.summary), None,
                           f"its prompt is not the server's ({classic.summary.get('prompt_check')})")
     if classic is not None:
         res.reference = {**classic.summary, "compared": classic.side is not None}
@@ -180,7 +181,7 @@ def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, b
     return _by_baseline(res, plan, ev, base, classic, dtype)
 
 
-def _compare_cold(res: RequestResult, cold: Cold, classic: Classic | None, name: str) -> None:
+def _compare_cold(res: RequestResult, cold: Cold, classic: ClassicAnswer | None, name: str) -> None:
     """The answer against the same request answered cold, and that cold answer against classic decode
     (``res.reference["cold"]``: whether the difference is state-dependent)."""
     c = cold.completion
@@ -198,7 +199,7 @@ def _compare_cold(res: RequestResult, cold: Cold, classic: Classic | None, name:
                              "token_index": off.token_index if off is not None else None}
 
 
-def exact_tie(d: CompletionDifference, classic: Classic, dtype: str) -> dict[str, Any] | None:
+def exact_tie(d: CompletionDifference, classic: ClassicAnswer, dtype: str) -> dict[str, Any] | None:
     """The tie label when classic decode's top two logprobs are equal where ``d`` parts (in the model's
     dtype: the floats it computed) and the other side took the runner-up (None: no exact tie there)."""
     i = d.token_index
@@ -228,7 +229,7 @@ def past_max_tokens(d: CompletionDifference, comp: Completion, body: dict[str, A
             " its text up to there is classic decode's, which stops at max_tokens")
 
 
-def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence, classic: Classic, dtype: str) -> RequestResult:
+def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence, classic: ClassicAnswer, dtype: str) -> RequestResult:
     d = res.classic
     if d is not None:
         res.verdict, res.divergence = Verdict.DIVERGED, d
@@ -272,7 +273,7 @@ def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence, classic: Classi
 
 
 def _by_baseline(res: RequestResult, plan: ArmPlan, ev: Evidence, base: Completion | None,
-                 classic: Classic | None, dtype: str) -> RequestResult:
+                 classic: ClassicAnswer | None, dtype: str) -> RequestResult:
     """The verdict against baseline-start (no classic answer, or an engine whose arithmetic is not MLX's)."""
     note = ""
     if classic is not None and classic.error:

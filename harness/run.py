@@ -37,7 +37,7 @@ from specparity.harness import evidence as evidence_mod
 from specparity.harness import memory
 from specparity.harness.client import Completion, Request, send
 from specparity.harness.config import Job, Pairing
-from specparity.harness.judge import Classic, Cold, classic_answer, judge_arm, judge_pairing, judge_request
+from specparity.harness.judge import ClassicAnswer, Cold, classic_answer, judge_arm, judge_pairing, judge_request
 from specparity.harness.lifecycle import HOST, Server, ServerStartError, scratch_dir
 from specparity.harness.oracle import Oracle
 from specparity.harness.plan import BASELINE_START, ArmKind, ArmPlan, Drafter, WidthMode, build_sequence, plan_arms
@@ -478,7 +478,7 @@ class PairingRun:
             self._oracle.spawn(load=load)
         return self._oracle
 
-    def classic(self, session: Session, ex: Exchange, fields: dict[str, Any]) -> Classic | None:
+    def classic(self, session: Session, ex: Exchange, fields: dict[str, Any]) -> ClassicAnswer | None:
         """Classic decode's answer to this exchange's request under its server's settings."""
         oracle = self.oracle(session.history.argv)
         if oracle is None or not ex.completion.ok:

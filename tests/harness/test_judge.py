@@ -14,7 +14,7 @@ from pathlib import Path
 from specparity.harness.client import Completion, Request
 from specparity.harness.evidence import Evidence
 from specparity.harness.judge import (
-    EXACT_TIE, EXACT_TIE_WORDS, Classic, Cold, classic_answer, judge_pairing, judge_request, prompt_findings,
+    EXACT_TIE, EXACT_TIE_WORDS, ClassicAnswer, Cold, classic_answer, judge_pairing, judge_request, prompt_findings,
     scope_findings,
 )
 from specparity.harness.plan import ArmKind, ArmPlan, Drafter
@@ -32,7 +32,7 @@ TOP = [[(11, -0.5), (40, -2.0)], [(12, -0.25), (41, -3.0)], [(13, -1.0), (42, -1
 REQ = Request("p0", "fresh", "completions", {"prompt": "x", "max_tokens": 6, "temperature": 0})
 
 
-def _classic(**overrides: object) -> Classic:
+def _classic(**overrides: object) -> ClassicAnswer:
     ref = ReferenceCompletion(key="k", endpoint="completions", prompt_ids=[1, 2, 3], token_ids=list(IDS),
                               text="".join(PIECES), pieces=list(PIECES), logprobs=list(LOGPROBS),
                               top=[list(t) for t in TOP], finish_reason="stop", path="batched",
@@ -66,7 +66,7 @@ def _engaged() -> Evidence:
     return Evidence(verify_calls=2, accepts=[1, 2], widths=[3, 3], sources=["witness"], lines=["witnessed"])
 
 
-def _judge(name: str, comp: Completion, classic: Classic | None = None, req: Request = REQ,
+def _judge(name: str, comp: Completion, classic: ClassicAnswer | None = None, req: Request = REQ,
            cold: Cold | None = None, exact: bool = True, dtype: str = "bfloat16",
            base: Completion = CLEAN) -> RequestResult:
     """``comp`` as arm ``name``'s answer; ``base``: baseline-start's answer to the same request."""
