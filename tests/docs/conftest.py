@@ -36,9 +36,15 @@ from sybil.integration.pytest import SybilFile, SybilItem
 # command as typed (comments left out).
 XFAIL: dict[tuple[str, str], str] = {}
 
-# The longest pages first (pytest-xdist hands out a page whole): measured with the tier alone, seconds.
-PAGE_ORDER = ("README.md", "docs/engines.md", "docs/dflash.md", "docs/nightly.md", "docs/records.md",
-              "docs/served.md", "docs/serve.md")
+# The pages that take a minute or more, longest first (the tier alone, 3 workers, a quiet machine: nightly 3 min,
+# engines, fixtures, served and its help, dflash, README, the fixtures and records helps 1-2 min). pytest-xdist
+# hands a page out whole; these start among the suite's longest modules (pytest_collection_modifyitems below), so
+# none is left to end a run alone.
+PAGE_ORDER = ("docs/nightly.md", "docs/engines.md", "docs/fixtures.md", "docs/served.md", "docs/dflash.md",
+              "README.md", "specparity/commands/fixtures.py", "docs/replay.md", "docs/e2e.md", "docs/records.md",
+              "specparity/commands/records.py")
+# after the items of this many of tests/conftest.py's longest modules
+START_AFTER = 4
 
 
 def pages() -> list[Path]:
@@ -89,9 +95,12 @@ def parse_page(document: Document) -> Iterator[Region]:
 
 class DocsSybil(Sybil):
     def identify(self, example: Any) -> str:
-        # readable ids: the line and the command's first words (pytest -k 'records and html')
-        words = "-".join(example.parsed.command.split()[:3])
-        return f"line:{example.line}:{re.sub(r'[^A-Za-z0-9_.,=-]+', '_', words)[:60]}"
+        # readable ids: the line and the command's first words (pytest -k 'records and html'); a --help's lines
+        # say which help (a command module's helps are one page: one scope for pytest-xdist's loadscope)
+        line: DocLine = example.parsed
+        words = "-".join(line.command.split()[:3])
+        where = "" if line.source.endswith(".md") else re.sub(r"\W+", "-", line.source.removeprefix("specparity "))
+        return f"{where + ':' if where else ''}line:{example.line}:{re.sub(r'[^A-Za-z0-9_.,=-]+', '_', words)[:60]}"
 
 
 SYBIL = DocsSybil([parse_page], fixtures=["docs_shell"], name="docs")
@@ -145,7 +154,7 @@ class DocsTier(pytest.File):
         for name, command, module in help_pages():
             if module in run_with_a_page:
                 continue
-            nodeid = f"{module.relative_to(source_root())}::{name[len('specparity'):].strip() or 'cli'} --help"
+            nodeid = str(module.relative_to(source_root()))
             files.append(HelpPage.from_parent(self, path=module, nodeid=nodeid, sybils=[SYBIL],
                                               help_name=name, help_text=command.help or ""))
         rank = {name: i for i, name in enumerate(PAGE_ORDER)}
@@ -370,3 +379,21 @@ def serve_until_ctrl_c(page: Page, line: DocLine, start_timeout: float = 300) ->
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the long pages' lines (PAGE_ORDER) to start right after the suite's first START_AFTER longest modules
+    (tests/conftest.py has put those first); every other item keeps its place."""
+    from conftest import LONGEST_FIRST
+
+    first = {f"{name}.py" for name in LONGEST_FIRST[:START_AFTER]}
+    rank = {page: i for i, page in enumerate(PAGE_ORDER)}
+    long_pages = [i for i in items if isinstance(i, SybilItem) and i.nodeid.split("::")[0] in rank]
+    if not long_pages:
+        return
+    moved = set(map(id, long_pages))
+    rest = [i for i in items if id(i) not in moved]
+    at = max((n + 1 for n, i in enumerate(rest) if Path(str(i.fspath)).name in first), default=0)
+    long_pages.sort(key=lambda i: rank[i.nodeid.split("::")[0]])  # stable: a page's lines keep their order
+    items[:] = rest[:at] + long_pages + rest[at:]

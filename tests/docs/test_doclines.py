@@ -153,7 +153,7 @@ def test_every_documented_line_is_collected_once() -> None:
     collected = subprocess.run([str(ROOT / ".venv" / "bin" / "pytest"), "--collect-only", "-q", "-n", "0",
                                 "-p", "no:cacheprovider", str(ROOT / "tests" / "docs" / "conftest.py")],
                                cwd=ROOT, capture_output=True, text=True, timeout=300).stdout
-    ids = [ln for ln in collected.splitlines() if "::line:" in ln]
+    ids = [ln for ln in collected.splitlines() if re.search(r"::([\w-]+:)?line:\d+:", ln)]
     run_with = docs.same_as_a_page()
     expected = sum(len(docs.page_lines(p.read_text(), str(p.relative_to(ROOT)))) for p in docs.pages()
                    if p not in run_with)
