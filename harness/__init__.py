@@ -6,8 +6,8 @@
                     against the plan's arms)
     profiles.py     server profiles (YAML in profiles/): argv, width setting, readiness, evidence
     profiles/       the packaged profiles; mlx-lm.yaml documents every key a profile may hold
-    engines/        code a profile needs beyond YAML, one module per engine, named by the
-                    profile's ``engine`` key (llama_cpp, dflash_mlx); engines/__init__.py lists the hooks
+    engines/        the evidence an engine's served hooks return (EngineEvidence); the hooks themselves
+                    live in each engine's package (specparity/engines/<name>/served.py)
     plan.py         arms in run order (ArmKind, the built-in arm names, Width carried whole),
                     each arm's request sequence
     shard.py        --shard i/n: which planned arms a runner takes

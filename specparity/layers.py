@@ -16,7 +16,7 @@ import cycle between modules.
     bisect     per-layer capture of a probe's two arms (specparity.bisect)
     harness    the served job: profiles, lifecycle, runner, judge
                (specparity.harness)
-    engines    one module per engine (specparity/engines/<name>.py): its in-process
+    engines    one package per engine (specparity/engines/<name>/): its in-process
                adapter and served hooks, built on probes and harness
     records    record layouts, readers, compare, merge, JUnit (specparity.records)
     commands   the click commands, and the CLI group that holds them

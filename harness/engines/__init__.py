@@ -1,15 +1,14 @@
-"""Engines' served code: one module per engine that needs code beyond its profile YAML.
+"""What engines' served hooks share: the evidence type they return and the own-loop reproduction.
 
 Which module serves which engine is declared in the engine registry
-(:mod:`specparity.engines`: an engine's ``hooks``), which also documents every
-hook (:class:`specparity.engines.ServedHooks`); a profile names its engine
+(:mod:`specparity.engines`: an engine's ``hooks``, its package's ``served.py``), which also
+documents every hook (:class:`specparity.engines.ServedHooks`); a profile names its engine
 (``engine: llama_cpp`` or ``engine: llama.cpp``) and gets its hooks from
-:func:`specparity.engines.served_hooks`. What lives here is the type the hooks
-return, :class:`EngineEvidence`, and the engines' hook modules themselves.
+:func:`specparity.engines.served_hooks`.
 
 Add a server: write one profile YAML (``harness/profiles/*.yaml`` documents
-every key; a user's file is passed by path). Add an engine: one module under
-``specparity/engines/`` (see its docstring).
+every key; a user's file is passed by path). Add an engine: one package under
+``specparity/engines/`` or a distribution of its own (docs/engines.md).
 """
 
 from __future__ import annotations
