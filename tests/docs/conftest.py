@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -205,10 +206,16 @@ def mark(item: SybilItem, slow_before: bool) -> bool:
                        ("slow", n.slow or slow_before)):
         if on:
             item.add_marker(marker)
-    reason = XFAIL.get((line.source, line.command))
-    if reason:
-        item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+    expected_failure = xfail(line)
+    if expected_failure:
+        item.add_marker(expected_failure)
     return slow_before or n.slow
+
+
+def xfail(line: DocLine) -> pytest.MarkDecorator | None:
+    """The strict expected-failure mark of a line in XFAIL (its reason naming the issue), else None."""
+    reason = XFAIL.get((line.source, line.command))
+    return pytest.mark.xfail(strict=True, reason=reason) if reason else None
 
 
 # --- running a page ----------------------------------------------------------------------------------------
@@ -222,6 +229,7 @@ class Page:
     def __init__(self, root: Path, source: str, removes_env: bool, makes_venv: bool) -> None:
         from builds import REAL_CACHE
 
+        self.failed = False  # one of its lines did not do what the page says: its folder is kept
         self.dir = Path(tempfile.mkdtemp(prefix=re.sub(r"\W+", "-", source)[:40] + "-", dir=root))
         self.cwd = self.dir / "checkout"
         self.cwd.mkdir()
@@ -243,9 +251,14 @@ class Page:
 
 
 @pytest.fixture(scope="session")
-def docs_shell(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where this worker's pages get their folders."""
-    return tmp_path_factory.mktemp("docs")
+def docs_shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Where this worker's pages get their folders. A page's folder holds what its lines built (fixtures up to
+    hundreds of MB, records, servers' logs): removed at the end unless one of its lines failed, to look at."""
+    root = tmp_path_factory.mktemp("docs")
+    yield root
+    for (shell, _), page in list(_PAGES.items()):
+        if shell == str(root) and not page.failed:
+            shutil.rmtree(page.dir, ignore_errors=True)
 
 
 # a page's shell, by its file: a markdown page, or a command module whose --help pages (a group's and its
@@ -291,11 +304,14 @@ def evaluate(example: Any) -> str | None:
     require_builds(doclines.needs(line))
     page = page_of(example)
     if line.serves:
-        return serve_until_ctrl_c(page, line)
+        problem = serve_until_ctrl_c(page, line)
+        page.failed |= problem is not None
+        return problem
     try:
         proc = subprocess.run(["bash", "-c", line.text], cwd=page.cwd, env=page.env, capture_output=True,
                               text=True, errors="replace", stdin=subprocess.DEVNULL, timeout=900)
     except subprocess.TimeoutExpired:
+        page.failed = True
         return f"{line.source}:{line.line}: `{line.command}` ran past 900 s"
     problems = []
     if proc.returncode != line.exit_code:
@@ -307,6 +323,7 @@ def evaluate(example: Any) -> str | None:
             problems.append(mismatch)
     if not problems:
         return None
+    page.failed = True
     return (f"{line.source}:{line.line}: `{line.command}`: " + "; ".join(problems)
             + f"\n--- stdout (last 3000 chars)\n{proc.stdout[-3000:]}\n--- stderr (last 3000 chars)\n"
             + proc.stderr[-3000:])

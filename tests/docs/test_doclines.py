@@ -172,6 +172,15 @@ def test_every_expected_failure_names_a_documented_line() -> None:
     assert all(reason.startswith("issue ") for reason in docs.XFAIL.values())
 
 
+def test_a_line_in_xfail_is_a_strict_expected_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    line = lines_of("    specparity probe --widths 2   # exit 0\n", "docs/probe.md")[0]
+    assert docs.xfail(line) is None
+    monkeypatch.setitem(docs.XFAIL, ("docs/probe.md", "specparity probe --widths 2"), "issue 46 item 9: a bug")
+    mark = docs.xfail(line)
+    assert mark is not None and mark.kwargs == {"strict": True, "reason": "issue 46 item 9: a bug"}
+    assert mark.name == "xfail"
+
+
 def test_readmes_ci_line_is_what_ci_runs() -> None:
     # README's second line is not run by the tier (it is the tier's own command): what it says is checked here
     line = next(ln for ln in lines_of((ROOT / "README.md").read_text(), "README.md") if "scripts/check" in ln.text)
