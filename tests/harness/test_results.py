@@ -43,7 +43,7 @@ def _difference(other: str) -> CompletionDifference:
         reference_pieces=[" a", " b"], other_pieces=[" c"], reference_token_count=12, other_token_count=11,
         char_offset=17, text_before="the", reference_snippet=" a b", other_snippet=" c", reference_chars=40,
         other_chars=38, logprobs_equal_before=False, first_logprob_diff=2, margin_reference=0.5,
-        margin_other=0.25)
+        margin_other=0.25, detokenization="both sides emitted these 12 token ids", written_as="tokenizer.decode")
 
 
 def _request(rid: str) -> RequestResult:
