@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -56,3 +57,29 @@ def engine_cli(cli_bin: str, info: dict, command: str, *args: str, fault: str | 
                    env=env)
     assert proc.stdout.strip(), proc.stderr[-2000:]
     return proc.returncode, json.loads(proc.stdout)
+
+
+def wheel(out: Path, dist: str, version: str, files: dict[str, str], entry_points: str = "") -> Path:
+    """A pure-Python wheel of ``files`` (path in the wheel -> text), made without any build tool: what pip
+    installs offline (an environment's test package, an outside engine's distribution)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{dist.replace('-', '_')}-{version}.dist-info"
+    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    if entry_points:
+        files[f"{info}/entry_points.txt"] = entry_points
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    record.append(f"{info}/RECORD,,")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{dist.replace('-', '_')}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+        zf.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    return path

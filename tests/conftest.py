@@ -413,3 +413,37 @@ def text_numbers_missing(lines: list[str], d: dict[str, Any]) -> list[tuple[str,
             if token not in shown:
                 out.append((token, line))
     return out
+
+
+def main_in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The CLI in this process (its own error handling and exit code): (code, stdout, stderr)."""
+    from specparity.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    out = capsys.readouterr()
+    assert isinstance(exc.value.code, int)
+    return exc.value.code, out.out, out.err
+
+
+def sleeping_dist(cli_bin: str, tmp_path: Path, *extra: str) -> Any:
+    """``dist`` with a user rule that sleeps (no server, nothing to clean up but the process), started and
+    waited for until the rule runs: the caller signals it (the process, a Popen with pipes)."""
+    import subprocess
+    import time
+
+    started = tmp_path / "rule-started"
+    rules = tmp_path / "slow.py"
+    rules.write_text("import pathlib, time\n"
+                     "def rule(p, q, draft, rng):\n"
+                     f"    pathlib.Path({str(started)!r}).touch()\n"
+                     "    time.sleep(600)\n")
+    proc = subprocess.Popen([cli_bin, "dist", "--rule", f"{rules}:rule", "--samples", "200", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not started.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(proc.communicate())
+        time.sleep(0.05)
+    return proc

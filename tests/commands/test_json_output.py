@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import time
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -240,19 +238,10 @@ def test_a_command_line_without_json_output_still_prints_the_error_object(argv: 
 
 def test_ctrl_c_with_json_prints_the_error_object(cli_bin: str, tmp_path: Path) -> None:
     """Ctrl-C (here inside a user rule of dist, no server) left stdout empty; it is the error object, exit 130."""
-    started = tmp_path / "rule-started"
-    rules = tmp_path / "slow.py"
-    rules.write_text("import pathlib, time\n"
-                     "def rule(p, q, draft, rng):\n"
-                     f"    pathlib.Path({str(started)!r}).touch()\n"
-                     "    time.sleep(600)\n")
-    proc = subprocess.Popen([cli_bin, "dist", "--rule", f"{rules}:rule", "--samples", "200", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from conftest import sleeping_dist
+
+    proc = sleeping_dist(cli_bin, tmp_path, "--json")
     try:
-        deadline = time.monotonic() + 120
-        while not started.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:

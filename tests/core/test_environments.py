@@ -9,20 +9,17 @@ environments are never built by a test: the ``build`` tests use them when
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from builds import built
+from builds import built, wheel
 
 from specparity import environments as envs
 from specparity.errors import InfrastructureError, UsageError
@@ -35,24 +32,7 @@ Tiny = tuple[envs.Environment, list[str]]  # the tiny environment and its build'
 
 def _wheel(out: Path, version: str = "1.0") -> Path:
     """A pure-Python wheel holding one module, ``specparity_tiny``, made without any build tool."""
-    dist = f"specparity_tiny-{version}"
-    files = {
-        "specparity_tiny.py": f"VERSION = {version!r}\n",
-        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {TINY}\nVersion: {version}\n",
-        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for name, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(text.encode())}")
-    record.append(f"{dist}.dist-info/RECORD,,")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{dist}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, text in files.items():
-            zf.writestr(name, text)
-        zf.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
-    return path
+    return wheel(out, TINY, version, {"specparity_tiny.py": f"VERSION = {version!r}\n"})
 
 
 def _offline(mp: pytest.MonkeyPatch, root: Path) -> None:

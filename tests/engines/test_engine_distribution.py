@@ -10,19 +10,16 @@ and name its fault; the record says which distribution and version the engine ca
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import subprocess
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from builds import REAL_CACHE
+from builds import REAL_CACHE, wheel
 from conftest import run_cli
 
 from specparity import environments as envs
@@ -43,29 +40,12 @@ ENGINE = dataclasses.replace(_TOY, profiles=("toy",))
 
 
 def toy_wheel(out: Path) -> Path:
-    """The toy engine as a pure-Python wheel (no build tool): its module, a package holding its spec and
-    profile, and the entry point ``toy = specparity_toy:ENGINE``."""
-    dist = f"{DIST.replace('-', '_')}-{VERSION}"
-    files = {
-        "toy_engine.py": (TESTS / "toy_engine.py").read_text(),
-        "specparity_toy/__init__.py": PACKAGE_INIT,
-        "specparity_toy/toy.yaml": (TESTS / "toy_engine.yaml").read_text(),
-        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {DIST}\nVersion: {VERSION}\n",
-        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        f"{dist}.dist-info/entry_points.txt": "[specparity.engines]\ntoy = specparity_toy:ENGINE\n",
-    }
-    record = []
-    for name, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(text.encode())}")
-    record.append(f"{dist}.dist-info/RECORD,,")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{dist}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, text in files.items():
-            zf.writestr(name, text)
-        zf.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
-    return path
+    """The toy engine as a wheel: its module, a package holding its spec and profile, and the entry point
+    ``toy = specparity_toy:ENGINE``."""
+    return wheel(out, DIST, VERSION, {"toy_engine.py": (TESTS / "toy_engine.py").read_text(),
+                                      "specparity_toy/__init__.py": PACKAGE_INIT,
+                                      "specparity_toy/toy.yaml": (TESTS / "toy_engine.yaml").read_text()},
+                 entry_points="[specparity.engines]\ntoy = specparity_toy:ENGINE\n")
 
 
 @pytest.fixture(scope="module")

@@ -301,20 +301,11 @@ def test_a_record_stopped_by_sigterm_says_interrupted_by_sigterm(tmp_path: Path)
 
 def test_sigterm_of_a_command_without_servers_closes_its_record(cli_bin: str, tmp_path: Path) -> None:
     """SIGTERM before any server starts (here: dist, inside a user rule) unwinds like Ctrl-C too."""
-    started = tmp_path / "rule-started"
-    rules = tmp_path / "slow.py"
-    rules.write_text("import pathlib, time\n"
-                     "def rule(p, q, draft, rng):\n"
-                     f"    pathlib.Path({str(started)!r}).touch()\n"
-                     "    time.sleep(600)\n")
+    from conftest import sleeping_dist
+
     rec = tmp_path / "rec"
-    proc = subprocess.Popen([cli_bin, "dist", "--rule", f"{rules}:rule", "--samples", "200", "--record-dir", str(rec)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = sleeping_dist(cli_bin, tmp_path, "--record-dir", str(rec))
     try:
-        deadline = time.monotonic() + 120
-        while not started.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:

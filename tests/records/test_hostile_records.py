@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, main_in_process
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -108,17 +108,6 @@ def _data(md: Path) -> Path:
 
 def _one_error_line(err: str, starts: str) -> None:
     assert err.count("\n") == 1 and err.startswith(starts), err
-
-
-def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """The CLI in this process (its own error handling and exit code): (code, stdout, stderr)."""
-    from specparity.cli import main
-
-    with pytest.raises(SystemExit) as exc:
-        main(list(argv))
-    out = capsys.readouterr()
-    assert isinstance(exc.value.code, int)
-    return exc.value.code, out.out, out.err
 
 
 class _Elements(HTMLParser):
@@ -254,7 +243,7 @@ def test_show_makes_a_crafted_records_control_characters_visible(cli_bin: str, t
 def _page(tmp_path: Path, capsys: pytest.CaptureFixture[str], *paths: Path) -> str:
     out = tmp_path / "page.html"
     out.unlink(missing_ok=True)
-    code, _, err = _main(capsys, "records", "html", *map(str, paths), "--out", str(out))
+    code, _, err = main_in_process(capsys, "records", "html", *map(str, paths), "--out", str(out))
     assert code == 0, err
     return out.read_text(encoding="utf-8")
 
@@ -405,9 +394,11 @@ HOSTILE = ["<script>alert(1)</script>", "</details></div><injected>", "\"'><img 
            "<!--", "]]>", "\u202eevil", "match", "diverged", "baseline-start", "w2", "p", "p0", "&amp;", "\r\n"]
 _leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.integers(-2, 10),
                   st.floats(allow_nan=True), st.text(max_size=8), st.sampled_from(HOSTILE))
-_values = st.recursive(_leaf, lambda c: st.one_of(st.lists(c, max_size=3),
-                                                  st.dictionaries(st.text(max_size=6), c, max_size=3)),
-                       max_leaves=8)
+def _nested(children: Any) -> Any:
+    return st.one_of(st.lists(children, max_size=3), st.dictionaries(st.text(max_size=6), children, max_size=3))
+
+
+_values = st.recursive(_leaf, _nested, max_leaves=8)
 
 
 def _paths(value: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -487,7 +478,7 @@ def test_any_value_in_any_field_is_read_or_named(capsys: pytest.CaptureFixture[s
         md = write_record(root / "rec", **record, ensure_ascii=ensure_ascii)
         before = _files(root)
         out = root / "page.html"
-        code, stdout, err = _main(capsys, "records", "html", str(md), "--out", str(out))
+        code, stdout, err = main_in_process(capsys, "records", "html", str(md), "--out", str(out))
         event(f"html exit {code}")  # about a third of the drawn records are read and rendered whole
         assert code in (0, 2), (code, err)
         if code == 2:
@@ -504,7 +495,7 @@ def test_any_value_in_any_field_is_read_or_named(capsys: pytest.CaptureFixture[s
             handlers = [(tag, a) for tag, attrs in parsed.elements for a in attrs if a.startswith("on")]
             assert handlers == [], handlers
         assert {k: v for k, v in _files(root).items() if k != "page.html"} == before
-        code, stdout, err = _main(capsys, "records", "show", str(md))
+        code, stdout, err = main_in_process(capsys, "records", "show", str(md))
         assert code in (0, 2), (code, err)
         if code == 2:
             _one_error_line(err, "Error: ")

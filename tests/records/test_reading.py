@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, main_in_process
 from served_records import served_record as _served_record
 
 from specparity.errors import UsageError
@@ -199,17 +199,6 @@ def test_compare_reads_a_parts_own_words_as_a_change(tmp_path: Path) -> None:
     assert rep.exit_code == 0
 
 
-def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """The CLI in this process (its own error handling and exit code): (code, stdout, stderr)."""
-    from specparity.cli import main
-
-    with pytest.raises(SystemExit) as exc:
-        main(list(argv))
-    out = capsys.readouterr()
-    assert isinstance(exc.value.code, int)
-    return exc.value.code, out.out, out.err
-
-
 def _counted(md: Path) -> None:
     """report.json counting its lines, as a record's sink writes it (one arm line, one request line)."""
     _edit(md, "report.json", lambda r: {**r, "arms": {"arms": 1, "p-baseline-start": 1},
@@ -252,7 +241,7 @@ def test_a_record_that_lost_lines_or_holds_lines_of_another_type_is_named_not_re
         damage(_data(record))
         for args in (("show", str(record)), ("compare", str(good), str(record)),
                      ("junit", str(record), "--out", str(tmp_path / "j.xml"))):
-            code, out, err = _main(capsys, "records", *args)
+            code, out, err = main_in_process(capsys, "records", *args)
             assert code == 2 and out == "", (name, args, code, out, err)
             assert err.strip() == err.strip().splitlines()[0], (name, args, err)
             assert err.startswith(f"Error: {_data(record) / file}{said}"), (name, args, err)
@@ -271,7 +260,7 @@ def test_a_record_that_lost_lines_or_holds_lines_of_another_type_is_named_not_re
     shutil.copytree(pristine, record.parent)
     with open(_data(record) / "p-baseline-start.jsonl", "a") as f:
         f.write('{"id": "p1", "kind": "fre')
-    code, out, err = _main(capsys, "records", "show", str(record))
+    code, out, err = main_in_process(capsys, "records", "show", str(record))
     assert code == 0 and "verdict: diverged" in out and "baseline-start" in out, err
 
 
