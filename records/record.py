@@ -155,7 +155,10 @@ class RecordSink:
     def __init__(self, record_dir: str | os.PathLike | None, kind: str, title: str,
                  identity: dict[str, Any], argv: list[str] | None = None, slug: str | None = None):
         self.identity = identity
-        self.record = Record(kind=kind, title=title, argv=list(argv if argv is not None else sys.argv),
+        # the command as a user types it: "specparity" for the console script, wherever it is installed (a
+        # record, its page and its reproductions are read on other machines)
+        self.record = Record(kind=kind, title=title,
+                             argv=list(argv if argv is not None else ["specparity", *sys.argv[1:]]),
                              started=_now())
         self._t0 = time.perf_counter()
         self._parts: dict[str, float] = {}

@@ -288,3 +288,13 @@ def test_a_ctrl_c_while_a_line_is_written_leaves_a_readable_record(tmp_path, mon
     record, _, arms = read_record(md)
     assert record.status == "interrupted"
     assert record.arms == {"comparisons": 2} and len(arms["comparisons"]) == 2
+
+
+def test_a_record_names_its_command_as_a_user_types_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command a record (its markdown, its page, README's screenshot) shows is `specparity ...`, never the
+    path of the console script on the machine that wrote it (issue 46 item 8)."""
+    from specparity.records.record import RecordSink
+
+    monkeypatch.setattr("sys.argv", ["/home/someone/checkout/.venv/bin/specparity", "served", "--record-dir", "r"])
+    sink = RecordSink(tmp_path, "served", "served: x", {"host": "h"})
+    assert sink.record.argv == ["specparity", "served", "--record-dir", "r"]
