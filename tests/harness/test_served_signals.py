@@ -106,47 +106,30 @@ def test_a_run_without_record_dir_leaves_no_temporary_folder(cli_bin: str, llama
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.server
-def test_sigterm_mid_request_marks_the_record_interrupted_and_stops_every_server(
-        cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
-    rec = tmp_path / "rec"
-    proc, mark, tmp = _served(cli_bin, llama_pair, tmp_path, "stall", "--record-dir", str(rec))
-    try:
-        _wait_for_request(mark, proc)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-        left = wait_gone(mark)
-    finally:
-        _cleanup(proc, mark)
-    assert proc.returncode == 143, (proc.returncode, err)
-    assert err.strip().splitlines()[-1] == "Terminated."
-    assert not left, f"still running: {left}"
-    record, _, _ = read_record(next(rec.glob("*.md")))
-    assert record.status == "interrupted" and record.error == "SIGTERM"
-
-
-@pytest.mark.model
-@pytest.mark.slow
-@pytest.mark.server
-def test_sighup_mid_request_marks_the_record_interrupted_stops_every_server_and_prints_one_json_object(
-        cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
-    """A closed terminal (SIGHUP) ends the run as SIGTERM does, exit 129; it left the record `running`
-    (killed by the default action, no handler ran). With --json, stdout is the error object."""
+@pytest.mark.parametrize(("sig", "code", "line"),
+                         [(signal.SIGTERM, 143, "Terminated."), (signal.SIGHUP, 129, "Hung up (SIGHUP).")],
+                         ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_mid_request_marks_the_record_interrupted_stops_every_server_and_prints_one_json_object(
+        cli_bin: str, llama_pair: Any, tmp_path: Path, sig: signal.Signals, code: int, line: str) -> None:
+    """SIGTERM, and a closed terminal's SIGHUP (which left the record `running`: killed by the default action, no
+    handler ran), end the run as Ctrl-C does: every server stops, the record is interrupted naming the signal,
+    one line on stderr, and with --json stdout is the error object."""
     rec = tmp_path / "rec"
     proc, mark, tmp = _served(cli_bin, llama_pair, tmp_path, "stall", "--record-dir", str(rec), "--json")
     try:
         _wait_for_request(mark, proc)
-        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
         left = wait_gone(mark)
     finally:
         _cleanup(proc, mark)
-    assert proc.returncode == 129, (proc.returncode, err)
-    assert err.strip().splitlines()[-1] == "Hung up (SIGHUP)."
-    assert json.loads(out) == {"verdict": "error", "exit_code": 129, "error": "Hung up (SIGHUP)."}
+    assert proc.returncode == code, (proc.returncode, err)
+    assert err.strip().splitlines()[-1] == line
+    assert json.loads(out) == {"verdict": "error", "exit_code": code, "error": line}
     assert not left, f"still running: {left}"
     assert not _left_in(tmp)
     record, _, _ = read_record(next(rec.glob("*.md")))
-    assert record.status == "interrupted" and record.error == "SIGHUP"
+    assert record.status == "interrupted" and record.error == sig.name
 
 
 @pytest.mark.model
