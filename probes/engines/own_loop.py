@@ -35,31 +35,17 @@ def _version(dist: str) -> str:
 
 
 class OwnLoopEngine:
-    """An engine's name and checkpoints, its classic model loaded on demand (for ``--prompt-ids`` checks)."""
+    """An engine's name and checkpoints, and the context its classic arm runs in: what e2e reports of an engine
+    it checks through its own loops (each loop loads the pair with the engine's own loaders)."""
 
     def __init__(self, name: str, target: Path, draft: Path | None):
         self.info = EngineInfo(name=name, version=_version(name), target=str(target),
                                draft=str(draft) if draft else None, block_size=None, widths=[], notes=[NOTE],
                                packages={p: _version(p) for p in (name, "mlx", "mlx-lm")})
-        self._model: Any = None
-
-    def classic_model(self) -> Any:
-        if self._model is None:
-            from mlx_lm import load
-
-            self._model = load(self.info.target)[0]
-        return self._model
 
     @contextlib.contextmanager
     def classic(self) -> Iterator[None]:
         yield
-
-
-def load(name: str) -> Any:
-    """An adapter loader for the registry (``EngineSpec.adapter``) of engine ``name``."""
-    def loader(request: Any) -> OwnLoopEngine:
-        return OwnLoopEngine(name, request.target, request.draft)
-    return loader
 
 
 def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max_tokens: int,

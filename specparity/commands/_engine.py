@@ -214,13 +214,12 @@ def follow_into_environment(name: str, what: str, environment: str | None) -> in
     return _rerun(name, environment, python, environ)
 
 
-def _rerun(label: str, environment: str | None, python: str, environ: dict[str, str]) -> int:
-    """This command line re-run under ``python`` with ``environ``, tied, its exit code believed only from the
-    result it writes (:func:`specparity.engine_env.read_rerun_result`)."""
+def _rerun(engine: str, environment: str | None, python: str, environ: dict[str, str]) -> int:
+    """This command line re-run for ``engine`` (its name) under ``python`` with ``environ``, tied, its exit code
+    believed only from the result it writes (:func:`specparity.engine_env.read_rerun_result`)."""
     from specparity.engine_env import RERUN_MARK, RESULT_VAR, read_rerun_result, rerun_argv
     from specparity.errors import InfrastructureError
 
-    engine = label
     root = click.get_current_context().find_root()
     given = (root.obj or {}).get("argv") if isinstance(root.obj, dict) else None
     argv = list(given) if given is not None else sys.argv[1:]
@@ -303,16 +302,17 @@ def load_adapter(engine: EngineRef, model: str | None, draft_model: str | None, 
 
 
 def engine_prompts(engine: Any, texts: list[str] | None, ids: list[list[int]] | None) -> list[list[int]]:
-    """Prompt ids for an engine run: --prompt-ids, --prompt, else the built-in probe prompts."""
+    """Prompt ids for an engine run: --prompt-ids, --prompt, else the built-in probe prompts (the checkpoint the
+    adapter loaded with the toolkit's loader, where it did: :func:`checked_prompts`)."""
     from specparity.inputs import check_prompts
     from specparity.prompts import encode_prompts
 
+    loaded = engine.checkpoint()
+    if loaded is not None:
+        return checked_prompts(loaded, texts, ids)
     if ids:
         check_prompts(ids, engine.classic_model())
         return ids
-    loaded = engine.checkpoint()
-    if loaded is not None:
-        return encode_prompts(loaded.tokenizer, texts or None, None)
     from mlx_lm.utils import load_tokenizer
 
     return encode_prompts(load_tokenizer(Path(engine.info.target)), texts or None, None)
