@@ -1,0 +1,204 @@
+"""nunspark 0.13.0 (issue 47) against classic decode, in its pinned environments, on the project's fixture pairs.
+
+Each entry point runs with nunspark's own packer, loaders and loop (its library defaults; the prompt's ids,
+``max_tokens`` and the tokenizer's eos, as its CLI passes them), judged token by token against mlx-lm's
+classic decode; its own stats and target passes are the acceptance record that places a difference in its
+round and row. What they pin, MLX's CPU backend, 48 tokens of the embedded prompt:
+
+- mlx-lm 0.31.3, float32 llama: ``speculative_generate``, ``ngram_speculative_generate`` and its CLI's
+  ``--draft-model`` / ``--ngram-draft`` equal classic decode with drafts accepted;
+  ``adaptive_speculative_generate`` leaves it in the first round after its first change of K (its rollback
+  truncates with the new K: rejected rows stay in the target's cache), and equals it with K held;
+  ``eagle_speculative_generate`` (the untrained drafter its CLI builds) accepts nothing: not engaged;
+  ``gemma4_mtp_speculative_generate`` has no Gemma 4 pair here: an error, not a pass;
+- mlx-lm 0.32.2: every loop that verifies through ``verify_forward`` raises (its cache clone unpacks
+  ``KVCache.state`` as two values; 0.32 made it three), the others as on 0.31.3;
+- bfloat16 llama: the verify row's raw-logit argmax at an exact tie of classic decode's bfloat16 logprobs;
+- gemma3_text (sliding-window layers) and qwen3_moe: ``speculative_generate`` equals classic decode;
+  qwen3_5: the engine's own "unsupported model_type" error;
+- ``accept_top_k`` > 1: lossy by design, with what it changed (never a pass, never a defect).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builds import REAL_CACHE, built
+from conftest import run_cli
+from fixture_cache import cached
+from specparity.engine_findings import run_engine
+from specparity.environments import ENV_CACHE_VAR
+from specparity.fixtures import build_pair
+
+TOKENS = 48
+# the embedded prompt (specparity.prompts.DEFAULT_PROMPTS[0]) as the fixture tokenizer encodes it
+PROMPT = [307, 345, 448, 78, 468, 492, 485, 264, 502, 263, 79, 71, 12, 287, 264, 78]
+ENV = "nunspark"
+ENV_0_32 = "nunspark-mlx-lm-0.32.2"
+VERIFY_FORWARD = ("speculative_generate", "ngram_speculative_generate", "nunspark generate --draft-model",
+                  "nunspark generate --ngram-draft")
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """The project's plain target + drafter pairs nunspark takes (a plain mlx-lm drafter), built once each."""
+    root = tmp_path_factory.mktemp("nunspark")
+
+    def pair(arch: str, dtype: str = "float32") -> dict:
+        return cached(build_pair, root, f"nunspark-{arch}-{dtype}", arch=arch, dtype=dtype).to_dict()
+
+    class Pairs(dict):
+        def __missing__(self, key: str) -> dict:
+            arch, dtype = key.split(":")
+            got = self[key] = pair(arch, dtype)
+            return got
+    return Pairs()
+
+
+def findings(pair: dict, env: str = ENV) -> dict[str, dict]:
+    """nunspark's findings by entry point, run in its built environment (skip when not built)."""
+    return {r["entry"]: r for r in run_engine("nunspark", pair, TOKENS, env=built(env), prompt=PROMPT)}
+
+
+def in_env(env: str, code: str) -> dict:
+    """``code`` run by the environment's interpreter (specparity from this checkout); its last JSON line."""
+    e = built(env)
+    proc = subprocess.run([str(e.python), "-P", "-c", code], capture_output=True, text=True, timeout=600,
+                          env=dict(e.environ()))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_nunspark_is_one_package_of_its_own() -> None:
+    from test_engine_packages import test_each_builtin_engine_is_one_package_of_its_own
+
+    test_each_builtin_engine_is_one_package_of_its_own("nunspark")
+
+
+@pytest.mark.model
+@pytest.mark.build
+def test_on_mlx_lm_0_31_3_its_loops_match_its_adaptive_loop_does_not_and_each_other_says_why(pairs) -> None:
+    got = findings(pairs["llama:float32"])
+    for entry in VERIFY_FORWARD:
+        f = got[entry]
+        assert f["verdict"] == "match" and f["accepted"] > 0 and f["tokens"] == f["classic"], f
+    assert got["speculative_generate"]["tokens"] == got["nunspark generate --draft-model"]["tokens"]
+    assert got["speculative_generate"]["accepted"] == got["nunspark generate --draft-model"]["accepted"] == 27
+    assert got["ngram_speculative_generate"]["accepted"] == 23
+    ad = got["adaptive_speculative_generate"]
+    drafted = [r["drafted"] for r in ad["rounds"]]
+    assert drafted[:4] == [32, 32, 32, 24], drafted  # K changed after round 3's verify
+    assert ad["verdict"] == "diverged" and (ad["index"], ad["round"], ad["row"]) == (5, 4, 0), ad
+    assert ad["after_rollback"] and ad["engine_token"] == 492 and ad["classic_token"] == 327
+    assert not ad["tie"]["logprob_tie"], ad["tie"]
+    eagle = got["eagle_speculative_generate"]
+    assert eagle["verdict"] == "not_engaged" and eagle["accepted"] == 0 and eagle["drafted"] > 0, eagle
+    mtp = got["gemma4_mtp_speculative_generate"]
+    assert mtp["verdict"] == "error" and "gemma4_assistant" in mtp["failure"], mtp
+    assert not any(f["verdict"] == "match" for f in (eagle, mtp))
+
+
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.slow
+def test_its_adaptive_loop_matches_while_k_is_held_so_the_change_of_k_is_the_cause(pairs) -> None:
+    pair = pairs["llama:float32"]
+    code = f"""
+import json
+from specparity.engines.nunspark.loops import load_pair, run_entry
+from specparity.probes.engine_e2e import Classic, load_once
+ref = Classic({pair["target"]!r}, {TOKENS})
+pair = load_once(lambda: load_pair({pair["target"]!r}, {pair["draft"]!r}))
+out = {{}}
+for name, opts in (("default", {{}}), ("held", {{"adjustment_interval": 10**9}})):
+    f, st = run_entry("adaptive_speculative_generate", pair, {PROMPT!r}, {TOKENS}, ref.tokens({PROMPT!r}), ref.eos,
+                      {pair["draft"]!r}, opts)
+    out[name] = {{"verdict": f.verdict, "index": f.index, "accepted": f.accepted, "changes": st.adjustment_count}}
+print(json.dumps(out))
+"""
+    got = in_env(ENV, code)
+    assert got["default"]["verdict"] == "diverged" and got["default"]["changes"] > 0, got
+    assert got["held"] == {"verdict": "match", "index": None, "accepted": 27, "changes": 0}, got
+
+
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.slow
+def test_on_mlx_lm_0_32_2_its_verify_forward_raises_on_the_new_cache_state(pairs) -> None:
+    got = findings(pairs["llama:float32"], ENV_0_32)
+    for entry in VERIFY_FORWARD:
+        f = got[entry]
+        assert f["verdict"] == "error" and f["tokens"] == [], f
+        assert "too many values to unpack (expected 2)" in f["failure"] and "nunspark/engine.py:132" in f["failure"]
+    # the loops that verify with forward() and truncate run on 0.32.2 as on 0.31.3
+    ad = got["adaptive_speculative_generate"]
+    assert ad["verdict"] == "diverged" and (ad["index"], ad["round"], ad["row"]) == (5, 4, 0), ad
+    assert got["eagle_speculative_generate"]["verdict"] == "not_engaged"
+
+
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.slow
+def test_in_bfloat16_it_takes_the_raw_logit_argmax_at_an_exact_logprob_tie(pairs) -> None:
+    got = findings(pairs["llama:bfloat16"])
+    for entry in VERIFY_FORWARD:
+        f = got[entry]
+        assert f["verdict"] == "diverged" and f["index"] == 19 and f["tie"]["logprob_tie"], f
+        assert (f["engine_token"], f["classic_token"]) == (80, 14) and "exact tie" in f["reason"], f
+    assert (got["speculative_generate"]["round"], got["speculative_generate"]["row"]) == (7, 4)
+    assert (got["ngram_speculative_generate"]["round"], got["ngram_speculative_generate"]["row"]) == (13, 1)
+
+
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.slow
+def test_sliding_window_and_moe_targets_match_and_a_hybrid_is_its_own_error(pairs) -> None:
+    for key, accepted in (("gemma3_text:float32", 9), ("qwen3_moe:float32", 28)):
+        f = findings(pairs[key])["speculative_generate"]
+        assert f["verdict"] == "match" and f["accepted"] == accepted, (key, f)
+    f = findings(pairs["qwen3_5:float32"])["speculative_generate"]
+    assert f["verdict"] == "error" and "unsupported model_type 'qwen3_5'" in f["failure"], f
+
+
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.slow
+def test_accept_top_k_above_one_is_reported_lossy_by_design_with_what_it_changed(pairs) -> None:
+    pair = pairs["llama:float32"]
+    e = built(ENV)
+    proc = subprocess.run([str(e.python), "-P", "-m", "specparity.engines.nunspark.lossy", "--target", pair["target"],
+                           "--draft", pair["draft"], "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens",
+                           str(TOKENS), "--accept-top-k", "4"], capture_output=True, text=True, timeout=600,
+                          env=dict(e.environ()))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    assert got["label"] == "lossy by design" and got["mode"] == "accept_top_k=4"
+    assert got["first_difference"] == {"index": 1, "engine_token": 80, "classic_token": 14, "round": 1, "row": 0}
+    assert got["accepted_offpath"] == 24 and got["accepted_total"] == 44 and got["deviation_rate"] > 0
+    assert "not a pass, not a defect" in got["reason"] and "verdict" not in got
+
+
+@pytest.mark.model
+@pytest.mark.build
+def test_e2e_engine_nunspark_through_the_cli(pairs, cli_bin: str) -> None:
+    """``specparity e2e --engine nunspark`` as a user types it: it re-runs in nunspark's environment."""
+    built(ENV)
+    pair = pairs["llama:float32"]
+    ids = ",".join(map(str, PROMPT))
+    base = ("e2e", "--engine", "nunspark", "--model", pair["target"], "--draft-model", pair["draft"],
+            "--prompt-ids", ids, "--max-tokens", str(TOKENS), "--json")
+    env = {ENV_CACHE_VAR: str(REAL_CACHE)}
+    ok = run_cli(cli_bin, *base, "--entry-points", "speculative_generate,nunspark generate --draft-model", env=env)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    out = json.loads(ok.stdout)
+    assert out["verdict"] == "match" and [e["verdict"] for e in out["entries"]] == ["match", "match"]
+    assert all(e["drafter"]["drafted"] == 27 for e in out["entries"])
+    bad = run_cli(cli_bin, *base, "--entry-points", "adaptive_speculative_generate", env=env)
+    assert bad.returncode == 1, bad.stderr[-2000:]
+    out = json.loads(bad.stdout)
+    assert out["verdict"] == "diverged" and "round 4, row 0" in json.dumps(out)
+    assert Path(pair["target"]).is_dir()
