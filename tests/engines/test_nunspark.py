@@ -202,3 +202,40 @@ def test_e2e_engine_nunspark_through_the_cli(pairs, cli_bin: str) -> None:
     out = json.loads(bad.stdout)
     assert out["verdict"] == "diverged" and "round 4, row 0" in json.dumps(out)
     assert Path(pair["target"]).is_dir()
+
+
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.server
+@pytest.mark.slow
+def test_nunspark_serve_takes_chat_only_and_says_nothing_of_its_drafts(pairs, tmp_path: Path) -> None:
+    """``nunspark serve --draft-model`` live on the packed float32 pair: it answers ``/v1/chat/completions`` only
+    (``/v1/completions`` is 404), refuses the fixture tokenizer (no chat template), and, given a chat template,
+    answers with text and usage alone: no response carries evidence that the drafter ran, so a served arm of
+    it could only read not_engaged (no served profile here: why, in docs/engines.md)."""
+    import httpx
+
+    from specparity.harness.lifecycle import HOST_ARG, PORT_ARG, Server
+
+    env = built(ENV)
+    pair = pairs["llama:float32"]
+    nunspark = str(Path(env.python).parent / "nunspark")
+    packed = tmp_path / "packed"
+    subprocess.run([nunspark, "pack", pair["target"], str(packed)], check=True, capture_output=True,
+                   env=dict(env.environ()), timeout=300)
+    argv = [nunspark, "serve", str(packed), "--host", HOST_ARG, "--port", PORT_ARG, "--draft-model", pair["draft"]]
+    chat = {"messages": [{"role": "user", "content": "The quick brown fox"}], "max_tokens": 16, "temperature": 0}
+    with Server(argv, env=dict(env.environ()), ready_path="/v1/models", start_timeout=300, name="nunspark") as srv:
+        refused = httpx.post(f"{srv.url}/v1/chat/completions", json=chat, timeout=120)
+        plain = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 4}, timeout=30)
+    assert refused.status_code == 400 and "chat template" in refused.json()["error"]["message"]
+    assert plain.status_code == 404
+    config = json.loads((packed / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (packed / "tokenizer_config.json").write_text(json.dumps(config))
+    with Server(argv, env=dict(env.environ()), ready_path="/v1/models", start_timeout=300, name="nunspark") as srv:
+        answer = httpx.post(f"{srv.url}/v1/chat/completions", json=chat, timeout=120)
+    body = answer.json()
+    assert answer.status_code == 200 and body["usage"]["completion_tokens"] == 16, body
+    assert set(body) == {"id", "object", "created", "model", "choices", "usage"}, body
+    assert set(body["choices"][0]) <= {"index", "message", "finish_reason", "logprobs"}, body
