@@ -1,6 +1,18 @@
-"""nunspark 0.13.0: a weight-streaming target (its own packed format), a resident drafter, one verify per round.
+"""nunspark 0.13.0: a weight-streaming target in its own packed format, a resident drafter, one verify per round.
 
-(draft; filled in below as the package grows)
+Its claim: at ``accept_top_k=1`` (its default) a draft is accepted only where it equals the target's argmax,
+"lossless-by-construction" (tiny fixtures "exactly bit-identical"); ``accept_top_k`` > 1 is its documented
+lossy fast mode. What that rests on: ``nunspark pack`` splits an mlx-lm checkpoint into pieces a
+``StreamingEngine`` streams through one compute slot (mlx-lm's own layer classes); each round drafts K tokens
+(a plain mlx-lm draft model, an n-gram lookup, an EAGLE head or a Gemma 4 assistant), verifies [b, drafts] in
+one pass (``verify_forward`` on ephemeral cache clones, then ``commit_verified`` of the accepted rows; the
+adaptive, EAGLE and Gemma 4 loops ``forward`` and ``kv.truncate``) and takes the raw-logit argmax of each row.
+
+Here: its own loops and its CLI against classic decode (:mod:`specparity.engines.nunspark.loops`,
+``e2e --engine nunspark``), its record per round read off its own ``SpecStats``; its lossy mode reported as
+lossy by design (:mod:`specparity.engines.nunspark.lossy`). No adapter (its verify and commit live inside each
+loop) and no served profile (its server takes chat messages only and says nothing of its drafts). Its pins allow
+mlx-lm >= 0.31.0: one environment on 0.31.3, one on 0.32.2 (where ``verify_forward`` raises).
 """
 
 from __future__ import annotations
