@@ -6,9 +6,10 @@ forward/    forward-pass checks at temperature 0 (specparity.probes.forward)
     render.py      probe, walk and prefill results as terminal text and record markdown
     probe.py       the probe run (block vs chain + walk + prefill) as one report
 gate.py     the memoized verdict a server asks before it speculates (``gate_check``)
-engines/    the engine adapter interface (base.py), mlx-lm's adapter (the one others build on), and an own-loop
-            engine's face (own_loop.py); each engine's own adapter lives in its package (specparity/engines/)
-engine_e2e.py  every engine's own loops (its package's loops.py) against classic decode, located to a round
+engines/    the engine adapter interface (base.py) and mlx-lm's adapter (the one others build on); each
+            engine's own adapter lives in its package (specparity/engines/)
+engine_e2e.py  every other engine's e2e: its own loops (its package's loops.py) or its adapter's own loop
+            against classic decode's one arm (Classic), located to a round
 e2e.py      mlx-lm's own entry points (stream_generate, generate, the CLI) with vs
             without the drafter: outputs, dropped options, changed defaults (``specparity e2e``)
 replay/     a served run's rounds rebuilt in process (specparity.probes.replay)

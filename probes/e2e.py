@@ -51,9 +51,9 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINTS = ("stream_generate", "generate", "cli")
 STEPS = ("generate_step", "speculative_generate_step")
-# the calls that draft: mlx-lm's speculative step, dflash-mlx's loop and its CLI (specparity/engines/dflash_mlx/e2e.py)
-DRAFTING_STEPS = ("speculative_generate_step", "stream_dflash_generate", "dflash generate")
-# any engine's own speculative loop run through its adapter (probes/e2e_engine.py) names its step so
+# the call that drafts in mlx-lm's entry points (an engine's own loop names its step with OWN_LOOP)
+DRAFTING_STEPS = ("speculative_generate_step",)
+# any engine's own speculative loop (probes/engine_e2e.py, an engine's own e2e) names its step so
 OWN_LOOP = "(its own loop)"
 SPY_ENV = "SPECPARITY_E2E_SPY"
 CLI_TIMEOUT_S = 600

@@ -1,4 +1,10 @@
-"""Engines' own generate loops against classic decode, each located to its round.
+"""Every engine's e2e that is not mlx-lm's own entry points: its loops against classic decode, each
+located to its round (``specparity e2e --engine NAME``).
+
+One contract, one classic arm, one comparison (:mod:`specparity.probes.e2e`'s ``EntryArm`` and
+``compare_arms``): :func:`run_own_loops_e2e` drives an engine's declared loops (``EngineSpec.loops``, the
+e2e of every engine that declares them: the default of ``EngineSpec.e2e``), :func:`run_generate_e2e` an
+in-process adapter's own loop (``Engine.generate``), and :class:`Classic` is classic decode's arm for both.
 
 Every engine that declares its loops (``EngineSpec.loops``, its package's ``loops.py``) is driven here:
 run in the engine's environment (``python -P -m specparity.probes.engine_e2e --engine NAME --target DIR
@@ -11,12 +17,12 @@ request on it. Nothing here names an engine: the registry gives each one's loops
 A loops function: ``loops(target, draft, prompt, max_tokens, classic, entries) -> list[Finding]``,
 each finding judged by :func:`judge` against ``classic`` (its rounds located by the engine's own record).
 
-Classic decode is mlx-lm's own classic path (:class:`Classic`: ``stream_generate``
-without a drafter, its default sampler, greedy argmax of the model's logprobs in
-its dtype, stopping at ``max_tokens`` or at the tokenizer's eos) on the same
+Classic decode is mlx-lm's own classic path (:class:`Classic`: :func:`specparity.decode.classic_steps`,
+``generate_step`` as ``stream_generate`` runs it without a drafter, its default sampler, greedy argmax of
+the model's logprobs in its dtype, stopping at ``max_tokens`` or at the tokenizer's eos) on the same
 weights, loaded by mlx-lm once in the same process and decoded once per distinct
 prompt: ``e2e --engine NAME`` compares its classic arm with the same run
-(:mod:`specparity.probes.engines.own_loop`).
+(:func:`run_own_loops_e2e`).
 
 Verdicts: ``match`` (every emitted token equals classic decode's and the
 engine's record shows accepted drafts), ``not_engaged`` (equal, but nothing
@@ -30,17 +36,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import sys
+import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from specparity.completions import first_index
-from specparity.errors import UsageError
+from specparity.errors import UsageError, first_line
+from specparity.progress import NULL, Observer
 from specparity.verdicts import Verdict
 
+if TYPE_CHECKING:
+    from specparity.probes.e2e import E2ERun
 
 
 @dataclass
@@ -84,13 +96,15 @@ class Finding:
 
 
 class Classic:
-    """Classic decode's reference for every entry point: mlx-lm's ``stream_generate`` without a drafter (its
-    own sampler and eos stop, under :class:`~specparity.probes.e2e.Spy`), on the target mlx-lm loaded once,
-    run once per distinct prompt and kept (:meth:`arm`).
+    """Classic decode's arm for every engine's e2e: :func:`specparity.decode.classic_steps` (mlx-lm's
+    ``generate_step`` without a drafter, as ``stream_generate`` runs it: its default sampler, greedy argmax
+    of the model's logprobs in its dtype) read as ``stream_generate`` reads it (its eos stop, its text), on
+    the target mlx-lm loaded once, run once per distinct prompt and kept (:meth:`arm`). The served reference
+    makes the same call (:func:`specparity.mlx_server.decode_classic`).
 
     target_dir: the target, loaded by ``mlx_lm.load`` on first use; or ``loaded``: the target already
     loaded (``.model``, ``.tokenizer``: the e2e command's). context: what classic decode runs in
-    (:meth:`OwnLoopEngine.classic`).
+    (:meth:`OwnLoopEngine.classic`, an adapter's :meth:`Engine.classic`).
     """
 
     def __init__(self, target_dir: str = "", max_tokens: int = 32, loaded: Any = None,
@@ -114,22 +128,37 @@ class Classic:
         return {int(e) for e in getattr(self.loaded.tokenizer, "eos_token_ids", None) or []}
 
     def arm(self, prompt: list[int]) -> Any:
-        """mlx-lm's classic ``stream_generate`` arm on ``prompt`` (an :class:`~specparity.probes.e2e.EntryArm`:
-        its tokens end at ``max_tokens`` or with the eos token it stopped at)."""
-        from specparity.probes.e2e import E2EOptions, run_api_arm
-
+        """Classic decode's arm on ``prompt`` (an :class:`~specparity.probes.e2e.EntryArm`: its tokens end at
+        ``max_tokens`` or with the eos token it stopped at; its text as ``stream_generate`` writes it)."""
         key = tuple(prompt)
         if key not in self._arms:
             with self._context():
-                self._arms[key] = run_api_arm("stream_generate", self.loaded, None, list(prompt),
-                                              E2EOptions(max_tokens=self.max_tokens))
+                self._arms[key] = self._decode(list(prompt))
         return self._arms[key]
+
+    def _decode(self, prompt: list[int]) -> Any:
+        from specparity.decode import classic_steps, stream_steps
+        from specparity.probes.e2e import EntryArm
+
+        n = self.max_tokens
+        arm = EntryArm("stream_generate", False, passed={"max_tokens": n})
+        arm.step, arm.received, arm.prompt = "generate_step", {"max_tokens": n}, list(prompt)
+        t0 = time.perf_counter()
+        try:
+            tok = self.loaded.tokenizer
+            for step in stream_steps(tok, classic_steps(self.loaded.model, prompt, n), n):
+                arm.tokens.append(int(step.token))
+                arm.text += step.text
+        except (ValueError, TypeError, IndexError) as err:  # mlx-lm refused this prompt
+            arm.error = f"{type(err).__name__}: {first_line(str(err))}"
+        arm.seconds = time.perf_counter() - t0
+        return arm
 
     def tokens(self, prompt: list[int]) -> list[int]:
         """Classic decode's tokens on ``prompt`` (:meth:`arm`'s); its error (mlx-lm refused) raised."""
         arm = self.arm(prompt)
         if arm.error:
-            raise RuntimeError(f"classic decode (mlx-lm's stream_generate) did not run: {arm.error}")
+            raise RuntimeError(f"classic decode (mlx-lm's generate_step) did not run: {arm.error}")
         return list(arm.tokens)
 
 
@@ -220,8 +249,6 @@ def failed(f: Finding, err: BaseException) -> Finding:
     return f
 
 
-
-
 def load_once(load: Callable[[], Any]) -> Callable[[], Any]:
     """The engine's own loaders run once for all its entry points, as a user (and its own CLI) loads once
     and generates again: what they returned, or the error they raised, for each entry point (its own load
@@ -241,20 +268,10 @@ def load_once(load: Callable[[], Any]) -> Callable[[], Any]:
     return loaded
 
 
-
-
-
-
-
-
 def judge_rounds(f: Finding) -> None:
     """Proposals made and accepted in all, from the engine's round record."""
     f.drafted = sum(r["drafted"] for r in f.rounds)
     f.accepted = sum(r["accepted"] for r in f.rounds)
-
-
-
-
 
 
 def _engine_packages() -> list[str]:
@@ -278,6 +295,108 @@ def run(engine: str, target: str, draft: str | None, prompt: list[int], n: int,
     for f in found:
         label_tie(f, ref, prompt)
     return found
+
+
+# ---------------------------------------------------------------- e2e's faces
+
+NOTE = "checked through its own generate loops, each loading the pair with the engine's own loaders"
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+class OwnLoopEngine:
+    """An engine's name and checkpoints, and the context its classic arm runs in: what e2e reports of an engine
+    it checks through its own loops (each loop loads the pair with the engine's own loaders)."""
+
+    def __init__(self, name: str, target: Path, draft: Path | None):
+        from specparity.probes.engines.base import EngineInfo
+
+        self.info = EngineInfo(name=name, version=_version(name), target=str(target),
+                               draft=str(draft) if draft else None, block_size=None, widths=[], notes=[NOTE],
+                               packages={p: _version(p) for p in (name, "mlx", "mlx-lm")})
+
+    @contextlib.contextmanager
+    def classic(self) -> Iterator[None]:
+        yield
+
+
+def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max_tokens: int,
+                      entry_points: list[str] | None = None, observer: Observer = NULL) -> E2ERun:
+    """Each of the engine's own loops against mlx-lm's classic ``stream_generate`` on the ids it consumed.
+
+    Classic decode runs once per distinct prompt (:class:`Classic`): the same
+    arm judges each loop round by round and is this command's classic arm.
+    """
+    from specparity.decode import stream_text
+    from specparity.probes.e2e import OWN_LOOP, E2EOptions, E2ERun, EntryArm, compare_arms
+
+    info = engine.info
+    options = E2EOptions(max_tokens=max_tokens)
+    drafter = f"drafter {info.draft}" if info.draft else "its draft heads inside the target"
+    out = E2ERun(header=(f"{info.name} {info.version} on {info.target} with {drafter}: its own loops;"
+                         f" classic: mlx-lm's stream_generate without a drafter; max_tokens={max_tokens}"),
+                 options=options.passed(True), model=loaded.fingerprint.to_dict(), prompt_tokens=len(prompt))
+    classic = Classic(info.target, max_tokens, loaded=loaded, context=engine.classic)
+    findings = run(info.name, info.target, info.draft, list(prompt), max_tokens, tuple(entry_points or ()),
+                   classic=classic)
+    with observer.part("entry points", total=len(findings)):
+        for f in findings:
+            ref = classic.arm(list(f.prompt if f.prompt is not None else prompt))
+            arm = EntryArm(f.entry, True, passed={"max_tokens": max_tokens})
+            arm.step, arm.received = f"{info.name} {f.entry} {OWN_LOOP}", dict(arm.passed)
+            arm.tokens, arm.drafted, arm.seconds = list(f.tokens), int(f.accepted or 0), f.seconds
+            arm.proposed = f.drafted
+            arm.text = stream_text(loaded.tokenizer, arm.tokens)  # its ids as classic decode writes ids
+            if f.verdict in (Verdict.ERROR, Verdict.CANNOT_RUN):
+                arm.error = f"{f.verdict.replace('_', ' ')}: {f.failure or f.reason}"
+            res = compare_arms(f.entry, ref, arm, options, loaded.tokenizer)
+            if f.verdict == Verdict.DIVERGED:
+                res.reason = f"{res.reason}; {f.reason}" if res.reason else f.reason
+            out.entries.append(res)
+            observer.result(f.entry, res.to_dict())
+            observer.item("entry points")
+    return out
+
+
+GENERATE_ENTRY = "generate"
+
+
+def run_generate_e2e(engine: Any, loaded: Any, prompt: list[int], max_tokens: int,
+                     entry_points: list[str] | None = None, observer: Observer = NULL) -> E2ERun:
+    """An in-process adapter's own loop (:meth:`Engine.generate`, entry ``generate``) against classic decode's
+    arm (:class:`Classic`): the loop's emitted tokens compared token for token; engagement: the proposals its
+    rounds accepted. An engine whose adapter runs its own loop gets this e2e without code of its own."""
+    from specparity.decode import stream_text
+    from specparity.probes.e2e import OWN_LOOP, E2EOptions, E2ERun, EntryArm, compare_arms
+
+    options = E2EOptions(max_tokens=max_tokens)
+    info = engine.info
+    out = E2ERun(header=(f"{info.name} {info.version} on {info.target}: its own loop; classic: mlx-lm's"
+                         f" stream_generate without a drafter; max_tokens={max_tokens}"),
+                 options=options.passed(True), model=loaded.fingerprint.to_dict(), prompt_tokens=len(prompt))
+    with observer.part("entry points", total=1):
+        classic = Classic(max_tokens=max_tokens, loaded=loaded, context=engine.classic).arm(list(prompt))
+        arm = EntryArm(GENERATE_ENTRY, True, passed={"max_tokens": max_tokens})
+        arm.step, arm.received = f"{info.name} generate {OWN_LOOP}", dict(arm.passed)
+        t0 = time.perf_counter()
+        own = engine.generate(list(prompt), max_tokens, record_states=False)
+        arm.seconds = time.perf_counter() - t0
+        arm.tokens = list(own.tokens[:max_tokens])
+        arm.drafted = sum(own.accepts)
+        arm.proposed = sum(r.width - 1 for r in own.rounds)  # a round verifies its anchor and its drafts
+        arm.error = own.error
+        arm.text = stream_text(loaded.tokenizer, arm.tokens)  # its ids as classic decode writes ids
+        # classic stops at its EOS; the engine's loop is compared over the same tokens
+        res = compare_arms(GENERATE_ENTRY, classic, arm, options, loaded.tokenizer)
+        out.entries.append(res)
+        observer.result(GENERATE_ENTRY, res.to_dict())
+        observer.item("entry points")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,7 +117,7 @@ def e2e_check(engine: str, target: str, draft: str, prompt: list[int], n: int) -
     """``e2e --engine NAME``'s library call, as the command makes it."""
     from specparity.commands._common import resolve_model
     from specparity.engines import get
-    from specparity.probes.engines.own_loop import OwnLoopEngine, run_own_loops_e2e
+    from specparity.probes.engine_e2e import OwnLoopEngine, run_own_loops_e2e
 
     entries = list(get(engine).e2e_entry_points)
 

@@ -11,7 +11,7 @@ that the trim took effect.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -410,3 +410,66 @@ def greedy_chain(dec: Decoder, first: int, n: int) -> tuple[list[int], Any]:
         if i < n - 1:
             tokens.append(greedy_token(row))
     return tokens, mx.stack(rows)
+
+
+# --- classic decode's tokens: the one call every side that needs them makes -------------------------
+
+def classic_steps(model: Any, prompt: Any, max_tokens: int, **options: Any) -> Any:
+    """Classic decode: mlx-lm's ``generate_step`` on ``prompt`` without a drafter (a fresh cache unless
+    ``prompt_cache`` is given), yielding (token, logprobs). ``options``: ``generate_step``'s own (sampler,
+    logits_processors, prompt_cache, prefill_step_size, kv_bits...), each left at its default when not given,
+    as ``stream_generate`` leaves it.
+
+    The one home of classic decode's tokens: the served reference and the in-process server
+    (:func:`specparity.mlx_server.decode_classic`) and every engine's e2e (its classic arm,
+    :class:`specparity.probes.engine_e2e.Classic`) call it; the probes' forwards (:class:`Decoder`: the
+    chain, the replay's :class:`~specparity.probes.replay.classic.ClassicChain`) are its prefill and steps
+    one forward at a time, where a row's raw logits are compared.
+    """
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    ids = prompt if isinstance(prompt, mx.array) else mx.array(list(prompt))
+    return generate_step(ids, model, max_tokens=max_tokens, **options)
+
+
+@dataclass
+class Step:
+    """One generated token as the server's response loop receives it (``stream_generate``'s fields)."""
+
+    token: int
+    text: str
+    logprobs: Any
+    finish_reason: str | None = None
+
+
+def stream_steps(tokenizer: Any, steps: Any, max_tokens: int, finalize: bool = True) -> Any:
+    """``generate_step``'s (token, logprobs) as ``stream_generate`` turns them into responses.
+
+    The same rules without its timing and memory readings: an EOS token ends the stream
+    (finish ``stop``, not detokenized), the ``max_tokens``-th token ends it (``length``),
+    each text segment is the detokenizer's ``last_segment``. ``finalize=False``: the last
+    token's segment without the detokenizer's held bytes, as mlx-lm 0.31's batched path
+    sends it (it never finalizes: a trailing partial character is dropped).
+    """
+    detok = tokenizer.detokenizer
+    eos = tokenizer.eos_token_ids
+    for n, (token, logprobs) in enumerate(steps):
+        if token in eos:
+            detok.finalize()
+            yield Step(token, detok.last_segment, logprobs, "stop")
+            return
+        detok.add_token(token)
+        if n + 1 == max_tokens:
+            if finalize:
+                detok.finalize()
+            yield Step(token, detok.last_segment, logprobs, "length")
+            return
+        yield Step(token, detok.last_segment, logprobs)
+
+
+def stream_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """The text ``stream_generate`` gives for ``token_ids`` (its detokenizer, its eos stop): what classic
+    decode writes for them, so an engine's ids are turned into text as classic decode's are."""
+    steps = ((int(t), None) for t in token_ids)
+    return "".join(s.text for s in stream_steps(tokenizer, steps, max(len(token_ids), 1)))

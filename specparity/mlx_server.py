@@ -36,7 +36,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from specparity.completions import Side
-from specparity.decode import DEFAULT_PREFILL_STEP, DEFAULT_QUANTIZED_KV_START, CacheOptions
+from specparity.decode import (
+    DEFAULT_PREFILL_STEP, DEFAULT_QUANTIZED_KV_START, CacheOptions, classic_steps, stream_steps,
+)
 from specparity.errors import UsageError
 from specparity.mlx_compat import has_image_parts, parse_size, server_031, server_tokenize, state_machine_031
 from specparity.processors import DEFAULT_CONTEXT, ProcessorOptions
@@ -656,57 +658,15 @@ def collect(tokenizer: Any, responses: Any, stop_words: list[str], initial_state
     return out
 
 
-@dataclass
-class Step:
-    """One generated token as the server's response loop receives it (``stream_generate``'s fields)."""
-
-    token: int
-    text: str
-    logprobs: Any
-    finish_reason: str | None = None
-
-
-def stream_steps(tokenizer: Any, steps: Any, max_tokens: int, finalize: bool = True) -> Any:
-    """``generate_step``'s (token, logprobs) as ``stream_generate`` turns them into responses.
-
-    The same rules without its timing and memory readings: an EOS token ends the stream
-    (finish ``stop``, not detokenized), the ``max_tokens``-th token ends it (``length``),
-    each text segment is the detokenizer's ``last_segment``. ``finalize=False``: the last
-    token's segment without the detokenizer's held bytes, as mlx-lm 0.31's batched path
-    sends it (it never finalizes: a trailing partial character is dropped).
-    """
-    detok = tokenizer.detokenizer
-    eos = tokenizer.eos_token_ids
-    for n, (token, logprobs) in enumerate(steps):
-        if token in eos:
-            detok.finalize()
-            yield Step(token, detok.last_segment, logprobs, "stop")
-            return
-        detok.add_token(token)
-        if n + 1 == max_tokens:
-            if finalize:
-                detok.finalize()
-            yield Step(token, detok.last_segment, logprobs, "length")
-            return
-        yield Step(token, detok.last_segment, logprobs)
-
-
-def stream_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
-    """The text ``stream_generate`` gives for ``token_ids`` (its detokenizer, its eos stop): what classic
-    decode writes for them, so an engine's ids are turned into text as classic decode's are."""
-    steps = ((int(t), None) for t in token_ids)
-    return "".join(s.text for s in stream_steps(tokenizer, steps, max(len(token_ids), 1)))
-
-
 def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: RequestParams,
                    settings: ServerSettings, path: str) -> Decoded:
     """Classic decode of ``prompt`` with the request's sampler and processors (no drafter, fresh cache).
 
-    mlx-lm's ``generate_step`` (what ``stream_generate`` runs without a drafter), read as
-    ``stream_generate`` reads it (:func:`stream_steps`).
+    Classic decode's one computation (:func:`specparity.decode.classic_steps`: mlx-lm's ``generate_step``,
+    what ``stream_generate`` runs without a drafter), read as ``stream_generate`` reads it
+    (:func:`~specparity.decode.stream_steps`), with the server's prompt segments, stop words and text.
     """
     import mlx.core as mx
-    from mlx_lm.generate import generate_step
 
     if params.seed is not None:
         mx.random.seed(params.seed)
@@ -718,11 +678,10 @@ def decode_classic(model: Any, tokenizer: Any, prompt: ServerPrompt, params: Req
         cache = prefill_segments(model, segments, settings)
         done = [t for seg in segments[:-1] for t in seg]
         processors = with_history(processors, done) or []
-    steps = generate_step(mx.array(last), model, max_tokens=params.max_tokens,
-                          sampler=params.make_sampler(tokenizer), logits_processors=processors or None,
-                          prompt_cache=cache, prefill_step_size=settings.prefill_step_size,
-                          kv_bits=settings.kv_bits, kv_group_size=settings.kv_group_size,
-                          quantized_kv_start=settings.quantized_kv_start)
+    steps = classic_steps(model, last, params.max_tokens, sampler=params.make_sampler(tokenizer),
+                          logits_processors=processors or None, prompt_cache=cache,
+                          prefill_step_size=settings.prefill_step_size, kv_bits=settings.kv_bits,
+                          kv_group_size=settings.kv_group_size, quantized_kv_start=settings.quantized_kv_start)
     finalize = not (path == PATH_BATCHED and server_031())
     return collect(tokenizer, stream_steps(tokenizer, steps, params.max_tokens, finalize), params.stop,
                    prompt.initial_state)

@@ -83,7 +83,7 @@ def serve(argv: list[str]) -> None:
 
 
 ENGINE = EngineSpec(name="toy", description="mlx-lm with a rollback that keeps one rejected row", adapter=load,
-                    e2e_entry_points=("generate",), e2e="specparity.probes.e2e_engine:run_generate_e2e",
+                    e2e_entry_points=("generate",), e2e="specparity.probes.engine_e2e:run_generate_e2e",
                     hooks="toy_engine", profiles=("tests/toy_engine.yaml",))
 
 if __name__ == "__main__":

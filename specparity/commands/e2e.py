@@ -130,7 +130,7 @@ def e2e(ctx: click.Context, model: str | None, trust_remote_code: bool, draft_mo
     target, draft = engine_paths(engine, model, draft_model)
     if draft is None and takes_options:
         draft = resolve_path(None, "draft")  # mlx-lm's entry points: the embedded drafter by default
-    from specparity.probes.engines.own_loop import OwnLoopEngine
+    from specparity.probes.engine_e2e import OwnLoopEngine
 
     if spec.loops is not None:
         # each own loop loads the pair with the engine's own loaders and reports its own load error, per entry

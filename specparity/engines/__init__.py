@@ -55,11 +55,12 @@ mlx, an engine, or a layer above this one):
                    ``--max-kv-size``, the processors...), the prompt as text and the chat template
                    (False: they run with their own defaults, and e2e refuses those options)
     e2e            ``run(adapter, classic: Loaded, prompt: list[int], max_tokens: int,
-                   entry_points: list[str], observer) -> E2ERun``, or None
+                   entry_points: list[str], observer) -> E2ERun``, or None (with ``loops``: their
+                   driver, :data:`OWN_LOOPS_E2E`)
     loops          the engine's own generate loops against classic decode (its package's ``loops.py``):
                    ``loops(target, draft, prompt, max_tokens, classic, entries) -> list[Finding]``
                    (:mod:`specparity.probes.engine_e2e`); the e2e of an engine checked through its loops
-                   (``specparity.probes.engines.own_loop:run_own_loops_e2e``), the findings table and the
+                   (``specparity.probes.engine_e2e:run_own_loops_e2e``, ``e2e``'s default), the findings table and the
                    bench all drive them, nothing else
     default_checkpoints  ``() -> (target, draft | None)``: what ``--model`` defaults to
                    (None: the toolkit's embedded fixture pair)
@@ -242,6 +243,10 @@ class DrafterFormat:
         return made
 
 
+# the e2e of every engine that declares its own loops (EngineSpec.e2e's default when loops are given)
+OWN_LOOPS_E2E = "specparity.probes.engine_e2e:run_own_loops_e2e"
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """One engine, everything about it in one place (the fields: the module docstring)."""
@@ -286,6 +291,9 @@ class EngineSpec:
         _check_strings(where, "builds_on", self.builds_on)
         for field_name in ("adapter", "e2e", "loops", "default_checkpoints"):
             _check_ref(where, field_name, getattr(self, field_name))
+        if self.e2e is None and self.loops is not None:
+            # an engine's loops are its e2e: one driver for every engine that declares them
+            object.__setattr__(self, "e2e", OWN_LOOPS_E2E)
         for field_name in ("hooks", "warm"):
             _check_ref(where, field_name, getattr(self, field_name), module=True)
         if not isinstance(self.adapter_features, frozenset) or not all(isinstance(f, str) for f in

@@ -32,7 +32,7 @@ def ids(tok: Any) -> list[int]:
 
 
 def test_the_same_ids_written_two_ways_is_text_only_and_named(tok: Any, ids: list[int]) -> None:
-    from specparity.mlx_server import stream_text
+    from specparity.decode import stream_text
 
     classic = Side("classic", stream_text(tok, ids), list(ids), texts=other_texts(tok, ids))
     engine = Side("engine", tok.decode(ids), list(ids))
@@ -45,7 +45,7 @@ def test_the_same_ids_written_two_ways_is_text_only_and_named(tok: Any, ids: lis
 
 
 def test_a_text_only_side_that_wrote_the_references_ids_another_way_is_text_only(tok: Any, ids: list[int]) -> None:
-    from specparity.mlx_server import stream_text
+    from specparity.decode import stream_text
 
     classic = Side("classic decode", stream_text(tok, ids), list(ids), texts=other_texts(tok, ids))
     served = Side("w4", tok.decode(ids))  # a server that gives text only
@@ -57,7 +57,7 @@ def test_a_text_only_side_that_wrote_the_references_ids_another_way_is_text_only
 def test_other_ids_or_other_text_stay_a_divergence(tok: Any, ids: list[int]) -> None:
     """Both ways: a token that differs, or a text-only answer that is not the ids' text any known way, is a
     divergence with its place, never explained away."""
-    from specparity.mlx_server import stream_text
+    from specparity.decode import stream_text
 
     classic = Side("classic", stream_text(tok, ids), list(ids), texts=other_texts(tok, ids))
     other_ids = list(ids)
@@ -77,7 +77,7 @@ def test_e2e_names_a_text_only_difference_and_writes_an_engines_ids_as_classic_d
     (``stream_text``), so the same ids are the same text: match (it read "token ids differ at index N; text
     differs at character 0" with every id equal). Two arms of one producer whose same ids became other text
     with the drafter stay a finding, named text only; one other token is diverged at that token."""
-    from specparity.mlx_server import stream_text
+    from specparity.decode import stream_text
     from specparity.probes.e2e import OWN_LOOP, E2EOptions, EntryArm, compare_arms
     from specparity.verdicts import Verdict
 

@@ -140,7 +140,7 @@ def test_each_builtin_engine_is_one_package_of_its_own(engine: str) -> None:
     spec = engines.get(engine)
     package = f"specparity.engines.{re.sub(r'[^a-z0-9]', '_', engine)}"
     assert spec.source == package
-    shared = ("specparity.probes.engines.own_loop:", "specparity.fixtures.")
+    shared = ("specparity.probes.engine_e2e:", "specparity.fixtures.")
     for field in ("adapter", "e2e", "loops", "hooks", "warm", "default_checkpoints"):
         ref = getattr(spec, field)
         if isinstance(ref, str):

@@ -29,10 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specparity.mlx_server import stream_text
-from specparity.probes.e2e import (
-    CLI_TIMEOUT_S, E2EOptions, E2ERun, EntryArm, compare_arms, run_api_arm, run_cli_arm,
-)
+from specparity.decode import stream_text
+from specparity.probes.e2e import CLI_TIMEOUT_S, OWN_LOOP, E2EOptions, E2ERun, EntryArm, compare_arms, run_cli_arm
+from specparity.probes.engine_e2e import Classic
 from specparity.progress import NULL, Observer
 from specparity.tied import run_tied_captured
 
@@ -49,7 +48,7 @@ def run_dflash_stream(engine: Any, prompt: list[int], max_tokens: int) -> EntryA
 
     b = engine.bundle
     arm = EntryArm("dflash-stream", True, passed={"max_tokens": max_tokens})
-    arm.step, arm.received = "stream_dflash_generate", dict(arm.passed)
+    arm.step, arm.received = f"stream_dflash_generate {OWN_LOOP}", dict(arm.passed)
     t0 = time.perf_counter()
     stream = stream_dflash_generate(
         target_model=b.target_model, target_ops=b.target_ops, tokenizer=b.tokenizer, draft_model=b.draft_model,
@@ -80,7 +79,7 @@ def dflash_cli_argv(target: str, draft: str, prompt_text: str, max_tokens: int) 
 def run_dflash_cli(target: str, draft: str, prompt_text: str, max_tokens: int) -> EntryArm:
     """The ``dflash generate`` console script in a subprocess (cwd: a fresh directory)."""
     arm = EntryArm("dflash-cli", True, passed={"max_tokens": max_tokens})
-    arm.step, arm.received = "dflash generate", dict(arm.passed)
+    arm.step, arm.received = f"dflash generate {OWN_LOOP}", dict(arm.passed)
     arm.argv = dflash_cli_argv(target, draft, prompt_text, max_tokens)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specparity-e2e-dflash-") as tmp:
@@ -117,8 +116,7 @@ def run_dflash_e2e(engine: Any, loaded: Any, prompt: list[int], max_tokens: int,
     with observer.part("entry points", total=len(entry_points)):
         for entry in entry_points:
             if entry == "dflash-stream":
-                with engine.classic():
-                    classic = run_api_arm("stream_generate", loaded, None, prompt, options)
+                classic = Classic(max_tokens=max_tokens, loaded=loaded, context=engine.classic).arm(list(prompt))
                 drafter = run_dflash_stream(engine, prompt, max_tokens)
             else:
                 classic = run_cli_arm(str(loaded.path), None, text, options, False)

@@ -38,7 +38,7 @@ def default_checkpoints() -> tuple[Path, Path | None]:
     from specparity.fixtures import fixtures_home
 
     info = build_dfly_pair(fixtures_home() / "dfly-qwen3-float32-untied")
-    return Path(info["target"]), Path(info["draft"])
+    return Path(info.target), Path(info.draft)
 
 
 ENGINE = EngineSpec(
@@ -53,7 +53,6 @@ ENGINE = EngineSpec(
     adapter=load,
     builds_on=("dflash-mlx",),
     e2e_entry_points=("generate", "dfly-stream"),
-    e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     loops="specparity.engines.dfly_mlx.loops:loops",
     default_checkpoints=default_checkpoints,
     drafter_format=DrafterFormat("dfly", "specparity.engines.dfly_mlx.fixtures:dfly_format",

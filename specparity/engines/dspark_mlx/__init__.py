@@ -41,7 +41,6 @@ ENGINE = EngineSpec(
     ),
     adapter=load,
     e2e_entry_points=("generate_eager", "generate"),
-    e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     loops="specparity.engines.dspark_mlx.loops:loops",
     default_checkpoints="specparity.fixtures.dspark:default_checkpoints",
     drafter_format=DrafterFormat("dspark", "specparity.fixtures.dspark:dspark_format",

@@ -54,7 +54,6 @@ ENGINE = EngineSpec(
     hooks="specparity.engines.mlx_dspark.served",
     adapter=load,
     e2e_entry_points=("speculative_generate", "speculative_generate-full-block"),
-    e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     loops="specparity.engines.mlx_dspark.loops:loops",
     default_checkpoints="specparity.fixtures.dspark:default_checkpoints",
     drafter_format=DrafterFormat("dspark", "specparity.fixtures.dspark:dspark_format",

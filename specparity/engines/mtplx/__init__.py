@@ -31,7 +31,7 @@ def default_checkpoints() -> tuple[Path, Path | None]:
     from specparity.fixtures import fixtures_home
 
     info = build_mtp_target(fixtures_home() / "mtp-qwen3_5-float32-untied")
-    return Path(info["target"]), None
+    return Path(info.target), None
 
 
 ENGINE = EngineSpec(
@@ -46,7 +46,6 @@ ENGINE = EngineSpec(
     ),
     # its loops only: no verify block or rollback a probe could drive from outside (probe, replay, bisect)
     e2e_entry_points=tuple(entry for entry, _, _ in MTPLX_ENTRY_POINTS),
-    e2e="specparity.probes.engines.own_loop:run_own_loops_e2e",
     loops="specparity.engines.mtplx.loops:loops",
     default_checkpoints=default_checkpoints,
     drafter_checkpoint=False,
