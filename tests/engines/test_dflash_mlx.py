@@ -554,7 +554,8 @@ def test_a_dflash_fixture_record_names_its_members_relative_to_itself(fixture_ro
     older record's paths (relative to another cwd, or absolute and gone) still read."""
     import shutil
 
-    from specparity.fixtures.dflash import DFlashFixtureInfo, fixture_draft
+    from specparity.fixtures import fixture_draft
+    from specparity.fixtures.dflash import DFlashFixtureInfo
 
     info = dflash_info(fixture_root, "qwen3", 8)
     record = json.loads((Path(info.target).parent / "fixture.json").read_text())
@@ -566,10 +567,10 @@ def test_a_dflash_fixture_record_names_its_members_relative_to_itself(fixture_ro
     for stored in ({}, {"target": "fx/target", "draft": "fx/draft"},
                    {"target": str(tmp_path / "built" / "target"), "draft": str(tmp_path / "built" / "draft")}):
         (moved / "fixture.json").write_text(json.dumps({**record, **stored}))
-        assert fixture_draft(moved / "target") == moved / "draft"
+        assert fixture_draft(moved / "target", "dflash") == moved / "draft"
         loaded = DFlashFixtureInfo.load(moved)
         assert (loaded.target, loaded.draft) == (str(moved / "target"), str(moved / "draft"))
-    assert fixture_draft(moved / "draft") is None  # beside the fixture's target, not its target
+    assert fixture_draft(moved / "draft", "dflash") is None  # beside the fixture's target, not its target
 
 
 @pytest.mark.build

@@ -42,10 +42,10 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def dfly_fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("inprocess-dfly")
-    return {"qwen3": cached(build_dfly_pair, root, "dfly-qwen3"),
-            "qwen3_5": cached(build_dfly_pair, root, "dfly-qwen3_5", shape="qwen3_5", tied=True),
+    return {"qwen3": cached(build_dfly_pair, root, "dfly-qwen3").to_dict(),
+            "qwen3_5": cached(build_dfly_pair, root, "dfly-qwen3_5", shape="qwen3_5", tied=True).to_dict(),
             "qwen3_5-equal-heads": cached(build_dfly_pair, root, "dfly-qwen3_5-equal", shape="qwen3_5-equal-heads",
-                                                   tied=True)}
+                                                   tied=True).to_dict()}
 
 
 # ------------------------------- dfly-mlx: dflash-mlx's verify and rollback through dfly-mlx's own loader

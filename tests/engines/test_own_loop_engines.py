@@ -70,8 +70,8 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def dfly_fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("issue27-dfly")
-    return {"qwen3": cached(build_dfly_pair, root, "dfly-qwen3"),
-            "qwen3_5": cached(build_dfly_pair, root, "dfly-qwen3_5", shape="qwen3_5", tied=True)}
+    return {"qwen3": cached(build_dfly_pair, root, "dfly-qwen3").to_dict(),
+            "qwen3_5": cached(build_dfly_pair, root, "dfly-qwen3_5", shape="qwen3_5", tied=True).to_dict()}
 
 
 def findings(engine: str, info: dict | None, prompt: list[int] | None = None, tokens: int = TOKENS,

@@ -50,22 +50,51 @@ def _user_copy(pair: dict[str, Any], dst: Path) -> tuple[Path, Path | None]:
 
 
 @pytest.fixture(scope="module")
-def user_pairs(tmp_path_factory: pytest.TempPathFactory, fixture_root: Path) -> dict[str, tuple[Path, Path | None]]:
-    from specparity.fixtures.dspark import build_dspark_pair
+def built_pairs(tmp_path_factory: pytest.TempPathFactory, fixture_root: Path) -> dict[str, Any]:
+    """Each engine's fixture as its format's builder returns it (a :class:`specparity.fixtures.Fixture`)."""
     from specparity.engines.dfly_mlx.fixtures import build_dfly_pair
     from specparity.engines.mtplx.fixtures import build_mtp_target
+    from specparity.fixtures.dspark import build_dspark_pair
 
     for name in ("dflash-mlx", "mlx-dspark", "dspark-mlx", "dfly-mlx", "mtplx"):
         built(name)
     root = tmp_path_factory.mktemp("user-built")
-    dspark = cached(build_dspark_pair, root, "user-dspark").to_dict()
-    pairs = {"mlx-lm": build(fixture_root, "llama-float32", arch="llama").to_dict(),
-             "dflash-mlx": dflash_info(fixture_root, "qwen3", 8).to_dict(),
-             "mlx-dspark": dspark, "dspark-mlx": dspark,
-             "dfly-mlx": cached(build_dfly_pair, root, "user-dfly"),
-             "mtplx": cached(build_mtp_target, root, "user-mtp")}
+    dspark = cached(build_dspark_pair, root, "user-dspark")
+    return {"mlx-lm": build(fixture_root, "llama-float32", arch="llama"),
+            "dflash-mlx": dflash_info(fixture_root, "qwen3", 8),
+            "mlx-dspark": dspark, "dspark-mlx": dspark,
+            "dfly-mlx": cached(build_dfly_pair, root, "user-dfly"),
+            "mtplx": cached(build_mtp_target, root, "user-mtp")}
+
+
+@pytest.fixture(scope="module")
+def user_pairs(tmp_path_factory: pytest.TempPathFactory, built_pairs: dict[str, Any]
+               ) -> dict[str, tuple[Path, Path | None]]:
     users = tmp_path_factory.mktemp("user-copies")
-    return {engine: _user_copy(pair, users / engine) for engine, pair in pairs.items()}
+    return {engine: _user_copy(pair.to_dict(), users / engine) for engine, pair in built_pairs.items()}
+
+
+def test_every_fixture_format_is_one_result_type_that_reads_back(built_pairs: dict[str, Any]) -> None:
+    """Fixtures by format, one result type: every format's builder (plain, dflash, dspark, dfly, mtp) returns a
+    :class:`Fixture` of the kind its engine's drafter format names, which its record reads back as it was built
+    (from the folder, wherever the build ran); another format's folder is refused, naming both."""
+    from specparity import engines
+    from specparity.errors import UsageError
+    from specparity.fixtures import Fixture
+
+    kinds = set()
+    for engine, made in built_pairs.items():
+        assert isinstance(made, Fixture), (engine, type(made))
+        assert made.kind == (engines.get(engine).fixture_kind or "plain"), (engine, made.kind)
+        folder = Path(made.target).parent
+        again = type(made).load(folder)
+        members = {"target": str(folder / "target"), "draft": str(folder / "draft") if made.draft else None}
+        assert type(again) is type(made) and again.to_dict() == {**made.to_dict(), **members}
+        kinds.add(made.kind)
+        other = next(p for p in built_pairs.values() if p.kind != made.kind)
+        with pytest.raises(UsageError, match=f"holds a {other.kind} fixture, not {type(made).WHAT}"):
+            type(made).load(Path(other.target).parent)
+    assert kinds == {"plain", "dflash", "dspark", "dfly", "mtp"}
 
 
 def _expected(engine: str, command: str, prompt: str) -> tuple[int, str]:

@@ -7,19 +7,30 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from specparity.errors import UsageError
 from specparity.fixtures import MadeFixture, accept_mix_warning, pair_lines
+from specparity.fixtures.dflash import DFlashFixtureInfo
 from specparity.fixtures.dspark import building
 
 DFLY_KIND = "dfly"
 DFLY_FC_SCALE = 1e3  # fc scaled up: hidden_norm(c * fc(x) + fusion) is hidden_norm(fc(x)) to ~1/c
 
 
+@dataclass(kw_only=True)
+class DFlyFixtureInfo(DFlashFixtureInfo):
+    """What :func:`build_dfly_pair` made: the DFlash pair's build details (its accept mix is the DFlash
+    drafter's), the DFly drafter in ``draft``. derived_from: the DFlash pair it was made from."""
+
+    derived_from: str = ""
+    kind: str = DFLY_KIND
+    WHAT: ClassVar[str] = "a DFly pair"
+
+
 def build_dfly_pair(out: str | os.PathLike, shape: str = "qwen3", dtype: str = "float32", tied: bool = False,
-                    block_size: int = 8, overwrite: bool = False) -> dict[str, Any]:
+                    block_size: int = 8, overwrite: bool = False) -> DFlyFixtureInfo:
     """Build ``out/target`` and ``out/draft``: a DFly drafter (dfly-mlx 0.1.0's format) from a fitted DFlash pair.
 
     DFly is dflash-mlx's DFlash drafter plus a per-layer fusion of the raw target features
@@ -41,16 +52,8 @@ def build_dfly_pair(out: str | os.PathLike, shape: str = "qwen3", dtype: str = "
 
     out = Path(out)
     check_out_dir(out, overwrite)  # a directory of the user's, or a link, is refused before any work
-    marker = out / "fixture.json"
     if out.exists() and not overwrite:
-        data = json.loads(marker.read_text()) if marker.exists() else {}
-        if data.get("kind") != DFLY_KIND:
-            raise UsageError(f"{out} exists and is not a specparity DFly fixture: choose another DIR")
-        asked = {"shape": shape, "dtype": dtype, "tied": bool(tied), "block_size": block_size}
-        differs = {k: v for k, v in asked.items() if data.get(k) != v}
-        if differs:
-            raise UsageError(f"{out} holds a DFly fixture built with other arguments ({', '.join(differs)})")
-        return data
+        return DFlyFixtureInfo.existing(out, shape=shape, dtype=dtype, tied=bool(tied), block_size=block_size)
     parent = out.parent / (out.name + ".dflash")
     base = build_dflash_pair(parent, shape=shape, block_size=block_size, dtype=dtype, tied=tied, balance=0.0)
     from specparity.fixtures import publishing
@@ -80,9 +83,9 @@ def build_dfly_pair(out: str | os.PathLike, shape: str = "qwen3", dtype: str = "
         })
         mx.save_safetensors(str(path), w, metadata={"format": "mlx"})
         (tmp / "draft" / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
-        info = {**base.to_dict(), "kind": DFLY_KIND, "target": str(out / "target"), "draft": str(out / "draft"),
-                "derived_from": str(parent)}
-        (tmp / "fixture.json").write_text(json.dumps(info, indent=2))
+        info = DFlyFixtureInfo(**{**base.to_dict(), "kind": DFLY_KIND, "target": str(out / "target"),
+                                  "draft": str(out / "draft"), "derived_from": str(parent)})
+        (tmp / "fixture.json").write_text(json.dumps(info.record(), indent=2))
     return info
 
 
@@ -92,6 +95,7 @@ def dfly_format(out: str | os.PathLike, *, shape: str, dtype: str, tied: bool, b
     seed is its own: ``seed`` is not used; ``block_size`` None: 8)."""
     block = block_size if block_size is not None else 8
     building(note, out, overwrite, f"a DFly {shape} pair (block {block}, {dtype})")
-    record = build_dfly_pair(out, shape=shape, dtype=dtype, tied=tied, block_size=block, overwrite=overwrite)
+    record = build_dfly_pair(out, shape=shape, dtype=dtype, tied=tied, block_size=block,
+                             overwrite=overwrite).to_dict()
     return MadeFixture(record, pair_lines(record, "DFly drafter: the target's embedding and head"),
                        accept_mix_warning(record))

@@ -7,20 +7,42 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from specparity.errors import UsageError
-from specparity.fixtures import MadeFixture
+from specparity.fixtures import Fixture, MadeFixture
 from specparity.fixtures.dflash import SHAPES, target_config
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class MTPFixtureInfo(Fixture):
+    """What :func:`build_mtp_target` made: a target with MTP heads inside it (``draft``: None).
+
+    shape, shape_note, dtype, tied, seed: how it was built. mtp_file / mtp_layers / mtp_tensors: the heads
+    as mtplx loads them. fit_prompts: the built-in prompts as token ids.
+    """
+
+    shape: str
+    shape_note: str
+    dtype: str
+    tied: bool
+    seed: int
+    mtp_file: str = ""
+    mtp_layers: int = 1
+    mtp_tensors: list[str] = field(default_factory=list)
+    fit_prompts: list[list[int]] = field(default_factory=list)
+    kind: str = "mtp"
+    WHAT: ClassVar[str] = "an MTP target"
 
 def mtp_format(out: str | os.PathLike, *, shape: str, dtype: str, tied: bool, block_size: int | None, seed: int,
                overwrite: bool, note: Callable[[str], None]) -> MadeFixture:
     """``fixtures make --dflash qwen3_5 --drafter-format mtp``: a target with MTP heads, no drafter
     (``block_size`` does not apply: mtplx's depth is its own)."""
-    record = build_mtp_target(out, shape=shape, dtype=dtype, tied=tied, seed=seed, overwrite=overwrite)
+    record = build_mtp_target(out, shape=shape, dtype=dtype, tied=tied, seed=seed, overwrite=overwrite).to_dict()
     lines = [f"target: {record['target']} ({record['shape_note']}; {'tied' if record['tied'] else 'untied'} head)",
              f"MTP heads: {record['target']}/{record['mtp_file']} ({record['mtp_layers']} layer,"
              f" {len(record['mtp_tensors'])} tensors, mtplx's format)"]
@@ -56,7 +78,7 @@ def mtp_head_weights(config: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 def build_mtp_target(out: str | os.PathLike, shape: str = "qwen3_5", dtype: str = "float32", tied: bool = False,
-                     seed: int = 0, overwrite: bool = False) -> dict[str, Any]:
+                     seed: int = 0, overwrite: bool = False) -> MTPFixtureInfo:
     """Build ``out/target``: a ``qwen3_5`` target (mlx-lm) with MTP heads attached in mtplx's format
     (``mtp.safetensors`` beside the weights, ``mtp_num_hidden_layers: 1`` in its config), atomically; the
     fixture's record. MTP heads live inside the target: there is no drafter directory (``draft``: None).
@@ -70,17 +92,8 @@ def build_mtp_target(out: str | os.PathLike, shape: str = "qwen3_5", dtype: str 
     if not shape.startswith("qwen3_5"):
         raise UsageError(f"--drafter-format mtp: MTP heads attach to a qwen3_5 target (mtplx's dense family),"
                          f" not {shape!r}")
-    asked = {"shape": shape, "dtype": dtype, "tied": bool(tied), "seed": seed}
     if out.exists() and not overwrite:
-        marker = out / "fixture.json"
-        data = json.loads(marker.read_text()) if marker.exists() else {}
-        if data.get("kind") != MTP_KIND:
-            raise UsageError(f"{out} exists and is not a specparity MTP fixture: choose another DIR")
-        differs = {k: v for k, v in asked.items() if data.get(k) != v}
-        if differs:
-            said = ", ".join(f"{k} {data.get(k)!r} (asked {v!r})" for k, v in differs.items())
-            raise UsageError(f"{out} holds an MTP fixture built with {said}: build into another directory")
-        return dict(data)
+        return MTPFixtureInfo.existing(out, shape=shape, dtype=dtype, tied=bool(tied), seed=seed)
     import mlx.core as mx
     from tokenizers import Tokenizer
 
@@ -102,10 +115,11 @@ def build_mtp_target(out: str | os.PathLike, shape: str = "qwen3_5", dtype: str 
         # mtplx counts MTP layers from the text config's mtp_num_hidden_layers (mlx-lm ignores the key)
         (tmp / "target" / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}, indent=2,
                                                                sort_keys=True))
-        info = {"kind": MTP_KIND, "target": str(out / "target"), "draft": None, **asked,
-                "shape_note": SHAPES[shape][1], "mtp_file": MTP_FILE, "mtp_layers": 1,
-                "mtp_tensors": sorted(head), "fit_prompts": [tok.encode(t).ids for t in DEFAULT_PROMPTS]}
-        (tmp / "fixture.json").write_text(json.dumps(info, indent=2))
+        info = MTPFixtureInfo(target=str(out / "target"), draft=None, shape=shape, dtype=dtype, tied=bool(tied),
+                              seed=seed, shape_note=SHAPES[shape][1],
+                              mtp_file=MTP_FILE, mtp_layers=1, mtp_tensors=sorted(head),
+                              fit_prompts=[tok.encode(t).ids for t in DEFAULT_PROMPTS])
+        (tmp / "fixture.json").write_text(json.dumps(info.record(), indent=2))
     log.info("built MTP %s %s fixture in %s (%d head tensors)", shape, dtype, out, len(head))
     return info
 
