@@ -67,6 +67,7 @@ class Completion:
     usage: the response's usage object. finish_reason: as the server said.
     seconds: wall time of the request. status: HTTP status (0: no response).
     error: why there is no completion. raw: the response (non-streamed) or the last chunk.
+    limit_seconds: the time limit it was sent under (harness.limits; None: not sent by the runner).
     """
 
     text: str = ""
@@ -80,6 +81,7 @@ class Completion:
     status: int = 0
     error: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    limit_seconds: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -119,6 +121,7 @@ def send(client: Any, base_url: str, req: Request, profile: Profile, extra: dict
     except httpx.HTTPError as err:  # a body that does not decode (content-encoding), ...
         out = Completion(error=f"unreadable response: {type(err).__name__}: {err}")
     out.seconds = time.perf_counter() - t0
+    out.limit_seconds = timeout
     out.sha256 = hashlib.sha256(out.text.encode("utf-8")).hexdigest()
     return out
 

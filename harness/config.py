@@ -21,7 +21,8 @@
     controls: [{name: no-compile, env: {MLX_DISABLE_COMPILE: "1"}, width: 4}]
     profile: llama.cpp              # every pairing's profile (overrides each pairing's own)
     start_timeout: 120
-    request_timeout: 120
+    request_timeout: 300            # seconds for every request (default: derived from what the job
+                                    # measures: harness/limits.py)
     reference: true                 # every completion also against classic decode computed in process
     reference_beside: false         # true: the reference's worker stays beside the servers (faster, a
                                     # second copy of the target in memory); false: only while no server runs

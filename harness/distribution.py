@@ -100,7 +100,8 @@ class PairingRunner(Protocol):
 
     def request_fields(self, plan: ArmPlan) -> dict[str, Any]: ...
 
-    def send(self, client: Any, session: Session, req: Request, fields: dict[str, Any]) -> Exchange: ...
+    def send(self, client: Any, session: Session, req: Request, fields: dict[str, Any],
+             plan: ArmPlan | None = None) -> Exchange: ...
 
     def stop_session(self, session: Session) -> int | None: ...
 
@@ -262,7 +263,7 @@ def run_distribution(pr: PairingRunner, plans: list[ArmPlan]) -> list[ArmResult]
                 for reqs, into in batches:
                     pr.run_.note(f"  {len(reqs)} requests at temperature {reqs[0].body['temperature']:g}")
                     for req in reqs:
-                        ex = pr.send(client, session, req, fields)
+                        ex = pr.send(client, session, req, fields, plan)
                         ok = Verdict.MATCH if ex.completion.ok else Verdict.ERROR
                         into.append(RequestResult(req.id, KIND, ok, ex.completion.error or "", ex.completion,
                                                   req.to_dict(), ex.evidence))

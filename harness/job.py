@@ -86,7 +86,7 @@ class Job:
     controls: list[Control] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     start_timeout: float = 120.0
-    request_timeout: float = 120.0
+    request_timeout: float | None = None  # None: derived from what the job measures (harness.limits)
     source: str = "built-in"
     distribution: DistSpec | None = None
     reference: bool = True

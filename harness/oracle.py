@@ -38,8 +38,9 @@ import signal
 import subprocess
 import tempfile
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 from specparity.harness.lifecycle import end_watcher, register, spawn_tied, unregister
 from specparity.tied import wait_group_gone
@@ -56,7 +57,22 @@ from specparity.reference import (
 log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT = 300.0
+
+
+class Phases(Protocol):
+    """Where the oracle's waits are counted (harness.timing.Clock)."""
+
+    def phase(self, name: str) -> AbstractContextManager[None]: ...
+
+
+class _Untimed:
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        return nullcontext()
 CLOSE_TIMEOUT = 10.0  # seconds the worker has to exit once its input is closed
+
+
+class NeedsWorker(Exception):
+    """An offline oracle (:attr:`Oracle.offline`) was asked what only a loaded worker can answer."""
 
 
 @dataclass
@@ -104,6 +120,10 @@ class Oracle:
         self.worker_peaks: list[int | None] = []  # each ended worker's peak resident bytes
         self.workers = 0  # workers started
         self.waiting = False  # the live worker was started with --wait-load and has not been told to load
+        self.clock: Phases = _Untimed()  # the runner's: waits on the worker counted by phase
+        # True: answer only from what earlier workers decoded; a question needing a loaded worker raises
+        # NeedsWorker instead of starting one (the runner judges such arms later, all with one worker)
+        self.offline = False
 
     @property
     def name(self) -> str:
@@ -146,6 +166,10 @@ class Oracle:
             raise interrupted
 
     def _start(self) -> None:
+        with self.clock.phase("reference_load"):
+            self._load()
+
+    def _load(self) -> None:
         self.spawn()
         if self.proc is None or self.load_seconds is not None:
             return
@@ -183,8 +207,19 @@ class Oracle:
             if isinstance(obj, dict):
                 return obj
 
+    @property
+    def hits_so_far(self) -> int:
+        """Answers given from the oracle's own cache so far (a deferred judgment puts its count back)."""
+        return self._hits
+
+    @hits_so_far.setter
+    def hits_so_far(self, n: int) -> None:
+        self._hits = n
+
     def _ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
         if self.failed is None and (self.proc is None or self.load_seconds is None):
+            if self.offline:
+                raise NeedsWorker(self.name)
             self._start()
         if self.failed is not None or self.proc is None or self.proc.stdin is None:
             return None
@@ -228,7 +263,8 @@ class Oracle:
                                "prompt_ids": prompt_ids, "server_prompt_ids": server_prompt_ids}
         if settings is not None:
             req["settings"] = settings.to_dict()
-        reply = self._ask(req)
+        with self.clock.phase("reference_decode"):
+            reply = self._ask(req)
         if reply is None:
             return Answer(error=self.failed or "the classic reference is unavailable")
         if not reply.get("ok"):
@@ -252,7 +288,8 @@ class Oracle:
         req: dict[str, Any] = {"cold": True, "endpoint": endpoint, "body": body, "draft_model": draft_model}
         if settings is not None:
             req["settings"] = settings.to_dict()
-        reply = self._ask(req)
+        with self.clock.phase("reference_cold"):
+            reply = self._ask(req)
         if reply is None:
             return None, self.failed or "the classic reference is unavailable"
         if not reply.get("ok"):
@@ -321,6 +358,12 @@ class Oracle:
         self._end(graceful=False)
 
     def _end(self, graceful: bool) -> None:
+        if self.proc is None:
+            return
+        with self.clock.phase("reference_stop"):
+            self._end_now(graceful)
+
+    def _end_now(self, graceful: bool) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
             return

@@ -15,6 +15,7 @@ from typing import Any
 from specparity.completions import CompletionDifference
 from specparity.harness.client import Completion
 from specparity.harness.evidence import Evidence
+from specparity.harness.limits import limits_line
 from specparity.harness.plan import BASELINE_END, BASELINE_START, DRAFTING_KINDS, ArmKind, WidthMode
 from specparity.harness.profiles import Width
 from specparity.verdicts import ReportMixin, Verdict, combine
@@ -171,6 +172,8 @@ class PairingResult:
 
     causes: per request that left classic decode, the cause its finding names, as fields
     (harness.judge.request_causes: request, arms, whom, state, cause, finding, ...).
+    request_limits: how its requests' time limits were set and each arm's (harness.limits.RequestLimits).
+    time: where its wall time went, in seconds by phase (harness.run.Clock.to_dict).
     """
 
     name: str
@@ -186,6 +189,8 @@ class PairingResult:
     reference_cost: dict[str, Any] | None = None
     causes: list[dict[str, Any]] = field(default_factory=list)
     memory: dict[str, Any] | None = None
+    request_limits: dict[str, Any] | None = None
+    time: dict[str, Any] | None = None
 
     def _reference_digest(self, request_ids: list[str]) -> str | None:
         if not request_ids or any(rid not in self.reference for rid in request_ids):
@@ -229,7 +234,8 @@ class PairingResult:
                 "verdict": self.verdict, "reason": self.reason, "width_mode": self.width_mode,
                 "groups": self.groups(), "request_groups": self.request_groups(),
                 "findings": self.findings, "causes": self.causes, "reference": self.reference,
-                "reference_cost": self.reference_cost, "memory": self.memory,
+"reference_cost": self.reference_cost, "memory": self.memory,
+                "request_limits": self.request_limits, "time": self.time,
                 "arms": [a.to_dict(with_requests) for a in self.arms]}
 
     def cause(self, arm: str, request: str) -> dict[str, Any] | None:
@@ -246,7 +252,7 @@ class PairingResult:
                     for a in d.get("arms") or []],
                    list(d.get("findings") or []), WidthMode(d.get("width_mode") or WidthMode.PROCESS),
                    dict(d.get("reference") or {}), d.get("reference_cost"), list(d.get("causes") or []),
-                   d.get("memory"))
+                   d.get("memory"), d.get("request_limits"), d.get("time"))
 
 
 def _mb(n: Any) -> str:
@@ -275,6 +281,16 @@ def memory_lines(mem: dict[str, Any] | None) -> list[str]:
                    + (f"; expected {_mb(mem.get('expected_bytes'))} before it started" if mem.get("expected_bytes")
                       else ""))
     return out
+
+
+def time_lines(spent: dict[str, Any] | None) -> list[str]:
+    """Where a pairing's wall time went (``PairingResult.time``), as the report states it."""
+    if not spent or not spent.get("wall_s"):
+        return []
+    wall = spent["wall_s"]
+    parts = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in spent.items()
+                      if k != "wall_s" and isinstance(v, (int, float)) and v >= 0.05)
+    return [f"  time: {wall:.1f} s wall: {parts}"]
 
 
 def format_groups(groups: list[list[str]]) -> str:
@@ -389,6 +405,10 @@ class ServedReport(ReportMixin):
                            f" ({c.get('tokens')} tokens, {c.get('seconds', 0.0):.2f} s, model load"
                            f" {c.get('load_seconds', 0.0):.2f} s), {c.get('hits')} answered from its cache")
             out += memory_lines(p.memory)
+            limits = limits_line(p.request_limits)
+            if limits:
+                out.append(limits)
+            out += time_lines(p.time)
             out.append(f"  pairing verdict: {p.verdict}" + (f" ({p.reason})" if p.reason else ""))
         return out
 

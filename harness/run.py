@@ -39,7 +39,9 @@ from specparity.harness.client import Completion, Request, send
 from specparity.harness.config import Job, Pairing
 from specparity.harness.judge import ClassicAnswer, Cold, classic_answer, judge_arm, judge_pairing, judge_request
 from specparity.harness.lifecycle import HOST, Server, ServerStartError, scratch_dir
-from specparity.harness.oracle import Oracle
+from specparity.harness.limits import LimitRule, RequestLimits
+from specparity.harness.timing import Clock
+from specparity.harness.oracle import NeedsWorker, Oracle
 from specparity.harness.plan import BASELINE_START, ArmKind, ArmPlan, Drafter, WidthMode, build_sequence, plan_arms
 from specparity.harness.profiles import NOT_EXERCISED, Profile, load_profile
 from specparity.harness.reproduce import Finding, Sent, ServerHistory, reproduce
@@ -70,6 +72,14 @@ class Served:
     exchanges: list[Exchange] = field(default_factory=list)
     first: int = 0
     seconds: float = 0.0
+
+
+def _emitted(comp: Completion) -> int | None:
+    """The tokens a completion emitted, as its usage or its token ids say (None: neither says)."""
+    n = (comp.usage or {}).get("completion_tokens")
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n
+    return len(comp.token_ids) if comp.token_ids else None
 
 
 def _config(checkpoint: str) -> dict[str, Any]:
@@ -106,7 +116,8 @@ class ServedRun:
     """Runs a job; ``on_arm(pairing, arm)`` is called as each arm finishes (the record's hook).
 
     observer: progress (notes and the arms part) as every command reports it.
-    start_timeout / request_timeout: override the job's. shard: run only that shard's arms.
+    start_timeout / request_timeout: override the job's (no request_timeout anywhere: each request's limit
+    is derived from what the job measured, harness.limits, by ``limit_rule``). shard: run only that shard's arms.
     memory_limit: the memory the job may use (``--memory-limit``, e.g. ``16GB``; default
     $SPECPARITY_MEMORY_LIMIT, else what the machine has): a job expected to need more is refused
     before any server starts (harness.memory).
@@ -116,7 +127,7 @@ class ServedRun:
                  on_arm: Callable[[PairingResult, ArmResult], None] | None = None,
                  observer: Observer = NULL, start_timeout: float | None = None,
                  request_timeout: float | None = None, shard: Shard | None = None,
-                 memory_limit: str | None = None):
+                 memory_limit: str | None = None, limit_rule: LimitRule | None = None):
         self.job = job
         self.shard = shard
         # absolute: servers run with cwd=workdir, so a relative --record-dir would name nothing there
@@ -126,7 +137,8 @@ class ServedRun:
         self.on_arm = on_arm or (lambda p, a: None)
         self.observer = observer
         self.start_timeout = start_timeout or job.start_timeout
-        self.request_timeout = request_timeout or job.request_timeout
+        self.request_timeout = request_timeout or job.request_timeout  # None: derived per request
+        self.limit_rule = limit_rule or LimitRule()
         self.arm_count = 0
         self.arm_total = 0
         self._versions: dict[tuple[str, str], Future[str | None]] = {}
@@ -217,6 +229,8 @@ class PairingRun:
         self.reference: dict[str, str] = {}  # request id -> classic decode's text sha256
         self._prompt_ids: dict[str, list[int]] = {}
         self.findings: list[str] = []
+        self.limits = RequestLimits(run.limit_rule, run.request_timeout)
+        self.clock = Clock()
         # the reference beside the servers (a second copy of the target) only where the job opts in
         self.beside = bool(self.job.reference_beside)
         config = _config(pairing.target)
@@ -298,7 +312,9 @@ class PairingRun:
         """Every arm of the pairing (``only``: these arm names), judged; the distribution arms last."""
         p = self.pairing
         res = PairingResult(p.name, self.profile.name, p.target, p.draft, width_mode=self.width_mode)
-        why = self.prepare()
+        self.clock = Clock()
+        with self.clock.phase("prepare"):
+            why = self.prepare()
         if why:
             res.verdict, res.reason = Verdict.ERROR, why
             return res
@@ -310,34 +326,46 @@ class PairingRun:
         baseline: dict[str, Completion] = {}
         pending: list[Served] = []
         try:
-            if arms:  # the worker starts with the first server: loading beside it where opted in (and stays),
-                # else only importing mlx-lm, holding no weights, until the first question (that server gone)
-                self.oracle([str(a) for a in self.server_argv(arms[0])], load=self.beside)
+            if arms and self.beside:  # the worker loads beside the first server, and stays
+                self.oracle([str(a) for a in self.server_argv(arms[0])], load=True)
+            elif arms:  # one copy of the target at a time: classic decode first, before any server
+                self.classic_first(arms[0])
             for i, plan in enumerate(arms):
                 self.run_.arm_started(p.name, plan.name)
+                last = i == len(arms) - 1
+                if last and pending and self._oracle is not None and not self.beside:
+                    # a worker for the arms left waiting for one: its imports beside this last server, no
+                    # weights held; it loads once that server is gone
+                    self._oracle.spawn(load=False)
                 keep = any(a.server_key == plan.server_key for a in arms[i + 1:])
                 served = self.serve_arm(plan, stop=not keep)
                 if plan.name == BASELINE_START:
                     baseline = {ex.request.id: ex.completion for ex in served.exchanges}
                 pending.append(served)
-                # the reference judges once no server is resident (opted in beside them: at once)
+                # the reference judges once no server is resident (opted in beside them: at once); until the
+                # last arm, only arms whose every answer it already has: the rest wait for one worker at the end
                 if self.beside or not self.sessions:
-                    self.flush(res, pending, baseline)
+                    self.flush(res, pending, baseline, offline=not (self.beside or last))
+            if pending:
+                self.flush(res, pending, baseline)
             if dist:
                 from specparity.harness.distribution import run_distribution
 
-                for arm in run_distribution(self, dist):
+                for arm in run_distribution(self, dist):  # its servers' phases timed as the others'
                     res.arms.append(arm)
                     self.run_.arm_finished(res, arm)
         finally:
-            for s in self.sessions.values():
-                s.server.stop()
+            with self.clock.phase("server_stop"):
+                for s in self.sessions.values():
+                    s.server.stop()
             if self._oracle is not None:
                 res.reference_cost = self._oracle.cost_dict()
                 if self._oracle.failed:
                     self.note_once(self._oracle.failed)
                 self._oracle.close()
             res.memory = self.memory_summary(res)
+            res.request_limits = self.limits.to_dict()
+            res.time = self.clock.to_dict()
         res.reference = dict(self.reference)
         res.findings += self.findings
         judge_pairing(res)
@@ -387,13 +415,15 @@ class PairingRun:
             self._oracle.release()  # one copy of the target at a time: the worker ends before a server starts
         self.run_.note(f"  starting {session.server.name}")
         session.server_dir.mkdir(parents=True, exist_ok=True)
-        version_env = {**os.environ, **{k: v for k, v in self.server_env.items() if v is not None}}
+        version_env = self._version_env()
         if self.beside:
             self.run_.start_version(self.profile, self.target, self.python, version_env)
         else:  # read before the server starts: its interpreter (mlx-lm imported) would sit beside the server
-            self.run_.version(self.profile, self.target, self.python, version_env)
+            with self.clock.phase("version_line"):
+                self.run_.version(self.profile, self.target, self.python, version_env)
         try:
-            session.server.start()
+            with self.clock.phase("server_start"):
+                session.server.start()
         except ServerStartError as err:
             session.info["log_tail"] = err.log_tail
             session.info["returncode"] = err.returncode
@@ -401,11 +431,16 @@ class PairingRun:
         session.info["argv"] = list(session.server.resolved_argv)  # as run: the port filled in
         session.info["start_seconds"] = session.server.times.start
         session.info["pid"] = session.server.pid
-        session.info["version"] = self.run_.version(self.profile, self.target, self.python, version_env)
+        with self.clock.phase("version_line"):
+            session.info["version"] = self.run_.version(self.profile, self.target, self.python, version_env)
 
-    @staticmethod
-    def stop_session(session: Session) -> int | None:
-        return session.server.stop()
+    def _version_env(self) -> dict[str, str]:
+        """The environment the profile's version line runs in: the servers'."""
+        return {**os.environ, **{k: v for k, v in self.server_env.items() if v is not None}}
+
+    def stop_session(self, session: Session) -> int | None:
+        with self.clock.phase("server_stop"):
+            return session.server.stop()
 
     def request_fields(self, plan: ArmPlan) -> dict[str, Any]:
         """Fields an arm adds to each request: the width, where the profile sets it per request."""
@@ -414,12 +449,22 @@ class PairingRun:
         return {}
 
     # -- requests ------------------------------------------------------------------------------
-    def send(self, client: Any, session: Session, req: Request, fields: dict[str, Any]) -> Exchange:
-        """Send one request and read its evidence."""
-        srv, timeout = session.server, self.run_.request_timeout
+    def send(self, client: Any, session: Session, req: Request, fields: dict[str, Any],
+             plan: ArmPlan | None = None) -> Exchange:
+        """Send one request (for ``plan``'s arm: its time limit, harness.limits) and read its evidence."""
+        with self.clock.phase("evidence"):
+            return self._send(client, session, req, fields, plan)
+
+    def _send(self, client: Any, session: Session, req: Request, fields: dict[str, Any],
+              plan: ArmPlan | None) -> Exchange:
+        srv, timeout = session.server, self.limits.limit(plan, req)
         before = evidence_mod.mark(client, srv.url, session.witness_file, srv.log_path, self.profile, timeout)
         engine_mark = self.engine.mark(session)
-        comp = send(client, srv.url, req, self.profile, fields, timeout=timeout)
+        with self.clock.phase("generation"):
+            comp = send(client, srv.url, req, self.profile, fields, timeout=timeout)
+        if plan is not None and comp.ok and not plan.drafts and not plan.concurrency:
+            # a drafter-less server, one request at a time: what later arms' limits follow
+            self.limits.observe(req.id, comp.seconds, _emitted(comp), plan.name)
         if not comp.ok and not srv.alive():
             code = srv.proc.returncode if srv.proc else None
             comp.error = (comp.error or "") + f" (the server exited with code {code}; log tail: {srv.tail(5)!r})"
@@ -433,19 +478,23 @@ class PairingRun:
         return Exchange(req, comp, ev, ids)
 
     def send_concurrent(self, client: Any, session: Session, requests: list[Request], fields: dict[str, Any],
-                        n: int) -> list[Exchange]:
-        """The requests ``n`` at a time; a batch shares its evidence slices."""
+                        plan: ArmPlan) -> list[Exchange]:
+        """The requests ``plan.concurrency`` at a time; a batch shares its evidence slices."""
         out: list[Exchange] = []
-        srv, timeout = session.server, self.run_.request_timeout
-        with ThreadPoolExecutor(max_workers=n) as pool:
+        n = plan.concurrency
+        srv = session.server
+        with ThreadPoolExecutor(max_workers=n) as pool, self.clock.phase("evidence"):
             for k in range(0, len(requests), n):
                 batch = requests[k:k + n]
+                limits = {r.id: self.limits.limit(plan, r) for r in batch}
+                timeout = max(limits.values())
                 self.run_.note(f"  requests {', '.join(r.id for r in batch)} at once")
                 before = evidence_mod.mark(client, srv.url, session.witness_file, srv.log_path, self.profile,
                                            timeout)
                 t0 = time.perf_counter()
-                comps = list(pool.map(lambda r: send(client, srv.url, r, self.profile, fields, timeout=timeout),
-                                      batch))
+                with self.clock.phase("generation"):
+                    comps = list(pool.map(lambda r: send(client, srv.url, r, self.profile, fields,
+                                                         timeout=limits[r.id]), batch))
                 session.generation += time.perf_counter() - t0
                 after = evidence_mod.read_counter(client, srv.url, self.profile, timeout)
                 for r, c in zip(batch, comps):
@@ -473,9 +522,11 @@ class PairingRun:
             # classic path is its sequential one (dflash serve: mlx_lm.server's _serve_single)
             self._oracle = Oracle(target, trust, self.python, self.server_env,
                                   ServerSettings.from_argv([str(a) for a in argv]),
-                                  timeout=max(self.run_.request_timeout, 60.0),
+                                  timeout=self.limits.answer_limit(),
                                   batches=self.profile.loop in (LOOP, SPECPARITY_SERVE_LOOP))
+            self._oracle.clock = self.clock
             self._oracle.spawn(load=load)
+        self._oracle.timeout = self.limits.answer_limit()  # as long as the slowest request measured may take
         return self._oracle
 
     def classic(self, session: Session, ex: Exchange, fields: dict[str, Any]) -> ClassicAnswer | None:
@@ -506,6 +557,8 @@ class PairingRun:
         fields = self.request_fields(plan)
         own = {ex.request.id: ex.completion for ex in exchanges}
         exact = self.profile.arithmetic == "mlx"
+        judged: list[tuple[int, Exchange, RequestResult]] = []
+        # every answer first (a NeedsWorker leaves the arm untouched), then reproductions and the arm
         for i, ex in enumerate(exchanges):
             classic = self.classic(session, ex, fields)
             base = baseline.get(ex.request.id)
@@ -519,6 +572,8 @@ class PairingRun:
                 cold = self.cold(session, first + i, plan, ex, fields)
                 r = judge_request(plan, ex.request, ex.completion, ex.evidence, base, classic, cold, exact=exact,
                                   dtype=self.dtype)
+            judged.append((i, ex, r))
+        for i, ex, r in judged:
             if r.verdict == Verdict.DIVERGED and r.reproduction is None:
                 r.reproduction = self.reproduction(session, first + i, plan, r, ex)
                 r.replay = r.reproduction.get("command")
@@ -603,6 +658,43 @@ class PairingRun:
         except SpecparityError as err:
             return {"command": None, "reason": f"could not write the reproduction ({err})"}
 
+    def classic_first(self, plan: ArmPlan) -> None:
+        """Classic decode of every request whose text does not depend on a server's answer, before any
+        server starts (the worker loaded once, then ended: one copy of the target at a time). A second
+        turn carries classic decode's own first-turn answer: a server that answers the first turn as
+        classic decode does sends those very bytes, and its second turn is answered from here too.
+        Each answer's time is what the first requests' time limits follow (harness.limits)."""
+        from specparity.harness.limits import CLASSIC
+        from specparity.mlx_server import ServerSettings
+
+        argv = [str(a) for a in self.server_argv(plan)]
+        oracle = self.oracle(argv, load=True)
+        if oracle is None:
+            return
+        # the version line's interpreter (mlx-lm imported, no weights) beside the worker, not a server
+        self.run_.start_version(self.profile, self.target, self.python, self._version_env())
+        settings = ServerSettings.from_argv(argv)
+        fields = self.request_fields(plan)
+        history: dict[str, str] = {}
+        asked: set[str] = set()
+        while True:
+            new = [r for r in build_sequence(self.job, self.endpoint, history) if r.id not in asked]
+            if not new:
+                break
+            for r in new:
+                asked.add(r.id)
+                if r.repeats:  # the same body as an earlier request: one answer
+                    continue
+                answer = oracle.complete(r.endpoint, {**r.body, **fields}, settings)
+                if answer.completion is None:  # judging says why, request by request
+                    oracle.release()
+                    return
+                got = answer.completion
+                self.limits.observe(r.id, got.seconds, len(got.token_ids), CLASSIC)
+                if r.turn == 1:
+                    history[r.id] = got.text
+        oracle.release()
+
     def note_once(self, finding: str) -> None:
         if finding not in self.findings:
             self.findings.append(finding)
@@ -653,14 +745,14 @@ class PairingRun:
         requests = build_sequence(self.job, self.endpoint, self.history)
         with loopback_client() as client:
             if plan.concurrency:
-                exchanges = self.send_concurrent(client, session, requests, fields, plan.concurrency)
+                exchanges = self.send_concurrent(client, session, requests, fields, plan)
             else:
                 exchanges = []
                 i = 0
                 while i < len(requests):
                     req = requests[i]
                     self.run_.note(f"  request {req.id}")
-                    exchanges.append(self.send(client, session, req, fields))
+                    exchanges.append(self.send(client, session, req, fields, plan))
                     if owner and req.turn == 1 and exchanges[-1].completion.ok:
                         # the next turn carries this answer: every arm sends the same bytes
                         self.history[req.id] = exchanges[-1].completion.text
@@ -679,28 +771,52 @@ class PairingRun:
         if session is None:
             return
         served.arm.server["peak_rss_bytes"] = memory.peak_rss(session.server.pid, self.run_.sampler)
-        session.server.stop()
+        with self.clock.phase("server_stop"):
+            session.server.stop()
         self.sessions.pop(served.plan.server_key, None)
         served.arm.server["returncode"] = session.server.proc.returncode if session.server.proc else None
 
-    def flush(self, res: PairingResult, pending: list[Served], baseline: dict[str, Completion]) -> None:
+    def flush(self, res: PairingResult, pending: list[Served], baseline: dict[str, Completion],
+              offline: bool = False) -> None:
         """Judge the served arms in order (the classic reference loads now, unless it is already there)
-        and hand each to the record."""
+        and hand each to the record. ``offline``: only while the reference answers from what it already
+        decoded; the first arm that needs its worker (a request not decoded before, a cold answer) stops
+        the flush, and it and the arms after it stay pending (judged in order later)."""
+        oracle = self._oracle if offline else None
         while pending:
-            served = pending.pop(0)
+            served = pending[0]
             arm, session = served.arm, served.session
             if session is not None:
-                t0 = time.perf_counter()
-                if "peak_rss_bytes" not in arm.server:  # its server still runs (shared, or the opt-in)
-                    arm.server["peak_rss_bytes"] = memory.peak_rss(session.server.pid, self.run_.sampler)
-                self.judge_exchanges(arm, served.plan, session, served.exchanges, baseline, served.first)
-                arm.generation_seconds = (session.generation if served.plan.concurrency
-                                          else sum(ex.completion.seconds for ex in served.exchanges))
-                judge_arm(arm, served.plan)
-                arm.seconds = served.seconds + time.perf_counter() - t0
-                arm.server.setdefault("returncode", None)
+                hits = oracle.hits_so_far if oracle is not None else 0
+                try:
+                    if oracle is not None:
+                        oracle.offline = True
+                    with self.clock.phase("judge"):
+                        self.judge_served(served, baseline)
+                except NeedsWorker:
+                    assert oracle is not None
+                    oracle.hits_so_far = hits  # judged again later: its cache hits counted then
+                    return
+                finally:
+                    if oracle is not None:
+                        oracle.offline = False
+            pending.pop(0)
             res.arms.append(arm)
             self.run_.arm_finished(res, arm)
+
+    def judge_served(self, served: Served, baseline: dict[str, Completion]) -> None:
+        """Judge one served arm's exchanges and set its verdict, generation time and wall time."""
+        arm, session = served.arm, served.session
+        assert session is not None
+        t0 = time.perf_counter()
+        if "peak_rss_bytes" not in arm.server:  # its server still runs (shared, or the opt-in)
+            arm.server["peak_rss_bytes"] = memory.peak_rss(session.server.pid, self.run_.sampler)
+        self.judge_exchanges(arm, served.plan, session, served.exchanges, baseline, served.first)
+        arm.generation_seconds = (session.generation if served.plan.concurrency
+                                  else sum(ex.completion.seconds for ex in served.exchanges))
+        judge_arm(arm, served.plan)
+        arm.seconds = served.seconds + time.perf_counter() - t0
+        arm.server.setdefault("returncode", None)
 
     def memory_summary(self, res: PairingResult) -> dict[str, Any]:
         """What the pairing's processes held at their peak (measured): each server's and each reference

@@ -20,7 +20,9 @@ with ``--draft-model`` (a served drafter arm); a prompt holding ``[[fake:M]]``
 sets it for that request. ``--trickle PATH`` (repeatable) answers any GET or POST
 of PATH (``/health``, ``/metrics``, ``/tokenize``) with a 200 whose body trickles
 in a byte at a time and never ends. ``--child`` starts a grandchild in the server's process
-group (what an engine's workers are); ``--ignore-term`` ignores SIGTERM. Any
+group (what an engine's workers are); ``--ignore-term`` ignores SIGTERM. ``--seconds-per-token S``
+makes each answer take S seconds a token, one answer at a time (a compute-bound server: N requests
+sent at once finish N times later). Any
 other flag (a profile's ``--model``, ``--num-draft-tokens``) is accepted and
 printed: the server's first log line is ``fakeserver argv: [...]`` (JSON), and
 ``GET /argv`` answers the same list, ``GET /pid`` its pid and its child's. A server
@@ -51,6 +53,7 @@ MODES = ("ok", "empty-choices", "choice-string", "text-int", "logprobs-not-objec
 _DIRECTIVE = re.compile(r"\[\[fake:([a-z0-9-]+)\]\]")
 FOREVER = 3600.0
 T = TypeVar("T")
+_COMPUTE = threading.Lock()  # --seconds-per-token: one answer computed at a time
 
 
 def argv(*extra: str) -> list[str]:
@@ -188,6 +191,9 @@ class Handler(BaseHTTPRequestHandler):
         print(f"fakeserver: {self.path} stream={stream} mode {mode}", flush=True)
         n = int(body.get("max_tokens") or 8)
         words = _words(prompt, n)
+        if self.opts.seconds_per_token:
+            with _COMPUTE:
+                time.sleep(self.opts.seconds_per_token * n)
         if mode == "stall":
             time.sleep(FOREVER)
             return
@@ -299,6 +305,8 @@ def main(args: list[str] | None = None) -> None:
                     help="answer PATH with a body that never ends (repeatable)")
     ap.add_argument("--child", action="store_true", help="start a grandchild in this process group")
     ap.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM")
+    ap.add_argument("--seconds-per-token", type=float, default=0.0,
+                    help="each answer takes this long a token, one answer at a time")
     opts, unknown = ap.parse_known_args(args)
     print("fakeserver argv:", json.dumps(sys.argv), flush=True)
     if unknown:

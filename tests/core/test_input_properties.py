@@ -327,7 +327,7 @@ def test_job_files(raw, text):
     assert isinstance(job, Job) and job.widths and all(1 <= w <= 64 for w in job.widths)
     assert 1 <= job.max_tokens <= 256 and job.prompts and all(isinstance(p, str) for p in job.prompts)
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in job.env.items())
-    assert job.repeats <= 64 and 0 < job.request_timeout < float("inf")
+    assert job.repeats <= 64 and (job.request_timeout is None or 0 < job.request_timeout < float("inf"))
     json.dumps(job.to_dict(), allow_nan=False)  # every value reaches a request body or a record as JSON
 
 

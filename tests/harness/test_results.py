@@ -48,7 +48,7 @@ def _difference(other: str) -> CompletionDifference:
 
 def _request(rid: str) -> RequestResult:
     completion = Completion("text", "ab" * 32, [1, 2], [-0.5, -0.25], [[(1, -0.5), (3, -1.5)], [(2, -0.25), (4, -2.0)]],
-                            {"prompt_tokens": 7}, "length", 0.125, 200, "an error", {"id": "cmpl-1"})
+                            {"prompt_tokens": 7}, "length", 0.125, 200, "an error", {"id": "cmpl-1"}, 120.0)
     evidence = Evidence(4, 3, [2, 1], [3, 3], 5, ["witness: 4 verify calls"], True, ["witness"], "warm", 5)
     r = RequestResult(rid, "repeat", Verdict.DIVERGED, "w4 leaves classic decode", completion,
                       {"id": rid, "body": {"prompt": "p"}}, evidence, _difference("w4"), "specparity replay ...",
@@ -82,7 +82,13 @@ def _pairing() -> PairingResult:
                               "peak_children_bytes": 2_150_000, "harness_peak_rss_bytes": 40_000,
                               "at_peak": {"12 specparity": 40_000, "13 python": 2_100_000},
                               "peak_total_over_largest_server": 1.048, "expected_bytes": 2_500_000,
-                              "limit_bytes": 20_000_000_000})
+                              "limit_bytes": 20_000_000_000},
+                      request_limits={"source": "derived", "override_s": None, "margin": 4.0, "floor": 120.0,
+                                      "unmeasured": 600.0, "per_token_s": 0.01,
+                                      "measured": {"p0": {"seconds": 0.3, "tokens": 32, "source": "classic decode"}},
+                                      "arms": {"w4": {"least_s": 120.0, "most_s": 130.0, "factor": 4}}},
+                      time={"wall_s": 20.0, "server_start_s": 12.0, "generation_s": 6.0, "reference_load_s": 1.0,
+                            "other_s": 1.0})
     _every_field_set(p)
     return p
 

@@ -58,8 +58,8 @@ def test_a_fault_every_server_shares_is_found_against_classic_decode(llama_pair:
     assert scope and "every server of this engine" in scope[0], p.findings
     assert any("differs from its own fresh answer (p0)" in f for f in p.findings)
     # one distinct request (the repeat sends the same body; the drafter arm's num_draft_tokens is
-    # delivery, not generation): decoded once, the other five answers from the reference's cache
-    assert p.reference_cost is not None and (p.reference_cost["computed"], p.reference_cost["hits"]) == (1, 5)
+    # delivery, not generation): decoded once, before any server started; all six answers from its cache
+    assert p.reference_cost is not None and (p.reference_cost["computed"], p.reference_cost["hits"]) == (1, 6)
     # every diverged request of every arm: both baselines' repeats (sequence replays through one prompt
     # cache), the drafter arm's fresh request (its processors see the last prompt token only) and its repeat
     ran = check_reproductions(report, cli_bin)
