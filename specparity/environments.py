@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import importlib.util
 import json
@@ -135,6 +136,11 @@ class EnvSpec:
     imports: modules the build imports once to prove the environment works.
     with_specparity: also install specparity's dependencies (at versions the pins allow)
       and the hook that imports specparity from the running checkout.
+    no_deps: pinned requirements installed after the rest with ``pip --no-deps`` (a package whose declared
+      dependencies cannot install here: what it needs of them is listed in ``packages``).
+    left_out: what ``no_deps`` leaves out and why, one line each (``env show`` and ``env list`` say it).
+    python: the interpreter's version to build with (``3.13``), found on PATH or under pyenv's versions;
+      '' (default): the one running specparity.
     source: the YAML file it came from ('' when packaged or inline).
     """
 
@@ -143,6 +149,9 @@ class EnvSpec:
     description: str = ""
     imports: tuple[str, ...] = ()
     with_specparity: bool = True
+    no_deps: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
+    python: str = ""
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -152,10 +161,14 @@ class EnvSpec:
             raise UsageError(f"{where}: a name is letters, digits, '.', '_' and '-', at most {NAME_MAX} of them")
         if not self.packages:
             raise UsageError(f"{where}: packages is empty: list pinned requirements (name==version)")
-        for req in self.packages:
+        for req in (*self.packages, *self.no_deps):
             why = pin_problem(req)
             if why is not None:
                 raise UsageError(f"{where}: package {req!r} {why}")
+        if self.python and not re.fullmatch(r"3\.\d{1,2}", self.python):
+            raise UsageError(f"{where}: python {self.python!r} is not a version such as 3.13")
+        if any(_CONTROL.search(line) for line in self.left_out):
+            raise UsageError(f"{where}: a left_out line has a control character (a newline?): write one line each")
         for module in self.imports:
             if not _MODULE.fullmatch(module):
                 raise UsageError(f"{where}: imports entry {module!r} is not a module name (a.b.c)")
@@ -176,8 +189,10 @@ class EnvSpec:
             "requirements": sorted(self.requirements()),
             "imports": sorted(self.imports),
             "with_specparity": self.with_specparity,
-            "python": platform.python_version_tuple()[:2],
+            "python": self.python.split(".") if self.python else list(platform.python_version_tuple()[:2]),
             "platform": f"{sys.platform}-{platform.machine()}",
+            # only where given: every environment without them keeps the digest it was built under
+            **({"no_deps": sorted(self.no_deps)} if self.no_deps else {}),
         }
 
     @property
@@ -192,6 +207,7 @@ class EnvSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "packages": list(self.packages), "description": self.description,
                 "imports": list(self.imports), "with_specparity": self.with_specparity,
+                "no_deps": list(self.no_deps), "left_out": list(self.left_out), "python": self.python,
                 "digest": self.digest, "source": self.source}
 
 
@@ -205,7 +221,8 @@ def packaged() -> dict[str, EnvSpec]:
     engines = registry()
     if _PACKAGED is None or _PACKAGED[0] is not engines:  # one set of specs per registry
         _PACKAGED = (engines, {env.name: EnvSpec(env.name, (*env.packages, *_MLX, f"transformers=={TRANSFORMERS_PIN}"),
-                                                 env.description, imports=env.imports)
+                                                 env.description, imports=env.imports, no_deps=env.no_deps,
+                                                 left_out=env.left_out, python=env.python)
                                for spec in engines.values() for env in spec.environments})
     return _PACKAGED[1]
 
@@ -280,7 +297,7 @@ def load_spec(ref: str | Mapping[str, Any] | EnvSpec) -> EnvSpec:
 
 def _from_mapping(raw: Mapping[str, Any], source: str, default_name: str = "") -> EnvSpec:
     where = f"environment {source or dict(raw)}"
-    known = {"name", "packages", "description", "imports", "with_specparity"}
+    known = {"name", "packages", "description", "imports", "with_specparity", "no_deps", "left_out", "python"}
     extra = sorted(map(str, set(raw) - known))
     if extra:
         raise UsageError(f"{where}: unknown keys {', '.join(map(str, extra))} (known: {', '.join(sorted(known))})")
@@ -296,8 +313,18 @@ def _from_mapping(raw: Mapping[str, Any], source: str, default_name: str = "") -
     with_specparity = raw.get("with_specparity", True)
     if not isinstance(with_specparity, bool):
         raise UsageError(f"{where}: with_specparity must be true or false")
+    lists = {}
+    for key in ("no_deps", "left_out"):
+        value = raw.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UsageError(f"{where}: {key} must be a list of strings")
+        lists[key] = tuple(value)
+    python = raw.get("python", "")
+    if not isinstance(python, str | float):
+        raise UsageError(f"{where}: python must be a version such as '3.13'")
     return EnvSpec(name=name, packages=tuple(packages), description=str(raw.get("description") or ""),
-                   imports=tuple(imports), with_specparity=with_specparity, source=source)
+                   imports=tuple(imports), with_specparity=with_specparity, no_deps=lists["no_deps"],
+                   left_out=lists["left_out"], python=str(python), source=source)
 
 
 @dataclass(frozen=True)
@@ -514,6 +541,7 @@ def ensure_environment(ref: str | Mapping[str, Any] | EnvSpec, progress: Progres
     built = _built_or_broken(spec, dest, say)
     if built is not None:
         return built
+    base_interpreter(spec)  # a Python this machine lacks is said before anything is written
     root = cache_root()
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -575,8 +603,8 @@ def _build(spec: EnvSpec, dest: Path, say: Progress) -> Environment:
             "digest": spec.digest,
             "spec": spec.to_dict(),
             "requirements": spec.requirements(),
-            "python": platform.python_version(),
-            "base_python": sys.base_prefix,
+            "python": _version_of(interpreter(work)) or platform.python_version(),
+            "base_python": str(base_interpreter(spec)),
             "packages": packages,
             "build_seconds": round(seconds, 1),
             "size_bytes": size,
@@ -600,10 +628,38 @@ def _build(spec: EnvSpec, dest: Path, say: Progress) -> Environment:
     return env
 
 
+def _version_of(python: Path | str) -> str | None:
+    """``python``'s version (3.13.0), or None when it does not run."""
+    try:
+        out = subprocess.run([str(python), "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir())
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def base_interpreter(spec: EnvSpec) -> Path:
+    """The interpreter ``spec`` is built with: this one's base, or Python ``spec.python`` found on PATH or under
+    pyenv's versions (``$PYENV_ROOT``, ~/.pyenv); InfrastructureError (exit 4) naming where it looked when none
+    runs here."""
+    if not spec.python or spec.python == ".".join(platform.python_version_tuple()[:2]):
+        # the base interpreter, not this process's venv: the new environment sees none of its packages
+        return Path(getattr(sys, "_base_executable", sys.executable))
+    name = f"python{spec.python}"
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    candidates = [shutil.which(name), *sorted(glob.glob(str(pyenv / f"{spec.python}.*" / "bin" / name)), reverse=True),
+                  f"/usr/bin/{name}", f"/usr/local/bin/{name}"]
+    for c in candidates:
+        version = _version_of(c) if c else None
+        if version is not None and version.startswith(spec.python + "."):
+            return Path(c)  # type: ignore[arg-type]
+    raise InfrastructureError(f"environment {spec.name}: needs Python {spec.python}, and no {name} runs here"
+                              f" (looked on PATH, in {pyenv} and /usr/bin): install Python {spec.python}")
+
+
 def _create(spec: EnvSpec, work: Path, say: Progress, log_fh: IO[str]) -> None:
-    say(f"environment {spec.name}: creating a virtual environment (python {platform.python_version()})")
-    # the base interpreter, not this process's venv: the new environment sees none of its packages
-    base = getattr(sys, "_base_executable", sys.executable)
+    base = base_interpreter(spec)
+    say(f"environment {spec.name}: creating a virtual environment (python {_version_of(base)})")
     proc = subprocess.run([base, "-m", "venv", "--prompt", spec.name, str(work)], stdout=log_fh,
                           stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
@@ -613,12 +669,23 @@ def _create(spec: EnvSpec, work: Path, say: Progress, log_fh: IO[str]) -> None:
 
 def _pip_install(spec: EnvSpec, work: Path, say: Progress, log_fh: IO[str], failed_log: Path) -> None:
     reqs = spec.requirements()
-    req_file = work / "requirements.txt"
-    req_file.write_text("".join(r + "\n" for r in reqs))
     say(f"environment {spec.name}: installing {len(spec.packages)} pinned packages"
         + (f" and specparity's {len(reqs) - len(spec.packages)} dependencies" if spec.with_specparity else "")
         + " with pip")
-    argv = [str(interpreter(work)), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+    _pip(spec, work, "requirements.txt", reqs, (), say, log_fh, failed_log)
+    if spec.no_deps:
+        say(f"environment {spec.name}: installing {', '.join(spec.no_deps)} without its declared dependencies"
+            + (f" (left out: {'; '.join(spec.left_out)})" if spec.left_out else ""))
+        _pip(spec, work, "no-deps.txt", list(spec.no_deps), ("--no-deps",), say, log_fh, failed_log)
+
+
+def _pip(spec: EnvSpec, work: Path, file_name: str, reqs: list[str], flags: tuple[str, ...], say: Progress,
+         log_fh: IO[str], failed_log: Path) -> None:
+    """``pip install [flags] -r FILE`` of ``reqs`` into ``work``, its progress lines said; a failure is one
+    InfrastructureError line naming the cause and the build log."""
+    req_file = work / file_name
+    req_file.write_text("".join(r + "\n" for r in reqs))
+    argv = [str(interpreter(work)), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", *flags,
             "-r", str(req_file)]
     log_fh.write("$ " + " ".join(argv) + "\n")
     log_fh.flush()

@@ -59,15 +59,19 @@ def engine_cli(cli_bin: str, info: dict, command: str, *args: str, fault: str | 
     return proc.returncode, json.loads(proc.stdout)
 
 
-def wheel(out: Path, dist: str, version: str, files: dict[str, str], entry_points: str = "") -> Path:
+def wheel(out: Path, dist: str, version: str, files: dict[str, str], entry_points: str = "",
+          requires: tuple[str, ...] = ()) -> Path:
     """A pure-Python wheel of ``files`` (path in the wheel -> text), made without any build tool: what pip
-    installs offline (an environment's test package, an outside engine's distribution)."""
+    installs offline (an environment's test package, an outside engine's distribution). ``requires``: its
+    declared dependencies (``Requires-Dist``)."""
     import base64
     import hashlib
     import zipfile
 
     info = f"{dist.replace('-', '_')}-{version}.dist-info"
-    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
+    metadata = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires)
+    files = {**files, f"{info}/METADATA": metadata,
              f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     if entry_points:
         files[f"{info}/entry_points.txt"] = entry_points

@@ -66,17 +66,32 @@ def list_cmd(as_json: bool) -> int:
 
 
 @env.command()
-@click.argument("names", nargs=-1, required=True, metavar="NAME...")
-def build(names: tuple[str, ...]) -> int:
+@click.argument("names", nargs=-1, metavar="NAME...")
+@click.option("--all", "build_all", is_flag=True,
+              help="Every packaged environment of every registered engine (before any NAME given).")
+def build(names: tuple[str, ...], build_all: bool) -> int:
     """Build environments once (a built one returns at once); print each interpreter.
 
     Progress goes to stderr; pip's full output to the environment's build.log.
-    No package index reachable: one Error line, exit 4.
+    No package index reachable: one Error line, exit 4. ``--all`` builds what
+    every registered engine declares (CI's and README's install line), so a new
+    engine's environments are built without naming them; one that needs a
+    Python version this machine lacks is a "skipped:" line naming it.
     """
-    from specparity.environments import ensure_environment, load_spec
+    from specparity.environments import base_interpreter, ensure_environment, load_spec, packaged
+    from specparity.errors import UsageError
 
-    specs = [load_spec(n) for n in names]
-    for spec in specs:
+    if not names and not build_all:
+        raise UsageError("name an environment (see specparity env list), or give --all")
+    named = [load_spec(n) for n in names]
+    listed = [s for s in packaged().values() if s not in named] if build_all else []
+    for spec in listed + named:
+        if spec in listed and spec.python:
+            try:
+                base_interpreter(spec)
+            except InfrastructureError as err:  # --all: an interpreter this machine lacks is said, not fatal
+                _say(f"skipped: {err}")
+                continue
         click.echo(str(ensure_environment(spec, progress=_say).python))
     return EXIT_OK
 
@@ -106,7 +121,8 @@ def show(name: str, as_json: bool) -> int:
         raise InfrastructureError(f"environment {spec.name} is not built: run scripts/build-env {spec.name}")
     info: dict[str, Any] = {**e.identity(), "build_seconds": e.manifest.get("build_seconds"),
                             "size_bytes": e.manifest.get("size_bytes"), "built": e.manifest.get("built"),
-                            "description": spec.description}
+                            "description": spec.description, "no_deps": list(spec.no_deps),
+                            "left_out": list(spec.left_out)}
     if as_json:
         emit_json(top_json(EXIT_OK, info))
         return EXIT_OK
@@ -114,6 +130,10 @@ def show(name: str, as_json: bool) -> int:
     click.echo(f"  path:    {e.path}")
     click.echo(f"  python:  {e.python} ({info['python']})")
     click.echo(f"  pins:    {', '.join(spec.packages)}")
+    if spec.no_deps:
+        click.echo(f"  without its dependencies: {', '.join(spec.no_deps)}")
+    for line in spec.left_out:
+        click.echo(f"  left out: {line}")
     click.echo(f"  built:   {info['built']} in {info['build_seconds']} s,"
                f" {(info['size_bytes'] or 0) / 2**20:.0f} MiB")
     click.echo("  packages:")

@@ -133,12 +133,19 @@ class PinnedEnv:
     name: as ``specparity env list`` shows it. packages: the engine's own pins (``name==version``);
     the environment adds the mlx and transformers every packaged environment shares.
     description: one line. imports: modules the build imports once to prove it works.
+    no_deps: pins installed after the rest without their declared dependencies (a package one of whose
+    dependencies has no build for this platform: list what it needs of the others in ``packages``).
+    left_out: what that leaves out and why, one line each (``env show`` says it). python: the Python
+    version to build it with (``"3.13"``; '' the toolkit's own): a version not found here is exit 4 naming it.
     """
 
     name: str
     packages: tuple[str, ...]
     description: str = ""
     imports: tuple[str, ...] = ()
+    no_deps: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
+    python: str = ""
 
     def __post_init__(self) -> None:
         where = f"pinned environment {self.name!r}"
@@ -146,6 +153,9 @@ class PinnedEnv:
         _check_strings(where, "packages", self.packages)
         _check(where, "description", self.description, str)
         _check_strings(where, "imports", self.imports)
+        _check_strings(where, "no_deps", self.no_deps)
+        _check_strings(where, "left_out", self.left_out)
+        _check(where, "python", self.python, str)
 
 
 def _kind(value: Any) -> str:

@@ -569,3 +569,90 @@ def test_mlx_lm_server_runs_from_its_environment_on_the_fixture_pair(tmp_path: P
     body = r.json()
     assert body["usage"]["completion_tokens"] == 8
     assert body["system_fingerprint"].startswith(f"0.31.3-{envs.MLX_PIN}-")
+
+
+# --- what a pinned environment may declare beyond its pins (issue 47's engines) -----------------------------
+
+def test_a_pin_whose_dependency_has_no_build_here_installs_without_it_and_says_what_it_left_out(
+        offline_index: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_bin: str) -> None:
+    """A package declaring a dependency that cannot install here (mlx-openai-server's image extra): with it among
+    the pins pip fails; as ``no_deps`` it installs without it, and ``env show`` says what was left out and why."""
+    wheel(tmp_path / "wheels", "specparity-needy", "1.0", {"specparity_needy.py": "OK = True\n"},
+          requires=("specparity-nowhere==1.0",))
+    plain = envs.EnvSpec("needy", (f"{TINY}==1.0", "specparity-needy==1.0"), with_specparity=False)
+    with pytest.raises(InfrastructureError, match="environment needy: .*offers specparity-nowhere==1.0"):
+        envs.ensure_environment(plain)
+    spec = envs.EnvSpec("needy", (f"{TINY}==1.0",), "needy without its dependency", imports=("specparity_needy",),
+                        with_specparity=False, no_deps=("specparity-needy==1.0",),
+                        left_out=("specparity-nowhere: no build for this platform",))
+    assert spec.digest != envs.EnvSpec("needy", (f"{TINY}==1.0",), with_specparity=False).digest
+    notes: list[str] = []
+    env = envs.ensure_environment(spec, progress=notes.append)
+    installed = {k.lower() for k in env.packages()}
+    assert "specparity-needy" in installed and "specparity-nowhere" not in installed, installed
+    assert any("without its declared dependencies (left out: specparity-nowhere" in n for n in notes), notes
+    spec_file = tmp_path / "needy.yaml"
+    spec_file.write_text(f"name: needy\ndescription: needy without its dependency\npackages: ['{TINY}==1.0']\n"
+                         "imports: [specparity_needy]\nwith_specparity: false\nno_deps: ['specparity-needy==1.0']\n"
+                         "left_out: ['specparity-nowhere: no build for this platform']\n")
+    assert envs.load_spec(str(spec_file)) == spec
+    shown = run_cli(cli_bin, "env", "show", str(spec_file))
+    assert shown.returncode == 0, shown.stderr
+    assert "  without its dependencies: specparity-needy==1.0\n" in shown.stdout
+    assert "  left out: specparity-nowhere: no build for this platform\n" in shown.stdout
+    as_json = json.loads(run_cli(cli_bin, "env", "show", str(spec_file), "--json").stdout)
+    assert as_json["left_out"] == ["specparity-nowhere: no build for this platform"]
+
+
+def test_an_environment_built_with_another_python_and_one_this_machine_lacks(
+        offline_index: None, tmp_path: Path) -> None:
+    """``python: "3.N"`` builds with that interpreter (found on PATH or under pyenv), recorded in its manifest and
+    its digest; a version no interpreter here runs is exit 4 naming it, before anything is built."""
+    lacking = envs.EnvSpec("far-future", (f"{TINY}==1.0",), with_specparity=False, python="3.99")
+    with pytest.raises(InfrastructureError, match=r"environment far-future: needs Python 3\.99, and no python3\.99"
+                                                  r" runs here"):
+        envs.ensure_environment(lacking)
+    assert not list((tmp_path / "envs").glob("far-future*"))
+    with pytest.raises(UsageError, match="python '3' is not a version"):
+        envs.EnvSpec("bad", (f"{TINY}==1.0",), with_specparity=False, python="3")
+    mine = ".".join(map(str, sys.version_info[:2]))
+    others = [v for v in ("3.12", "3.13", "3.10") if v != mine]
+    for version in others:
+        spec = envs.EnvSpec("other-python", (f"{TINY}==1.0",), imports=("specparity_tiny",), with_specparity=False,
+                            python=version)
+        try:
+            envs.base_interpreter(spec)
+        except InfrastructureError:
+            continue
+        env = envs.ensure_environment(spec)
+        assert env.manifest["python"].startswith(version + "."), env.manifest["python"]
+        ran = subprocess.run([str(env.python), "-c", "import sys, specparity_tiny; print(sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True)
+        assert ran.stdout.strip() == str(tuple(map(int, version.split(".")))), ran.stdout
+        assert spec.digest != envs.EnvSpec("other-python", (f"{TINY}==1.0",), imports=("specparity_tiny",),
+                                           with_specparity=False).digest
+        return
+    pytest.skip(f"no Python {' or '.join(others)} on this machine besides this one ({mine})")
+
+
+@pytest.mark.build
+def test_build_all_builds_every_registered_engines_environments_and_names_one_it_cannot(
+        tmp_path: Path, cli_bin: str) -> None:
+    """``env build --all`` (README's and CI's install line): every packaged environment of every registered engine
+    (here all already built: each returns at once), and an engine's environment needing a Python this machine
+    lacks is one ``skipped:`` line, not a failure; no name and no --all is a usage error."""
+    from builds import REAL_CACHE
+
+    for name in envs.packaged():
+        built(name)
+    (tmp_path / "far_engine.py").write_text(
+        "from specparity.engines import EngineSpec, PinnedEnv\n"
+        "ENGINE = EngineSpec(name='far-engine', environments=(PinnedEnv('far-engine', ('six==1.16.0',),"
+        " 'needs a Python from the future', python='3.99'),))\n")
+    env = {envs.ENV_CACHE_VAR: str(REAL_CACHE), "SPECPARITY_ENGINES": "far_engine", "PYTHONPATH": str(tmp_path)}
+    proc = run_cli(cli_bin, "env", "build", "--all", env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(proc.stdout.splitlines()) == len(envs.packaged()), proc.stdout
+    assert "skipped: environment far-engine: needs Python 3.99" in proc.stderr, proc.stderr
+    bare = run_cli(cli_bin, "env", "build")
+    assert bare.returncode == 2 and "give --all" in bare.stderr, bare.stderr

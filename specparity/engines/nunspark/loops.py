@@ -101,11 +101,11 @@ def recording(recorder: RoundRecorder) -> Iterator[None]:
         recorder.target_pass(int(tokens.size))
         return verify(self, tokens, kv)
 
-    StreamingEngine.forward, StreamingEngine.verify_forward = rec_forward, rec_verify  # type: ignore[method-assign]
+    StreamingEngine.forward, StreamingEngine.verify_forward = rec_forward, rec_verify
     try:
         yield
     finally:
-        StreamingEngine.forward, StreamingEngine.verify_forward = forward, verify  # type: ignore[method-assign]
+        StreamingEngine.forward, StreamingEngine.verify_forward = forward, verify
 
 
 @contextlib.contextmanager
