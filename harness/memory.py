@@ -451,7 +451,7 @@ def served_budget(job: Any, flag: str | None = None) -> Budget:
     """A served job's expected memory: per pairing its largest server (target, drafter, KV at the job's
     lengths and concurrency) and its classic reference (target, drafter for cold answers, KV), one at a
     time unless ``job.reference_beside`` (one at a time: the reference's worker, importing mlx-lm with
-    no weights, beside the first server); the harness's own on top."""
+    no weights, beside a server); the harness's own on top."""
     b = Budget("this served job")
     beside = bool(getattr(job, "reference_beside", False))
     b.side_by_side = beside and bool(job.reference)
@@ -470,7 +470,7 @@ def served_budget(job: Any, flag: str | None = None) -> Budget:
         else:  # one copy at a time; the reference's worker imports (no weights) beside the first server
             importing = IMPORTING_BYTES if job.reference else 0
             if importing:
-                b.parts[f"{p.name} classic reference importing beside the first server"] = importing
+                b.parts[f"{p.name} classic reference importing beside a server"] = importing
             peak = max(peak, server[1] + importing, *parts.values())
     b.expected = peak + HARNESS_BYTES
     b.limit, b.limit_source = limit(flag)

@@ -18,12 +18,14 @@ large model's answer can take minutes before it reads its input again).
     oracle.cost(); oracle.close()
 
 The worker holds a copy of the target, so by default the runner keeps it loaded only while
-no server is (harness.run): the first worker starts beside the first server only importing mlx-lm
-(``spawn(load=False)``: no weights; it loads at its first question, that server gone), and
-:meth:`Oracle.release` ends a loaded worker before a server starts; the next question starts a
-new one. The oracle keeps every answer it was given (the same request under the same settings is
-decoded once per job, whichever worker decoded it), what
-each worker cost, and each worker's peak resident memory (``ReferenceStats`` plus ``workers``,
+no server is (harness.run): it decodes what it can before the first server starts, and
+:meth:`Oracle.release` ends it before a server starts; while servers still come, the runner asks
+it :attr:`Oracle.offline` (answers already decoded only, :class:`NeedsWorker` otherwise), and the
+arms that need more get one worker at the end (``spawn(load=False)`` beside the last server: it
+imports mlx-lm there, holding no weights, and loads at its first question, that server gone). The
+oracle keeps every answer it was given (the same request under the same settings is decoded once
+per job, whichever worker decoded it), what each worker cost, and each worker's peak resident
+memory (``ReferenceStats`` plus ``workers``,
 ``peak_rss_bytes`` and ``worker_peaks`` in :meth:`Oracle.cost_dict`).
 """
 

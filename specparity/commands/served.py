@@ -47,7 +47,9 @@ FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profi
 @click.option("--start-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds a server may take to become ready.")
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Seconds one request may take.")
+              help="Seconds every request may take (default: each request's limit derived from what the job"
+                   " measured: its time alone on a drafter-less server, x the arm's concurrency and verify rows, x4,"
+                   " at least 120 s).")
 @click.option("--shard", "shard_spec", default=None, metavar="I/N",
               help="Run shard I of N: every N-th non-baseline arm, with the baselines it needs"
                    " (join the records with `specparity records merge`).")
@@ -111,6 +113,15 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
     reference, KV at its lengths) and is refused (exit 4) when the machine has
     less available (--memory-limit or SPECPARITY_MEMORY_LIMIT sets the limit).
 
+    Time: classic decode answers every request whose text does not depend on
+    a server's answer before the first server starts. A request's time limit
+    follows what the job measured (that request's time alone on a drafter-less
+    server, or classic decode's, times the arm's concurrency and, where it
+    drafts, its verify rows, times 4, at least 120 s); --request-timeout sets
+    one limit for every request. The record states each arm's limits and where
+    the job's time went (server start-up, generation, the reference's load and
+    decode, the rest).
+
     \b
     Exit codes: 0 all match, 1 diverged, 2 usage, 3 inconclusive / not engaged /
     declined, 4 a server would not start, a request failed, or the job would not fit in memory.
@@ -161,7 +172,10 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
     if config_path is None and model is None and not quiet and not as_json:
         click.echo(f"using the built-in job on the embedded pair {job.pairings[0].target}", err=True)
     if not quiet and not as_json:
+        from specparity.harness.limits import plan_line
+
         click.echo(budget.line(), err=True)
+        click.echo(plan_line(job.request_timeout), err=True)
     title = f"served: {', '.join(p.name for p in job.pairings)} ({job.source} job)"
     slug = "served" if shard is None else f"served-shard{shard.index}of{shard.count}"
     cmd = CommandRun("served", title, served_identity(job), record_dir, as_json, quiet, slug=slug)

@@ -127,7 +127,7 @@ def test_the_budget_counts_weights_kv_and_the_reference_side_by_side_only_when_a
     both = memory.served_budget(job, "off")
     assert one.limit is None and one.fits and not one.side_by_side and both.side_by_side
     server, reference = one.parts["p server"], one.parts["p classic reference"]
-    importing = one.parts["p classic reference importing beside the first server"]
+    importing = one.parts["p classic reference importing beside a server"]
     assert importing == memory.IMPORTING_BYTES < reference <= server
     # one at a time: the largest server with the reference's worker importing beside it (no weights)
     assert one.expected == server + importing + memory.HARNESS_BYTES
