@@ -6,8 +6,9 @@
 For every engine that declares its own loops (the registry's ``EngineSpec.loops``) and every
 target shape it takes a drafter for (dense ``qwen3``; the gated-delta ``qwen3_5`` with tied and
 untied heads; float32 and bfloat16), it builds the fixture in the engine's own drafter format
-(``EngineSpec.drafter_format``), runs :mod:`specparity.probes.engine_e2e` in the engine's pinned
-environment (built on first use, cached) on the fixture's first prompt, and prints one row per
+(``EngineSpec.drafter_format``; an engine that drafts with a plain mlx-lm drafter: a plain pair of
+each architecture the fixtures build, :data:`PLAIN_ARCHS`), runs :mod:`specparity.probes.engine_e2e` in
+the engine's pinned environment (built on first use, cached) on the fixture's first prompt, and prints one row per
 entry point: match, the first differing token with its round and row, the engine's error, or why
 it cannot run here. An engine without a drafter checkpoint (its draft heads inside the target)
 runs without a fixture, as its loops check what they can load. Nothing here names an engine.
@@ -30,14 +31,18 @@ from specparity.verdicts import Verdict
 # equal-heads control shape dflash-mlx (under dfly-mlx) runs
 SHAPES = (("qwen3", False), ("qwen3_5", True), ("qwen3_5", False), ("qwen3_5-equal-heads", True))
 RUN_TIMEOUT_S = 600
+# the drafter format of an engine whose drafter is a plain mlx-lm checkpoint (EngineSpec.drafter_format None)
+PLAIN = "plain"
+# its targets: every architecture the plain fixtures build (dense, gated-delta hybrid, sliding window, MoE)
+PLAIN_ARCHS = ("llama", "qwen3_5", "gemma3_text", "qwen3_moe")
 
 
 def engine_formats() -> dict[str, str]:
     """Every engine with its own loops -> the drafter format its fixtures are built in ("": none, its draft
-    heads live in the target)."""
+    heads live in the target; :data:`PLAIN`: a plain mlx-lm drafter)."""
     from specparity.engines import registry
 
-    return {name: (spec.fixture_kind or "") if spec.drafter_checkpoint else ""
+    return {name: (spec.fixture_kind or PLAIN) if spec.drafter_checkpoint else ""
             for name, spec in registry().items() if spec.loops is not None}
 
 
@@ -50,6 +55,19 @@ def fixture(kind: str, shape: str, dtype: str, tied: bool, root: Path) -> dict[s
     made = drafter_formats()[kind].make(str(root / name), shape=shape, dtype=dtype, tied=tied, block_size=None,
                                          seed=0, overwrite=False, note=lambda line: None)
     return made.record
+
+
+def plain_fixture(arch: str, dtype: str, root: Path) -> dict[str, Any]:
+    """A plain mlx-lm pair of ``arch`` under ``root`` (built on first use), with the built-in prompts as its
+    tokenizer's ids (``fit_prompts``, as a drafter format's record has them)."""
+    from tokenizers import Tokenizer
+
+    from specparity.fixtures import build_pair
+    from specparity.prompts import DEFAULT_PROMPTS
+
+    info = build_pair(root / f"plain-{arch}-{dtype}", arch=arch, dtype=dtype)
+    tok = Tokenizer.from_file(str(Path(info.target) / "tokenizer.json"))
+    return {**info.to_dict(), "fit_prompts": [tok.encode(t).ids for t in DEFAULT_PROMPTS]}
 
 
 def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: Any = None,
@@ -83,13 +101,22 @@ def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: A
 
 
 def findings(engines: list[str], shapes: list[tuple[str, bool]], dtypes: list[str], max_tokens: int,
-             root: Path) -> list[dict[str, Any]]:
+             root: Path, archs: tuple[str, ...] = PLAIN_ARCHS) -> list[dict[str, Any]]:
+    """Each engine's rows: on every ``shapes`` x ``dtypes`` fixture of its drafter format, on every ``archs`` x
+    ``dtypes`` plain pair where it drafts with a plain drafter, or once where its drafter is inside the target."""
     out: list[dict[str, Any]] = []
     for engine in engines:
         kind = engine_formats()[engine]
         if not kind:
             for row in run_engine(engine, None, max_tokens):
                 out.append({**row, "shape": "(any)", "dtype": "", "tied": None})
+            continue
+        if kind == PLAIN:
+            for arch in archs:
+                for dtype in dtypes:
+                    info = plain_fixture(arch, dtype, root)
+                    out += [{**row, "shape": arch, "dtype": dtype, "tied": None}
+                            for row in run_engine(engine, info, max_tokens)]
             continue
         for shape, tied in shapes:
             for dtype in dtypes:
@@ -115,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -P -m specparity.engine_findings", description=__doc__.split("\n")[0])
     ap.add_argument("--engine", action="append", choices=list(engine_formats()))
     ap.add_argument("--shape", action="append", choices=sorted({f"{s}-{'tied' if t else 'untied'}"
-                                                                for s, t in SHAPES}))
+                                                                for s, t in SHAPES} | set(PLAIN_ARCHS)),
+                    help="a drafter format's target shape, or a plain pair's architecture")
     ap.add_argument("--dtype", action="append", choices=list(DTYPES))
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--fixtures", default="", help="fixture root (default: $SPECPARITY_HOME/fixtures)")
@@ -124,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     from specparity.fixtures import fixtures_home
 
     shapes = [(s, t) for s, t in SHAPES if not a.shape or f"{s}-{'tied' if t else 'untied'}" in a.shape]
+    archs = tuple(x for x in PLAIN_ARCHS if not a.shape or x in a.shape)
     rows = findings(a.engine or list(engine_formats()), shapes, a.dtype or list(DTYPES), a.max_tokens,
-                    Path(a.fixtures) if a.fixtures else fixtures_home())
+                    Path(a.fixtures) if a.fixtures else fixtures_home(), archs)
     print(json.dumps(rows, indent=1) if a.json else markdown(rows))
     return 1 if any(r.get("verdict") == Verdict.DIVERGED for r in rows) else 0
 

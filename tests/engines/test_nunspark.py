@@ -239,3 +239,22 @@ def test_nunspark_serve_takes_chat_only_and_says_nothing_of_its_drafts(pairs, tm
     assert answer.status_code == 200 and body["usage"]["completion_tokens"] == 16, body
     assert set(body) == {"id", "object", "created", "model", "choices", "usage"}, body
     assert set(body["choices"][0]) <= {"index", "message", "finish_reason", "logprobs"}, body
+
+
+def test_the_findings_table_runs_an_engine_that_drafts_with_a_plain_drafter(tmp_path: Path) -> None:
+    """``python -P -m specparity.engine_findings --engine nunspark``: an engine whose drafter is a plain mlx-lm
+    checkpoint (no drafter format of its own) gets a plain pair per architecture, its rows named by it, as a
+    drafter format's engines get their fixtures (it exited 2 before: the table ran it without a pair)."""
+    import os
+    import sys
+
+    built(ENV)
+    proc = subprocess.run([sys.executable, "-P", "-m", "specparity.engine_findings", "--engine", "nunspark",
+                           "--shape", "llama", "--dtype", "float32", "--max-tokens", "24", "--fixtures", str(tmp_path),
+                           "--json"], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, ENV_CACHE_VAR: str(REAL_CACHE)})
+    assert proc.returncode == 1, proc.stderr[-2000:]  # its adaptive loop diverges (see above)
+    rows = {r["entry"]: r for r in json.loads(proc.stdout)}
+    assert {r["shape"] for r in rows.values()} == {"llama"}
+    assert rows["speculative_generate"]["verdict"] == "match" and rows["speculative_generate"]["accepted"] > 0
+    assert rows["adaptive_speculative_generate"]["verdict"] == "diverged"
