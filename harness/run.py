@@ -462,7 +462,7 @@ class PairingRun:
         engine_mark = self.engine.mark(session)
         with self.clock.phase("generation"):
             comp = send(client, srv.url, req, self.profile, fields, timeout=timeout)
-        if plan is not None and comp.ok and not plan.drafts and not plan.concurrency:
+        if plan is not None and comp.ok and plan.kind in (ArmKind.BASELINE, ArmKind.REPEAT):
             # a drafter-less server, one request at a time: what later arms' limits follow
             self.limits.observe(req.id, comp.seconds, _emitted(comp), plan.name)
         if not comp.ok and not srv.alive():

@@ -16,7 +16,7 @@ import yaml
 
 from specparity.harness.client import Request
 from specparity.harness.job import Job, Pairing
-from specparity.harness.limits import CLASSIC, LimitRule, RequestLimits, limits_line
+from specparity.harness.limits import CLASSIC, LimitRule, RequestLimits, limits_line, plan_line
 from specparity.harness.plan import ArmKind, ArmPlan
 from specparity.harness.profiles import Width
 from specparity.harness.run import ServedRun
@@ -111,3 +111,6 @@ def test_a_limit_is_the_measured_time_times_concurrency_and_rows_with_a_floor_an
     user.observe("p0", 400.0, 32, CLASSIC)
     assert user.limit(_plan("concurrent", ArmKind.CONCURRENT, concurrency=3), req) == 30.0
     assert limits_line(user.to_dict()).startswith("  request time limit: 30 s, set by the user")
+    # what the command states before it starts
+    assert plan_line(None).startswith("request time limits: derived from what the job measures")
+    assert plan_line(30.0) == "request time limit: 30 s for every request (set by the user)"
