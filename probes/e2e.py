@@ -398,6 +398,7 @@ class EntryResult(ReportMixin):
     defaults_moot: the same for differences that cannot matter on this prompt (not reported).
     cause: why the outputs differ, where the spy saw it (the processors' history).
     refused: why this entry point could not take the prompt (the arms' results are kept).
+    lossy: the documented lossy mode this entry point runs (its verdict is ``lossy_by_design``).
     verdict: match, diverged (outputs differ or an option was dropped), not_engaged
       (nothing drafted), not_run (an arm failed, or the entry point could not take the prompt; reason).
     """
@@ -413,11 +414,14 @@ class EntryResult(ReportMixin):
     cause: str | None = None
     refused: str | None = None
     reason: str = ""
+    lossy: str = ""
 
     @property
     def verdict(self) -> Verdict:
         if self.classic.error or self.drafter.error or self.refused:
             return Verdict.NOT_RUN
+        if self.lossy:  # a documented lossy mode: what it changed, never a pass or a defect
+            return Verdict.LOSSY
         if self.difference or self.dropped:
             # the same ids written as other text with the drafter (one producer, both arms) is still other output,
             # named as text only (judge), never as tokens that differ

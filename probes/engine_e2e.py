@@ -69,6 +69,8 @@ class Finding:
     reason: one line. failure: the engine's error (type: message). seconds: the engine's wall time.
     prompt: the ids the engine consumed where they are not the prompt given (dfly-mlx's chat template).
     tie: at a diverged token, both tokens' logits and logprobs from classic decode (:func:`label_tie`).
+    lossy: the mode run, where its authors document it as lossy (``accept_top_k=4: ...``): the finding is
+    ``lossy_by_design`` with what it changed (:func:`judge`), never a pass and never a defect.
     """
 
     engine: str
@@ -90,6 +92,7 @@ class Finding:
     seconds: float = 0.0
     prompt: list[int] | None = None
     tie: dict[str, Any] | None = None
+    lossy: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,11 +166,22 @@ class Classic:
 
 
 def judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int) -> Finding:
-    """Compare ``f.tokens`` with ``classic`` and locate the first difference in ``f.rounds``.
+    """Compare ``f.tokens`` with ``classic`` and locate the first difference in ``f.rounds``; a documented
+    lossy mode (``f.lossy``) is ``lossy_by_design`` with what it changed.
 
     ``first_round_offset``: tokens emitted before round 1 (mlx-dspark's prefill token: 1; otherwise 0).
     ``classic`` stops where classic decode stops: at max_tokens, or with the eos token it emitted last.
     """
+    _judge(f, classic, eos, first_round_offset)
+    if f.lossy and f.verdict in (Verdict.MATCH, Verdict.DIVERGED, Verdict.NOT_ENGAGED):
+        changed = (f"it leaves classic decode: {f.reason}" if f.verdict == Verdict.DIVERGED
+                   else f"{len(f.tokens)} tokens equal to classic decode on this prompt")
+        f.verdict = Verdict.LOSSY
+        f.reason = f"lossy by design ({f.lossy}): {changed}; not a pass, not a defect"
+    return f
+
+
+def _judge(f: Finding, classic: list[int], eos: set[int], first_round_offset: int) -> Finding:
     f.classic = classic[:len(f.tokens)]
     # the first differing token; past classic's end (it stopped at max_tokens or its eos) where the
     # engine emitted more
@@ -357,6 +371,8 @@ def run_own_loops_e2e(engine: OwnLoopEngine, loaded: Any, prompt: list[int], max
             res = compare_arms(f.entry, ref, arm, options, loaded.tokenizer)
             if f.verdict == Verdict.DIVERGED:
                 res.reason = f"{res.reason}; {f.reason}" if res.reason else f.reason
+            elif f.verdict == Verdict.LOSSY:
+                res.lossy, res.reason = f.lossy, f.reason
             out.entries.append(res)
             observer.result(f.entry, res.to_dict())
             observer.item("entry points")

@@ -10,7 +10,9 @@ Vocabularies:
     statistical (dist, accept): pass, divergent, inconclusive
     an engine's own entry points (its loops, ``e2e --engine``, the findings table): match,
         diverged, not_engaged, error, cannot_run (it does not run on this machine: a library
-        of another platform, a Python version; its own cause, never a pass)
+        of another platform, a Python version; its own cause, never a pass), lossy_by_design (a
+        mode its authors document as lossy, run and reported with what it changed: never a pass,
+        never a defect)
     gate decisions: ALLOW, DECLINE, FORFEIT
     prompt-cache policies (the gate's prefill-parity decision): reuse, re-prefill
 
@@ -51,6 +53,9 @@ class Verdict(StrEnum):
     PASS = "pass"
     # an engine's entry point that cannot run on this machine (exit 3, as not_run)
     CANNOT_RUN = "cannot_run"
+    # a mode its authors document as lossy (exit 3: it proves nothing about lossless decoding, and its
+    # difference is no defect)
+    LOSSY = "lossy_by_design"
 
 
 class Decision(StrEnum):
@@ -87,6 +92,7 @@ _EXIT: dict[Verdict, int] = {
     Verdict.DIVERGED: EXIT_DIVERGENT,
     Verdict.NOT_RUN: EXIT_INCONCLUSIVE,
     Verdict.CANNOT_RUN: EXIT_INCONCLUSIVE,
+    Verdict.LOSSY: EXIT_INCONCLUSIVE,
     Verdict.INCONCLUSIVE: EXIT_INCONCLUSIVE,
     Verdict.NOT_ENGAGED: EXIT_INCONCLUSIVE,
     # a declined arm never ran the speculative path: it proves nothing about it
@@ -104,7 +110,8 @@ _DECISION_EXIT: dict[Decision, int] = {
 # exists to make, so it outranks an infrastructure error elsewhere in the run.
 _SEVERITY: dict[Verdict, int] = {
     Verdict.EQUAL: 0, Verdict.MATCH: 0, Verdict.PASS: 0,
-    Verdict.DECLINED: 1, Verdict.NOT_ENGAGED: 2, Verdict.NOT_RUN: 3, Verdict.CANNOT_RUN: 3, Verdict.INCONCLUSIVE: 4,
+    Verdict.DECLINED: 1, Verdict.LOSSY: 1, Verdict.NOT_ENGAGED: 2, Verdict.NOT_RUN: 3, Verdict.CANNOT_RUN: 3,
+    Verdict.INCONCLUSIVE: 4,
     Verdict.ERROR: 5,
     Verdict.DIVERGED: 6, Verdict.DIVERGENT: 6,
 }

@@ -15,7 +15,7 @@ def test_every_verdict_has_the_design_exit_code():
         Verdict.DIVERGENT: EXIT_DIVERGENT, Verdict.DIVERGED: EXIT_DIVERGENT,
         Verdict.NOT_RUN: EXIT_INCONCLUSIVE, Verdict.INCONCLUSIVE: EXIT_INCONCLUSIVE,
         Verdict.NOT_ENGAGED: EXIT_INCONCLUSIVE, Verdict.DECLINED: EXIT_INCONCLUSIVE,
-        Verdict.CANNOT_RUN: EXIT_INCONCLUSIVE, Verdict.ERROR: EXIT_INFRA,
+        Verdict.CANNOT_RUN: EXIT_INCONCLUSIVE, Verdict.LOSSY: EXIT_INCONCLUSIVE, Verdict.ERROR: EXIT_INFRA,
     }
     # an engine entry point that cannot run here is never a pass, and never outranks one that did not run
     assert combine(["match", "cannot_run"]) == Verdict.CANNOT_RUN and combine(["cannot_run", "error"]) == Verdict.ERROR
@@ -97,3 +97,26 @@ def test_no_verdict_literal_or_exit_number_outside_the_contract(repo_root):
                 assert isinstance(node, (ast.Call, ast.Assign))
                 found.append(f"{path.relative_to(repo_root)}:{node.lineno}: exit code as a number")
     assert not found, "\n".join(found)
+
+
+def test_a_documented_lossy_mode_is_lossy_by_design_with_what_it_changed_never_a_pass_or_a_defect() -> None:
+    """An engine's entry point that runs a mode its authors document as lossy (``Finding.lossy``): diverged,
+    matched or not engaged, its verdict is ``lossy_by_design`` (exit 3) with what it changed on this prompt; the
+    same tokens without the mode are judged as ever."""
+    from specparity.probes.engine_e2e import Finding, judge
+
+    rounds = [{"drafted": 2, "accepted": 1, "committed": 2, "source": "draft"}] * 3
+    classic, eos = [5, 6, 7, 8, 9, 10], {2}
+    left = judge(Finding("e", "fast", tokens=[5, 6, 70, 8, 9, 10], rounds=rounds, accepted=3, drafted=6,
+                         lossy="k=4, its fast mode"), classic, eos, 0)
+    assert left.verdict == Verdict.LOSSY and exit_code(left.verdict) == 3
+    assert left.reason.startswith("lossy by design (k=4, its fast mode): it leaves classic decode: token 2: engine 70")
+    assert left.reason.endswith("not a pass, not a defect") and (left.round, left.row) == (2, 0)
+    same = judge(Finding("e", "fast", tokens=list(classic), rounds=rounds, accepted=3, drafted=6, lossy="k=4"),
+                 classic, eos, 0)
+    assert same.verdict == Verdict.LOSSY and "6 tokens equal to classic decode on this prompt" in same.reason
+    plain = judge(Finding("e", "exact", tokens=[5, 6, 70, 8, 9, 10], rounds=rounds, accepted=3, drafted=6),
+                  classic, eos, 0)
+    assert plain.verdict == Verdict.DIVERGED
+    assert combine([Verdict.MATCH, Verdict.LOSSY]) == Verdict.LOSSY
+    assert combine([Verdict.LOSSY, Verdict.DIVERGED]) == Verdict.DIVERGED

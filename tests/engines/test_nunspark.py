@@ -167,19 +167,21 @@ def test_sliding_window_and_moe_targets_match_and_a_hybrid_is_its_own_error(pair
 @pytest.mark.model
 @pytest.mark.build
 @pytest.mark.slow
-def test_accept_top_k_above_one_is_reported_lossy_by_design_with_what_it_changed(pairs) -> None:
+def test_accept_top_k_above_one_is_reported_lossy_by_design_with_what_it_changed(pairs, cli_bin: str) -> None:
+    """nunspark's documented lossy mode is an entry point of its own: ``lossy_by_design`` with what it changed
+    (the first token it left classic decode at, its round and row, its own count of off-argmax accepts), exit 3:
+    never a pass, never a defect."""
     pair = pairs["llama:float32"]
-    e = built(ENV)
-    proc = subprocess.run([str(e.python), "-P", "-m", "specparity.engines.nunspark.lossy", "--target", pair["target"],
-                           "--draft", pair["draft"], "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens",
-                           str(TOKENS), "--accept-top-k", "4"], capture_output=True, text=True, timeout=600,
-                          env=dict(e.environ()))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout)
-    assert got["label"] == "lossy by design" and got["mode"] == "accept_top_k=4"
-    assert got["first_difference"] == {"index": 1, "engine_token": 80, "classic_token": 14, "round": 1, "row": 0}
-    assert got["accepted_offpath"] == 24 and got["accepted_total"] == 44 and got["deviation_rate"] > 0
-    assert "not a pass, not a defect" in got["reason"] and "verdict" not in got
+    got = findings(pair)["speculative_generate accept_top_k=4"]
+    assert got["verdict"] == "lossy_by_design" and got["lossy"].startswith("accept_top_k=4")
+    assert (got["index"], got["engine_token"], got["classic_token"], got["round"], got["row"]) == (1, 80, 14, 1, 0)
+    assert "24 of 44 accepted drafts were not the target's argmax" in got["reason"]
+    assert "not a pass, not a defect" in got["reason"]
+    proc = run_cli(cli_bin, "e2e", "--engine", "nunspark", "--model", pair["target"], "--draft-model", pair["draft"],
+                   "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", str(TOKENS), "--entry-points",
+                   "speculative_generate accept_top_k=4", env={ENV_CACHE_VAR: str(REAL_CACHE)})
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "speculative_generate accept_top_k=4: lossy_by_design: lossy by design (accept_top_k=4" in proc.stdout
 
 
 @pytest.mark.model

@@ -8,11 +8,12 @@ lossy fast mode. What that rests on: ``nunspark pack`` splits an mlx-lm checkpoi
 one pass (``verify_forward`` on ephemeral cache clones, then ``commit_verified`` of the accepted rows; the
 adaptive, EAGLE and Gemma 4 loops ``forward`` and ``kv.truncate``) and takes the raw-logit argmax of each row.
 
-Here: its own loops and its CLI against classic decode (:mod:`specparity.engines.nunspark.loops`,
-``e2e --engine nunspark``), its record per round read off its own ``SpecStats``; its lossy mode reported as
-lossy by design (:mod:`specparity.engines.nunspark.lossy`). No adapter (its verify and commit live inside each
-loop) and no served profile (its server takes chat messages only and says nothing of its drafts). Its pins allow
-mlx-lm >= 0.31.0: one environment on 0.31.3, one on 0.32.2 (where ``verify_forward`` raises).
+Here: its own loops and its CLI against classic decode (:mod:`specparity.engines.nunspark.loops`, ``e2e --engine
+nunspark``), its record per round read off its own ``SpecStats``; its lossy mode an entry point of its own
+(``speculative_generate accept_top_k=4``), reported ``lossy_by_design`` with what it changed. No adapter (its
+verify and commit live inside each loop) and no served profile (its server takes chat messages only and says
+nothing of its drafts). Its pins allow mlx-lm >= 0.31.0: one environment on 0.31.3, one on 0.32.2 (where
+``verify_forward`` raises).
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ from typing import Any
 
 from specparity.probes.engine_e2e import Classic, Finding, failed, judge, load_once
 
-# (entry point, how it drafts): the library's loops, then its CLI as a user types it
+# accept_top_k above 1 is lossy by nunspark's own documentation; its entry point runs it at this k
+LOSSY_TOP_K = 4
+# (entry point, how it drafts): the library's loops, then its CLI as a user types it, then its lossy mode
 ENTRY_POINTS = (
     ("speculative_generate", "draft model"),
     ("ngram_speculative_generate", "n-gram lookup"),
@@ -33,8 +35,14 @@ ENTRY_POINTS = (
     ("gemma4_mtp_speculative_generate", "Gemma 4 assistant"),
     ("nunspark generate --draft-model", "draft model"),
     ("nunspark generate --ngram-draft", "n-gram lookup"),
+    (f"speculative_generate accept_top_k={LOSSY_TOP_K}", "draft model, its documented lossy mode"),
 )
 ENTRY_NAMES = tuple(entry for entry, _ in ENTRY_POINTS)
+# its documented lossy fast mode as an entry point: the library loop it runs, its options and what the mode is
+LOSSY = {f"speculative_generate accept_top_k={LOSSY_TOP_K}": (
+    "speculative_generate", {"accept_top_k": LOSSY_TOP_K},
+    f"accept_top_k={LOSSY_TOP_K}, nunspark's documented fast mode: a draft in the target's top {LOSSY_TOP_K} is"
+    " accepted, trading exactness for acceptance")}
 # the loops each CLI entry point runs (cli.main imports it from nunspark.generate at call time)
 _CLI_LOOP = {"nunspark generate --draft-model": "speculative_generate",
              "nunspark generate --ngram-draft": "ngram_speculative_generate"}
@@ -219,6 +227,10 @@ def run_entry(entry: str, pair: Callable[[], dict[str, Any]], prompt: list[int],
     library loop's arguments beyond its defaults)."""
     f = Finding("nunspark", entry)
     source = dict(ENTRY_POINTS).get(entry, "draft model")
+    loop = entry
+    if entry in LOSSY:  # its documented lossy mode: judged lossy_by_design with what it changed
+        loop, mode_options, f.lossy = LOSSY[entry]
+        options = {**mode_options, **(options or {})}
     recorder = RoundRecorder(source)
     t0 = time.perf_counter()
     try:
@@ -232,12 +244,16 @@ def run_entry(entry: str, pair: Callable[[], dict[str, Any]], prompt: list[int],
             if entry in _CLI_LOOP:
                 run_cli(entry, loaded["packed"], draft, prompt, n, recorder)
             else:
-                for _ in library_loop(entry, loaded, prompt, n, eos_id, recorder, options):
+                for _ in library_loop(loop, loaded, prompt, n, eos_id, recorder, options):
                     pass
         f.tokens, f.rounds = list(recorder.tokens), recorder.rounds
         f.drafted = sum(r["drafted"] for r in f.rounds)
         f.accepted = sum(r["accepted"] for r in f.rounds)
         judge(f, classic, eos, 1)  # the prefill's token comes before round 1
+        stats = recorder.stats
+        if f.lossy and stats is not None and hasattr(stats, "accepted_offpath"):
+            f.reason += (f"; {int(stats.accepted_offpath)} of {int(stats.accepted_total)} accepted drafts were not"
+                         " the target's argmax (its own count)")
     except Exception as err:  # noqa: BLE001  (the engine's own error is the finding)
         failed(f, err)
         if entry == "gemma4_mtp_speculative_generate" and "no fixture" in str(err):
