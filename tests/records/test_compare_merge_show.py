@@ -35,7 +35,8 @@ JOB = {"widths": [2, 4], "max_tokens": 24, "sequence": ["fresh", "multi-turn"], 
 # process details and timings: everything else of a merged record must equal the unsharded one
 VOLATILE = {"seconds", "wall_seconds", "server_seconds", "generation_seconds", "server", "raw",
             "reference_cost",  # what the classic reference cost: each shard computes its own baselines' answers
-            "memory"}  # what each shard's processes held, measured
+            "memory",  # what each shard's processes held, measured
+            "time", "request_limits", "limit_seconds"}  # where each run's time went; limits follow measured times
 
 
 def _served(cli_bin, tmp: Path, pair, out: str, *extra: str) -> Path:
