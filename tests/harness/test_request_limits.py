@@ -110,7 +110,8 @@ def test_a_limit_is_the_measured_time_times_concurrency_and_rows_with_a_floor_an
     user = RequestLimits(LimitRule(), override=30.0)
     user.observe("p0", 400.0, 32, CLASSIC)
     assert user.limit(_plan("concurrent", ArmKind.CONCURRENT, concurrency=3), req) == 30.0
-    assert limits_line(user.to_dict()).startswith("  request time limit: 30 s, set by the user")
+    line = limits_line(user.to_dict())
+    assert line is not None and line.startswith("  request time limit: 30 s, set by the user")
     # what the command states before it starts
     assert plan_line(None).startswith("request time limits: derived from what the job measures")
     assert plan_line(30.0) == "request time limit: 30 s for every request (set by the user)"
