@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("specparity.commands.serve", "serve", "mlx-lm's server with the exactness gate and counts."),
     "served": ("specparity.commands.served", "served", "Served greedy parity: servers with and without a drafter."),
     "env": ("specparity.commands.env", "env", "Engines' pinned environments: build once, list, path."),
+    "diagnose": ("specparity.commands.diagnose", "diagnose", "Take a served record's findings to their located cause."),
 }
 
 

@@ -19,6 +19,8 @@ import cycle between modules.
     engines    one package per engine (specparity/engines/<name>/): its in-process
                adapter and served hooks, built on probes and harness
     records    record layouts, readers, compare, merge, JUnit (specparity.records)
+    diagnose   a served record's findings taken through probes and bisect to a
+               located cause (specparity.diagnose)
     commands   the click commands, and the CLI group that holds them
 
 A prefix names a module and every module under it (``specparity.probes``); one
@@ -38,6 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harness", ("specparity.harness",)),
     ("engines", ("specparity.engines.*",)),
     ("records", ("specparity.records",)),
+    ("diagnose", ("specparity.diagnose",)),
     ("commands", ("specparity.commands", "specparity.cli")),
 )
 

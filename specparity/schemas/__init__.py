@@ -28,7 +28,7 @@ _GLOBAL_VALUED = ("--max-width", "--max-positions", "--max-samples", "--max-item
 ERROR_OBJECT = "error-object"
 # record kinds (report.json's ``kind``) -> the schema of their summary (the command's to_dict)
 _SUMMARY = {"probe": "probe", "gate": "gate-check", "bisect": "bisect", "replay": "replay", "dist": "dist",
-            "accept": "accept", "e2e": "e2e"}
+            "accept": "accept", "e2e": "e2e", "diagnose": "diagnose"}
 
 
 def names() -> list[str]:
@@ -73,7 +73,7 @@ def _command_schema(argv: list[str]) -> str | None:
     if not words:
         return None
     cmd, sub = words[0], (words[1] if len(words) > 1 else "")
-    if cmd in ("probe", "dist", "accept", "e2e", "served"):
+    if cmd in ("probe", "dist", "accept", "e2e", "served", "diagnose"):
         return cmd
     if cmd == "replay":
         return "replay-locate" if any(a == "--locate" or a.startswith("--locate=") for a in argv) else "replay"

@@ -293,7 +293,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_every_module_has_a_layer():
     assert all(layer_of(m) is not None for m in MODULES)
     assert [layer_of(m) for m in ("specparity.errors", "specparity.probes.replay.core", "specparity.cli",
-                                  "specparity.harness.gated.server", "specparity.records")] == [0, 1, 6, 3, 5]
+                                  "specparity.harness.gated.server", "specparity.records",
+                                  "specparity.diagnose.tree")] == [0, 1, 7, 3, 5, 6]
     # the engine registry's package is core (everything asks it for an engine); each engine's module is above
     assert [layer_of(m) for m in ("specparity.engines", "specparity.engines.mlx_lm")] == [0, 4]
 

@@ -1,0 +1,136 @@
+"""The findings of a served record that ``diagnose`` can work on, read without mlx.
+
+A finding is one request of one arm whose verdict is ``diverged``: it left classic
+decode (or, where classic decode does not decide, baseline-start's answer).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specparity.errors import UsageError
+from specparity.verdicts import Verdict
+
+# the words the served judge opens a length finding with (harness.judge.past_max_tokens)
+LENGTH_WORDS = "a length finding"
+
+
+@dataclass
+class Finding:
+    """One diverged request of a served record.
+
+    id: ``pairing/arm/request``. pairing / arm / request: their names. width / setting: the arm's verify
+    rows and the server's setting (None without a drafter). target / draft: the pairing's checkpoints.
+    token_index: where the answer first left what its verdict rests on (classic decode, else the baseline).
+    against: that reference's name. reason: the judge's line. body: the request body as sent.
+    max_tokens / completion_tokens: the request's limit and the tokens the server returned.
+    reproduction: the record's in-process command (None: none) and reproduction_reason why not.
+    length: the judge called it a length finding (tokens past max_tokens).
+    tie: the judge's exact-tie call (None: none made).
+    """
+
+    id: str
+    pairing: str
+    arm: str
+    request: str
+    width: int | None
+    setting: int | None
+    target: str
+    draft: str | None
+    token_index: int | None
+    against: str
+    reason: str
+    body: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None
+    completion_tokens: int | None = None
+    reproduction: str | None = None
+    reproduction_reason: str | None = None
+    length: bool = False
+    tie: dict[str, Any] | None = None
+
+    def replay_argv(self) -> list[str] | None:
+        """The reproduction's arguments after ``specparity replay`` (None: it is not a replay command)."""
+        if self.reproduction is None:
+            return None
+        argv = shlex.split(self.reproduction)
+        return argv[2:] if argv[:2] == ["specparity", "replay"] else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "pairing": self.pairing, "arm": self.arm, "request": self.request,
+                "width": self.width, "setting": self.setting, "target": self.target, "draft": self.draft,
+                "token_index": self.token_index, "against": self.against, "reason": self.reason,
+                "max_tokens": self.max_tokens, "completion_tokens": self.completion_tokens,
+                "reproduction": self.reproduction, "reproduction_reason": self.reproduction_reason,
+                "length": self.length, "tie": self.tie}
+
+
+def newest_served(path: str | os.PathLike[str]) -> Path:
+    """``path`` itself when it is a record, else the newest complete served record in that directory."""
+    from specparity.records.record import list_records, read_report
+    from specparity.records.served import KIND
+
+    p = Path(os.path.expanduser(str(path)))
+    if not p.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    if not p.is_dir() or (p / "report.json").exists():
+        return p
+    found = []
+    for md in list_records(p):
+        try:
+            rec = read_report(md)
+        except FileNotFoundError:
+            continue
+        if rec.kind == KIND and rec.is_complete:
+            found.append((rec.started or "", md.name, md))
+    if not found:
+        raise UsageError(f"{path}: holds no complete served record (specparity served --record-dir)")
+    return max(found)[2]
+
+
+def read_findings(path: str | os.PathLike[str], only: str | None = None) -> tuple[Path, list[Finding]]:
+    """(the record read, its findings in report order); ``only``: the findings whose request id, arm,
+    ``arm/request`` or ``pairing/arm/request`` it names (a UsageError when it names none)."""
+    from specparity.records.served import read_served
+
+    where = newest_served(path)
+    sr = read_served(where)
+    out: list[Finding] = []
+    for pname in sr.pairing_names():
+        p = sr.pairing_summary(pname) or {}
+        for arm in sr.final_arms(pname):
+            for r in sr.requests(pname, str(arm["name"])):
+                if r.get("verdict") == Verdict.DIVERGED:
+                    out.append(_finding(p, pname, arm, r))
+    if only is not None:
+        chosen = [f for f in out if only in (f.id, f.request, f.arm, f"{f.arm}/{f.request}")]
+        if not chosen:
+            names = ", ".join(f.id for f in out) or "none"
+            raise UsageError(f"--finding {only}: no such finding in {where} (its findings: {names})")
+        out = chosen
+    return where, out
+
+
+def _finding(p: dict[str, Any], pname: str, arm: dict[str, Any], r: dict[str, Any]) -> Finding:
+    diff = r.get("classic") or r.get("divergence") or {}
+    comp = r.get("completion") or {}
+    req = r.get("request") or {}
+    body = req.get("body") if isinstance(req.get("body"), dict) else {}
+    limit = body.get("max_tokens", body.get("max_completion_tokens"))
+    usage = comp.get("usage") if isinstance(comp.get("usage"), dict) else {}
+    n = usage.get("completion_tokens")
+    if not isinstance(n, int) and isinstance(comp.get("token_ids"), list):
+        n = len(comp["token_ids"])
+    rep = r.get("reproduction") or ({"command": r["replay"]} if r.get("replay") else {})
+    reason = str(r.get("reason") or "")
+    return Finding(id=f"{pname}/{arm['name']}/{r['id']}", pairing=pname, arm=str(arm["name"]), request=str(r["id"]),
+                   width=arm.get("width"), setting=arm.get("setting"), target=str(p.get("target")),
+                   draft=p.get("draft"), token_index=diff.get("token_index"),
+                   against=str(diff.get("reference") or "classic decode"), reason=reason, body=dict(body),
+                   max_tokens=limit if isinstance(limit, int) else None,
+                   completion_tokens=n if isinstance(n, int) else None,
+                   reproduction=rep.get("command"), reproduction_reason=rep.get("reason"),
+                   length=LENGTH_WORDS in reason, tie=r.get("tie"))

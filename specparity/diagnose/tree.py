@@ -1,0 +1,493 @@
+"""The decision tree for one served finding, run in process: each step's verdict, evidence and command.
+
+Steps, in the order a reader tries them (issue 48):
+
+1. reproduce: the record's own reproduction (mlx-lm's speculative path rerun on a fresh cache, its
+   tokens and verify rounds replayed against classic decode); a finding that does not come back at
+   its token lives in the server (its prompt cache, batching, processors, loop);
+2. prefill: one-shot vs chunked (at the server's prefill step) vs token-by-token prefill of the prompt;
+3. verify: the block at the served width and the depth of the round where the first difference landed,
+   against the chain; where it differs, the smallest width and depth at which it does;
+4. rollbacks: not done in this version (the replay of step 1 states whether each rewind took effect);
+5. bisect: that block's first divergent layer and sub-op;
+6. control arms: not done in this version;
+7. the first difference: an exact tie in the model's dtype broken the other way, a near tie (its
+   margin against the dtype's noise band, in ULPs), or neither;
+8. across releases: not done in this version.
+
+Each step's ``command`` is the ``specparity`` line that gives the step's verdict when run (its exit
+code: 1 for ``divergent``, 0 for ``equal``). A step settled by an earlier one is ``skipped`` and
+says by which; a step this version does not do is ``not_done``, never left out.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specparity.diagnose.findings import Finding
+from specparity.verdicts import ReportMixin, Verdict
+
+# what each step's status says: it ran, an earlier step settled it, this version does not do it, it could not run
+RAN, SKIPPED, NOT_DONE, NOT_RUN = "ran", "skipped", "not_done", "not_run"
+# the phases a diagnosis names
+PREFILL, VERIFY, ROLLBACK, PROCESSORS, SERVER, LENGTH, TIE, UNDETERMINED = (
+    "prefill", "verify", "rollback", "processors", "server", "length", "tie", "undetermined")
+STEP_NAMES = {1: "reproduce", 2: "prefill", 3: "verify block", 4: "rollbacks", 5: "bisect", 6: "control arms",
+              7: "first difference", 8: "across releases"}
+NOT_IN_THIS_VERSION = "not done in this version"
+
+
+@dataclass
+class ReplayRequest:
+    """The record's reproduction command, read (``specparity replay --draft-model ...``).
+
+    model / draft / trust_remote_code: the checkpoints and consent. num_draft_tokens: proposals per round
+    (width = this + 1). max_tokens, stop_words (None: no stop at EOS), prompt_ids: the request as served.
+    opts: the server's cache options (specparity.decode.CacheOptions); processors: its logits processors
+    (specparity.processors.ProcessorOptions).
+    """
+
+    model: str
+    draft: str
+    trust_remote_code: bool
+    num_draft_tokens: int
+    max_tokens: int
+    stop_words: list[str] | None
+    prompt_ids: list[int]
+    opts: Any
+    processors: Any
+
+
+@dataclass
+class Step:
+    """One step of the tree for one finding.
+
+    number / name: its place in the tree. status: ran | skipped | not_done | not_run.
+    verdict: what it found, in the probes' words (equal, divergent, not_run, inconclusive).
+    evidence: what it saw, one line each. command: the line that repeats it (None: nothing ran).
+    data: the numbers the evidence quotes.
+    """
+
+    number: int
+    status: str
+    verdict: Verdict = Verdict.NOT_RUN
+    evidence: list[str] = field(default_factory=list)
+    command: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return STEP_NAMES[self.number]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "name": self.name, "status": self.status, "verdict": self.verdict,
+                "evidence": self.evidence, "command": self.command, "data": self.data}
+
+    def lines(self) -> list[str]:
+        head = f"  step {self.number} {self.name}: {self.status}"
+        if self.status == RAN:
+            head += f", {self.verdict}"
+        out = [head] + [f"    {e}" for e in self.evidence]
+        if self.command:
+            out.append(f"    repeat: {self.command}")
+        return out
+
+
+@dataclass
+class Diagnosis:
+    """One finding's diagnosis.
+
+    finding: what the record says of it (findings.Finding). phase: where the tree puts it (prefill,
+    verify, rollback, processors, server, length, tie, undetermined). location: width, depth, cache
+    position, round, row, layer, sub-op where known. summary: the diagnosis in one line. steps: all
+    eight, in order. open: what the tree left open (steps not done, what would settle it).
+    seconds: the diagnosis's wall time.
+    """
+
+    finding: Finding
+    phase: str = UNDETERMINED
+    location: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+    steps: list[Step] = field(default_factory=list)
+    open: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def step(self, number: int) -> Step:
+        return next(s for s in self.steps if s.number == number)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"finding": self.finding.to_dict(), "phase": self.phase, "location": self.location,
+                "summary": self.summary, "steps": [s.to_dict() for s in self.steps], "open": self.open,
+                "seconds": round(self.seconds, 3)}
+
+    def lines(self) -> list[str]:
+        f = self.finding
+        where = f" at token {f.token_index}" if f.token_index is not None else ""
+        out = [f"finding {f.id} (width {f.width}){where}: phase {self.phase}: {self.summary}"]
+        for s in self.steps:
+            out += s.lines()
+        out += [f"  open: {o}" for o in self.open]
+        return out
+
+
+@dataclass
+class DiagnoseReport(ReportMixin):
+    """``specparity diagnose``: one diagnosis per finding of one served record.
+
+    record: the record read. diagnoses: one per finding (empty: nothing to diagnose). finding: the
+    ``--finding`` asked for (None: all).
+    """
+
+    record: str
+    diagnoses: list[Diagnosis] = field(default_factory=list)
+    finding: str | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.DIVERGED if self.diagnoses else Verdict.PASS
+
+    def lines(self) -> list[str]:
+        if not self.diagnoses:
+            return [f"{self.record}: no finding to diagnose (no request diverged)"]
+        out = [f"{self.record}: {len(self.diagnoses)} finding(s)"]
+        for d in self.diagnoses:
+            out += d.lines()
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "exit_code": self.exit_code, "served_record": self.record,
+                "finding": self.finding, "diagnoses": [d.to_dict() for d in self.diagnoses]}
+
+
+class Models:
+    """Checkpoints loaded once per diagnose run (every step and every finding of a pairing shares them)."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[tuple[str, bool], Any] = {}
+        self.engines: dict[tuple[str, bool, str], Any] = {}
+
+    def load(self, path: str, trust_remote_code: bool) -> Any:
+        from specparity.checkpoint import load_checkpoint
+
+        key = (path, trust_remote_code)
+        if key not in self.loaded:
+            self.loaded[key] = load_checkpoint(path, trust_remote_code=trust_remote_code)
+        return self.loaded[key]
+
+    def engine(self, path: str, trust_remote_code: bool, opts: Any) -> Any:
+        """mlx-lm's adapter on the loaded target with the server's cache options."""
+        from specparity.engines import DEFAULT, LoadRequest, get
+
+        key = (path, trust_remote_code, repr(opts))
+        if key not in self.engines:
+            loaded = self.load(path, trust_remote_code)
+            self.engines[key] = get(DEFAULT).load(LoadRequest(Path(loaded.path), trust_remote_code=trust_remote_code,
+                                                              cache=opts, loaded=loaded))
+        return self.engines[key]
+
+
+def _ids(ids: list[int]) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+def _model_flags(r: ReplayRequest) -> list[str]:
+    flags = ["--model", r.model] + (["--trust-remote-code"] if r.trust_remote_code else [])
+    from specparity.decode import CacheOptions
+
+    d = CacheOptions()
+    for flag, value, default in (("--prefill-step-size", r.opts.prefill_step_size, d.prefill_step_size),
+                                 ("--kv-bits", r.opts.kv_bits, d.kv_bits),
+                                 ("--kv-group-size", r.opts.kv_group_size, d.kv_group_size),
+                                 ("--quantized-kv-start", r.opts.quantized_kv_start, d.quantized_kv_start)):
+        if value != default:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _probe_command(r: ReplayRequest, widths: list[int], depths: list[int], prefill: bool) -> str:
+    return shlex.join(["specparity", "probe", *_model_flags(r), "--widths", _ids(widths), "--depths", _ids(depths),
+                       "--walk", "0", "--no-aim", "--prefill" if prefill else "--no-prefill",
+                       "--prompt-ids", _ids(r.prompt_ids)])
+
+
+def _probe(engine: Any, r: ReplayRequest, widths: list[int], depths: list[int], prefill: bool) -> Any:
+    """What ``_probe_command`` runs, in process (its ProbeRun)."""
+    from specparity.probes.forward.probe import run_probe
+
+    return run_probe(engine, widths, depths, [r.prompt_ids], walk_positions=0, prefill=prefill, aim=False)
+
+
+def length_diagnosis(f: Finding) -> Diagnosis:
+    """A length finding: the record alone settles it (nothing in a forward to locate)."""
+    d = Diagnosis(f, LENGTH, {"max_tokens": f.max_tokens, "completion_tokens": f.completion_tokens})
+    past = (f.completion_tokens or 0) - (f.max_tokens or 0)
+    d.summary = (f"the server emitted {f.completion_tokens} tokens where max_tokens is {f.max_tokens}"
+                 f" ({past} past it); its text up to there is classic decode's: the serving loop's stop, not a"
+                 " forward")
+    why = "settled by the record: a length finding (classic decode's text, then tokens past max_tokens)"
+    d.steps = [Step(n, SKIPPED, evidence=[why]) for n in range(1, 9)]
+    d.open = ["which check of the serving loop let the extra tokens out (its stop condition per round): the"
+              " engine's loop, read at the round that crossed max_tokens"]
+    return d
+
+
+def diagnose_finding(f: Finding, r: ReplayRequest | None, models: Models) -> Diagnosis:
+    """Run the tree on ``f``; ``r``: its reproduction read (None: the record has no replay command for it)."""
+    import time
+
+    start = time.monotonic()
+    if f.length:
+        d = length_diagnosis(f)
+    elif r is None:
+        d = _unreproducible(f)
+    else:
+        d = _tree(f, r, models)
+    d.seconds = time.monotonic() - start
+    return d
+
+
+def _unreproducible(f: Finding) -> Diagnosis:
+    d = Diagnosis(f)
+    why = f.reproduction_reason or (f"the record's reproduction is not a request replay ({f.reproduction});"
+                                    f" {NOT_IN_THIS_VERSION}" if f.reproduction else "the record has none")
+    d.steps = [Step(1, NOT_RUN, evidence=[f"no in-process reproduction to run: {why}"], command=f.reproduction)]
+    d.steps += [Step(n, SKIPPED, evidence=["no reproduction of the request to run it on (step 1)"])
+                for n in range(2, 9)]
+    d.summary = "not reproduced in process: the tree had no request to rerun"
+    d.open = [f"step 1: {why}", "every later step needs the request's prompt ids and a drafter path to rerun"]
+    return d
+
+
+def _tree(f: Finding, r: ReplayRequest, models: Models) -> Diagnosis:
+    d = Diagnosis(f)
+    replay = _reproduce(d, f, r, models)
+    if replay is None or replay.get("served_first_mismatch") != f.token_index:
+        d.phase = SERVER
+        d.summary = ("does not reproduce in process: mlx-lm's own speculative path on a fresh cache gives"
+                     f" {'classic decode' if replay and replay.get('served_first_mismatch') is None else 'another'}"
+                     " answer, so the finding lives in the server (its prompt cache, batching, processors, or its"
+                     " loop's work between forwards)")
+        d.steps += [Step(n, SKIPPED, evidence=["settled by step 1: not reproducible in process"]) for n in range(2, 8)]
+        d.steps.append(_not_done(8))
+        d.open = ["which part of the server: the arm comparison (cold vs warm, concurrent vs alone) and a sequence"
+                  " replay of the server's whole request history (specparity replay --sequence) would say"]
+        d.steps.sort(key=lambda s: s.number)
+        return d
+    round_, row = replay.get("served_mismatch_at") or (0, 0)
+    index = int(f.token_index or 0)
+    depth = max(0, index - row)
+    width = r.num_draft_tokens + 1
+    engine = models.engine(r.model, r.trust_remote_code, r.opts)
+    prompt_len = len(r.prompt_ids)
+    d.location = {"width": width, "depth": depth, "position": prompt_len - 1 + depth, "round": round_, "row": row,
+                  "token_index": index}
+    pre = _prefill(d, r, engine)
+    block = _verify(d, r, engine, width, depth)
+    rewind = replay.get("rewind_finding")
+    d.steps.append(Step(4, NOT_DONE, evidence=[
+        f"{NOT_IN_THIS_VERSION}: each rollback's state against classic decode's",
+        (f"step 1's replay rewound {replay.get('rewinds')} times; a rewind did not take effect: {rewind}" if rewind
+         else f"step 1's replay rewound {replay.get('rewinds')} times, each leaving every layer at its offset")],
+        data={"rewinds": replay.get("rewinds"), "rewind_finding": rewind}))
+    if block is not None:
+        _bisect(d, r, engine, block["width"], block["depth"])
+    else:
+        d.steps.append(Step(5, SKIPPED, evidence=["settled by step 3: the verify block equals the chain there,"
+                                                  " nothing to bisect"]))
+    d.steps.append(_not_done(6))
+    tie = _first_difference(d, f, replay)
+    d.steps.append(_not_done(8))
+    d.steps.sort(key=lambda s: s.number)
+    _decide(d, pre, block, rewind, tie, r)
+    return d
+
+
+def _not_done(n: int) -> Step:
+    what = {6: "the kernel and environment toggles, prefill step and KV quantization off, each rerun",
+            8: "the same check on each pinned release of the engine"}[n]
+    return Step(n, NOT_DONE, evidence=[f"{NOT_IN_THIS_VERSION}: {what}"])
+
+
+def _reproduce(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models) -> dict[str, Any] | None:
+    """Step 1: mlx-lm's speculative path rerun and replayed, as the record's command does."""
+    from specparity.probes.replay.recorder import record_speculative
+    from specparity.probes.replay.run import run_replays
+
+    loaded = models.load(r.model, r.trust_remote_code)
+    draft = models.load(r.draft, r.trust_remote_code)
+    stops = None
+    if r.stop_words is not None:
+        from mlx_lm.generate import make_stop_sequences
+
+        stops = make_stop_sequences(loaded.tokenizer, r.stop_words)
+    req = record_speculative(loaded.model, draft.model, r.prompt_ids, r.num_draft_tokens, r.max_tokens, r.opts,
+                             processors=r.processors, stop_sequences=stops)
+    engine = models.engine(r.model, r.trust_remote_code, r.opts)
+    run = run_replays(engine, [req], [], r.prompt_ids, processors=r.processors)
+    res = run.results[0]
+    at = res.get("served_first_mismatch")
+    ev = [f"mlx-lm's speculative path rerun on a fresh cache ({r.num_draft_tokens} proposals per round,"
+          f" {len(req.accepts)} rounds): "
+          + ("its tokens equal classic decode's" if at is None else f"its tokens first differ at index {at}")
+          + f"; the server's answer first differed at token {f.token_index}"]
+    if at is not None and at == f.token_index:
+        rr, row = res.get("served_mismatch_at") or (0, 0)
+        ev.append(f"reproduced: the same token index, emitted by round {rr}, row {row}")
+    first = res.get("first")
+    if first:
+        ev.append(f"the replayed verify rows first disagree with classic decode's chain at round {first['round']},"
+                  f" row {first['row']} (emitted index {first['emitted_index']}, position {first['position']})")
+    d.steps.append(Step(1, RAN, Verdict(run.verdict), ev, f.reproduction,
+                        {"served_first_mismatch": at, "served_mismatch_at": res.get("served_mismatch_at"),
+                         "rounds": len(req.accepts), "first": first}))
+    return res
+
+
+def _prefill(d: Diagnosis, r: ReplayRequest, engine: Any) -> Any:
+    """Step 2: the probe's prefill parity on the request's prompt."""
+    run = _probe(engine, r, [1], [0], prefill=True)
+    pre = run.prefill[0] if run.prefill else None
+    ev = []
+    if pre is not None:
+        for a in pre.arms:
+            where = f" (layers {', '.join(map(str, a.layers_differing))} differ)" if a.layers_differing else ""
+            ev.append(f"{a.name} prefill ({a.chunk} rows per call) vs one-shot ({pre.prompt_len} rows): {a.verdict}"
+                      + where)
+        ev.append(f"the server prefills prompt tokens but the last in calls of up to {r.opts.prefill_step_size} rows,"
+                  " as classic decode does; the last prompt token goes into its first verify block")
+    d.steps.append(Step(2, RAN, Verdict(run.verdict), ev, _probe_command(r, [1], [0], prefill=True),
+                        {"arms": [a.to_dict() for a in pre.arms] if pre is not None else []}))
+    return run
+
+
+def _verify(d: Diagnosis, r: ReplayRequest, engine: Any, width: int, depth: int) -> dict[str, Any] | None:
+    """Step 3: the block at the served width and the round's depth; where it differs, the smallest
+    width (2..width) and the smallest depth (0..depth) at which it does. None: the block equals the chain."""
+    run = _probe(engine, r, [width], [depth], prefill=False)
+    cell = run.probe.cells[0]
+    ev = [f"a {width}-row block at depth {depth} (cache position {len(r.prompt_ids) - 1 + depth}) vs {width} single"
+          f" steps: {cell.verdict}" + (f", {cell.diff.differing_bytes} of {cell.diff.total_bytes} logit bytes differ"
+                                       f" from row {cell.first_row}" if cell.diff is not None else "")]
+    data: dict[str, Any] = {"cell": cell.to_dict()}
+    step = Step(3, RAN, Verdict(run.verdict), ev, _probe_command(r, [width], [depth], prefill=False), data)
+    d.steps.append(step)
+    if run.verdict != Verdict.DIVERGENT:
+        return None
+    widths = list(range(2, width + 1))
+    scan = _probe(engine, r, widths, [depth], prefill=False)
+    first_w = next((c.width for c in scan.probe.cells if c.verdict == Verdict.DIVERGENT), width)
+    ev.append(f"widths {widths[0]}..{width} at depth {depth}: the smallest that differs is {first_w}")
+    first_d = _first_depth(engine, r, first_w, depth)
+    if first_d == 0:
+        ev.append(f"at width {first_w} the block differs from depth 0 on")
+    else:
+        ev.append(f"at width {first_w} the block equals the chain at depth {first_d - 1} and differs from depth"
+                  f" {first_d} (cache position {len(r.prompt_ids) - 1 + first_d}) on: a kernel that changes past a depth")
+    data.update({"first_width": first_w, "first_depth": first_d,
+                 "scan_command": _probe_command(r, [first_w], sorted({max(0, first_d - 1), first_d}), prefill=False)})
+    ev.append(f"the smallest width and depth: {data['scan_command']}")
+    return {"width": first_w, "depth": first_d}
+
+
+def _first_depth(engine: Any, r: ReplayRequest, width: int, depth: int) -> int:
+    """The smallest depth in 0..depth where the width-row block differs (it does at ``depth``): by halving."""
+    def differs(at: int) -> bool:
+        return bool(_probe(engine, r, [width], [at], prefill=False).verdict == Verdict.DIVERGENT)
+
+    if differs(0):
+        return 0
+    lo, hi = 0, depth  # equal at lo, differs at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if differs(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _bisect(d: Diagnosis, r: ReplayRequest, engine: Any, width: int, depth: int) -> None:
+    """Step 5: that block's first divergent layer and sub-op."""
+    from specparity.bisect.run import run_bisect
+
+    found = run_bisect(engine, r.prompt_ids, width, depth)
+    rep = found.report
+    sub = rep.drill.subop if rep.drill is not None else None
+    child = rep.drill.child if rep.drill is not None else None
+    row = rep.first_row()
+    layer = row.index if row is not None else None
+    d.location.update({"layer": layer, "subop": sub, "child": child, "bisected_width": width,
+                       "bisected_depth": depth})
+    cmd = shlex.join(["specparity", "bisect", *_model_flags(r), "--width", str(width), "--depth", str(depth),
+                      "--prompt-ids", _ids(r.prompt_ids)])
+    d.steps.append(Step(5, RAN, Verdict(found.verdict), [rep.headline()]
+                        + ([rep.drill.sentence] if rep.drill is not None else []), cmd,
+                        {"first_divergent": rep.first_divergent, "layer": layer, "subop": sub, "child": child}))
+
+
+def _first_difference(d: Diagnosis, f: Finding, replay: dict[str, Any]) -> str:
+    """Step 7: classic decode's pick where the answers part: an exact tie, a near tie, or neither."""
+    from specparity.reference import NEAR_TIE, near_tie, ulp
+
+    pick = replay.get("served_pick") or {}
+    dtype = str(replay.get("dtype") or "float32")
+    margin = pick.get("margin")
+    served = replay.get("served_token")
+    call = "neither"
+    ev: list[str] = []
+    if f.tie is not None or margin == 0.0:
+        call = "exact_tie"
+        ev.append(f"an exact tie in {dtype}: classic decode kept token {pick.get('token')} (the lower id), the server"
+                  f" took {served}")
+    elif margin is not None:
+        tc = near_tie(margin, None, dtype=dtype, logprob=pick.get("logprob"))
+        ulps = abs(margin) / ulp(dtype, pick.get("logprob") or 1.0)
+        runner = pick.get("runner_up") == served
+        if tc.kind == NEAR_TIE:
+            call = "near_tie"
+        ev.append(f"classic token {pick.get('token')}, the server's {served}"
+                  f" ({'classic decode runner-up' if runner else 'not classic decode runner-up'}); top-2 margin"
+                  f" {margin:.4g} nats = {ulps:.3g} ULPs of {dtype} at the logprob; near-tie band {tc.threshold:.3g}:"
+                  f" {'a near tie' if call == 'near_tie' else 'a confident token, neither an exact nor a near tie'}")
+        d.location["margin"] = margin
+        d.location["margin_ulps"] = ulps
+    else:
+        ev.append("classic decode's pick at the difference is not known")
+        call = "unknown"
+    step = d.step(1)
+    d.steps.append(Step(7, RAN, step.verdict, ev, step.command, {"call": call, "pick": pick, "served_token": served}))
+    return call
+
+
+def _decide(d: Diagnosis, pre: Any, block: dict[str, Any] | None, rewind: Any, tie: str, r: ReplayRequest) -> None:
+    loc = d.location
+    if block is not None:
+        loc["width"], loc["depth"] = block["width"], block["depth"]
+        loc["position"] = len(r.prompt_ids) - 1 + block["depth"]
+        d.phase = TIE if tie == "exact_tie" else VERIFY
+        at = (f"from depth {block['depth']} (cache position {loc['position']})" if block["depth"]
+              else "at every depth")
+        layer = (f"; first divergent layer {loc.get('layer')}" + (f", sub-op {loc['subop']}" if loc.get("subop") else "")
+                 if loc.get("layer") is not None else "")
+        d.summary = (f"the verify block differs from the chain at width {block['width']} and up, {at}{layer};"
+                     f" the flip is {tie.replace('_', ' ')}")
+        d.open = ["step 4 (rollbacks), 6 (control arms) and 8 (releases): " + NOT_IN_THIS_VERSION
+                  + "; which kernel the width or depth selects is the engine's to name"]
+        return
+    if rewind:
+        d.phase = ROLLBACK
+        d.summary = f"a rewind did not take effect in the replay: {rewind}"
+    elif pre.verdict == Verdict.DIVERGENT and loc.get("token_index") == 0:
+        d.phase = PREFILL
+        d.summary = "the first token already differs and the prompt's prefill depends on how it is chunked"
+    elif r.processors is not None and getattr(r.processors, "active", False):
+        d.phase = PROCESSORS
+        d.summary = ("the verify block equals the chain, yet the speculative path's tokens differ: its logits"
+                     " processors see another history than classic decode's")
+    else:
+        d.summary = "the verify block at that width and depth equals the chain; the tree does not place it"
+    d.open = ["step 4 (each rollback's state) and 6 (control arms): " + NOT_IN_THIS_VERSION
+              + ": the next to try where the block is equal"]
