@@ -346,21 +346,29 @@ def _reproduce(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models) -> di
     return res
 
 
-def _prefill(d: Diagnosis, r: ReplayRequest, engine: Any) -> Any:
-    """Step 2: the probe's prefill parity on the request's prompt."""
-    run = _probe(engine, r, [1], [0], prefill=True)
+def _prefill(d: Diagnosis, r: ReplayRequest, engine: Any) -> Verdict:
+    """Step 2: the probe's prefill parity on the request's prompt (its verdict alone is returned). The probe
+    runs no prefill check without a block: the command's verdict also counts a 2-row block at depth 0, which
+    the evidence states apart."""
+    from specparity.verdicts import combine
+
+    run = _probe(engine, r, [2], [0], prefill=True)
     pre = run.prefill[0] if run.prefill else None
+    alone = combine([a.verdict for a in pre.arms]) if pre is not None else Verdict.NOT_RUN
     ev = []
     if pre is not None:
         for a in pre.arms:
             where = f" (layers {', '.join(map(str, a.layers_differing))} differ)" if a.layers_differing else ""
             ev.append(f"{a.name} prefill ({a.chunk} rows per call) vs one-shot ({pre.prompt_len} rows): {a.verdict}"
                       + where)
-        ev.append(f"the server prefills prompt tokens but the last in calls of up to {r.opts.prefill_step_size} rows,"
-                  " as classic decode does; the last prompt token goes into its first verify block")
-    d.steps.append(Step(2, RAN, Verdict(run.verdict), ev, _probe_command(r, [1], [0], prefill=True),
-                        {"arms": [a.to_dict() for a in pre.arms] if pre is not None else []}))
-    return run
+        ev.append(f"the server prefills the prompt but its last token in calls of up to {r.opts.prefill_step_size}"
+                  " rows, as classic decode does; the last prompt token goes into its first verify block")
+    cell = run.probe.cells[0]
+    ev.append(f"the command also compares a 2-row block at depth 0 with 2 single steps: {cell.verdict}")
+    d.steps.append(Step(2, RAN, Verdict(run.verdict), ev, _probe_command(r, [2], [0], prefill=True),
+                        {"prefill_verdict": alone, "arms": [a.to_dict() for a in pre.arms] if pre is not None else [],
+                         "block_verdict": cell.verdict}))
+    return Verdict(alone)
 
 
 def _verify(d: Diagnosis, r: ReplayRequest, engine: Any, width: int, depth: int) -> dict[str, Any] | None:
@@ -462,7 +470,7 @@ def _first_difference(d: Diagnosis, f: Finding, replay: dict[str, Any]) -> str:
     return call
 
 
-def _decide(d: Diagnosis, pre: Any, block: dict[str, Any] | None, rewind: Any, tie: str, r: ReplayRequest) -> None:
+def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: Any, tie: str, r: ReplayRequest) -> None:
     loc = d.location
     if block is not None:
         loc["width"], loc["depth"] = block["width"], block["depth"]
@@ -480,7 +488,7 @@ def _decide(d: Diagnosis, pre: Any, block: dict[str, Any] | None, rewind: Any, t
     if rewind:
         d.phase = ROLLBACK
         d.summary = f"a rewind did not take effect in the replay: {rewind}"
-    elif pre.verdict == Verdict.DIVERGENT and loc.get("token_index") == 0:
+    elif pre == Verdict.DIVERGENT and loc.get("token_index") == 0:
         d.phase = PREFILL
         d.summary = "the first token already differs and the prompt's prefill depends on how it is chunked"
     elif r.processors is not None and getattr(r.processors, "active", False):

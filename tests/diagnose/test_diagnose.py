@@ -1,0 +1,156 @@
+"""`specparity diagnose` through the installed command, on served records the fault fixtures make.
+
+One served job on real mlx_lm.server processes (module-scoped: made once) holds two faults: a kernel
+that changes at a width (a rows fault on layer 2's MLP from 4 rows on) and one that changes past a
+depth (layer 2's MLP, from 2 rows, once the cache holds 28 positions). Each finding's diagnosis must
+name the right phase and location, and every command it prints must give its step's verdict when
+run. A clean record and a length finding need no model: their records are written as `served` lays
+them out.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import build, run_cli
+
+ROWS = {"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}
+DEPTH = {"kind": "depth", "layer": 2, "subop": "mlp", "min_offset": 28, "min_rows": 2, "scale": 8.0}
+PROMPT = "Speculative decoding drafts several tokens with a small model and verifies them"
+
+
+@pytest.fixture(scope="module")
+def served_faults(fixture_root: Path, cli_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A served record of the two faults at widths 3 and 4 (exit 1: both diverge)."""
+    rows = build(fixture_root, "llama-diag-rows", arch="llama", faults=[ROWS])
+    depth = build(fixture_root, "llama-diag-depth", arch="llama", faults=[DEPTH])
+    tmp = tmp_path_factory.mktemp("diagnose-served")
+    job = {"pairings": [{"name": n, "target": p.target, "draft": p.draft, "profile": "mlx-lm", "trust_remote_code": True}
+                        for n, p in (("rows", rows), ("depth", depth))],
+           "widths": [3, 4], "sequence": ["fresh"], "max_tokens": 24, "prompts": [PROMPT], "self_draft": False,
+           "concurrency": 0}
+    cfg = tmp / "job.yaml"
+    cfg.write_text(yaml.safe_dump(job))
+    r = run_cli(cli_bin, "served", "--config", str(cfg), "--record-dir", str(tmp / "rec"), "--quiet")
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    return tmp / "rec"
+
+
+def _by_id(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {d["finding"]["id"]: d for d in out["diagnoses"]}
+
+
+def _step(d: dict[str, Any], n: int) -> dict[str, Any]:
+    return next(s for s in d["steps"] if s["number"] == n)
+
+
+def _check_commands(cli_bin: str, d: dict[str, Any]) -> list[str]:
+    """Run every command the diagnosis printed: each exits 1 where its step said divergent, 0 where equal."""
+    ran = []
+    for s in d["steps"]:
+        if s["status"] != "ran" or not s["command"] or s["command"] in ran:
+            continue
+        argv = shlex.split(s["command"])
+        assert argv[0] == "specparity", s
+        r = run_cli(cli_bin, *argv[1:], "--json")
+        want = {"divergent": 1, "equal": 0}[s["verdict"]]
+        assert r.returncode == want, (s["number"], s["command"], r.stdout[-1500:], r.stderr[-1500:])
+        ran.append(s["command"])
+    return ran
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_served_record_of_two_faults_is_diagnosed_to_their_width_depth_layer_and_sub_op(
+        served_faults: Path, cli_bin: str) -> None:
+    r = run_cli(cli_bin, "diagnose", str(served_faults), "--json")  # the directory: its newest served record
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    diags = _by_id(out)
+    assert "rows/w4/p0" in diags and "rows/w3/p0" not in diags, list(diags)
+    depth = [d for i, d in diags.items() if i.startswith("depth/")]
+    assert depth, list(diags)
+    # every step is accounted for, in order; 4, 6 and 8 say they are not done, never left out
+    for d in diags.values():
+        assert [s["number"] for s in d["steps"]] == list(range(1, 9))
+        assert all(_step(d, n)["status"] == "not_done" and "not done in this version" in _step(d, n)["evidence"][0]
+                   for n in (6, 8))
+        assert _step(d, 1)["verdict"] == "divergent" and "reproduced" in " ".join(_step(d, 1)["evidence"])
+
+    rows = diags["rows/w4/p0"]
+    assert rows["phase"] == "verify", rows["summary"]
+    loc = rows["location"]
+    # the kernel changes at 4 rows (w3 matched), at every depth; the bisect names the faulted layer and sub-op
+    assert (loc["width"], loc["depth"], loc["layer"], loc["subop"]) == (4, 0, 2, "mlp"), loc
+    assert _step(rows, 3)["data"]["first_width"] == 4 and _step(rows, 5)["verdict"] == "divergent"
+    assert _step(rows, 7)["data"]["call"] == "neither"  # a confident token flipped: no tie
+
+    for d in depth:
+        assert d["phase"] == "verify", d["summary"]
+        loc = d["location"]
+        # from 2 rows, and first past the depth where the cache holds 28 positions
+        assert (loc["width"], loc["position"], loc["layer"], loc["subop"]) == (2, 28, 2, "mlp"), loc
+        assert loc["depth"] > 0 and "past a depth" in " ".join(_step(d, 3)["evidence"])
+
+    # the text says the same, one finding after the other; every printed command repeats its step's verdict
+    text = run_cli(cli_bin, "diagnose", str(served_faults), "--finding", "rows/w4/p0")
+    assert text.returncode == 1 and "finding rows/w4/p0 (width 4) at token" in text.stdout
+    assert "phase verify" in text.stdout and "step 6 control arms: not_done" in text.stdout
+    ran = _check_commands(cli_bin, rows) + _check_commands(cli_bin, depth[0])
+    assert {shlex.split(c)[1] for c in ran} == {"replay", "probe", "bisect"}
+
+
+def _record(root: Path, requests: list[dict[str, Any]], verdict: str = "match") -> Path:
+    """A complete served record as `served` lays it out: one pairing, one drafting arm w2 of these requests."""
+    name = "served-host-2026-01-02"
+    data = root / "data" / name
+    data.mkdir(parents=True)
+    arm = {"pairing": "p", "name": "w2", "kind": "width", "width": 2, "setting": 1, "verdict": verdict,
+           "requests": len(requests)}
+    summary = {"verdict": verdict, "exit_code": 1 if verdict == "diverged" else 0,
+               "pairings": [{"name": "p", "verdict": verdict, "profile": "mlx-lm", "target": "t", "draft": "d",
+                             "reason": "", "arms": [arm]}]}
+    (data / "report.json").write_text(json.dumps({
+        "kind": "served", "title": "served: p", "argv": [], "status": "complete", "verdict": verdict,
+        "exit_code": summary["exit_code"], "summary": summary}))
+    (data / "arms.jsonl").write_text(json.dumps(arm) + "\n")
+    (data / "p-w2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
+    md = root / f"{name}.md"
+    md.write_text("# served\n")
+    return md
+
+
+def test_a_clean_record_has_nothing_to_diagnose_exit_0(cli_bin: str, tmp_path: Path) -> None:
+    md = _record(tmp_path, [{"id": "p0", "kind": "fresh", "verdict": "match", "completion": {"seconds": 0.1}}])
+    r = run_cli(cli_bin, "diagnose", str(md), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["verdict"] == "pass" and out["diagnoses"] == []
+    text = run_cli(cli_bin, "diagnose", str(md))
+    assert text.returncode == 0 and "no finding to diagnose" in text.stdout
+    # a finding it does not hold is a usage error naming the ones it does
+    bad = run_cli(cli_bin, "diagnose", str(md), "--finding", "w9/p0")
+    assert bad.returncode == 2 and "--finding w9/p0: no such finding" in bad.stderr
+
+
+def test_a_length_finding_is_its_own_class_settled_by_the_record(cli_bin: str, tmp_path: Path) -> None:
+    reason = ("a length finding: w2 emitted 6 tokens where max_tokens is 4 (2 past it); its text up to there is"
+              " classic decode's, which stops at max_tokens; differs from classic decode: first difference at token 4")
+    req = {"id": "p0", "kind": "fresh", "verdict": "diverged", "reason": reason,
+           "request": {"body": {"prompt": "x", "max_tokens": 4}},
+           "completion": {"text": "abcdef", "sha256": "s", "token_ids": [1, 2, 3, 4, 5, 6],
+                          "usage": {"completion_tokens": 6}},
+           "classic": {"token_index": 4, "reference": "classic decode", "other": "w2"},
+           "reproduction": {"command": None, "reason": "not needed"}}
+    md = _record(tmp_path, [req], verdict="diverged")
+    r = run_cli(cli_bin, "diagnose", str(md), "--json")
+    assert r.returncode == 1, r.stderr
+    (d,) = json.loads(r.stdout)["diagnoses"]
+    assert d["phase"] == "length" and d["location"] == {"max_tokens": 4, "completion_tokens": 6}
+    assert all(s["status"] == "skipped" and "length finding" in s["evidence"][0] for s in d["steps"])
