@@ -393,7 +393,8 @@ def _verify(d: Diagnosis, r: ReplayRequest, engine: Any, width: int, depth: int)
         ev.append(f"at width {first_w} the block differs from depth 0 on")
     else:
         ev.append(f"at width {first_w} the block equals the chain at depth {first_d - 1} and differs from depth"
-                  f" {first_d} (cache position {len(r.prompt_ids) - 1 + first_d}) on: a kernel that changes past a depth")
+                  f" {first_d} (cache position {len(r.prompt_ids) - 1 + first_d}) on:"
+                  " a kernel that changes past a depth")
     data.update({"first_width": first_w, "first_depth": first_d,
                  "scan_command": _probe_command(r, [first_w], sorted({max(0, first_d - 1), first_d}), prefill=False)})
     ev.append(f"the smallest width and depth: {data['scan_command']}")
@@ -478,8 +479,8 @@ def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: An
         d.phase = TIE if tie == "exact_tie" else VERIFY
         at = (f"from depth {block['depth']} (cache position {loc['position']})" if block["depth"]
               else "at every depth")
-        layer = (f"; first divergent layer {loc.get('layer')}" + (f", sub-op {loc['subop']}" if loc.get("subop") else "")
-                 if loc.get("layer") is not None else "")
+        sub = f", sub-op {loc['subop']}" if loc.get("subop") else ""
+        layer = f"; first divergent layer {loc.get('layer')}{sub}" if loc.get("layer") is not None else ""
         d.summary = (f"the verify block differs from the chain at width {block['width']} and up, {at}{layer};"
                      f" the flip is {tie.replace('_', ' ')}")
         d.open = ["step 4 (rollbacks), 6 (control arms) and 8 (releases): " + NOT_IN_THIS_VERSION

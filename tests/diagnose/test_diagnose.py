@@ -30,8 +30,8 @@ def served_faults(fixture_root: Path, cli_bin: str, tmp_path_factory: pytest.Tem
     rows = build(fixture_root, "llama-diag-rows", arch="llama", faults=[ROWS])
     depth = build(fixture_root, "llama-diag-depth", arch="llama", faults=[DEPTH])
     tmp = tmp_path_factory.mktemp("diagnose-served")
-    job = {"pairings": [{"name": n, "target": p.target, "draft": p.draft, "profile": "mlx-lm", "trust_remote_code": True}
-                        for n, p in (("rows", rows), ("depth", depth))],
+    job = {"pairings": [{"name": n, "target": p.target, "draft": p.draft, "profile": "mlx-lm",
+                         "trust_remote_code": True} for n, p in (("rows", rows), ("depth", depth))],
            "widths": [3, 4], "sequence": ["fresh"], "max_tokens": 24, "prompts": [PROMPT], "self_draft": False,
            "concurrency": 0}
     cfg = tmp / "job.yaml"
