@@ -25,6 +25,8 @@
                     (loaded only while no server is, unless the job opts in)
     memory.py       what the job's processes hold (peak RSS, the sampled sum) and the budget it states
                     before it starts
+    limits.py       each request's time limit, derived from what the job measured (or one for all: the override)
+    timing.py       where a pairing's wall time goes, by phase (the record's ``time``)
     judge.py        request, arm and pairing verdicts (public: merge judges with it too)
     reproduce.py    the in-process command that reproduces a finding, or why there is none
     results.py      typed results with to_dict / from_dict, and the report's text
@@ -39,6 +41,7 @@ module that writes and reads its layout).
 Add a server: one profile YAML (profiles/mlx-lm.yaml documents every key; a
 user's file is passed by path with --profile). Add an engine that needs code
 (placeholders such as its binary, a checkpoint export, its own evidence, a
-pinned environment): one module in engines/, named by the profile's
-``engine`` key; engines/__init__.py lists the hooks.
+pinned environment): its package (specparity/engines/<name>/: served.py and its
+profile YAML), named by the profile's ``engine`` key; specparity/engines/__init__.py
+lists the hooks.
 """
