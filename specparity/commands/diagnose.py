@@ -39,7 +39,7 @@ def diagnose(record: str, finding: str | None, as_json: bool, record_dir: str | 
 
     \b
     Examples:
-        specparity diagnose results/served-host-2026-01-01.md   # not tested: names a record a served job wrote (docs/diagnose.md makes one and runs diagnose on it)
+        specparity diagnose results/served-host-2026-01-01.md   # not tested: a served job's record (docs/diagnose.md)
         specparity diagnose results --finding w4/p0 --json      # not tested: the same (docs/diagnose.md)
     """
     from specparity.diagnose.findings import read_findings

@@ -118,9 +118,9 @@ def _finding(p: dict[str, Any], pname: str, arm: dict[str, Any], r: dict[str, An
     diff = r.get("classic") or r.get("divergence") or {}
     comp = r.get("completion") or {}
     req = r.get("request") or {}
-    body = req.get("body") if isinstance(req.get("body"), dict) else {}
+    body: dict[str, Any] = req["body"] if isinstance(req.get("body"), dict) else {}
     limit = body.get("max_tokens", body.get("max_completion_tokens"))
-    usage = comp.get("usage") if isinstance(comp.get("usage"), dict) else {}
+    usage: dict[str, Any] = comp["usage"] if isinstance(comp.get("usage"), dict) else {}
     n = usage.get("completion_tokens")
     if not isinstance(n, int) and isinstance(comp.get("token_ids"), list):
         n = len(comp["token_ids"])
