@@ -11,9 +11,12 @@ rejected rows with ``cache.trim_prompt_cache``. ``stream_generate(draft_model=..
 server (``mlx_lm server --draft-model``) is mlx-lm 0.31.3's, unchanged.
 
 Which mlx_lm is the fork: the distribution ``mlx-lm-broomva`` (``importlib.metadata``) and the module only it
-has, ``mlx_lm.models.gemma4_assistant`` (the registry's ``module``: mlx-lm 0.31.3 and 0.32.2 have none; the
-built-in ``mlx-lm`` engine's module is ``mlx_lm`` itself). Its loops also refuse an ``mlx_lm`` whose generate
-lacks ``mtp_speculative_generate_step`` (:func:`specparity.engines.mlx_lm_broomva.loops.check_fork`).
+has, ``mlx_lm.models.gemma4_assistant`` (mlx-lm 0.31.3 and 0.32.2 have none); its loops refuse any other
+``mlx_lm`` (:func:`specparity.engines.mlx_lm_broomva.loops.check_fork`), naming its environment. The registry's
+``module`` stays None: any module of the fork lives in the package ``mlx_lm``, which the tree test of "an engine
+is one package" takes as this engine's name and finds in every engine-agnostic use of mlx-lm (the default
+engine's). So a command does not re-run in its environment by itself: ``--environment mlx-lm-broomva`` (every
+command below, and the served profile's ``environment:``) runs it there.
 
 Its environment: mlx-lm 0.31.3 (what specparity's own ``mlx-lm`` dependency resolves to), then the fork over it
 with ``pip --no-deps`` (both distributions write ``mlx_lm/``: installed in one pip run, which one's files land
@@ -50,7 +53,9 @@ def default_checkpoints() -> tuple[Path, Path | None]:
 ENGINE = EngineSpec(
     name=NAME,
     description="mlx-lm-broomva 0.31.3: mlx-lm's fork with Gemma 4 MTP drafting (gemma4_assistant drafters)",
-    module=FORK_MODULE,
+    # None, not FORK_MODULE: see the module docstring (the tree test reads a module's top-level package as the
+    # engine's name, and the fork's is mlx_lm); its loops check the fork themselves
+    module=None,
     environments=(
         PinnedEnv(NAME, ("mlx-lm==0.31.3",),
                   "mlx-lm-broomva 0.31.3 (mtp_speculative_generate_step, stream_generate, generate CLI, server)"

@@ -308,7 +308,7 @@ def _greedy(target: Any, prompt: list[int], n: int) -> list[int]:
     logits = target(mx.array(prompt)[None], cache=cache)
     out: list[int] = []
     for _ in range(n):
-        y = int(mx.argmax(logits[0, -1]).item())
+        y = int(mx.argmax(logits[0, -1]).tolist())  # type: ignore[arg-type]  # a scalar's tolist is a number
         out.append(y)
         logits = target(mx.array([[y]]), cache=cache)
     return out
@@ -428,9 +428,9 @@ def measure_mix(target: Any, model: Any, config: dict[str, Any], ordering: Any,
                     top = mx.argpartition(-centroids[0, -1], kth=top_k - 1)[:top_k]
                     allowed = mx.array(ordering).reshape(-1, per_centroid)[top].reshape(-1)
                     row = logits[0, -1]
-                    tok = int(allowed[mx.argmax(row[allowed])].item())
+                    tok = int(allowed[mx.argmax(row[allowed])].tolist())  # type: ignore[arg-type]
                 else:
-                    tok = int(mx.argmax(logits[0, -1]).item())
+                    tok = int(mx.argmax(logits[0, -1]).tolist())  # type: ignore[arg-type]
                 drafts.append(tok)
             while n < DRAFTS and drafts[n] == seq[i + 1 + n]:
                 n += 1
@@ -483,7 +483,8 @@ def build_gemma4_pair(out: str | os.PathLike, shape: str = "gemma4-e2b", dtype: 
                             metadata={"format": "mlx"})
         (tmp / "target" / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         wdtype = getattr(mx, dtype)
-        weights = {k: v.astype(wdtype) for k, v in tree_flatten(drafter.parameters())}
+        flat: list[tuple[str, Any]] = tree_flatten(drafter.parameters())  # type: ignore[assignment]
+        weights = {k: v.astype(wdtype) for k, v in flat}
         if dconfig["use_ordered_embeddings"]:
             # as published: the cluster ordering is a buffer the fork's sanitize installs (int64 on the hub)
             weights["masked_embedding.token_ordering"] = ordering.astype(mx.int64)

@@ -2,7 +2,8 @@
 
 Each entry point runs on the pair loaded by the fork's own ``mlx_lm.load`` (a Gemma 4 target, a
 ``gemma4_assistant`` drafter) with its library defaults: only the prompt's ids (its CLI: the prompt's text) and
-``max_tokens`` are given; ``num_draft_tokens`` is the loop's default, 2. Classic decode is the fork's own
+``max_tokens`` are given; ``num_draft_tokens`` is the loop's default, 2 (its CLI's own default, 3). Classic
+decode is the fork's own
 ``generate_step`` (mlx-lm 0.31.3's, unchanged by the fork), what its ``stream_generate`` runs without a drafter.
 
 Its acceptance record, round by round, is the loop's own: ``mtp_speculative_generate_step`` yields each token
@@ -26,6 +27,7 @@ from typing import Any
 from specparity.probes.engine_e2e import Classic, Finding, failed, judge, load_once
 
 DISTRIBUTION = "mlx-lm-broomva"
+DEFAULT_DRAFTS = 2  # mtp_speculative_generate_step's num_draft_tokens
 DRAFT_SOURCE = "gemma4_assistant"
 # (entry point, what it is): its library generator, the stream_generate that dispatches to it, its CLI
 ENTRY_POINTS = (
@@ -49,8 +51,8 @@ def check_fork() -> str:
     try:
         version = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
-        raise RuntimeError(f"{DISTRIBUTION} is not installed in this Python ({sys.prefix}): its environment is"
-                           f" built by scripts/build-env {DISTRIBUTION}") from None
+        raise RuntimeError(f"{DISTRIBUTION} is not installed in this Python ({sys.prefix}): run it in its environment"
+                           f" (--environment {DISTRIBUTION}; built by scripts/build-env {DISTRIBUTION})") from None
     if not hasattr(generate_module(), "mtp_speculative_generate_step"):
         raise RuntimeError(f"{DISTRIBUTION} {version} is installed, but this mlx_lm.generate has no"
                            " mtp_speculative_generate_step: another mlx-lm's files replaced the fork's")
@@ -103,6 +105,7 @@ def recording(recorder: Recorder) -> Iterator[None]:
 
     def observed(prompt: Any, *args: Any, **kw: Any) -> Iterator[Any]:
         recorder.prompt = [int(x) for x in prompt.tolist()]
+        recorder.k = int(kw.get("num_draft_tokens", DEFAULT_DRAFTS))  # its CLI passes its own (3)
         return recorder.wrap(loop(prompt, *args, **kw))
 
     def recorded_trim(cache: list[Any], num_tokens: int) -> Any:
@@ -164,7 +167,7 @@ def run_entry(entry: str, pair: Callable[[], dict[str, Any]], target: str, draft
 
     f = Finding(DISTRIBUTION, entry)
     t0 = time.perf_counter()
-    recorder = Recorder(2, n)  # the loop's default num_draft_tokens
+    recorder = Recorder(DEFAULT_DRAFTS, n)
     try:
         loaded = pair()
         g = generate_module()
