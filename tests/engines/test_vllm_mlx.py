@@ -7,7 +7,8 @@ MLX's CPU backend, 16 tokens of the built-in prompts (fresh, repeat, shared pref
 
 - mlx-lm 0.31.3 (the only release its pins allow): its scheduler's MTP patch does not install
   (``[MTP] disabled: mlx-lm BatchGenerator lacks the _step hook``): every request of the drafted arm equals
-  classic decode and is ``not_engaged`` with that line as its evidence (exit 3), never a pass;
+  classic decode and is ``not_engaged`` with that line as its evidence, never a pass; sent three at once (its
+  continuous batching, nothing drafted) the fresh prompt and its repeat leave classic decode at token 6;
 - mlx-lm 0.30.7 (below its pins, where the patch installs): every drafted request fails in its engine loop
   (``TypeError: Model.__call__() got an unexpected keyword argument 'return_hidden'``: its injection patches the
   inner ``language_model``'s class, its scheduler calls the outer ``qwen3_5.Model``) and never completes: error,
@@ -129,12 +130,15 @@ def arms(pairing: dict) -> dict[str, dict]:
 @pytest.mark.build
 @pytest.mark.server
 @pytest.mark.model
-def test_on_its_only_mlx_lm_its_mtp_never_drafts(mtp_target: Path, cli_bin: str, tmp_path: Path) -> None:
+def test_on_its_only_mlx_lm_its_mtp_never_drafts_and_a_batch_leaves_classic_decode(mtp_target: Path, cli_bin: str,
+                                                                                  tmp_path: Path) -> None:
     """mlx-lm 0.31.3: the server loads the head (``--enable-mtp``), its scheduler declines to patch mlx-lm's
-    BatchGenerator, every drafted request equals classic decode without drafting: not_engaged, exit 3."""
-    rc, pairing = served_job(cli_bin, tmp_path, mtp_target, ENV)
+    BatchGenerator, every drafted request sent alone equals classic decode without drafting: not_engaged, never a
+    pass. The same server with the three requests sent at once (its continuous batching, no drafting) leaves
+    classic decode at token 6 on the fresh prompt and its repeat: diverged, exit 1."""
+    rc, pairing = served_job(cli_bin, tmp_path, mtp_target, ENV, concurrency=3)
     found = arms(pairing)
-    assert rc == 3, pairing
+    assert rc == 1, pairing
     for base in ("baseline-start", "baseline-end"):
         assert {r["verdict"] for r in found[base]["requests"]} == {"match"}, found[base]
     drafted = found["w2"]["requests"]
@@ -142,6 +146,9 @@ def test_on_its_only_mlx_lm_its_mtp_never_drafts(mtp_target: Path, cli_bin: str,
     for r in drafted:
         assert r["reference"]["compared"] and r["sha256"] == r["reference"]["sha256"]
         assert MTP_OFF in r["evidence"]["lines"][0]
+    batched = {r["id"]: r for r in found["concurrent"]["requests"]}
+    assert batched["p0"]["verdict"] == batched["p0-again"]["verdict"] == "diverged"
+    assert "first difference at token 6" in batched["p0"]["reason"]
 
 
 @pytest.mark.slow
