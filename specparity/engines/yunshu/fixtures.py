@@ -101,7 +101,8 @@ def dress(target: Path, seed: int) -> list[str]:
     flat = json.loads((target / "config.json").read_text())
     if flat.get("model_type") != "qwen3_5" or "text_config" in flat:
         raise UsageError(f"{target}: yunshu's fixture dresses a flat qwen3_5 target, not {flat.get('model_type')!r}")
-    weights: dict[str, Any] = dict(mx.load(str(target / "model.safetensors")))
+    loaded: Any = mx.load(str(target / "model.safetensors"))  # a .safetensors file: a dict of arrays
+    weights: dict[str, Any] = dict(loaded)
     dtype = getattr(mx, flat["torch_dtype"])
     mx.random.seed(seed + 2)
     for name, shape in _VISION_TENSORS.items():
