@@ -11,7 +11,9 @@ What it shows, for the newest record of the series:
     the first-divergence chart ``served`` draws (records.chart);
   - per arm, its requests; per request a drill-down: the two texts aligned at the first difference,
     the tokens and margins around it, the tie label and the cause where named, the evidence that the
-    drafter ran, and the command that reproduces it (with a copy button) or why there is none.
+    drafter ran, and the command that reproduces it (with a copy button) or why there is none; where
+    the record holds the finding's diagnosis (``served --diagnose``), its phase, location and summary,
+    each step's status, verdict, evidence and the command that repeats it, and what it leaves open.
 Across the series (several nights): per arm, its verdict each night, and the night each cell changed.
 
 Everything taken from a record goes through :func:`esc` (text, ids, names, commands): completion
@@ -21,8 +23,9 @@ Nothing here imports the harness runner or mlx.
 
 Bounded (docs/records.md): of the records named, the newest HISTORY_NIGHTS are read, the older of
 them only as far as the history needs; of the newest, each request line is held without what the page
-never shows (token ids, logprobs, top-k logprobs away from the first difference); a text is shown up to
-TEXT_CHARS characters; the page is written as it is made, never held whole.
+never shows (token ids, logprobs, top-k logprobs away from the first difference; of a diagnosis, its
+steps' data), each diagnosis's text cut at TEXT_CHARS characters and DIAGNOSIS_ITEMS lines; a text is
+shown up to TEXT_CHARS characters; the page is written as it is made, never held whole.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Any
 
 from specparity.errors import UsageError
 from specparity.records.record import Record, list_records, read_record, read_report
-from specparity.records.served import ARMS, KIND, ServedRecord, check_line
+from specparity.records.served import ARMS, DIAGNOSES, KIND, ServedRecord, check_line, location_text
 from specparity.records.text import printable
 from specparity.verdicts import Verdict
 
@@ -56,6 +59,9 @@ TEXT_CHARS = 2000
 # the records the history across nights shows (the newest; a month of nightly runs): rows x nights grew
 # without bound (1,000 nights with a pairing renamed each night made a 151 MB page)
 HISTORY_NIGHTS = 30
+# the most steps, evidence lines and open items of one diagnosis the page holds (the tree has eight steps
+# of a few lines each: a record written otherwise is cut, never held whole)
+DIAGNOSIS_ITEMS = 40
 
 
 def esc(value: Any) -> str:
@@ -134,6 +140,8 @@ def _shown(data: Path, stem: str, entry: int, line: dict[str, Any]) -> dict[str,
     first, less the completion's token ids and logprobs, its text where the line has its own, and its
     top-k logprobs away from the tokens the drill-down shows."""
     check_line(data, stem, entry, line)
+    if stem == DIAGNOSES:
+        return _diagnosis_shown(line)
     comp = line.get("completion")
     if stem == ARMS or not isinstance(comp, dict):
         return line
@@ -155,9 +163,33 @@ def _shown(data: Path, stem: str, entry: int, line: dict[str, Any]) -> dict[str,
 _NO_TOP: list[Any] = []
 
 
+def _cut(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS] + "\u2026"
+
+
+def _diagnosis_shown(line: dict[str, Any]) -> dict[str, Any]:
+    """What the page holds of a diagnoses.jsonl line: the finding's id, where it was diagnosed, and of the
+    diagnosis its phase, location, summary, open items and steps without their data, every text cut."""
+    d = line["diagnosis"]
+    n = DIAGNOSIS_ITEMS
+    steps = [{"number": s.get("number"), "name": _cut(s.get("name") or ""), "status": _cut(s.get("status")),
+              "verdict": s.get("verdict"), "evidence": [_cut(e) for e in (s.get("evidence") or [])[:n]],
+              "command": _cut(s["command"]) if s.get("command") else None} for s in (d.get("steps") or [])[:n]]
+    loc = d.get("location") or {}
+    return {"finding": line["finding"], "diagnosed_in": line.get("diagnosed_in"),
+            "diagnosis": {"phase": _cut(d.get("phase")), "summary": _cut(d.get("summary") or ""),
+                          "location": {k: v for k, v in list(loc.items())[:n] if isinstance(v, (int, float, str))
+                                       and len(str(v)) <= TEXT_CHARS},
+                          "open": [_cut(o) for o in (d.get("open") or [])[:n]], "steps": steps}}
+
+
 def _history_only(data: Path, stem: str, entry: int, line: dict[str, Any]) -> dict[str, Any]:
-    """What the page holds of an older record's line: an arm's line, a request's id, kind and verdict."""
+    """What the page holds of an older record's line: an arm's line, a request's id, kind and verdict, a
+    diagnosis's finding alone (the history shows verdicts, not diagnoses)."""
     check_line(data, stem, entry, line)
+    if stem == DIAGNOSES:
+        return {"finding": line["finding"], "diagnosis": {}}
     return line if stem == ARMS else {k: line[k] for k in ("id", "kind", "verdict")}
 
 
@@ -219,6 +251,8 @@ table.tokens td.shared { color: var(--muted); }
   white-space: pre-wrap; word-break: break-all; }
 button.copy { position: absolute; top: 6px; right: 6px; border: 1px solid #9fb0bc; background: #fff;
   border-radius: 5px; padding: 3px 9px; cursor: pointer; font-size: 12px; }
+.diag { border: 1px solid var(--line); border-radius: 6px; padding: 6px 10px; margin: 8px 0; background: #fbfcfd; }
+table.steps td { font-size: 12.5px; } table.steps .repro { margin-top: 4px; }
 .kv { display: grid; grid-template-columns: max-content 1fr; gap: 3px 14px; margin: 6px 0; }
 .kv dt { color: var(--muted); } .kv dd { margin: 0; }
 .charts { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
@@ -628,6 +662,7 @@ def _request(sr: ServedRecord, pname: str, arm: dict[str, Any], r: dict[str, Any
         parts.append(_tokens(d, r))
     parts.append(_facts(sr, pname, r, d))
     parts.append(_reproduction(r, rid))
+    parts.append(_diagnosis(sr, pname, str(arm.get("name")), r, rid))
     text = r.get("text") if r.get("text") is not None else (r.get("completion") or {}).get("text")
     if text is not None:
         off = min(max(d["char_offset"], 0), len(text)) if isinstance(d.get("char_offset"), int) else None
@@ -794,6 +829,38 @@ def _reproduction(r: dict[str, Any], rid: str) -> str:
     if rep and rep.get("reason"):
         return f'<p class="muted">not reproducible in process: {esc(rep["reason"])}</p>'
     return ""
+
+
+def _diagnosis(sr: ServedRecord, pname: str, arm: str, r: dict[str, Any], rid: str) -> str:
+    """The finding's diagnosis where the record holds one: its phase, location and summary, each step (status,
+    verdict, evidence, the command that repeats it, with a copy button) and what it leaves open."""
+    line = sr.diagnosis(pname, arm, str(r.get("id")))
+    if line is None:
+        return ""
+    d = line.get("diagnosis") or {}
+    where = line.get("diagnosed_in")
+    earlier = (f' <span class="muted">(diagnosed in {esc(where)}, an earlier night: not re-run)</span>'
+               if where and where != sr.record.name else "")
+    at = location_text(d.get("location"))
+    out = [f'<div class="diag" id="{rid}-diag"><p><b>diagnosis</b>: phase <b>{esc(d.get("phase"))}</b>'
+           + ("" if at == "-" else f" at {esc(at)}") + f"{earlier}</p>",
+           f"<p>{esc(d.get('summary'))}</p>",
+           '<table class="steps"><tr><th>step</th><th>status</th><th>verdict</th><th>evidence</th></tr>']
+    for n, s in enumerate(d.get("steps") or []):
+        ran = s.get("status") == "ran"
+        ev = "".join(f"<div>{esc(e)}</div>" for e in s.get("evidence") or [])
+        if s.get("command"):
+            cid = f"{rid}-s{n + 1}"
+            ev += (f'<div class="repro mono"><span id="{cid}-cmd">{esc(s["command"])}</span>'
+                   f'<button class="copy" type="button" data-for="{cid}-cmd">copy</button></div>')
+        out.append(f"<tr><td>{esc(s.get('number'))} {esc(s.get('name'))}</td><td>{esc(s.get('status'))}</td>"
+                   f"<td>{badge(s.get('verdict')) if ran else ''}</td><td>{ev}</td></tr>")
+    out.append("</table>")
+    if d.get("open"):
+        out.append('<p class="muted">left open:</p><ul>' + "".join(f"<li>{esc(o)}</li>" for o in d["open"])
+                   + "</ul>")
+    out.append("</div>")
+    return "\n".join(out)
 
 
 def _identity(sr: ServedRecord) -> str:

@@ -23,7 +23,7 @@ import re
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -258,7 +258,7 @@ RECORD_FILE_MAX_BYTES = 1 << 30
 Keep = Callable[[str, int, dict[str, Any]], dict[str, Any]]
 
 
-def read_record(path: str | os.PathLike, keep: Keep | None = None
+def read_record(path: str | os.PathLike, keep: Keep | None = None, only: Collection[str] | None = None
                 ) -> tuple[Record, dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Read a record: a ``.md`` path, its ``data/<name>`` directory, or its report.json.
 
@@ -278,6 +278,7 @@ def read_record(path: str | os.PathLike, keep: Keep | None = None
     writes for a server's malformed text) reads as that escape's six characters: no output
     could encode the surrogate itself. ``keep``: what to hold of each line once the reader has
     checked it (``records html`` keeps what its page shows), so a large record is never held whole.
+    ``only``: the JSONL stems to read (None: all); the others are neither read nor counted.
     """
     data = _data_dir(Path(path))
     rec = read_report(data)
@@ -292,6 +293,8 @@ def read_record(path: str | os.PathLike, keep: Keep | None = None
         identity = raw_ident
     arms: dict[str, list[dict[str, Any]]] = {}
     for f in sorted(data.glob("*.jsonl")):
+        if only is not None and f.stem not in only:
+            continue
         rows: list[dict[str, Any]] = []
         cut: int | None = None  # a line that is not JSON: only the last one may be (a crash cut it short)
         for n, line in _lines(f, root):
@@ -317,6 +320,8 @@ def read_record(path: str | os.PathLike, keep: Keep | None = None
         arms[f.stem] = rows
     # report.json counts a part after its line is written: fewer lines than counted is a lost file or lines
     for stem, counted in rec.arms.items():
+        if only is not None and stem not in only:
+            continue
         f = data / f"{stem}.jsonl"
         if stem not in arms:
             raise UsageError(f"{f}: missing, where {REPORT_FILE} counts {counted} finished parts in it: the record"

@@ -6,12 +6,19 @@ A served record is a record (records.record) whose data directory holds:
     identity.json               host, versions, model fingerprints (and shards, when merged)
     arms.jsonl                  one line per finished arm: {"pairing": name, **ArmResult.to_dict()}
     <pairing>-<arm>.jsonl       one line per request of that arm: RequestResult.to_dict()
+    diagnoses.jsonl             one line per finding diagnosed after the job (``served --diagnose``,
+                                specparity.diagnose.record): {"finding": PAIRING/ARM/REQUEST, "key": the
+                                finding's identity across nights, "diagnosed_in": the record whose run
+                                diagnosed it, "diagnosis": Diagnosis.to_dict()}; appended to a complete
+                                record (report.json does not count its lines), its markdown given a
+                                "Diagnoses" section the same way
     chart-<pairing>.svg         first divergence by width (records.chart)
     servers/<pairing>/...       the servers' logs and witness files
 
 ``specparity served`` and ``records merge`` write it through :func:`served_identity`,
 :func:`write_arm` and :func:`served_markdown`; ``records show / compare / merge / junit`` read it
-through :func:`read_served`. Nothing here imports the runner or mlx.
+through :func:`read_served`; diagnoses are appended by :func:`append_diagnoses` and read beside
+their requests (:meth:`ServedRecord.diagnosis`). Nothing here imports the runner or mlx.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ if TYPE_CHECKING:
 KIND = "served"
 ARMS = "arms"
 SERVERS_DIR = "servers"
+# the stem of the diagnoses' file: no request's stem (always "<pairing>-<arm>") can be it
+DIAGNOSES = "diagnoses"
 
 
 def chart_name(pairing: str) -> str:
@@ -162,6 +171,17 @@ class ServedRecord:
     def requests(self, pairing: str, arm: str) -> list[dict[str, Any]]:
         return self.rows.get(request_stem(pairing, arm), [])
 
+    def diagnosis(self, pairing: str, arm: str, request: str) -> dict[str, Any] | None:
+        """The diagnoses.jsonl line of that request's finding (None: not diagnosed in this record)."""
+        return self._diagnoses.get(finding_id(pairing, arm, request))
+
+    @functools.cached_property
+    def _diagnoses(self) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for line in self.rows.get(DIAGNOSES, []):
+            found.setdefault(str(line.get("finding")), line)  # the first one written: diagnose never writes two
+        return found
+
     def arm_result(self, pairing: str, line: dict[str, Any]) -> ArmResult:
         """An ArmResult as the harness built it when the arm finished (before the pairing was judged)."""
         from specparity.harness.results import ArmResult
@@ -204,6 +224,9 @@ class ServedRecord:
                     if r.get("verdict") in (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED) or (
                             r.get("verdict") == Verdict.NOT_ENGAGED and a.get("kind") != ArmKind.BASELINE):
                         out.append(f"  {a['name']} {r.get('id')}: {r.get('verdict')}: {r.get('reason')}")
+                        diag = self.diagnosis(pname, str(a["name"]), str(r.get("id")))
+                        if diag is not None:
+                            out += ["    " + line for line in diagnosis_lines(diag, self.record.name)]
         return out
 
     def report(self) -> ServedReport:
@@ -211,6 +234,77 @@ class ServedRecord:
         from specparity.harness.results import ServedReport
 
         return ServedReport.from_dict(self.summary, self.requests)
+
+
+def finding_id(pairing: str, arm: str, request: str) -> str:
+    """How a record names a finding (a diverged request): ``PAIRING/ARM/REQUEST``."""
+    return f"{pairing}/{arm}/{request}"
+
+
+# the location's keys in the order a reader reads them, and the words each is said with
+_LOCATION_WORDS = (("width", "width"), ("depth", "depth"), ("position", "cache position"), ("round", "round"),
+                   ("row", "row"), ("token_index", "token"), ("layer", "layer"), ("subop", "sub-op"),
+                   ("child", "child"), ("max_tokens", "max_tokens"), ("completion_tokens", "tokens emitted"))
+
+
+def location_text(location: Any) -> str:
+    """A diagnosis's location in words ("width 4, depth 0, cache position 12, layer 2, sub-op mlp"), its
+    keys in reading order, the margin last; "-" when it names nothing."""
+    if not isinstance(location, dict):
+        return "-"
+    bits = [f"{word} {location[k]}" for k, word in _LOCATION_WORDS if location.get(k) is not None]
+    margin = location.get("margin")
+    if isinstance(margin, (int, float)) and not isinstance(margin, bool):
+        ulps = location.get("margin_ulps")
+        bits.append(f"top-2 margin {margin:.4g} nats"
+                    + (f" ({ulps:.3g} ULPs)" if isinstance(ulps, (int, float)) and not isinstance(ulps, bool)
+                       else ""))
+    return ", ".join(bits) or "-"
+
+
+def diagnosis_lines(line: dict[str, Any], record_name: str | None = None) -> list[str]:
+    """What ``records show`` prints of a diagnoses.jsonl line: its phase, location and summary, the steps'
+    verdicts in one line, and where it was diagnosed when that is another record (an earlier night's)."""
+    d = line.get("diagnosis") or {}
+    where = location_text(d.get("location"))
+    out = [f"diagnosis: phase {d.get('phase')}{'' if where == '-' else f' at {where}'}: {d.get('summary')}"]
+    steps = [s for s in d.get("steps") or [] if isinstance(s, dict)]
+    if steps:
+        out.append("  steps: " + "; ".join(
+            f"{s.get('number')} {s.get('name')} {s.get('verdict') if s.get('status') == 'ran' else s.get('status')}"
+            for s in steps))
+    made_in = line.get("diagnosed_in")
+    if made_in and made_in != record_name:
+        out.append(f"  diagnosed in {made_in} (the same finding on an earlier night: not re-run)")
+    out += [f"  open: {o}" for o in d.get("open") or []]
+    return out
+
+
+def append_diagnoses(record: Record, lines: list[dict[str, Any]], markdown: list[str] | None = None) -> Path:
+    """Diagnoses into the complete served ``record``: their lines appended to its diagnoses.jsonl (flushed
+    as written) and ``markdown`` appended to its .md. Appended only: nothing the job wrote is replaced,
+    and a link in the record's place is refused (the readers refuse it too). Returns the diagnoses file."""
+    import json
+
+    f = record.data_dir / f"{DIAGNOSES}.jsonl"
+    for target, text in ((f, "".join(json.dumps(x, sort_keys=True, default=str) + "\n" for x in lines)),
+                         (Path(record.path), "\n".join(["", *markdown]) + "\n" if markdown else "")):
+        if not text:
+            continue
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "a") as fh:
+            fh.write(text)
+            fh.flush()
+    return f
+
+
+def read_diagnoses(path: str | os.PathLike[str]) -> tuple[Record, list[dict[str, Any]]]:
+    """A served record's report and its diagnoses.jsonl lines alone (each checked), without reading its
+    requests: what a later night reads of the earlier ones. FileNotFoundError: not a record."""
+    rec, _, rows = read_record(path, only=(DIAGNOSES,))
+    for i, line in enumerate(rows.get(DIAGNOSES, [])):
+        check_line(rec.data_dir, DIAGNOSES, i + 1, line)
+    return rec, rows.get(DIAGNOSES, [])
 
 
 @functools.cache
@@ -284,9 +378,26 @@ def check_served(record: Record, rows: dict[str, list[dict[str, Any]]]) -> None:
 
 def check_line(data: Path, stem: str, entry: int, line: dict[str, Any]) -> None:
     """One JSONL line of a served record's data directory ``data`` as ``served`` writes it: an arm's
-    (``arms.jsonl``) or a request's; a UsageError names the file and the entry (numbered from 1)."""
+    (``arms.jsonl``), a diagnosis's (``diagnoses.jsonl``) or a request's; a UsageError names the file and
+    the entry (numbered from 1)."""
     _, arm, request = _schemas()
-    check(line, arm if stem == ARMS else request, f"{data / stem}.jsonl, entry {entry}")
+    schema = arm if stem == ARMS else _diagnosis_schema() if stem == DIAGNOSES else request
+    check(line, schema, f"{data / stem}.jsonl, entry {entry}")
+
+
+@functools.cache
+def _diagnosis_schema() -> Check:
+    """A diagnoses.jsonl line, typed where ``records show`` and the page read it."""
+    from specparity.verdicts import Verdict
+
+    step = Fields({"number": Int(1), "name": Str(), "status": Str(), "verdict": Enum(v.value for v in Verdict),
+                   "evidence": ListOf(Str()), "command": Nullable(Str())},
+                  required=("number", "status"), open=True)
+    diagnosis = Fields({"phase": Str(), "location": MapOf(Anything(), key=Str()), "summary": Str(),
+                        "steps": ListOf(step), "open": ListOf(Str()), "seconds": Nullable(Number())},
+                       required=("phase",), open=True)
+    return Fields({"finding": Str(nonempty=True), "key": Nullable(Str()), "diagnosed_in": Nullable(Str()),
+                   "diagnosis": diagnosis}, required=("finding", "diagnosis"), open=True)
 
 
 def _check_lines_of_summary(summary: dict[str, Any], rows: dict[str, list[dict[str, Any]]], data: Any) -> None:

@@ -6,8 +6,8 @@ top, and on an error the object its ``$defs/error`` describes instead (``{"verdi
 "error", "exit_code": 2, "error": "<the line>"}``); ``error-object`` is that object alone,
 the schema of an argv whose command has no ``--json`` output of its own. One per record data file
 (``record-report``: report.json, ``record-identity``: identity.json,
-``record-served-arm`` / ``record-served-request``: a served record's JSONL
-lines, ``record-part``: any other command's JSONL line). A CI step reads
+``record-served-arm`` / ``record-served-request`` / ``record-served-diagnosis``: a
+served record's JSONL lines, ``record-part``: any other command's JSONL line). A CI step reads
 them with any JSON Schema validator; the test suite validates every output
 it produces against them. (``specparity.schema`` is something else: the
 readers' own type checks of a record they open.)
@@ -93,7 +93,8 @@ def for_record_file(file: Path, kind: str) -> str:
     if file.name == "identity.json":
         return "record-identity"
     if kind == "served" and file.suffix == ".jsonl":
-        return "record-served-arm" if file.stem == "arms" else "record-served-request"
+        return {"arms": "record-served-arm", "diagnoses": "record-served-diagnosis"}.get(file.stem,
+                                                                                        "record-served-request")
     return "record-part"
 
 
