@@ -177,15 +177,21 @@ class CommandRun:
         self.sink.__exit__(*exc)
 
     def finish(self, report: Any, text: list[str] | None = None, markdown: list[str] | None = None,
-               extra: dict[str, Any] | None = None) -> int:
+               extra: dict[str, Any] | None = None,
+               after: Callable[[Path | None], tuple[list[str], dict[str, Any]]] | None = None) -> int:
         """Close the record with ``report``, print it, return its exit code.
 
         text: the human lines (default ``report.lines()``); markdown: the
         record's body (default: the text in a code block); extra: more keys
-        for ``--json`` (the record path is added when there is one).
+        for ``--json`` (the record path is added when there is one); after: work
+        on the closed record (``served --diagnose``): given its path, it returns
+        more lines to print and more ``--json`` keys; the exit code stays the report's.
         """
         lines = list(report.lines()) if text is None else text
         path = self.sink.finish(report, markdown if markdown is not None else ["```", *lines, "```"])
+        if after is not None:
+            more, keys = after(path)
+            lines, extra = [*lines, *more], {**(extra or {}), **keys}
         if self.as_json:
             emit_json(result_json(report, extra, path))
         else:

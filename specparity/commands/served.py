@@ -67,6 +67,10 @@ FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profi
 @click.option("--memory-limit", default=None, metavar="SIZE", callback=memory_limit_callback,
               help="The memory the job may use, e.g. 16GB (default: $SPECPARITY_MEMORY_LIMIT, else what the"
                    " machine has available; 'off': no check). A job expected to need more is refused.")
+@click.option("--diagnose", "diagnose", is_flag=True,
+              help="After the job, its servers gone, diagnose each finding in process (specparity diagnose) and"
+                   " write each diagnosis into the record beside it; one an earlier record in --record-dir"
+                   " diagnosed is copied, not re-run. Needs --record-dir.")
 @json_option
 @record_option
 def served(config_path: str | None, model: str | None, draft_model: str | None, profile: str | None,
@@ -75,7 +79,7 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
            concurrency: int | None, repeats: int | None, start_timeout: float | None,
            request_timeout: float | None, shard_spec: str | None, temperature: float | None,
            dist_requests: int | None, dist_prefix: int | None, no_reference: bool, reference_beside: bool,
-           memory_limit: str | None, quiet: bool, as_json: bool, record_dir: str | None) -> int:
+           memory_limit: str | None, diagnose: bool, quiet: bool, as_json: bool, record_dir: str | None) -> int:
     """Spawn servers with and without a drafter across widths; judge every completion against classic decode.
 
     Each arm (baseline at the start, one per width, the target drafting for
@@ -148,6 +152,10 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
     from specparity.records.served import served_identity
 
     try:
+        if diagnose and record_dir is None:
+            from specparity.errors import UsageError
+
+            raise UsageError("--diagnose writes each diagnosis into the job's record: give --record-dir")
         shard = parse_shard(shard_spec) if shard_spec is not None else None
         overrides = Overrides(
             model=model, draft_model=draft_model, profile=profile, trust_remote_code=trust_remote_code,
@@ -180,7 +188,18 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
     slug = "served" if shard is None else f"served-shard{shard.index}of{shard.count}"
     cmd = CommandRun("served", title, served_identity(job), record_dir, as_json, quiet, slug=slug)
     with cmd:
-        return cmd.finish(*_run(cmd, job, shard, memory_limit))
+        return cmd.finish(*_run(cmd, job, shard, memory_limit),
+                          after=(lambda path: _diagnose(cmd, path)) if diagnose else None)
+
+
+def _diagnose(cmd: CommandRun, path: object) -> tuple[list[str], dict[str, object]]:
+    """``--diagnose``: the record just closed, diagnosed into itself (specparity.diagnose.record)."""
+    from specparity.diagnose.record import diagnose_record
+
+    if path is None:
+        return [], {}
+    done = diagnose_record(str(path), note=cmd.observer.note)
+    return done.lines(), {"diagnoses": done.to_dict()}
 
 
 def _run(cmd: CommandRun, job: Job, shard: Shard | None,

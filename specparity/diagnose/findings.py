@@ -2,10 +2,21 @@
 
 A finding is one request of one arm whose verdict is ``diverged``: it left classic
 decode (or, where classic decode does not decide, baseline-start's answer).
+
+Within a record a finding is named ``PAIRING/ARM/REQUEST``. Across records (one night's and the
+next's) it is identified by its ``key``: a digest of what makes it the same finding whatever the
+job's names or the record's date: the engine (the pairing's profile, its pinned environment's
+packages, the host's mlx and mlx-lm), the checkpoints (their fingerprint digests), the arm (its
+kind, name, width and server setting), the request (its id and kind in the sequence, its body as
+sent) and the answer (the completion's sha256 and the token where it left its reference). The same
+request answered the same wrong way by the same server on the same weights is the same finding; any
+of those changed, and it is diagnosed afresh.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shlex
 from dataclasses import dataclass, field
@@ -31,6 +42,7 @@ class Finding:
     reproduction: the record's in-process command (None: none) and reproduction_reason why not.
     length: the judge called it a length finding (tokens past max_tokens).
     tie: the judge's exact-tie call (None: none made).
+    key: its identity across records (the module's docstring; "" where it was built without its record).
     """
 
     id: str
@@ -51,6 +63,7 @@ class Finding:
     reproduction_reason: str | None = None
     length: bool = False
     tie: dict[str, Any] | None = None
+    key: str = ""
 
     def replay_argv(self) -> list[str] | None:
         """The reproduction's arguments after ``specparity replay`` (None: it is not a replay command)."""
@@ -65,7 +78,7 @@ class Finding:
                 "token_index": self.token_index, "against": self.against, "reason": self.reason,
                 "max_tokens": self.max_tokens, "completion_tokens": self.completion_tokens,
                 "reproduction": self.reproduction, "reproduction_reason": self.reproduction_reason,
-                "length": self.length, "tie": self.tie}
+                "length": self.length, "tie": self.tie, "key": self.key}
 
 
 def newest_served(path: str | os.PathLike[str]) -> Path:
@@ -104,7 +117,9 @@ def read_findings(path: str | os.PathLike[str], only: str | None = None) -> tupl
         for arm in sr.final_arms(pname):
             for r in sr.requests(pname, str(arm["name"])):
                 if r.get("verdict") == Verdict.DIVERGED:
-                    out.append(_finding(p, pname, arm, r))
+                    f = _finding(p, pname, arm, r)
+                    f.key = finding_key(sr.identity, p, arm, r)
+                    out.append(f)
     if only is not None:
         chosen = [f for f in out if only in (f.id, f.request, f.arm, f"{f.arm}/{f.request}")]
         if not chosen:
@@ -112,6 +127,22 @@ def read_findings(path: str | os.PathLike[str], only: str | None = None) -> tupl
             raise UsageError(f"--finding {only}: no such finding in {where} (its findings: {names})")
         out = chosen
     return where, out
+
+
+def finding_key(identity: dict[str, Any], p: dict[str, Any], arm: dict[str, Any], r: dict[str, Any]) -> str:
+    """The finding's identity across records (the module's docstring): a sha256 of what makes it the same."""
+    pname = str(p.get("name"))
+    env = ((identity.get("environments") or {}).get(pname) or {}).get("packages")
+    comp = r.get("completion") or {}
+    diff = r.get("classic") or r.get("divergence") or {}
+    req = r.get("request") or {}
+    what = {"engine": {"profile": p.get("profile"), "environment": env, "mlx": identity.get("mlx"),
+                       "mlx_lm": identity.get("mlx_lm")},
+            "models": (identity.get("models") or {}).get(pname) or {"target": p.get("target"), "draft": p.get("draft")},
+            "arm": {k: arm.get(k) for k in ("kind", "name", "width", "setting")},
+            "request": {"id": r.get("id"), "kind": r.get("kind"), "body": req.get("body")},
+            "answer": {"sha256": comp.get("sha256"), "token_index": diff.get("token_index")}}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _finding(p: dict[str, Any], pname: str, arm: dict[str, Any], r: dict[str, Any]) -> Finding:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import build, run_cli
+from served_records import served_record_of
 
 ROWS = {"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}
 DEPTH = {"kind": "depth", "layer": 2, "subop": "mlp", "min_offset": 28, "min_rows": 2, "scale": 8.0}
@@ -26,7 +27,8 @@ PROMPT = "Speculative decoding drafts several tokens with a small model and veri
 
 @pytest.fixture(scope="module")
 def served_faults(fixture_root: Path, cli_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A served record of the two faults at widths 3 and 4 (exit 1: both diverge)."""
+    """A served record of the two faults at widths 3 and 4 (exit 1: both diverge), each finding diagnosed into
+    it after the job (--diagnose)."""
     rows = build(fixture_root, "llama-diag-rows", arch="llama", faults=[ROWS])
     depth = build(fixture_root, "llama-diag-depth", arch="llama", faults=[DEPTH])
     tmp = tmp_path_factory.mktemp("diagnose-served")
@@ -36,8 +38,9 @@ def served_faults(fixture_root: Path, cli_bin: str, tmp_path_factory: pytest.Tem
            "concurrency": 0}
     cfg = tmp / "job.yaml"
     cfg.write_text(yaml.safe_dump(job))
-    r = run_cli(cli_bin, "served", "--config", str(cfg), "--record-dir", str(tmp / "rec"), "--quiet")
-    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    r = run_cli(cli_bin, "served", "--config", str(cfg), "--record-dir", str(tmp / "rec"), "--quiet", "--diagnose")
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]  # served's verdict: --diagnose leaves it
+    assert "diagnose: served-" in r.stdout and " diagnosed, 0 taken from an earlier night" in r.stdout
     return tmp / "rec"
 
 
@@ -105,29 +108,27 @@ def test_a_served_record_of_two_faults_is_diagnosed_to_their_width_depth_layer_a
     ran = _check_commands(cli_bin, rows) + _check_commands(cli_bin, depth[0])
     assert {shlex.split(c)[1] for c in ran} == {"replay", "probe", "bisect"}
 
-
-def _record(root: Path, requests: list[dict[str, Any]], verdict: str = "match") -> Path:
-    """A complete served record as `served` lays it out: one pairing, one drafting arm w2 of these requests."""
-    name = "served-host-2026-01-02"
-    data = root / "data" / name
-    data.mkdir(parents=True)
-    arm = {"pairing": "p", "name": "w2", "kind": "width", "width": 2, "setting": 1, "verdict": verdict,
-           "requests": len(requests)}
-    summary = {"verdict": verdict, "exit_code": 1 if verdict == "diverged" else 0,
-               "pairings": [{"name": "p", "verdict": verdict, "profile": "mlx-lm", "target": "t", "draft": "d",
-                             "reason": "", "arms": [arm]}]}
-    (data / "report.json").write_text(json.dumps({
-        "kind": "served", "title": "served: p", "argv": [], "status": "complete", "verdict": verdict,
-        "exit_code": summary["exit_code"], "summary": summary}))
-    (data / "arms.jsonl").write_text(json.dumps(arm) + "\n")
-    (data / "p-w2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
-    md = root / f"{name}.md"
-    md.write_text("# served\n")
-    return md
+    # served --diagnose wrote the same diagnoses into its record, one line per finding, made by its own run
+    (md,) = served_faults.glob("served-*.md")
+    written = {x["finding"]: x for x in map(json.loads, (served_faults / "data" / md.stem / "diagnoses.jsonl")
+                                            .read_text().splitlines())}
+    assert set(written) == set(diags)
+    for fid, line in written.items():
+        assert line["diagnosed_in"] == md.stem
+        assert (line["diagnosis"]["phase"], line["diagnosis"]["location"]) == (diags[fid]["phase"],
+                                                                              diags[fid]["location"])
+    # where people look: records show under the finding, the page's drill-down (the newest record's)
+    show = run_cli(cli_bin, "records", "show", str(md))
+    assert "    diagnosis: phase verify at width 4, depth 0, cache position" in show.stdout, show.stdout[-3000:]
+    assert "layer 2, sub-op mlp" in show.stdout and "## Diagnoses" in md.read_text()
+    page = served_faults.parent / "page.html"
+    assert run_cli(cli_bin, "records", "html", str(md), "--out", str(page)).returncode == 0
+    html = page.read_text()
+    assert html.count('<div class="diag" id=') == len(written) and "phase <b>verify</b> at width 4" in html
 
 
 def test_a_clean_record_has_nothing_to_diagnose_exit_0(cli_bin: str, tmp_path: Path) -> None:
-    md = _record(tmp_path, [{"id": "p0", "kind": "fresh", "verdict": "match", "completion": {"seconds": 0.1}}])
+    md = served_record_of(tmp_path, [{"id": "p0", "kind": "fresh", "verdict": "match", "completion": {"seconds": 0.1}}])
     r = run_cli(cli_bin, "diagnose", str(md), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -148,7 +149,7 @@ def test_a_length_finding_is_its_own_class_settled_by_the_record(cli_bin: str, t
                           "usage": {"completion_tokens": 6}},
            "classic": {"token_index": 4, "reference": "classic decode", "other": "w2"},
            "reproduction": {"command": None, "reason": "not needed"}}
-    md = _record(tmp_path, [req], verdict="diverged")
+    md = served_record_of(tmp_path, [req], verdict="diverged")
     r = run_cli(cli_bin, "diagnose", str(md), "--json")
     assert r.returncode == 1, r.stderr
     (d,) = json.loads(r.stdout)["diagnoses"]
