@@ -106,9 +106,15 @@ def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
     token = rows[0]["divergence"]["token_index"]
     assert w4["verdict"] == "diverged" and f"token {token}," in failure.message
     assert "reproduce in process: specparity replay" in failure.text
+    # the night's finding diagnosed into its record (the nightly default: served --diagnose), and on the page
+    (diag,) = [json.loads(x) for x in (out / "data" / _record(out, run.stderr).stem / "diagnoses.jsonl")
+               .read_text().splitlines()]
+    assert diag["finding"] == "p/w4/p0" and diag["diagnosis"]["phase"] == "verify"
+    assert diag["diagnosis"]["location"]["width"] == 4, diag["diagnosis"]["location"]
     # beside the JUnit file, the page of the three nights: the newest one's w4 diverged, since night 3
     page = junit.with_suffix(".html").read_text()
     assert page.count('class="v v-diverged changed"') == 1 and 'data-arm="w4"' in page
+    assert page.count('<div class="diag" id=') == 1 and "phase <b>verify</b> at width 4" in page
     assert [n for n in re.findall(r'<th title="[^"]*">([^<]+)<br>', page)] == [r.stem for r in [*records,
                                                                                              _record(out, run.stderr)]]
     if "--previous" in args:
