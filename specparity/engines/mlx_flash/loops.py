@@ -74,7 +74,8 @@ class IdsTokenizer:
     completion's tokens). Everything else is the tokenizer's own."""
 
     def __init__(self, tokenizer: Any, prompt: list[int]):
-        self._tokenizer, self._prompt, self.decoded = tokenizer, list(prompt), None
+        self._tokenizer, self._prompt = tokenizer, list(prompt)
+        self.decoded: list[int] | None = None
 
     def encode(self, text: str, *args: Any, **kw: Any) -> list[int]:
         return list(self._prompt)
@@ -96,8 +97,8 @@ def layerskip(pair: dict[str, Any], prompt: list[int], n: int, f: Finding) -> in
     committed: list[int] = []
     out = engine.generate(mx.array(prompt), max_tokens=n, callback=lambda new: committed.append(len(new)))
     f.tokens = [int(t) for t in out.tolist()[len(prompt):]]
-    k = engine.config.num_speculative_tokens
-    f.rounds = [{"drafted": k, "accepted": int(a), "committed": c, "source": f"layers 0..{engine.drafter.get_exit_layer()}"}
+    k, source = engine.config.num_speculative_tokens, f"its layers 0..{engine.drafter.get_exit_layer() - 1}"
+    f.rounds = [{"drafted": k, "accepted": int(a), "committed": c, "source": source}
                 for a, c in zip(engine.stats["acceptance_counts"], committed)]
     return 1  # the prefill's token comes before round 1
 
@@ -120,7 +121,7 @@ def dflash_runner(pair: dict[str, Any], draft: str | None, prompt: list[int], n:
         f.rounds.append({"drafted": len(draft_np), "accepted": accepted, "committed": 0, "source": "DFlash drafter"})
         return accepted
 
-    runner._verify_with_threshold = observed  # type: ignore[method-assign]
+    runner._verify_with_threshold = observed
     _, summary = runner.generate(pair["tokenizer"].decode(prompt), max_tokens=n, **options)
     f.tokens = list(tokenizer.decoded or [])
     # each round appends its accepted drafts and one target token, save where every draft was accepted and the
@@ -159,7 +160,7 @@ def dflash_engine(pair: dict[str, Any], prompt: list[int], n: int, f: Finding, w
         f.rounds.append({"drafted": len(drafts), "accepted": k, "committed": len(kept), "source": source})
         return accepted, count
 
-    engine.verify_tokens = observed  # type: ignore[method-assign]
+    engine.verify_tokens = observed
     steps: list[int] = []
     out = engine.generate(mx.array(prompt), max_tokens=n, callback=lambda new, stats: steps.append(len(new)))
     f.tokens = [int(t) for t in out.tolist()[len(prompt):]]

@@ -1,0 +1,126 @@
+"""mlx-flash 0.9.2 (issue 47) against classic decode, in its pinned environment, on its fixture format.
+
+Each entry point runs mlx-flash's own loop with its library defaults (the target loaded by ``mlx_lm.load`` as its
+server loads it; the prompt's ids and ``max_tokens``), judged token by token against mlx-lm's classic decode;
+each loop's own verify step is the acceptance record that places a difference in its round and row. What they
+pin, MLX's CPU backend, mlx-lm 0.32.2, the qwen3 float32 DFlash pair (block 8) with its fitted EAGLE head, the
+embedded prompt:
+
+- ``LayerSkipEngine.generate`` and ``DFlashRunner.generate`` equal classic decode over 48 tokens, drafts accepted;
+- every loop appends whole rounds until it holds ``max_tokens``: ``EAGLE3Engine.generate`` emits 49 tokens for 48
+  (its first 48 classic decode's), ``DFlashRunner.generate`` 27 for 20; where its last round ends at
+  ``max_tokens`` (DFlash at 48, EAGLE at 20) the same check is silent;
+- ``DFlashRunner.generate accept_top_k=4``: lossy by design, with what it changed;
+- ``DFlashEngine.generate`` (no drafter, as its server builds it) drafts nothing, its ``BlockDiffusionDrafter``
+  (no loader, no trained weights) and the untrained EAGLE head its server builds accept nothing: not engaged;
+- its server (``mlx-flash --speculative ...``) cannot start on Linux: ``system_profiler``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builds import REAL_CACHE, built
+from conftest import run_cli
+from fixture_cache import cached
+from specparity.engine_findings import run_engine
+from specparity.engines.mlx_flash.fixtures import build
+from specparity.environments import ENV_CACHE_VAR
+
+ENV = "mlx-flash"
+TOKENS = 48
+SERVER = ("mlx-flash --speculative layerskip", "mlx-flash --speculative eagle3", "mlx-flash --speculative dflash")
+NOT_ENGAGED = ("DFlashEngine.generate", "DFlashEngine.generate BlockDiffusionDrafter",
+               "EAGLE3Engine.generate untrained head")
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The qwen3 float32 DFlash pair (block 8) with mlx-flash's EAGLE head beside it, built once."""
+    made = cached(build, tmp_path_factory.mktemp("mlx-flash"), "mlx-flash-qwen3-b8", shape="qwen3",
+                  dtype="float32", tied=False, block_size=8, seed=0, overwrite=False, note=print)
+    return made.record
+
+
+def findings(info: dict, tokens: int = TOKENS) -> dict[str, dict]:
+    """mlx-flash's findings by entry point, run in its built environment (skip when not built)."""
+    return {r["entry"]: r for r in run_engine("mlx-flash", info, tokens, env=built(ENV))}
+
+
+def test_mlx_flash_is_one_package_of_its_own() -> None:
+    from test_engine_packages import test_each_builtin_engine_is_one_package_of_its_own
+
+    test_each_builtin_engine_is_one_package_of_its_own("mlx-flash")
+
+
+def test_its_fixture_holds_its_own_eagle_head_in_the_shape_its_defaults_make(fixture) -> None:
+    folder = Path(fixture["target"]).parent / "eagle"
+    shape = json.loads((folder / "eagle_head.json").read_text())
+    assert shape["num_heads"] == 4 and shape["num_layers"] == 1 and shape["hidden_dim"] == 64, shape
+    assert fixture["kind"] == "mlx-flash" and fixture["eagle_fit"] > 0.5, fixture
+
+
+@pytest.mark.model
+@pytest.mark.build
+def test_its_loops_against_classic_decode_each_with_its_own_record(fixture) -> None:
+    got = findings(fixture)
+    for entry in ("LayerSkipEngine.generate", "DFlashRunner.generate"):
+        f = got[entry]
+        assert f["verdict"] == "match" and f["accepted"] > 0 and f["tokens"] == f["classic"], f
+        assert len(f["tokens"]) == TOKENS
+    eagle = got["EAGLE3Engine.generate"]
+    assert eagle["verdict"] == "diverged" and eagle["index"] == TOKENS and len(eagle["tokens"]) == TOKENS + 1, eagle
+    assert eagle["tokens"][:TOKENS] == eagle["classic"] and eagle["classic_token"] is None
+    assert (eagle["round"], eagle["row"]) == (23, 4) and eagle["accepted"] > 0, eagle
+    lossy = got["DFlashRunner.generate accept_top_k=4"]
+    assert lossy["verdict"] == "lossy_by_design" and "accept_top_k=4" in lossy["reason"], lossy
+    assert "token 4" in lossy["reason"] and "not a pass, not a defect" in lossy["reason"]
+    for entry in NOT_ENGAGED:
+        f = got[entry]
+        assert f["verdict"] == "not_engaged" and f["accepted"] == 0 and f["tokens"] == f["classic"], f
+    assert got["DFlashEngine.generate"]["drafted"] == 0 and got["EAGLE3Engine.generate untrained head"]["drafted"] > 0
+    for entry in SERVER:
+        f = got[entry]
+        assert f["verdict"] == "cannot_run" and "'system_profiler'" in f["reason"] and not f["tokens"], f
+
+
+@pytest.mark.model
+@pytest.mark.build
+def test_its_last_round_past_max_tokens_is_found_where_it_overshoots_and_silent_where_it_does_not(fixture) -> None:
+    got = findings(fixture, 20)
+    dflash = got["DFlashRunner.generate"]
+    assert dflash["verdict"] == "diverged" and dflash["index"] == 20 and len(dflash["tokens"]) == 27, dflash
+    assert dflash["tokens"][:20] == dflash["classic"] and (dflash["round"], dflash["row"]) == (17, 1), dflash
+    eagle = got["EAGLE3Engine.generate"]
+    assert eagle["verdict"] == "match" and len(eagle["tokens"]) == 20 and eagle["accepted"] > 0, eagle
+
+
+@pytest.mark.model
+@pytest.mark.build
+def test_e2e_as_a_user_types_it(cli_bin, fixture) -> None:
+    built(ENV)
+    proc = run_cli(cli_bin, "e2e", "--engine", "mlx-flash", "--model", fixture["target"], "--max-tokens",
+                   str(TOKENS), "--json", env={ENV_CACHE_VAR: str(REAL_CACHE)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    verdicts = {e["entry"]: e["verdict"] for e in out["entries"]}
+    assert verdicts["LayerSkipEngine.generate"] == verdicts["DFlashRunner.generate"] == "match", verdicts
+    assert verdicts["EAGLE3Engine.generate"] == "diverged"
+    assert verdicts["DFlashRunner.generate accept_top_k=4"] == "lossy_by_design"
+    assert all(verdicts[e] == "not_engaged" for e in NOT_ENGAGED), verdicts
+    assert all(verdicts[e] == "not_run" for e in SERVER), verdicts
+
+
+@pytest.mark.build
+def test_its_server_stops_at_the_macos_tool_before_it_listens(fixture) -> None:
+    env = built(ENV)
+    exe = Path(env.python).parent / "mlx-flash"
+    proc = subprocess.run([str(exe), "--model", fixture["target"], "--speculative", "layerskip", "--port", "0"],
+                          capture_output=True, text=True, timeout=120, env=dict(env.environ()))
+    assert proc.returncode != 0 and "Server listening" not in proc.stdout + proc.stderr
+    assert "FileNotFoundError" in proc.stderr and "'system_profiler'" in proc.stderr, proc.stderr[-1500:]
+    assert "detect_hardware" in proc.stderr
