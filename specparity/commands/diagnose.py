@@ -25,10 +25,13 @@ def diagnose(record: str, finding: str | None, as_json: bool, record_dir: str | 
     parity of the prompt; (3) the verify block at the served width and the
     depth where the first difference landed, then the smallest width and
     depth at which it differs; (5) that block bisected to its layer and
-    sub-op; (7) the first difference: an exact tie in the model's dtype, a
-    near tie (its margin in ULPs), or neither. Steps 4 (each rollback's
-    state), 6 (control arms) and 8 (across releases) are not done in this
-    version, and each says so. A length finding (tokens past max_tokens) is
+    sub-op; (6) that block rerun with each control arm that applies
+    (compiled kernels off, KV quantization off, rotating cache off, the
+    prompt prefilled in one call) and whether each removes the difference;
+    (7) the first difference: an exact tie in the model's dtype, a near tie
+    (its margin in ULPs), or neither. Steps 4 (each rollback's state) and 8
+    (across releases) are not done in this version, and each says so. A
+    length finding (tokens past max_tokens) is
     settled by the record. Every step prints the command that repeats it.
 
     \b

@@ -10,7 +10,10 @@ Steps, in the order a reader tries them (issue 48):
    against the chain; where it differs, the smallest width and depth at which it does;
 4. rollbacks: not done in this version (the replay of step 1 states whether each rewind took effect);
 5. bisect: that block's first divergent layer and sub-op;
-6. control arms: not done in this version;
+6. control arms: the toggles this process can turn, each rerunning the smallest block that differs:
+   mlx's compiled kernels off (``mx.disable_compile``, what MLX_DISABLE_COMPILE=1 does at start), KV
+   quantization off and the rotating KV cache off (where the server ran them), the prompt prefilled in
+   one call (where the server's prefill step cut it); whether each removes the difference;
 7. the first difference: an exact tie in the model's dtype broken the other way, a near tie (its
    margin against the dtype's noise band, in ULPs), or neither;
 8. across releases: not done in this version.
@@ -201,7 +204,8 @@ def _model_flags(r: ReplayRequest) -> list[str]:
     for flag, value, default in (("--prefill-step-size", r.opts.prefill_step_size, d.prefill_step_size),
                                  ("--kv-bits", r.opts.kv_bits, d.kv_bits),
                                  ("--kv-group-size", r.opts.kv_group_size, d.kv_group_size),
-                                 ("--quantized-kv-start", r.opts.quantized_kv_start, d.quantized_kv_start)):
+                                 ("--quantized-kv-start", r.opts.quantized_kv_start, d.quantized_kv_start),
+                                 ("--max-kv-size", r.opts.max_kv_size, d.max_kv_size)):
         if value != default:
             flags += [flag, str(value)]
     return flags
@@ -318,7 +322,11 @@ def _tree(f: Finding, r: ReplayRequest, models: Models) -> Diagnosis:
     else:
         d.steps.append(Step(5, SKIPPED, evidence=["settled by step 3: the verify block equals the chain there,"
                                                   " nothing to bisect"]))
-    d.steps.append(_not_done(6))
+    if block is not None:
+        _controls(d, r, models, block["width"], block["depth"])
+    else:
+        d.steps.append(Step(6, SKIPPED, evidence=["settled by step 3: the verify block equals the chain there;"
+                                                  " the control arms rerun a block that differs"]))
     tie = _first_difference(d, f, replay)
     d.steps.append(_not_done(8))
     d.steps.sort(key=lambda s: s.number)
@@ -327,8 +335,7 @@ def _tree(f: Finding, r: ReplayRequest, models: Models) -> Diagnosis:
 
 
 def _not_done(n: int) -> Step:
-    what = {6: "the kernel and environment toggles, prefill step and KV quantization off, each rerun",
-            8: "the same check on each pinned release of the engine"}[n]
+    what = {8: "the same check on each pinned release of the engine"}[n]
     return Step(n, NOT_DONE, evidence=[f"{NOT_IN_THIS_VERSION}: {what}"])
 
 
@@ -458,6 +465,70 @@ def _bisect(d: Diagnosis, r: ReplayRequest, engine: Any, width: int, depth: int)
                         {"first_divergent": rep.first_divergent, "layer": layer, "subop": sub, "child": child}))
 
 
+# the compile toggle: what mlx reads at start, and what this process turns instead
+COMPILE_ENV = "MLX_DISABLE_COMPILE"
+
+
+def _controls(d: Diagnosis, r: ReplayRequest, models: Models, width: int, depth: int) -> None:
+    """Step 6: each toggle that applies, the smallest differing block rerun with it; whether it removes the
+    difference. Its command runs the compile toggle as bisect's control arms do (a fresh process each);
+    each control's own command is a probe that exits 0 where the toggle removes the difference."""
+    import dataclasses
+    import os
+
+    import mlx.core as mx
+
+    at = f"the {width}-row block at depth {depth}"
+    ev = [f"{at}, rerun with each toggle this process can turn (it differs without them: step 3)"]
+    controls: list[dict[str, Any]] = []
+
+    def run(name: str, toggle: str, req: ReplayRequest, env: dict[str, str] | None = None) -> None:
+        verdict = Verdict(_probe(models.engine(req.model, req.trust_remote_code, req.opts), req, [width], [depth],
+                                 prefill=False).verdict)
+        effect = {Verdict.EQUAL: "removes the difference", Verdict.DIVERGENT: "does not remove it"}.get(
+            verdict, f"gives {verdict}")
+        cmd = _probe_command(req, [width], [depth], prefill=False)
+        if env:
+            cmd = " ".join(f"{k}={v}" for k, v in env.items()) + " " + cmd
+        controls.append({"name": name, "toggle": toggle, "verdict": verdict, "effect": effect, "command": cmd})
+        ev.append(f"{name} ({toggle}): {verdict}: {effect}")
+
+    if os.environ.get(COMPILE_ENV, "0") not in ("", "0"):
+        ev.append(f"compile off: not run: {COMPILE_ENV} is set in this process, every arm already ran uncompiled")
+    else:
+        mx.disable_compile()
+        try:
+            run("compile off", f"mx.disable_compile, as {COMPILE_ENV}=1", r, {COMPILE_ENV: "1"})
+        finally:
+            mx.enable_compile()
+    opts = r.opts
+    if opts.kv_bits is not None:
+        run("KV quantization off", f"kv_bits None where the server ran {opts.kv_bits}",
+            dataclasses.replace(r, opts=dataclasses.replace(opts, kv_bits=None)))
+    else:
+        ev.append("KV quantization off: not applicable: the server ran an unquantized KV cache")
+    if opts.max_kv_size is not None:
+        run("rotating KV cache off", f"max_kv_size None where the server ran {opts.max_kv_size}",
+            dataclasses.replace(r, opts=dataclasses.replace(opts, max_kv_size=None)))
+    prompt = len(r.prompt_ids) - 1  # the last prompt token goes into the first block
+    if prompt > opts.prefill_step_size:
+        run("prefill in one call", f"prefill_step_size {prompt} where the server's is {opts.prefill_step_size}",
+            dataclasses.replace(r, opts=dataclasses.replace(opts, prefill_step_size=prompt)))
+    else:
+        ev.append(f"prefill in one call: not applicable: the prompt's {prompt} prefilled tokens fit in one call of"
+                  f" the server's step ({opts.prefill_step_size})")
+    removed = [c["name"] for c in controls if c["verdict"] == Verdict.EQUAL]
+    ev.append(("the difference goes away with " + ", ".join(removed)) if removed
+              else "no toggle removes it: the difference is in the computation itself, not in a kernel choice"
+              " these toggles make")
+    ev.append("another environment toggle: add --control NAME=VALUE to the command (one process per toggle)")
+    cmd = shlex.join(["specparity", "bisect", *_model_flags(r), "--width", str(width), "--depth", str(depth),
+                      "--prompt-ids", _ids(r.prompt_ids), "--control", f"{COMPILE_ENV}=1"])
+    if removed:
+        d.location["removed_by"] = removed
+    d.steps.append(Step(6, RAN, Verdict.DIVERGENT, ev, cmd, {"controls": controls, "removed_by": removed}))
+
+
 def _first_difference(d: Diagnosis, f: Finding, replay: dict[str, Any]) -> str:
     """Step 7: classic decode's pick where the answers part: an exact tie, a near tie, or neither."""
     from specparity.reference import NEAR_TIE, near_tie, ulp
@@ -502,9 +573,12 @@ def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: An
               else "at every depth")
         sub = f", sub-op {loc['subop']}" if loc.get("subop") else ""
         layer = f"; first divergent layer {loc.get('layer')}{sub}" if loc.get("layer") is not None else ""
+        removed = loc.get("removed_by")
         d.summary = (f"the verify block differs from the chain at width {block['width']} and up, {at}{layer};"
-                     f" the flip is {tie.replace('_', ' ')}")
-        d.open = ["step 4 (rollbacks), 6 (control arms) and 8 (releases): " + NOT_IN_THIS_VERSION
+                     f" the flip is {tie.replace('_', ' ')}"
+                     + (f"; it goes away with {', '.join(removed)}" if removed else
+                        "; no control arm removes it"))
+        d.open = ["step 4 (rollbacks) and 8 (releases): " + NOT_IN_THIS_VERSION
                   + "; which kernel the width or depth selects is the engine's to name"]
         return
     if rewind:
@@ -519,5 +593,5 @@ def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: An
                      " processors see another history than classic decode's")
     else:
         d.summary = "the verify block at that width and depth equals the chain; the tree does not place it"
-    d.open = ["step 4 (each rollback's state) and 6 (control arms): " + NOT_IN_THIS_VERSION
-              + ": the next to try where the block is equal"]
+    d.open = ["step 4 (each rollback's state): " + NOT_IN_THIS_VERSION + ": the next to try where the block is"
+              " equal; step 6's control arms rerun a differing block, so they did not run here"]

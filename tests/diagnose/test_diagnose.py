@@ -64,6 +64,14 @@ def _check_commands(cli_bin: str, d: dict[str, Any]) -> list[str]:
         want = {"divergent": 1, "equal": 0}[s["verdict"]]
         assert r.returncode == want, (s["number"], s["command"], r.stdout[-1500:], r.stderr[-1500:])
         ran.append(s["command"])
+    for c in _step(d, 6)["data"].get("controls") or []:  # each control's probe: exit 0 where it removes it
+        words = shlex.split(c["command"])
+        env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-") and words.index(w) < 2)
+        argv = words[len(env):]
+        assert argv[0] == "specparity", c
+        r = run_cli(cli_bin, *argv[1:], "--json", env=env)
+        assert r.returncode == {"divergent": 1, "equal": 0}[c["verdict"]], (c, r.stdout[-1500:], r.stderr[-1500:])
+        ran.append(c["command"])
     return ran
 
 
@@ -79,11 +87,17 @@ def test_a_served_record_of_two_faults_is_diagnosed_to_their_width_depth_layer_a
     assert "rows/w4/p0" in diags and "rows/w3/p0" not in diags, list(diags)
     depth = [d for i, d in diags.items() if i.startswith("depth/")]
     assert depth, list(diags)
-    # every step is accounted for, in order; 4, 6 and 8 say they are not done, never left out
+    # every step is accounted for, in order; 4 and 8 say they are not done, never left out
     for d in diags.values():
         assert [s["number"] for s in d["steps"]] == list(range(1, 9))
         assert all(_step(d, n)["status"] == "not_done" and "not done in this version" in _step(d, n)["evidence"][0]
-                   for n in (6, 8))
+                   for n in (4, 8))
+        # the control arms: compiled kernels off reruns the block and leaves the fixture's fault; the cache
+        # toggles do not apply to a server run without them, and each says why
+        controls = _step(d, 6)["data"]["controls"]
+        assert [(c["name"], c["verdict"]) for c in controls] == [("compile off", "divergent")], controls
+        assert "KV quantization off: not applicable" in " ".join(_step(d, 6)["evidence"])
+        assert "no control arm removes it" in d["summary"]
         assert _step(d, 1)["verdict"] == "divergent" and "reproduced" in " ".join(_step(d, 1)["evidence"])
 
     rows = diags["rows/w4/p0"]
@@ -104,9 +118,10 @@ def test_a_served_record_of_two_faults_is_diagnosed_to_their_width_depth_layer_a
     # the text says the same, one finding after the other; every printed command repeats its step's verdict
     text = run_cli(cli_bin, "diagnose", str(served_faults), "--finding", "rows/w4/p0")
     assert text.returncode == 1 and "finding rows/w4/p0 (width 4) at token" in text.stdout
-    assert "phase verify" in text.stdout and "step 6 control arms: not_done" in text.stdout
+    assert "phase verify" in text.stdout and "step 6 control arms: ran, divergent" in text.stdout
     ran = _check_commands(cli_bin, rows) + _check_commands(cli_bin, depth[0])
-    assert {shlex.split(c)[1] for c in ran} == {"replay", "probe", "bisect"}
+    assert {shlex.split(c)[1] for c in ran if c.startswith("specparity")} == {"replay", "probe", "bisect"}
+    assert any(c.startswith("MLX_DISABLE_COMPILE=1 specparity probe") for c in ran)
 
     # served --diagnose wrote the same diagnoses into its record, one line per finding, made by its own run
     (md,) = served_faults.glob("served-*.md")
