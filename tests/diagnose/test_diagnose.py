@@ -38,9 +38,11 @@ def served_faults(fixture_root: Path, cli_bin: str, tmp_path_factory: pytest.Tem
            "concurrency": 0}
     cfg = tmp / "job.yaml"
     cfg.write_text(yaml.safe_dump(job))
-    r = run_cli(cli_bin, "served", "--config", str(cfg), "--record-dir", str(tmp / "rec"), "--quiet", "--diagnose")
+    r = run_cli(cli_bin, "served", "--config", str(cfg), "--record-dir", str(tmp / "rec"), "--quiet", "--diagnose",
+                "--json")
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]  # served's verdict: --diagnose leaves it
-    assert "diagnose: served-" in r.stdout and " diagnosed, 0 taken from an earlier night" in r.stdout
+    done = json.loads(r.stdout)["diagnoses"]
+    assert done["ran"] and not (done["reused"] or done["held"] or done["failed"]), done
     return tmp / "rec"
 
 

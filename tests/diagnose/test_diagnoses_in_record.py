@@ -54,6 +54,8 @@ def test_a_finding_is_diagnosed_into_its_record_once_and_an_earlier_nights_diagn
     two = _night(tmp_path, NIGHT2, 2)
     nxt = diagnose_record(two)
     assert not nxt.ran and [x["diagnosed_in"] for x in nxt.reused] == [NIGHT1]
+    assert nxt.lines()[:2] == [f"diagnose: {NIGHT2}: 0 diagnosed, 1 taken from an earlier night, 0 already in the"
+                               " record", "  p/w2/p0:"]
     assert _lines(two)[0]["key"] == line["key"] and _lines(two)[0]["diagnosis"] == line["diagnosis"]
     # a night whose answer changed (another sha256) is another finding: diagnosed afresh
     three = _night(tmp_path, NIGHT3, 3, sha="s2")
