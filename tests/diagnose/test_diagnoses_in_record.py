@@ -112,3 +112,12 @@ def test_served_diagnose_needs_a_record_dir(cli_bin: str) -> None:
     r = run_cli(cli_bin, "served", "--diagnose", "--widths", "2")
     assert r.returncode == 2 and r.stderr.strip().endswith("--diagnose writes each diagnosis into the job's record:"
                                                            " give --record-dir"), r.stderr
+
+
+def test_a_diagnosis_line_not_as_written_is_named_with_its_file_and_entry(tmp_path: Path, cli_bin: str) -> None:
+    md = _night(tmp_path, NIGHT1, 1)
+    (tmp_path / "data" / NIGHT1 / "diagnoses.jsonl").write_text(json.dumps({"finding": "p/w2/p0", "diagnosis": "x"})
+                                                                + "\n")
+    for argv in (["records", "show", str(md)], ["records", "html", str(md), "--out", str(tmp_path / "p.html")]):
+        r = run_cli(cli_bin, *argv)
+        assert r.returncode == 2 and "diagnoses.jsonl, entry 1: diagnosis: expected" in r.stderr, (argv, r.stderr)
