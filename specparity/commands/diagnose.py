@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from specparity.commands._common import CommandRun, json_option, record_option
+
+if TYPE_CHECKING:
+    from specparity.diagnose.findings import Finding
+    from specparity.diagnose.tree import ReplayRequest
 
 
 @click.command()
@@ -44,7 +50,7 @@ def diagnose(record: str, finding: str | None, as_json: bool, record_dir: str | 
         specparity diagnose results --finding w4/p0 --json      # not tested: the same (docs/diagnose.md)
     """
     from specparity.diagnose.findings import read_findings
-    from specparity.diagnose.tree import DiagnoseReport, Models, diagnose_finding, read_reproduction
+    from specparity.diagnose.tree import DiagnoseReport, Models, diagnose_finding
 
     where, found = read_findings(record, finding)
     run = CommandRun("diagnose", f"diagnose: {where.name}", {"record": str(where)}, record_dir, as_json, quiet,
@@ -59,3 +65,24 @@ def diagnose(record: str, finding: str | None, as_json: bool, record_dir: str | 
             run.observer.result("diagnoses", d.to_dict())
         return run.finish(report)
 
+
+def read_reproduction(f: Finding) -> ReplayRequest | None:
+    """The finding's reproduction read as ``specparity replay`` reads it (None: not a request replay with a
+    drafter, the one kind this version reruns): the command's own options, so the tree reruns what it would."""
+    from specparity.diagnose.tree import ReplayRequest
+    from specparity.commands._common import cache_options_from, processor_options_from
+    from specparity.commands.replay import replay
+    from specparity.prompts import parse_prompt_ids
+
+    argv = f.replay_argv()
+    if argv is None:
+        return None
+    ctx = replay.make_context("replay", list(argv), resilient_parsing=True)
+    p = dict(ctx.params)
+    if p.get("draft_model") is None or not p.get("prompt_ids") or p.get("model") is None:
+        return None
+    stops = list(p["stop_words"]) if (p.get("stop_words") or p.get("stop_at_eos")) else None
+    return ReplayRequest(model=p["model"], draft=p["draft_model"], trust_remote_code=bool(p["trust_remote_code"]),
+                         num_draft_tokens=int(p["num_draft_tokens"]), max_tokens=int(p["max_tokens"]),
+                         stop_words=stops, prompt_ids=parse_prompt_ids(list(p["prompt_ids"]))[0],
+                         opts=cache_options_from(p), processors=processor_options_from(p))

@@ -19,9 +19,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specparity.diagnose.findings import Finding, read_findings
+
+if TYPE_CHECKING:
+    from specparity.diagnose.tree import ReplayRequest
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +102,12 @@ def earlier_diagnoses(directory: Path, but: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def diagnose_record(path: str | os.PathLike[str], note: Callable[[str], None] | None = None) -> RecordDiagnoses:
-    """Diagnose the served record at ``path`` into itself (the module's docstring); ``note``: progress lines."""
-    from specparity.diagnose.tree import Models, diagnose_finding, read_reproduction
+def diagnose_record(path: str | os.PathLike[str], reproduction: Callable[[Finding], ReplayRequest | None],
+                    note: Callable[[str], None] | None = None) -> RecordDiagnoses:
+    """Diagnose the served record at ``path`` into itself (the module's docstring). reproduction: a finding's
+    record command read as the request it reruns (specparity.commands.diagnose.read_reproduction: the
+    command's own reading); note: progress lines."""
+    from specparity.diagnose.tree import Models, diagnose_finding
     from specparity.errors import SpecparityError
     from specparity.records.served import append_diagnoses, read_served
 
@@ -121,7 +127,7 @@ def diagnose_record(path: str | os.PathLike[str], note: Callable[[str], None] | 
             append_diagnoses(rec, [line])
             out.reused.append(line)
             continue
-        r = read_reproduction(f)
+        r = reproduction(f)
         todo.setdefault((r.model, r.trust_remote_code) if r is not None else ("", False), []).append((f, r))
     for (target, _), group in todo.items():
         models = Models()  # this target's (and its drafters') checkpoints only: let go before the next's

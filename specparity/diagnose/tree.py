@@ -224,27 +224,6 @@ def _probe(engine: Any, r: ReplayRequest, widths: list[int], depths: list[int], 
     return run_probe(engine, widths, depths, [r.prompt_ids], walk_positions=0, prefill=prefill, aim=False)
 
 
-def read_reproduction(f: Finding) -> ReplayRequest | None:
-    """The finding's reproduction read as ``specparity replay`` reads it (None: not a request replay with a
-    drafter, the one kind this version reruns)."""
-    from specparity.commands._common import cache_options_from, processor_options_from
-    from specparity.commands.replay import replay
-    from specparity.prompts import parse_prompt_ids
-
-    argv = f.replay_argv()
-    if argv is None:
-        return None
-    ctx = replay.make_context("replay", list(argv), resilient_parsing=True)
-    p = dict(ctx.params)
-    if p.get("draft_model") is None or not p.get("prompt_ids") or p.get("model") is None:
-        return None
-    stops = list(p["stop_words"]) if (p.get("stop_words") or p.get("stop_at_eos")) else None
-    return ReplayRequest(model=p["model"], draft=p["draft_model"], trust_remote_code=bool(p["trust_remote_code"]),
-                         num_draft_tokens=int(p["num_draft_tokens"]), max_tokens=int(p["max_tokens"]),
-                         stop_words=stops, prompt_ids=parse_prompt_ids(list(p["prompt_ids"]))[0],
-                         opts=cache_options_from(p), processors=processor_options_from(p))
-
-
 def length_diagnosis(f: Finding) -> Diagnosis:
     """A length finding: the record alone settles it (nothing in a forward to locate)."""
     d = Diagnosis(f, LENGTH, {"max_tokens": f.max_tokens, "completion_tokens": f.completion_tokens})

@@ -13,7 +13,8 @@ from typing import Any
 
 from conftest import run_cli
 from served_records import served_record_of
-from specparity.diagnose.record import diagnose_record
+from specparity.commands.diagnose import read_reproduction
+from specparity.diagnose.record import RecordDiagnoses, diagnose_record
 
 NIGHT1, NIGHT2, NIGHT3 = "served-host-2026-01-01", "served-host-2026-01-02", "served-host-2026-01-03"
 
@@ -25,6 +26,10 @@ def _finding(sha: str = "s1", reason: str = "w2 differs from classic decode: fir
             "completion": {"text": "abc", "sha256": sha, "token_ids": [1, 2, 3, 4], "usage": {"completion_tokens": 4}},
             "classic": {"token_index": 3, "reference": "classic decode", "other": "w2"},
             "reproduction": {"command": None, "reason": "a warm-cache request: replay --sequence is not rerun"}}
+
+
+def _diagnose(md: Path) -> RecordDiagnoses:
+    return diagnose_record(md, read_reproduction)
 
 
 def _night(root: Path, name: str, day: int, **kw: Any) -> Path:
@@ -39,27 +44,27 @@ def _lines(md: Path) -> list[dict[str, Any]]:
 def test_a_finding_is_diagnosed_into_its_record_once_and_an_earlier_nights_diagnosis_is_copied_not_rerun(
         tmp_path: Path, cli_bin: str) -> None:
     one = _night(tmp_path, NIGHT1, 1)
-    done = diagnose_record(one)
+    done = _diagnose(one)
     assert [x["finding"] for x in done.ran] == ["p/w2/p0"] and not done.reused
     (line,) = _lines(one)
     assert line["diagnosed_in"] == NIGHT1 and len(line["key"]) == 64
     assert line["diagnosis"]["phase"] == "undetermined" and line["diagnosis"]["steps"][0]["status"] == "not_run"
     assert "## Diagnoses" in one.read_text() and "p/w2/p0:" in one.read_text()
     # run again on the same record: the finding it holds is left as it is, nothing appended
-    again = diagnose_record(one)
+    again = _diagnose(one)
     assert again.held == ["p/w2/p0"] and not again.ran and len(_lines(one)) == 1
     assert one.read_text().count("## Diagnoses") == 1
 
     # the next night, the same request answered the same way: its diagnosis is copied, naming the night that ran it
     two = _night(tmp_path, NIGHT2, 2)
-    nxt = diagnose_record(two)
+    nxt = _diagnose(two)
     assert not nxt.ran and [x["diagnosed_in"] for x in nxt.reused] == [NIGHT1]
     assert nxt.lines()[:2] == [f"diagnose: {NIGHT2}: 0 diagnosed, 1 taken from an earlier night, 0 already in the"
                                " record", "  p/w2/p0:"]
     assert _lines(two)[0]["key"] == line["key"] and _lines(two)[0]["diagnosis"] == line["diagnosis"]
     # a night whose answer changed (another sha256) is another finding: diagnosed afresh
     three = _night(tmp_path, NIGHT3, 3, sha="s2")
-    fresh = diagnose_record(three)
+    fresh = _diagnose(three)
     assert len(fresh.ran) == 1 and not fresh.reused and _lines(three)[0]["key"] != line["key"]
 
     # records show prints each diagnosis under its finding, and says where a copied one was made
@@ -79,7 +84,7 @@ def test_the_pages_drill_down_shows_a_findings_diagnosis_escaped_and_cut(tmp_pat
                                       "completion": {"text": "abcdef", "sha256": "s", "token_ids": [1, 2, 3, 4, 5, 6],
                                                      "usage": {"completion_tokens": 6}}}],
                           verdict="diverged", name=NIGHT1)
-    diagnose_record(md)
+    _diagnose(md)
     # a hostile line beside it: markup in the summary, a command and a location value, an overlong evidence line
     hostile = {"finding": "p/w2/p1", "key": None, "diagnosed_in": NIGHT1, "diagnosis": {
         "phase": "<b>verify</b>", "location": {"width": "<i>4</i>", "layer": 2}, "summary": "<script>x()</script>",
