@@ -43,6 +43,7 @@ class Finding:
     length: the judge called it a length finding (tokens past max_tokens).
     tie: the judge's exact-tie call (None: none made).
     key: its identity across records (the module's docstring; "" where it was built without its record).
+    env_controls: the job's own control arms' environment toggles, (NAME, VALUE) each (identity.json's job).
     """
 
     id: str
@@ -64,6 +65,7 @@ class Finding:
     length: bool = False
     tie: dict[str, Any] | None = None
     key: str = ""
+    env_controls: list[tuple[str, str]] = field(default_factory=list)
 
     def replay_argv(self) -> list[str] | None:
         """The reproduction's arguments after ``specparity replay`` (None: it is not a replay command)."""
@@ -78,7 +80,8 @@ class Finding:
                 "token_index": self.token_index, "against": self.against, "reason": self.reason,
                 "max_tokens": self.max_tokens, "completion_tokens": self.completion_tokens,
                 "reproduction": self.reproduction, "reproduction_reason": self.reproduction_reason,
-                "length": self.length, "tie": self.tie, "key": self.key}
+                "length": self.length, "tie": self.tie, "key": self.key,
+                "env_controls": [f"{k}={v}" for k, v in self.env_controls]}
 
 
 def newest_served(path: str | os.PathLike[str]) -> Path:
@@ -111,6 +114,8 @@ def read_findings(path: str | os.PathLike[str], only: str | None = None) -> tupl
 
     where = newest_served(path)
     sr = read_served(where)
+    toggles = sorted({(str(k), str(v)) for c in ((sr.identity.get("job") or {}).get("controls") or [])
+                      if isinstance(c, dict) for k, v in (c.get("env") or {}).items()})
     out: list[Finding] = []
     for pname in sr.pairing_names():
         p = sr.pairing_summary(pname) or {}
@@ -119,6 +124,7 @@ def read_findings(path: str | os.PathLike[str], only: str | None = None) -> tupl
                 if r.get("verdict") == Verdict.DIVERGED:
                     f = _finding(p, pname, arm, r)
                     f.key = finding_key(sr.identity, p, arm, r)
+                    f.env_controls = list(toggles)
                     out.append(f)
     if only is not None:
         chosen = [f for f in out if only in (f.id, f.request, f.arm, f"{f.arm}/{f.request}")]

@@ -500,9 +500,13 @@ def _controls(d: Diagnosis, r: ReplayRequest, models: Models, width: int, depth:
     ev.append(("the difference goes away with " + ", ".join(removed)) if removed
               else "no toggle removes it: the difference is in the computation itself, not in a kernel choice"
               " these toggles make")
+    toggles = [(COMPILE_ENV, "1"), *[(k, v) for k, v in d.finding.env_controls if k != COMPILE_ENV]]
+    for k, v in toggles[1:]:
+        ev.append(f"{k}={v} (a control arm of the job): not run in process (read when mlx starts): the command"
+                  " runs it in a process of its own")
     ev.append("another environment toggle: add --control NAME=VALUE to the command (one process per toggle)")
     cmd = shlex.join(["specparity", "bisect", *_model_flags(r), "--width", str(width), "--depth", str(depth),
-                      "--prompt-ids", _ids(r.prompt_ids), "--control", f"{COMPILE_ENV}=1"])
+                      "--prompt-ids", _ids(r.prompt_ids), *[a for k, v in toggles for a in ("--control", f"{k}={v}")]])
     if removed:
         d.location["removed_by"] = removed
     d.steps.append(Step(6, RAN, Verdict.DIVERGENT, ev, cmd, {"controls": controls, "removed_by": removed}))

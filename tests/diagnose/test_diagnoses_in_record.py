@@ -126,3 +126,15 @@ def test_a_diagnosis_line_not_as_written_is_named_with_its_file_and_entry(tmp_pa
     for argv in (["records", "show", str(md)], ["records", "html", str(md), "--out", str(tmp_path / "p.html")]):
         r = run_cli(cli_bin, *argv)
         assert r.returncode == 2 and "diagnoses.jsonl, entry 1: diagnosis: expected" in r.stderr, (argv, r.stderr)
+
+
+def test_a_finding_carries_the_jobs_environment_toggles_for_its_control_arms(tmp_path: Path) -> None:
+    from specparity.diagnose.findings import read_findings
+
+    md = _night(tmp_path, NIGHT1, 1)
+    job = {"controls": [{"name": "no-compile", "env": {"MLX_DISABLE_COMPILE": "1"}, "width": 4},
+                        {"name": "fast", "env": {"MLX_FAST": "0"}, "width": 2}]}
+    (tmp_path / "data" / NIGHT1 / "identity.json").write_text(json.dumps({"job": job}))
+    _, (f,) = read_findings(md)
+    assert f.env_controls == [("MLX_DISABLE_COMPILE", "1"), ("MLX_FAST", "0")]
+    assert f.to_dict()["env_controls"] == ["MLX_DISABLE_COMPILE=1", "MLX_FAST=0"]
