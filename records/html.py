@@ -839,8 +839,8 @@ def _diagnosis(sr: ServedRecord, pname: str, arm: str, r: dict[str, Any], rid: s
         return ""
     d = line.get("diagnosis") or {}
     where = line.get("diagnosed_in")
-    earlier = (f' <span class="muted">(diagnosed in {esc(where)}, an earlier night: not re-run)</span>'
-               if where and where != sr.record.name else "")
+    earlier = (f' <span class="muted">(diagnosed in {esc(where)}, another record of the same finding: not'
+               " re-run)</span>" if where and where != sr.record.name else "")
     at = location_text(d.get("location"))
     out = [f'<div class="diag" id="{rid}-diag"><p><b>diagnosis</b>: phase <b>{esc(d.get("phase"))}</b>'
            + ("" if at == "-" else f" at {esc(at)}") + f"{earlier}</p>",

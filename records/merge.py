@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 from specparity.errors import Name, UsageError
 from specparity.records.record import RecordSink
-from specparity.records.served import ARMS, SERVERS_DIR, ServedRecord, read_served, served_markdown, write_arm
+from specparity.records.served import (
+    ARMS,
+    DIAGNOSES,
+    SERVERS_DIR,
+    ServedRecord,
+    read_served,
+    served_markdown,
+    write_arm,
+)
 from specparity.verdicts import Verdict
 
 if TYPE_CHECKING:
@@ -153,6 +161,8 @@ def merge_records(paths: list[str], out_dir: str | os.PathLike[str],
             src = s.record.data_dir / SERVERS_DIR
             if src.is_dir():
                 shutil.copytree(src, sink.writer.data_dir / SERVERS_DIR / f"shard{_index(s)}")
+            for line in s.rows.get(DIAGNOSES, []):  # a shard's diagnoses (served --diagnose): beside the same request
+                sink.append(DIAGNOSES, line)
         path = sink.finish(report, served_markdown(report, sink))
     assert path is not None
     return report, path

@@ -275,7 +275,8 @@ def diagnosis_lines(line: dict[str, Any], record_name: str | None = None) -> lis
             for s in steps))
     made_in = line.get("diagnosed_in")
     if made_in and made_in != record_name:
-        out.append(f"  diagnosed in {made_in} (the same finding on an earlier night: not re-run)")
+        out.append(f"  diagnosed in {made_in} (another record of the same finding: an earlier night, or a shard;"
+                   " not re-run)")
     out += [f"  open: {o}" for o in d.get("open") or []]
     return out
 

@@ -74,7 +74,8 @@ def test_a_finding_is_diagnosed_into_its_record_once_and_an_earlier_nights_diagn
     out = show.stdout
     assert "  w2 p0: diverged:" in out and "    diagnosis: phase undetermined: not reproduced in process" in out
     assert "      steps: 1 reproduce not_run; 2 prefill skipped" in out
-    assert f"diagnosed in {NIGHT1} (the same finding on an earlier night: not re-run)" in out
+    assert (f"diagnosed in {NIGHT1} (another record of the same finding: an earlier night, or a shard;"
+            " not re-run)") in out
 
 
 def test_the_pages_drill_down_shows_a_findings_diagnosis_escaped_and_cut(tmp_path: Path, cli_bin: str) -> None:

@@ -126,6 +126,24 @@ def test_shards_merged_equal_the_unsharded_record_apart_from_timings(served_reco
     assert "chart-cli.svg" in Path(m_rec.path).read_text()
 
 
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+def test_merge_keeps_each_shards_diagnoses_beside_their_requests(served_records, cli_bin, tmp_path):
+    s1, s2 = served_records["s1"], _copy(served_records["s2"], tmp_path / "s2").parent.parent
+    from specparity.diagnose.findings import Finding
+    from specparity.diagnose.tree import length_diagnosis
+
+    f = Finding("cli/w4/p0", "cli", "w4", "p0", 4, 3, "t", "d", 4, "classic decode", "a length finding", max_tokens=4,
+                completion_tokens=6, length=True)
+    line = {"finding": f.id, "key": "k", "diagnosed_in": _only(s2).stem, "diagnosis": length_diagnosis(f).to_dict()}
+    (s2 / "data" / _only(s2).stem / "diagnoses.jsonl").write_text(json.dumps(line) + "\n")
+    r = run_cli(cli_bin, "records", "merge", str(s2), str(s1), "--out", str(tmp_path / "merged"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    merged = _only(tmp_path / "merged")
+    assert read_record(merged)[2]["diagnoses"] == [line]
+
+
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     (data,) = (dst / "data").iterdir()
