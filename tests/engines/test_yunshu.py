@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
@@ -41,7 +42,7 @@ def test_the_evidence_fires_on_accepted_drafts_and_stays_silent_without() -> Non
     off) or no ``x_yunshu`` at all are not (None where nothing can be told)."""
     from specparity.engines.yunshu.served import evidence
 
-    def ev(raw: dict) -> object:
+    def ev(raw: dict) -> Any:
         return evidence(None, SimpleNamespace(raw=raw), None)
 
     spec = {"mode": "dflash", "drafted": 43, "accepted": 12, "rounds": 20}

@@ -100,7 +100,7 @@ def fit_eagle_head(target_dir: Path, prompts: list[list[int]], seed: int) -> tup
 
     from specparity.decode import classic_steps
 
-    model = load(str(target_dir))[0]
+    model: Any = load(str(target_dir))[0]
     outer = getattr(model, "language_model", model)
     inner = outer.model
     embed = inner.embed_tokens
@@ -161,7 +161,8 @@ def build(out: str | os.PathLike, *, shape: str, dtype: str, tied: bool, block_s
             shutil.rmtree(tmp / "dflash")
             head, fit = fit_eagle_head(tmp / "target", pair.fit_prompts, seed)
             (tmp / EAGLE_DIR).mkdir()
-            weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(head.parameters())}
+            flat: Any = tree_flatten(head.parameters())
+            weights = {k: v.astype(getattr(mx, dtype)) for k, v in flat}
             mx.save_safetensors(str(tmp / EAGLE_DIR / EAGLE_WEIGHTS), weights)
             hidden = int(weights["input_proj.weight"].shape[0])
             (tmp / EAGLE_DIR / EAGLE_CONFIG).write_text(json.dumps(

@@ -42,8 +42,8 @@ ENGINE = EngineSpec(
                       " CUDA build (pip install mlx-omni-server==0.5.3 alone takes mlx 0.31.1 with CUDA 13 and"
                       " torch's NVIDIA libraries; no GPU here), below the mlx 0.32.4 every environment shares",
                       "f5-tts-mlx, mlx-audio, mlx-whisper, mlx-embeddings, mlx-vlm, numba: its speech, transcription,"
-                      " embedding and vision routers, which its application imports after misaki's G2P (which stops it here"
-                      " first: it downloads spaCy's en_core_web_sm from outside the package registries)",
+                      " embedding and vision routers, which its application imports after misaki's G2P (which stops"
+                      " it here first: it downloads spaCy's en_core_web_sm from outside the package registries)",
                       "transformers<5.9: every packaged environment shares transformers 5.24.0",
                   )),
     ),
