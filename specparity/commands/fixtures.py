@@ -164,8 +164,9 @@ def formats(as_json: bool) -> int:
     if as_json:
         emit_json(top_json(EXIT_OK, {"formats": rows}))
         return EXIT_OK
+    width = max((len(r["name"]) for r in rows), default=0)
     for r in rows:
-        click.echo(f"{r['name']:<8} {r['help']} (read by {', '.join(r['read_by'])})")
+        click.echo(f"{r['name']:<{width}}  {r['help']} (read by {', '.join(r['read_by'])})")
     return EXIT_OK
 
 
