@@ -663,8 +663,15 @@ class PairingRun:
         server starts (the worker loaded once, then ended: one copy of the target at a time). A second
         turn carries classic decode's own first-turn answer: a server that answers the first turn as
         classic decode does sends those very bytes, and its second turn is answered from here too.
-        Each answer's time is what the first requests' time limits follow (harness.limits)."""
+        Each answer's time is what the first requests' time limits follow (harness.limits).
+
+        Not where the engine tokenizes on its own and the job has a reference (llama.cpp): classic decode starts
+        from the prompt tokens the server says it decoded, known only once it has answered, so an answer decoded
+        here from the harness's own tokens would never be used; those requests' limits follow the baselines."""
         from specparity.harness.limits import CLASSIC
+
+        if self.engine.tokenizes_itself and self.job.reference:
+            return
         from specparity.mlx_server import ServerSettings
 
         argv = [str(a) for a in self.server_argv(plan)]

@@ -34,7 +34,8 @@ from specparity.diagnose.findings import Finding
 from specparity.verdicts import ReportMixin, Verdict
 
 # what each step's status says: it ran, an earlier step settled it, this version does not do it, it could not run
-RAN, SKIPPED, NOT_DONE, NOT_RUN = "ran", "skipped", "not_done", "not_run"
+# (a step that could not run says so in the verdict vocabulary's own word)
+RAN, SKIPPED, NOT_DONE, NOT_RUN = "ran", "skipped", "not_done", Verdict.NOT_RUN.value
 # the phases a diagnosis names
 PREFILL, VERIFY, ROLLBACK, PROCESSORS, SERVER, LENGTH, TIE, UNDETERMINED = (
     "prefill", "verify", "rollback", "processors", "server", "length", "tie", "undetermined")

@@ -485,6 +485,11 @@ class ServedHooks:
         fn = self._hook("max_width")
         return fn(draft) if fn is not None else None
 
+    @property
+    def tokenizes_itself(self) -> bool:
+        """Whether the server says which prompt tokens it decoded (classic decode then starts from those)."""
+        return self._hook("prompt_ids") is not None
+
     def prompt_ids(self, client: Any, url: str, request: Any) -> list[int] | None:
         fn = self._hook("prompt_ids")
         return fn(client, url, request) if fn is not None else None

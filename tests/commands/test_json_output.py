@@ -166,6 +166,7 @@ RUNS: dict[tuple[str, ...], list[tuple[Build, tuple[Any, ...]]]] = {
     ("fixtures", "make"): [(lambda c: ["fixtures", "make", str(c.tmp / "fx"), "--no-draft"], (MODEL,))],
     ("fixtures", "gguf"): [(lambda c: ["fixtures", "gguf", c.target, str(c.tmp / "t.gguf")], (MODEL,))],
     ("fixtures", "formats"): [(lambda c: ["fixtures", "formats"], ())],
+    ("diagnose",): [(lambda c: ["diagnose", c.record], ())],
 }
 
 

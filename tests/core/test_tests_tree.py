@@ -17,7 +17,7 @@ ROOT = TESTS.parent
 MIRRORS = {
     "core": "specparity", "commands": "specparity/commands", "engines": "specparity/engines",
     "probes": "probes", "bisect": "bisect", "harness": "harness", "harness/gated": "harness/gated",
-    "records": "records", "scripts": "scripts", "docs": "docs",
+    "records": "records", "scripts": "scripts", "docs": "docs", "diagnose": "specparity/diagnose",
 }
 
 

@@ -284,18 +284,22 @@ def _target_pass(target: Any, seq: list[int]) -> tuple[Any, dict[str, Any]]:
     from mlx_lm.models import gemma4_text
 
     captured: dict[str, Any] = {}
-    call = gemma4_text.Attention.__call__
 
-    def capture(self: Any, *args: Any, **kw: Any) -> Any:
-        out = call(self, *args, **kw)
-        captured[self.layer_type] = out[1]
-        return out
+    class Capturing(gemma4_text.Attention):  # type: ignore[misc]
+        def __call__(self, *args: Any, **kw: Any) -> Any:
+            out = super().__call__(*args, **kw)
+            captured[self.layer_type] = out[1]
+            return out
 
-    gemma4_text.Attention.__call__ = capture  # type: ignore[method-assign]
+    # this target's own attention modules take the capturing class for one forward; mlx-lm's class is untouched
+    attention = [layer.self_attn for layer in target.language_model.model.layers]
+    for module in attention:
+        module.__class__ = Capturing
     try:
         hidden = target.language_model.model(mx.array(seq)[None])
     finally:
-        gemma4_text.Attention.__call__ = call  # type: ignore[method-assign]
+        for module in attention:
+            module.__class__ = gemma4_text.Attention
     return hidden, captured
 
 
