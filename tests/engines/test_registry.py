@@ -234,8 +234,8 @@ def test_an_engines_drafter_format_is_built_by_fixtures_make(cli_bin: str, tmp_p
     (tmp_path / "fmt_engine.py").write_text(FORMAT_ENGINE)
     env = {"SPECPARITY_ENGINES": "fmt_engine", "PYTHONPATH": str(tmp_path)}
     listed = run_cli(cli_bin, "fixtures", "formats", env=env)
-    assert listed.returncode == 0 and re.search(r"^fmt-toy +the fmt-toy's pair \(read by fmt-toy\)$", listed.stdout, re.M), \
-        listed.stderr
+    row = re.search(r"^fmt-toy +the fmt-toy's pair \(read by fmt-toy\)$", listed.stdout, re.M)
+    assert listed.returncode == 0 and row, listed.stderr
     made = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--dflash", "llama", "--drafter-format",
                    "fmt-toy", "--json", env=env)
     assert made.returncode == 0, made.stderr[-2000:]
