@@ -285,7 +285,7 @@ def _target_pass(target: Any, seq: list[int]) -> tuple[Any, dict[str, Any]]:
 
     captured: dict[str, Any] = {}
 
-    class Capturing(gemma4_text.Attention):  # type: ignore[misc]
+    class Capturing(gemma4_text.Attention):
         def __call__(self, *args: Any, **kw: Any) -> Any:
             out = super().__call__(*args, **kw)
             captured[self.layer_type] = out[1]
