@@ -57,6 +57,7 @@ def test_mlx_flash_is_one_package_of_its_own() -> None:
     test_each_builtin_engine_is_one_package_of_its_own("mlx-flash")
 
 
+@pytest.mark.slow
 def test_its_fixture_holds_its_own_eagle_head_in_the_shape_its_defaults_make(fixture) -> None:
     folder = Path(fixture["target"]).parent / "eagle"
     shape = json.loads((folder / "eagle_head.json").read_text())
@@ -64,6 +65,7 @@ def test_its_fixture_holds_its_own_eagle_head_in_the_shape_its_defaults_make(fix
     assert fixture["kind"] == "mlx-flash" and fixture["eagle_fit"] > 0.5, fixture
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
 def test_its_loops_against_classic_decode_each_with_its_own_record(fixture) -> None:
@@ -88,6 +90,7 @@ def test_its_loops_against_classic_decode_each_with_its_own_record(fixture) -> N
         assert f["verdict"] == "cannot_run" and "'system_profiler'" in f["reason"] and not f["tokens"], f
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
 def test_its_last_round_past_max_tokens_is_found_where_it_overshoots_and_silent_where_it_does_not(fixture) -> None:
@@ -99,6 +102,7 @@ def test_its_last_round_past_max_tokens_is_found_where_it_overshoots_and_silent_
     assert eagle["verdict"] == "match" and len(eagle["tokens"]) == 20 and eagle["accepted"] > 0, eagle
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
 def test_e2e_as_a_user_types_it(cli_bin, fixture) -> None:
@@ -115,6 +119,7 @@ def test_e2e_as_a_user_types_it(cli_bin, fixture) -> None:
     assert all(verdicts[e] == "not_run" for e in SERVER), verdicts
 
 
+@pytest.mark.slow
 @pytest.mark.build
 def test_its_server_stops_at_the_macos_tool_before_it_listens(fixture) -> None:
     env = built(ENV)

@@ -120,6 +120,7 @@ print(json.dumps({{"target": type(t).__module__, "draft": type(d).__module__, "m
     assert got["caches"] == ["RotatingKVCache"] * 4 + ["KVCache"] and not got["shared_kproj"]
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
 def test_past_the_sliding_window_its_rollback_trims_nothing_and_every_entry_point_leaves_classic_decode(
@@ -136,6 +137,7 @@ def test_past_the_sliding_window_its_rollback_trims_nothing_and_every_entry_poin
     assert got["stream_generate"]["reason"] == lib  # the same loop, dispatched by stream_generate
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
 def test_within_the_window_and_with_the_window_past_the_run_it_matches(e2b: dict, cli_bin: str,
@@ -155,6 +157,7 @@ def test_within_the_window_and_with_the_window_past_the_run_it_matches(e2b: dict
     assert code == 0 and f["verdict"] == "match" and f["drafter"]["drafted"] > 0, f
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
 def test_a_plain_drafter_is_refused_with_its_cause(cli_bin: str, tmp_path_factory: pytest.TempPathFactory) -> None:

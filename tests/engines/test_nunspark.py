@@ -79,6 +79,7 @@ def test_nunspark_is_one_package_of_its_own() -> None:
     test_each_builtin_engine_is_one_package_of_its_own("nunspark")
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
 def test_on_mlx_lm_0_31_3_its_loops_match_its_adaptive_loop_does_not_and_each_other_says_why(pairs) -> None:
@@ -243,6 +244,7 @@ def test_nunspark_serve_takes_chat_only_and_says_nothing_of_its_drafts(pairs, tm
     assert set(body["choices"][0]) <= {"index", "message", "finish_reason", "logprobs"}, body
 
 
+@pytest.mark.slow
 def test_the_findings_table_runs_an_engine_that_drafts_with_a_plain_drafter(tmp_path: Path) -> None:
     """``python -P -m specparity.engine_findings --engine nunspark``: an engine whose drafter is a plain mlx-lm
     checkpoint (no drafter format of its own) gets a plain pair per architecture, its rows named by it, as a
