@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
+import yaml
 
 from builds import REAL_CACHE, built
 from conftest import run_cli
@@ -108,5 +110,58 @@ def test_a_fault_in_its_dflash_walk_is_found_at_its_round_and_the_clean_walk_mat
     if arm == "clean":
         assert f["verdict"] == "match" and f["accepted"] == 26, f
         return
-    assert f["verdict"] == "diverged" and f["round"] >= 1 and f["row"] < f["rounds"][f["round"] - 1]["accepted"], f
+    assert f["verdict"] == "diverged" and (f["index"], f["round"], f["row"]) == (1, 1, 0), f
+    assert f["row"] < f["rounds"][0]["accepted"], f  # an accepted draft
     assert f["tokens"][:f["index"]] == f["classic"][:f["index"]] and f["engine_token"] != f["classic_token"], f
+
+
+@pytest.fixture(scope="module")
+def served_fixture(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from specparity.engines.mlx_vlm.fixtures import build_mlx_vlm_fixture
+
+    return cached(build_mlx_vlm_fixture, tmp_path_factory.mktemp("mlx-vlm-served"), "mlx-vlm", block_size=8).to_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.server
+def test_served_its_drafts_are_accepted_and_every_arm_strips_the_leading_whitespace_classic_decode_emits(
+        served_fixture: dict, cli_bin: str, tmp_path: Path) -> None:
+    """``served --config JOB``: two of the drafter's fit prompts (fresh and repeated, a shared prefix), 32 tokens,
+    widths 4 and 8 and the target drafting for itself; no stream request (the harness sends no ``model`` field on
+    one, which its server requires) and no multi-turn."""
+    target, draft = served_fixture["target"], served_fixture["draft"]
+    job = {"pairings": [{"name": "mlx-vlm-qwen3_5", "profile": "mlx-vlm", "target": target, "draft": draft}],
+           "widths": [4, 8], "max_tokens": 32, "sequence": ["fresh", "repeat", "shared-prefix"],
+           "prompts": ["The quick brown fox jumps over the lazy dog, and then",
+                       "def add(a, b):\n    return a + b\n\nfor i in range(10):"],
+           "concurrency": 0, "self_draft": True}
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(job))
+    built(ENV)
+    proc = run_cli(cli_bin, "served", "--config", str(config), "--json", cwd=str(tmp_path),
+                   env={ENV_CACHE_VAR: str(REAL_CACHE)})
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    pairing = json.loads(proc.stdout)["pairings"][0]
+    assert proc.returncode == 1, pairing["findings"]
+    arms = {a["name"]: {r["id"]: r for r in a["requests"]} for a in pairing["arms"]}
+    assert set(arms) == {"baseline-start", "w4", "w8", "self-draft", "baseline-end"}
+    baseline = arms["baseline-start"]["p0"]
+    for name, requests in arms.items():
+        # the fit prompt: classic decode's first three tokens are whitespace, which the server's answer lacks
+        for rid in ("p0", "p0-again"):
+            r = requests[rid]
+            d = r["divergence"]
+            assert r["verdict"] == "diverged" and d["token_index"] == 0 and d["char_offset"] == 0, (name, r)
+            assert d["reference_chars"] - d["other_chars"] == 3 and d["reference_snippet"][:3].isspace(), d
+            assert d["reference_snippet"].lstrip()[:12] == d["other_snippet"][:12], d
+            assert r["sha256"] == baseline["sha256"], (name, rid)  # drafted or not, the same answer
+        prefix = requests["p0-prefix"]
+        assert prefix["verdict"] == ("match" if name.startswith("baseline") else "not_engaged"), (name, prefix)
+    lines = {name: arms[name]["p0"]["evidence"]["lines"] for name in ("w4", "w8", "self-draft", "baseline-start")}
+    assert lines["w4"] == ["timings: draft_kind dflash, 14 of 51 drafts accepted over 18 rounds"], lines
+    assert lines["w8"] == ["timings: draft_kind dflash, 14 of 55 drafts accepted over 18 rounds"], lines
+    # the target as its own drafter: its server takes the MTP head whatever --draft-kind says, nothing accepted
+    assert lines["self-draft"] == ["timings: draft_kind mtp, 0 of 196 drafts accepted over 31 rounds"], lines
+    assert lines["baseline-start"] == ["timings: no draft counts (draft_kind None): it did not draft"], lines

@@ -10,20 +10,22 @@ walk the accepted prefix, roll the target's caches back (``commit_speculative_ro
 head split out in memory.
 
 Here: its own loops against classic decode (:mod:`specparity.engines.mlx_vlm.loops`, ``e2e --engine
-mlx-vlm``), its record per round read off the drafter's own ``accept_lens`` / ``draft_lens``, on yunshu's
-fixture (a qwen3_5 VLM checkpoint with its MTP head inside, and a DFlash drafter: ``fixtures make --dflash
-qwen3_5 --drafter-format yunshu``), which mlx-lm reads too. No adapter (its verify and rollback live inside
-each round loop) and no served profile yet.
+mlx-vlm``), its record per round read off the drafter's own ``accept_lens`` / ``draft_lens``; its server (profile
+``mlx-vlm``, hooks :mod:`specparity.engines.mlx_vlm.served`, started by :mod:`specparity.engines.mlx_vlm.serve`),
+whose evidence is each response's ``timings``. Its fixture format ``mlx-vlm``
+(:mod:`specparity.engines.mlx_vlm.fixtures`) is yunshu's (a qwen3_5 VLM checkpoint with its MTP head inside, and a
+DFlash drafter), its chat template reading a message's text parts as its server hands them over; mlx-lm reads the
+target too. No adapter: its verify and rollback live inside each round loop.
 """
 
 from __future__ import annotations
 
-from specparity.engines import EngineSpec, PinnedEnv
+from specparity.engines import DrafterFormat, EngineSpec, PinnedEnv
 from specparity.engines.mlx_vlm.loops import ENTRY_NAMES
 
 ENGINE = EngineSpec(
     name="mlx-vlm",
-    description="mlx-vlm 0.7.10: VLM generate_step with DFlash / MTP / EAGLE-3 drafting (its own loops)",
+    description="mlx-vlm 0.7.10: VLM generate_step and server, DFlash / MTP / EAGLE-3 drafting",
     module="mlx_vlm",
     environments=(
         # its own dependencies resolve on Linux (mlx-audio, opencv-python among them); mlx-lm for classic decode
@@ -35,4 +37,10 @@ ENGINE = EngineSpec(
     # its loops only: verify and rollback live inside each round loop (no block a probe could drive from outside)
     e2e_entry_points=ENTRY_NAMES,
     loops="specparity.engines.mlx_vlm.loops:loops",
+    profiles=("mlx-vlm",),
+    hooks="specparity.engines.mlx_vlm.served",
+    # its fixture is yunshu's, re-templated for its server's chat prompts
+    builds_on=("yunshu",),
+    drafter_format=DrafterFormat("mlx-vlm", "specparity.engines.mlx_vlm.fixtures:mlx_vlm_format",
+                                 "yunshu's qwen3_5 VLM fixture, its chat template reading a message's text parts"),
 )
