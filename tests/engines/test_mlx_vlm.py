@@ -7,7 +7,8 @@ re-dressed as a Qwen3.5 VLM checkpoint, a random MTP head inside: ``fixtures mak
 --drafter-format yunshu``). What they pin, MLX's CPU backend, float32 (tied head, DFlash block 8), 48 tokens
 of the drafter's first fit prompt, mlx-lm 0.32.2 beside it:
 
-- ``draft_kind=dflash`` equals classic decode with drafts accepted (26 of 68);
+- ``draft_kind=dflash`` equals classic decode with drafts accepted (26 of 68), through ``generate_step`` and through
+  its public ``stream_generate`` alike;
 - ``draft_kind=mtp`` (the head split out of the target by its own splitter) drafts and has nothing accepted:
   not engaged, not a pass;
 - ``draft_kind=eagle3``: no EAGLE-3 drafter is built here: not run, with that cause;
@@ -58,7 +59,7 @@ def fixture(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
-def test_e2e_its_dflash_loop_matches_its_mtp_loop_is_not_engaged_and_eagle3_cannot_run(
+def test_e2e_its_dflash_loops_match_its_mtp_loop_is_not_engaged_and_eagle3_cannot_run(
         fixture: dict, cli_bin: str) -> None:
     built(ENV)
     proc = run_cli(cli_bin, "e2e", "--engine", "mlx-vlm", "--model", fixture["target"], "--draft-model",
@@ -73,6 +74,9 @@ def test_e2e_its_dflash_loop_matches_its_mtp_loop_is_not_engaged_and_eagle3_cann
     mtp = got["generate_step draft_kind=mtp"]
     assert mtp["verdict"] == "not_engaged" and mtp["drafter"]["proposed"] > 0 and mtp["drafter"]["drafted"] == 0
     assert mtp["drafter"]["tokens"] == mtp["classic"]["tokens"]
+    public = got["stream_generate draft_kind=dflash"]
+    assert public["verdict"] == "match" and public["drafter"]["tokens"] == dflash["drafter"]["tokens"], public
+    assert (public["drafter"]["proposed"], public["drafter"]["drafted"]) == (68, 26), public["drafter"]
     eagle = got["generate_step draft_kind=eagle3"]
     assert eagle["verdict"] == "not_run" and "no fixture in that format" in eagle["drafter"]["error"], eagle
 

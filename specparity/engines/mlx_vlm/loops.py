@@ -1,11 +1,12 @@
 """mlx-vlm's own speculative loops against classic decode (``e2e --engine mlx-vlm``, the findings table).
 
 Each entry point is ``mlx_vlm.generate.generate_step`` (what its ``stream_generate``, its ``python -m
-mlx_vlm.generate --draft-model`` and its server run) with a drafter loaded by its own
-``mlx_vlm.speculative.load_drafter``, the target loaded by its own ``mlx_vlm.utils.load``; only the prompt's
-ids (no image), ``max_tokens`` and the drafter with its kind are given, everything else is the library's
-default (greedy: temperature 0 when the checkpoint sets none). Tokens stop at the tokenizer's eos, as its
-``stream_generate`` stops.
+mlx_vlm.generate --draft-model`` and its server run), or its public ``stream_generate`` around it, with a drafter
+loaded by its own ``mlx_vlm.speculative.load_drafter``, the target loaded by its own ``mlx_vlm.utils.load``; only
+the prompt's ids (no image), ``max_tokens`` and the drafter with its kind are given, everything else is the
+library's default (greedy: temperature 0 when the checkpoint sets none). ``generate_step``'s tokens stop at the
+tokenizer's eos, as its ``stream_generate`` stops them; ``stream_generate``'s are the ``token_ids`` of its last
+result.
 
 Its acceptance record, round by round: the drafter's own ``accept_lens`` / ``draft_lens`` (its loop's
 ``_record_speculative_round``, reset when a request's rounds start); each round commits its accepted drafts
@@ -25,6 +26,7 @@ ENTRY_POINTS = (
     ("generate_step draft_kind=dflash", "dflash", "the DFlash drafter (--draft-model)"),
     ("generate_step draft_kind=mtp", "mtp", "the target's own MTP head (its mtp.* tensors)"),
     ("generate_step draft_kind=eagle3", "eagle3", "an EAGLE-3 drafter (--draft-model)"),
+    ("stream_generate draft_kind=dflash", "dflash", "the DFlash drafter (--draft-model)"),
 )
 ENTRY_NAMES = tuple(entry for entry, _, _ in ENTRY_POINTS)
 _KIND = {entry: kind for entry, kind, _ in ENTRY_POINTS}
@@ -90,18 +92,27 @@ def run_entry(entry: str, target: Callable[[], dict[str, Any]], target_dir: str,
     t0 = time.perf_counter()
     try:
         import mlx.core as mx
-        from mlx_vlm.generate import generate_step
+        from mlx_vlm.generate import generate_step, stream_generate
 
         loaded = target()
         drafter = load_kind(entry, target_dir, draft)
         tokens: list[int] = []
-        gen = generate_step(mx.array([prompt]), loaded["model"], None, None, max_tokens=n, draft_model=drafter,
-                            draft_kind=_KIND[entry])
-        for token, _ in gen:
-            tokens.append(int(token))
-            if tokens[-1] in eos or len(tokens) >= n:
-                break
-        gen.close()
+        if entry.startswith("stream_generate"):
+            # its public generator, given the prompt's ids (no text, no image): its own stop criteria end it, and
+            # its last result (finish_reason set, the last token again) lists every token it generated
+            last = None
+            for last in stream_generate(loaded["model"], loaded["processor"], "", input_ids=mx.array([prompt]),
+                                        max_tokens=n, draft_model=drafter, draft_kind=_KIND[entry]):
+                pass
+            tokens = [int(t) for t in (getattr(last, "token_ids", None) or [])]
+        else:
+            gen = generate_step(mx.array([prompt]), loaded["model"], None, None, max_tokens=n,
+                                draft_model=drafter, draft_kind=_KIND[entry])
+            for token, _ in gen:
+                tokens.append(int(token))
+                if tokens[-1] in eos or len(tokens) >= n:
+                    break
+            gen.close()
         f.tokens = tokens
         f.rounds = [{**r, "source": _SOURCE[entry]} for r in rounds_of(drafter, len(tokens))]
         f.drafted = sum(r["drafted"] for r in f.rounds)
