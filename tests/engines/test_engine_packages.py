@@ -82,10 +82,14 @@ def _package(engine: str) -> str:
 
 
 def offenders(files: list[Path], tokens: dict[str, re.Pattern[str]], root: Path,
-              builds_on: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+              builds_on: dict[str, tuple[str, ...]] | None = None,
+              depends_on: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """``path:line: engine`` for every word of code naming an engine outside its own package (and the packages
-    of the engines that declare they build on it)."""
-    homes = {e: [_package(e)] + [_package(o) for o, on in (builds_on or {}).items() if e in on] for e in tokens}
+    of the engines that declare they build on it, or whose pinned environments name it as a dependency: an
+    engine that is also a library, as mlx-vlm is yunshu's)."""
+    on = {o: (builds_on or {}).get(o, ()) + (depends_on or {}).get(o, ()) for o in {*(builds_on or {}),
+                                                                                   *(depends_on or {})}}
+    homes = {e: [_package(e)] + [_package(o) for o, names in on.items() if e in names] for e in tokens}
     out = []
     for path in files:
         rel = path.relative_to(root).as_posix()
@@ -97,6 +101,19 @@ def offenders(files: list[Path], tokens: dict[str, re.Pattern[str]], root: Path,
     return out
 
 
+def pinned_dependencies(tokens: dict[str, re.Pattern[str]]) -> dict[str, tuple[str, ...]]:
+    """Each engine -> the other engines its own pinned environments name (a pin, an import, a line of what
+    they leave out): there the name is a library's, not a reach into that engine's package."""
+    from specparity import engines
+
+    out = {}
+    for name, spec in engines.registry().items():
+        words = [w for env in spec.environments
+                 for w in (*env.packages, *env.no_deps, *env.imports, *env.left_out)]
+        out[name] = tuple(e for e, pattern in tokens.items() if e != name and any(pattern.search(w) for w in words))
+    return out
+
+
 def _tree_files() -> list[Path]:
     return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
 
@@ -105,7 +122,7 @@ def test_no_engine_name_is_code_outside_its_own_package() -> None:
     from specparity import engines
 
     builds_on = {name: spec.builds_on for name, spec in engines.registry().items()}
-    bad = offenders(_tree_files(), engine_tokens(), ROOT, builds_on)
+    bad = offenders(_tree_files(), engine_tokens(), ROOT, builds_on, pinned_dependencies(engine_tokens()))
     assert not bad, "an engine named outside its package (read it from the registry):\n" + "\n".join(bad)
 
 
@@ -129,6 +146,13 @@ def test_the_scan_fires_on_code_and_not_on_prose(tmp_path: Path) -> None:
                                                 "specparity/commands/x.py:4: dfly-mlx",
                                                 "specparity/commands/x.py:5: dspark-mlx",
                                                 "specparity/commands/x.py:6: llama.cpp"], got
+    # an engine that is also a library: named where another engine's pinned environment names it, nowhere else
+    pins = tmp_path / "specparity" / "engines" / "mtplx" / "x.py"
+    pins.parent.mkdir(parents=True)
+    pins.write_text("PINS = ('dfly-mlx==1.0',)\n")
+    assert offenders([pins], tokens, tmp_path, depends_on={"mtplx": ("dfly-mlx",)}) == []
+    assert [g.split(" (")[0] for g in offenders([pins], tokens, tmp_path, depends_on={"llama.cpp": ("dfly-mlx",)})] \
+        == ["specparity/engines/mtplx/x.py:1: dfly-mlx"]
 
 
 @pytest.mark.parametrize("engine", ["dflash-mlx", "mlx-dspark", "dspark-mlx", "dfly-mlx", "mtplx", "llama.cpp"])
