@@ -186,10 +186,10 @@ def _diagnosis_shown(line: dict[str, Any]) -> dict[str, Any]:
 
 def _history_only(data: Path, stem: str, entry: int, line: dict[str, Any]) -> dict[str, Any]:
     """What the page holds of an older record's line: an arm's line, a request's id, kind and verdict, a
-    diagnosis's finding alone (the history shows verdicts, not diagnoses)."""
+    diagnosis's finding and phase (the history shows verdicts, not diagnoses; a line is checked whole again)."""
     check_line(data, stem, entry, line)
     if stem == DIAGNOSES:
-        return {"finding": line["finding"], "diagnosis": {}}
+        return {"finding": line["finding"], "diagnosis": {"phase": line["diagnosis"]["phase"]}}
     return line if stem == ARMS else {k: line[k] for k in ("id", "kind", "verdict")}
 
 

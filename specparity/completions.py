@@ -230,9 +230,20 @@ def _written_as(reference: Side, other: Side) -> tuple[str, str | None]:
     return "", None
 
 
+STRIPPED = "stripped of the whitespace around it"
+
+
 def _detokenization(reference: Side, other: Side) -> str | None:
-    """How two sides whose texts differ emitted the same ids (None: nothing shows they did)."""
+    """How two sides whose texts differ emitted the same ids (None: nothing shows they did).
+
+    A side that gives text only and whose text is the reference's (or one of its other ways) with the whitespace
+    at its ends stripped wrote those ids and then stripped them, as servers do to an answer (yunshu's chat
+    content, mlx-vlm's text): named so, never a token divergence. Nothing is hidden but the whitespace at the two
+    ends; text that parts anywhere between is not this."""
     how = next((k for k, text in reference.texts.items() if text == other.text), None)
+    if how is None and other.token_ids is None and other.text.strip():
+        ways = {"mlx-lm's streaming detokenizer": reference.text, **reference.texts}
+        how = next((f"{k}, {STRIPPED}" for k, text in ways.items() if text.strip() == other.text), None)
     named = f": {other.name}'s text is them decoded by {how}" if how else ""
     if reference.token_ids is not None and other.token_ids is not None:
         if reference.token_ids != other.token_ids:

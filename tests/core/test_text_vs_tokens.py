@@ -54,6 +54,29 @@ def test_a_text_only_side_that_wrote_the_references_ids_another_way_is_text_only
     assert "w4 gave text only, and its text is classic decode's" in str(d.detokenization)
 
 
+def test_a_text_only_answer_stripped_of_the_whitespace_around_it_is_text_only(tok: Any) -> None:
+    """A server that strips its answer (yunshu's chat content, mlx-vlm's text) wrote classic decode's ids, then cut
+    the whitespace at the ends: named so, on a chat answer (no other ways of writing it) as on a completion. The
+    same stripped text with one character changed inside stays a divergence, placed where it parts."""
+    from specparity.decode import stream_text
+
+    ids = tok.encode("\n\n the cat sat on the mat \n")
+    text = stream_text(tok, ids)
+    assert text != text.strip() and text.strip()
+    for texts in ({}, other_texts(tok, ids)):  # a chat answer's reference has no other ways; a completion's has
+        classic = Side("classic decode", text, list(ids), texts=texts)
+        d = first_difference(classic, Side("baseline-start", text.strip()))
+        assert d is not None and d.text_only, d
+        assert "stripped of the whitespace around it" in str(d.detokenization)
+        d = first_difference(classic, Side("w4", text.strip().replace("mat", "hat")))
+        assert d is not None and not d.text_only
+    # ids and text on both sides: other ids are a divergence whatever the text
+    other = list(ids)
+    other[-2] = (other[-2] + 1) % 256
+    d = first_difference(Side("classic", text, list(ids)), Side("engine", tok.decode(other).strip(), other))
+    assert d is not None and not d.text_only
+
+
 def test_other_ids_or_other_text_stay_a_divergence(tok: Any, ids: list[int]) -> None:
     """Both ways: a token that differs, or a text-only answer that is not the ids' text any known way, is a
     divergence with its place, never explained away."""

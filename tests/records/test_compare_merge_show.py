@@ -549,6 +549,28 @@ def test_records_html_over_two_nights_shows_when_each_cell_changed(served_record
 @pytest.mark.model
 @pytest.mark.server
 @pytest.mark.slow
+def test_records_html_reads_an_earlier_nights_diagnoses(served_records, cli_bin, tmp_path):
+    """The history keeps of an earlier night's diagnosis its finding and phase, and each line it keeps is checked
+    whole again: the page of a folder whose earlier night was diagnosed is written (it was exit 2, "phase:
+    missing", on the nightly job's second night)."""
+    from specparity.diagnose.findings import Finding
+    from specparity.diagnose.tree import length_diagnosis
+
+    data = _copy(served_records["full"], tmp_path / "earlier")
+    f = Finding("cli/w4/p0", "cli", "w4", "p0", 4, 3, "t", "d", 4, "classic decode", "a length finding", max_tokens=4,
+                completion_tokens=6, length=True)
+    line = {"finding": f.id, "key": "k", "diagnosed_in": data.name, "diagnosis": length_diagnosis(f).to_dict()}
+    (data / "diagnoses.jsonl").write_text(json.dumps(line) + "\n")
+    out = tmp_path / "nights.html"
+    r = run_cli(cli_bin, "records", "html", str(_only(served_records["fault"])), str(_only(tmp_path / "earlier")),
+                "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["records"] == [data.name, _only(served_records["fault"]).stem]
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
 @pytest.mark.build
 def test_html_report_in_headless_chromium_grid_drilldown_and_screenshot(served_records, chromium, repo_root,
                                                                          tmp_path):
