@@ -60,7 +60,7 @@ def diagnose(record: str, finding: str | None, as_json: bool, record_dir: str | 
         models = Models()
         for f in found:
             run.observer.note(f"diagnosing {f.id}")
-            d = diagnose_finding(f, read_reproduction(f), models)
+            d = diagnose_finding(f, read_reproduction(f), models, read_command)
             report.diagnoses.append(d)
             run.observer.result("diagnoses", d.to_dict())
         return run.finish(report)
@@ -68,15 +68,25 @@ def diagnose(record: str, finding: str | None, as_json: bool, record_dir: str | 
 
 def read_reproduction(f: Finding) -> ReplayRequest | None:
     """The finding's reproduction read as ``specparity replay`` reads it (None: not a request replay with a
-    drafter, the one kind this version reruns): the command's own options, so the tree reruns what it would."""
+    drafter, the one kind the tree reruns request by request; a sequence replay is run by the tree itself):
+    the command's own options, so the tree reruns what it would."""
+    return read_command(f.reproduction) if f.replay_argv() is not None else None
+
+
+def read_command(command: str | None) -> ReplayRequest | None:
+    """A ``specparity replay`` command line read as the request it reruns (None: not a request replay with a
+    drafter)."""
+    import shlex
+
     from specparity.diagnose.tree import ReplayRequest
     from specparity.commands._common import cache_options_from, processor_options_from
     from specparity.commands.replay import replay
     from specparity.prompts import parse_prompt_ids
 
-    argv = f.replay_argv()
-    if argv is None:
+    words = shlex.split(command or "")
+    if words[:2] != ["specparity", "replay"]:
         return None
+    argv = words[2:]
     ctx = replay.make_context("replay", list(argv), resilient_parsing=True)
     p = dict(ctx.params)
     if p.get("draft_model") is None or not p.get("prompt_ids") or p.get("model") is None:

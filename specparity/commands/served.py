@@ -194,12 +194,12 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
 
 def _diagnose(cmd: CommandRun, path: object) -> tuple[list[str], dict[str, object]]:
     """``--diagnose``: the record just closed, diagnosed into itself (specparity.diagnose.record)."""
-    from specparity.commands.diagnose import read_reproduction
+    from specparity.commands.diagnose import read_command, read_reproduction
     from specparity.diagnose.record import diagnose_record
 
     if path is None:
         return [], {}
-    done = diagnose_record(str(path), read_reproduction, note=cmd.observer.note)
+    done = diagnose_record(str(path), read_reproduction, note=cmd.observer.note, read=read_command)
     return done.lines(), {"diagnoses": done.to_dict()}
 
 

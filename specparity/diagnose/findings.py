@@ -125,6 +125,7 @@ def read_findings(path: str | os.PathLike[str], only: str | None = None) -> tupl
                     f = _finding(p, pname, arm, r)
                     f.key = finding_key(sr.identity, p, arm, r)
                     f.env_controls = list(toggles)
+                    _locate_sequence(f, where)
                     out.append(f)
     if only is not None:
         chosen = [f for f in out if only in (f.id, f.request, f.arm, f"{f.arm}/{f.request}")]
@@ -133,6 +134,27 @@ def read_findings(path: str | os.PathLike[str], only: str | None = None) -> tupl
             raise UsageError(f"--finding {only}: no such finding in {where} (its findings: {names})")
         out = chosen
     return where, out
+
+
+def _locate_sequence(f: Finding, record: Path) -> None:
+    """A sequence replay's file as the record's command names it, relative to where ``served`` ran: found from
+    here through the record's own data folder when that path does not lead to it (the command is rewritten with
+    the path that does, so it runs from anywhere)."""
+    argv = f.replay_argv() or []
+    if "--sequence" not in argv[:-1]:
+        return
+    i = argv.index("--sequence") + 1
+    given = Path(argv[i])
+    if given.is_file():
+        return
+    parts = given.parts
+    for k in range(len(parts) - 1):
+        if parts[k] == "data" and parts[k + 1] == record.stem:
+            found = record.parent.joinpath(*parts[k:])
+            if found.is_file():
+                argv[i] = str(found.resolve())
+                f.reproduction = shlex.join(["specparity", "replay", *argv])
+            return
 
 
 def finding_key(identity: dict[str, Any], p: dict[str, Any], arm: dict[str, Any], r: dict[str, Any]) -> str:

@@ -103,7 +103,8 @@ def earlier_diagnoses(directory: Path, but: str) -> dict[str, dict[str, Any]]:
 
 
 def diagnose_record(path: str | os.PathLike[str], reproduction: Callable[[Finding], ReplayRequest | None],
-                    note: Callable[[str], None] | None = None) -> RecordDiagnoses:
+                    note: Callable[[str], None] | None = None,
+                    read: Callable[[str], ReplayRequest | None] | None = None) -> RecordDiagnoses:
     """Diagnose the served record at ``path`` into itself (the module's docstring). reproduction: a finding's
     record command read as the request it reruns (specparity.commands.diagnose.read_reproduction: the
     command's own reading); note: progress lines."""
@@ -135,7 +136,7 @@ def diagnose_record(path: str | os.PathLike[str], reproduction: Callable[[Findin
             if note is not None:
                 note(f"diagnosing {f.id}")
             try:
-                d = diagnose_finding(f, r, models)
+                d = diagnose_finding(f, r, models, read)
             except SpecparityError as err:
                 out.failed[f.id] = str(err)
                 continue

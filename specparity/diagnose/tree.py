@@ -28,7 +28,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from specparity.diagnose.findings import Finding
 from specparity.verdicts import ReportMixin, Verdict
@@ -37,8 +37,8 @@ from specparity.verdicts import ReportMixin, Verdict
 # (a step that could not run says so in the verdict vocabulary's own word)
 RAN, SKIPPED, NOT_DONE, NOT_RUN = "ran", "skipped", "not_done", Verdict.NOT_RUN.value
 # the phases a diagnosis names
-PREFILL, VERIFY, ROLLBACK, PROCESSORS, SERVER, LENGTH, TIE, UNDETERMINED = (
-    "prefill", "verify", "rollback", "processors", "server", "length", "tie", "undetermined")
+PREFILL, VERIFY, ROLLBACK, PROCESSORS, SERVER, SERVER_CACHE, LENGTH, TIE, UNDETERMINED = (
+    "prefill", "verify", "rollback", "processors", "server", "server cache", "length", "tie", "undetermined")
 STEP_NAMES = {1: "reproduce", 2: "prefill", 3: "verify block", 4: "rollbacks", 5: "bisect", 6: "control arms",
               7: "first difference", 8: "across releases"}
 NOT_IN_THIS_VERSION = "not done in this version"
@@ -172,6 +172,7 @@ class Models:
     def __init__(self) -> None:
         self.loaded: dict[tuple[str, bool], Any] = {}
         self.engines: dict[tuple[str, bool, str], Any] = {}
+        self.references: dict[tuple[str, bool, str], Any] = {}
 
     def load(self, path: str, trust_remote_code: bool) -> Any:
         from specparity.checkpoint import load_checkpoint
@@ -180,6 +181,15 @@ class Models:
         if key not in self.loaded:
             self.loaded[key] = load_checkpoint(path, trust_remote_code=trust_remote_code)
         return self.loaded[key]
+
+    def reference(self, path: str, trust_remote_code: bool, settings: Any) -> Any:
+        """Classic decode as mlx_lm.server's tokenize step and flags give it (a sequence's server settings)."""
+        from specparity.reference import ClassicReference
+
+        key = (path, trust_remote_code, repr(settings))
+        if key not in self.references:
+            self.references[key] = ClassicReference(path, trust_remote_code=trust_remote_code, settings=settings)
+        return self.references[key]
 
     def engine(self, path: str, trust_remote_code: bool, opts: Any) -> Any:
         """mlx-lm's adapter on the loaded target with the server's cache options."""
@@ -239,18 +249,118 @@ def length_diagnosis(f: Finding) -> Diagnosis:
     return d
 
 
-def diagnose_finding(f: Finding, r: ReplayRequest | None, models: Models) -> Diagnosis:
-    """Run the tree on ``f``; ``r``: its reproduction read (None: the record has no replay command for it)."""
+def diagnose_finding(f: Finding, r: ReplayRequest | None, models: Models,
+                     read: Callable[[str], ReplayRequest | None] | None = None) -> Diagnosis:
+    """Run the tree on ``f``; ``r``: its reproduction read (None: the record has no replay command for it).
+    read: a ``specparity replay`` command line read as ``r`` is (a sequence finding's request alone, where the
+    sequence replay reproduces it and the request alone on a fresh cache still differs)."""
     import time
 
     start = time.monotonic()
+    path = sequence_file(f)
     if f.length:
         d = length_diagnosis(f)
+    elif r is None and path is not None:
+        d = _sequence_tree(f, path, models, read)
     elif r is None:
         d = _unreproducible(f)
     else:
         d = _tree(f, r, models)
     d.seconds = time.monotonic() - start
+    return d
+
+
+def sequence_file(f: Finding) -> str | None:
+    """The sequence file of a finding whose reproduction is ``specparity replay --sequence FILE`` (None: not one)."""
+    argv = f.replay_argv() or []
+    if "--sequence" in argv[:-1]:
+        return argv[argv.index("--sequence") + 1]
+    return None
+
+
+def _sequence_tree(f: Finding, path: str, models: Models,
+                   read: Callable[[str], ReplayRequest | None] | None) -> Diagnosis:
+    """A finding that depends on the requests before it (its record's reproduction is a sequence replay).
+
+    Step 1 replays the record's sequence file through one prompt cache as mlx_lm.server's loop served it
+    (``specparity replay --sequence FILE``, the record's own command) and, where that reproduces the finding at its
+    token, the same request alone through a fresh loop. Reproduced in sequence and equal alone: the state the
+    earlier requests left (the prompt cache, or the processors seeing part of the prompt where the loop's record
+    says so), located at the request, its place in the sequence and the cached prefix; the request's own steps
+    (2-7) would run on a fresh cache, where it is equal, and are skipped for that reason. Different alone too: the
+    request's own tree follows, on its own replay command. Not reproduced: it lives in the server."""
+    from specparity.probes.replay.sequence import read_sequence, replay_sequence, request_command
+
+    d = Diagnosis(f)
+    header, entries = read_sequence(path)
+    draft = models.load(header.draft_model, header.trust_remote_code).model if header.draft_model else None
+    reference = models.reference(header.model, header.trust_remote_code, header.settings())
+    report = replay_sequence(header, entries, reference, draft)
+    ev = report.lines()
+    i, rr = next(((n, x) for n, x in enumerate(report.requests) if x.id == f.request), (None, None))
+    d.steps.append(Step(1, RAN, report.verdict, ev, f.reproduction,
+                        {"first": report.first, "served_first": report.served_first, "request": f.request}))
+    later = range(2, 8)
+    got = rr.replay_vs_classic if rr is not None else None
+    if rr is None or i is None or got is None or got.index != f.token_index or not rr.reproduced:
+        d.phase = SERVER
+        what = ("the record's sequence names no such request" if rr is None else
+                "its in-process replay equals classic decode there" if got is None else
+                f"its in-process replay leaves classic decode at token {got.index}, not {f.token_index}"
+                if got.index != f.token_index else "its in-process replay answers otherwise than the server did")
+        d.summary = (f"does not reproduce in process: the record's {len(entries)} requests replayed through one"
+                     f" prompt cache as {header.engine}'s loop: {what}; the finding lives in serving-loop state the"
+                     " replay does not rebuild (batching, timing, the server's own work between requests)")
+        d.steps += [Step(n, SKIPPED, evidence=["settled by step 1: not reproducible in process"]) for n in later]
+        d.steps.append(_not_done(8))
+        d.open = ["which part of the server: the arm comparison (cold vs warm, concurrent vs alone) says what it can"]
+        return d
+    entry = entries[i]
+    alone = replay_sequence(header, [entry], reference, draft)
+    fresh = alone.requests[0].replay_vs_classic if alone.requests else None
+    s = rr.served
+    d.location = {"request": f.request, "sequence_index": i + 1, "requests": len(entries), "token_index": got.index,
+                  "cached": s.cached, "prompt_tokens": s.prompt_len, "held": s.held, "path": s.path}
+    cached = (f"{s.cached} of its {s.prompt_len} prompt tokens taken from the prompt cache"
+              + (f", the entry holding {s.held} positions" if s.held is not None else ""))
+    ids = entry.prompt_ids or list(reference.prompt(entry.endpoint, entry.body, header.settings()).ids)
+    alone_cmd = request_command(header.model, entry.body, ids, draft_model=header.draft_model,
+                                settings=header.settings(), trust_remote_code=header.trust_remote_code).command
+    d.steps[0].evidence.append(
+        f"request {f.request} (request {i + 1} of {len(entries)}) reproduced at token {got.index}, as served, with"
+        f" {cached}; alone on a fresh cache it "
+        + ("equals classic decode" if fresh is None else f"leaves classic decode at token {fresh.index} too")
+        + (f" ({alone_cmd})" if alone_cmd else ""))
+    d.steps[0].data.update({"alone_first": fresh.index if fresh is not None else None, "alone_command": alone_cmd,
+                            "cached": s.cached, "held": s.held})
+    if fresh is not None and read is not None and alone_cmd is not None:
+        r = read(alone_cmd)
+        if r is not None:  # the request itself leaves classic decode: its own tree, the sequence's step 1 kept
+            own = _tree(f, r, models)
+            own.steps[0].evidence[:0] = ev + d.steps[0].evidence[len(ev):]
+            own.location.update({k: d.location[k] for k in ("request", "sequence_index", "requests", "cached")})
+            return own
+    if fresh is not None:
+        d.summary = (f"reproduces in process in the sequence and alone on a fresh cache (at token {fresh.index}):"
+                     " the request's own replay command runs the rest of the tree")
+        d.steps += [Step(n, NOT_RUN, evidence=["the request alone was not read as a replay here: run its command"])
+                    for n in later]
+        d.steps.append(_not_done(8))
+        d.open = [f"the request's own tree: specparity diagnose on its replay ({alone_cmd})"]
+        return d
+    processors = rr.cause is not None and "logits processors" in rr.cause
+    d.phase = PROCESSORS if processors else SERVER_CACHE
+    d.summary = (f"reproduces in process: the record's {len(entries)} requests replayed through one prompt cache as"
+                 f" {header.engine}'s loop leave classic decode at request {f.request} token {got.index}, as served;"
+                 " the same request alone on a fresh cache equals classic decode: the state the earlier requests"
+                 f" left ({cached})" + (f"; {rr.cause}" if rr.cause else ""))
+    settled = ("settled by step 1: the request alone on a fresh cache equals classic decode, so its prefill, verify"
+               " blocks and first difference there are classic decode's; the difference is the cache state")
+    d.steps += [Step(n, SKIPPED, evidence=[settled]) for n in later]
+    d.steps.append(_not_done(8))
+    if rr.cause is None:
+        d.open = ["which state: the loop's record names no cause (a cache entry short of its count, processors that"
+                  " saw part of the prompt); a rollback of the cached entry's rows is the next suspect (step 4)"]
     return d
 
 

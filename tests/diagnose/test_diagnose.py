@@ -172,3 +172,56 @@ def test_a_length_finding_is_its_own_class_settled_by_the_record(cli_bin: str, t
     (d,) = json.loads(r.stdout)["diagnoses"]
     assert d["phase"] == "length" and d["location"] == {"max_tokens": 4, "completion_tokens": 6}
     assert all(s["status"] == "skipped" and "length finding" in s["evidence"][0] for s in d["steps"])
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_warm_cache_finding_is_diagnosed_through_its_sequence_to_the_prompt_cache(
+        llama_pair: Any, cli_bin: str, tmp_path: Path) -> None:
+    """mlx-lm 0.32.2's own server with a drafter: a repeated prompt and a shared prefix leave classic decode on a
+    warm cache, and the record's reproduction is a sequence replay. diagnose replays that sequence through one
+    prompt cache as the server's loop did (the finding comes back at its token), then the request alone on a fresh
+    cache (classic decode): phase "server cache", located at the request, its place in the sequence and the cached
+    prefix (the loop counted more cached positions than the entry held). Run from another folder than the job's:
+    the record's relative sequence path is found through the record. Both printed commands give their verdicts.
+    The same finding whose served answer the replay does not give is said to live in the server."""
+    job = {"pairings": [{"name": "llama", "target": llama_pair.target, "draft": llama_pair.draft, "profile": "mlx-lm"}],
+           "widths": [2], "sequence": ["fresh", "repeat", "shared-prefix"], "max_tokens": 32, "self_draft": False,
+           "concurrency": 0}
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "job.yaml").write_text(yaml.safe_dump(job))
+    r = run_cli(cli_bin, "served", "--config", "job.yaml", "--record-dir", "rec", "--quiet", cwd=str(job_dir))
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    out = run_cli(cli_bin, "diagnose", str(job_dir / "rec"), "--json", cwd=str(tmp_path))
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    diags = _by_id(json.loads(out.stdout))
+    warm = {i: d for i, d in diags.items() if "--sequence" in (d["finding"]["reproduction"] or "")}
+    assert warm, list(diags)
+    for fid, d in warm.items():
+        assert d["phase"] == "server cache", (fid, d["summary"])
+        loc, one = d["location"], _step(d, 1)
+        assert loc["request"] == d["finding"]["request"] and loc["sequence_index"] > 1, loc
+        assert loc["token_index"] == d["finding"]["token_index"] and 0 < loc["cached"] < loc["prompt_tokens"], loc
+        assert loc["held"] is not None and loc["held"] < loc["cached"], loc  # the entry short of its count
+        assert one["verdict"] == "divergent" and one["data"]["alone_first"] is None
+        assert [s["status"] for s in d["steps"][1:7]] == ["skipped"] * 6 and d["steps"][7]["status"] == "not_done"
+    d = next(iter(warm.values()))
+    seq = shlex.split(_step(d, 1)["command"])
+    assert Path(seq[seq.index("--sequence") + 1]).is_file()  # rewritten to the path that leads to it
+    assert _check_commands(cli_bin, d) == [_step(d, 1)["command"]]  # exit 1: the replay diverges
+    alone = shlex.split(_step(d, 1)["data"]["alone_command"])
+    assert run_cli(cli_bin, *alone[1:], "--json").returncode == 0  # the request alone: classic decode
+
+    # the sequence's served answer edited to one the replay does not give: not reproduced, the server's
+    path = Path(seq[seq.index("--sequence") + 1])
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    entry = next(x for x in lines if x.get("id") == d["finding"]["request"])
+    entry["served"]["token_ids"] = entry["served"]["token_ids"][:1] + entry["served"]["token_ids"][:-1]
+    entry["served"]["text"] = "not what the replay answers"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    again = run_cli(cli_bin, "diagnose", str(job_dir / "rec"), "--finding", d["finding"]["id"], "--json")
+    assert again.returncode == 1, again.stderr[-2000:]
+    (moved,) = json.loads(again.stdout)["diagnoses"]
+    assert moved["phase"] == "server" and "does not reproduce in process" in moved["summary"], moved["summary"]
