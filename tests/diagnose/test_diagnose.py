@@ -174,6 +174,30 @@ def test_a_length_finding_is_its_own_class_settled_by_the_record(cli_bin: str, t
     assert all(s["status"] == "skipped" and "length finding" in s["evidence"][0] for s in d["steps"])
 
 
+def test_another_engines_own_loop_is_never_rerun_as_mlx_lms_path(cli_bin: str, tmp_path: Path) -> None:
+    """A finding whose reproduction runs dflash-mlx's own loop (``replay --engine dflash-mlx``) is not read as
+    mlx-lm's speculative path (its drafter is a DFlash block model): step 1 says whose loop it is and to run the
+    command; mlx-lm's own replay of the same request is read."""
+    from specparity.commands.diagnose import read_command
+
+    own = ("specparity replay --engine dflash-mlx --model ./t --draft-model ./d --prompt-ids 1,2,3"
+           " --verify-mode dflash --max-tokens 8")
+    assert read_command(own) is None
+    mlx_lm = read_command("specparity replay --model ./t --draft-model ./d --prompt-ids 1,2,3 --num-draft-tokens 3")
+    assert mlx_lm is not None and (mlx_lm.prompt_ids, mlx_lm.num_draft_tokens) == ([1, 2, 3], 3)
+    req = {"id": "p0", "kind": "fresh", "verdict": "diverged", "reason": "differs from classic decode at token 3",
+           "request": {"body": {"prompt": "x", "max_tokens": 8}},
+           "completion": {"text": "abc", "sha256": "s", "token_ids": [1, 2, 3, 4], "usage": {"completion_tokens": 4}},
+           "classic": {"token_index": 3, "reference": "classic decode", "other": "w4"},
+           "reproduction": {"command": own, "reason": None}}
+    md = served_record_of(tmp_path, [req], verdict="diverged")
+    r = run_cli(cli_bin, "diagnose", str(md), "--json")
+    assert r.returncode == 1, r.stderr
+    (d,) = json.loads(r.stdout)["diagnoses"]
+    assert d["phase"] == "undetermined" and _step(d, 1)["status"] == "not_run"
+    assert "runs dflash-mlx's own loop" in _step(d, 1)["evidence"][0] and _step(d, 1)["command"] == own
+
+
 @pytest.mark.model
 @pytest.mark.server
 @pytest.mark.slow
