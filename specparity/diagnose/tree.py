@@ -26,9 +26,10 @@ says by which; a step this version does not do is ``not_done``, never left out.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specparity.diagnose.findings import Finding
 from specparity.verdicts import ReportMixin, Verdict
