@@ -105,6 +105,8 @@ def send(client: Any, base_url: str, req: Request, profile: Profile, extra: dict
 
     body = dict(req.body)
     body.update(extra or {})
+    for k, v in profile.request_fields.items():
+        body.setdefault(k, v)
     if req.stream:
         body.setdefault("stream_options", {"include_usage": True})
     else:

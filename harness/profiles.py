@@ -84,7 +84,9 @@ class Profile:
     response_field / usage_field: a response key (dotted) whose presence is evidence.
     metrics_counter: a Prometheus counter (e.g. vLLM's ``vllm:spec_decode_num_draft_tokens``) read from
       ``metrics_path`` before and after each request: a rise is evidence the drafter ran.
-    logprobs_request: request fields asking for logprobs; logprobs_path: where they are.
+    request_fields: fields every request carries, streamed or not (a server whose schema requires ``model``:
+      the name it was started with); a job's own field of the same name wins.
+    logprobs_request: request fields asking for logprobs (not sent on a stream); logprobs_path: where they are.
     logprobs_real: False when the server's logprob values are not real numbers (dflash-mlx: a
       constant 0.0): the client keeps the token ids and drops the values (no margins from them).
     flush: a request path that empties the prompt cache (None: cannot flush).
@@ -126,6 +128,7 @@ class Profile:
     usage_field: str | None = None
     metrics_counter: str | None = None
     metrics_path: str = "/metrics"
+    request_fields: dict[str, Any] = field(default_factory=dict)
     logprobs_request: dict[str, Any] = field(default_factory=dict)
     logprobs_path: str = "choices.0.logprobs.content"
     logprobs_real: bool = True
@@ -285,6 +288,7 @@ PROFILE_SCHEMA = Fields({
         "metrics_counter": _OPT_STR,
         "metrics_path": Nullable(Str("a URL path (/metrics)", pattern=re.compile(r"^/"))),
     })),
+    "request": Nullable(MapOf(Json(), key=Str(), what="a mapping of request field to a JSON value")),
     "logprobs": Nullable(Fields({
         "request": Nullable(MapOf(Json(), key=Str(), what="a mapping of request field to a JSON value")),
         "path": Str(nonempty=True),
@@ -382,6 +386,7 @@ def load_profile(name_or_path: str) -> Profile:
         usage_field=evidence.get("usage_field"),
         metrics_counter=evidence.get("metrics_counter"),
         metrics_path=str(evidence.get("metrics_path") or "/metrics"),
+        request_fields=dict(raw.get("request") or {}),
         logprobs_request=dict(logprobs.get("request") or {}),
         logprobs_path=str(logprobs.get("path", "choices.0.logprobs.content")),
         logprobs_real=bool(logprobs.get("values_real", True)),

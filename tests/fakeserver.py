@@ -17,7 +17,8 @@ served job starts a real engine, and choose what it answers:
 
 ``--mode M`` sets it for every request; ``--draft-mode M`` for a server started
 with ``--draft-model`` (a served drafter arm); a prompt holding ``[[fake:M]]``
-sets it for that request. ``--trickle PATH`` (repeatable) answers any GET or POST
+sets it for that request. ``--require-field NAME=VALUE`` (repeatable) answers 422 to any completion
+request whose body lacks that field with that value (a server whose schema requires ``model``). ``--trickle PATH`` (repeatable) answers any GET or POST
 of PATH (``/health``, ``/metrics``, ``/tokenize``) with a 200 whose body trickles
 in a byte at a time and never ends. ``--child`` starts a grandchild in the server's process
 group (what an engine's workers are); ``--ignore-term`` ignores SIGTERM. ``--seconds-per-token S``
@@ -180,6 +181,11 @@ class Handler(BaseHTTPRequestHandler):
         if not (chat or self.path.endswith("/completions")):
             self._json(404, {"error": f"no route {self.path}"})
             return
+        for need in self.opts.require_field:
+            name, _, value = need.partition("=")
+            if body.get(name) != value:  # as a server whose schema requires the field (mlx-vlm, yunshu: "model")
+                self._json(422, {"error": {"message": f"body.{name}: Field required ({value!r})"}})
+                return
         prompt = json.dumps(body.get("messages")) if chat else str(body.get("prompt", ""))
         mode = self.opts.mode
         if self.opts.draft_model and self.opts.draft_mode:
@@ -299,6 +305,7 @@ def main(args: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--mode", choices=MODES, default="ok")
     ap.add_argument("--draft-mode", choices=MODES, default=None)
+    ap.add_argument("--require-field", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft-model", default=None)
     ap.add_argument("--trickle", action="append", default=[], metavar="PATH",

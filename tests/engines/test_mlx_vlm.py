@@ -133,8 +133,7 @@ def served_fixture(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_served_its_drafts_are_accepted_and_the_whitespace_every_arm_strips_is_named_not_a_divergence(
         served_fixture: dict, cli_bin: str, tmp_path: Path) -> None:
     """``served --config JOB``: two of the drafter's fit prompts (fresh and repeated, a shared prefix), 32 tokens,
-    widths 4 and 8 and the target drafting for itself; no stream request (the harness sends no ``model`` field on
-    one, which its server requires) and no multi-turn."""
+    widths 4 and 8 and the target drafting for itself; no stream request and no multi-turn."""
     target, draft = served_fixture["target"], served_fixture["draft"]
     job = {"pairings": [{"name": "mlx-vlm-qwen3_5", "profile": "mlx-vlm", "target": target, "draft": draft}],
            "widths": [4, 8], "max_tokens": 32, "sequence": ["fresh", "repeat", "shared-prefix"],

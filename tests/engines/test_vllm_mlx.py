@@ -106,9 +106,8 @@ def test_the_fixture_is_what_vllm_mlx_loads_as_an_mtp_target(mtp_target: Path) -
 
 
 def served_job(cli_bin: str, tmp_path: Path, target: Path, environment: str, **keys: Any) -> tuple[int, dict]:
-    """``served --config JOB --json``: the target drafting with its own head at width 2, no stream request
-    (the harness sends no ``model`` field on one, which vllm-mlx refuses: docs/engines.md), no multi-turn (the fixture's
-    tokenizer has no chat template, which vllm-mlx needs)."""
+    """``served --config JOB --json``: the target drafting with its own head at width 2, no stream request and no
+    multi-turn (the fixture's tokenizer has no chat template, which vllm-mlx needs)."""
     job = {"pairings": [{"name": "qwen3_5-mtp", "target": str(target), "draft": str(target),
                          "profile": "vllm-mlx", "environment": environment}],
            "widths": [2], "max_tokens": 16, "sequence": ["fresh", "repeat", "shared-prefix"],

@@ -168,3 +168,23 @@ def test_the_loopback_client_reaches_a_local_server_past_a_proxy_in_the_environm
             assert client.get(url, timeout=5).text == "hello"
     finally:
         srv.shutdown()
+
+
+def test_a_profiles_request_fields_ride_on_every_request_streams_too() -> None:
+    """A server that refuses a request without ``model`` (mlx-vlm, yunshu, vllm-mlx: HTTP 422 or 400): the
+    profile's ``request`` fields go with every request, streamed or not; its ``logprobs.request`` fields only
+    with a plain one, so a stream without the field is refused (as every such stream was)."""
+    srv = Server(argv("--require-field", "model=specparity-target"), name="fake-model").start()
+    try:
+        with httpx.Client() as client:
+            named = Profile(name="named", argv=[], request_fields={"model": "specparity-target"})
+            only_logprobs = Profile(name="old", argv=[], logprobs_request={"model": "specparity-target"})
+            for stream in (False, True):
+                comp = send(client, srv.url, _request("ok", stream=stream), named, timeout=60)
+                assert comp.ok and comp.text, (stream, comp.error)
+            assert send(client, srv.url, _request("ok"), only_logprobs, timeout=60).ok
+            refused = send(client, srv.url, _request("ok", stream=True), only_logprobs, timeout=60)
+            assert not refused.ok and "HTTP 422" in str(refused.error) and "body.model: Field required" in str(
+                refused.error)
+    finally:
+        srv.stop()
