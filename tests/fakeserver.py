@@ -18,7 +18,8 @@ served job starts a real engine, and choose what it answers:
 ``--mode M`` sets it for every request; ``--draft-mode M`` for a server started
 with ``--draft-model`` (a served drafter arm); a prompt holding ``[[fake:M]]``
 sets it for that request. ``--require-field NAME=VALUE`` (repeatable) answers 422 to any completion
-request whose body lacks that field with that value (a server whose schema requires ``model``). ``--trickle PATH`` (repeatable) answers any GET or POST
+request whose body lacks that field with that value (a server whose schema requires ``model``).
+``--trickle PATH`` (repeatable) answers any GET or POST
 of PATH (``/health``, ``/metrics``, ``/tokenize``) with a 200 whose body trickles
 in a byte at a time and never ends. ``--child`` starts a grandchild in the server's process
 group (what an engine's workers are); ``--ignore-term`` ignores SIGTERM. ``--seconds-per-token S``
