@@ -334,14 +334,15 @@ def _sequence_tree(f: Finding, path: str, models: Models,
         + (f" ({alone_cmd})" if alone_cmd else ""))
     d.steps[0].data.update({"alone_first": fresh.index if fresh is not None else None, "alone_command": alone_cmd,
                             "cached": s.cached, "held": s.held})
-    if fresh is not None and read is not None and alone_cmd is not None:
+    own_first = fresh is not None and fresh.index == got.index
+    if own_first and read is not None and alone_cmd is not None:
         r = read(alone_cmd)
-        if r is not None:  # the request itself leaves classic decode: its own tree, the sequence's step 1 kept
+        if r is not None:  # the request itself leaves classic decode there: its own tree, the sequence's step 1 kept
             own = _tree(f, r, models)
             own.steps[0].evidence[:0] = ev + d.steps[0].evidence[len(ev):]
             own.location.update({k: d.location[k] for k in ("request", "sequence_index", "requests", "cached")})
             return own
-    if fresh is not None:
+    if own_first:
         d.summary = (f"reproduces in process in the sequence and alone on a fresh cache (at token {fresh.index}):"
                      " the request's own replay command runs the rest of the tree")
         d.steps += [Step(n, NOT_RUN, evidence=["the request alone was not read as a replay here: run its command"])
@@ -351,17 +352,23 @@ def _sequence_tree(f: Finding, path: str, models: Models,
         return d
     processors = rr.cause is not None and "logits processors" in rr.cause
     d.phase = PROCESSORS if processors else SERVER_CACHE
+    alone_says = ("equals classic decode" if fresh is None else
+                  f"leaves classic decode only later, at token {fresh.index}")
     d.summary = (f"reproduces in process: the record's {len(entries)} requests replayed through one prompt cache as"
                  f" {header.engine}'s loop leave classic decode at request {f.request} token {got.index}, as served;"
-                 " the same request alone on a fresh cache equals classic decode: the state the earlier requests"
+                 f" the same request alone on a fresh cache {alone_says}: the state the earlier requests"
                  f" left ({cached})" + (f"; {rr.cause}" if rr.cause else ""))
-    settled = ("settled by step 1: the request alone on a fresh cache equals classic decode, so its prefill, verify"
-               " blocks and first difference there are classic decode's; the difference is the cache state")
+    settled = (f"settled by step 1: the request alone on a fresh cache {alone_says}, so its prefill, verify blocks"
+               f" and tokens up to token {got.index} there are classic decode's; the difference there is the state")
     d.steps += [Step(n, SKIPPED, evidence=[settled]) for n in later]
     d.steps.append(_not_done(8))
+    if fresh is not None:
+        d.open.append(f"the request's own difference at token {fresh.index}, on a fresh cache: a finding of its"
+                      f" own, its replay command runs it ({alone_cmd})")
     if rr.cause is None:
-        d.open = ["which state: the loop's record names no cause (a cache entry short of its count, processors that"
-                  " saw part of the prompt); a rollback of the cached entry's rows is the next suspect (step 4)"]
+        d.open.append("which state: the loop's record names no cause (a cache entry short of its count, processors"
+                      " that saw part of the prompt); a rollback of the cached entry's rows is the next suspect"
+                      " (step 4)")
     return d
 
 

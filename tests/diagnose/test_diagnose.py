@@ -249,3 +249,29 @@ def test_a_warm_cache_finding_is_diagnosed_through_its_sequence_to_the_prompt_ca
     assert again.returncode == 1, again.stderr[-2000:]
     (moved,) = json.loads(again.stdout)["diagnoses"]
     assert moved["phase"] == "server" and "does not reproduce in process" in moved["summary"], moved["summary"]
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+def test_processors_on_the_drafter_path_and_a_warm_cache_on_top_are_told_apart(
+        llama_pair: Any, cli_bin: str, tmp_path: Path) -> None:
+    """The same server with a repetition penalty: mlx-lm's drafter path hands its processors the emitted tokens
+    only. The fresh request is diagnosed through its own replay to phase "processors" (the verify block equals the
+    chain); its repeat, on a warm cache, leaves classic decode earlier (token 0) than the request alone does: phase
+    "server cache" at token 0, the request's own later difference left open with its command."""
+    job = {"pairings": [{"name": "llama", "target": llama_pair.target, "draft": llama_pair.draft, "profile": "mlx-lm"}],
+           "widths": [2], "sequence": ["fresh", "repeat"], "max_tokens": 32, "self_draft": False, "concurrency": 0,
+           "params": {"repetition_penalty": 1.5}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    r = run_cli(cli_bin, "served", "--config", "job.yaml", "--record-dir", "rec", "--quiet", cwd=str(tmp_path))
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    out = run_cli(cli_bin, "diagnose", str(tmp_path / "rec"), "--json")
+    assert out.returncode == 1, out.stderr[-3000:]
+    diags = _by_id(json.loads(out.stdout))
+    fresh, warm = diags["llama/w2/p0"], diags["llama/w2/p0-again"]
+    assert fresh["phase"] == "processors" and _step(fresh, 3)["verdict"] == "equal", fresh["summary"]
+    assert warm["phase"] == "server cache", warm["summary"]
+    later = _step(warm, 1)["data"]["alone_first"]
+    assert warm["location"]["token_index"] == 0 < later == fresh["finding"]["token_index"], (warm["location"], later)
+    assert any(f"own difference at token {later}" in o for o in warm["open"]), warm["open"]
