@@ -343,7 +343,7 @@ def _sequence_tree(f: Finding, path: str, models: Models,
             own.location.update({k: d.location[k] for k in ("request", "sequence_index", "requests", "cached")})
             return own
     if own_first:
-        d.summary = (f"reproduces in process in the sequence and alone on a fresh cache (at token {fresh.index}):"
+        d.summary = (f"reproduces in process in the sequence and alone on a fresh cache (at token {got.index}):"
                      " the request's own replay command runs the rest of the tree")
         d.steps += [Step(n, NOT_RUN, evidence=["the request alone was not read as a replay here: run its command"])
                     for n in later]
