@@ -276,9 +276,9 @@ def _record(loaded: Loaded, o: ReplayOptions, cli_ids: list[int] | None, procs: 
                f" {o.max_tokens} tokens")
     stops = None
     if stop_words is not None:
-        from mlx_lm.generate import make_stop_sequences
+        from specparity.mlx_compat import stop_sequences
 
-        stops = make_stop_sequences(loaded.tokenizer, stop_words)
+        stops = stop_sequences(loaded.tokenizer, stop_words)
     req = record_speculative(loaded.model, draft.model, prompt, o.num_draft_tokens, o.max_tokens, opts,
                              processors=procs, stop_sequences=stops)
     req.meta["model"] = loaded.fingerprint.short

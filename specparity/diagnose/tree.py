@@ -16,7 +16,8 @@ Steps, in the order a reader tries them (issue 48):
    one call (where the server's prefill step cut it); whether each removes the difference;
 7. the first difference: an exact tie in the model's dtype broken the other way, a near tie (its
    margin against the dtype's noise band, in ULPs), or neither;
-8. across releases: not done in this version.
+8. across releases: step 1's own command rerun in each built pinned environment of mlx-lm (``--environment``,
+   oldest release first): where it reproduces, where it does not, the first release that fails.
 
 Each step's ``command`` is the ``specparity`` line that gives the step's verdict when run (its exit
 code: 1 for ``divergent``, 0 for ``equal``). A step settled by an earlier one is ``skipped`` and
@@ -313,7 +314,7 @@ def _sequence_tree(f: Finding, path: str, models: Models,
                      f" prompt cache as {header.engine}'s loop: {what}; the finding lives in serving-loop state the"
                      " replay does not rebuild (batching, timing, the server's own work between requests)")
         d.steps += [Step(n, SKIPPED, evidence=["settled by step 1: not reproducible in process"]) for n in later]
-        d.steps.append(_not_done(8))
+        d.steps.append(Step(8, SKIPPED, evidence=["settled by step 1: not reproducible in process"]))
         d.open = ["which part of the server: the arm comparison (cold vs warm, concurrent vs alone) says what it can"]
         return d
     entry = entries[i]
@@ -347,7 +348,7 @@ def _sequence_tree(f: Finding, path: str, models: Models,
                      " the request's own replay command runs the rest of the tree")
         d.steps += [Step(n, NOT_RUN, evidence=["the request alone was not read as a replay here: run its command"])
                     for n in later]
-        d.steps.append(_not_done(8))
+        d.steps.append(_releases(f.reproduction))
         d.open = [f"the request's own tree: specparity diagnose on its replay ({alone_cmd})"]
         return d
     processors = rr.cause is not None and "logits processors" in rr.cause
@@ -361,7 +362,7 @@ def _sequence_tree(f: Finding, path: str, models: Models,
     settled = (f"settled by step 1: the request alone on a fresh cache {alone_says}, so its prefill, verify blocks"
                f" and tokens up to token {got.index} there are classic decode's; the difference there is the state")
     d.steps += [Step(n, SKIPPED, evidence=[settled]) for n in later]
-    d.steps.append(_not_done(8))
+    d.steps.append(_releases(f.reproduction))
     if fresh is not None:
         d.open.append(f"the request's own difference at token {fresh.index}, on a fresh cache: a finding of its"
                       f" own, its replay command runs it ({alone_cmd})")
@@ -400,7 +401,7 @@ def _tree(f: Finding, r: ReplayRequest, models: Models) -> Diagnosis:
                      " answer, so the finding lives in the server (its prompt cache, batching, processors, or its"
                      " loop's work between forwards)")
         d.steps += [Step(n, SKIPPED, evidence=["settled by step 1: not reproducible in process"]) for n in range(2, 8)]
-        d.steps.append(_not_done(8))
+        d.steps.append(Step(8, SKIPPED, evidence=["settled by step 1: not reproducible in process"]))
         d.open = ["which part of the server: the arm comparison (cold vs warm, concurrent vs alone) and a sequence"
                   " replay of the server's whole request history (specparity replay --sequence) would say"]
         d.steps.sort(key=lambda s: s.number)
@@ -432,15 +433,77 @@ def _tree(f: Finding, r: ReplayRequest, models: Models) -> Diagnosis:
         d.steps.append(Step(6, SKIPPED, evidence=["settled by step 3: the verify block equals the chain there;"
                                                   " the control arms rerun a block that differs"]))
     tie = _first_difference(d, f, replay)
-    d.steps.append(_not_done(8))
+    d.steps.append(_releases(f.reproduction))
     d.steps.sort(key=lambda s: s.number)
     _decide(d, pre, block, rewind, tie, r)
     return d
 
 
-def _not_done(n: int) -> Step:
-    what = {8: "the same check on each pinned release of the engine"}[n]
-    return Step(n, NOT_DONE, evidence=[f"{NOT_IN_THIS_VERSION}: {what}"])
+def _release(env: Any) -> tuple[int, ...]:
+    """An environment's mlx-lm release as numbers (its ``mlx-lm==X`` pin; () where it pins none)."""
+    import re
+
+    for req in env.packages:
+        m = re.fullmatch(r"mlx-lm==([0-9.]+)", req.replace(" ", ""))
+        if m:
+            return tuple(int(x) for x in m.group(1).split(".") if x)
+    return ()
+
+
+def _releases(command: str | None, timeout: float = 600.0) -> Step:
+    """Step 8: step 1's own command rerun in each built pinned environment of mlx-lm (the engine whose path the
+    tree reruns), oldest release first: the releases where it reproduces (exit 1) and where it does not, and
+    the first that fails. An environment not built here is named with its build command, never built here."""
+    import shutil
+    import subprocess
+    import sys
+
+    from specparity.engines import DEFAULT, get
+    from specparity.environments import find_environment
+
+    if not command:
+        return Step(8, SKIPPED, evidence=["no command to rerun (step 1 had none)"])
+    beside = Path(sys.executable).with_name("specparity")  # this installation's own command, else the PATH's
+    exe = str(beside) if beside.is_file() else shutil.which("specparity") or "specparity"
+    envs = sorted(get(DEFAULT).environments, key=_release)
+    ev: list[str] = []
+    rows: list[dict[str, Any]] = []
+    unbuilt: list[str] = []
+    for env in envs:
+        if find_environment(env.name) is None:
+            unbuilt.append(env.name)
+            continue
+        words = shlex.split(command)
+        cmd = shlex.join([*words, "--environment", env.name])
+        try:
+            proc = subprocess.run([exe, *words[1:], "--environment", env.name, "--quiet"], capture_output=True,
+                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            code = proc.returncode
+            said = next((x.strip() for x in reversed(proc.stderr.splitlines()) if x.strip()), "")
+        except subprocess.TimeoutExpired:
+            code, said = None, ""
+        verdict = {1: Verdict.DIVERGENT, 0: Verdict.EQUAL}.get(code, Verdict.INCONCLUSIVE) if code is not None \
+            else Verdict.INCONCLUSIVE
+        rows.append({"environment": env.name, "release": ".".join(map(str, _release(env))), "exit_code": code,
+                     "verdict": verdict.value, "command": cmd})
+        late = f"no answer within {timeout:g} s"
+        what = {Verdict.DIVERGENT: "reproduces", Verdict.EQUAL: "does not reproduce (classic decode)"}.get(
+            verdict, f"no verdict (exit {code}: {said[:200]})" if code is not None else late)
+        ev.append(f"mlx-lm {rows[-1]['release']} ({env.name}): {what}")
+    if unbuilt:
+        ev.append("not built here, so not checked: " + ", ".join(f"{n} (scripts/build-env {n})" for n in unbuilt))
+    if not rows:
+        return Step(8, NOT_RUN, evidence=ev or ["mlx-lm has no pinned environment"], data={"releases": rows})
+    failing = [r for r in rows if r["verdict"] == Verdict.DIVERGENT.value]
+    if failing and len(failing) == len(rows):
+        ev.insert(0, f"it holds on every pinned release checked (from mlx-lm {rows[0]['release']})")
+    elif failing:
+        ev.insert(0, f"first fails on mlx-lm {failing[0]['release']} of the releases checked")
+    verdict = Verdict.DIVERGENT if failing else Verdict.EQUAL if all(
+        r["verdict"] == Verdict.EQUAL.value for r in rows) else Verdict.INCONCLUSIVE
+    shown = str((failing[-1] if failing else rows[-1])["command"])
+    return Step(8, RAN, verdict, ev, shown, {"releases": rows, "first_failing": failing[0]["release"] if failing
+                                             else None})
 
 
 def _reproduce(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models) -> dict[str, Any] | None:
@@ -452,9 +515,9 @@ def _reproduce(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models) -> di
     draft = models.load(r.draft, r.trust_remote_code)
     stops = None
     if r.stop_words is not None:
-        from mlx_lm.generate import make_stop_sequences
+        from specparity.mlx_compat import stop_sequences
 
-        stops = make_stop_sequences(loaded.tokenizer, r.stop_words)
+        stops = stop_sequences(loaded.tokenizer, r.stop_words)
     req = record_speculative(loaded.model, draft.model, r.prompt_ids, r.num_draft_tokens, r.max_tokens, r.opts,
                              processors=r.processors, stop_sequences=stops)
     engine = models.engine(r.model, r.trust_remote_code, r.opts)

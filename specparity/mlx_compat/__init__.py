@@ -131,6 +131,36 @@ def server_031() -> bool:
     return not hasattr(generate_module(), "make_stop_sequences")
 
 
+def stop_sequences(tokenizer: Any, stop_words: list[str]) -> Any:
+    """What ends a completion as the installed mlx-lm's server ends it: an object whose ``matcher()`` has
+    ``advance(token) -> bool``. 0.32: ``make_stop_sequences``. 0.31 (which has none): its server's own rule
+    (``ResponseGenerator._make_state_machine``'s stops): an EOS id, or a stop word's ids
+    (``encode(w, add_special_tokens=False)``) just emitted."""
+    g = generate_module()
+    if hasattr(g, "make_stop_sequences"):
+        return g.make_stop_sequences(tokenizer, stop_words)
+    seqs: list[tuple[int, ...]] = [(int(t),) for t in getattr(tokenizer, "eos_token_ids", None) or ()]
+    seqs += [tuple(int(t) for t in tokenizer.encode(w, add_special_tokens=False)) for w in stop_words]
+    return _TokenStops([x for x in seqs if x])
+
+
+class _TokenStops:
+    """mlx-lm 0.31's server stops, read as 0.32's ``StopSequences`` are (``matcher().advance``)."""
+
+    def __init__(self, seqs: list[tuple[int, ...]]):
+        self.seqs = seqs
+
+    def matcher(self) -> Any:
+        seqs, tail = self.seqs, []
+
+        class _Matcher:
+            def advance(self, token: int) -> bool:
+                tail.append(int(token))
+                return any(tuple(tail[-len(x):]) == x for x in seqs)
+
+        return _Matcher()
+
+
 def replace_in_generate(name: str, fn: Any) -> Any:
     """Rebind ``mlx_lm.generate.<name>`` (looked up at call time by ``stream_generate`` and the
     server); returns what was there, to put back."""

@@ -402,3 +402,35 @@ def test_serve_on_mlx_lm_031_refuses_in_one_line(llama_pair):
     assert "Traceback" not in run.stderr and lines[-1].startswith("Error: specparity serve needs mlx-lm 0.32")
     assert "mlx-lm 0.31.3's server has no ResponseGenerator._await_response, ResponseGenerator._run_generate" \
         in lines[-1]
+
+
+@pytest.mark.model
+def test_mlx_lm_031s_stop_rule_ends_where_032s_stop_sequences_do(llama_pair):
+    """0.31 has no ``make_stop_sequences`` (a replay with stops on 0.31 was exit 70, an ImportError); its server's
+    own rule (an EOS id, or a stop word's ids just emitted) stands in. On the fixture's tokenizer it ends every
+    stream where 0.32's ``StopSequences`` does: at the stop word, at EOS, and never on a stream with neither."""
+    from mlx_lm.generate import make_stop_sequences
+    from mlx_lm.utils import load_tokenizer
+
+    from specparity.mlx_compat import _TokenStops, stop_sequences
+
+    tok = load_tokenizer(Path(llama_pair.target))
+    words = [" the dog", "mat"]
+    old = _TokenStops([(int(t),) for t in tok.eos_token_ids]
+                      + [tuple(tok.encode(w, add_special_tokens=False)) for w in words])
+    new = make_stop_sequences(tok, words)
+    assert type(stop_sequences(tok, words)) is type(new)  # 0.32 installed: its own
+    eos = next(iter(tok.eos_token_ids))
+    def ids(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=False))
+
+    streams = [ids(" a cat sat on the dog and more"), ids(" sat on the") + ids("mat") + [7, 8],
+               ids(" a cat") + [int(eos), 5], ids(" nothing here at all")]
+
+    def end(stops, ids):
+        m = stops.matcher()
+        return next((i for i, t in enumerate(ids) if m.advance(int(t))), None)
+
+    got = [(end(old, s), end(new, s)) for s in streams]
+    assert all(a == b for a, b in got), got
+    assert [a is None for a, _ in got] == [False, False, False, True], got

@@ -17,11 +17,17 @@ from typing import Any
 
 import pytest
 import yaml
+from builds import REAL_CACHE, built
 from conftest import build, run_cli
 from served_records import served_record_of
 
+from specparity.environments import ENV_CACHE_VAR
+
 ROWS = {"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}
 DEPTH = {"kind": "depth", "layer": 2, "subop": "mlp", "min_offset": 28, "min_rows": 2, "scale": 8.0}
+# step 8 reruns step 1 in each pinned mlx-lm release: the real cache, where scripts/build-env built them
+RELEASES = ("mlx-lm-0.31.3", "mlx-lm-0.32.2")
+REAL = {ENV_CACHE_VAR: str(REAL_CACHE)}
 PROMPT = "Speculative decoding drafts several tokens with a small model and verifies them"
 
 
@@ -38,8 +44,10 @@ def served_faults(fixture_root: Path, cli_bin: str, tmp_path_factory: pytest.Tem
            "concurrency": 0}
     cfg = tmp / "job.yaml"
     cfg.write_text(yaml.safe_dump(job))
+    for name in RELEASES:
+        built(name)
     r = run_cli(cli_bin, "served", "--config", str(cfg), "--record-dir", str(tmp / "rec"), "--quiet", "--diagnose",
-                "--json")
+                "--json", env=REAL)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]  # served's verdict: --diagnose leaves it
     done = json.loads(r.stdout)["diagnoses"]
     assert done["ran"] and not (done["reused"] or done["held"] or done["failed"]), done
@@ -62,7 +70,7 @@ def _check_commands(cli_bin: str, d: dict[str, Any]) -> list[str]:
             continue
         argv = shlex.split(s["command"])
         assert argv[0] == "specparity", s
-        r = run_cli(cli_bin, *argv[1:], "--json")
+        r = run_cli(cli_bin, *argv[1:], "--json", env=REAL)
         want = {"divergent": 1, "equal": 0}[s["verdict"]]
         assert r.returncode == want, (s["number"], s["command"], r.stdout[-1500:], r.stderr[-1500:])
         ran.append(s["command"])
@@ -82,18 +90,22 @@ def _check_commands(cli_bin: str, d: dict[str, Any]) -> list[str]:
 @pytest.mark.slow
 def test_a_served_record_of_two_faults_is_diagnosed_to_their_width_depth_layer_and_sub_op(
         served_faults: Path, cli_bin: str) -> None:
-    r = run_cli(cli_bin, "diagnose", str(served_faults), "--json")  # the directory: its newest served record
+    r = run_cli(cli_bin, "diagnose", str(served_faults), "--json", env=REAL)  # the directory: its newest record
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     out = json.loads(r.stdout)
     diags = _by_id(out)
     assert "rows/w4/p0" in diags and "rows/w3/p0" not in diags, list(diags)
     depth = [d for i, d in diags.items() if i.startswith("depth/")]
     assert depth, list(diags)
-    # every step is accounted for, in order; 4 and 8 say they are not done, never left out
+    # every step is accounted for, in order; 4 says it is not done, never left out
     for d in diags.values():
         assert [s["number"] for s in d["steps"]] == list(range(1, 9))
-        assert all(_step(d, n)["status"] == "not_done" and "not done in this version" in _step(d, n)["evidence"][0]
-                   for n in (4, 8))
+        assert _step(d, 4)["status"] == "not_done" and "not done in this version" in _step(d, 4)["evidence"][0]
+        # 8: step 1's command in each pinned mlx-lm release: the fault is the checkpoint's, so it holds on each
+        releases = _step(d, 8)["data"]["releases"]
+        assert [r["environment"] for r in releases] == ["mlx-lm-0.31.3", "mlx-lm-0.32.2"], releases
+        assert {r["verdict"] for r in releases} == {"divergent"} and _step(d, 8)["data"]["first_failing"] == "0.31.3", (
+            releases, _step(d, 8)["evidence"])
         # the control arms: compiled kernels off reruns the block and leaves the fixture's fault; the cache
         # toggles do not apply to a server run without them, and each says why
         controls = _step(d, 6)["data"]["controls"]
@@ -118,7 +130,7 @@ def test_a_served_record_of_two_faults_is_diagnosed_to_their_width_depth_layer_a
         assert loc["depth"] > 0 and "past a depth" in " ".join(_step(d, 3)["evidence"])
 
     # the text says the same, one finding after the other; every printed command repeats its step's verdict
-    text = run_cli(cli_bin, "diagnose", str(served_faults), "--finding", "rows/w4/p0")
+    text = run_cli(cli_bin, "diagnose", str(served_faults), "--finding", "rows/w4/p0", env=REAL)
     assert text.returncode == 1 and "finding rows/w4/p0 (width 4) at token" in text.stdout
     assert "phase verify" in text.stdout and "step 6 control arms: ran, divergent" in text.stdout
     ran = _check_commands(cli_bin, rows) + _check_commands(cli_bin, depth[0])
@@ -218,7 +230,9 @@ def test_a_warm_cache_finding_is_diagnosed_through_its_sequence_to_the_prompt_ca
     (job_dir / "job.yaml").write_text(yaml.safe_dump(job))
     r = run_cli(cli_bin, "served", "--config", "job.yaml", "--record-dir", "rec", "--quiet", cwd=str(job_dir))
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
-    out = run_cli(cli_bin, "diagnose", str(job_dir / "rec"), "--json", cwd=str(tmp_path))
+    for name in RELEASES:
+        built(name)
+    out = run_cli(cli_bin, "diagnose", str(job_dir / "rec"), "--json", cwd=str(tmp_path), env=REAL)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     diags = _by_id(json.loads(out.stdout))
     warm = {i: d for i, d in diags.items() if "--sequence" in (d["finding"]["reproduction"] or "")}
@@ -230,11 +244,16 @@ def test_a_warm_cache_finding_is_diagnosed_through_its_sequence_to_the_prompt_ca
         assert loc["token_index"] == d["finding"]["token_index"] and 0 < loc["cached"] < loc["prompt_tokens"], loc
         assert loc["held"] is not None and loc["held"] < loc["cached"], loc  # the entry short of its count
         assert one["verdict"] == "divergent" and one["data"]["alone_first"] is None
-        assert [s["status"] for s in d["steps"][1:7]] == ["skipped"] * 6 and d["steps"][7]["status"] == "not_done"
+        assert [s["status"] for s in d["steps"][1:7]] == ["skipped"] * 6 and d["steps"][7]["status"] == "ran"
+        # the loop's cache entry is short on each pinned mlx-lm release: the state holds from 0.31.3 on
+        assert [(r["release"], r["verdict"]) for r in d["steps"][7]["data"]["releases"]] == [
+            ("0.31.3", "divergent"), ("0.32.2", "divergent")]
     d = next(iter(warm.values()))
     seq = shlex.split(_step(d, 1)["command"])
     assert Path(seq[seq.index("--sequence") + 1]).is_file()  # rewritten to the path that leads to it
-    assert _check_commands(cli_bin, d) == [_step(d, 1)["command"]]  # exit 1: the replay diverges
+    # exit 1: the replay diverges, here and in the newest release's environment
+    newest = _step(d, 1)["command"] + " --environment mlx-lm-0.32.2"
+    assert _check_commands(cli_bin, d) == [_step(d, 1)["command"], newest]
     alone = shlex.split(_step(d, 1)["data"]["alone_command"])
     assert run_cli(cli_bin, *alone[1:], "--json").returncode == 0  # the request alone: classic decode
 
