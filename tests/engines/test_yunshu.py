@@ -80,9 +80,14 @@ def test_served_dflash_and_mtp_lanes_against_classic_decode(fixture_dir: Path, c
     proc = run_cli(cli_bin, "served", "--config", str(config), "--json", cwd=str(tmp_path),
                    env={ENV_CACHE_VAR: str(REAL_CACHE)})
     assert proc.stdout.strip(), proc.stderr[-2000:]
-    # two requests at once failing are errors (exit 4); no answer leaves classic decode
-    assert proc.returncode == 4
-    for pairing, mode in zip(json.loads(proc.stdout)["pairings"], ("dflash", "mtp"), strict=True):
+    pairings = json.loads(proc.stdout)["pairings"]
+    # two requests at once fail on float32 (errors: exit 4); the stream sent beside them is answered, and where it
+    # shares a batch with them it leaves classic decode (diverged: exit 1): which it does is the scheduler's timing
+    batched = [r for p in pairings for a in p["arms"] if a["name"] == "concurrent" for r in a["requests"]]
+    parted = [r for r in batched if r["verdict"] == "diverged"]
+    assert proc.returncode == (1 if parted else 4), [(r["id"], r["verdict"]) for r in batched]
+    assert {r["id"] for r in parted} <= {"p1-stream"}, parted
+    for pairing, mode in zip(pairings, ("dflash", "mtp"), strict=True):
         arms = {a["name"]: a for a in pairing["arms"]}
         for name in ("baseline-start", "baseline-end"):
             got = by_id(arms[name])
