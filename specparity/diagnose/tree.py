@@ -460,6 +460,7 @@ def _releases(command: str | None, timeout: float = 600.0) -> Step:
 
     from specparity.engines import DEFAULT, get
     from specparity.environments import find_environment
+    from specparity.tied import run_tied_captured
 
     if not command:
         return Step(8, SKIPPED, evidence=["no command to rerun (step 1 had none)"])
@@ -476,8 +477,8 @@ def _releases(command: str | None, timeout: float = 600.0) -> Step:
         words = shlex.split(command)
         cmd = shlex.join([*words, "--environment", env.name])
         try:
-            proc = subprocess.run([exe, *words[1:], "--environment", env.name, "--quiet"], capture_output=True,
-                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            proc = run_tied_captured([exe, *words[1:], "--environment", env.name, "--quiet"],
+                                     f"step 8 in {env.name}", timeout=timeout)
             code = proc.returncode
             said = next((x.strip() for x in reversed(proc.stderr.splitlines()) if x.strip()), "")
         except subprocess.TimeoutExpired:
