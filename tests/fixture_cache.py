@@ -12,7 +12,7 @@ run built its own). :func:`cached` keeps it under ``$SPECPARITY_HOME/test-fixtur
   workers waiting for it, and they read what it built;
 - a manifest of every file (its size and modification time) is written once it is built and checked on
   its first use in each process: a pair a test changed, or one half removed, is removed and built
-  again, never used.
+  again, never used (a folder an export added beside the pair, pair_gguf's ``gguf-vN/``, is no change).
 
 Only the two most recently used CODE folders of each MODULE are kept. ``SPECPARITY_TEST_FIXTURE_CACHE=0`` builds every
 pair in the session's own folder, as before (what a first run on a fresh machine does anyway).
@@ -124,6 +124,17 @@ def _manifest(folder: Path) -> dict[str, list[int]]:
     return out
 
 
+def _unchanged(stored: dict[str, list[int]], now: dict[str, list[int]]) -> bool:
+    """Every file the build wrote is there as written, and no file was added to a folder the build wrote.
+
+    A new folder is what an export made from the pair after it was built (pair_gguf's ``gguf-vN/``): it
+    derives from the pair, so the pair stays good. Rebuilding for it removed the pair under another
+    worker's feet (a test read a half-removed target: "no config.json")."""
+    built = {os.path.dirname(name) for name in stored}
+    return all(now.get(name) == stat for name, stat in stored.items()) and all(
+        name in stored for name in now if os.path.dirname(name) in built)
+
+
 def _siblings(folder: Path) -> list[Path]:
     """Folders a builder made beside ``folder`` (``NAME.something``: build_dfly_pair's DFlash pair, which it
     copies from): built from the same arguments, so never kept past a rebuild of ``folder``."""
@@ -163,7 +174,7 @@ def cached(builder: Callable[..., T], fallback_root: Path, name: str, *args: Any
             if str(folder) not in _CHECKED:
                 try:
                     stored = json.loads(manifest.read_text())
-                    good = stored["spec"] == spec and stored["files"] == _manifest(folder)
+                    good = stored["spec"] == spec and _unchanged(stored["files"], _manifest(folder))
                 except (OSError, ValueError, TypeError, KeyError):
                     good = False
                 if not good:  # never built, built in part, or changed since: built again

@@ -99,6 +99,26 @@ def test_built_once_then_read_by_a_later_process_and_built_again_when_a_file_cha
     assert not (tmp_path / "session").exists()
 
 
+def test_an_export_beside_the_pair_keeps_it_and_a_file_added_to_it_builds_it_again(
+        cache_root: Path, tmp_path: Path) -> None:
+    """pair_gguf writes ``gguf-vN/`` into a built pair's folder: a later process must read the pair, not
+    remove it while another worker reads it (the "no config.json" failures of a -n 4 run). A file added
+    inside the checkpoint itself is a change."""
+    calls: list[bool] = []
+    builder = counting(build_plain_constant, calls)
+    first = fixture_cache.cached(builder, tmp_path / "session", "plain", LIVE)
+    export = Path(first).parent / "gguf-v1" / "target-f32.gguf"
+    export.parent.mkdir()
+    export.write_bytes(b"GGUF")
+    fixture_cache._CHECKED.clear()
+    assert fixture_cache.cached(builder, tmp_path / "session", "plain", LIVE) == first
+    assert calls == [False, True] and export.exists()  # read, export kept
+    (Path(first) / "stray.txt").write_text("x")
+    fixture_cache._CHECKED.clear()
+    fixture_cache.cached(builder, tmp_path / "session", "plain", LIVE)
+    assert calls[-1] is False and not (Path(first) / "stray.txt").exists()  # built again
+
+
 def test_a_rebuild_removes_what_the_builder_left_beside_its_folder(cache_root: Path, tmp_path: Path) -> None:
     """A builder that builds an intermediate pair beside its folder and copies from it (build_dfly_pair's
     ``NAME.dflash``) reads that intermediate again when it is there: a rebuild must not copy a stale one."""
