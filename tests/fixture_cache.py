@@ -20,30 +20,23 @@ pair in the session's own folder, as before (what a first run on a fresh machine
 
 from __future__ import annotations
 
-import ast
 import fcntl
 import glob
 import hashlib
-import importlib.util
 import json
 import os
-import platform
 import shutil
-import sys
 import time
 from collections.abc import Callable
-from functools import cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
 from specparity import paths
+from specparity.fixtures.build_cache import code_digest, prune  # the product's own: one digest for both
 
 T = TypeVar("T")
 
 OFF_VAR = "SPECPARITY_TEST_FIXTURE_CACHE"
-KEEP = 2  # CODE folders kept (the current one and the one before it)
-LIBRARIES = ("mlx", "mlx-lm", "tokenizers", "numpy")
 
 # read once, at collection: the real cache, before any test points $SPECPARITY_HOME elsewhere
 ROOT = paths.home() / "test-fixtures"
@@ -52,67 +45,6 @@ _CHECKED: set[str] = set()
 
 def enabled() -> bool:
     return os.environ.get(OFF_VAR, "1") != "0"
-
-
-def _module_file(name: str) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):  # a name imported from a module, not a module
-        return None
-    return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
-
-
-def _imports(source: str, package: str) -> set[str]:
-    """The specparity modules ``source`` imports (every import statement, at any depth)."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.split(".")[0] == "specparity")
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from the importing module's package
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            if base.split(".")[0] != "specparity":
-                continue
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)  # a submodule imported by name
-    return found
-
-
-def module_closure(root: str) -> dict[str, Path]:
-    """``root`` and every specparity module it imports, transitively: name -> source file."""
-    seen: dict[str, Path] = {}
-    todo = [root]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        path = _module_file(name)
-        if path is None:
-            continue  # a name imported from a module, not a module
-        seen[name] = path
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for parent in range(1, name.count(".") + 1):  # importing a.b.c runs a and a.b first
-            todo.append(".".join(name.split(".")[:parent]))
-        todo.extend(_imports(path.read_text(encoding="utf-8"), package))
-    return seen
-
-
-@cache
-def code_digest(module: str) -> str:
-    """The digest of everything a build by ``module``'s builders depends on (see the module docstring)."""
-    h = hashlib.sha256()
-    for name, path in sorted(module_closure(module).items()):
-        h.update(f"{name}\0".encode() + path.read_bytes() + b"\0")
-    for lib in LIBRARIES:
-        try:
-            version = metadata.version(lib)
-        except metadata.PackageNotFoundError:
-            version = "-"
-        h.update(f"{lib}={version}\0".encode())
-    h.update(f"{sys.version}\0{platform.machine()}\0{platform.system()}".encode())
-    return h.hexdigest()[:16]
 
 
 def _manifest(folder: Path) -> dict[str, list[int]]:
@@ -141,17 +73,6 @@ def _siblings(folder: Path) -> list[Path]:
     return [p for p in folder.parent.glob(glob.escape(folder.name) + ".*") if p.is_dir() and not p.is_symlink()]
 
 
-def _prune(code_dir: Path) -> None:
-    """Touch ``code_dir`` (used now) and remove all but the KEEP most recently used CODE folders beside it
-    (those unused for an hour)."""
-    os.utime(code_dir)
-    others = sorted((p for p in code_dir.parent.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime,
-                    reverse=True)
-    for old in others[KEEP:]:
-        if time.time() - old.stat().st_mtime > 3600:  # not one a run going on now may still use
-            shutil.rmtree(old, ignore_errors=True)
-
-
 def cached(builder: Callable[..., T], fallback_root: Path, name: str, *args: Any, **kwargs: Any) -> T:
     """``builder(FOLDER, *args, **kwargs)``, FOLDER kept in the cache (above), or ``fallback_root / name``
     when the cache is off. ``builder`` builds into FOLDER, or returns what a build of these arguments left
@@ -166,7 +87,7 @@ def cached(builder: Callable[..., T], fallback_root: Path, name: str, *args: Any
     code_dir.mkdir(parents=True, exist_ok=True)
     if str(code_dir) not in _CHECKED:
         _CHECKED.add(str(code_dir))
-        _prune(code_dir)
+        prune(code_dir)
     manifest = folder.with_name(folder.name + ".manifest.json")
     with open(folder.with_name(folder.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

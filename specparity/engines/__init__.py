@@ -243,14 +243,23 @@ class DrafterFormat:
 
     def make(self, out_dir: str, *, shape: str, dtype: str, tied: bool, block_size: int | None, seed: int,
              overwrite: bool, note: Callable[[str], None]) -> Any:
-        from specparity.fixtures import MadeFixture
+        from specparity.fixtures import FixtureMismatch, MadeFixture
+        from specparity.fixtures.build_cache import through_cache
 
-        made = resolve(self.build)(out_dir, shape=shape, dtype=dtype, tied=tied, block_size=block_size,
-                                   seed=seed, overwrite=overwrite, note=note)
-        if not isinstance(made, MadeFixture):
-            raise UsageError(f"drafter format {self.name}: its builder {self.build!r} returned {_kind(made)}, not the"
-                             " MadeFixture(record, lines) a builder returns")
-        return made
+        builder = resolve(self.build)
+        args = {"shape": shape, "dtype": dtype, "tied": tied, "block_size": block_size, "seed": seed}
+
+        def build(again: bool) -> MadeFixture:
+            made = builder(out_dir, **args, overwrite=again, note=note)
+            if not isinstance(made, MadeFixture):  # before the build cache keeps what it made
+                raise UsageError(f"drafter format {self.name}: its builder {self.build!r} returned {_kind(made)},"
+                                 " not the MadeFixture(record, lines) a builder returns")
+            return made
+
+        try:
+            return through_cache(self.name, builder, out_dir, args, overwrite, note, build)
+        except FixtureMismatch as err:  # a builder that left it in its own words: the command's flags
+            raise err.as_flags(out_dir, f"a {self.name} fixture") from None
 
 
 # the e2e of every engine that declares its own loops (EngineSpec.e2e's default when loops are given)

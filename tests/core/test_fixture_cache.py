@@ -15,6 +15,7 @@ import pytest
 
 import fixture_cache
 from specparity.fixtures import build_plain_constant
+from specparity.fixtures.build_cache import code_digest
 
 pytestmark = pytest.mark.model
 LIVE = (1.0, 0.5)
@@ -43,36 +44,6 @@ def counting(builder: Any, calls: list[bool]) -> Any:
 
 def weights(target: str) -> Path:
     return Path(target) / "model.safetensors"
-
-
-def test_the_closure_reaches_every_specparity_module_a_builder_imports_at_any_depth() -> None:
-    closure = fixture_cache.module_closure("specparity.fixtures.dflash")
-    # imported at the top (fixtures), inside a function (prompts, fixture_models), and their parents
-    for name in ("specparity", "specparity.fixtures.dflash", "specparity.fixtures", "specparity.prompts",
-                 "specparity.fixture_models.dflash_draft", "specparity.errors"):
-        assert name in closure, name
-    assert all(p.suffix == ".py" and p.is_file() for p in closure.values())
-    assert not any(n.startswith(("mlx", "tokenizers")) for n in closure)  # libraries go by their version
-
-
-def test_the_code_digest_moves_with_any_module_of_the_closure_and_with_a_library_version(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    digest = fixture_cache.code_digest.__wrapped__  # uncached
-    before = digest("specparity.fixtures.dflash")
-    assert digest("specparity.fixtures.dflash") == before
-    prompts = fixture_cache._module_file("specparity.prompts")
-    assert prompts is not None
-    changed = tmp_path / "prompts.py"
-    changed.write_text(prompts.read_text() + "\n# one more line\n")
-    real = fixture_cache._module_file
-    monkeypatch.setattr(fixture_cache, "_module_file",
-                        lambda name: changed if name == "specparity.prompts" else real(name))
-    assert digest("specparity.fixtures.dflash") != before
-    monkeypatch.setattr(fixture_cache, "_module_file", real)
-    real_version = fixture_cache.metadata.version
-    monkeypatch.setattr(fixture_cache.metadata, "version",
-                        lambda lib: "0.0.0" if lib == "mlx" else real_version(lib))
-    assert digest("specparity.fixtures.dflash") != before
 
 
 def test_built_once_then_read_by_a_later_process_and_built_again_when_a_file_changed(
@@ -177,5 +148,5 @@ def test_only_the_two_most_recently_used_code_folders_are_kept(cache_root: Path,
     os.utime(cache_root / "specparity.fixtures.dflash" / ("e" * 16), (now - 7200, now - 7200))
     fixture_cache.cached(build_plain_constant, tmp_path / "session", "plain", LIVE)
     kept = sorted(p.name for p in folders.iterdir() if p.is_dir())
-    assert kept == sorted([fixture_cache.code_digest("specparity.fixtures"), "c" * 16, "d" * 16])
+    assert kept == sorted([code_digest("specparity.fixtures"), "c" * 16, "d" * 16])
     assert (cache_root / "specparity.fixtures.dflash" / ("e" * 16)).is_dir()

@@ -29,6 +29,8 @@ import click
 from docs import doclines
 import pytest
 from docs.doclines import ROOT, DocLine
+import fixture_cache
+from specparity.fixtures import build_cache
 from sybil import Document, Region, Sybil
 from sybil.integration.pytest import SybilFile, SybilItem
 
@@ -246,6 +248,8 @@ class Page:
                     subprocess.run(["cp", "-al", str(entry), str(env_cache / entry.name)], check=True)
         self.env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
                     "SPECPARITY_HOME": str(self.home), "SPECPARITY_ENV_CACHE": str(env_cache)}
+        if fixture_cache.enabled():  # `fixtures make --dflash`'s fits kept across pages and runs, as a reader's are
+            self.env[build_cache.CACHE_VAR] = str(fixture_cache.ROOT.parent / "fixture-builds")
         for var in [v for v in self.env if v.startswith(("PYTEST_", "COV_"))]:
             del self.env[var]
 
