@@ -161,6 +161,10 @@ def marked_for_what_it_does(request, isolated_home, tmp_path, monkeypatch):
             missing.append(f"started {started[0] if started else 'a server (' + logs[0].name + ')'}: mark it server")
     if request.node.get_closest_marker("model") is None and (isolated_home / "fixtures").exists():
         missing.append(f"built a model into {isolated_home / 'fixtures'}: mark it model")
+    envs = sorted(p.parent.name for p in (isolated_home / "envs").glob("*/specparity-env.json"))
+    if envs:  # a pinned environment built inside a test: 30 s and more each time, and no test builds one
+        missing.append(f"built the environment {envs[0]} into its own home: run it from the one scripts/build-env"
+                       " built (tests/builds.py: SPECPARITY_ENV_CACHE set to REAL_CACHE)")
     if missing:
         pytest.fail(f"{request.node.nodeid}: " + "; ".join(missing), pytrace=False)
 

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from builds import built
+from builds import REAL_CACHE, built
 from conftest import run_cli
 from fixture_cache import cached
 from specparity.engines.mlx_lm_broomva.fixtures import build_gemma4_pair
+from specparity.environments import ENV_CACHE_VAR
 from specparity.fixtures import build_pair
 
 ENV = "mlx-lm-broomva"
@@ -48,7 +49,7 @@ def e2e(cli_bin: str, target: str, *extra: str, draft: str | None = None) -> tup
     built(ENV)
     argv = ["e2e", "--engine", ENV, "--environment", ENV, "--model", target,
             *(["--draft-model", draft] if draft else []), *extra, "--json"]
-    proc = run_cli(cli_bin, *argv)
+    proc = run_cli(cli_bin, *argv, env={ENV_CACHE_VAR: str(REAL_CACHE)})  # the built one, never a build here
     out = json.loads(proc.stdout)
     return proc.returncode, {e["entry"]: e for e in out["entries"]}
 
