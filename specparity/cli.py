@@ -172,11 +172,18 @@ def _run(args: list[str], debug: bool) -> int:
                          f"{'' if debug else ' (rerun with --debug for the traceback)'}")
             code = EXIT_BUG
     except (Exception, SystemExit) as err:  # noqa: BLE001  (a bug: one line, exit 70)
+        # A stdout its reader closed (`| head`): click turns the EPIPE into SystemExit(1); no bug, no verdict
+        # (the output is cut short): one line, exit 4, never the "unexpected SystemExit" of a bug.
         # An unknown error is a bug: one line, exit 70, traceback behind --debug. A
         # SystemExit escaping a command was raised by code specparity ran (a checkpoint's
         # model_file, a user rule): its code is not a verdict.
         _traceback(debug)
-        if isinstance(err, OSError) and isinstance(err.__context__, KeyboardInterrupt):
+        if _stdout_closed(err):
+            _quiet_stdout()
+            error = _say("Error: stdout was closed before the output was all written (its reader ended: `| head`?);"
+                         " the output is cut short")
+            code = EXIT_INFRA
+        elif isinstance(err, OSError) and isinstance(err.__context__, KeyboardInterrupt):
             # click's own newline before its Abort failed on a terminal that hung up (SIGHUP): the interruption
             error, code = _interrupted(err.__context__)
         else:
@@ -196,6 +203,25 @@ def _run(args: list[str], debug: bool) -> int:
             except OSError:
                 pass  # a stdout that is gone (a closed terminal or pipe) takes nothing; the exit code says it
     return code
+
+
+def _stdout_closed(err: BaseException) -> bool:
+    """``err`` is a write to a stdout whose reader went away: BrokenPipeError, or the SystemExit(1) click raises
+    for one (click has then wrapped stdout in its ``PacifyFlushWrapper``, which it does for nothing else)."""
+    import errno
+
+    if isinstance(err, SystemExit) and type(sys.stdout).__name__.endswith("PacifyFlushWrapper"):
+        return True
+    return any(isinstance(e, OSError) and e.errno == errno.EPIPE for e in (err, err.__context__))
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _interrupted(cause: BaseException | None) -> tuple[str, int]:

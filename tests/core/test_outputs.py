@@ -299,3 +299,22 @@ def test_a_records_placeholder_is_replaced_without_writing_through_a_link_beside
     assert victim.read_text() == "precious"
     assert "all equal" in md.read_text() and not md.is_symlink()
     assert '"status": "complete"' in (sink.writer.data_dir / "report.json").read_text()
+
+
+@pytest.mark.parametrize("args", [("--help",), ("fixtures", "formats"), ("fixtures", "formats", "--json"),
+                                  ("env", "list")])
+def test_a_stdout_its_reader_closed_is_one_line_and_exit_4_never_a_bug(cli_bin: str, args: tuple[str, ...]) -> None:
+    """`specparity ... | head`: the reader ends before the output is written. Click turns the EPIPE into
+    SystemExit(1), which read as a bug (exit 70, "unexpected SystemExit(1) raised by code specparity ran")."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte: the first write fails, every time
+    try:
+        proc = subprocess.run([cli_bin, *args], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr == ("Error: stdout was closed before the output was all written (its reader ended: `| head`?);"
+                           " the output is cut short\n")
+    # the same command with a reader: its output, exit 0
+    whole = subprocess.run([cli_bin, *args], capture_output=True, text=True, timeout=120)
+    assert whole.returncode == 0 and whole.stdout and not whole.stderr, whole.stderr
