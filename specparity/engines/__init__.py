@@ -259,7 +259,7 @@ class DrafterFormat:
         try:
             return through_cache(self.name, builder, out_dir, args, overwrite, note, build)
         except FixtureMismatch as err:  # a builder that left it in its own words: the command's flags
-            raise err.as_flags(out_dir, f"a {self.name} fixture") from None
+            raise err.as_flags(out_dir) from None
 
 
 # the e2e of every engine that declares its own loops (EngineSpec.e2e's default when loops are given)

@@ -66,7 +66,7 @@ def test_a_folder_there_already_goes_to_the_builder_and_the_cache_can_be_turned_
     other = run_cli(cli_bin, *MAKE, str(tmp_path / "a"), *ARGS[:-1], "16", env=env)
     # (said in the command's flags: 8 verify rows, not the 7 proposals the record holds)
     assert other.returncode == 2 and other.stderr == (
-        f"Error: OUT_DIR {tmp_path / 'a'} holds a dspark fixture built with --block-size 8 (asked 16): --overwrite"
+        f"Error: OUT_DIR {tmp_path / 'a'} holds a DSpark pair built with --block-size 8 (asked 16): --overwrite"
         " rebuilds it, or choose another OUT_DIR\n"), other.stderr
     # --overwrite of it with the cached arguments: the copy takes its place
     over = run_cli(cli_bin, *MAKE, str(tmp_path / "a"), *ARGS, "--overwrite", env=env)

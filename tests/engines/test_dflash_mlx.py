@@ -196,7 +196,7 @@ def test_fixtures_make_dflash_refuses_a_fixture_built_otherwise_and_warns_on_a_f
     r = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--dflash", "qwen3", "--block-size", "16")
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert r.stderr.strip().splitlines() == [
-        f"Error: OUT_DIR {tmp_path / 'fx'} holds a DFlash fixture built with --block-size 8 (asked 16),"
+        f"Error: OUT_DIR {tmp_path / 'fx'} holds a DFlash pair built with --block-size 8 (asked 16),"
         " --dtype bfloat16 (asked float32), --tied-head (asked without): --overwrite rebuilds it,"
         " or choose another OUT_DIR"]
     assert record.read_text() == before
