@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -213,7 +214,7 @@ def check_accept_widths(req: Any) -> None:
 
 # ---------------------------------------------------------------- fixture faults
 
-FAULT_KINDS = ("rows", "depth", "stale_trim")
+FAULT_KINDS = ("rows", "depth", "stale_trim", "noise", "tie")
 
 
 def parse_fault(text: str, num_layers: int | None = None) -> dict[str, Any]:
@@ -237,14 +238,19 @@ def parse_fault(text: str, num_layers: int | None = None) -> dict[str, Any]:
             rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
             raise InputError("fault", f"{text!r}: {key!r} must be an integer {rng}, got {v!r}")
 
-    if item["kind"] in ("rows", "depth"):
-        int_field("layer", 0, None if num_layers is None else num_layers - 1, required=True)
+    if item["kind"] in ("rows", "depth", "noise"):  # a noise fault without a layer is on the logits
+        int_field("layer", 0, None if num_layers is None else num_layers - 1, required=item["kind"] != "noise")
+    if item["kind"] in ("rows", "depth", "tie"):
         int_field("min_rows", 1)
+    if item["kind"] in ("rows", "depth", "noise"):
         sub = item.get("subop")
         if sub is not None and (not isinstance(sub, str) or (sub and not sub.isidentifier())):
             raise InputError("fault", f"{text!r}: 'subop' must be an attribute name, got {sub!r}")
     if item["kind"] == "depth":
         int_field("min_offset", 0, required=True)
+    scale = item.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise InputError("fault", f"{text!r}: 'scale' must be a positive number, got {scale!r}")
     return item
 
 

@@ -56,6 +56,19 @@ class ProcessorOptions:
         except ValueError as err:  # mlx-lm refuses a negative repetition penalty
             raise InputError("repetition-penalty", f": {err}") from None
 
+    def flags(self) -> list[str]:
+        """The command-line flags that give these options (``replay``, ``e2e``): empty when none is active."""
+        out: list[str] = []
+        for name in ("repetition", "presence", "frequency"):
+            v = getattr(self, f"{name}_penalty")
+            if v not in (None, 0):
+                out += [f"--{name}-penalty", f"{v:g}"]
+                if getattr(self, f"{name}_context_size") != DEFAULT_CONTEXT:
+                    out += [f"--{name}-context-size", str(getattr(self, f"{name}_context_size"))]
+        if self.logit_bias:
+            out += ["--logit-bias", ",".join(f"{k}:{v:g}" for k, v in self.logit_bias.items())]
+        return out
+
     def describe(self) -> str:
         if not self.active:
             return "none"

@@ -68,7 +68,7 @@ from specparity.probes.engines.base import EngineCannotRun
 from specparity.probes.engines.mlx_lm import MODE_SNAPSHOT, MODE_TRIM
 from specparity.probes.replay.algebra import emitted_counts, locate
 from specparity.probes.replay.classic import ClassicChain
-from specparity.probes.replay.findings import Disagreement, Findings, RewindFinding
+from specparity.probes.replay.findings import Disagreement, Findings, RewindFinding, StateFinding
 from specparity.progress import NULL, Observer
 from specparity.reproducibility import Bracket
 from specparity.verdicts import ReportMixin, Verdict
@@ -131,11 +131,13 @@ class RoundOptions:
         return out
 
     @classmethod
-    def served(cls, prefill_emits: bool = False, policy: str = POLICY_WRONG) -> RoundOptions:
+    def served(cls, prefill_emits: bool = False, policy: str = POLICY_WRONG, state: bool = False) -> RoundOptions:
         """A served run's vector with rewind offsets (:func:`replay_rounds`): anchor start (then the first
         token from the prefill's step when the server emits it there), rejected rows per ``policy``, each
-        layer's offset checked, the chain bracketed."""
-        return cls(START_ANCHOR_EMIT if prefill_emits else START_ANCHOR, policy, (CHECK_OFFSETS,), True)
+        layer's offset checked (and with ``state`` the whole state after every rollback), the chain
+        bracketed."""
+        checks = (CHECK_OFFSETS, CHECK_STATE) if state else (CHECK_OFFSETS,)
+        return cls(START_ANCHOR_EMIT if prefill_emits else START_ANCHOR, policy, checks, True)
 
     @classmethod
     def whole_state(cls) -> RoundOptions:
@@ -411,6 +413,8 @@ class ReplayReport(ReportMixin):
       tie_breaks_total: how many in all.
     bracket: the reproducibility bracket (classic chain repeated over the first
       round); a repeat that differs makes the replay inconclusive.
+    state_checked: every layer's whole cache was also compared with classic decode's after every
+      round (``--state``); state: the first round whose state differed (None: none did, or not checked).
     seconds: wall time.
     """
 
@@ -441,6 +445,8 @@ class ReplayReport(ReportMixin):
     tie_breaks: list[dict[str, Any]] = field(default_factory=list)
     tie_breaks_total: int = 0
     bracket: Bracket | None = None
+    state_checked: bool = False
+    state: StateFinding | None = None
     seconds: float = 0.0
 
     @classmethod
@@ -449,7 +455,7 @@ class ReplayReport(ReportMixin):
         common: dict[str, Any] = dict(
             rounds_total=res.rounds_total, widths=res.widths, policy=res.options.fill, wrong_id=res.wrong_id,
             prompt_len=res.prompt_len, prefill_emits=res.options.start == START_ANCHOR_EMIT, opts=res.opts,
-            bracket=res.bracket, seconds=res.seconds)
+            bracket=res.bracket, seconds=res.seconds, state_checked=CHECK_STATE in res.options.checks)
         if not res.reproducible:
             return cls(rounds=0, rewinds=0, positions=0, disagreements=0, first=None, rewind_finding=None,
                        mode="", mode_reason="not run: not reproducible", **common)
@@ -460,13 +466,13 @@ class ReplayReport(ReportMixin):
                    served_checked=res.served_checked, served_first_mismatch=res.served_first_mismatch,
                    served_mismatch_at=res.served_mismatch_at, served_token=res.served_token,
                    served_pick=res.served_pick, tie_breaks=res.tie_breaks, tie_breaks_total=res.tie_breaks_total,
-                   **common)
+                   state=res.findings.state, **common)
 
     @property
     def verdict(self) -> Verdict:
         if self.bracket is not None and not self.bracket.reproducible:
             return Verdict.INCONCLUSIVE
-        if self.rewind_finding is not None or self.disagreements:
+        if self.rewind_finding is not None or self.disagreements or self.state is not None:
             return Verdict.DIVERGENT
         if self.served_first_mismatch is not None:
             return Verdict.DIVERGENT
@@ -482,6 +488,8 @@ class ReplayReport(ReportMixin):
         tail = ""
         if self.rewind_finding is not None:
             tail = f"; rewind failed at round {self.rewind_finding.round} (replay stopped)"
+        if self.state is not None:
+            tail += f"; the state after round {self.state.round} differs from classic decode's"
         if self.served_first_mismatch is not None:
             tail += (f"; served tokens differ from classic at emitted index"
                      f" {self.served_first_mismatch}")
@@ -518,6 +526,11 @@ class ReplayReport(ReportMixin):
             )
         if self.rewind_finding is not None:
             out.append(self.rewind_finding.describe())
+        if self.state is not None:
+            out.append(self.state.words())
+        elif self.state_checked:
+            out.append(f"state: every layer's cache after each of the {self.rounds} rounds equals classic decode's"
+                       " at the same position")
         if self.served_checked is not None:
             if self.served_first_mismatch is None:
                 out.append(f"served tokens: identical to classic over {self.served_checked}")
@@ -557,6 +570,7 @@ class ReplayReport(ReportMixin):
         d["first"] = self.first.to_dict() if self.first else None
         d["served_pick"] = self.served_pick.to_dict() if self.served_pick else None
         d["bracket"] = self.bracket.to_dict() if self.bracket else None
+        d["state"] = self.state.to_dict() if self.state else None
         d["verdict"] = self.verdict
         d["exit_code"] = self.exit_code
         d["summary"] = self.summary()
@@ -620,6 +634,7 @@ def replay_rounds(
     prefill_emits: bool = False,
     observer: Observer = NULL,
     processors: list[Any] | None = None,
+    state: bool = False,
 ) -> ReplayReport:
     """Replay a served run's ``accepts`` through ``engine``'s session with rewind offsets; compare with
     classic decode: :func:`replay_accepts` with :meth:`RoundOptions.served`.
@@ -629,7 +644,8 @@ def replay_rounds(
     the request (``rewind-modes``: trim, or snapshot-and-recompute), and reports every layer's
     offset after it (``layer-offsets``); classic decode (:meth:`Engine.classic_model` with
     :meth:`Engine.cache_options`) is the chain. Rejected rows carry ``wrong_id`` or the right
-    token, per ``policy``, row by row.
+    token, per ``policy``, row by row. ``state``: also every layer's whole cache after every round against
+    classic decode's at the same position (the first round that differs is :attr:`ReplayReport.state`).
 
     ``prefill_emits``: the server emits its first token from the prefill (mlxcel's DFlash:
     round 0's bonus), so the replay runs classic decode's first single step before round 0 and
@@ -652,7 +668,7 @@ def replay_rounds(
     from specparity.inputs import check_token_ids, vocab_size
 
     check_token_ids(prompt, vocab_size(engine.classic_model()), "prompt")
-    res = replay_accepts(engine, prompt, accepts, widths, RoundOptions.served(prefill_emits, policy),
+    res = replay_accepts(engine, prompt, accepts, widths, RoundOptions.served(prefill_emits, policy, state),
                          wrong_id=wrong_id, served_tokens=served_tokens, trace=trace, observer=observer,
                          processors=processors)
     if res.error is not None:

@@ -121,6 +121,7 @@ class ReplayOptions:
     prefill_emits: bool | None = None
     algebra_only: bool = False
     locate: int | None = None
+    state: bool = False
     engine: EngineRef = DEFAULT_ENGINE  # the registry's default, or the spec the command resolved
     verify_mode: str | None = None
     environment: str | None = None
@@ -153,6 +154,9 @@ def replay(o: ReplayOptions, front: Frontend) -> int:
     code = front.rerun(o.engine, o.environment, o.model, o.draft_model, o.trust_remote_code, classic=True)
     if code is not None:
         return code
+    if o.state and (o.sequence_path is not None or o.algebra_only or o.locate is not None):
+        what = "--sequence" if o.sequence_path is not None else "--algebra-only" if o.algebra_only else "--locate"
+        raise UsageError(f"--state compares the cache after each replayed round; {what} replays no rounds of its own")
     if o.sequence_path is not None:
         return _sequence(o.sequence_path, o.model, o.trust_remote_code, front)
     if (o.stop_words or o.stop_at_eos) and o.draft_model is None:
@@ -197,7 +201,7 @@ def replay(o: ReplayOptions, front: Frontend) -> int:
         requests = [_record(loaded, o, cli_ids, procs, opts, front,
                             list(o.stop_words) if (o.stop_words or o.stop_at_eos) else None)]
     return _replay_all(_adapter(o, loaded, opts), requests, findings, cli_ids, o.prompt_text, o.width,
-                       o.policy, o.wrong_id, procs, front)
+                       o.policy, o.wrong_id, procs, front, o.state)
 
 
 def _adapter(o: ReplayOptions, loaded: Loaded, opts: CacheOptions) -> Any:
@@ -326,7 +330,7 @@ def _algebra_only(requests: list[AcceptLog], findings: list[AlgebraFinding], fro
 
 def _replay_all(engine: Any, requests: list[AcceptLog], findings: list[AlgebraFinding],
                 cli_ids: list[int] | None, prompt_text: str | None, width: int | None,
-                policy: str, wrong_id: int, procs: ProcessorOptions, front: Frontend) -> int:
+                policy: str, wrong_id: int, procs: ProcessorOptions, front: Frontend, state: bool = False) -> int:
     from specparity.probes.replay.run import run_replays
 
     loaded, opts = engine.checkpoint(), engine.cache_options()
@@ -340,7 +344,7 @@ def _replay_all(engine: Any, requests: list[AcceptLog], findings: list[AlgebraFi
             run.sink.write_bytes("accepts.jsonl", "".join(
                 json.dumps(request_object(r)) + "\n" for r in requests).encode())
         result = run_replays(engine, requests, findings, cli_ids, prompt_text, width, policy,
-                             wrong_id, observer=run.observer, processors=procs)
+                             wrong_id, observer=run.observer, processors=procs, state=state)
         return run.finish(result)
 
 

@@ -85,13 +85,14 @@ def widths_for(req: Any, width: int | None) -> tuple[int | None, list[int] | Non
 def run_replays(engine: Any, requests: list[Any], findings: list[Any],
                 cli_ids: list[int] | None = None, prompt_text: str | None = None,
                 width: int | None = None, policy: str = "wrong-id", wrong_id: int = 0,
-                observer: Observer = NULL, processors: Any = None) -> ReplayRun:
+                observer: Observer = NULL, processors: Any = None, state: bool = False) -> ReplayRun:
     """Replay each request through ``engine``'s adapter against classic decode; one ReplayRun for them all.
 
     ``engine``: an adapter (:class:`specparity.probes.engines.base.Engine`) with the replay core's features,
     its target loaded by the toolkit's loader (:meth:`Engine.checkpoint`) and its cache options.
     ``processors``: ``ProcessorOptions`` applied to the classic reference and every
-    verify row as classic decode applies them (None: no processors).
+    verify row as classic decode applies them (None: no processors). ``state``: every layer's whole cache
+    after every round also compared with classic decode's (``replay --state``).
     """
     from specparity.checkpoint import model_dtype
     from specparity.probes.replay.core import replay_rounds
@@ -118,7 +119,8 @@ def run_replays(engine: Any, requests: list[Any], findings: list[Any],
             try:
                 report = replay_rounds(engine, prompt, req.accepts, width=w, widths=ws, policy=policy,
                                        wrong_id=wrong_id, served_tokens=req.tokens,
-                                       prefill_emits=req.prefill_emits, observer=observer, processors=made)
+                                       prefill_emits=req.prefill_emits, observer=observer, processors=made,
+                                       state=state)
             except Inconclusive as err:
                 res = {"request": i, "source": req.source, "verdict": Verdict.NOT_RUN, "reason": str(err)}
                 run.texts.append(f"{req.source}: not run: {err}")

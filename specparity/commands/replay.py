@@ -78,6 +78,10 @@ if TYPE_CHECKING:
 @click.option("--prefill-emits/--no-prefill-emits", default=None,
               help="Whether the server emitted its first token from the prefill, before round 0"
                    " (default: from the log; mlxcel presets yes, mlx-lm no).")
+@click.option("--state", is_flag=True,
+              help="Also compare every layer's whole cache (its offset and every row it holds) with classic"
+                   " decode's after every round: the first round whose state differs is a finding (exit 1)."
+                   " An engine's own replay (--engine) always does.")
 @click.option("--algebra-only", is_flag=True,
               help="Check a transcript's round algebra without a model.")
 @click.option("--locate", type=click.IntRange(min=0), default=None, metavar="E",
@@ -93,7 +97,7 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
            draft_model: str | None, num_draft_tokens: int, max_tokens: int, save_log: str | None,
            stop_words: tuple[str, ...], stop_at_eos: bool, sequence_path: str | None,
            prompt_text: str | None, prompt_ids: tuple[str, ...], width: int | None, policy: str,
-           wrong_id: int, prefill_emits: bool | None, algebra_only: bool, locate: int | None,
+           wrong_id: int, prefill_emits: bool | None, state: bool, algebra_only: bool, locate: int | None,
            engine: EngineSpec, verify_mode: str | None, environment: str | None, as_json: bool, record_dir: str | None,
            quiet: bool, force: bool, **cache_kwargs: Any) -> int:
     """Replay logged accept lengths as verify blocks and rewinds; compare with classic decode.
@@ -158,7 +162,8 @@ def replay(model: str | None, trust_remote_code: bool, accepts_text: str | None,
         regex=regex, request_index=request_index, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
         max_tokens=max_tokens, save_log=save_log, stop_words=stop_words, stop_at_eos=stop_at_eos,
         sequence_path=sequence_path, prompt_text=prompt_text, prompt_ids=prompt_ids, width=width, policy=policy,
-        wrong_id=wrong_id, prefill_emits=prefill_emits, algebra_only=algebra_only, locate=locate, engine=engine,
+        wrong_id=wrong_id, prefill_emits=prefill_emits, algebra_only=algebra_only, locate=locate, state=state,
+        engine=engine,
         verify_mode=verify_mode, environment=environment, force=force, cache_kwargs=cache_kwargs),
         _Cli(record_dir, as_json, quiet))
 

@@ -8,7 +8,10 @@ Steps, in the order a reader tries them (issue 48):
 2. prefill: one-shot vs chunked (at the server's prefill step) vs token-by-token prefill of the prompt;
 3. verify: the block at the served width and the depth of the round where the first difference landed,
    against the chain; where it differs, the smallest width and depth at which it does;
-4. rollbacks: not done in this version (the replay of step 1 states whether each rewind took effect);
+4. rollbacks: step 1's own rounds up to the one that emitted the first difference, replayed with every layer's
+   whole cache (offset and rows) compared with classic decode's after each rollback: a stale or missing row, or
+   a kept row the rollback changed, is a rollback defect; rows that differ because the verify block computed
+   them otherwise (step 3) are said to be the block's;
 5. bisect: that block's first divergent layer and sub-op;
 6. control arms: the toggles this process can turn, each rerunning the smallest block that differs:
    mlx's compiled kernels off (``mx.disable_compile``, what MLX_DISABLE_COMPILE=1 does at start), KV
@@ -39,8 +42,9 @@ from specparity.verdicts import ReportMixin, Verdict
 # (a step that could not run says so in the verdict vocabulary's own word)
 RAN, SKIPPED, NOT_DONE, NOT_RUN = "ran", "skipped", "not_done", Verdict.NOT_RUN.value
 # the phases a diagnosis names
-PREFILL, VERIFY, ROLLBACK, PROCESSORS, SERVER, SERVER_CACHE, LENGTH, TIE, UNDETERMINED = (
-    "prefill", "verify", "rollback", "processors", "server", "server cache", "length", "tie", "undetermined")
+PREFILL, VERIFY, ROLLBACK, PROCESSORS, SERVER, SERVER_CACHE, LENGTH, TIE, UNREPRODUCIBLE, UNDETERMINED = (
+    "prefill", "verify", "rollback", "processors", "server", "server cache", "length", "tie", "not reproducible",
+    "undetermined")
 STEP_NAMES = {1: "reproduce", 2: "prefill", 3: "verify block", 4: "rollbacks", 5: "bisect", 6: "control arms",
               7: "first difference", 8: "across releases"}
 NOT_IN_THIS_VERSION = "not done in this version"
@@ -394,6 +398,9 @@ def _unreproducible(f: Finding) -> Diagnosis:
 def _tree(f: Finding, r: ReplayRequest, models: Models) -> Diagnosis:
     d = Diagnosis(f)
     replay = _reproduce(d, f, r, models)
+    bracket = (replay or {}).get("bracket") or {}
+    if bracket.get("reproducible") is False:
+        return _not_reproducible(d, r, models, bracket)
     if replay is None or replay.get("served_first_mismatch") != f.token_index:
         d.phase = SERVER
         d.summary = ("does not reproduce in process: mlx-lm's own speculative path on a fresh cache gives"
@@ -416,12 +423,7 @@ def _tree(f: Finding, r: ReplayRequest, models: Models) -> Diagnosis:
                   "token_index": index}
     pre = _prefill(d, r, engine)
     block = _verify(d, r, engine, width, depth)
-    rewind = replay.get("rewind_finding")
-    d.steps.append(Step(4, NOT_DONE, evidence=[
-        f"{NOT_IN_THIS_VERSION}: each rollback's state against classic decode's",
-        (f"step 1's replay rewound {replay.get('rewinds')} times; a rewind did not take effect: {rewind}" if rewind
-         else f"step 1's replay rewound {replay.get('rewinds')} times, each leaving every layer at its offset")],
-        data={"rewinds": replay.get("rewinds"), "rewind_finding": rewind}))
+    rewind = _rollbacks(d, r, engine, replay, round_, block is not None)
     if block is not None:
         _bisect(d, r, engine, block["width"], block["depth"])
     else:
@@ -525,6 +527,7 @@ def _reproduce(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models) -> di
     run = run_replays(engine, [req], [], r.prompt_ids, processors=r.processors)
     res = run.results[0]
     at = res.get("served_first_mismatch")
+    res["accepts"] = list(req.accepts)
     ev = [f"mlx-lm's speculative path rerun on a fresh cache ({r.num_draft_tokens} proposals per round,"
           f" {len(req.accepts)} rounds): "
           + ("its tokens equal classic decode's" if at is None else f"its tokens first differ at index {at}")
@@ -614,6 +617,119 @@ def _first_depth(engine: Any, r: ReplayRequest, width: int, depth: int) -> int:
     return hi
 
 
+def _not_reproducible(d: Diagnosis, r: ReplayRequest, models: Models, bracket: dict[str, Any]) -> Diagnosis:
+    """Step 1's replay found classic decode's own forward not reproducible (its chain repeated from the same
+    state gave other logit bytes): no byte comparison of a later step could be trusted, so they are skipped;
+    step 5's bisect of a 2-row block names the first capture (layer, sub-op) where a repeat differs."""
+    from specparity.bisect.run import run_bisect
+
+    d.phase = UNREPRODUCIBLE
+    d.location = {"position": bracket.get("position"), "row": bracket.get("first_row"), "rows": bracket.get("rows")}
+    engine = models.engine(r.model, r.trust_remote_code, r.opts)
+    found = run_bisect(engine, r.prompt_ids, 2, 0)
+    cmd = shlex.join(["specparity", "bisect", *_model_flags(r), "--width", "2", "--depth", "0",
+                      "--prompt-ids", _ids(r.prompt_ids)])
+    where = found.bracket.where if found.bracket is not None else ""
+    capture = where.split("first differing capture: ", 1)[1] if "first differing capture: " in where else None
+    if capture is not None:
+        d.location["capture"] = capture
+    ev = [found.bracket.line() if found.bracket is not None else "the bisect ran no repeat",
+          (f"the first capture whose repeat differs: {capture}" if capture is not None else
+           "every capture of the repeat equals the first run's: the difference enters after the last capture")]
+    d.steps[0].evidence[0] = ("the replay did not run: " + str(bracket.get("line", ""))
+                              + f"; the server's answer first differed at token {d.finding.token_index}")
+    settled = ("settled by step 1: classic decode's own forward from the same state gives other bytes, so no"
+               " comparison of bytes here could be laid at the speculative path")
+    d.steps += [Step(n, SKIPPED, evidence=[settled]) for n in (2, 3, 4, 6, 7, 8)]
+    d.steps.append(Step(5, RAN, Verdict(found.verdict), ev, cmd, {"capture": capture,
+                                                                "bracket": found.bracket.to_dict()
+                                                                if found.bracket is not None else None}))
+    d.steps.sort(key=lambda s: s.number)
+    d.summary = ("the target's forward is not reproducible in process: classic decode's chain repeated from the"
+                 f" same state gives other logit bytes (row {bracket.get('first_row')}, position"
+                 f" {bracket.get('position')})" + (f"; a repeat first differs at {capture}" if capture else "")
+                 + "; the served difference cannot be laid at the speculative path until the forward is")
+    d.open = ["what makes the forward not reproducible there (a kernel that is not deterministic, a buffer read"
+              " before it is written, a reduction order that follows the thread count): the engine's to name"]
+    return d
+
+
+def _rollbacks(d: Diagnosis, r: ReplayRequest, engine: Any, replay: dict[str, Any], round_: int,
+               block_differs: bool) -> dict[str, Any] | None:
+    """Step 4: step 1's rounds before the one that emitted the first difference (their rollbacks are the ones
+    that came before it), replayed with every layer's whole cache compared with classic decode's after each.
+    Returns the rollback defect (None: none): a layer left at another offset than classic decode's (stale rows
+    kept, or kept rows dropped), or rows that differ where step 3 found the verify block equal to the chain (the
+    rollback changed what it kept). Rows that differ where the block differs too are the block's (step 3)."""
+    from specparity.probes.replay.core import replay_rounds
+
+    accepts = list(replay.get("accepts") or [])[:max(round_, 0)]
+    width = r.num_draft_tokens + 1
+    rolled = sum(1 for a in accepts if a < width - 1)
+    if not rolled:
+        d.steps.append(Step(4, SKIPPED, evidence=[
+            f"no rollback came before the first difference: it was emitted by round {round_}, and"
+            + (" the rounds before it accepted every proposal" if accepts else " no round came before it")],
+            data={"rounds": len(accepts), "rollbacks": 0}))
+        return None
+    report = replay_rounds(engine, r.prompt_ids, accepts, width=width, processors=r.processors.make(), state=True)
+    cmd = shlex.join(["specparity", "replay", *_model_flags(r), "--accepts", _ids(accepts), "--width", str(width),
+                      "--prompt-ids", _ids(r.prompt_ids), *r.processors.flags(), "--state"])
+    state, offsets = report.state, report.rewind_finding
+    ev = [f"rounds 0..{len(accepts) - 1} of step 1's run ({rolled} rollback{'s' * (rolled != 1)}), each rolled back"
+          f" as mlx-lm's speculative path does ({report.mode}); after each, every layer's cache against classic"
+          " decode's at the same position"]
+    found = _rollback_defect(state, offsets, block_differs, ev) if (state or offsets) else None
+    if state is None and offsets is None:
+        ev.append(f"the state after every one of the {report.rounds} rounds equals classic decode's: offsets and"
+                  " every row held, byte for byte")
+    if found is not None:
+        ev.append(found["words"])
+        d.location.update({k: v for k, v in found.items() if k not in ("words", "layers")})
+    d.steps.append(Step(4, RAN, Verdict(report.verdict), ev, cmd,
+                        {"rounds": len(accepts), "rollbacks": rolled, "state": state.to_dict() if state else None,
+                         "rewind_finding": offsets.to_dict() if offsets else None, "defect": found}))
+    return found
+
+
+def _rollback_defect(state: Any, offsets: Any, block_differs: bool, ev: list[str]) -> dict[str, Any] | None:
+    """What the first state that differs after a rollback says (step 4): a defect of the rollback, or None
+    where the differing rows are the verify block's own (step 3 found the block differs)."""
+    rnd = state.round if state is not None else offsets.round
+    pos = state.position if state is not None else offsets.expected_offset
+    ev.append(state.words() if state is not None else offsets.describe())
+    first = state.first if state is not None else None
+    where = {"rollback_round": rnd, "rollback_position": pos}
+    if offsets is not None or (first is not None and first.name == "offset"):
+        held = (max(o for o in offsets.offsets if o is not None) if offsets is not None
+                else int(str(getattr(first, "note", "")).rsplit(" ", 1)[-1]))  # "offset CLASSIC vs ENGINE"
+        extra = held - pos
+        what = (f"kept {extra} stale row{'s' * (extra != 1)} (a rejected proposal's)" if extra > 0
+                else f"dropped {-extra} row{'s' * (extra != -1)} it should have kept")
+        return {**where, "tensor": "offset", "held": held, "stale_rows": extra,
+                "layers": state.layers if state is not None else offsets.layers,
+                "words": f"the rollback after round {rnd} {what}: the layers hold {held} positions where classic"
+                         f" decode holds {pos}"}
+    assert first is not None and state is not None  # no offset finding: the state one
+    at = first.diff.first_row if first.diff is not None else None  # a snapshot's rows are absolute positions
+    start = pos - (state.accepted + 1)  # the first position this round's block wrote
+    in_block = at is not None and at >= start
+    if state.accepted >= state.width - 1:  # nothing rolled back there: what differs is what the block wrote
+        ev.append(f"round {rnd} accepted every proposal and rolled nothing back: the differing rows (from position"
+                  f" {at}) are its verify block's, not a rollback's")
+        return None
+    if in_block and block_differs:
+        ev.append(f"the first differing row (position {at}) is one round {rnd}'s verify block wrote, and step 3"
+                  " found the block differs from the chain: the block's rows, not the rollback")
+        return None
+    why = ("a row from before the round: the rollback changed what it kept" if not in_block else
+           "a row the block wrote, where step 3 found the block equal to the chain: the rollback changed what it"
+           " kept")
+    return {**where, "layer": first.layer, "tensor": first.name, "row_position": at, "layers": state.layers,
+            "words": f"after the rollback of round {rnd}, layer {first.layer}'s {first.name} differs from classic"
+                     f" decode's at position {at}: {why}"}
+
+
 def _bisect(d: Diagnosis, r: ReplayRequest, engine: Any, width: int, depth: int) -> None:
     """Step 5: that block's first divergent layer and sub-op."""
     from specparity.bisect.run import run_bisect
@@ -623,7 +739,8 @@ def _bisect(d: Diagnosis, r: ReplayRequest, engine: Any, width: int, depth: int)
     sub = rep.drill.subop if rep.drill is not None else None
     child = rep.drill.child if rep.drill is not None else None
     row = rep.first_row()
-    layer = row.index if row is not None else None
+    # a decoder layer's index, else the capture's label past the layers (``logits``, ``final_norm``, ``embed``)
+    layer = (row.index if row.index is not None else row.label) if row is not None else None
     d.location.update({"layer": layer, "subop": sub, "child": child, "bisected_width": width,
                        "bisected_depth": depth})
     cmd = shlex.join(["specparity", "bisect", *_model_flags(r), "--width", str(width), "--depth", str(depth),
@@ -735,8 +852,17 @@ def _first_difference(d: Diagnosis, f: Finding, replay: dict[str, Any]) -> str:
     return call
 
 
-def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: Any, tie: str, r: ReplayRequest) -> None:
+def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: dict[str, Any] | None, tie: str,
+            r: ReplayRequest) -> None:
     loc = d.location
+    if rewind is not None:  # the state before the emitting round was already not classic decode's
+        d.phase = ROLLBACK
+        d.summary = rewind["words"] + f"; the first difference is emitted after it, at round {loc.get('round')}"
+        d.open = ([f"the verify block also differs from the chain (width {block['width']}, depth {block['depth']}):"
+                   " a second difference, on a fresh cache, that step 3 located"] if block is not None else [])
+        d.open.append("which line of the engine's rollback: its trim of the cache (or its restore of the state),"
+                      " read at that round")
+        return
     if block is not None:
         loc["width"], loc["depth"] = block["width"], block["depth"]
         loc["position"] = len(r.prompt_ids) - 1 + block["depth"]
@@ -750,13 +876,9 @@ def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: An
                      f" the flip is {tie.replace('_', ' ')}"
                      + (f"; it goes away with {', '.join(removed)}" if removed else
                         "; no control arm removes it"))
-        d.open = ["step 4 (rollbacks) and 8 (releases): " + NOT_IN_THIS_VERSION
-                  + "; which kernel the width or depth selects is the engine's to name"]
+        d.open = ["which kernel the width or depth selects is the engine's to name"]
         return
-    if rewind:
-        d.phase = ROLLBACK
-        d.summary = f"a rewind did not take effect in the replay: {rewind}"
-    elif pre == Verdict.DIVERGENT and loc.get("token_index") == 0:
+    if pre == Verdict.DIVERGENT and loc.get("token_index") == 0:
         d.phase = PREFILL
         d.summary = "the first token already differs and the prompt's prefill depends on how it is chunked"
     elif r.processors is not None and getattr(r.processors, "active", False):
@@ -764,6 +886,6 @@ def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: An
         d.summary = ("the verify block equals the chain, yet the speculative path's tokens differ: its logits"
                      " processors see another history than classic decode's")
     else:
-        d.summary = "the verify block at that width and depth equals the chain; the tree does not place it"
-    d.open = ["step 4 (each rollback's state): " + NOT_IN_THIS_VERSION + ": the next to try where the block is"
-              " equal; step 6's control arms rerun a differing block, so they did not run here"]
+        d.summary = ("the verify block at that width and depth equals the chain and every rollback before it"
+                     " restores classic decode's state; the tree does not place it")
+    d.open = ["step 6's control arms rerun a differing block, so they did not run here"]

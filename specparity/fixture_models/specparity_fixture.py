@@ -16,9 +16,14 @@ The checkpoint's config.json carries a ``specparity`` section::
 ``rows``: fires when the call has at least ``min_rows`` rows (a verify-width kernel).
 ``depth``: fires when the call has at least ``min_rows`` rows and the cache already
 holds at least ``min_offset`` positions (a kernel that changes past a depth).
-``noise``: adds 2**-8 * N(0, 1) noise drawn from a key that counts the model's
-calls, so the same input gives other bytes on every call (a forward that is not
-reproducible); ``layer`` null puts it on the logits.
+``noise``: adds 2**-8 * N(0, 1) noise (``"scale"``: another factor than 2**-8) drawn
+from a key that counts the model's calls, so the same input gives other bytes on every
+call (a forward that is not reproducible); ``layer`` null puts it on the logits.
+``tie``: ``{"kind": "tie", "min_rows": 2}`` makes every row's top logit an exact tie with
+the next id's (the next id's logit set to the top one's, in the model's dtype: classic
+decode's argmax keeps the lower id); in calls of at least ``min_rows`` rows the next id's
+logit is one step of the dtype above instead, so a verify block breaks the tie the other
+way (a kernel whose last bit differs at a width, on a tied pair).
 ``process_noise``: ``{"kind": "process_noise", "scale": 4.0}`` adds to the logits a
 bias drawn once per process from the OS's entropy: reproducible within a process,
 not across processes (a served baseline that disagrees with itself). Two random
@@ -78,10 +83,10 @@ class _CallState:
 NOISE_SCALE = 2.0**-8
 
 
-def _call_noise(out: Any) -> Any:
+def _call_noise(out: Any, scale: float = NOISE_SCALE) -> Any:
     """Noise keyed by the call counter: the same input differs from call to call."""
     x = out[0] if isinstance(out, tuple) else out
-    noise = mx.random.normal(x.shape, key=mx.random.key(_CallState.calls)) * NOISE_SCALE
+    noise = mx.random.normal(x.shape, key=mx.random.key(_CallState.calls)) * scale
     x = x + noise.astype(x.dtype)
     return (x,) + out[1:] if isinstance(out, tuple) else x
 
@@ -124,7 +129,7 @@ def _install_fault(layers: list, fault: dict) -> None:
         def __call__(self, *args, **kwargs):
             out = orig(self, *args, **kwargs)
             if fault["kind"] == "noise":
-                return _call_noise(out)
+                return _call_noise(out, float(fault.get("scale", NOISE_SCALE)))
             return _perturb(out, float(fault.get("scale", FAULT_SCALE))) if _fires(fault) else out
 
         return __call__
@@ -145,6 +150,23 @@ def _stale_trim_cache(cache: Any) -> Any:
     cls = type(cache)
     cache.__class__ = type(cls.__name__, (cls,), {"trim": make_call(cls.trim)})
     return cache
+
+
+# one step of each dtype's mantissa: x + |x| * this moves x by one or two ULPs
+_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-23}
+
+
+def _tie_logits(out: Any, above: bool) -> Any:
+    """Every row's top logit tied with the next id's (``above``: the next id one step higher instead)."""
+    top = mx.argmax(out, axis=-1, keepdims=True)
+    best = mx.take_along_axis(out, top, axis=-1)
+    vocab = out.shape[-1]
+    partner = mx.where(top + 1 < vocab, top + 1, top - 1)
+    if above:
+        eps = _EPS.get(str(out.dtype).replace("mlx.core.", ""), 2.0**-23)
+        best = best + mx.maximum(mx.abs(best) * eps, mx.array(1e-30)).astype(out.dtype)
+    hit = mx.arange(vocab) == partner
+    return mx.where(hit, best, out)
 
 
 def _witness_line(role: str, rows: int, offset: int) -> None:
@@ -204,16 +226,17 @@ class Model(nn.Module):
         self.model_type = getattr(self.inner, "model_type", config.get("model_type"))
         self._faults = list(spec.get("faults") or [])
         self._constant = spec.get("constant_logits")
-        self._logit_noise = False
+        self._logit_noise: float | None = None
         self._witness = spec.get("witness")
         self._noise = next((f for f in self._faults if f["kind"] == "process_noise"), None)
         self._slow = [f for f in self._faults if f["kind"] == "slow"]
+        self._tie = next((f for f in self._faults if f["kind"] == "tie"), None)
         self._bias: mx.array | None = None
         for fault in self._faults:
             if fault["kind"] in ("rows", "depth") or (fault["kind"] == "noise" and fault.get("layer") is not None):
                 _install_fault(self.inner.layers, fault)
             elif fault["kind"] == "noise":
-                self._logit_noise = True
+                self._logit_noise = float(fault.get("scale", NOISE_SCALE))
 
     @property
     def layers(self):
@@ -229,12 +252,14 @@ class Model(nn.Module):
             if _CallState.rows >= int(f.get("min_rows", 1)):
                 time.sleep(float(f["seconds"]))
         out = self.inner(inputs, cache=cache, **kwargs)
-        if self._logit_noise:
-            out = _call_noise(out)
+        if self._logit_noise is not None:
+            out = _call_noise(out, self._logit_noise)
         if self._noise is not None:
             if self._bias is None:
                 self._bias = _process_bias(self._noise, out.shape[-1])
             out = out + self._bias.astype(out.dtype)
+        if self._tie is not None:
+            out = _tie_logits(out, _CallState.rows >= int(self._tie.get("min_rows", 2)))
         if self._constant is not None:
             logits = mx.array(self._constant, dtype=out.dtype)
             out = mx.broadcast_to(logits, out.shape[:-1] + logits.shape)
