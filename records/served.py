@@ -244,7 +244,8 @@ def finding_id(pairing: str, arm: str, request: str) -> str:
 # the location's keys in the order a reader reads them, and the words each is said with
 _LOCATION_WORDS = (("width", "width"), ("depth", "depth"), ("position", "cache position"), ("round", "round"),
                    ("row", "row"), ("token_index", "token"), ("layer", "layer"), ("subop", "sub-op"),
-                   ("child", "child"), ("rollback_round", "rollback after round"), ("tensor", "tensor"),
+                   ("child", "child"), ("rollback_round", "rollback after round"), ("accepted", "accepted"),
+                   ("tensor", "tensor"),
                    ("stale_rows", "stale rows"), ("row_position", "at position"),
                    ("capture", "first differing capture"),
                    ("max_tokens", "max_tokens"), ("completion_tokens", "tokens emitted"))

@@ -22,6 +22,9 @@ Steps, in the order a reader tries them (issue 48):
 8. across releases: step 1's own command rerun in each built pinned environment of mlx-lm (``--environment``,
    oldest release first): where it reproduces, where it does not, the first release that fails.
 
+A finding whose reproduction is another engine's own loop (``replay --engine NAME``) runs the same eight steps as
+that engine's commands, in its environment (:mod:`specparity.diagnose.own_loop`).
+
 Each step's ``command`` is the ``specparity`` line that gives the step's verdict when run (its exit
 code: 1 for ``divergent``, 0 for ``equal``). A step settled by an earlier one is ``skipped`` and
 says by which; a step this version does not do is ``not_done``, never left out.
@@ -263,9 +266,14 @@ def diagnose_finding(f: Finding, r: ReplayRequest | None, models: Models,
     import time
 
     start = time.monotonic()
+    from specparity.diagnose.own_loop import engine_of, own_loop_tree
+
     path = sequence_file(f)
+    other = engine_of(f)
     if f.length:
         d = length_diagnosis(f)
+    elif other is not None:
+        d = own_loop_tree(f, other)
     elif r is None and path is not None:
         d = _sequence_tree(f, path, models, read)
     elif r is None:
@@ -392,6 +400,18 @@ def _unreproducible(f: Finding) -> Diagnosis:
                 for n in range(2, 9)]
     d.summary = "not reproduced in process: the tree had no request to rerun"
     d.open = [f"step 1: {why}", "every later step needs the request's prompt ids and a drafter path to rerun"]
+    tie = f.tie or {}
+    if tie.get("kind") == "exact_tie":  # the record's judge settled step 7 from classic decode's own logprobs
+        words = (f"an exact tie in {tie.get('dtype')}: classic decode kept token {tie.get('classic_token')} (the"
+                 f" lower id), the server took {tie.get('other_token')}" if tie.get("other_token") is not None else
+                 f"an exact tie in {tie.get('dtype')}: classic decode kept token {tie.get('classic_token')} (the"
+                 " lower id), the server another")
+        d.steps[6] = Step(7, RAN, Verdict.DIVERGENT, [words, "read from the record: the judge compared the served"
+                                                              " answer with classic decode's logprobs there"],
+                          data={"call": "exact_tie", "tie": tie})
+        d.phase = TIE
+        d.summary = (f"{words}: the record settles the first difference (step 7); with no in-process reproduction"
+                     " of this arm, whether its forward or its pick breaks the tie is left open")
     return d
 
 
@@ -452,23 +472,37 @@ def _release(env: Any) -> tuple[int, ...]:
     return ()
 
 
-def _releases(command: str | None, timeout: float = 600.0) -> Step:
-    """Step 8: step 1's own command rerun in each built pinned environment of mlx-lm (the engine whose path the
-    tree reruns), oldest release first: the releases where it reproduces (exit 1) and where it does not, and
-    the first that fails. An environment not built here is named with its build command, never built here."""
+def specparity_exe() -> str:
+    """This installation's own ``specparity`` command (beside its interpreter), else the PATH's."""
     import shutil
-    import subprocess
     import sys
 
-    from specparity.engines import DEFAULT, get
+    beside = Path(sys.executable).with_name("specparity")
+    return str(beside) if beside.is_file() else shutil.which("specparity") or "specparity"
+
+
+def _release_label(env: Any, engine: str) -> str:
+    """How step 8 names an environment's release: mlx-lm's version for mlx-lm, else the engine's pins."""
+    if engine == "mlx-lm":
+        return "mlx-lm " + ".".join(map(str, _release(env)))
+    return " on ".join(p.replace("==", " ") for p in env.packages)
+
+
+def _releases(command: str | None, engine: str = "mlx-lm", timeout: float = 600.0) -> Step:
+    """Step 8: step 1's own command rerun in each built pinned environment of ``engine`` (mlx-lm for the path
+    the tree reruns in process; an engine's own for its loop), oldest mlx-lm release first: the releases where
+    it reproduces (exit 1) and where it does not, and the first that fails. An environment not built here is
+    named with its build command, never built here."""
+    import subprocess
+
+    from specparity.engines import get
     from specparity.environments import find_environment
     from specparity.tied import run_tied_captured
 
     if not command:
         return Step(8, SKIPPED, evidence=["no command to rerun (step 1 had none)"])
-    beside = Path(sys.executable).with_name("specparity")  # this installation's own command, else the PATH's
-    exe = str(beside) if beside.is_file() else shutil.which("specparity") or "specparity"
-    envs = sorted(get(DEFAULT).environments, key=_release)
+    exe = specparity_exe()
+    envs = sorted(get(engine).environments, key=_release)
     ev: list[str] = []
     rows: list[dict[str, Any]] = []
     unbuilt: list[str] = []
@@ -488,20 +522,20 @@ def _releases(command: str | None, timeout: float = 600.0) -> Step:
         verdict = {1: Verdict.DIVERGENT, 0: Verdict.EQUAL}.get(code, Verdict.INCONCLUSIVE) if code is not None \
             else Verdict.INCONCLUSIVE
         rows.append({"environment": env.name, "release": ".".join(map(str, _release(env))), "exit_code": code,
-                     "verdict": verdict.value, "command": cmd})
+                     "verdict": verdict.value, "command": cmd, "label": _release_label(env, engine)})
         late = f"no answer within {timeout:g} s"
         what = {Verdict.DIVERGENT: "reproduces", Verdict.EQUAL: "does not reproduce (classic decode)"}.get(
             verdict, f"no verdict (exit {code}: {said[:200]})" if code is not None else late)
-        ev.append(f"mlx-lm {rows[-1]['release']} ({env.name}): {what}")
+        ev.append(f"{rows[-1]['label']} ({env.name}): {what}")
     if unbuilt:
         ev.append("not built here, so not checked: " + ", ".join(f"{n} (scripts/build-env {n})" for n in unbuilt))
     if not rows:
-        return Step(8, NOT_RUN, evidence=ev or ["mlx-lm has no pinned environment"], data={"releases": rows})
+        return Step(8, NOT_RUN, evidence=ev or [f"{engine} has no pinned environment"], data={"releases": rows})
     failing = [r for r in rows if r["verdict"] == Verdict.DIVERGENT.value]
     if failing and len(failing) == len(rows):
-        ev.insert(0, f"it holds on every pinned release checked (from mlx-lm {rows[0]['release']})")
+        ev.insert(0, f"it holds on every pinned release checked (from {rows[0]['label']})")
     elif failing:
-        ev.insert(0, f"first fails on mlx-lm {failing[0]['release']} of the releases checked")
+        ev.insert(0, f"first fails on {failing[0]['label']} of the releases checked")
     verdict = Verdict.DIVERGENT if failing else Verdict.EQUAL if all(
         r["verdict"] == Verdict.EQUAL.value for r in rows) else Verdict.INCONCLUSIVE
     shown = str((failing[-1] if failing else rows[-1])["command"])

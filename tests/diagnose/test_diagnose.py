@@ -79,7 +79,7 @@ def _check_commands(cli_bin: str, d: dict[str, Any]) -> list[str]:
         env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-") and words.index(w) < 2)
         argv = words[len(env):]
         assert argv[0] == "specparity", c
-        r = run_cli(cli_bin, *argv[1:], "--json", env=env)
+        r = run_cli(cli_bin, *argv[1:], "--json", env={**REAL, **env})
         assert r.returncode == {"divergent": 1, "equal": 0}[c["verdict"]], (c, r.stdout[-1500:], r.stderr[-1500:])
         ran.append(c["command"])
     return ran
@@ -190,10 +190,12 @@ def test_a_length_finding_is_its_own_class_settled_by_the_record(cli_bin: str, t
     assert all(s["status"] == "skipped" and "length finding" in s["evidence"][0] for s in d["steps"])
 
 
+@pytest.mark.build
 def test_another_engines_own_loop_is_never_rerun_as_mlx_lms_path(cli_bin: str, tmp_path: Path) -> None:
     """A finding whose reproduction runs dflash-mlx's own loop (``replay --engine dflash-mlx``) is not read as
-    mlx-lm's speculative path (its drafter is a DFlash block model): step 1 says whose loop it is and to run the
-    command; mlx-lm's own replay of the same request is read."""
+    mlx-lm's speculative path (its drafter is a DFlash block model): the tree runs the command itself, in the
+    engine's environment, and says whose loop gave no result here (the record's checkpoint is not there);
+    mlx-lm's own replay of the same request is read."""
     from specparity.commands.diagnose import read_command
 
     own = ("specparity replay --engine dflash-mlx --model ./t --draft-model ./d --prompt-ids 1,2,3"
@@ -207,11 +209,13 @@ def test_another_engines_own_loop_is_never_rerun_as_mlx_lms_path(cli_bin: str, t
            "classic": {"token_index": 3, "reference": "classic decode", "other": "w4"},
            "reproduction": {"command": own, "reason": None}}
     md = served_record_of(tmp_path, [req], verdict="diverged")
-    r = run_cli(cli_bin, "diagnose", str(md), "--json")
+    built("dflash-mlx")
+    r = run_cli(cli_bin, "diagnose", str(md), "--json", env=REAL)
     assert r.returncode == 1, r.stderr
     (d,) = json.loads(r.stdout)["diagnoses"]
     assert d["phase"] == "undetermined" and _step(d, 1)["status"] == "not_run"
-    assert "runs dflash-mlx's own loop" in _step(d, 1)["evidence"][0] and _step(d, 1)["command"] == own
+    assert "runs dflash-mlx's own loop; it gave no result (exit 2" in _step(d, 1)["evidence"][0], _step(d, 1)
+    assert _step(d, 1)["command"] == own
 
 
 @pytest.mark.model
@@ -378,3 +382,66 @@ def test_a_stale_rollback_row_an_exact_bf16_tie_and_an_unreproducible_forward_ar
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     (req,) = json.loads(r.stdout)["requests"]
     assert req["state_checked"] and req["state"] is None and req["rewinds"] >= 1, req
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.build
+@pytest.mark.slow
+def test_dflash_mlx_and_mlx_dspark_findings_are_diagnosed_through_their_own_loops(
+        fixture_root: Path, cli_bin: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Live, through the engines' own environments: dflash serve on the float32 hybrid with as many linear value
+    as key heads (block 8) leaves classic decode at token 26, after a verify round accepted in part; mlx-dspark
+    serve on the bfloat16 DSpark pair takes the other id of an exact bfloat16 tie at token 21. diagnose runs each
+    engine's own loop (the record's reproduction), its probe of the block and of every rollback, its bisect, and
+    names: dflash-mlx's rollback (the gated-delta recurrent state after a partial accept, its kept rows equal to
+    classic decode's) and mlx-dspark's pick (its block and rollbacks equal, the token an exact tie). The drafter-less
+    arms of mlx-dspark (its baseline mode, no in-process reproduction) are a tie the record settles. Every printed
+    command repeats its step's verdict."""
+    from dflash_pairs import dflash_info, pair_dirs
+    from fixture_cache import cached
+
+    from builds import warmed
+    from specparity.fixtures.dspark import build_dspark_pair
+
+    for name in ("dflash-mlx", "dflash-mlx-mlx-lm-0.32.2"):
+        built(name)
+    warmed("mlx-dspark")
+    hybrid = pair_dirs(dflash_info(fixture_root, "qwen3_5-equal-heads", 8))
+    dspark = cached(build_dspark_pair, tmp_path_factory.mktemp("dspark-diag"), "bf16", dtype="bfloat16").to_dict()
+    prompt = "The quick brown fox jumps over the lazy dog, and then"
+    diags: dict[str, dict[str, Any]] = {}
+    for name, pair, profile, width, max_tokens in (("hybrid", hybrid, "dflash-mlx", 8, 48),
+                                                   ("bf16", dspark, "mlx-dspark", 3, 32)):
+        job = {"pairings": [{"name": name, "target": pair["target"], "draft": pair["draft"], "profile": profile}],
+               "widths": [width], "max_tokens": max_tokens, "sequence": ["fresh"], "prompts": [prompt],
+               "concurrency": 0}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(job))
+        r = run_cli(cli_bin, "served", "--config", f"{name}.yaml", "--record-dir", name, "--quiet",
+                    cwd=str(tmp_path), env=REAL)
+        assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+        out = run_cli(cli_bin, "diagnose", str(tmp_path / name), "--json", env=REAL)
+        assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+        diags.update(_by_id(json.loads(out.stdout)))
+    assert {"hybrid/w8/p0", "bf16/w3/p0"} <= set(diags), list(diags)
+
+    hyb = diags["hybrid/w8/p0"]
+    assert hyb["phase"] == "rollback", hyb["summary"]
+    loc = hyb["location"]
+    assert loc["token_index"] == 26 and loc["rollback_round"] < loc["round"], loc
+    assert (loc["layer"], loc["tensor"]) == (0, "state.1") and 0 < loc["accepted"] < 7, loc
+    assert _step(hyb, 3)["verdict"] == "equal" and _step(hyb, 4)["verdict"] == "divergent"
+    assert "cache state.1" in _step(hyb, 5)["evidence"][0], _step(hyb, 5)
+    assert [x["label"] for x in _step(hyb, 8)["data"]["releases"]] == [
+        "dflash-mlx 0.1.8 on mlx-lm 0.31.3", "dflash-mlx 0.1.8 on mlx-lm 0.32.2"], _step(hyb, 8)
+
+    tie = diags["bf16/w3/p0"]
+    assert tie["phase"] == "tie" and _step(tie, 7)["data"]["call"] == "exact_tie", tie["summary"]
+    assert [_step(tie, n)["verdict"] for n in (2, 3, 4)] == ["equal"] * 3, tie["steps"]
+    assert tie["location"]["token_index"] == 21, tie["location"]
+    for arm in ("baseline-start", "baseline-end"):
+        base = diags[f"bf16/{arm}/p0"]
+        assert base["phase"] == "tie" and _step(base, 1)["status"] == "not_run", base["summary"]
+
+    ran = _check_commands(cli_bin, hyb) + _check_commands(cli_bin, tie)
+    assert {shlex.split(c)[1] for c in ran if c.startswith("specparity")} == {"replay", "probe", "bisect"}, ran
