@@ -73,18 +73,6 @@ def read_reproduction(f: Finding) -> ReplayRequest | None:
     return read_command(f.reproduction) if f.replay_argv() is not None else None
 
 
-def engine_of(argv: list[str]) -> str | None:
-    """The engine a replay's arguments name other than mlx-lm (None: mlx-lm's own path)."""
-    from specparity.engines import DEFAULT
-
-    for i, word in enumerate(argv):
-        name = argv[i + 1] if word == "--engine" and i + 1 < len(argv) else \
-            word.split("=", 1)[1] if word.startswith("--engine=") else None
-        if name is not None and name != DEFAULT:
-            return name
-    return None
-
-
 def read_command(command: str | None) -> ReplayRequest | None:
     """A ``specparity replay`` command line read as the request it reruns (None: not a request replay with a
     drafter)."""
@@ -99,7 +87,9 @@ def read_command(command: str | None) -> ReplayRequest | None:
     if words[:2] != ["specparity", "replay"]:
         return None
     argv = words[2:]
-    if engine_of(argv) is not None:  # another engine's own loop: the tree reruns mlx-lm's path only
+    from specparity.diagnose.own_loop import engine_named
+
+    if engine_named(argv) is not None:  # another engine's own loop: its own tree (diagnose.own_loop)
         return None
     ctx = replay.make_context("replay", list(argv), resilient_parsing=True)
     p = dict(ctx.params)

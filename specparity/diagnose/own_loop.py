@@ -40,11 +40,21 @@ _TIMEOUT = 600.0
 _STATE_NAMES = {"state.0": "convolution state", "state.1": "recurrent state"}
 
 
+def engine_named(argv: list[str]) -> str | None:
+    """The engine a replay's arguments name other than mlx-lm (None: mlx-lm's own path)."""
+    from specparity.engines import DEFAULT
+
+    for i, word in enumerate(argv):
+        name = argv[i + 1] if word == "--engine" and i + 1 < len(argv) else \
+            word.split("=", 1)[1] if word.startswith("--engine=") else None
+        if name is not None and name != DEFAULT:
+            return name
+    return None
+
+
 def engine_of(f: Finding) -> str | None:
     """The engine whose own loop the finding's reproduction runs (None: mlx-lm's path, or not a replay)."""
-    argv = f.replay_argv() or []
-    name = next((argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "--engine"), None)
-    return None if name in (None, "mlx-lm") else name
+    return engine_named(f.replay_argv() or [])
 
 
 def _carried(argv: list[str]) -> list[str]:
@@ -84,12 +94,18 @@ def _verdict(code: int | None, out: dict[str, Any]) -> Verdict:
         return {1: Verdict.DIVERGENT, 0: Verdict.EQUAL}.get(code if code is not None else -1, Verdict.INCONCLUSIVE)
 
 
-def _round_depth(run: dict[str, Any], rnd: int) -> int:
-    """Tokens decoded past the prompt before round ``rnd``'s block (the probe's and bisect's depth): every round
-    before it emitted its accepted proposals and one more; the last of those is the block's first row."""
+def _round_depth(run: dict[str, Any], found: dict[str, Any] | None, rnd: int) -> int:
+    """Tokens decoded past the prompt before round ``rnd``'s block (the probe's and bisect's depth): from the
+    finding's own position where it has one (a state after the round: its positions held less the rows kept; a
+    row: its position less its row), else from the accept vector (the engine's prefill emits the first token, and
+    each round before ``rnd`` its accepted proposals and one more; the last of them is the block's first row)."""
+    prompt = int(run.get("prompt_len") or 0)
+    if found is not None and "accepted" in found and found.get("position") is not None:
+        return max(0, int(found["position"]) - (int(found["accepted"]) + 1) - prompt)
+    if found is not None and found.get("position") is not None:
+        return max(0, int(found["position"]) - int(found.get("row") or 0) - prompt)
     accepts = list(run.get("accepts") or [])
-    lead = 1 if run.get("kind") == "engine-run" else 0
-    return max(0, lead + sum(a + 1 for a in accepts[:max(rnd, 0)]) - 1)
+    return max(0, sum(a + 1 for a in accepts[:max(rnd, 0)]))
 
 
 def own_loop_tree(f: Finding, engine: str) -> Diagnosis:
@@ -128,12 +144,12 @@ def own_loop_tree(f: Finding, engine: str) -> Diagnosis:
                         " forwards)", SERVER)
     one.evidence.append(f"reproduced: the same token index, emitted by round {tok['round']}, row {tok['row']}")
     token_round = int(tok["round"])
-    width = int((run.get("widths") or [f.width or 2])[max(token_round, 0)] if token_round < len(
-        run.get("widths") or []) else f.width or 2)
+    widths = list(run.get("widths") or [])
+    width = int(widths[max(token_round, 0)] if 0 <= token_round < len(widths) else f.width or 2)
     # where the walk first differs: a state after a rollback, a kept row, or the token itself
     early_state = state if state is not None and state["round"] < token_round else None
-    first_round = min([x["round"] for x in (early_state, row) if x is not None] or [token_round])
-    depth = _round_depth(run, first_round)
+    first = min((x for x in (early_state, row) if x is not None), key=lambda x: x["round"], default=None)
+    depth = _round_depth(run, first, first["round"] if first is not None else token_round)
     d.location = {"width": width, "depth": depth, "round": token_round, "row": tok["row"], "token_index":
                   tok["emitted_index"]}
     probe = ["specparity", "probe", *carried, "--widths", str(width), "--depths", str(depth)]
@@ -238,6 +254,9 @@ def _rollback_step(d: Diagnosis, code: int | None, out: dict[str, Any], said: st
         first = c.get("first") or {}
         defect = {"accepted": c["accepted"], "rollback_position": c.get("position"), "layer": first.get("layer"),
                   "tensor": first.get("name"), "layers": c.get("layers")}
+    cell = next((c for c in out.get("cells") or [] if isinstance(c, dict)), {})
+    if not bad and cell.get("verdict") == Verdict.DIVERGENT.value:
+        ev.append("the command's verdict also counts step 3's block, which differs")
     d.steps.append(Step(4, RAN, _verdict(code, out), ev, cmd, {"rollbacks": cells, "defect": defect}))
     return defect
 

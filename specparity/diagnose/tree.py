@@ -387,12 +387,7 @@ def _sequence_tree(f: Finding, path: str, models: Models,
 
 def _unreproducible(f: Finding) -> Diagnosis:
     d = Diagnosis(f)
-    argv = f.replay_argv() or []
-    other = next((argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "--engine"), None)
     why = f.reproduction_reason or (
-        f"the record's reproduction runs {other}'s own loop ({f.reproduction}), which the tree does not rerun"
-        f" step by step ({NOT_IN_THIS_VERSION}): run the command itself, its exit code is the reproduction's verdict"
-        if other is not None and f.reproduction else
         f"the record's reproduction is not a request replay ({f.reproduction}); {NOT_IN_THIS_VERSION}"
         if f.reproduction else "the record has none")
     d.steps = [Step(1, NOT_RUN, evidence=[f"no in-process reproduction to run: {why}"], command=f.reproduction)]

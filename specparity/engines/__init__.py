@@ -566,12 +566,32 @@ def _pyproject_builtins() -> list[Registration]:
     return [Registration(str(ref), BUILTIN, str(name)) for name, ref in table.items()]
 
 
+_POINTS: tuple[Any, list[Any]] | None = None
+
+
+def _entry_points() -> list[Any]:
+    """The group's installed entry points, read again only where an import path or a folder on it changed (a
+    distribution installed or removed changes its site-packages folder): reading every distribution's metadata
+    takes ~25 ms, and a diagnosis asks for the registry at every step."""
+    import sys
+    from importlib import metadata
+
+    global _POINTS
+    stamp: list[Any] = []
+    for entry in sys.path:
+        try:
+            stamp.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            stamp.append((entry, None))
+    if _POINTS is None or _POINTS[0] != stamp:
+        _POINTS = (stamp, list(metadata.entry_points(group=GROUP)))
+    return list(_POINTS[1])
+
+
 def registrations() -> list[Registration]:
     """Every engine registration, in order: specparity's own (its ``specparity.engines`` entry points), every
     other installed distribution's (by entry-point name), then ``$SPECPARITY_ENGINES``'s modules."""
-    from importlib import metadata
-
-    points = list(metadata.entry_points(group=GROUP))
+    points = _entry_points()
 
     def own(ep: Any) -> bool:
         return ep.dist is not None and _canonical(ep.dist.name) == BUILTIN
