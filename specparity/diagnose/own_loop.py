@@ -28,8 +28,8 @@ import subprocess
 from typing import Any
 
 from specparity.diagnose.findings import Finding
-from specparity.diagnose.tree import (
-    PREFILL, RAN, ROLLBACK, SERVER, SKIPPED, TIE, UNDETERMINED, VERIFY, Diagnosis, Step, _first_difference, _releases,
+from specparity.diagnose.steps import (
+    PREFILL, RAN, ROLLBACK, SERVER, SKIPPED, TIE, UNDETERMINED, VERIFY, Diagnosis, Step, first_difference, releases,
     specparity_exe)
 from specparity.verdicts import Verdict
 
@@ -169,11 +169,11 @@ def own_loop_tree(f: Finding, engine: str) -> Diagnosis:
         d.steps.append(Step(6, SKIPPED, evidence=["settled by steps 3 and 4: nothing differs for a toggle to"
                                                   " remove"]))
     dtype = (tok.get("logits") or {}).get("dtype") or "float32"
-    tie = _first_difference(d, f, {"served_pick": tok.get("pick"), "dtype": dtype,
+    tie = first_difference(d, f, {"served_pick": tok.get("pick"), "dtype": dtype,
                                    "served_token": tok.get("engine_token")})
     seven = d.step(7)
     seven.command = f.reproduction
-    d.steps.append(_releases(f.reproduction, engine))
+    d.steps.append(releases(f.reproduction, engine))
     d.steps.sort(key=lambda s: s.number)
     _decide(d, engine, tie, block, rolled, early_state, row, tok)
     return d
