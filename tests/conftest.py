@@ -100,7 +100,8 @@ def compile_the_package() -> None:
 # pytest-xdist's loadscope hands a worker one whole module at a time (a module-scoped fixture,
 # servers or served records, is made once), in collection order; longest first keeps a long
 # module from starting last and ending the run alone. The rest keep their order after these.
-LONGEST_FIRST = ("test_serve_exact", "test_diagnose", "test_dflash_mlx_served", "test_served_oracle", "test_inprocess_engines",
+LONGEST_FIRST = ("test_serve_exact", "test_diagnose", "test_dflash_mlx_served", "test_served_oracle",
+                 "test_inprocess_engines",
                  "test_dflash_mlx", "test_nightly_matrix", "test_serve_served_job", "test_e2e", "test_own_loop_engines",
                  "test_served_dist", "test_served", "test_registry", "test_memory", "test_nightly",
                  "test_serve_as_server", "test_environments", "test_compare_merge_show", "test_served_faults",
