@@ -158,13 +158,13 @@ class AimedCell:
 
 
 # what an ArraysCache entry of a gated-delta layer holds (mlx-lm qwen3_5 / qwen3_next)
-_STATE_NAMES = {"state.0": "conv state", "state.1": "recurrent state"}
+STATE_NAMES = {"state.0": "conv state", "state.1": "recurrent state"}
 
 
 def state_words(d: StateDiff) -> str:
     """``layer 0 (ArraysCache) state.1 (recurrent state): 3014 of 16384 bytes differ (...)``."""
     what = d.diff.summary() if d.diff is not None else d.note
-    label = f" ({_STATE_NAMES[d.name]})" if d.name in _STATE_NAMES and "Cache" in d.kind \
+    label = f" ({STATE_NAMES[d.name]})" if d.name in STATE_NAMES and "Cache" in d.kind \
         and "KV" not in d.kind else ""
     return f"layer {d.layer} ({d.kind}) {d.name}{label}: {what}"
 

@@ -22,22 +22,18 @@ goes to the engine's environment by itself), its ``--json`` read:
 
 from __future__ import annotations
 
-import json
 import shlex
-import subprocess
 from typing import Any
 
 from specparity.diagnose.findings import Finding
 from specparity.diagnose.steps import (
     PREFILL, RAN, ROLLBACK, SERVER, SKIPPED, TIE, UNDETERMINED, VERIFY, Diagnosis, Step, first_difference, releases,
-    specparity_exe)
+    run_command, verdict_of)
 from specparity.verdicts import Verdict
 
 # the reproduction's flags every later command of the engine takes as they are
 _CARRIED = ("--engine", "--model", "--draft-model", "--verify-mode", "--prompt-ids")
 _FLAGS = ("--trust-remote-code",)
-_TIMEOUT = 600.0
-_STATE_NAMES = {"state.0": "convolution state", "state.1": "recurrent state"}
 
 
 def engine_named(argv: list[str]) -> str | None:
@@ -67,33 +63,6 @@ def _carried(argv: list[str]) -> list[str]:
     return out
 
 
-def _run(words: list[str], name: str, env: dict[str, str] | None = None) -> tuple[int | None, dict[str, Any], str]:
-    """One ``specparity`` command with ``--json --quiet``: its exit code (None: no answer in time), its JSON and
-    the last line it said on stderr."""
-    import os
-
-    from specparity.tied import run_tied_captured
-
-    try:
-        proc = run_tied_captured([specparity_exe(), *words[1:], "--json", "--quiet"], name, timeout=_TIMEOUT,
-                                 env={**os.environ, **(env or {})})
-    except subprocess.TimeoutExpired:
-        return None, {}, f"no answer within {_TIMEOUT:g} s"
-    said = next((x.strip() for x in reversed(proc.stderr.splitlines()) if x.strip()), "")
-    try:
-        out = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    except ValueError:
-        out = {}
-    return proc.returncode, out if isinstance(out, dict) else {}, said
-
-
-def _verdict(code: int | None, out: dict[str, Any]) -> Verdict:
-    try:
-        return Verdict(str(out.get("verdict")))
-    except ValueError:
-        return {1: Verdict.DIVERGENT, 0: Verdict.EQUAL}.get(code if code is not None else -1, Verdict.INCONCLUSIVE)
-
-
 def _round_depth(run: dict[str, Any], found: dict[str, Any] | None, rnd: int) -> int:
     """Tokens decoded past the prompt before round ``rnd``'s block (the probe's and bisect's depth): from the
     finding's own position where it has one (a state after the round: its positions held less the rows kept; a
@@ -113,11 +82,11 @@ def own_loop_tree(f: Finding, engine: str) -> Diagnosis:
     d = Diagnosis(f)
     argv = shlex.split(f.reproduction or "")
     carried = _carried(argv[2:])
-    code, out, said = _run(argv, f"diagnose step 1 ({engine})")
+    code, out, said = run_command(argv, f"diagnose step 1 ({engine})")
     runs = [r for r in out.get("requests") or [] if isinstance(r, dict)]
     run = runs[0] if runs else {}
     tok, state, row = run.get("token"), run.get("state"), run.get("row")
-    one = Step(1, RAN, _verdict(code, out), [], f.reproduction,
+    one = Step(1, RAN, verdict_of(code, out), [], f.reproduction,
                {"exit_code": code, "token": tok, "state": state, "row": row, "accepts": run.get("accepts"),
                 "widths": run.get("widths")})
     d.steps.append(one)
@@ -153,10 +122,10 @@ def own_loop_tree(f: Finding, engine: str) -> Diagnosis:
     d.location = {"width": width, "depth": depth, "round": token_round, "row": tok["row"], "token_index":
                   tok["emitted_index"]}
     probe = ["specparity", "probe", *carried, "--widths", str(width), "--depths", str(depth)]
-    pcode, pout, psaid = _run(probe + ["--no-rollback"], f"diagnose step 3 ({engine})")
+    pcode, pout, psaid = run_command(probe + ["--no-rollback"], f"diagnose step 3 ({engine})")
     _prefill_step(d, pout, engine)
     block = _block_step(d, pcode, pout, psaid, shlex.join(probe + ["--no-rollback"]), width, depth)
-    rcode, rout, rsaid = _run(probe, f"diagnose step 4 ({engine})")
+    rcode, rout, rsaid = run_command(probe, f"diagnose step 4 ({engine})")
     rolled = _rollback_step(d, rcode, rout, rsaid, shlex.join(probe), early_state, row)
     accepted = rolled["accepted"] if rolled else None
     bis = ["specparity", "bisect", *[w for w in carried if w != "--widths"], "--width", str(width), "--depth",
@@ -208,7 +177,7 @@ def _prefill_step(d: Diagnosis, out: dict[str, Any], engine: str) -> None:
 def _block_step(d: Diagnosis, code: int | None, out: dict[str, Any], said: str, cmd: str, width: int,
                 depth: int) -> dict[str, Any] | None:
     cells = [c for c in out.get("cells") or [] if isinstance(c, dict)]
-    verdict = _verdict(code, out)
+    verdict = verdict_of(code, out)
     if not cells:
         d.steps.append(Step(3, Verdict.NOT_RUN.value, Verdict.NOT_RUN, [f"the probe gave no cell (exit {code}:"
                                                                         f" {said[:300]})"], cmd))
@@ -257,12 +226,12 @@ def _rollback_step(d: Diagnosis, code: int | None, out: dict[str, Any], said: st
     cell = next((c for c in out.get("cells") or [] if isinstance(c, dict)), {})
     if not bad and cell.get("verdict") == Verdict.DIVERGENT.value:
         ev.append("the command's verdict also counts step 3's block, which differs")
-    d.steps.append(Step(4, RAN, _verdict(code, out), ev, cmd, {"rollbacks": cells, "defect": defect}))
+    d.steps.append(Step(4, RAN, verdict_of(code, out), ev, cmd, {"rollbacks": cells, "defect": defect}))
     return defect
 
 
 def _bisect_step(d: Diagnosis, words: list[str], engine: str) -> None:
-    code, out, said = _run(words, f"diagnose step 5 ({engine})")
+    code, out, said = run_command(words, f"diagnose step 5 ({engine})")
     cmd = shlex.join(words)
     drill = out.get("drill") or {}
     first = out.get("first_divergent")
@@ -272,10 +241,10 @@ def _bisect_step(d: Diagnosis, words: list[str], engine: str) -> None:
         ev.append(str(drill["sentence"]))
     d.location.update({"layer": int(first) if isinstance(first, str) and first.isdigit() else first,
                        "subop": drill.get("subop"), "components": comps or None})
-    d.steps.append(Step(5, RAN if out else Verdict.NOT_RUN.value, _verdict(code, out) if out else Verdict.NOT_RUN,
+    d.steps.append(Step(5, RAN if out else Verdict.NOT_RUN.value, verdict_of(code, out) if out else Verdict.NOT_RUN,
                         ev, cmd, {"first_divergent": first, "components": comps, "drill": drill}))
-    ccode, cout, _ = _run(words, f"diagnose step 6 ({engine})", env={"MLX_DISABLE_COMPILE": "1"})
-    verdict = _verdict(ccode, cout)
+    ccode, cout, _ = run_command(words, f"diagnose step 6 ({engine})", env={"MLX_DISABLE_COMPILE": "1"})
+    verdict = verdict_of(ccode, cout)
     effect = {Verdict.EQUAL: "removes the difference", Verdict.DIVERGENT: "does not remove it"}.get(
         verdict, f"gives {verdict}")
     control = {"name": "compile off", "toggle": "MLX_DISABLE_COMPILE=1", "verdict": verdict, "effect": effect,
@@ -296,8 +265,10 @@ def _decide(d: Diagnosis, engine: str, tie: str, block: dict[str, Any] | None, r
     elif rolled is not None:
         d.phase = ROLLBACK
         loc.update({k: v for k, v in rolled.items() if k != "layers" and v is not None})
+        from specparity.probes.forward.blockchain import STATE_NAMES
+
         tensor = str(rolled.get("tensor"))
-        what = f"{tensor} ({_STATE_NAMES[tensor]})" if tensor in _STATE_NAMES else tensor
+        what = f"{tensor} ({STATE_NAMES[tensor]})" if tensor in STATE_NAMES else tensor
         at = (f"after round {rolled['rollback_round']}'s rollback to {rolled['accepted']} accepted"
               if "rollback_round" in rolled else f"after a rollback to {rolled['accepted']} accepted")
         d.summary = (f"{engine}'s rollback leaves another state than classic decode's {at}: layer"

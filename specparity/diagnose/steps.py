@@ -18,7 +18,7 @@ from specparity.verdicts import Verdict
 
 # what each step's status says: it ran, an earlier step settled it, this version does not do it, it could not run
 # (a step that could not run says so in the verdict vocabulary's own word)
-RAN, SKIPPED, NOT_DONE, NOT_RUN = "ran", "skipped", "not_done", Verdict.NOT_RUN.value
+RAN, SKIPPED, NOT_RUN = "ran", "skipped", Verdict.NOT_RUN.value
 # the phases a diagnosis names
 PREFILL, VERIFY, ROLLBACK, PROCESSORS, SERVER, SERVER_CACHE, LENGTH, TIE, UNREPRODUCIBLE, UNDETERMINED = (
     "prefill", "verify", "rollback", "processors", "server", "server cache", "length", "tie", "not reproducible",
@@ -32,7 +32,8 @@ NOT_IN_THIS_VERSION = "not done in this version"
 class Step:
     """One step of the tree for one finding.
 
-    number / name: its place in the tree. status: ran | skipped | not_done | not_run.
+    number / name: its place in the tree. status: ran | skipped | not_run (``not_done``, a step an
+    earlier version did not do, is read in older records only).
     verdict: what it found, in the probes' words (equal, divergent, not_run, inconclusive).
     evidence: what it saw, one line each. command: the line that repeats it (None: nothing ran).
     data: the numbers the evidence quotes.
@@ -120,6 +121,39 @@ def specparity_exe() -> str:
     return str(beside) if beside.is_file() else shutil.which("specparity") or "specparity"
 
 
+def run_command(words: list[str], name: str, env: dict[str, str] | None = None, timeout: float = 600.0,
+                as_json: bool = True) -> tuple[int | None, dict[str, Any], str]:
+    """A printed ``specparity ...`` command run as this installation's own command, ``--quiet`` (and ``--json``),
+    tied to this process: its exit code (None: no answer within ``timeout``), its JSON object ({} without one)
+    and the last line it said on stderr."""
+    import json
+    import os
+    import subprocess
+
+    from specparity.tied import run_tied_captured
+
+    extra = ["--json", "--quiet"] if as_json else ["--quiet"]
+    try:
+        proc = run_tied_captured([specparity_exe(), *words[1:], *extra], name, timeout=timeout,
+                                 env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired:
+        return None, {}, ""
+    said = next((x.strip() for x in reversed(proc.stderr.splitlines()) if x.strip()), "")
+    try:
+        out = json.loads(proc.stdout) if as_json and proc.stdout.strip() else {}
+    except ValueError:
+        out = {}
+    return proc.returncode, out if isinstance(out, dict) else {}, said
+
+
+def verdict_of(code: int | None, out: dict[str, Any]) -> Verdict:
+    """A command's verdict: its JSON's, else its exit code's (1 divergent, 0 equal, anything else inconclusive)."""
+    try:
+        return Verdict(str(out.get("verdict")))
+    except ValueError:
+        return {1: Verdict.DIVERGENT, 0: Verdict.EQUAL}.get(code if code is not None else -1, Verdict.INCONCLUSIVE)
+
+
 def _release_label(env: Any, engine: str) -> str:
     """How step 8 names an environment's release: mlx-lm's version for mlx-lm, else the engine's pins."""
     if engine == "mlx-lm":
@@ -132,15 +166,11 @@ def releases(command: str | None, engine: str = "mlx-lm", timeout: float = 600.0
     the tree reruns in process; an engine's own for its loop), oldest mlx-lm release first: the releases where
     it reproduces (exit 1) and where it does not, and the first that fails. An environment not built here is
     named with its build command, never built here."""
-    import subprocess
-
     from specparity.engines import get
     from specparity.environments import find_environment
-    from specparity.tied import run_tied_captured
 
     if not command:
         return Step(8, SKIPPED, evidence=["no command to rerun (step 1 had none)"])
-    exe = specparity_exe()
     envs = sorted(get(engine).environments, key=_release)
     ev: list[str] = []
     rows: list[dict[str, Any]] = []
@@ -151,15 +181,9 @@ def releases(command: str | None, engine: str = "mlx-lm", timeout: float = 600.0
             continue
         words = shlex.split(command)
         cmd = shlex.join([*words, "--environment", env.name])
-        try:
-            proc = run_tied_captured([exe, *words[1:], "--environment", env.name, "--quiet"],
-                                     f"step 8 in {env.name}", timeout=timeout)
-            code = proc.returncode
-            said = next((x.strip() for x in reversed(proc.stderr.splitlines()) if x.strip()), "")
-        except subprocess.TimeoutExpired:
-            code, said = None, ""
-        verdict = {1: Verdict.DIVERGENT, 0: Verdict.EQUAL}.get(code, Verdict.INCONCLUSIVE) if code is not None \
-            else Verdict.INCONCLUSIVE
+        code, _, said = run_command([*words, "--environment", env.name], f"step 8 in {env.name}", timeout=timeout,
+                                    as_json=False)
+        verdict = verdict_of(code, {})
         rows.append({"environment": env.name, "release": ".".join(map(str, _release(env))), "exit_code": code,
                      "verdict": verdict.value, "command": cmd, "label": _release_label(env, engine)})
         late = f"no answer within {timeout:g} s"

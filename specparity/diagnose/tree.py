@@ -27,7 +27,7 @@ that engine's commands, in its environment (:mod:`specparity.diagnose.own_loop`)
 
 Each step's ``command`` is the ``specparity`` line that gives the step's verdict when run (its exit
 code: 1 for ``divergent``, 0 for ``equal``). A step settled by an earlier one is ``skipped`` and
-says by which; a step this version does not do is ``not_done``, never left out.
+says by which; a step that could not run is ``not_run`` and says why, never left out.
 """
 
 from __future__ import annotations
@@ -568,9 +568,11 @@ def _rollback_defect(state: Any, offsets: Any, block_differs: bool, ev: list[str
     ev.append(state.words() if state is not None else offsets.describe())
     first = state.first if state is not None else None
     where = {"rollback_round": rnd, "rollback_position": pos}
-    if offsets is not None or (first is not None and first.name == "offset"):
-        held = (max(o for o in offsets.offsets if o is not None) if offsets is not None
-                else int(str(getattr(first, "note", "")).rsplit(" ", 1)[-1]))  # "offset CLASSIC vs ENGINE"
+    if offsets is not None and (state is None or state.round >= offsets.round):
+        # the replay checks every layer's offset after each round and stops at the first wrong one
+        rnd, pos = offsets.round, offsets.expected_offset
+        where = {"rollback_round": rnd, "rollback_position": pos}
+        held = max(o for o in offsets.offsets if o is not None)
         extra = held - pos
         what = (f"kept {extra} stale row{'s' * (extra != 1)} (a rejected proposal's)" if extra > 0
                 else f"dropped {-extra} row{'s' * (extra != -1)} it should have kept")

@@ -271,3 +271,23 @@ def test_json_and_config_readers_are_bounded(tmp_path):
     (tmp_path / "config.json").write_text("[1]")
     assert inputs.config_vocab_size(tmp_path) is None
     assert inputs.config_vocab_size("x" * 5000) is None and inputs.config_vocab_size("~nosuchuser/x") is None
+
+
+@pytest.mark.model
+def test_fixtures_make_builds_the_tie_and_noise_faults_and_a_probe_names_each(cli_bin, tmp_path):
+    """`fixtures make --fault` as a user types it: an exact bfloat16 tie a 2-row block breaks the other way (the
+    probe's block differs: exit 1) and a forward that is not reproducible (the probe's bracket: exit 3); a scale
+    that is not a positive number is refused before anything is built."""
+    probe = ["probe", "--trust-remote-code", "--widths", "2", "--depths", "0", "--walk", "0", "--no-aim",
+             "--no-prefill"]
+    for name, fault, extra, code in (("tie", '{"kind":"tie","min_rows":2}', ["--dtype", "bfloat16"], 1),
+                                     ("noise", '{"kind":"noise","layer":2,"subop":"mlp","scale":0.5}', [], 3)):
+        made = run_cli(cli_bin, "fixtures", "make", str(tmp_path / name), "--no-draft", "--fault", fault, *extra)
+        assert made.returncode == 0, made.stderr[-2000:]
+        config = json.loads((tmp_path / name / "target" / "config.json").read_text())
+        assert config["specparity"]["faults"] == [json.loads(fault)], config
+        r = run_cli(cli_bin, *probe, "--model", str(tmp_path / name / "target"))
+        assert r.returncode == code, (name, r.stdout[-2000:], r.stderr[-2000:])
+    out = tmp_path / "bad"
+    r = run_cli(cli_bin, "fixtures", "make", str(out), "--fault", '{"kind":"noise","scale":-1}')
+    assert r.returncode == 2 and "'scale' must be a positive number, got -1" in r.stderr and not out.exists()
