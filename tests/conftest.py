@@ -102,7 +102,7 @@ def compile_the_package() -> None:
 # module from starting last and ending the run alone. The rest keep their order after these.
 LONGEST_FIRST = ("test_serve_exact", "test_diagnose", "test_dflash_mlx_served", "test_served_oracle",
                  "test_inprocess_engines",
-                 "test_dflash_mlx", "test_nightly_matrix", "test_serve_served_job", "test_e2e", "test_own_loop_engines",
+                 "test_dflash_mlx", "test_serve_served_job", "test_e2e", "test_own_loop_engines",
                  "test_served_dist", "test_served", "test_registry", "test_memory", "test_nightly",
                  "test_serve_as_server", "test_environments", "test_compare_merge_show", "test_served_faults",
                  "test_mlx_dspark_reproduce", "test_reference", "test_serve", "test_cli_errors", "test_block_vs_chain",

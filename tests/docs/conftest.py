@@ -34,10 +34,18 @@ from specparity.fixtures import build_cache
 from sybil import Document, Region, Sybil
 from sybil.integration.pytest import SybilFile, SybilItem
 
+pytest.register_assert_rewrite("matrix_night")  # AFTER's checks say what differed
+
 # Documented lines whose stated outcome is right and the product's is not: expected failures until it is
 # fixed (strict: a fixed product turns them into failures to remove from here). Keyed by the page and the
 # command as typed (comments left out).
 XFAIL: dict[tuple[str, str], str] = {}
+# A documented line whose outcome a test module checks in depth on what the line itself wrote (its folder, its
+# stdout and stderr), so the suite runs it once: (page, command) -> "module:function(folder, stdout, stderr)".
+AFTER: dict[tuple[str, str], str] = {
+    ("docs/nightly.md", "scripts/nightly-parity examples/nightly-matrix.yaml --matrix mlx-lm-0.31.3,mlx-lm-0.32.2"
+     " --out matrix"): "matrix_night:check",
+}
 
 # The pages that take a minute or more, longest first (the tier alone, 3 workers, a quiet machine: nightly 3 min,
 # engines, fixtures, served and its help, dflash, README, the fixtures and records helps 1-2 min). pytest-xdist
@@ -314,6 +322,19 @@ def evaluate(example: Any) -> str | None:
     return problem
 
 
+def after_check(target: str, cwd: Path, command: str, proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """AFTER's check of a line that did what its page says, on its ``--out`` folder: its failure as a problem."""
+    import importlib
+
+    module, func = target.split(":")
+    out = cwd / command.split("--out ", 1)[1].split()[0]
+    try:
+        getattr(importlib.import_module(module), func)(out, proc.stdout, proc.stderr)
+    except AssertionError as err:
+        return [f"{target}: {str(err)[:2000] or 'an assertion failed'}"]
+    return []
+
+
 def _evaluate(example: Any) -> str | None:
     line: DocLine = example.parsed
     require_builds(doclines.needs(line))
@@ -336,6 +357,8 @@ def _evaluate(example: Any) -> str | None:
         mismatch = doclines.output_mismatch(expected, doclines.normalize(proc.stdout, str(page.cwd), str(page.home)))
         if mismatch:
             problems.append(mismatch)
+    if not problems and (line.source, line.command) in AFTER:
+        problems += after_check(AFTER[line.source, line.command], page.cwd, line.command, proc)
     if not problems:
         return None
     page.failed = True

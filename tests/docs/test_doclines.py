@@ -172,6 +172,34 @@ def test_every_expected_failure_names_a_documented_line() -> None:
     assert all(reason.startswith("issue ") for reason in docs.XFAIL.values())
 
 
+def test_every_after_check_names_a_documented_line_and_a_function() -> None:
+    """AFTER's checks run only when their line runs: a page edit that changed the line would drop its check."""
+    import importlib
+
+    documented = {(ln.source, ln.command) for page in docs.pages()
+                  for ln in docs.page_lines(page.read_text(), str(page.relative_to(ROOT)))}
+    stale = [key for key in docs.AFTER if key not in documented]
+    assert not stale, f"AFTER entries naming no documented line: {stale}"
+    for target in docs.AFTER.values():
+        module, func = target.split(":")
+        assert callable(getattr(importlib.import_module(module), func)), target
+
+
+def test_an_after_check_failure_is_the_lines_problem(tmp_path: Path) -> None:
+    fails = tmp_path / "after_fails.py"
+    fails.write_text("def check(out, stdout, stderr):\n    assert stdout == 'all', f'{out.name}: {stdout}'\n")
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    try:
+        proc = subprocess.CompletedProcess(["x"], 0, "some", "")
+        assert docs.after_check("after_fails:check", tmp_path, "x --out night", proc) == [
+            "after_fails:check: night: some"]
+        assert docs.after_check("after_fails:check", tmp_path, "x --out night",
+                                subprocess.CompletedProcess(["x"], 0, "all", "")) == []
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
 def test_a_line_in_xfail_is_a_strict_expected_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     line = lines_of("    specparity probe --widths 2   # exit 0\n", "docs/probe.md")[0]
     assert docs.xfail(line) is None
