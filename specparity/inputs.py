@@ -214,7 +214,7 @@ def check_accept_widths(req: Any) -> None:
 
 # ---------------------------------------------------------------- fixture faults
 
-FAULT_KINDS = ("rows", "depth", "stale_trim", "noise", "tie")
+FAULT_KINDS = ("rows", "depth", "prefill_path", "stale_trim", "noise", "tie")
 
 
 def parse_fault(text: str, num_layers: int | None = None) -> dict[str, Any]:
@@ -238,11 +238,11 @@ def parse_fault(text: str, num_layers: int | None = None) -> dict[str, Any]:
             rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
             raise InputError("fault", f"{text!r}: {key!r} must be an integer {rng}, got {v!r}")
 
-    if item["kind"] in ("rows", "depth", "noise"):  # a noise fault without a layer is on the logits
+    if item["kind"] in ("rows", "depth", "prefill_path", "noise"):  # a noise fault without a layer: the logits
         int_field("layer", 0, None if num_layers is None else num_layers - 1, required=item["kind"] != "noise")
-    if item["kind"] in ("rows", "depth", "tie"):
+    if item["kind"] in ("rows", "depth", "prefill_path", "tie"):
         int_field("min_rows", 1)
-    if item["kind"] in ("rows", "depth", "noise"):
+    if item["kind"] in ("rows", "depth", "prefill_path", "noise"):
         sub = item.get("subop")
         if sub is not None and (not isinstance(sub, str) or (sub and not sub.isidentifier())):
             raise InputError("fault", f"{text!r}: 'subop' must be an attribute name, got {sub!r}")

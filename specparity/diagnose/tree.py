@@ -456,16 +456,27 @@ def _verify(d: Diagnosis, r: ReplayRequest, engine: Any, width: int, depth: int)
     first_w = next((c.width for c in scan.probe.cells if c.verdict == Verdict.DIVERGENT), width)
     ev.append(f"widths {widths[0]}..{width} at depth {depth}: the smallest that differs is {first_w}")
     first_d = _first_depth(engine, r, first_w, depth)
-    if first_d == 0:
+    handoff = False
+    if first_d == 0 and depth == 0:
+        # depth 0's block carries the prompt's last token (mlx-lm's speculative path prefills all but it and
+        # runs it in its first verify block; classic decode runs it alone): the same block one position on
+        # says whether the kernel changes at the width or only where the block continues the prefill
+        handoff = _probe(engine, r, [first_w], [1], prefill=False).verdict == Verdict.EQUAL
+    if handoff:
+        ev.append(f"at width {first_w} the block differs at depth 0, where it carries the prompt's last token"
+                  f" (position {len(r.prompt_ids) - 1}) on from the prefill, and equals the chain at depth 1:"
+                  " the verify path taken by the prefill's last token, not a kernel that changes at the width")
+    elif first_d == 0:
         ev.append(f"at width {first_w} the block differs from depth 0 on")
     else:
         ev.append(f"at width {first_w} the block equals the chain at depth {first_d - 1} and differs from depth"
                   f" {first_d} (cache position {len(r.prompt_ids) - 1 + first_d}) on:"
                   " a kernel that changes past a depth")
-    data.update({"first_width": first_w, "first_depth": first_d,
-                 "scan_command": _probe_command(r, [first_w], sorted({max(0, first_d - 1), first_d}), prefill=False)})
+    shown = [0, 1] if handoff else sorted({max(0, first_d - 1), first_d})
+    data.update({"first_width": first_w, "first_depth": first_d, "prefill_handoff": handoff,
+                 "scan_command": _probe_command(r, [first_w], shown, prefill=False)})
     ev.append(f"the smallest width and depth: {data['scan_command']}")
-    return {"width": first_w, "depth": first_d}
+    return {"width": first_w, "depth": first_d, "prefill_handoff": handoff}
 
 
 def _first_depth(engine: Any, r: ReplayRequest, width: int, depth: int) -> int:
@@ -698,6 +709,20 @@ def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: di
                    " a second difference, on a fresh cache, that step 3 located"] if block is not None else [])
         d.open.append("which line of the engine's rollback: its trim of the cache (or its restore of the state),"
                       " read at that round")
+        return
+    if block is not None and block.get("prefill_handoff") and tie != "exact_tie":
+        loc["width"], loc["depth"] = block["width"], 0
+        loc["position"] = len(r.prompt_ids) - 1
+        d.phase = PREFILL
+        sub = f", sub-op {loc['subop']}" if loc.get("subop") else ""
+        layer = f"; first divergent layer {loc.get('layer')}{sub}" if loc.get("layer") is not None else ""
+        removed = loc.get("removed_by")
+        d.summary = (f"the prefill takes the verify path: the prompt's last token (position {loc['position']}) is"
+                     f" run in the first {block['width']}-row verify block, on from the prefill, where classic"
+                     f" decode runs it alone, and that block differs from the chain while the same block one"
+                     f" position on equals it{layer}"
+                     + (f"; it goes away with {', '.join(removed)}" if removed else "; no control arm removes it"))
+        d.open = ["which kernel the engine runs for a block that continues the prefill is the engine's to name"]
         return
     if block is not None:
         loc["width"], loc["depth"] = block["width"], block["depth"]

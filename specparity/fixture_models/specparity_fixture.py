@@ -6,6 +6,7 @@ The checkpoint's config.json carries a ``specparity`` section::
      "faults": [                            # each fault multiplies an output by (1 + 2**-6)
         {"kind": "rows",  "layer": 3, "subop": "mlp", "min_rows": 4},
         {"kind": "depth", "layer": 1, "subop": "self_attn", "min_offset": 40, "min_rows": 2},
+        {"kind": "prefill_path", "layer": 0, "min_rows": 2},  # the block that continues the prefill
         {"kind": "stale_trim"},             # cache trim(n) keeps one stale row
         {"kind": "noise", "layer": 2, "subop": "mlp"}],  # not reproducible call to call
      "constant_logits": [..],               # optional: logits that ignore the input
@@ -16,6 +17,11 @@ The checkpoint's config.json carries a ``specparity`` section::
 ``rows``: fires when the call has at least ``min_rows`` rows (a verify-width kernel).
 ``depth``: fires when the call has at least ``min_rows`` rows and the cache already
 holds at least ``min_offset`` positions (a kernel that changes past a depth).
+``prefill_path``: fires when the call has at least ``min_rows`` rows and continues, from the
+position where it ended, a run of calls of 2+ rows that began at position 0: the prefill's own
+kernel path taken on past the prompt (mlx-lm's speculative path prefills all of the prompt but
+its last token, then carries that token in its first verify block; classic decode runs it
+alone, so only the speculative path meets the fault; a chunked prefill's later chunks do too).
 ``noise``: adds 2**-8 * N(0, 1) noise (``"scale"``: another factor than 2**-8) drawn
 from a key that counts the model's calls, so the same input gives other bytes on every
 call (a forward that is not reproducible); ``layer`` null puts it on the logits.
@@ -78,6 +84,7 @@ class _CallState:
     rows = 0
     offset = 0
     calls = 0
+    continues_prefill = False  # the call goes on, where it ended, from a run of 2+ row calls begun at 0
 
 
 NOISE_SCALE = 2.0**-8
@@ -107,11 +114,24 @@ def _swap_call(module: nn.Module, make_call) -> None:
     module.__class__ = type(cls.__name__, (cls,), {"__call__": make_call(orig)})
 
 
+def _continues_prefill(cache: Any, rows: int, offset: int) -> bool:
+    """Whether this call goes on from where a run of 2+ row calls begun at position 0 ended, on this cache (the
+    run's end is kept on the cache's first layer, so a copy of the cache carries it as its contents)."""
+    holder = cache[0] if cache else None
+    if holder is None:
+        return False
+    cont = offset > 0 and offset == getattr(holder, "_specparity_run_end", None)
+    holder._specparity_run_end = offset + rows if rows >= 2 and (offset == 0 or cont) else None
+    return cont
+
+
 def _fires(fault: dict) -> bool:
     if _CallState.rows < int(fault.get("min_rows", 2)):
         return False
     if fault["kind"] == "depth":
         return _CallState.offset >= int(fault["min_offset"])
+    if fault["kind"] == "prefill_path":
+        return _CallState.continues_prefill
     return True
 
 
@@ -233,7 +253,8 @@ class Model(nn.Module):
         self._tie = next((f for f in self._faults if f["kind"] == "tie"), None)
         self._bias: mx.array | None = None
         for fault in self._faults:
-            if fault["kind"] in ("rows", "depth") or (fault["kind"] == "noise" and fault.get("layer") is not None):
+            layered = fault["kind"] in ("rows", "depth", "prefill_path")
+            if layered or (fault["kind"] == "noise" and fault.get("layer") is not None):
                 _install_fault(self.inner.layers, fault)
             elif fault["kind"] == "noise":
                 self._logit_noise = float(fault.get("scale", NOISE_SCALE))
@@ -246,6 +267,7 @@ class Model(nn.Module):
         _CallState.rows = int(inputs.shape[1])
         _CallState.offset = _cache_offset(cache)
         _CallState.calls += 1
+        _CallState.continues_prefill = _continues_prefill(cache, _CallState.rows, _CallState.offset)
         if self._witness:
             _witness_line(self._witness, _CallState.rows, _CallState.offset)
         for f in self._slow:

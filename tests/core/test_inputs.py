@@ -291,3 +291,26 @@ def test_fixtures_make_builds_the_tie_and_noise_faults_and_a_probe_names_each(cl
     out = tmp_path / "bad"
     r = run_cli(cli_bin, "fixtures", "make", str(out), "--fault", '{"kind":"noise","scale":-1}')
     assert r.returncode == 2 and "'scale' must be a positive number, got -1" in r.stderr and not out.exists()
+
+
+@pytest.mark.model
+def test_a_prefill_path_fault_differs_only_in_the_block_that_continues_the_prefill(cli_bin, tmp_path):
+    """`fixtures make --fault prefill_path` as a user types it: the probe's 2-row block at depth 0 (it carries the
+    prompt's last token on from the prefill) differs, the same block at depth 1 and 2 equals the chain, and the
+    prefill chunked in two (its second call continues the first) differs from one-shot; token by token, which
+    never runs 2 rows, equals it. A layer past the model's is refused before anything is built."""
+    fault = '{"kind":"prefill_path","layer":2,"subop":"mlp","min_rows":2,"scale":1.5}'
+    made = run_cli(cli_bin, "fixtures", "make", str(tmp_path / "fx"), "--no-draft", "--fault", fault)
+    assert made.returncode == 0, made.stderr[-2000:]
+    r = run_cli(cli_bin, "probe", "--trust-remote-code", "--model", str(tmp_path / "fx" / "target"), "--widths",
+                "2,4", "--depths", "0,1,2", "--walk", "0", "--no-aim", "--json")
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert {(c["width"], c["depth"]): c["verdict"] for c in out["cells"]} == {
+        (w, d): "divergent" if d == 0 else "equal" for w in (2, 4) for d in (0, 1, 2)}
+    for pre in out["prefill"]:
+        assert {a["name"]: a["verdict"] for a in pre["arms"]} == {"chunked": "divergent",
+                                                                  "token_by_token": "equal"}, pre
+    out_dir = tmp_path / "bad"
+    r = run_cli(cli_bin, "fixtures", "make", str(out_dir), "--fault", '{"kind":"prefill_path","layer":99}')
+    assert r.returncode == 2 and "'layer' must be an integer" in r.stderr and not out_dir.exists(), r.stderr

@@ -307,15 +307,19 @@ def test_processors_on_the_drafter_path_and_a_warm_cache_on_top_are_told_apart(
 STALE = {"kind": "stale_trim"}
 TIE = {"kind": "tie", "min_rows": 2}
 NOISE = {"kind": "noise", "layer": 2, "subop": "mlp", "scale": 0.5}
+PREFILL_PATH = {"kind": "prefill_path", "layer": 2, "subop": "mlp", "min_rows": 2, "scale": 8.0}
 
 
 @pytest.fixture(scope="module")
 def served_state_faults(fixture_root: Path, cli_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One served job on real mlx_lm.server processes, three pairings: a rollback that keeps a stale row (the
+    """One served job on real mlx_lm.server processes, four pairings: a rollback that keeps a stale row (the
     cache's trim drops one row fewer than it says), an exact tie in bfloat16 that a verify block breaks the other
     way (every top logit tied with the next id's; one ULP above it in calls of 2+ rows), a forward that is not
-    reproducible (noise keyed by the call count in layer 2's MLP). Each diverges at width 4 (exit 1)."""
+    reproducible (noise keyed by the call count in layer 2's MLP), a prefill that takes the verify path (layer 2's
+    MLP differs in a call of 2+ rows that continues the prefill where it ended: mlx-lm's speculative path runs the
+    prompt's last token in its first verify block, classic decode alone). Each diverges at width 4 (exit 1)."""
     pairs = {"stale": build(fixture_root, "llama-diag-stale", arch="llama", faults=[STALE]),
+             "prefill": build(fixture_root, "llama-diag-prefill", arch="llama", faults=[PREFILL_PATH]),
              "tie": build(fixture_root, "llama-diag-tie", arch="llama", dtype="bfloat16", faults=[TIE]),
              "noise": build(fixture_root, "llama-diag-noise", arch="llama", faults=[NOISE])}
     tmp = tmp_path_factory.mktemp("diagnose-state")
@@ -332,12 +336,12 @@ def served_state_faults(fixture_root: Path, cli_bin: str, tmp_path_factory: pyte
 @pytest.mark.model
 @pytest.mark.server
 @pytest.mark.slow
-def test_a_stale_rollback_row_an_exact_bf16_tie_and_an_unreproducible_forward_are_each_named(
+def test_a_stale_rollback_row_an_exact_bf16_tie_an_unreproducible_forward_and_a_verify_path_prefill_are_named(
         served_state_faults: Path, cli_bin: str, llama_pair: Any) -> None:
     r = run_cli(cli_bin, "diagnose", str(served_state_faults), "--json", env=REAL)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     diags = _by_id(json.loads(r.stdout))
-    assert set(diags) == {"stale/w4/p0", "tie/w4/p0", "noise/w4/p0"}, list(diags)
+    assert set(diags) == {"stale/w4/p0", "tie/w4/p0", "noise/w4/p0", "prefill/w4/p0"}, list(diags)
     for d in diags.values():
         assert [s["number"] for s in d["steps"]] == list(range(1, 9))
 
@@ -368,8 +372,27 @@ def test_a_stale_rollback_row_an_exact_bf16_tie_and_an_unreproducible_forward_ar
     assert [s["status"] for s in noise["steps"]] == ["ran", "skipped", "skipped", "skipped", "ran", "skipped",
                                                       "skipped", "skipped"]
 
+    # the prefill that takes the verify path: the first token differs; the block of the smallest width differs at
+    # depth 0, where it carries the prompt's last token on from the prefill, and equals the chain one position
+    # on (a kernel that changes at the width would differ there too); bisected to the fault's layer and sub-op
+    pre = diags["prefill/w4/p0"]
+    assert pre["phase"] == "prefill", pre["summary"]
+    three, loc = _step(pre, 3), pre["location"]
+    assert three["verdict"] == "divergent" and three["data"]["prefill_handoff"] is True, three
+    assert (loc["token_index"], loc["width"], loc["depth"], loc["layer"], loc["subop"]) == (0, 2, 0, 2, "mlp"), loc
+    assert "the prefill takes the verify path" in pre["summary"] and "prompt's last token" in pre["summary"]
+    # its scan command shows both sides: depth 0 differs (exit 1), depth 1 equal; the position is the prompt's last
+    scan = shlex.split(three["data"]["scan_command"])
+    assert loc["position"] == len(scan[scan.index("--prompt-ids") + 1].split(",")) - 1, (loc, scan)
+    r = run_cli(cli_bin, *scan[1:], "--json", env=REAL)
+    assert r.returncode == 1, r.stdout[-1500:] + r.stderr[-1500:]
+    cells = {(c["width"], c["depth"]): c["verdict"] for c in json.loads(r.stdout)["cells"]}
+    assert cells == {(2, 0): "divergent", (2, 1): "equal"}, cells
+    # and the other faults are not taken for it: their step 3 found no hand-off
+    assert not (_step(tie, 3)["data"] or {}).get("prefill_handoff"), _step(tie, 3)
+
     # every printed command gives its step's verdict: step 4's replay --state exits 1, the noise's bisect 3
-    ran = _check_commands(cli_bin, stale) + _check_commands(cli_bin, noise)
+    ran = _check_commands(cli_bin, stale) + _check_commands(cli_bin, noise) + _check_commands(cli_bin, pre)
     assert any(c.endswith(" --state") and " --accepts " in c for c in ran), ran
     assert any(c.startswith("specparity bisect") for c in ran), ran
 
