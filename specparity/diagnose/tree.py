@@ -699,6 +699,12 @@ def _controls(d: Diagnosis, r: ReplayRequest, models: Models, width: int, depth:
     d.steps.append(Step(6, RAN, Verdict.DIVERGENT, ev, cmd, {"controls": controls, "removed_by": removed}))
 
 
+def _layer_words(loc: dict[str, Any]) -> str:
+    """"; first divergent layer L, sub-op S" of a location bisected to its layer, else ""."""
+    sub = f", sub-op {loc['subop']}" if loc.get("subop") else ""
+    return f"; first divergent layer {loc.get('layer')}{sub}" if loc.get("layer") is not None else ""
+
+
 def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: dict[str, Any] | None, tie: str,
             r: ReplayRequest) -> None:
     loc = d.location
@@ -714,9 +720,7 @@ def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: di
         loc["width"], loc["depth"] = block["width"], 0
         loc["position"] = len(r.prompt_ids) - 1
         d.phase = PREFILL
-        sub = f", sub-op {loc['subop']}" if loc.get("subop") else ""
-        layer = f"; first divergent layer {loc.get('layer')}{sub}" if loc.get("layer") is not None else ""
-        removed = loc.get("removed_by")
+        layer, removed = _layer_words(loc), loc.get("removed_by")
         d.summary = (f"the prefill takes the verify path: the prompt's last token (position {loc['position']}) is"
                      f" run in the first {block['width']}-row verify block, on from the prefill, where classic"
                      f" decode runs it alone, and that block differs from the chain while the same block one"
@@ -730,9 +734,7 @@ def _decide(d: Diagnosis, pre: Verdict, block: dict[str, Any] | None, rewind: di
         d.phase = TIE if tie == "exact_tie" else VERIFY
         at = (f"from depth {block['depth']} (cache position {loc['position']})" if block["depth"]
               else "at every depth")
-        sub = f", sub-op {loc['subop']}" if loc.get("subop") else ""
-        layer = f"; first divergent layer {loc.get('layer')}{sub}" if loc.get("layer") is not None else ""
-        removed = loc.get("removed_by")
+        layer, removed = _layer_words(loc), loc.get("removed_by")
         d.summary = (f"the verify block differs from the chain at width {block['width']} and up, {at}{layer};"
                      f" the flip is {tie.replace('_', ' ')}"
                      + (f"; it goes away with {', '.join(removed)}" if removed else
