@@ -71,6 +71,9 @@ FLAGS = {"model": "--model", "draft_model": "--draft-model", "profile": "--profi
               help="After the job, its servers gone, diagnose each finding in process (specparity diagnose) and"
                    " write each diagnosis into the record beside it; one an earlier record in --record-dir"
                    " diagnosed is copied, not re-run. Needs --record-dir.")
+@click.option("--diagnoses-from", "diagnoses_from", multiple=True, metavar="RECORD",
+              help="With --diagnose: a served record elsewhere (last night's) whose diagnoses are copied, not"
+                   " re-run, for the same findings, as an earlier record in --record-dir's are. Repeatable.")
 @json_option
 @record_option
 def served(config_path: str | None, model: str | None, draft_model: str | None, profile: str | None,
@@ -79,7 +82,8 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
            concurrency: int | None, repeats: int | None, start_timeout: float | None,
            request_timeout: float | None, shard_spec: str | None, temperature: float | None,
            dist_requests: int | None, dist_prefix: int | None, no_reference: bool, reference_beside: bool,
-           memory_limit: str | None, diagnose: bool, quiet: bool, as_json: bool, record_dir: str | None) -> int:
+           memory_limit: str | None, diagnose: bool, diagnoses_from: tuple[str, ...], quiet: bool, as_json: bool,
+           record_dir: str | None) -> int:
     """Spawn servers with and without a drafter across widths; judge every completion against classic decode.
 
     Each arm (baseline at the start, one per width, the target drafting for
@@ -156,6 +160,7 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
             from specparity.errors import UsageError
 
             raise UsageError("--diagnose writes each diagnosis into the job's record: give --record-dir")
+        _check_diagnoses_from(diagnoses_from, diagnose)
         shard = parse_shard(shard_spec) if shard_spec is not None else None
         overrides = Overrides(
             model=model, draft_model=draft_model, profile=profile, trust_remote_code=trust_remote_code,
@@ -189,17 +194,39 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
     cmd = CommandRun("served", title, served_identity(job), record_dir, as_json, quiet, slug=slug)
     with cmd:
         return cmd.finish(*_run(cmd, job, shard, memory_limit),
-                          after=(lambda path: _diagnose(cmd, path)) if diagnose else None)
+                          after=(lambda path: _diagnose(cmd, path, diagnoses_from)) if diagnose else None)
 
 
-def _diagnose(cmd: CommandRun, path: object) -> tuple[list[str], dict[str, object]]:
+def _check_diagnoses_from(records: tuple[str, ...], diagnose: bool) -> None:
+    """``--diagnoses-from``: each a served record whose diagnoses can be read, and only with --diagnose; checked
+    before the job starts."""
+    from specparity.errors import UsageError
+    from specparity.records.served import KIND, read_diagnoses
+
+    if records and not diagnose:
+        raise UsageError("--diagnoses-from: only with --diagnose (it says which diagnoses to copy)")
+    for md in records:
+        try:
+            rec, _ = read_diagnoses(md)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            import os
+
+            what = "not a record" if os.path.exists(md) else "no such record"
+            raise UsageError(f"--diagnoses-from {md}: {what}") from None
+        except (OSError, UsageError) as err:
+            raise UsageError(f"--diagnoses-from {md}: {err}") from None
+        if rec.kind != KIND:
+            raise UsageError(f"--diagnoses-from {md}: a {rec.kind} record, not a served one")
+
+
+def _diagnose(cmd: CommandRun, path: object, also: tuple[str, ...] = ()) -> tuple[list[str], dict[str, object]]:
     """``--diagnose``: the record just closed, diagnosed into itself (specparity.diagnose.record)."""
     from specparity.commands.diagnose import read_command, read_reproduction
     from specparity.diagnose.record import diagnose_record
 
     if path is None:
         return [], {}
-    done = diagnose_record(str(path), read_reproduction, note=cmd.observer.note, read=read_command)
+    done = diagnose_record(str(path), read_reproduction, note=cmd.observer.note, read=read_command, also=also)
     return done.lines(), {"diagnoses": done.to_dict()}
 
 

@@ -77,7 +77,7 @@ def earlier_diagnoses(directory: Path, but: str) -> dict[str, dict[str, Any]]:
     reuse), never an error: tonight's diagnosis does not depend on last month's files."""
     from specparity.errors import UsageError
     from specparity.records.record import list_records, read_report
-    from specparity.records.served import KIND, read_diagnoses
+    from specparity.records.served import KIND
 
     found: dict[str, dict[str, Any]] = {}
     records = []
@@ -91,23 +91,34 @@ def earlier_diagnoses(directory: Path, but: str) -> dict[str, dict[str, Any]]:
         if rec.kind == KIND:
             records.append((rec.started or "", md.name, md))
     for _, _, md in sorted(records):
-        try:
-            _, lines = read_diagnoses(md)
-        except (FileNotFoundError, OSError, UsageError) as err:
-            log.info("diagnoses of %s not read: %s", md, err)
-            continue
-        for line in lines:
-            if line.get("key"):
-                found.setdefault(str(line["key"]), line)
+        _add_diagnoses(found, md)
     return found
+
+
+def _add_diagnoses(found: dict[str, dict[str, Any]], md: Path) -> None:
+    """key -> diagnoses.jsonl line of the served record ``md``, added to ``found`` where the key is new. A record
+    that cannot be read adds nothing (logged)."""
+    from specparity.errors import UsageError
+    from specparity.records.served import read_diagnoses
+
+    try:
+        _, lines = read_diagnoses(md)
+    except (FileNotFoundError, OSError, UsageError) as err:
+        log.info("diagnoses of %s not read: %s", md, err)
+        return
+    for line in lines:
+        if line.get("key"):
+            found.setdefault(str(line["key"]), line)
 
 
 def diagnose_record(path: str | os.PathLike[str], reproduction: Callable[[Finding], ReplayRequest | None],
                     note: Callable[[str], None] | None = None,
-                    read: Callable[[str], ReplayRequest | None] | None = None) -> RecordDiagnoses:
+                    read: Callable[[str], ReplayRequest | None] | None = None,
+                    also: tuple[str | os.PathLike[str], ...] = ()) -> RecordDiagnoses:
     """Diagnose the served record at ``path`` into itself (the module's docstring). reproduction: a finding's
     record command read as the request it reruns (specparity.commands.diagnose.read_reproduction: the
-    command's own reading); note: progress lines."""
+    command's own reading); note: progress lines; also: served records elsewhere (last night's, given by the
+    nightly job's ``--previous``) whose diagnoses are copied as an earlier record's in the same directory are."""
     from specparity.diagnose.tree import Models, diagnose_finding
     from specparity.errors import SpecparityError
     from specparity.records.served import append_diagnoses, read_served
@@ -117,6 +128,9 @@ def diagnose_record(path: str | os.PathLike[str], reproduction: Callable[[Findin
     rec = sr.record
     out = RecordDiagnoses(str(where))
     earlier = earlier_diagnoses(Path(rec.path).parent, rec.name)
+    for other in also:  # the directory's own come first: the oldest diagnosis of a key is the one kept
+        if Path(other).resolve() != Path(rec.path).resolve():
+            _add_diagnoses(earlier, Path(other))
     todo: dict[tuple[str, bool], list[tuple[Finding, Any]]] = {}
     for f in found:
         if sr.diagnosis(f.pairing, f.arm, f.request) is not None:

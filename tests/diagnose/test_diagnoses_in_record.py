@@ -120,6 +120,37 @@ def test_served_diagnose_needs_a_record_dir(cli_bin: str) -> None:
                                                            " give --record-dir"), r.stderr
 
 
+def test_a_diagnosis_in_a_record_elsewhere_is_copied_when_named_and_only_then(tmp_path: Path) -> None:
+    # last night's record in its own folder (the nightly job's --previous), tonight's in another
+    last = _night(tmp_path / "last", NIGHT1, 1)
+    assert len(_diagnose(last).ran) == 1
+    tonight = _night(tmp_path / "tonight", NIGHT2, 2)
+    done = diagnose_record(tonight, read_reproduction, also=(last,))
+    assert not done.ran and [x["diagnosed_in"] for x in done.reused] == [NIGHT1]
+    assert _lines(tonight)[0]["diagnosis"] == _lines(last)[0]["diagnosis"]
+    # not named: the same finding in a folder of its own is run afresh
+    alone = _night(tmp_path / "alone", NIGHT3, 3)
+    assert len(_diagnose(alone).ran) == 1
+    # a named record that is tonight's own, or cannot be read, adds nothing and stops nothing
+    other = _night(tmp_path / "other", NIGHT3, 3)
+    (tmp_path / "junk.md").write_text("not a record\n")
+    assert len(diagnose_record(other, read_reproduction, also=(other, tmp_path / "junk.md")).ran) == 1
+
+
+def test_served_diagnoses_from_is_checked_before_the_job(tmp_path: Path, cli_bin: str) -> None:
+    probe_like = tmp_path / "notes.md"
+    probe_like.write_text("# notes\n")
+    for argv, said in (
+            (["--diagnoses-from", str(tmp_path / "gone.md"), "--diagnose"], f"--diagnoses-from {tmp_path / 'gone.md'}:"
+                                                                         " no such record"),
+            (["--diagnoses-from", str(probe_like), "--diagnose"], f"--diagnoses-from {probe_like}: not a record"),
+            (["--diagnoses-from", str(_night(tmp_path / "n", NIGHT1, 1))], "--diagnoses-from: only with --diagnose")):
+        r = run_cli(cli_bin, "served", "--widths", "2", "--record-dir", str(tmp_path / "out"), *argv)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out").exists()  # nothing made: refused before the job
+
+
 def test_a_diagnosis_line_not_as_written_is_named_with_its_file_and_entry(tmp_path: Path, cli_bin: str) -> None:
     md = _night(tmp_path, NIGHT1, 1)
     (tmp_path / "data" / NIGHT1 / "diagnoses.jsonl").write_text(json.dumps({"finding": "p/w2/p0", "diagnosis": "x"})

@@ -119,6 +119,8 @@ def test_nightly_loop_clean_twice_then_a_fault_fails_with_width_and_first_token(
                                                                                              _record(out, run.stderr)]]
     if "--previous" in args:
         assert "w4" in run.stdout and "regress" in run.stdout.lower()
+        # last night's diagnoses offered to tonight's (it had none: the finding above was run)
+        assert f"--diagnose --diagnoses-from {records[1]} " in run.stderr, run.stderr
 
 
 @pytest.mark.model
