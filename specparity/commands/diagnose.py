@@ -49,6 +49,7 @@ def diagnose(record: str, finding: str | None, as_json: bool, record_dir: str | 
         specparity diagnose results/served-host-2026-01-01.md   # not tested: a served job's record (docs/diagnose.md)
         specparity diagnose results --finding w4/p0 --json      # not tested: the same (docs/diagnose.md)
     """
+    from specparity.diagnose.command_worker import command_workers
     from specparity.diagnose.findings import read_findings
     from specparity.diagnose.tree import DiagnoseReport, Models, diagnose_finding
 
@@ -58,11 +59,12 @@ def diagnose(record: str, finding: str | None, as_json: bool, record_dir: str | 
     with run:
         report = DiagnoseReport(str(where), finding=finding)
         models = Models()
-        for f in found:
-            run.observer.note(f"diagnosing {f.id}")
-            d = diagnose_finding(f, read_reproduction(f), models, read_command)
-            report.diagnoses.append(d)
-            run.observer.result("diagnoses", d.to_dict())
+        with command_workers():  # step 8's reruns: one interpreter per environment for all the findings
+            for f in found:
+                run.observer.note(f"diagnosing {f.id}")
+                d = diagnose_finding(f, read_reproduction(f), models, read_command)
+                report.diagnoses.append(d)
+                run.observer.result("diagnoses", d.to_dict())
         return run.finish(report)
 
 

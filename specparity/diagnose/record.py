@@ -119,6 +119,7 @@ def diagnose_record(path: str | os.PathLike[str], reproduction: Callable[[Findin
     record command read as the request it reruns (specparity.commands.diagnose.read_reproduction: the
     command's own reading); note: progress lines; also: served records elsewhere (last night's, given by the
     nightly job's ``--previous``) whose diagnoses are copied as an earlier record's in the same directory are."""
+    from specparity.diagnose.command_worker import command_workers
     from specparity.diagnose.tree import Models, diagnose_finding
     from specparity.errors import SpecparityError
     from specparity.records.served import append_diagnoses, read_served
@@ -144,21 +145,22 @@ def diagnose_record(path: str | os.PathLike[str], reproduction: Callable[[Findin
             continue
         r = reproduction(f)
         todo.setdefault((r.model, r.trust_remote_code) if r is not None else ("", False), []).append((f, r))
-    for (target, _), group in todo.items():
-        models = Models()  # this target's (and its drafters') checkpoints only: let go before the next's
-        for f, r in group:
-            if note is not None:
-                note(f"diagnosing {f.id}")
-            try:
-                d = diagnose_finding(f, r, models, read)
-            except SpecparityError as err:
-                out.failed[f.id] = str(err)
-                continue
-            line = diagnosis_line(f, d.to_dict(), rec.name)
-            append_diagnoses(rec, [line])
-            out.ran.append(line)
-        del models
-        _release()
+    with command_workers():  # step 8's reruns: one interpreter per environment for all the findings
+        for (target, _), group in todo.items():
+            models = Models()  # this target's (and its drafters') checkpoints only: let go before the next's
+            for f, r in group:
+                if note is not None:
+                    note(f"diagnosing {f.id}")
+                try:
+                    d = diagnose_finding(f, r, models, read)
+                except SpecparityError as err:
+                    out.failed[f.id] = str(err)
+                    continue
+                line = diagnosis_line(f, d.to_dict(), rec.name)
+                append_diagnoses(rec, [line])
+                out.ran.append(line)
+            del models
+            _release()
     new = out.ran + out.reused
     if new:
         from specparity.records.served import diagnosis_lines

@@ -166,6 +166,7 @@ def releases(command: str | None, engine: str = "mlx-lm", timeout: float = 600.0
     the tree reruns in process; an engine's own for its loop), oldest mlx-lm release first: the releases where
     it reproduces (exit 1) and where it does not, and the first that fails. An environment not built here is
     named with its build command, never built here."""
+    from specparity.diagnose.command_worker import run_in_worker
     from specparity.engines import get
     from specparity.environments import find_environment
 
@@ -179,10 +180,14 @@ def releases(command: str | None, engine: str = "mlx-lm", timeout: float = 600.0
         if find_environment(env.name) is None:
             unbuilt.append(env.name)
             continue
-        words = shlex.split(command)
-        cmd = shlex.join([*words, "--environment", env.name])
-        code, _, said = run_command([*words, "--environment", env.name], f"step 8 in {env.name}", timeout=timeout,
-                                    as_json=False)
+        words = [*shlex.split(command), "--environment", env.name]
+        cmd = shlex.join(words)
+        answered = run_in_worker(env.name, engine, [*words[1:], "--quiet"], timeout)
+        code: int | None
+        if answered is not None:
+            code, said = answered
+        else:
+            code, _, said = run_command(words, f"step 8 in {env.name}", timeout=timeout, as_json=False)
         verdict = verdict_of(code, {})
         rows.append({"environment": env.name, "release": ".".join(map(str, _release(env))), "exit_code": code,
                      "verdict": verdict.value, "command": cmd, "label": _release_label(env, engine)})

@@ -1,0 +1,213 @@
+"""One interpreter per pinned environment that runs a diagnosis's printed commands in turn.
+
+Step 8 (specparity.diagnose.steps.releases) reruns each finding's reproduction in every built environment
+of its engine. Run as a fresh command each time, every rerun paid two interpreter starts and an mlx-lm
+import (about 1.5 s of a 2 s replay on the tiny fixtures: 16 of them for one night of eight findings).
+Inside :func:`command_workers`, step 8 hands each command to one worker per environment instead: the
+environment's own interpreter (``python -P -m specparity.diagnose.command_worker``, the process environment
+a re-run there gets, marked as that re-run), started on first use, tied to this process, ended when the block
+ends. The worker runs each command line as ``specparity ARGV`` would (specparity.cli's own runner, its exit
+code and last stderr line), in the same interpreter one after another; the command printed beside the step
+is unchanged, and running it alone gives the verdict the worker gave (tests/diagnose run them).
+
+A worker that will not start, dies, or gives no answer within the step's time is ended, and that command
+(and each later one for that environment) runs as its own process as before.
+
+Protocol: one JSON line per command on the worker's stdin, ``{"argv": [...]}`` (argv without the leading
+``specparity``); one JSON line back on the worker's private descriptor (its stdout, which the commands
+cannot write to), ``{"exit_code": n, "said": "last stderr line"}``. End of input: it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+CLOSE_TIMEOUT = 10.0
+
+_ACTIVE: dict[str, CommandWorker] | None = None
+
+
+class CommandWorker:
+    """The worker of one environment (the module docstring)."""
+
+    def __init__(self, environment: str, engine: str):
+        self.environment, self.engine = environment, engine
+        self.proc: subprocess.Popen[str] | None = None
+        self.failed: str | None = None
+        self._sel: selectors.BaseSelector | None = None
+        self._watcher: subprocess.Popen | None = None
+        self.commands = 0
+
+    @property
+    def name(self) -> str:
+        return f"step 8's worker in {self.environment}"
+
+    def _spawn(self) -> None:
+        from specparity.engine_env import RERUN_MARK, engine_environment
+        from specparity.harness.lifecycle import register, spawn_tied
+
+        python, environ = engine_environment(self.engine, self.environment)
+        argv = [python, "-P", "-m", "specparity.diagnose.command_worker"]
+        self.proc, self._watcher, interrupted = spawn_tied(
+            argv, CLOSE_TIMEOUT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, env={**environ, RERUN_MARK: self.engine}, cwd=os.getcwd())
+        register(self)
+        self._sel = selectors.DefaultSelector()
+        assert self.proc.stdout is not None
+        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if interrupted is not None:
+            raise interrupted
+
+    def run(self, argv: list[str], timeout: float) -> tuple[int, str] | None:
+        """``specparity argv`` run in the worker: (exit code, last stderr line); None where the worker cannot
+        answer (it would not start, it exited, or no answer within ``timeout``: it is ended, and this
+        environment's commands run as their own processes from here on)."""
+        if self.failed is not None:
+            return None
+        try:
+            if self.proc is None:
+                self._spawn()
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"argv": list(argv)}) + "\n")
+            self.proc.stdin.flush()
+        except OSError as err:
+            self.failed = f"it would not start or exited ({err})"
+            self.close()
+            return None
+        reply = self._read(timeout)
+        if reply is None or not isinstance(reply.get("exit_code"), int):
+            self.failed = "it exited or gave no answer in time"
+            self.close()
+            return None
+        self.commands += 1
+        return int(reply["exit_code"]), str(reply.get("said") or "")
+
+    def _read(self, timeout: float) -> dict[str, Any] | None:
+        assert self.proc is not None and self.proc.stdout is not None and self._sel is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sel.select(left):
+                return None
+            line = self.proc.stdout.readline()
+            if not line:
+                return None
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+
+    def stop(self) -> None:
+        """Ctrl-C, SIGTERM, exit (the tied registry): its group killed now."""
+        self._end(graceful=False)
+
+    def close(self) -> None:
+        self._end(graceful=True)
+
+    def _end(self, graceful: bool) -> None:
+        from specparity.harness.lifecycle import end_watcher, unregister
+        from specparity.tied import wait_group_gone
+
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if graceful and proc.stdin is not None:
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    proc.stdin.close()
+                    proc.wait(CLOSE_TIMEOUT)
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(CLOSE_TIMEOUT)
+            wait_group_gone(proc.pid, CLOSE_TIMEOUT)
+        finally:
+            unregister(self)
+            if self._watcher is not None:
+                end_watcher(self._watcher)
+                self._watcher = None
+            for f in (proc.stdin, proc.stdout):
+                if f is not None and not f.closed:
+                    with contextlib.suppress(OSError):
+                        f.close()
+            if self._sel is not None:
+                self._sel.close()
+                self._sel = None
+
+
+@contextlib.contextmanager
+def command_workers() -> Iterator[dict[str, CommandWorker]]:
+    """Within the block, step 8 runs its commands in one worker per environment (the module docstring); every
+    worker started is ended when the block ends, however it ends. Nested blocks share the outer one's."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        yield _ACTIVE
+        return
+    _ACTIVE = {}
+    try:
+        yield _ACTIVE
+    finally:
+        workers, _ACTIVE = _ACTIVE, None
+        for w in workers.values():
+            w.close()
+
+
+def run_in_worker(environment: str, engine: str, argv: list[str], timeout: float) -> tuple[int, str] | None:
+    """``specparity argv`` (argv without ``specparity``) run in ``environment``'s worker, where a
+    :func:`command_workers` block is open and that worker can answer: (exit code, last stderr line); None
+    otherwise (the caller runs the command as its own process)."""
+    if _ACTIVE is None:
+        return None
+    worker = _ACTIVE.get(environment)
+    if worker is None:
+        worker = _ACTIVE[environment] = CommandWorker(environment, engine)
+    return worker.run(argv, timeout)
+
+
+def worker() -> int:
+    """The worker's loop: ``python -P -m specparity.diagnose.command_worker`` (the module docstring)."""
+    import gc
+
+    from specparity.cli import _run
+
+    # the answers go to a descriptor of their own: whatever a command (or a library it calls) writes to
+    # descriptor 1 lands on /dev/null, never inside the protocol
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            argv = [str(a) for a in json.loads(line)["argv"]]
+        except (ValueError, KeyError, TypeError):
+            out.write(json.dumps({"exit_code": None, "said": "not a command line"}) + "\n")
+            continue
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = _run(argv, False)
+        said = next((x.strip() for x in reversed(err.getvalue().splitlines()) if x.strip()), "")
+        gc.collect()
+        with contextlib.suppress(ImportError, AttributeError):
+            import mlx.core as mx
+
+            mx.clear_cache()
+        out.write(json.dumps({"exit_code": int(code), "said": said}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker())
