@@ -36,16 +36,14 @@ import json
 import logging
 import os
 import selectors
-import signal
 import subprocess
 import tempfile
-import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
-from specparity.harness.lifecycle import end_watcher, register, spawn_tied, unregister
-from specparity.tied import wait_group_gone
+from specparity.harness.lifecycle import register, spawn_tied, unregister
+from specparity.tied import end_worker, read_json_line
 from specparity.mlx_server import ServerSettings
 from specparity.reference import (
     ColdAnswer,
@@ -194,20 +192,7 @@ class Oracle:
     def _read(self, timeout: float) -> dict[str, Any] | None:
         """The worker's next JSON line (lines that are not JSON objects are skipped); None: it ended or timed out."""
         assert self.proc is not None and self.proc.stdout is not None and self._sel is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._sel.select(left):
-                return None
-            line = self.proc.stdout.readline()
-            if not line:
-                return None
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                return obj
+        return read_json_line(self.proc.stdout, self._sel, timeout)
 
     @property
     def hits_so_far(self) -> int:
@@ -369,32 +354,8 @@ class Oracle:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        try:
-            if graceful:  # EOF on its input: the worker's own way out
-                try:
-                    if proc.stdin is not None:
-                        proc.stdin.close()
-                    proc.wait(CLOSE_TIMEOUT)
-                except (OSError, subprocess.TimeoutExpired):
-                    pass
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # its own group: anything it started goes too
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait(CLOSE_TIMEOUT)
-            wait_group_gone(proc.pid, CLOSE_TIMEOUT)  # its memory back before a server loads the target
+        watcher, sel, self._watcher, self._sel = self._watcher, self._sel, None, None
+        try:  # its group waited for: its memory back before a server loads the target
+            end_worker(proc, watcher, sel, graceful, CLOSE_TIMEOUT)
         finally:
             unregister(self)
-            if self._watcher is not None:
-                end_watcher(self._watcher)
-                self._watcher = None
-            for f in (proc.stdin, proc.stdout):
-                if f is not None and not f.closed:
-                    try:
-                        f.close()
-                    except OSError:
-                        pass
-            if self._sel is not None:
-                self._sel.close()
-                self._sel = None

@@ -192,6 +192,59 @@ def end_watcher(proc: subprocess.Popen) -> None:
         log.error("watcher pid %d survived SIGKILL", proc.pid)
 
 
+def read_json_line(stdout: Any, sel: Any, timeout: float) -> dict[str, Any] | None:
+    """A JSON-lines worker's next object on ``stdout`` (registered with the selector ``sel``); lines that are not
+    JSON objects are skipped. None: it ended, or nothing came within ``timeout`` seconds."""
+    import json
+
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not sel.select(left):
+            return None
+        line = stdout.readline()
+        if not line:
+            return None
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+
+
+def end_worker(proc: subprocess.Popen, watcher: subprocess.Popen | None, sel: Any, graceful: bool,
+               timeout: float) -> None:
+    """End a tied JSON-lines worker: EOF on its input first where ``graceful`` (its own way out, ``timeout``
+    seconds), then SIGKILL to its group, which is waited for (its memory back before the next copy of a model
+    loads); its watcher ended, its pipes and the selector ``sel`` closed."""
+    try:
+        if graceful and proc.stdin is not None:
+            try:
+                proc.stdin.close()
+                proc.wait(timeout)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait(timeout)
+        wait_group_gone(proc.pid, timeout)
+    finally:
+        if watcher is not None:
+            end_watcher(watcher)
+        for f in (proc.stdin, proc.stdout):
+            if f is not None and not f.closed:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        if sel is not None:
+            sel.close()
+
+
 class _Spawner:
     """Forks every server from one thread that lives as long as the process.
 

@@ -294,6 +294,15 @@ def served_results_follow_their_schema(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner.ServedRun, "run", validated)
 
 
+def pid_alive(pid: int) -> bool:
+    """A process ``pid`` exists (signal 0)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def run_cli(cli_bin: str, *args: str, env: dict | None = None, cwd: str | None = None):
     """Run the real CLI in a subprocess; returns CompletedProcess (text). The commands that import
     mlx-lm run forked from a process that imported it once (tests/forkcli.py says when, and why

@@ -25,10 +25,8 @@ import io
 import json
 import os
 import selectors
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,21 +91,10 @@ class CommandWorker:
         return int(reply["exit_code"]), str(reply.get("said") or "")
 
     def _read(self, timeout: float) -> dict[str, Any] | None:
+        from specparity.tied import read_json_line
+
         assert self.proc is not None and self.proc.stdout is not None and self._sel is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._sel.select(left):
-                return None
-            line = self.proc.stdout.readline()
-            if not line:
-                return None
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                return obj
+        return read_json_line(self.proc.stdout, self._sel, timeout)
 
     def stop(self) -> None:
         """Ctrl-C, SIGTERM, exit (the tied registry): its group killed now."""
@@ -117,34 +104,17 @@ class CommandWorker:
         self._end(graceful=True)
 
     def _end(self, graceful: bool) -> None:
-        from specparity.harness.lifecycle import end_watcher, unregister
-        from specparity.tied import wait_group_gone
+        from specparity.harness.lifecycle import unregister
+        from specparity.tied import end_worker
 
         proc, self.proc = self.proc, None
         if proc is None:
             return
+        watcher, sel, self._watcher, self._sel = self._watcher, self._sel, None, None
         try:
-            if graceful and proc.stdin is not None:
-                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                    proc.stdin.close()
-                    proc.wait(CLOSE_TIMEOUT)
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(CLOSE_TIMEOUT)
-            wait_group_gone(proc.pid, CLOSE_TIMEOUT)
+            end_worker(proc, watcher, sel, graceful, CLOSE_TIMEOUT)
         finally:
             unregister(self)
-            if self._watcher is not None:
-                end_watcher(self._watcher)
-                self._watcher = None
-            for f in (proc.stdin, proc.stdout):
-                if f is not None and not f.closed:
-                    with contextlib.suppress(OSError):
-                        f.close()
-            if self._sel is not None:
-                self._sel.close()
-                self._sel = None
 
 
 @contextlib.contextmanager

@@ -11,21 +11,13 @@ from pathlib import Path
 
 import pytest
 from builds import REAL_CACHE, built
-from conftest import build
+from conftest import build, pid_alive
 
 from specparity.environments import ENV_CACHE_VAR
 
 RELEASES = ("mlx-lm-0.31.3", "mlx-lm-0.32.2")
 ROWS = {"kind": "rows", "layer": 2, "subop": "mlp", "min_rows": 4, "scale": 1.5}
 PROMPT = "Speculative decoding drafts several tokens with a small model and verifies them"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -53,13 +45,13 @@ def test_step_8_through_workers_says_what_each_command_alone_says_and_leaves_not
         assert sorted(workers) == list(RELEASES)
         assert [(w.commands, w.failed) for w in workers.values()] == [(2, None), (2, None)]
         pids = [w.proc.pid for w in workers.values() if w.proc is not None]
-        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        assert len(pids) == 2 and all(pid_alive(p) for p in pids)
         # a command printing on stdout (the worker's own descriptor 1) does not reach the answers
         assert run_in_worker(RELEASES[0], "mlx-lm", ["env", "list"], 60) == (0, "")
         assert releases(diverges).verdict.value == "divergent"
     for a, b in zip(alone, through):
         assert (a.verdict, a.evidence, a.command, a.data) == (b.verdict, b.evidence, b.command, b.data)
-    assert not any(_alive(p) for p in pids)  # ended with the block
+    assert not any(pid_alive(p) for p in pids)  # ended with the block
 
     # a worker that dies between commands: that command runs as its own process, the verdict the same
     with command_workers() as workers:

@@ -9,13 +9,13 @@ exist when it starts, and it answers once the checkpoint is there; a release whi
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import pid_alive
 from specparity.fixtures import FixtureInfo
 from specparity.harness.oracle import Oracle
 from specparity.reference import ClassicReference
@@ -23,14 +23,6 @@ from specparity.reference import ClassicReference
 pytestmark = [pytest.mark.model]
 
 BODY = {"prompt": "The cache holds keys and values for every position", "max_tokens": 6}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _imported_mlx(pid: int) -> bool:
@@ -54,7 +46,7 @@ def test_a_waiting_worker_loads_at_its_first_question_and_a_release_keeps_it_unt
             time.sleep(0.05)
         assert _imported_mlx(pid)
         oracle.release()  # a server is about to start: a waiting worker holds no weights, so it stays
-        assert oracle.proc is not None and oracle.proc.pid == pid and _alive(pid)
+        assert oracle.proc is not None and oracle.proc.pid == pid and pid_alive(pid)
         shutil.copytree(llama_pair.target, later)
         answer = oracle.complete("completions", BODY)
         assert answer.completion is not None, answer.error
@@ -64,9 +56,9 @@ def test_a_waiting_worker_loads_at_its_first_question_and_a_release_keeps_it_unt
         oracle.release()  # loaded: a copy of the target, ended before the next server
         assert oracle.proc is None
         deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(pid)
+        assert not pid_alive(pid)
         cost = oracle.cost_dict()
         assert cost is not None and cost["computed"] == 1 and cost["workers"] == 1 and cost["worker_peaks"]
     finally:
