@@ -164,3 +164,21 @@ def test_served_every_first_request_matches_and_a_reused_cache_leaves_classic_de
     for r in list(drafted_self.values())[1:]:
         assert r["evidence"]["first_offset"] == r["evidence"]["cached_tokens"] - 1, r["evidence"]
     assert any("p0-again" in f and "only on a warm cache" in f for f in pairing["findings"])
+
+
+@pytest.mark.build
+@pytest.mark.model
+def test_a_hybrid_target_is_refused_by_mlx_lms_own_check_not_by_the_adapter(cli_bin: str,
+                                                                             tmp_path_factory: pytest.TempPathFactory
+                                                                             ) -> None:
+    """A gated-delta hybrid (qwen3_5: its layer 0 a linear-attention ArraysCache, which keeps no offset): the
+    request path reaches mlx-lm's speculative loop, whose own check refuses a cache it cannot trim. The row is that
+    error (not_run, exit 3: not a pass), never the adapter's own AttributeError reading the cache's offset."""
+    hybrid = cached(build_pair, tmp_path_factory.mktemp("mlx-openai-server-hybrid"), "mlx-openai-server-qwen3_5",
+                    arch="qwen3_5").to_dict()
+    rc, found = e2e(cli_bin, hybrid, 8)
+    assert rc == 3, found  # nothing ran to a verdict: not run
+    for entry in ("MLX_LM", AGAIN):
+        assert found[entry]["verdict"] == "not_run", found[entry]
+        assert "Speculative decoding requires a trimmable prompt cache (got {'ArraysCache'})" in found[entry][
+            "reason"], found[entry]

@@ -25,6 +25,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from specparity.mlx_server import prompt_cache_offset
 from specparity.probes.engine_e2e import Classic, Finding, failed, judge, load_once
 
 ENGINE = "mlx-openai-server"
@@ -97,7 +98,7 @@ def _request(cls: Any, handler: Any, ids: list[int], max_tokens: int) -> tuple[l
     cache, rest = cls._normalize_nonbatch_cache_hit(handler, ids, cache, rest)
     if cache is None:
         cache = model.create_prompt_cache()
-    offset = cache[0].offset
+    offset = prompt_cache_offset(cache)  # a hybrid's layer 0 is a linear-attention cache, which keeps none
     reused = len(ids) - len(rest)
     tokens, flags = [], []
     for chunk in cls._stream_with_lock_and_cache_persist(handler, list(ids), cache, input_ids=rest, prompt_cache=cache,
