@@ -1,7 +1,8 @@
 """The engines' findings table: each engine x fixture shape, filled by the engines' own loops against classic decode.
 
     python -P -m specparity.engine_findings [--engine NAME ...] [--shape SHAPE ...] [--dtype DTYPE ...]
-                                            [--max-tokens N] [--fixtures DIR] [--json]
+                                            [--max-tokens N] [--fixtures DIR] [--json | --grid]
+                                            [--from-json FILE ...]
 
 For every engine that declares its own loops (the registry's ``EngineSpec.loops``) and every
 target shape it takes a drafter for (dense ``qwen3``; the gated-delta ``qwen3_5`` with tied and
@@ -138,6 +139,42 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _cell(r: dict[str, Any]) -> str:
+    """One finding in a few words: the verdict, where it parted (token, round, row, whether an exact tie) or why
+    it did not run."""
+    what = str(r.get("verdict", Verdict.ERROR))
+    if what == Verdict.MATCH:
+        return f"match, {r['accepted']}/{r['drafted']} accepted" if r.get("drafted") else "match"
+    if what == Verdict.DIVERGED and r.get("index") is not None:
+        where = ", ".join(f"{k} {r[k]}" for k in ("round", "row") if r.get(k) is not None)
+        tie = r.get("tie") if isinstance(r.get("tie"), dict) else {}
+        kind = "; an exact logprob tie" if tie.get("logprob_tie") else "; not a tie" if tie else ""
+        return f"diverged at token {r['index']}" + (f" ({where}{kind})" if where or kind else "")
+    if what == Verdict.NOT_ENGAGED:
+        return "not engaged: no draft accepted"
+    if what == Verdict.LOSSY:
+        return "lossy by design (its documented mode)"
+    why = str(r.get("failure") or r.get("reason") or "").split(" (at ")[0].split("; ")[0]
+    return f"{what.replace('_', ' ')}: {why[:100] + ('...' if len(why) > 100 else '')}" if why else what
+
+
+def grid(rows: list[dict[str, Any]]) -> str:
+    """The rows as one table: a line per engine and entry point, a column per target (shape, dtype, head)."""
+    cols: list[tuple[str, str, str]] = []
+    cells: dict[tuple[str, str], dict[tuple[str, str, str], str]] = {}
+    for r in rows:
+        head = "" if r.get("tied") is None else ("tied" if r["tied"] else "untied")
+        col = (str(r["shape"]), str(r["dtype"]), head)
+        if col not in cols:
+            cols.append(col)
+        cells.setdefault((r["engine"], str(r.get("entry", ""))), {})[col] = _cell(r).replace("|", "/")
+    names = [" ".join(x for x in c if x) for c in cols]
+    lines = ["| engine | entry point | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(cols)]
+    for (engine, entry), by in cells.items():
+        lines.append(f"| {engine} | {entry} | " + " | ".join(by.get(c, "") for c in cols) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -P -m specparity.engine_findings", description=__doc__.split("\n")[0])
     ap.add_argument("--engine", action="append", choices=list(engine_formats()))
@@ -148,14 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--fixtures", default="", help="fixture root (default: $SPECPARITY_HOME/fixtures)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--grid", action="store_true", help="one line per engine and entry point, one column per target")
+    ap.add_argument("--from-json", metavar="FILE", action="append", default=[],
+                    help="print the rows a --json run wrote (repeatable), running nothing")
     a = ap.parse_args(argv)
     from specparity.fixtures import fixtures_home
 
     shapes = [(s, t) for s, t in SHAPES if not a.shape or f"{s}-{'tied' if t else 'untied'}" in a.shape]
     archs = tuple(x for x in PLAIN_ARCHS if not a.shape or x in a.shape)
-    rows = findings(a.engine or list(engine_formats()), shapes, a.dtype or list(DTYPES), a.max_tokens,
-                    Path(a.fixtures) if a.fixtures else fixtures_home(), archs)
-    print(json.dumps(rows, indent=1) if a.json else markdown(rows))
+    if a.from_json:
+        rows = [r for f in a.from_json for r in json.loads(Path(f).read_text())]
+    else:
+        rows = findings(a.engine or list(engine_formats()), shapes, a.dtype or list(DTYPES), a.max_tokens,
+                        Path(a.fixtures) if a.fixtures else fixtures_home(), archs)
+    print(json.dumps(rows, indent=1) if a.json else grid(rows) if a.grid else markdown(rows))
     return 1 if any(r.get("verdict") == Verdict.DIVERGED for r in rows) else 0
 
 

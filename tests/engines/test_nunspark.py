@@ -264,3 +264,18 @@ def test_the_findings_table_runs_an_engine_that_drafts_with_a_plain_drafter(tmp_
     assert {r["shape"] for r in rows.values()} == {"llama"}
     assert rows["speculative_generate"]["verdict"] == "match" and rows["speculative_generate"]["accepted"] > 0
     assert rows["adaptive_speculative_generate"]["verdict"] == "diverged"
+    # the same rows as one table (--grid, from the --json it wrote: nothing run again): a column per target, a
+    # line per entry point, each cell the row's verdict and where it parted
+    saved = tmp_path / "rows.json"
+    saved.write_text(proc.stdout)
+    table = subprocess.run([sys.executable, "-P", "-m", "specparity.engine_findings", "--grid", "--from-json",
+                            str(saved)], capture_output=True, text=True, timeout=60)
+    assert table.returncode == 1, table.stderr  # the rows hold a divergence: the exit code says so as the run did
+    lines = table.stdout.splitlines()
+    assert lines[0] == "| engine | entry point | llama float32 |" and len(lines) == 2 + len(rows)
+    ad = rows["adaptive_speculative_generate"]
+    tie = "an exact logprob tie" if ad["tie"]["logprob_tie"] else "not a tie"
+    assert (f"| nunspark | adaptive_speculative_generate | diverged at token {ad['index']} (round {ad['round']}, row"
+            f" {ad['row']}; {tie}) |") in lines
+    sg = rows["speculative_generate"]
+    assert f"| nunspark | speculative_generate | match, {sg['accepted']}/{sg['drafted']} accepted |" in lines
