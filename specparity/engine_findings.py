@@ -147,7 +147,7 @@ def _cell(r: dict[str, Any]) -> str:
         return f"match, {r['accepted']}/{r['drafted']} accepted" if r.get("drafted") else "match"
     if what == Verdict.DIVERGED and r.get("index") is not None:
         where = ", ".join(f"{k} {r[k]}" for k in ("round", "row") if r.get(k) is not None)
-        tie = r.get("tie") if isinstance(r.get("tie"), dict) else {}
+        tie: dict[str, Any] = r["tie"] if isinstance(r.get("tie"), dict) else {}
         kind = "; an exact logprob tie" if tie.get("logprob_tie") else "; not a tie" if tie else ""
         return f"diverged at token {r['index']}" + (f" ({where}{kind})" if where or kind else "")
     if what == Verdict.NOT_ENGAGED:
