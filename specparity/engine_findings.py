@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specparity.errors import UsageError
 from specparity.fixtures.dflash import DTYPES
 from specparity.tied import run_tied_captured
 from specparity.verdicts import Verdict
@@ -45,6 +46,21 @@ def engine_formats() -> dict[str, str]:
 
     return {name: (spec.fixture_kind or PLAIN) if spec.drafter_checkpoint else ""
             for name, spec in registry().items() if spec.loops is not None}
+
+
+def shape_name(shape: str, tied: bool) -> str:
+    """A target shape as ``--shape`` names it: ``qwen3_5-tied``."""
+    return f"{shape}-{'tied' if tied else 'untied'}"
+
+
+def format_shapes(kind: str, asked: set[str] | None = None) -> list[tuple[str, bool]]:
+    """The target shapes, tied and untied, the table builds in drafter format ``kind``: the format's own
+    (``DrafterFormat.shapes``), else :data:`SHAPES`; only those ``asked`` names (--shape) where it names any."""
+    from specparity.engines import drafter_formats
+
+    own = drafter_formats()[kind].shapes
+    every = [(s, t) for s in own for t in (True, False)] if own else list(SHAPES)
+    return [x for x in every if asked is None or shape_name(*x) in asked]
 
 
 def fixture(kind: str, shape: str, dtype: str, tied: bool, root: Path) -> dict[str, Any]:
@@ -101,10 +117,11 @@ def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: A
     return rows
 
 
-def findings(engines: list[str], shapes: list[tuple[str, bool]], dtypes: list[str], max_tokens: int,
+def findings(engines: list[str], shapes: set[str] | None, dtypes: list[str], max_tokens: int,
              root: Path, archs: tuple[str, ...] = PLAIN_ARCHS) -> list[dict[str, Any]]:
-    """Each engine's rows: on every ``shapes`` x ``dtypes`` fixture of its drafter format, on every ``archs`` x
-    ``dtypes`` plain pair where it drafts with a plain drafter, or once where its drafter is inside the target."""
+    """Each engine's rows: on every target shape of its drafter format (:func:`format_shapes`; ``shapes``: only
+    these names, None: all) x ``dtypes``, on every ``archs`` x ``dtypes`` plain pair where it drafts with a plain
+    drafter, or once where its drafter is inside the target."""
     out: list[dict[str, Any]] = []
     for engine in engines:
         kind = engine_formats()[engine]
@@ -119,9 +136,14 @@ def findings(engines: list[str], shapes: list[tuple[str, bool]], dtypes: list[st
                     out += [{**row, "shape": arch, "dtype": dtype, "tied": None}
                             for row in run_engine(engine, info, max_tokens)]
             continue
-        for shape, tied in shapes:
+        for shape, tied in format_shapes(kind, shapes):
             for dtype in dtypes:
-                info = fixture(kind, shape, dtype, tied, root)
+                try:
+                    info = fixture(kind, shape, dtype, tied, root)
+                except UsageError as err:  # a shape or dtype its builder does not take: said, never a pass
+                    out.append({"engine": engine, "entry": "*", "verdict": Verdict.NOT_RUN, "shape": shape,
+                                "dtype": dtype, "tied": tied, "failure": f"no {kind} fixture of this shape: {err}"})
+                    continue
                 for row in run_engine(engine, info, max_tokens):
                     out.append({**row, "shape": shape, "dtype": dtype, "tied": tied,
                                 "fixture_mix": (info.get("accept_mix") or {}).get("summary")})
@@ -178,8 +200,9 @@ def grid(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -P -m specparity.engine_findings", description=__doc__.split("\n")[0])
     ap.add_argument("--engine", action="append", choices=list(engine_formats()))
-    ap.add_argument("--shape", action="append", choices=sorted({f"{s}-{'tied' if t else 'untied'}"
-                                                                for s, t in SHAPES} | set(PLAIN_ARCHS)),
+    kinds = {k for k in engine_formats().values() if k and k != PLAIN}
+    ap.add_argument("--shape", action="append", choices=sorted({shape_name(*x) for k in kinds for x in format_shapes(k)}
+                                                               | {shape_name(*x) for x in SHAPES} | set(PLAIN_ARCHS)),
                     help="a drafter format's target shape, or a plain pair's architecture")
     ap.add_argument("--dtype", action="append", choices=list(DTYPES))
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -191,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from specparity.fixtures import fixtures_home
 
-    shapes = [(s, t) for s, t in SHAPES if not a.shape or f"{s}-{'tied' if t else 'untied'}" in a.shape]
+    shapes = set(a.shape) if a.shape else None
     archs = tuple(x for x in PLAIN_ARCHS if not a.shape or x in a.shape)
     if a.from_json:
         rows = [r for f in a.from_json for r in json.loads(Path(f).read_text())]

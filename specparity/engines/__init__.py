@@ -226,11 +226,14 @@ class DrafterFormat:
            :class:`specparity.fixtures.MadeFixture` (``block_size``: the verify rows asked, None: the
            format's own default; ``note``: a progress line before a long build)
     help   what it is, one line for ``--help``
+    shapes the ``--dflash`` target shapes its builder takes (empty: every shape the DFlash formats build;
+           the findings table builds these)
     """
 
     name: str
     build: Ref
     help: str = ""
+    shapes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"drafter format {self.name!r}"
@@ -240,6 +243,8 @@ class DrafterFormat:
             raise UsageError(f"{where}: a name is lowercase letters, digits, '.', '_' and '-' (at most 64)")
         _check_ref(where, "build", self.build)
         _check(where, "help", self.help, str)
+        if not isinstance(self.shapes, tuple) or not all(isinstance(x, str) and x for x in self.shapes):
+            raise UsageError(f"{where}: shapes is a tuple of shape names")
 
     def make(self, out_dir: str, *, shape: str, dtype: str, tied: bool, block_size: int | None, seed: int,
              overwrite: bool, note: Callable[[str], None]) -> Any:

@@ -332,6 +332,7 @@ WRONG_SHAPES = {
     "hooks": "hooks='pkg:attr'",
     "build": "drafter_format=DrafterFormat('fmt', 42)",
     "name": "drafter_format=DrafterFormat('../fmt\\nx', 'm:f')",
+    "shapes": "drafter_format=DrafterFormat('fmt', 'm:f', shapes='qwen3')",
 }
 
 

@@ -70,5 +70,6 @@ ENGINE = EngineSpec(
     loops="specparity.engines.mlx_lm_broomva.loops:loops",
     default_checkpoints=default_checkpoints,
     drafter_format=DrafterFormat(FORMAT, "specparity.engines.mlx_lm_broomva.fixtures:gemma4_format",
-                                 "a Gemma 4 target with a gemma4_assistant MTP drafter (mlx-lm-broomva's)"),
+                                 "a Gemma 4 target with a gemma4_assistant MTP drafter (mlx-lm-broomva's)",
+                                 shapes=("gemma4-e2b", "gemma4-31b")),
 )

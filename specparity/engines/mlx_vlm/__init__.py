@@ -42,5 +42,6 @@ ENGINE = EngineSpec(
     # its fixture is yunshu's, re-templated for its server's chat prompts
     builds_on=("yunshu",),
     drafter_format=DrafterFormat("mlx-vlm", "specparity.engines.mlx_vlm.fixtures:mlx_vlm_format",
-                                 "yunshu's qwen3_5 VLM fixture, its chat template reading a message's text parts"),
+                                 "yunshu's qwen3_5 VLM fixture, its chat template reading a message's text parts",
+                                 shapes=("qwen3_5", "qwen3_5-equal-heads")),
 )

@@ -52,5 +52,6 @@ ENGINE = EngineSpec(
     builds_on=("mtplx",),
     hooks="specparity.engines.yunshu.served",
     drafter_format=DrafterFormat("yunshu", "specparity.engines.yunshu.fixtures:yunshu_format",
-                                 "a qwen3_5 VLM checkpoint with its MTP head inside, and a DFlash drafter (yunshu)"),
+                                 "a qwen3_5 VLM checkpoint with its MTP head inside, and a DFlash drafter (yunshu)",
+                                 shapes=("qwen3_5", "qwen3_5-equal-heads")),
 )

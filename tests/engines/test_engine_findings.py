@@ -1,0 +1,61 @@
+"""The findings table's own choices (specparity.engine_findings): which target shapes each drafter format is built
+in, and a shape its builder refuses. The table's runs on real engines are pinned in each engine's test module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specparity import engine_findings
+from specparity.engine_findings import SHAPES, format_shapes, shape_name
+from specparity.engines import drafter_formats, registry
+from specparity.errors import UsageError
+
+
+def test_each_format_is_built_in_the_shapes_it_declares_else_the_dflash_shapes() -> None:
+    formats = drafter_formats()
+    declared = {k: f.shapes for k, f in formats.items() if f.shapes}
+    assert declared, "no format declares its own shapes"
+    for kind, fmt in formats.items():
+        got = format_shapes(kind)
+        if fmt.shapes:
+            assert got == [(s, t) for s in fmt.shapes for t in (True, False)], kind
+        else:
+            assert got == list(SHAPES), kind
+    # --shape keeps only the names it gives, whatever the format
+    kind, shapes = next(iter(declared.items()))
+    assert format_shapes(kind, {shape_name(shapes[0], True)}) == [(shapes[0], True)]
+    assert format_shapes(kind, {"qwen3-untied"}) == ([("qwen3", False)] if "qwen3" in shapes else [])
+
+
+def test_every_declared_shape_is_one_its_builder_takes() -> None:
+    """A declared shape the builder refuses would be a row of errors in the table: each format's builder is asked
+    for its config (no weights) where it exposes one."""
+    import importlib
+
+    for kind, fmt in drafter_formats().items():
+        module = importlib.import_module(fmt.build.split(":")[0])
+        config = getattr(module, "target_config", None)
+        for shape in fmt.shapes if config is not None else ():
+            assert config(shape, "float32", True)["tie_word_embeddings"] is True, (kind, shape)
+        if config is not None and fmt.shapes:
+            with pytest.raises(UsageError):
+                config("no-such-shape", "float32", True)
+
+
+def test_a_shape_the_builder_refuses_is_a_not_run_row_and_the_table_goes_on(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = next(n for n, s in registry().items() if s.loops is not None and s.fixture_kind)
+    ran: list[str] = []
+
+    def refuse(kind: str, shape: str, dtype: str, tied: bool, root: Path) -> dict:
+        raise UsageError(f"--dflash {shape!r}: not built in this format")
+
+    monkeypatch.setattr(engine_findings, "fixture", refuse)
+    monkeypatch.setattr(engine_findings, "run_engine", lambda *a, **k: ran.append("x") or [])
+    rows = engine_findings.findings([engine], None, ["float32"], 8, tmp_path)
+    kind = engine_findings.engine_formats()[engine]
+    assert len(rows) == len(format_shapes(kind)) and not ran
+    assert {r["verdict"] for r in rows} == {"not_run"}
+    assert all(r["failure"].startswith(f"no {kind} fixture of this shape: --dflash ") for r in rows), rows
