@@ -4,6 +4,7 @@ in, and a shape its builder refuses. The table's runs on real engines are pinned
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,8 +36,8 @@ def test_every_declared_shape_is_one_its_builder_takes() -> None:
     import importlib
 
     for kind, fmt in drafter_formats().items():
-        module = importlib.import_module(fmt.build.split(":")[0])
-        config = getattr(module, "target_config", None)
+        module = importlib.import_module(str(fmt.build).split(":")[0])
+        config: Any = getattr(module, "target_config", None)
         for shape in fmt.shapes if config is not None else ():
             assert config(shape, "float32", True)["tie_word_embeddings"] is True, (kind, shape)
         if config is not None and fmt.shapes:
@@ -53,7 +54,11 @@ def test_a_shape_the_builder_refuses_is_a_not_run_row_and_the_table_goes_on(tmp_
         raise UsageError(f"--dflash {shape!r}: not built in this format")
 
     monkeypatch.setattr(engine_findings, "fixture", refuse)
-    monkeypatch.setattr(engine_findings, "run_engine", lambda *a, **k: ran.append("x") or [])
+    def run(*a: Any, **k: Any) -> list[dict]:
+        ran.append("x")
+        return []
+
+    monkeypatch.setattr(engine_findings, "run_engine", run)
     rows = engine_findings.findings([engine], None, ["float32"], 8, tmp_path)
     kind = engine_findings.engine_formats()[engine]
     assert len(rows) == len(format_shapes(kind)) and not ran
