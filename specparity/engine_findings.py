@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -169,6 +170,10 @@ def _cell(r: dict[str, Any]) -> str:
         return f"match, {r['accepted']}/{r['drafted']} accepted" if r.get("drafted") else "match"
     if what == Verdict.DIVERGED and r.get("index") is not None:
         where = ", ".join(f"{k} {r[k]}" for k in ("round", "row") if r.get(k) is not None)
+        limit = re.search(r"classic stopped at max_tokens=(\d+)", str(r.get("reason") or ""))
+        if limit:  # a length finding: the engine went on where classic decode stopped
+            return (f"{len(r.get('tokens') or [])} tokens where max_tokens is {limit.group(1)}"
+                    + (f" ({where})" if where else ""))
         tie: dict[str, Any] = r["tie"] if isinstance(r.get("tie"), dict) else {}
         kind = "; an exact logprob tie" if tie.get("logprob_tie") else "; not a tie" if tie else ""
         return f"diverged at token {r['index']}" + (f" ({where}{kind})" if where or kind else "")

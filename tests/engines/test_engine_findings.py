@@ -64,3 +64,20 @@ def test_a_shape_the_builder_refuses_is_a_not_run_row_and_the_table_goes_on(tmp_
     assert len(rows) == len(format_shapes(kind)) and not ran
     assert {r["verdict"] for r in rows} == {"not_run"}
     assert all(r["failure"].startswith(f"no {kind} fixture of this shape: --dflash ") for r in rows), rows
+
+
+def test_a_cell_says_a_length_finding_a_tie_and_a_refusal_in_a_few_words() -> None:
+    from specparity.engine_findings import _cell
+
+    past = {"verdict": "diverged", "index": 32, "round": 20, "row": 1, "tokens": list(range(33)),
+            "classic": list(range(32)), "tie": None,
+            "reason": "token 32: engine 392, classic stopped at max_tokens=32 (the engine emitted 33), at round 20"}
+    assert _cell(past) == "33 tokens where max_tokens is 32 (round 20, row 1)"
+    tie = {"verdict": "diverged", "index": 19, "round": 7, "row": 4, "tie": {"logprob_tie": True},
+           "reason": "token 19: engine 80, classic 14"}
+    assert _cell(tie) == "diverged at token 19 (round 7, row 4; an exact logprob tie)"
+    assert _cell({**tie, "tie": {"logprob_tie": False}}) == "diverged at token 19 (round 7, row 4; not a tie)"
+    refused = {"verdict": "error", "failure": "ValueError: unsupported model_type 'qwen3_5'; it streams: a, b"
+               " (at nunspark/engine.py:12)"}
+    assert _cell(refused) == "error: ValueError: unsupported model_type 'qwen3_5'"
+    assert _cell({"verdict": "match", "accepted": 3, "drafted": 9}) == "match, 3/9 accepted"
