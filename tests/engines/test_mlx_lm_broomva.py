@@ -168,3 +168,21 @@ def test_a_plain_drafter_is_refused_with_its_cause(cli_bin: str, tmp_path_factor
     f = got["mtp_speculative_generate_step"]
     # the engine's error: e2e's not_run (exit 3), never a pass
     assert code == 3 and f["verdict"] == "not_run" and "not an MTP drafter" in json.dumps(f), f
+
+
+@pytest.mark.model
+@pytest.mark.build
+def test_its_step_generator_is_read_to_eos_as_its_callers_read_it(cli_bin: str,
+                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The untied E2B pair: classic decode emits its eos after 8 tokens of the embedded prompt.
+    ``mtp_speculative_generate_step`` (like mlx-lm's ``generate_step``) yields on past eos by design; its callers
+    (``stream_generate``, its CLI) stop there. Read to eos as they read it, it matches with drafts accepted; read to
+    ``max_tokens`` it was a false \"diverged at token 8\" (the findings table's row before)."""
+    pair = cached(build_gemma4_pair, tmp_path_factory.mktemp("broomva-untied"), "broomva-e2b-float32-untied",
+                  shape="gemma4-e2b", dtype="float32", tied=False).to_dict()
+    code, got = e2e(cli_bin, pair["target"])
+    assert code == 0, got
+    for entry in ENTRIES:
+        f = got[entry]
+        assert f["verdict"] == "match" and f["drafter"]["drafted"] > 0, f
+        assert len(f["drafter"]["tokens"]) == len(f["classic"]["tokens"]) < 32, f  # it stopped at classic's eos

@@ -173,9 +173,12 @@ def run_entry(entry: str, pair: Callable[[], dict[str, Any]], target: str, draft
         g = generate_module()
         with recording(recorder):
             if entry == "mtp_speculative_generate_step":
-                for _ in g.mtp_speculative_generate_step(mx.array(prompt), loaded["model"], loaded["draft"],
-                                                         max_tokens=n):
-                    pass
+                # a step generator runs on past eos (as mlx-lm's generate_step does): its callers stop at the
+                # tokenizer's eos, so the loop here stops there as they do, and classic decode stops there too
+                for token, *_ in g.mtp_speculative_generate_step(mx.array(prompt), loaded["model"], loaded["draft"],
+                                                                 max_tokens=n):
+                    if int(token) in ref.eos:
+                        break
             elif entry == "stream_generate":
                 for _ in g.stream_generate(loaded["model"], loaded["tokenizer"], mx.array(prompt), max_tokens=n,
                                            draft_model=loaded["draft"]):
