@@ -123,6 +123,41 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
+def command_worker() -> int:
+    """Step 8's worker in a pinned environment (specparity.diagnose.command_worker, which starts it): one JSON line
+    ``{"argv": [...]}`` per command on stdin, each run as ``specparity ARGV`` runs (:func:`_run`), one line back
+    ``{"exit_code": n, "said": "last stderr line"}`` on a descriptor of its own (whatever a command writes to
+    descriptor 1 lands on /dev/null, never inside the answers). End of input: it exits."""
+    import contextlib
+    import gc
+    import io
+    import json
+
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            argv = [str(a) for a in json.loads(line)["argv"]]
+        except (ValueError, KeyError, TypeError):
+            out.write(json.dumps({"exit_code": None, "said": "not a command line"}) + "\n")
+            continue
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = _run(argv, False)
+        said = next((x.strip() for x in reversed(err.getvalue().splitlines()) if x.strip()), "")
+        gc.collect()  # the command's checkpoints let go before the next loads its own
+        with contextlib.suppress(ImportError, AttributeError):
+            import mlx.core as mx
+
+            mx.clear_cache()
+        out.write(json.dumps({"exit_code": int(code), "said": said}) + "\n")
+    return 0
+
+
 def _run(args: list[str], debug: bool) -> int:
     """Run the command line ``args``; its exit code, each known error reported on one line (on stderr,
     and as the ``--json`` object on stdout where the command line asked for --json)."""

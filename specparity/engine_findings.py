@@ -167,7 +167,7 @@ def _cell(r: dict[str, Any]) -> str:
     it did not run."""
     what = str(r.get("verdict", Verdict.ERROR))
     if what == Verdict.MATCH:
-        return f"match, {r['accepted']}/{r['drafted']} accepted" if r.get("drafted") else "match"
+        return f"{what}, {r['accepted']}/{r['drafted']} accepted" if r.get("drafted") else what
     if what == Verdict.DIVERGED and r.get("index") is not None:
         where = ", ".join(f"{k} {r[k]}" for k in ("round", "row") if r.get(k) is not None)
         limit = re.search(r"classic stopped at max_tokens=(\d+)", str(r.get("reason") or ""))

@@ -721,9 +721,7 @@ class Served:
         return asdict(self)
 
 
-def prompt_cache_offset(caches: list[Any]) -> int | None:
-    """The positions a prompt cache holds: the least offset of its layers that keep one (a hybrid's
-    linear-attention layers keep none); None where no layer does."""
+def _offset(caches: list[Any]) -> int | None:
     offs = [int(o) for o in (getattr(c, "offset", None) for c in caches) if isinstance(o, int)]
     return min(offs) if offs else None
 
@@ -791,8 +789,8 @@ class ServingLoop:
         if cache is None:
             cache = fresh_cache(self.model, self.draft_model)
         else:
-            out.held = prompt_cache_offset(cache[:n_target])
-            out.draft_held = prompt_cache_offset(cache[n_target:]) if self.draft_model is not None else None
+            out.held = _offset(cache[:n_target])
+            out.draft_held = _offset(cache[n_target:]) if self.draft_model is not None else None
         num_draft = params.num_draft_tokens if params.num_draft_tokens is not None else self.settings.num_draft_tokens
         gens = stream_generate(model=self.model, tokenizer=self.tokenizer, prompt=rest,
                                max_tokens=params.max_tokens, sampler=sampler, logits_processors=processors,
@@ -830,7 +828,7 @@ class ServingLoop:
         cache, rest = self.lru.fetch_nearest_cache(self.model_key, list(prompt.ids))
         out.cached = n = len(prompt.ids) - len(rest)
         if cache is not None:
-            out.held = prompt_cache_offset(cache)
+            out.held = _offset(cache)
         while n > 0:
             if n >= len(segments[0]):
                 n -= len(segments.pop(0))

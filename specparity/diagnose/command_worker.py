@@ -4,7 +4,7 @@ Step 8 (specparity.diagnose.steps.releases) reruns each finding's reproduction i
 of its engine. Run as a fresh command each time, every rerun paid two interpreter starts and an mlx-lm
 import (about 1.5 s of a 2 s replay on the tiny fixtures: 16 of them for one night of eight findings).
 Inside :func:`command_workers`, step 8 hands each command to one worker per environment instead: the
-environment's own interpreter (``python -P -m specparity.diagnose.command_worker``, the process environment
+environment's own interpreter (running ``specparity.cli.command_worker``, the process environment
 a re-run there gets, marked as that re-run), started on first use, tied to this process, ended when the block
 ends. The worker runs each command line as ``specparity ARGV`` would (specparity.cli's own runner, its exit
 code and last stderr line), in the same interpreter one after another; the command printed beside the step
@@ -21,16 +21,16 @@ cannot write to), ``{"exit_code": n, "said": "last stderr line"}``. End of input
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import selectors
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 CLOSE_TIMEOUT = 10.0
+# the worker's loop lives with the CLI it runs (specparity.cli.command_worker)
+WORKER_MAIN = "import sys; from specparity.cli import command_worker; sys.exit(command_worker())"
 
 _ACTIVE: dict[str, CommandWorker] | None = None
 
@@ -55,7 +55,7 @@ class CommandWorker:
         from specparity.harness.lifecycle import register, spawn_tied
 
         python, environ = engine_environment(self.engine, self.environment)
-        argv = [python, "-P", "-m", "specparity.diagnose.command_worker"]
+        argv = [python, "-P", "-c", WORKER_MAIN]
         self.proc, self._watcher, interrupted = spawn_tied(
             argv, CLOSE_TIMEOUT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, env={**environ, RERUN_MARK: self.engine}, cwd=os.getcwd())
@@ -144,40 +144,3 @@ def run_in_worker(environment: str, engine: str, argv: list[str], timeout: float
     if worker is None:
         worker = _ACTIVE[environment] = CommandWorker(environment, engine)
     return worker.run(argv, timeout)
-
-
-def worker() -> int:
-    """The worker's loop: ``python -P -m specparity.diagnose.command_worker`` (the module docstring)."""
-    import gc
-
-    from specparity.cli import _run
-
-    # the answers go to a descriptor of their own: whatever a command (or a library it calls) writes to
-    # descriptor 1 lands on /dev/null, never inside the protocol
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.close(devnull)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            argv = [str(a) for a in json.loads(line)["argv"]]
-        except (ValueError, KeyError, TypeError):
-            out.write(json.dumps({"exit_code": None, "said": "not a command line"}) + "\n")
-            continue
-        err = io.StringIO()
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            code = _run(argv, False)
-        said = next((x.strip() for x in reversed(err.getvalue().splitlines()) if x.strip()), "")
-        gc.collect()
-        with contextlib.suppress(ImportError, AttributeError):
-            import mlx.core as mx
-
-            mx.clear_cache()
-        out.write(json.dumps({"exit_code": int(code), "said": said}) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(worker())

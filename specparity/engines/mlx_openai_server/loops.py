@@ -25,7 +25,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from specparity.mlx_server import prompt_cache_offset
+from specparity.decode import cache_offset
 from specparity.probes.engine_e2e import Classic, Finding, failed, judge, load_once
 
 ENGINE = "mlx-openai-server"
@@ -98,7 +98,8 @@ def _request(cls: Any, handler: Any, ids: list[int], max_tokens: int) -> tuple[l
     cache, rest = cls._normalize_nonbatch_cache_hit(handler, ids, cache, rest)
     if cache is None:
         cache = model.create_prompt_cache()
-    offset = prompt_cache_offset(cache)  # a hybrid's layer 0 is a linear-attention cache, which keeps none
+    # the target's first layer that keeps an offset (a hybrid's layer 0 is a linear-attention cache: none)
+    offset = next((o for o in map(cache_offset, cache) if o is not None), None)
     reused = len(ids) - len(rest)
     tokens, flags = [], []
     for chunk in cls._stream_with_lock_and_cache_persist(handler, list(ids), cache, input_ids=rest, prompt_cache=cache,
