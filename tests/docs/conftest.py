@@ -34,7 +34,7 @@ from specparity.fixtures import build_cache
 from sybil import Document, Region, Sybil
 from sybil.integration.pytest import SybilFile, SybilItem
 
-pytest.register_assert_rewrite("matrix_night")  # AFTER's checks say what differed
+pytest.register_assert_rewrite("matrix_night", "openai_served")  # AFTER's checks say what differed
 
 # Documented lines whose stated outcome is right and the product's is not: expected failures until it is
 # fixed (strict: a fixed product turns them into failures to remove from here). Keyed by the page and the
@@ -45,6 +45,8 @@ XFAIL: dict[tuple[str, str], str] = {}
 AFTER: dict[tuple[str, str], str] = {
     ("docs/nightly.md", "scripts/nightly-parity examples/nightly-matrix.yaml --matrix mlx-lm-0.31.3,mlx-lm-0.32.2"
      " --out matrix"): "matrix_night:check",
+    ("docs/engines.md", "specparity served --profile mlx-openai-server --model ./fx/llama/target --draft-model"
+     " ./fx/llama/draft --widths 2,4 --max-tokens 16 --concurrency 0 --record-dir runs"): "openai_served:check",
 }
 
 # The pages that take a minute or more, longest first (the tier alone, 3 workers, a quiet machine: nightly 3 min,
@@ -323,11 +325,13 @@ def evaluate(example: Any) -> str | None:
 
 
 def after_check(target: str, cwd: Path, command: str, proc: subprocess.CompletedProcess[str]) -> list[str]:
-    """AFTER's check of a line that did what its page says, on its ``--out`` folder: its failure as a problem."""
+    """AFTER's check of a line that did what its page says, on its ``--out`` (or ``--record-dir``) folder: its
+    failure as a problem."""
     import importlib
 
     module, func = target.split(":")
-    out = cwd / command.split("--out ", 1)[1].split()[0]
+    flag = "--out " if "--out " in command else "--record-dir "
+    out = cwd / command.split(flag, 1)[1].split()[0]
     try:
         getattr(importlib.import_module(module), func)(out, proc.stdout, proc.stderr)
     except AssertionError as err:

@@ -196,6 +196,9 @@ def test_an_after_check_failure_is_the_lines_problem(tmp_path: Path) -> None:
             "after_fails:check: night: some"]
         assert docs.after_check("after_fails:check", tmp_path, "x --out night",
                                 subprocess.CompletedProcess(["x"], 0, "all", "")) == []
+        # a served line's folder is its --record-dir
+        assert docs.after_check("after_fails:check", tmp_path, "specparity served --record-dir runs --quiet",
+                                proc) == ["after_fails:check: runs: some"]
     finally:
         sys.path.remove(str(tmp_path))
 
