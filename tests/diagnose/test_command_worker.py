@@ -27,6 +27,7 @@ def real_envs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_CACHE_VAR, str(REAL_CACHE))
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
 def test_step_8_through_workers_says_what_each_command_alone_says_and_leaves_nothing_running(

@@ -170,6 +170,7 @@ def test_a_plain_drafter_is_refused_with_its_cause(cli_bin: str, tmp_path_factor
     assert code == 3 and f["verdict"] == "not_run" and "not an MTP drafter" in json.dumps(f), f
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
 def test_its_step_generator_is_read_to_eos_as_its_callers_read_it(cli_bin: str,
