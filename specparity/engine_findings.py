@@ -156,10 +156,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         what = r.get("verdict", Verdict.ERROR)
         detail = r.get("failure") or r.get("reason", "")
-        head = "" if r.get("tied") is None else ("tied" if r["tied"] else "untied")
+        head = _head(r)
         lines.append(f"| {r['engine']} | {r.get('entry', '')} | {r['shape']} | {r['dtype']} | {head} |"
                      f" **{what}**: {detail.replace('|', '/')} |")
     return "\n".join(lines)
+
+
+def _head(r: dict[str, Any]) -> str:
+    """A row's head as a table says it: tied, untied, or "" (a plain pair's, not varied)."""
+    return "" if r.get("tied") is None else ("tied" if r["tied"] else "untied")
 
 
 def _cell(r: dict[str, Any]) -> str:
@@ -190,7 +195,7 @@ def grid(rows: list[dict[str, Any]]) -> str:
     cols: list[tuple[str, str, str]] = []
     cells: dict[tuple[str, str], dict[tuple[str, str, str], str]] = {}
     for r in rows:
-        head = "" if r.get("tied") is None else ("tied" if r["tied"] else "untied")
+        head = _head(r)
         col = (str(r["shape"]), str(r["dtype"]), head)
         if col not in cols:
             cols.append(col)
@@ -222,7 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     shapes = set(a.shape) if a.shape else None
     archs = tuple(x for x in PLAIN_ARCHS if not a.shape or x in a.shape)
     if a.from_json:
-        rows = [r for f in a.from_json for r in json.loads(Path(f).read_text())]
+        rows = []
+        for f in a.from_json:
+            try:
+                got = json.loads(Path(f).read_text())
+                if not isinstance(got, list) or not all(isinstance(r, dict) and "engine" in r for r in got):
+                    raise ValueError(f)
+                rows += got
+            except (OSError, ValueError) as err:  # one line, the usage exit code: nothing was run
+                print(f"Error: --from-json {f}: {err.strerror if isinstance(err, OSError) else 'not JSON rows'}",
+                      file=sys.stderr)
+                return 2
     else:
         rows = findings(a.engine or list(engine_formats()), shapes, a.dtype or list(DTYPES), a.max_tokens,
                         Path(a.fixtures) if a.fixtures else fixtures_home(), archs)

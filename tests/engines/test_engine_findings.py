@@ -81,3 +81,17 @@ def test_a_cell_says_a_length_finding_a_tie_and_a_refusal_in_a_few_words() -> No
                " (at nunspark/engine.py:12)"}
     assert _cell(refused) == "error: ValueError: unsupported model_type 'qwen3_5'"
     assert _cell({"verdict": "match", "accepted": 3, "drafted": 9}) == "match, 3/9 accepted"
+
+
+def test_from_json_that_cannot_be_read_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad, odd = tmp_path / "rows.json", tmp_path / "odd.json"
+    bad.write_text("{not json")
+    odd.write_text('{"engine": "x"}')  # JSON, not a list of rows
+    for f, said in ((tmp_path / "gone.json", "No such file or directory"), (bad, "not JSON rows"),
+                    (odd, "not JSON rows")):
+        proc = subprocess.run([sys.executable, "-P", "-m", "specparity.engine_findings", "--grid", "--from-json",
+                               str(f)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stderr == f"Error: --from-json {f}: {said}\n", proc.stderr
