@@ -238,7 +238,7 @@ class Page:
     isolated SPECPARITY_HOME, the installed console script first on PATH, the pinned environments where the
     default home keeps them (a page that removes one gets its own copy of them)."""
 
-    def __init__(self, root: Path, source: str, removes_env: bool, makes_venv: bool) -> None:
+    def __init__(self, root: Path, source: str, removes: set[str], makes_venv: bool) -> None:
         from builds import REAL_CACHE
 
         self.failed = False  # one of its lines did not do what the page says: its folder is kept
@@ -250,12 +250,19 @@ class Page:
         self.home = self.dir / "home"
         self.home.mkdir()
         env_cache = REAL_CACHE
-        if removes_env:  # `env remove` must not remove what the rest of the suite runs in: linked copies
+        if removes:  # `env remove` must not remove what the rest of the suite runs in: the environments the page
+            # removes are hard-linked copies (a second or two each), every other one a link to the real one (a copy
+            # of all of them was 18 GB of links: 37 s to make, as long again to delete)
             env_cache = self.dir / "envs"
             env_cache.mkdir()
             for entry in REAL_CACHE.iterdir() if REAL_CACHE.is_dir() else ():
-                if entry.is_dir() and not entry.is_symlink():
+                if not entry.is_dir() or entry.is_symlink():
+                    continue
+                if any(entry.name == name or re.fullmatch(re.escape(name) + r"-[0-9a-f]{12}", entry.name)
+                       for name in removes):
                     subprocess.run(["cp", "-al", str(entry), str(env_cache / entry.name)], check=True)
+                else:
+                    (env_cache / entry.name).symlink_to(entry)
         self.env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
                     "SPECPARITY_HOME": str(self.home), "SPECPARITY_ENV_CACHE": str(env_cache)}
         if fixture_cache.enabled():  # `fixtures make --dflash`'s fits kept across pages and runs, as a reader's are
@@ -286,7 +293,8 @@ def page_of(example: Any) -> Page:
         lines = [item.example.parsed for item in _page_items.get(example.path, [])] or \
             [r.parsed for _, r in example.document.regions]
         page = Page(example.namespace["docs_shell"], lines[0].source,
-                    removes_env=any(re.search(r"\benv remove\b", ln.command) for ln in lines),
+                    removes={name for ln in lines for m in re.finditer(r"\benv remove((?:\s+[\w.-]+)+)", ln.command)
+                             for name in m.group(1).split()},
                     makes_venv=any(ln.command.startswith("python3 -m venv .venv") and not ln.untested
                                    for ln in lines))
         if any(re.search(r"--engine dflash-mlx\b", ln.command) and "--model" not in ln.command for ln in lines):
