@@ -20,6 +20,8 @@ What they pin, MLX's CPU backend, mlx-lm 0.31.3, the project's float32 llama pai
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -97,9 +99,13 @@ def test_env_show_says_what_was_left_out_and_why(cli_bin: str) -> None:
 
 def e2e(cli_bin: str, pair: dict, tokens: int) -> tuple[int, dict[str, dict]]:
     built(ENV)
+    tmp = Path(tempfile.mkdtemp(prefix="openai-e2e-tmp-"))  # its TMPDIR: the run leaves nothing there
     proc = run_cli(cli_bin, "e2e", "--engine", ENV, "--model", pair["target"], "--draft-model", pair["draft"],
-                   "--max-tokens", str(tokens), "--json", env={ENV_CACHE_VAR: str(REAL_CACHE)})
+                   "--max-tokens", str(tokens), "--json", env={ENV_CACHE_VAR: str(REAL_CACHE), "TMPDIR": str(tmp)})
     assert proc.stdout.strip(), proc.stderr[-2000:]
+    # its prompt cache's pickles went with the run (`mlx` is MLX's own kernel cache, kept across runs by design)
+    assert {p.name for p in tmp.iterdir()} <= {"mlx"}, list(tmp.iterdir())
+    shutil.rmtree(tmp)
     return proc.returncode, {e["entry"]: e for e in json.loads(proc.stdout)["entries"]}
 
 

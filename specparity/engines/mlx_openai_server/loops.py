@@ -19,13 +19,13 @@ cache said it served and the offset the target's cache was actually at.
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from types import SimpleNamespace
 from typing import Any
 
 from specparity.decode import cache_offset
+from specparity.harness.lifecycle import scratch_dir
 from specparity.probes.engine_e2e import Classic, Finding, failed, judge, load_once
 
 ENGINE = "mlx-openai-server"
@@ -59,7 +59,8 @@ def loops(target: str, draft: str | None, prompt: list[int], max_tokens: int, cl
         from app.utils.prompt_cache import LRUPromptCache
 
         model = MLX_LM(str(target), draft_model_path=str(draft) if draft else None, num_draft_tokens=NUM_DRAFT)
-        cache = LRUPromptCache(cache_dir=tempfile.mkdtemp(prefix="specparity-mlx-openai-server-"))
+        # its prompt cache pickles each entry there (megabytes a request): removed when the run ends
+        cache = LRUPromptCache(cache_dir=str(scratch_dir("specparity-mlx-openai-server-")))
         # the handler's own methods on the parts they read (self.model, self.prompt_cache, self._generation_lock)
         handler = SimpleNamespace(model=model, prompt_cache=cache, _generation_lock=threading.RLock())
         return MLXLMHandler, handler
