@@ -262,14 +262,22 @@ def _by_classic(res: RequestResult, plan: ArmPlan, ev: Evidence, classic: Classi
         return res
     if plan.drafts and not ev.engaged:
         res.verdict = Verdict.NOT_ENGAGED
-        res.reason = ("equals classic decode, but no evidence the drafter ran"
-                      " (no witness, log, response field, counter or engine evidence)")
+        res.reason = "equals classic decode, but " + _not_engaged(ev, "no witness, log, response field, counter or"
+                                                                   " engine evidence")
         return res
     res.verdict = Verdict.MATCH
     res.reason = "; ".join(ev.lines[:1]) if plan.drafts else "equals classic decode"
     if (res.reference or {}).get("detokenized"):  # named, never a divergence of the tokens
         res.reason += f"; classic decode's tokens ({(res.reference or {})['detokenized']}: this server's detokenizer)"
     return res
+
+
+def _not_engaged(ev: Evidence, sources: str) -> str:
+    """Why a drafted request that equals its reference is not a pass: what its evidence said (a drafter that ran
+    with none of its drafts accepted), or that nothing said anything."""
+    if ev.lines:
+        return f"nothing shows a draft of it was accepted ({ev.lines[0]})"
+    return f"no evidence the drafter ran ({sources})"
 
 
 def _by_baseline(res: RequestResult, plan: ArmPlan, ev: Evidence, base: Completion | None,
@@ -307,7 +315,7 @@ def _by_baseline(res: RequestResult, plan: ArmPlan, ev: Evidence, base: Completi
         return res
     if plan.drafts and not ev.engaged:
         res.verdict = Verdict.NOT_ENGAGED
-        res.reason = "same text as the baseline, but no evidence the drafter ran (no witness, log or response field)"
+        res.reason = "same text as the baseline, but " + _not_engaged(ev, "no witness, log or response field")
         return res
     res.verdict = Verdict.MATCH
     res.reason = ("; ".join(ev.lines[:1]) if plan.drafts else "") + note

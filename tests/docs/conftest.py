@@ -34,7 +34,7 @@ from specparity.fixtures import build_cache
 from sybil import Document, Region, Sybil
 from sybil.integration.pytest import SybilFile, SybilItem
 
-pytest.register_assert_rewrite("matrix_night", "openai_served")  # AFTER's checks say what differed
+pytest.register_assert_rewrite("matrix_night", "openai_served", "yunshu_served")  # AFTER's checks say what differed
 
 # Documented lines whose stated outcome is right and the product's is not: expected failures until it is
 # fixed (strict: a fixed product turns them into failures to remove from here). Keyed by the page and the
@@ -47,6 +47,10 @@ AFTER: dict[tuple[str, str], str] = {
      " --out matrix"): "matrix_night:check",
     ("docs/engines.md", "specparity served --profile mlx-openai-server --model ./fx/llama/target --draft-model"
      " ./fx/llama/draft --widths 2,4 --max-tokens 16 --concurrency 0 --record-dir runs"): "openai_served:check",
+    ("docs/engines.md", "specparity served --profile yunshu --model ./fx/yunshu/target --draft-model ./fx/yunshu/draft"
+     " --widths 4,8 --concurrency 0 --record-dir runs/yunshu"): "yunshu_served:check",
+    ("docs/engines.md", "specparity served --profile yunshu-mtp --model ./fx/yunshu/target --draft-model"
+     " ./fx/yunshu/target --widths 4 --concurrency 0 --record-dir runs/yunshu-mtp"): "yunshu_served:check",
 }
 
 # The pages that take a minute or more, longest first (the tier alone, 3 workers, a quiet machine: nightly 3 min,

@@ -2,16 +2,11 @@
 
 yunshu needs Python 3.13 (its environment is built with it) and drafts only in its VLM lane (mlx-vlm's qwen3_5):
 its fixture is the project's DFlash pair re-dressed as a Qwen3.5 VLM checkpoint with an MTP head inside
-(``fixtures make --dflash qwen3_5 --drafter-format yunshu``). What the served job pins, MLX's CPU backend, the
-float32 block-8 fixture, width 4, 32 tokens of the built-in job's requests (both profiles, one job):
-
-- the baseline arms (``YUNSHU_VLM_DRAFT=off``: its lane's plain decode) equal classic decode on the fresh
-  prompt and its repeat; the drafted arms (DFlash, MTP head) equal it too, their ``x_yunshu.speculative`` block
-  says they drafted (mode, drafted > 0), and with nothing accepted on these prompts they read ``not_engaged``;
-- a streamed request is refused (HTTP 400, ``body.model: Field required``: the harness adds no field to one);
-- the first chat turn leaves classic decode at token 0 in every arm, the baseline's too (not the drafter);
-- two requests at once fail (HTTP 500) on this float32 checkpoint (a chat request says why:
-  ``ragged_decode_attention: bf16 queries, bf16 or int8 K/V``).
+(``fixtures make --dflash qwen3_5 --drafter-format yunshu``). What each lane finds one request at a time (both
+lanes, every request of the built-in job) is checked on the records of docs/engines.md's two served lines
+(tests/yunshu_served.py, through the docs' AFTER hook: the suite starts those servers once). Here: its evidence
+read from a response, and the concurrent arm those lines leave out: two requests at once fail (HTTP 500) on this
+float32 checkpoint (a chat request says why: ``ragged_decode_attention: bf16 queries, bf16 or int8 K/V``).
 """
 
 from __future__ import annotations
@@ -68,44 +63,30 @@ def by_id(arm: dict) -> dict[str, dict]:
 @pytest.mark.build
 @pytest.mark.server
 @pytest.mark.model
-def test_served_dflash_and_mtp_lanes_against_classic_decode(fixture_dir: Path, cli_bin: str, tmp_path: Path) -> None:
+def test_two_requests_at_once_fail_on_float32_and_a_stream_beside_them_is_answered(fixture_dir: Path, cli_bin: str,
+                                                                                   tmp_path: Path) -> None:
+    """The concurrent arm (docs/engines.md's served lines leave it out; tests/yunshu_served.py checks what they
+    find): its DFlash lane, width 4, the sequence sent two at a time."""
     target, draft = fixture_dir / "target", fixture_dir / "draft"
-    job = {"pairings": [{"name": "dflash", "target": str(target), "draft": str(draft), "profile": "yunshu"},
-                        {"name": "mtp", "target": str(target), "draft": str(target), "profile": "yunshu-mtp"}],
-           "widths": [4], "max_tokens": 32, "sequence": ["fresh", "repeat", "stream", "multi-turn"],
-           "concurrency": 2, "self_draft": False}
+    job = {"pairings": [{"name": "dflash", "target": str(target), "draft": str(draft), "profile": "yunshu"}],
+           "widths": [4], "max_tokens": 32, "sequence": ["fresh", "repeat", "stream"], "concurrency": 2,
+           "self_draft": False}
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(job))
     built(ENV)
     proc = run_cli(cli_bin, "served", "--config", str(config), "--json", cwd=str(tmp_path),
                    env={ENV_CACHE_VAR: str(REAL_CACHE)})
     assert proc.stdout.strip(), proc.stderr[-2000:]
-    pairings = json.loads(proc.stdout)["pairings"]
+    (pairing,) = json.loads(proc.stdout)["pairings"]
+    arms = {a["name"]: a for a in pairing["arms"]}
     # two requests at once fail on float32 (errors: exit 4); the stream sent beside them is answered, and where it
     # shares a batch with them it leaves classic decode (diverged: exit 1): which it does is the scheduler's timing
-    batched = [r for p in pairings for a in p["arms"] if a["name"] == "concurrent" for r in a["requests"]]
-    parted = [r for r in batched if r["verdict"] == "diverged"]
-    assert proc.returncode == (1 if parted else 4), [(r["id"], r["verdict"]) for r in batched]
+    batch = by_id(arms["concurrent"])
+    parted = [r for r in batch.values() if r["verdict"] == "diverged"]
+    assert proc.returncode == (1 if parted else 4), [(r["id"], r["verdict"]) for r in batch.values()]
     assert {r["id"] for r in parted} <= {"p1-stream"}, parted
-    for pairing, mode in zip(pairings, ("dflash", "mtp"), strict=True):
-        arms = {a["name"]: a for a in pairing["arms"]}
-        for name in ("baseline-start", "baseline-end"):
-            got = by_id(arms[name])
-            assert got["p0"]["verdict"] == got["p0-again"]["verdict"] == "match"
-            # its chat content is classic decode's text stripped of the whitespace around it: named, not a divergence
-            chat = got["chat-1"]
-            assert chat["verdict"] == "match", chat
-            assert "stripped of the whitespace around it" in chat["reference"]["detokenized"], chat["reference"]
-            assert chat["reference"]["detokenized_with_drafter_only"] is False
-        drafted = by_id(arms["w4"])
-        for rid in ("p0", "p0-again"):
-            assert drafted[rid]["verdict"] == "not_engaged", drafted[rid]
-            assert f"mode {mode}, 0 of" in drafted[rid]["evidence"]["lines"][0]
-        # a stream names the model as every request does (profile `request`), and is served: its chunks carry no
-        # x_yunshu block, so nothing says the lane drafted it
-        stream = drafted["p1-stream"]
-        assert stream["verdict"] == "not_engaged" and stream["reason"].startswith("equals classic decode"), stream
-        assert drafted["chat-1"]["verdict"] in ("match", "not_engaged"), drafted["chat-1"]
-        assert "stripped of the whitespace around it" in drafted["chat-1"]["reference"]["detokenized"]
-        batch = by_id(arms["concurrent"])
-        assert batch["p0"]["verdict"] == "error" and "HTTP 500" in batch["p0"]["reason"]
+    assert batch["p0"]["verdict"] == "error" and "HTTP 500" in batch["p0"]["reason"], batch["p0"]
+    assert batch["p1-stream"]["verdict"] in ("diverged", "match", "not_engaged"), batch["p1-stream"]
+    # one request at a time, the same lane equals classic decode
+    assert {r["verdict"] for r in arms["baseline-start"]["requests"]} == {"match"}
+    assert {r["verdict"] for r in arms["w4"]["requests"]} == {"not_engaged"}
