@@ -62,8 +62,9 @@ mlx, an engine, or a layer above this one):
                    (:mod:`specparity.probes.engine_e2e`); the e2e of an engine checked through its loops
                    (``specparity.probes.engine_e2e:run_own_loops_e2e``, ``e2e``'s default), the findings table and the
                    bench all drive them, nothing else
-    default_checkpoints  ``() -> (target, draft | None)``: what ``--model`` defaults to
-                   (None: the toolkit's embedded fixture pair)
+    default_checkpoints  ``() -> (target, draft | None)``: what ``--model`` defaults to (None: its
+                   drafter format's default fixture where the format names one, :attr:`DrafterFormat.default`,
+                   else the toolkit's embedded fixture pair)
     drafter_format the drafter format its fixtures are built in (:class:`DrafterFormat`), or
                    None (mlx-lm's plain pairs): ``specparity fixtures make --drafter-format NAME``
                    takes its choices from here, and ``--model FIXTURE/target`` finds the
@@ -93,7 +94,7 @@ import importlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -228,12 +229,17 @@ class DrafterFormat:
     help   what it is, one line for ``--help``
     shapes the ``--dflash`` target shapes its builder takes (empty: every shape the DFlash formats build;
            the findings table builds these)
+    default the fixture ``--model`` defaults to for an engine that reads this format and names no
+           ``default_checkpoints`` of its own: ``fixtures make``'s arguments (``shape``, ``tied``,
+           ``block_size``; float32, seed 0), built once into the fixtures home (None: the embedded pair,
+           which such an engine cannot load, so a format an engine runs its loops on names one)
     """
 
     name: str
     build: Ref
     help: str = ""
     shapes: tuple[str, ...] = ()
+    default: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         where = f"drafter format {self.name!r}"
@@ -245,6 +251,30 @@ class DrafterFormat:
         _check(where, "help", self.help, str)
         if not isinstance(self.shapes, tuple) or not all(isinstance(x, str) and x for x in self.shapes):
             raise UsageError(f"{where}: shapes is a tuple of shape names")
+        if self.default is not None and (not isinstance(self.default, Mapping)
+                                         or set(self.default) - {"shape", "tied", "block_size"}
+                                         or not isinstance(self.default.get("shape", ""), str)
+                                         or not isinstance(self.default.get("tied", False), bool)
+                                         or not isinstance(self.default.get("block_size", 0), int | None)):
+            raise UsageError(f"{where}: default is a mapping of shape (a name), tied (true or false) and"
+                             " block_size (an integer)")
+
+    def default_fixture(self) -> tuple[Path, Path | None]:
+        """The :attr:`default` fixture's ``(target, draft | None)``, built once (a progress line on stderr the
+        first time)."""
+        import sys
+
+        from specparity.fixtures import fixtures_home
+
+        assert self.default is not None
+        shape = str(self.default.get("shape") or (self.shapes[0] if self.shapes else "qwen3"))
+        tied, block = bool(self.default.get("tied", False)), self.default.get("block_size")
+        out = fixtures_home() / (f"{self.name}-{shape}-float32-{'tied' if tied else 'untied'}"
+                                 + (f"-b{block}" if block else ""))
+        made = self.make(str(out), shape=shape, dtype="float32", tied=tied, block_size=block, seed=0,
+                         overwrite=False, note=lambda msg: print(msg, file=sys.stderr, flush=True))
+        draft = made.record.get("draft")
+        return Path(made.record["target"]), Path(draft) if draft else None
 
     def make(self, out_dir: str, *, shape: str, dtype: str, tied: bool, block_size: int | None, seed: int,
              overwrite: bool, note: Callable[[str], None]) -> Any:
@@ -421,6 +451,8 @@ class EngineSpec:
         """The default ``(target, draft)`` (None: the toolkit's embedded fixture pair)."""
         fn = resolve(self.default_checkpoints)
         if fn is None:
+            if self.drafter_format is not None and self.drafter_format.default is not None:
+                return self.drafter_format.default_fixture()
             return None
         target, draft = fn()
         return Path(target), Path(draft) if draft is not None else None

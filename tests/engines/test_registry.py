@@ -216,7 +216,7 @@ from specparity.engines import DrafterFormat, EngineSpec
 def build(out, *, shape, dtype, tied, block_size, seed, overwrite, note):
     from specparity.fixtures import MadeFixture, build_pair
 
-    note(f"building a fmt-toy {shape} pair")
+    note(f"building a fmt-toy {shape} pair (block {block_size})")
     info = build_pair(out, arch=shape, dtype=dtype, seed=seed, overwrite=overwrite)
     record = {**info.to_dict(), "kind": "fmt-toy", "block_size": block_size}
     return MadeFixture(record, [f"target: {info.target} (fmt-toy)", f"draft:  {info.draft}"])
@@ -251,6 +251,32 @@ def test_an_engines_drafter_format_is_built_by_fixtures_make(cli_bin: str, tmp_p
     assert broken.returncode == 2 and broken.stderr.startswith(
         f"Error: SPECPARITY_ENGINES: engine module fmt_engine does not compile: {tmp_path / 'fmt_engine.py'}:"), \
         broken.stderr
+
+
+@pytest.mark.model
+def test_an_engine_without_default_checkpoints_defaults_to_its_formats_default_fixture(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--model`` left out: an engine that reads a drafter format naming a default fixture runs on that fixture,
+    built once into the fixtures home in those arguments (the embedded llama pair is no checkpoint such an engine
+    loads); one whose format names none, or that reads no format, still gets None (the embedded pair)."""
+    from specparity.engines import DrafterFormat, EngineSpec
+    from specparity.fixtures.build_cache import CACHE_VAR
+
+    monkeypatch.setenv("SPECPARITY_HOME", str(tmp_path))
+    monkeypatch.setenv(CACHE_VAR, "0")
+    namespace: dict = {}
+    exec(FORMAT_ENGINE.split("\n\nENGINE = ")[0], namespace)  # the fmt-toy's builder above
+    fmt = DrafterFormat("fmt-toy", namespace["build"], default={"shape": "llama", "block_size": 4})
+    target, draft = EngineSpec(name="fmt-toy", drafter_format=fmt).checkpoints()
+    assert target == tmp_path / "fixtures" / "fmt-toy-llama-float32-untied-b4" / "target"
+    assert draft is not None and (draft / "config.json").is_file()
+    assert "building a fmt-toy llama pair (block 4)" in capsys.readouterr().err
+    made = (target / "config.json").stat().st_mtime_ns
+    assert EngineSpec(name="fmt-toy", drafter_format=fmt).checkpoints() == (target, draft)
+    assert (target / "config.json").stat().st_mtime_ns == made  # built once: the same files the second time
+    assert EngineSpec(name="plain", drafter_format=DrafterFormat("fmt-toy", namespace["build"])).checkpoints() \
+        is None
+    assert EngineSpec(name="plain").checkpoints() is None
 
 
 def test_one_drafter_format_has_one_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -333,6 +359,7 @@ WRONG_SHAPES = {
     "build": "drafter_format=DrafterFormat('fmt', 42)",
     "name": "drafter_format=DrafterFormat('../fmt\\nx', 'm:f')",
     "shapes": "drafter_format=DrafterFormat('fmt', 'm:f', shapes='qwen3')",
+    "default": "drafter_format=DrafterFormat('fmt', 'm:f', default={'tied': 'yes'})",
 }
 
 

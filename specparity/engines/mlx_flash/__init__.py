@@ -41,5 +41,6 @@ ENGINE = EngineSpec(
     e2e_entry_points=ENTRY_NAMES,
     loops="specparity.engines.mlx_flash.loops:loops",
     drafter_format=DrafterFormat("mlx-flash", "specparity.engines.mlx_flash.fixtures:build",
-                                 "a DFlash pair with mlx-flash's own EAGLE head (EAGLEDraftHead, fitted) beside it"),
+                                 "a DFlash pair with mlx-flash's own EAGLE head (EAGLEDraftHead, fitted) beside it",
+                                 default={"shape": "qwen3", "block_size": 8}),
 )

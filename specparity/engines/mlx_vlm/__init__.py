@@ -43,5 +43,6 @@ ENGINE = EngineSpec(
     builds_on=("yunshu",),
     drafter_format=DrafterFormat("mlx-vlm", "specparity.engines.mlx_vlm.fixtures:mlx_vlm_format",
                                  "yunshu's qwen3_5 VLM fixture, its chat template reading a message's text parts",
-                                 shapes=("qwen3_5", "qwen3_5-equal-heads")),
+                                 shapes=("qwen3_5", "qwen3_5-equal-heads"),
+                                 default={"shape": "qwen3_5", "tied": True, "block_size": 8}),
 )

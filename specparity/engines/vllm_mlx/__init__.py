@@ -37,5 +37,6 @@ ENGINE = EngineSpec(
     # its fixture's head tensors are mtplx's (the same module tree), moved to vllm-mlx's file
     builds_on=("mtplx",),
     drafter_format=DrafterFormat("vllm-mlx-mtp", "specparity.engines.vllm_mlx.fixtures:vllm_mlx_mtp_format",
-                                 "MTP head inside a qwen3_5 target (vllm-mlx's mtp/weights.safetensors; no drafter)"),
+                                 "MTP head inside a qwen3_5 target (vllm-mlx's mtp/weights.safetensors; no drafter)",
+                                 default={"shape": "qwen3_5"}),
 )

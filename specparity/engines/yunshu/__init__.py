@@ -53,5 +53,6 @@ ENGINE = EngineSpec(
     hooks="specparity.engines.yunshu.served",
     drafter_format=DrafterFormat("yunshu", "specparity.engines.yunshu.fixtures:yunshu_format",
                                  "a qwen3_5 VLM checkpoint with its MTP head inside, and a DFlash drafter (yunshu)",
-                                 shapes=("qwen3_5", "qwen3_5-equal-heads")),
+                                 shapes=("qwen3_5", "qwen3_5-equal-heads"),
+                                 default={"shape": "qwen3_5", "tied": True, "block_size": 8}),
 )
