@@ -64,11 +64,29 @@ CHILD = "SPECPARITY_BENCH_ENGINES_CHILD"
 
 def engines() -> list[str]:
     """The engines this bench measures: every registered one but the default (its own benches) with its own
-    loops or an in-process adapter, and a drafter checkpoint its default fixture has."""
+    loops, an in-process adapter or a packaged served profile."""
     from specparity.engines import DEFAULT, registry
 
     return [n for n, s in registry().items()
-            if n != DEFAULT and (s.loops is not None or s.in_process) and s.default_checkpoints is not None]
+            if n != DEFAULT and (s.loops is not None or s.in_process or s.profiles)]
+
+
+def pair(engine: str) -> tuple[str, str] | None:
+    """The engine's default (target, drafter): its own default fixture, else the embedded pair (what ``--model``
+    defaults to); a target whose heads draft is its own drafter; None where its default has no drafter."""
+    from specparity.engines import get
+
+    spec = get(engine)
+    checkpoints = spec.checkpoints()
+    if checkpoints is None:
+        from specparity.fixtures import default_pair
+
+        info = default_pair()
+        checkpoints = Path(info.target), Path(info.draft) if info.draft else None
+    target, draft = checkpoints
+    if draft is None and not spec.drafter_checkpoint:
+        draft = target
+    return (str(target), str(draft)) if draft is not None else None
 
 
 def label(engine: str) -> str:
@@ -150,11 +168,12 @@ def in_process(engine: str, args: argparse.Namespace) -> None:
     """Both figures of one engine, here (its module imports)."""
     from specparity.engines import get
 
-    checkpoints = get(engine).checkpoints()
-    if checkpoints is None or checkpoints[1] is None:
+    spec = get(engine)
+    checkpoints = pair(engine)
+    if checkpoints is None or not spec.drafter_checkpoint:
         print(f"{label(engine)}: not applicable (its default fixture has no drafter checkpoint)")
         return
-    target, draft = str(checkpoints[0]), str(checkpoints[1])
+    target, draft = checkpoints
     n = args.max_tokens
     prof = None
     if args.profile:
@@ -285,6 +304,8 @@ def run_engine(engine: str, args: argparse.Namespace, argv: list[str]) -> None:
     from specparity.engines import get
 
     spec = get(engine)
+    if spec.loops is None and not spec.in_process:
+        return  # served only: its figure is (b)'s
     if spec.importable():
         in_process(engine, args)
         return
@@ -326,11 +347,11 @@ def served(engine: str, args: argparse.Namespace) -> None:
     if pinned is not None and find_environment(pinned.name) is None:
         print(f"{lab}: skipped (environment {pinned.name} is not built: scripts/build-env {pinned.name})")
         return
-    checkpoints = spec.checkpoints()
-    if checkpoints is None or checkpoints[1] is None:
+    checkpoints = pair(engine)
+    if checkpoints is None:
         print(f"{lab}: not applicable (its default fixture has no drafter checkpoint)")
         return
-    target, draft = str(checkpoints[0]), str(checkpoints[1])
+    target, draft = checkpoints
     job = Job(pairings=[Pairing("bench", target, draft, profiles[0])],
               widths=[int(w) for w in args.served_widths.split(",")], max_tokens=args.max_tokens,
               prompts=list(DEFAULT_PROMPTS))

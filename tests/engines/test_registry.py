@@ -267,7 +267,9 @@ def test_an_engine_without_default_checkpoints_defaults_to_its_formats_default_f
     namespace: dict = {}
     exec(FORMAT_ENGINE.split("\n\nENGINE = ")[0], namespace)  # the fmt-toy's builder above
     fmt = DrafterFormat("fmt-toy", namespace["build"], default={"shape": "llama", "block_size": 4})
-    target, draft = EngineSpec(name="fmt-toy", drafter_format=fmt).checkpoints()
+    found = EngineSpec(name="fmt-toy", drafter_format=fmt).checkpoints()
+    assert found is not None
+    target, draft = found
     assert target == tmp_path / "fixtures" / "fmt-toy-llama-float32-untied-b4" / "target"
     assert draft is not None and (draft / "config.json").is_file()
     assert "building a fmt-toy llama pair (block 4)" in capsys.readouterr().err
