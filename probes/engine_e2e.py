@@ -241,13 +241,35 @@ def label_tie(f: Finding, classic: Classic, prompt: list[int]) -> None:
     logprobs = logits - mx.logsumexp(logits, keepdims=True)
     e, c = int(f.engine_token or 0), int(f.classic_token or 0)
     le, lc, pe, pc = (float(x) for x in (logits[e], logits[c], logprobs[e], logprobs[c]))
-    f.tie = {"engine_logit": le, "classic_logit": lc, "engine_logprob": pe, "classic_logprob": pc,
-             "logprob_tie": pe == pc, "logit_tie": le == lc, "dtype": str(logits.dtype)}
+    f.tie = tie_fields(le, lc, pe, pc, str(logits.dtype))
+    dtype, margin, ulps = f.tie["dtype"].removeprefix("mlx.core."), f.tie["margin"], f.tie["ulps"]
     if pe == pc:
         f.reason += (f"; an exact tie in {logits.dtype} logprobs ({pc:.6g}) that classic decode breaks toward"
                      f" the lower id (raw logits {le:.6g} vs {lc:.6g})")
+    elif f.tie["near_tie"]:
+        f.reason += (f"; a near tie, not an exact one: classic decode's token leads by {margin:.6g} in its raw"
+                     f" {dtype} logits ({ulps} ULP{'s' if ulps != 1 else ''}), inside the {f.tie['band']:.3g} that"
+                     f" other kernels' arithmetic alone can move (logprobs {pe:.6g} for the engine's token,"
+                     f" {pc:.6g} for classic's)")
     else:
-        f.reason += f"; not a tie: logprobs {pe:.6g} (engine's token) vs {pc:.6g} (classic's), {logits.dtype}"
+        f.reason += (f"; not a tie: logprobs {pe:.6g} (engine's token) vs {pc:.6g} (classic's), {logits.dtype},"
+                     f" a lead of {margin:.6g} ({ulps} ULPs) beyond what arithmetic alone moves"
+                     f" ({f.tie['band']:.3g})")
+
+
+def tie_fields(le: float, lc: float, pe: float, pc: float, dtype: str) -> dict[str, Any]:
+    """Finding.tie from both tokens' raw logits (``le`` the engine's token, ``lc`` classic decode's) and logprobs
+    in classic decode's forward: exact (equal logprobs), near (classic's lead inside the band other kernels'
+    arithmetic moves: :func:`specparity.reference.near_tie`) or neither, with the lead in ULPs of ``dtype``."""
+    from specparity.reference import NEAR_TIE, near_tie, ulp
+
+    short = dtype.removeprefix("mlx.core.")
+    margin = lc - le  # classic decode's token over the engine's, in classic decode's own raw logits
+    call = near_tie(margin, None, dtype=short, logprob=pc)
+    return {"engine_logit": le, "classic_logit": lc, "engine_logprob": pe, "classic_logprob": pc,
+            "logprob_tie": pe == pc, "logit_tie": le == lc, "dtype": dtype, "margin": margin,
+            "ulps": round(margin / ulp(short, lc)) if margin else 0,
+            "near_tie": pe != pc and call.kind == NEAR_TIE, "band": call.threshold}
 
 
 def failed(f: Finding, err: BaseException) -> Finding:

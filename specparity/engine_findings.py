@@ -180,7 +180,9 @@ def _cell(r: dict[str, Any]) -> str:
             return (f"{len(r.get('tokens') or [])} tokens where max_tokens is {limit.group(1)}"
                     + (f" ({where})" if where else ""))
         tie: dict[str, Any] = r["tie"] if isinstance(r.get("tie"), dict) else {}
-        kind = "; an exact logprob tie" if tie.get("logprob_tie") else "; not a tie" if tie else ""
+        kind = ("; an exact logprob tie" if tie.get("logprob_tie")
+                else f"; a near tie, {tie['ulps']} ULP" + ("s" if tie["ulps"] != 1 else "") if tie.get("near_tie")
+                else "; not a tie" if tie else "")
         return f"diverged at token {r['index']}" + (f" ({where}{kind})" if where or kind else "")
     if what == Verdict.NOT_ENGAGED:
         return "not engaged: no draft accepted"

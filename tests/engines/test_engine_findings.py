@@ -77,6 +77,8 @@ def test_a_cell_says_a_length_finding_a_tie_and_a_refusal_in_a_few_words() -> No
            "reason": "token 19: engine 80, classic 14"}
     assert _cell(tie) == "diverged at token 19 (round 7, row 4; an exact logprob tie)"
     assert _cell({**tie, "tie": {"logprob_tie": False}}) == "diverged at token 19 (round 7, row 4; not a tie)"
+    near = {**tie, "tie": {"logprob_tie": False, "near_tie": True, "ulps": 1}}
+    assert _cell(near) == "diverged at token 19 (round 7, row 4; a near tie, 1 ULP)"
     refused = {"verdict": "error", "failure": "ValueError: unsupported model_type 'qwen3_5'; it streams: a, b"
                " (at nunspark/engine.py:12)"}
     assert _cell(refused) == "error: ValueError: unsupported model_type 'qwen3_5'"

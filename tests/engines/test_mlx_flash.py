@@ -13,7 +13,9 @@ embedded prompt:
 - ``DFlashRunner.generate accept_top_k=4``: lossy by design, with what it changed;
 - ``DFlashEngine.generate`` (no drafter, as its server builds it) drafts nothing, its ``BlockDiffusionDrafter``
   (no loader, no trained weights) and the untrained EAGLE head its server builds accept nothing: not engaged;
-- its server (``mlx-flash --speculative ...``) cannot start on Linux: ``system_profiler``.
+- its server (``mlx-flash --speculative ...``) cannot start on Linux: ``system_profiler``;
+- on the qwen3_5 hybrid: ``LayerSkipEngine`` cannot trim its linear-attention cache, ``DFlashRunner`` stops on a
+  tied head, ``EAGLE3Engine`` passes ``max_tokens`` on the untied one.
 """
 
 from __future__ import annotations
@@ -131,3 +133,31 @@ def test_its_server_stops_at_the_macos_tool_before_it_listens(fixture) -> None:
     assert proc.returncode != 0 and "Server listening" not in proc.stdout + proc.stderr
     assert "FileNotFoundError" in proc.stderr and "'system_profiler'" in proc.stderr, proc.stderr[-1500:]
     assert "detect_hardware" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_on_a_gated_delta_hybrid_layerskip_cannot_trim_and_its_dflash_runner_needs_an_untied_head(
+        tmp_path_factory: pytest.TempPathFactory, tied: bool) -> None:
+    """The qwen3_5 hybrid (float32, block 8; the findings table's rows, docs/engines.md): ``LayerSkipEngine``
+    stops on the linear-attention layers' ``ArraysCache`` (no ``trim``) with either head; ``DFlashRunner`` stops
+    on a tied head (``TypeError``) and matches on an untied one; ``EAGLE3Engine`` matches on the tied target and on
+    the untied one appends a round past ``max_tokens`` (35 tokens for 32, the first 32 classic decode's)."""
+    name = f"mlx-flash-qwen3_5-{'tied' if tied else 'untied'}-b8"
+    info = cached(build, tmp_path_factory.mktemp(name), name, shape="qwen3_5", dtype="float32", tied=tied,
+                  block_size=8, seed=0, overwrite=False, note=print).record
+    got = findings(info, 32)
+    layer = got["LayerSkipEngine.generate"]
+    assert layer["verdict"] == "error" and not layer["tokens"], layer
+    assert "AttributeError: 'ArraysCache' object has no attribute 'trim'" in layer["failure"], layer
+    runner, eagle = got["DFlashRunner.generate"], got["EAGLE3Engine.generate"]
+    if tied:
+        assert runner["verdict"] == "error" and "TypeError: 'NoneType' object is not callable" in runner["failure"]
+        assert eagle["verdict"] == "match" and eagle["accepted"] > 0 and eagle["tokens"] == eagle["classic"], eagle
+        return
+    assert runner["verdict"] == "match" and runner["tokens"] == runner["classic"], runner
+    assert eagle["verdict"] == "diverged" and eagle["index"] == 32 and eagle["classic_token"] is None, eagle
+    assert len(eagle["tokens"]) > 32 and eagle["tokens"][:32] == eagle["classic"], eagle
+    assert "classic stopped at max_tokens=32" in eagle["reason"] and eagle["accepted"] > 0, eagle

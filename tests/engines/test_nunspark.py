@@ -274,7 +274,8 @@ def test_the_findings_table_runs_an_engine_that_drafts_with_a_plain_drafter(tmp_
     lines = table.stdout.splitlines()
     assert lines[0] == "| engine | entry point | llama float32 |" and len(lines) == 2 + len(rows)
     ad = rows["adaptive_speculative_generate"]
-    tie = "an exact logprob tie" if ad["tie"]["logprob_tie"] else "not a tie"
+    tie = ("an exact logprob tie" if ad["tie"]["logprob_tie"] else f"a near tie, {ad['tie']['ulps']} ULPs"
+           if ad["tie"]["near_tie"] else "not a tie")
     assert (f"| nunspark | adaptive_speculative_generate | diverged at token {ad['index']} (round {ad['round']}, row"
             f" {ad['row']}; {tie}) |") in lines
     sg = rows["speculative_generate"]

@@ -246,3 +246,34 @@ def test_an_engine_loop_is_judged_against_where_classic_decode_stopped():
     over = judge(Finding("e", "loop", tokens=[5, 6, 7, 8, 9], rounds=rounds, accepted=6, drafted=6), [5, 6, 7, 8],
                  eos, 0)
     assert over.verdict == Verdict.DIVERGED and over.index == 4 and "max_tokens=4" in over.reason
+
+
+@pytest.mark.parametrize(("engine_logit", "said", "near"), [
+    (3.0, "an exact tie in mlx.core.bfloat16 logprobs", False),
+    (2.984375, "a near tie, not an exact one: classic decode's token leads by 0.015625 in its raw bfloat16 logits"
+               " (1 ULP)", True),
+    (1.5, "not a tie: logprobs", False),
+])
+def test_a_parted_token_is_labelled_an_exact_tie_a_near_tie_or_not_a_tie(engine_logit: float, said: str,
+                                                                      near: bool) -> None:
+    """The own-loop e2e's label at a diverged token, from classic decode's raw bfloat16 logits of both tokens: equal
+    (an exact tie, broken toward the lower id), one bfloat16 ULP apart (a near tie, which a kernel's arithmetic
+    moves: mlx-vlm's finding on the equal-heads hybrid, 3.0 against 2.984375), or far apart (not a tie)."""
+    from types import SimpleNamespace
+
+    import mlx.core as mx
+
+    from specparity.probes.engine_e2e import Finding, label_tie
+    from specparity.verdicts import Verdict
+
+    values = [0.0] * 8
+    values[2], values[5] = 3.0, engine_logit  # classic decode's token 2; the engine took 5
+    logits = mx.array(values, dtype=mx.bfloat16)
+    classic = SimpleNamespace(loaded=SimpleNamespace(model=lambda ids: mx.broadcast_to(logits, (1, ids.shape[1], 8))))
+    f = Finding("toy", "loop", verdict=Verdict.DIVERGED, tokens=[1, 5], classic=[1, 2], index=1, engine_token=5,
+                classic_token=2, reason="token 1: engine 5, classic 2")
+    label_tie(f, classic, [7, 7])  # type: ignore[arg-type]
+    assert said in f.reason, f.reason
+    assert f.tie is not None and f.tie["near_tie"] is near and f.tie["logprob_tie"] is (engine_logit == 3.0), f.tie
+    if near:
+        assert f.tie["ulps"] == 1 and f.tie["margin"] == 0.015625
