@@ -103,12 +103,31 @@ def check_spec(spec: DistSpec, where: str) -> None:
     spec.temperature, spec.alpha = float(t), float(spec.alpha)
 
 
+EMBEDDED_PAIRING = "embedded-llama"  # the built-in job's pairing on the embedded pair
+
+
 def builtin_job() -> Job:
     """The job ``specparity served`` runs without --config: the embedded pair on mlx-lm's server."""
     from specparity.fixtures import default_pair
 
     pair = default_pair()
-    return _builtin_settings([Pairing("embedded-llama", pair.target, pair.draft, "mlx-lm")], "built-in")
+    return _builtin_settings([Pairing(EMBEDDED_PAIRING, pair.target, pair.draft, "mlx-lm")], "built-in")
+
+
+def profile_job(profile: str) -> Job | None:
+    """The built-in job on the default fixture of the engine whose package holds the profile named ``profile``,
+    where that engine names one (its drafter format's: the embedded llama pair is no checkpoint its server
+    loads); None for any other profile (the built-in job's embedded pair)."""
+    from specparity.engines import registry
+
+    for spec in registry().values():
+        if profile in spec.profile_files():
+            found = spec.served_checkpoints()
+            if found is None:
+                return None
+            target, draft = found
+            return _builtin_settings([Pairing(f"{spec.name}-default", str(target), str(draft), profile)], "built-in")
+    return None
 
 
 def _builtin_settings(pairings: list[Pairing], source: str) -> Job:
@@ -440,7 +459,7 @@ def apply_overrides(job: Job | None, o: Overrides) -> Job:
         pairing = Pairing("cli", target, draft, o.profile or "mlx-lm", o.trust_remote_code)
         job = _builtin_settings([pairing], "command line") if job is None else replace(job, pairings=[pairing])
     elif job is None:
-        job = builtin_job()
+        job = (profile_job(o.profile) if o.profile is not None else None) or builtin_job()
     else:
         job = replace(job)
     for p in job.pairings:

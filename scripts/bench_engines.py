@@ -77,16 +77,13 @@ def pair(engine: str) -> tuple[str, str] | None:
     from specparity.engines import get
 
     spec = get(engine)
-    checkpoints = spec.checkpoints()
-    if checkpoints is None:
+    if spec.checkpoints() is None:
         from specparity.fixtures import default_pair
 
         info = default_pair()
-        checkpoints = Path(info.target), Path(info.draft) if info.draft else None
-    target, draft = checkpoints
-    if draft is None and not spec.drafter_checkpoint:
-        draft = target
-    return (str(target), str(draft)) if draft is not None else None
+        return (info.target, info.draft) if info.draft else None
+    found = spec.served_checkpoints()
+    return (str(found[0]), str(found[1])) if found is not None else None
 
 
 def label(engine: str) -> str:

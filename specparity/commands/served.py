@@ -183,7 +183,12 @@ def served(config_path: str | None, model: str | None, draft_model: str | None, 
     except SpecparityError as err:
         raise err.flagged(FLAGS) from err
     if config_path is None and model is None and not quiet and not as_json:
-        click.echo(f"using the built-in job on the embedded pair {job.pairings[0].target}", err=True)
+        from specparity.harness.config import EMBEDDED_PAIRING
+
+        first = job.pairings[0]
+        on = ("the embedded pair" if first.name == EMBEDDED_PAIRING
+              else f"the default fixture of {first.profile}'s engine")
+        click.echo(f"using the built-in job on {on} {first.target}", err=True)
     if not quiet and not as_json:
         from specparity.harness.limits import plan_line
 

@@ -447,6 +447,17 @@ class EngineSpec:
     def served_hooks(self) -> ServedHooks:
         return ServedHooks(self.name, _hooks_module(self.hooks))
 
+    def served_checkpoints(self) -> tuple[Path, Path] | None:
+        """What a served job on this engine's profiles defaults to: :meth:`checkpoints`, the target as its own
+        drafter where its draft heads live in it (None: the embedded pair, or a default with no drafter)."""
+        found = self.checkpoints()
+        if found is None:
+            return None
+        target, draft = found
+        if draft is None and not self.drafter_checkpoint:
+            draft = target
+        return (target, draft) if draft is not None else None
+
     def checkpoints(self) -> tuple[Path, Path | None] | None:
         """The default ``(target, draft)`` (None: the toolkit's embedded fixture pair)."""
         fn = resolve(self.default_checkpoints)
