@@ -132,7 +132,7 @@ def classic_answer(completion: object | None, error: str | None = None) -> Class
 
 def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, base: Completion | None,
                   classic: ClassicAnswer | None = None, cold: Cold | None = None, exact: bool = True,
-                  dtype: str = "float32") -> RequestResult:
+                  dtype: str = "float32", lossy: str | None = None) -> RequestResult:
     """One request's verdict.
 
     base: baseline-start's completion of the same request. classic: classic decode's answer
@@ -140,6 +140,7 @@ def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, b
     the arm, or computed in process), or why there is none (None: not asked).
     exact: the engine computes with MLX, so classic decode decides; else it is a finding.
     dtype: the model's dtype (the near-tie band of an engine whose arithmetic differs).
+    lossy: the profile's documented lossy mode (:attr:`Profile.lossy`): a drafted answer is ``lossy_by_design``.
     """
     res = RequestResult(req.id, req.kind, Verdict.ERROR, "", comp, req.to_dict(), ev)
     if not comp.ok:
@@ -177,8 +178,20 @@ def judge_request(plan: ArmPlan, req: Request, comp: Completion, ev: Evidence, b
     decided_by_classic = exact and classic is not None and classic.side is not None
     if decided_by_classic:
         assert classic is not None
-        return _by_classic(res, plan, ev, classic, dtype)
-    return _by_baseline(res, plan, ev, base, classic, dtype)
+        return _as_lossy(_by_classic(res, plan, ev, classic, dtype), plan, lossy)
+    return _as_lossy(_by_baseline(res, plan, ev, base, classic, dtype), plan, lossy)
+
+
+def _as_lossy(res: RequestResult, plan: ArmPlan, lossy: str | None) -> RequestResult:
+    """A drafted answer of a mode its authors document as lossy: ``lossy_by_design`` with what it changed (its
+    divergence is kept as the evidence), never a pass and never a defect. A request that drafted nothing, was
+    declined or failed keeps its verdict: the lossy mode did not answer it."""
+    if lossy is None or not plan.drafts or res.verdict not in (Verdict.MATCH, Verdict.DIVERGED):
+        return res
+    changed = (f"it changed the answer: {res.reason}" if res.verdict == Verdict.DIVERGED
+               else f"it changed nothing here ({res.reason})")
+    res.verdict, res.reason = Verdict.LOSSY, f"lossy by design ({lossy}): {changed}; not a pass, not a defect"
+    return res
 
 
 def _compare_cold(res: RequestResult, cold: Cold, classic: ClassicAnswer | None, name: str) -> None:
@@ -407,9 +420,10 @@ def request_causes(res: PairingResult) -> list[dict[str, Any]]:
     for a in arms:
         order += [r.id for r in a.requests if r.id not in order]
     for rid in order:
-        # the arms whose answer was compared with classic decode (a prompt the server formed otherwise is not)
+        # the arms whose answer was compared with classic decode (a prompt the server formed otherwise is not; a
+        # documented lossy mode's answer is what its authors said it may be, no finding)
         rows = [(a, r) for a in arms for r in a.requests if r.id == rid and r.completion.ok
-                and r.reference and r.reference.get("compared")]
+                and r.reference and r.reference.get("compared") and r.verdict != Verdict.LOSSY]
         off = [(a, r) for a, r in rows if r.classic is not None]
         if not off:
             continue

@@ -104,6 +104,9 @@ class Profile:
       looked for there, and the record's identity lists its packages. None: this interpreter.
     exercised: False for a profile written from the server's documentation and not yet run
       against a live server (vLLM, SGLang, mlxcel): runs say so.
+    lossy: a mode its authors document as lossy, in their words (``--mtp-optimistic``: it skips the verify):
+      a drafted request of it that returns an answer is ``lossy_by_design`` with what it changed (or that it
+      changed nothing there), never a pass and never a defect; None: the profile claims lossless decoding.
     loop: the serving loop the server runs (``mlx_lm.server``: the loop the sequence replay
       rebuilds in process; another name, or None, a loop no in-process replay rebuilds), inherited
       by ``extends``: reproductions and cold answers are decided by it, never by the profile's name.
@@ -140,6 +143,7 @@ class Profile:
     arithmetic: str = "mlx"
     exercised: bool = True
     loop: str | None = None
+    lossy: str | None = None
     source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -303,6 +307,7 @@ PROFILE_SCHEMA = Fields({
     "arithmetic": Enum(ARITHMETIC),
     "exercised": Bool(),
     "loop": _OPT_STR,
+    "lossy": Nullable(Str("its authors' words for the lossy mode", nonempty=True)),
 })
 
 
@@ -398,6 +403,7 @@ def load_profile(name_or_path: str) -> Profile:
         arithmetic=str(arithmetic),
         exercised=bool(raw.get("exercised", True)),
         loop=raw.get("loop"),
+        lossy=raw.get("lossy"),
         source=str(path),
     )
     dry_render(profile)

@@ -316,7 +316,7 @@ def groups_lines(groups: list[list[str]], request_groups: Mapping[str, list[list
 
 
 # request verdicts a report lists one by one (a baseline's not_engaged is what a baseline is)
-_LISTED = (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED)
+_LISTED = (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED, Verdict.LOSSY)
 
 
 @dataclass

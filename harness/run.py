@@ -566,12 +566,12 @@ class PairingRun:
             cold = (Cold(own[rep], f"its own fresh answer ({rep})")
                     if rep and rep in own and own[rep].ok else None)
             r = judge_request(plan, ex.request, ex.completion, ex.evidence, base, classic, cold, exact=exact,
-                              dtype=self.dtype)
+                              dtype=self.dtype, lossy=self.profile.lossy)
             if r.classic is not None and cold is None:
                 # it left classic decode with no earlier twin: compared with its cold answer, or told why none
                 cold = self.cold(session, first + i, plan, ex, fields)
                 r = judge_request(plan, ex.request, ex.completion, ex.evidence, base, classic, cold, exact=exact,
-                                  dtype=self.dtype)
+                                  dtype=self.dtype, lossy=self.profile.lossy)
             judged.append((i, ex, r))
         for i, ex, r in judged:
             if r.verdict == Verdict.DIVERGED and r.reproduction is None:

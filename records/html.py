@@ -48,7 +48,7 @@ from specparity.verdicts import Verdict
 
 # the verdict words a cell may carry, in the order the legend lists them
 VERDICTS = tuple(str(v) for v in (Verdict.MATCH, Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED, Verdict.NOT_ENGAGED,
-                                   Verdict.INCONCLUSIVE, Verdict.NOT_RUN, Verdict.PASS))
+                                   Verdict.LOSSY, Verdict.INCONCLUSIVE, Verdict.NOT_RUN, Verdict.PASS))
 # tokens shown on each side of the first difference in the drill-down's token table
 CONTEXT_TOKENS = 4
 # characters of shared text shown before the first difference in the aligned texts
@@ -196,7 +196,8 @@ def _history_only(data: Path, stem: str, entry: int, line: dict[str, Any]) -> di
 # -- the page --------------------------------------------------------------------------------------
 CSS = """
 :root { --match:#2e9e5b; --diverged:#d0392b; --error:#8e1b10; --declined:#7d5ba6; --not_engaged:#e1a325;
-  --inconclusive:#d4b62c; --not_run:#9aa0a6; --pass:#2e9e5b; --ink:#1d2327; --muted:#5f6b73; --line:#dde3e8; }
+  --lossy_by_design:#8a6d3b; --inconclusive:#d4b62c; --not_run:#9aa0a6; --pass:#2e9e5b; --ink:#1d2327;
+  --muted:#5f6b73; --line:#dde3e8; }
 * { box-sizing: border-box; }
 body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--ink);
   background: #f5f7f9; }
@@ -217,6 +218,7 @@ code, pre, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, m
 .v-match { background: var(--match); } .v-pass { background: var(--pass); } .v-diverged { background: var(--diverged); }
 .v-error { background: var(--error); } .v-declined { background: var(--declined); }
 .v-not_engaged { background: var(--not_engaged); } .v-inconclusive { background: var(--inconclusive); }
+.v-lossy_by_design { background: var(--lossy_by_design); }
 .v-not_run, .v-none { background: var(--not_run); }
 table.grid td.cellwrap { padding: 3px; }
 a.cell { display: block; min-width: 118px; padding: 7px 9px; border-radius: 6px; color: #fff;

@@ -31,7 +31,7 @@ from specparity.verdicts import Verdict, combine
 
 # XML 1.0 forbids these code points even escaped: a completion may carry them
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-_SKIPPED = (Verdict.DECLINED, Verdict.NOT_ENGAGED, Verdict.INCONCLUSIVE, Verdict.NOT_RUN)
+_SKIPPED = (Verdict.DECLINED, Verdict.NOT_ENGAGED, Verdict.LOSSY, Verdict.INCONCLUSIVE, Verdict.NOT_RUN)
 
 
 def _clean(s: Any) -> str:

@@ -221,7 +221,7 @@ class ServedRecord:
                 out += [f"  finding: {f}" for f in p.get("findings") or []]
             for a in lines:
                 for r in self.requests(pname, a["name"]):
-                    if r.get("verdict") in (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED) or (
+                    if r.get("verdict") in (Verdict.DIVERGED, Verdict.ERROR, Verdict.DECLINED, Verdict.LOSSY) or (
                             r.get("verdict") == Verdict.NOT_ENGAGED and a.get("kind") != ArmKind.BASELINE):
                         out.append(f"  {a['name']} {r.get('id')}: {r.get('verdict')}: {r.get('reason')}")
                         diag = self.diagnosis(pname, str(a["name"]), str(r.get("id")))

@@ -81,7 +81,7 @@ class CachePolicy(StrEnum):
 
 PROBE_VERDICTS = (Verdict.EQUAL, Verdict.DIVERGENT, Verdict.NOT_RUN, Verdict.INCONCLUSIVE)
 SERVED_VERDICTS = (Verdict.MATCH, Verdict.DIVERGED, Verdict.DECLINED, Verdict.NOT_ENGAGED,
-                   Verdict.ERROR, Verdict.INCONCLUSIVE)
+                   Verdict.ERROR, Verdict.INCONCLUSIVE, Verdict.LOSSY)
 STAT_VERDICTS = (Verdict.PASS, Verdict.DIVERGENT, Verdict.INCONCLUSIVE)
 
 _EXIT: dict[Verdict, int] = {

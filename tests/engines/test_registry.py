@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import run_cli
 
@@ -177,14 +178,34 @@ def test_a_toy_engine_from_one_module_is_reached_and_its_fault_named(llama_pair,
 @pytest.mark.slow
 def test_the_toy_engine_is_served_through_its_profile_and_found(llama_pair, cli_bin: str, tmp_path: Path) -> None:
     """served --profile tests/toy_engine.yaml: the toy's served hook fills its argv, and its server's stale
-    rewind differs from classic decode only with the drafter."""
-    proc = run_cli(cli_bin, "served", "--profile", str(Path(__file__).parents[1] / "toy_engine.yaml"), "--model",
-                   llama_pair.target, "--draft-model", llama_pair.draft, "--widths", "4", "--max-tokens", "32",
-                   "--json", env=TOY_ENV)
+    rewind differs from classic decode only with the drafter. The same server under a profile that documents
+    the mode as lossy (``lossy:``, as vllm-mlx-optimistic does) reads lossy_by_design with what it changed: never
+    a divergence, never a pass (exit 3 alone; the lossless pairing's divergence decides the job's exit 1)."""
+    toy = Path(__file__).parents[1] / "toy_engine.yaml"
+    lossy = tmp_path / "toy-lossy.yaml"
+    lossy.write_text(yaml.safe_dump({"name": "toy-lossy", "extends": str(toy),
+                                     "lossy": "its rewind keeps a rejected row, documented so"}))
+    job = {"pairings": [{"name": name, "target": llama_pair.target, "draft": llama_pair.draft, "profile": str(prof)}
+                        for name, prof in (("toy", toy), ("toy-lossy", lossy))],
+           "widths": [4], "max_tokens": 32, "sequence": ["fresh", "repeat"], "concurrency": 0, "self_draft": False}
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(job))
+    proc = run_cli(cli_bin, "served", "--config", str(config), "--json", env=TOY_ENV)
     assert proc.returncode == 1, proc.stderr
-    rep = json.loads(proc.stdout)
-    arms = {a["name"]: a["verdict"] for p in rep["pairings"] for a in p["arms"]}
-    assert arms["baseline-start"] == "match" and arms["w4"] == "diverged", arms
+    rep = {p["name"]: p for p in json.loads(proc.stdout)["pairings"]}
+    arms = {a["name"]: a for a in rep["toy"]["arms"]}
+    assert arms["baseline-start"]["verdict"] == "match" and arms["w4"]["verdict"] == "diverged", arms
+    assert rep["toy"]["verdict"] == "diverged" and any("w4" in f for f in rep["toy"]["findings"])
+    off = [r for r in arms["w4"]["requests"] if r["verdict"] == "diverged"]
+    arms = {a["name"]: a for a in rep["toy-lossy"]["arms"]}
+    assert arms["baseline-start"]["verdict"] == "match" and arms["w4"]["verdict"] == "lossy_by_design", arms
+    changed = {r["id"]: r for r in arms["w4"]["requests"]}
+    for r in off:  # the same requests left classic decode the same way, now said as the lossy mode's change
+        got = changed[r["id"]]
+        assert got["verdict"] == "lossy_by_design" and got["divergence"] == r["divergence"], got
+        assert got["reason"].startswith("lossy by design (its rewind keeps a rejected row, documented so): it"
+                                        " changed the answer: ") and got["reason"].endswith("not a pass, not a defect")
+    assert rep["toy-lossy"]["verdict"] == "lossy_by_design" and not rep["toy-lossy"]["findings"], rep["toy-lossy"]
 
 
 @pytest.mark.build

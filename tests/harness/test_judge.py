@@ -220,3 +220,32 @@ def test_a_loop_no_replay_rebuilds_has_no_cold_answer(tmp_path: Path) -> None:
         assert "which no in-process replay rebuilds" in cold.why
         first = run.cold(None, 0, plan, ex, {})  # type: ignore[arg-type]
         assert first.completion is ex.completion and "the first request its server received" in first.source
+
+
+def test_a_documented_lossy_mode_is_lossy_by_design_with_what_it_changed_never_a_pass_or_a_defect() -> None:
+    """A profile's ``lossy`` (its authors' words for a lossy mode): a drafted answer that left classic decode is
+    ``lossy_by_design`` with its first difference kept as what it changed; one that did not is ``lossy_by_design``
+    too (it proves nothing about lossless decoding); a baseline, an answer that drafted nothing and a failed
+    request keep their own verdicts; the pairing's verdict is not a pass (exit 3) and lists no defect. Without
+    ``lossy`` the same diverged answer is a divergence."""
+    from specparity.verdicts import exit_code
+
+    mode = "--mtp-optimistic: it skips the verify"
+    plan = _plan("w4")
+    changed = judge_request(plan, REQ, OFF, _engaged(), CLEAN, _classic(), lossy=mode)
+    assert changed.verdict == Verdict.LOSSY and changed.divergence is not None, changed
+    assert changed.reason.startswith(f"lossy by design ({mode}): it changed the answer: ")
+    assert "first difference at token 2" in changed.reason and changed.reason.endswith("not a pass, not a defect")
+    same = judge_request(plan, REQ, CLEAN, _engaged(), CLEAN, _classic(), lossy=mode)
+    assert same.verdict == Verdict.LOSSY and "it changed nothing here" in same.reason, same.reason
+    assert judge_request(_plan("baseline-start"), REQ, CLEAN, Evidence(), CLEAN, _classic(),
+                         lossy=mode).verdict == Verdict.MATCH
+    assert judge_request(plan, REQ, CLEAN, Evidence(), CLEAN, _classic(), lossy=mode).verdict == Verdict.NOT_ENGAGED
+    failed = Completion(error="HTTP 500")
+    assert judge_request(plan, REQ, failed, _engaged(), CLEAN, _classic(), lossy=mode).verdict == Verdict.ERROR
+    assert judge_request(plan, REQ, OFF, _engaged(), CLEAN, _classic()).verdict == Verdict.DIVERGED
+    res = _pairing({"baseline-start": _judge("baseline-start", CLEAN), "w4": changed,
+                    "baseline-end": _judge("baseline-end", CLEAN)})
+    judge_pairing(res)
+    assert res.verdict == Verdict.LOSSY and exit_code(res.verdict) == 3, (res.verdict, res.reason)
+    assert not any("w4" in f for f in res.findings), res.findings

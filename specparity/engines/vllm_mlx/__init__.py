@@ -31,7 +31,7 @@ ENGINE = EngineSpec(
     ),
     # served only: its MTP loop is a patch on mlx-lm's BatchGenerator inside its scheduler (no verify block or
     # rollback a probe could drive from outside, no library loop of its own)
-    profiles=("vllm-mlx",),
+    profiles=("vllm-mlx", "vllm-mlx-optimistic"),
     hooks="specparity.engines.vllm_mlx.served",
     drafter_checkpoint=False,
     # its fixture's head tensors are mtplx's (the same module tree), moved to vllm-mlx's file
