@@ -349,8 +349,11 @@ def served(engine: str, args: argparse.Namespace) -> None:
         print(f"{lab}: not applicable (its default fixture has no drafter checkpoint)")
         return
     target, draft = checkpoints
-    job = Job(pairings=[Pairing("bench", target, draft, profiles[0])],
-              widths=[int(w) for w in args.served_widths.split(",")], max_tokens=args.max_tokens,
+    widths = [int(w) for w in args.served_widths.split(",")]
+    limit = spec.served_hooks().max_width(draft)  # an engine that verifies fewer rows: its widest, never skipped
+    if limit is not None and limit >= 2:
+        widths = sorted({min(w, limit) for w in widths})
+    job = Job(pairings=[Pairing("bench", target, draft, profiles[0])], widths=widths, max_tokens=args.max_tokens,
               prompts=list(DEFAULT_PROMPTS))
     with tempfile.TemporaryDirectory() as work:
         walls, servers, refs, arms = served_runs(job, args.served_runs, work, lab)
