@@ -98,9 +98,12 @@ class BareClassic:
     by the toolkit's greedy chain (no ``stream_generate``), as a loops function asks its classic reference."""
 
     def __init__(self, target: str, n: int):
+        from types import SimpleNamespace
+
         import mlx_lm
 
         self.model, tok = mlx_lm.load(target)[:2]
+        self.loaded = SimpleNamespace(model=self.model, tokenizer=tok)  # as Classic.loaded (a loop may read it)
         self.n = n
         self.eos = {int(e) for e in getattr(tok, "eos_token_ids", None) or []}
         self._done: dict[tuple[int, ...], list[int]] = {}
@@ -357,6 +360,10 @@ def served(engine: str, args: argparse.Namespace) -> None:
               prompts=list(DEFAULT_PROMPTS))
     with tempfile.TemporaryDirectory() as work:
         walls, servers, refs, arms = served_runs(job, args.served_runs, work, lab)
+    if not all(servers):  # nothing started and generated: no servers' own time to divide by
+        why = sorted({f"{a.name}: {a.reason}" for a in arms if a.verdict == "error"})[:2]
+        print(f"{lab}: not measured (its servers did not start and generate: {'; '.join(why) or 'no time'})")
+        return
     ratios = [w / o for w, o in zip(walls, servers, strict=True)]
     med = statistics.median(ratios)
     if max(ratios) <= GOAL_SERVED:
