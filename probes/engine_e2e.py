@@ -277,7 +277,8 @@ def failed(f: Finding, err: BaseException) -> Finding:
     f.verdict = Verdict.ERROR
     frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ else []
     # the engine's own frame that raised (mlx's __getattr__ or a stdlib helper says less)
-    own = [fr for fr in frames if any(f"/{m}/" in fr.filename for m in _engine_packages())]
+    packages = _engine_packages()
+    own = [fr for fr in frames if any(f"/{m}/" in fr.filename for m in packages)]
     picked = own or list(frames)
     at = f" (at {picked[-1].filename.rsplit('site-packages/', 1)[-1]}:{picked[-1].lineno})" if picked else ""
     f.failure = f"{type(err).__name__}: {err}"[:400] + at

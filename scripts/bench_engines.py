@@ -306,7 +306,9 @@ def run_engine(engine: str, args: argparse.Namespace, argv: list[str]) -> None:
     spec = get(engine)
     if spec.loops is None and not spec.in_process:
         return  # served only: its figure is (b)'s
-    if spec.importable():
+    # here only where this is its environment (the re-run) or it has none: an engine that names no module to
+    # import (mlx-lm-broomva: a fork of mlx_lm) "imports" anywhere, and ran here on plain mlx-lm, every entry an error
+    if spec.importable() and (os.environ.get(CHILD) or spec.environment is None):
         in_process(engine, args)
         return
     if os.environ.get(CHILD):
