@@ -165,11 +165,18 @@ def load_pair(target: str, draft: str | None) -> dict[str, Any]:
     return {"packed": packed, "manifest": manifest, "engine": engine, "tokenizer": tokenizer, "draft": drafter}
 
 
+EAGLE_SEED = 0  # the untrained EAGLE drafter's initialization: the same weights every run
+
+
 def eagle_drafter(manifest: Any) -> Any:
     """An EAGLE drafter as its CLI builds one from a drafter folder without config or weights (the config from
-    the target's, the weights its own initialization): no trained drafter in its format is built here."""
+    the target's, the weights its own initialization): no trained drafter in its format is built here. Its
+    initialization draws from MLX's global generator, seeded here first: unseeded, a random draft was now and then
+    accepted, and the same run read not_engaged one time and match the next."""
+    import mlx.core as mx
     from nunspark.eagle_drafter import EagleConfig, EagleDrafter, EagleDrafterModel
 
+    mx.random.seed(EAGLE_SEED)
     return EagleDrafter(EagleDrafterModel(EagleConfig(**EagleConfig.from_target_config(manifest.config).__dict__)))
 
 
