@@ -77,13 +77,14 @@ def pair(engine: str) -> tuple[str, str] | None:
     from specparity.engines import get
 
     spec = get(engine)
-    if spec.checkpoints() is None:
+    found = spec.checkpoints()  # built once (a format's default fixture: its build the first time)
+    if found is None:
         from specparity.fixtures import default_pair
 
         info = default_pair()
         return (info.target, info.draft) if info.draft else None
-    found = spec.served_checkpoints()
-    return (str(found[0]), str(found[1])) if found is not None else None
+    drafting = spec.drafting_pair(*found)
+    return (str(drafting[0]), str(drafting[1])) if drafting is not None else None
 
 
 def label(engine: str) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 
 from specparity.completions import Side
 from specparity.decode import (
-    DEFAULT_PREFILL_STEP, DEFAULT_QUANTIZED_KV_START, CacheOptions, classic_steps, stream_steps,
+    DEFAULT_PREFILL_STEP, DEFAULT_QUANTIZED_KV_START, CacheOptions, cache_offset, classic_steps, stream_steps,
 )
 from specparity.errors import UsageError
 from specparity.mlx_compat import has_image_parts, parse_size, server_031, server_tokenize, state_machine_031
@@ -722,8 +722,9 @@ class Served:
 
 
 def _offset(caches: list[Any]) -> int | None:
-    offs = [int(o) for o in (getattr(c, "offset", None) for c in caches) if isinstance(o, int)]
-    return min(offs) if offs else None
+    """The positions a prompt cache holds: the least offset of its layers that keep one (a hybrid's
+    linear-attention layers keep none); None where no layer does."""
+    return min((o for o in map(cache_offset, caches) if o is not None), default=None)
 
 
 class _Recording:

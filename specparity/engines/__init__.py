@@ -448,18 +448,21 @@ class EngineSpec:
         return ServedHooks(self.name, _hooks_module(self.hooks))
 
     def served_checkpoints(self) -> tuple[Path, Path] | None:
-        """What a served job on this engine's profiles defaults to: :meth:`checkpoints`, the target as its own
-        drafter where its draft heads live in it (None: the embedded pair, or a default with no drafter)."""
+        """What a served job on this engine's profiles defaults to: :meth:`checkpoints` as :meth:`drafting_pair`
+        (None: the embedded pair, or a default with no drafter)."""
         found = self.checkpoints()
-        if found is None:
-            return None
-        target, draft = found
+        return None if found is None else self.drafting_pair(*found)
+
+    def drafting_pair(self, target: Path, draft: Path | None) -> tuple[Path, Path] | None:
+        """``(target, draft)`` as a drafted arm runs them: the target as its own drafter where its draft heads live
+        in it; None where there is no drafter."""
         if draft is None and not self.drafter_checkpoint:
             draft = target
         return (target, draft) if draft is not None else None
 
     def checkpoints(self) -> tuple[Path, Path | None] | None:
-        """The default ``(target, draft)`` (None: the toolkit's embedded fixture pair)."""
+        """The default ``(target, draft)``: :attr:`default_checkpoints`'s, else its drafter format's default fixture
+        (:meth:`DrafterFormat.default_fixture`); None: the toolkit's embedded fixture pair."""
         fn = resolve(self.default_checkpoints)
         if fn is None:
             if self.drafter_format is not None and self.drafter_format.default is not None:
