@@ -382,10 +382,12 @@ class Environment:
         return [str(self.python), "-P", "-m", "specparity.cli", *args]
 
     def has_module(self, module: str) -> bool:
-        """Whether ``module`` is importable here (runs the interpreter once, finds without importing)."""
-        probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
+        """Whether ``module`` is importable here (runs the interpreter once, finds without importing, its parent
+        packages included: specparity.modfind)."""
+        from specparity import modfind
+
         try:
-            out = subprocess.run([str(self.python), "-P", "-c", probe, module], env=self.environ(),
+            out = subprocess.run([str(self.python), "-P", modfind.__file__, module], env=self.environ(),
                                  capture_output=True, timeout=60, cwd=tempfile.gettempdir())
         except (OSError, subprocess.SubprocessError):
             return False

@@ -474,13 +474,11 @@ class EngineSpec:
 
 def importable(module: str) -> bool:
     """``module`` can be imported in this interpreter: the one place the toolkit asks (an engine's
-    module, a profile's ``requires_module``); a missing parent package is a missing module, not an error."""
-    import importlib.util
+    module, a profile's ``requires_module``); a missing parent package is a missing module, not an error.
+    Its parent packages are found, not imported (specparity.modfind)."""
+    from specparity.modfind import found
 
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+    return found(module)
 
 
 def profile_key(name: str) -> str:
