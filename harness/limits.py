@@ -6,7 +6,7 @@ the job's own measurements, unless the user sets one (``--request-timeout``, the
 ``request_timeout``), which then holds for every request:
 
     expected  the same request's time on a drafter-less server sent one at a time (the baselines),
-              else classic decode's time for it in process (decoded before any server starts),
+              else classic decode's time for it in process (decoded once the first server is gone),
               else the slowest measured seconds per emitted token times the request's max_tokens
     factor    the arm's concurrency (a batch of N shares the machine) times its verify rows where it
               drafts (at worst a round verifies W rows and drafts W - 1 tokens for each one kept)
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from specparity.harness.client import Request
     from specparity.harness.plan import ArmPlan
 
-# the classic reference's own answers, decoded in process before any server starts
+# the classic reference's own answers, decoded in process once the first server is gone
 CLASSIC = "classic decode"
 
 

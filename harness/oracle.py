@@ -18,8 +18,9 @@ large model's answer can take minutes before it reads its input again).
     oracle.cost(); oracle.close()
 
 The worker holds a copy of the target, so by default the runner keeps it loaded only while
-no server is (harness.run): it decodes what it can before the first server starts, and
-:meth:`Oracle.release` ends it before a server starts; while servers still come, the runner asks
+no server is (harness.run): it imports mlx-lm beside the first server (``spawn(load=False)``, no
+weights held), decodes what it can once that server is gone, and :meth:`Oracle.release` ends it
+before the next server starts; while servers still come, the runner asks
 it :attr:`Oracle.offline` (answers already decoded only, :class:`NeedsWorker` otherwise), and the
 arms that need more get one worker at the end (``spawn(load=False)`` beside the last server: it
 imports mlx-lm there, holding no weights, and loads at its first question, that server gone). The

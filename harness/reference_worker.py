@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -92,5 +93,15 @@ def worker(argv: list[str] | None = None) -> int:
     return 0
 
 
+def main() -> None:
+    """Run :func:`worker` and exit without the interpreter's teardown: its answers are flushed, and the harness
+    waits for this process to be gone before a server loads the target, and the teardown frees the model array by
+    array (from the end of input to the process gone: 0.28 s with it, 0.14 s without, on a 0.5B float32 target)."""
+    code = worker()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(worker())
+    main()

@@ -328,8 +328,11 @@ class PairingRun:
         try:
             if arms and self.beside:  # the worker loads beside the first server, and stays
                 self.oracle([str(a) for a in self.server_argv(arms[0])], load=True)
-            elif arms:  # one copy of the target at a time: classic decode first, before any server
-                self.classic_first(arms[0])
+            # one copy of the target at a time: the worker imports beside the first server, holding no weights,
+            # and decodes everything it can once that server is gone (classic_first), before the next starts
+            first = bool(arms) and not self.beside and self.decodes_first()
+            if first:
+                self.oracle([str(a) for a in self.server_argv(arms[0])], load=False)
             for i, plan in enumerate(arms):
                 self.run_.arm_started(p.name, plan.name)
                 last = i == len(arms) - 1
@@ -342,6 +345,9 @@ class PairingRun:
                 if plan.name == BASELINE_START:
                     baseline = {ex.request.id: ex.completion for ex in served.exchanges}
                 pending.append(served)
+                if first and not self.sessions:
+                    first = False
+                    self.classic_first(arms[0])
                 # the reference judges once no server is resident (opted in beside them: at once); until the
                 # last arm, only arms whose every answer it already has: the rest wait for one worker at the end
                 if self.beside or not self.sessions:
@@ -416,11 +422,9 @@ class PairingRun:
         self.run_.note(f"  starting {session.server.name}")
         session.server_dir.mkdir(parents=True, exist_ok=True)
         version_env = self._version_env()
-        if self.beside:
-            self.run_.start_version(self.profile, self.target, self.python, version_env)
-        else:  # read before the server starts: its interpreter (mlx-lm imported) would sit beside the server
-            with self.clock.phase("version_line"):
-                self.run_.version(self.profile, self.target, self.python, version_env)
+        # read beside the server's start-up (once per profile and interpreter): its interpreter imports, holding
+        # no weights, as the reference's worker does beside the first server
+        self.run_.start_version(self.profile, self.target, self.python, version_env)
         try:
             with self.clock.phase("server_start"):
                 session.server.start()
@@ -659,28 +663,28 @@ class PairingRun:
         except SpecparityError as err:
             return {"command": None, "reason": f"could not write the reproduction ({err})"}
 
-    def classic_first(self, plan: ArmPlan) -> None:
-        """Classic decode of every request whose text does not depend on a server's answer, before any
-        server starts (the worker loaded once, then ended: one copy of the target at a time). A second
-        turn carries classic decode's own first-turn answer: a server that answers the first turn as
-        classic decode does sends those very bytes, and its second turn is answered from here too.
-        Each answer's time is what the first requests' time limits follow (harness.limits).
+    def decodes_first(self) -> bool:
+        """Whether classic decode answers the job's requests before the servers do (:meth:`classic_first`).
 
         Not where the engine tokenizes on its own and the job has a reference (llama.cpp): classic decode starts
         from the prompt tokens the server says it decoded, known only once it has answered, so an answer decoded
         here from the harness's own tokens would never be used; those requests' limits follow the baselines."""
-        from specparity.harness.limits import CLASSIC
+        return bool(self.job.reference) and not self.engine.tokenizes_itself
 
-        if self.engine.tokenizes_itself and self.job.reference:
-            return
+    def classic_first(self, plan: ArmPlan) -> None:
+        """Classic decode of every request whose text does not depend on a server's answer, once the first
+        server is gone (the worker, its imports done beside that server, loaded once; it stays to judge that
+        server's arms and ends before the next server starts: one copy of the target at a time). A second turn
+        carries classic decode's own first-turn answer: a server that answers the first turn as classic decode
+        does sends those very bytes, and its second turn is answered from here too. Each answer's time is what
+        the later requests' time limits follow, beside the first server's own (harness.limits)."""
+        from specparity.harness.limits import CLASSIC
         from specparity.mlx_server import ServerSettings
 
         argv = [str(a) for a in self.server_argv(plan)]
         oracle = self.oracle(argv, load=True)
         if oracle is None:
             return
-        # the version line's interpreter (mlx-lm imported, no weights) beside the worker, not a server
-        self.run_.start_version(self.profile, self.target, self.python, self._version_env())
         settings = ServerSettings.from_argv(argv)
         fields = self.request_fields(plan)
         history: dict[str, str] = {}
@@ -701,7 +705,6 @@ class PairingRun:
                 self.limits.observe(r.id, got.seconds, len(got.token_ids), CLASSIC)
                 if r.turn == 1:
                     history[r.id] = got.text
-        oracle.release()
 
     def note_once(self, finding: str) -> None:
         if finding not in self.findings:

@@ -74,7 +74,7 @@ def test_a_served_job_peaks_at_one_server_and_judges_every_request(wide: Fixture
     # the classic reference still judged every request of every arm, each distinct one decoded once
     lines = [r for rs in arms.values() for r in rs if "completion" in r and "request" in r]
     assert len(lines) == 6 and all((r.get("reference") or {}).get("compared") for r in lines), lines
-    # decoded once before any server started: every judged answer from the reference's cache
+    # decoded once, after the first server and before the next: every judged answer from the reference's cache
     assert (p["reference_cost"]["computed"], p["reference_cost"]["hits"]) == (1, 6)
 
 

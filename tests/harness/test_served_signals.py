@@ -298,3 +298,22 @@ def test_sigterm_of_a_command_without_servers_closes_its_record(cli_bin: str, tm
     assert proc.returncode == 143, (proc.returncode, err)
     record, _, _ = read_record(next(rec.glob("*.md")))
     assert record.status == "interrupted" and record.error == "SIGTERM"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.server
+def test_the_reference_worker_imports_beside_the_first_server_and_holds_no_weights_there(
+        cli_bin: str, llama_pair: Any, tmp_path: Path) -> None:
+    """Issue 49: the classic reference's worker imports mlx-lm while the first server starts and answers (about a
+    second of a 0.5B-class job's wall time, which ran before any server); it is told to load only once that server
+    is gone (``--wait-load``: one copy of the target at a time). Before, no worker lived during the first request."""
+    proc, mark, _ = _served(cli_bin, llama_pair, tmp_path, "stall")
+    try:
+        _wait_for_request(mark, proc)
+        cmdlines = [_cmdline(p) for p in marked(mark)]
+    finally:
+        _cleanup(proc, mark)
+    workers = [c.split(b"\0") for c in cmdlines if b"specparity.harness.reference" in c]
+    assert len([c for c in cmdlines if FAKE.encode() in c]) == 1, cmdlines
+    assert len(workers) == 1 and b"--wait-load" in workers[0], cmdlines
