@@ -449,9 +449,9 @@ def _process(name: str, checkpoints: list[str | None], tokens: int, sequences: i
 
 def served_budget(job: Any, flag: str | None = None) -> Budget:
     """A served job's expected memory: per pairing its largest server (target, drafter, KV at the job's
-    lengths and concurrency) and its classic reference (target, drafter for cold answers, KV), one at a
-    time unless ``job.reference_beside`` (one at a time: the reference's worker, importing mlx-lm with
-    no weights, beside a server); the harness's own on top."""
+    lengths and concurrency; the self-draft arm's holds the target twice) and its classic reference
+    (target, drafter for cold answers, KV), one at a time unless ``job.reference_beside`` (one at a time:
+    the reference's worker, importing mlx-lm with no weights, beside a server); the harness's own on top."""
     b = Budget("this served job")
     beside = bool(getattr(job, "reference_beside", False))
     b.side_by_side = beside and bool(job.reference)
@@ -460,21 +460,39 @@ def served_budget(job: Any, flag: str | None = None) -> Budget:
     peak = 0
     for p in job.pairings:
         seqs = max(1, int(job.concurrency or 1))
-        server = _process(f"{p.name} server", [p.target, p.draft], tokens, seqs, b.unknown)
-        parts = dict([server])
+        servers = dict([_process(f"{p.name} server", [p.target, p.draft], tokens, seqs, b.unknown)])
+        if _self_drafts(job, p):  # its self-draft arm's server loads the target twice: as the target and its drafter
+            servers.update([_process(f"{p.name} self-draft server", [p.target, p.target], tokens, 1, b.unknown)])
+        b.parts.update(servers)
+        largest = max(servers.values())  # the servers run one at a time
+        reference = 0
         if job.reference:
-            parts.update([_process(f"{p.name} classic reference", [p.target, p.draft], tokens, 1, b.unknown)])
-        b.parts.update(parts)
+            name, reference = _process(f"{p.name} classic reference", [p.target, p.draft], tokens, 1, b.unknown)
+            b.parts[name] = reference
         if b.side_by_side:
-            peak = max(peak, sum(parts.values()))
+            peak = max(peak, largest + reference)
         else:  # one copy at a time; the reference's worker imports (no weights) beside the first server
             importing = IMPORTING_BYTES if job.reference else 0
             if importing:
                 b.parts[f"{p.name} classic reference importing beside a server"] = importing
-            peak = max(peak, server[1] + importing, *parts.values())
+            peak = max(peak, largest + importing, reference)
     b.expected = peak + HARNESS_BYTES
     b.limit, b.limit_source = limit(flag)
     return b
+
+
+def _self_drafts(job: Any, pairing: Any) -> bool:
+    """Whether the job plans ``pairing``'s self-draft arm (harness.run.self_draft_refusal)."""
+    if not (getattr(job, "self_draft", False) and getattr(job, "widths", None)):
+        return False
+    from specparity.errors import SpecparityError
+    from specparity.harness.profiles import load_profile
+    from specparity.harness.run import self_draft_refusal
+
+    try:
+        return self_draft_refusal(load_profile(pairing.profile), pairing.target) is None
+    except (SpecparityError, OSError):
+        return False  # a profile that does not load is said when the pairing runs
 
 
 def probe_budget(model: str | None, tokens: int, draft: str | None = None, flag: str | None = None) -> Budget:

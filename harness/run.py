@@ -112,6 +112,26 @@ def _version(profile: Profile, target: str, python: str, env: dict[str, str] | N
     return (out.stdout.strip() or out.stderr.strip())[:200]
 
 
+def self_draft_refusal(profile: Profile, target: str, own_code: bool | None = None) -> str | None:
+    """Why the target cannot be its own drafter on ``profile`` ("" where the profile drafts with nothing), or None
+    where it can (the self-draft arm is planned, and its server holds the target twice: harness.memory)."""
+    if not profile.draft_argv:
+        return ""
+    if own_code is None:
+        own_code = "model_file" in _config(target)
+    if own_code and "draft" not in profile.witness:
+        # the target as its own drafter is loaded unwrapped, and servers load drafters without trust_remote_code
+        return (f"no self-draft arm: {profile.name}'s server loads a drafter without trust_remote_code, and this"
+                " target ships its own model_file")
+    limit = profile.engine_hooks().max_width(target)
+    if limit is not None and limit < 2:
+        # an engine whose drafters are of their own format cannot take the target as one: the default arm is
+        # left out with the reason, never run to be not_run (which would make every such job not_run)
+        return (f"no self-draft arm: {profile.name} cannot draft with the target itself (its engine takes drafters"
+                " of its own format)")
+    return None
+
+
 class ServedRun:
     """Runs a job; ``on_arm(pairing, arm)`` is called as each arm finishes (the record's hook).
 
@@ -244,21 +264,10 @@ class PairingRun:
 
     def _self_drafts(self) -> bool:
         """Whether the target can be its own drafter on this profile (a finding says why not)."""
-        if not self.profile.draft_argv:
-            return False
-        if self.own_code and "draft" not in self.profile.witness:
-            # the target as its own drafter is loaded unwrapped, and servers load drafters without trust_remote_code
-            self.note_once(f"no self-draft arm: {self.profile.name}'s server loads a drafter without"
-                           " trust_remote_code, and this target ships its own model_file")
-            return False
-        limit = self.engine.max_width(self.pairing.target)
-        if limit is not None and limit < 2:
-            # an engine whose drafters are of their own format cannot take the target as one: the default arm is
-            # left out with the reason, never run to be not_run (which would make every such job not_run)
-            self.note_once(f"no self-draft arm: {self.profile.name} cannot draft with the target itself (its"
-                           " engine takes drafters of its own format)")
-            return False
-        return True
+        why = self_draft_refusal(self.profile, self.pairing.target, self.own_code)
+        if why:
+            self.note_once(why)
+        return why is None
 
     # -- the pairing ---------------------------------------------------------------------------
     def prepare(self) -> str | None:

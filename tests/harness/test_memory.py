@@ -185,3 +185,25 @@ def test_a_size_no_machine_has_or_an_empty_flag_is_one_line_exit_2_before_any_wo
     [line] = r.stderr.splitlines()
     assert line.startswith(f"Error: {named}: {(flag if flag is not None else env)!r}"), line
     assert not (home / "fixtures").exists()  # refused while the options were read: nothing built or loaded
+
+
+@pytest.mark.model
+def test_the_budget_counts_the_self_draft_arms_server_holding_the_target_twice(llama_pair: FixtureInfo) -> None:
+    """The default job's self-draft arm loads the target as its own drafter: at 0.5B its server peaked at 3,935 MB
+    where the budget said 2,975 MB for the whole job (it counted the target and the drafter only)."""
+    weights = memory.checkpoint_bytes(llama_pair.target)
+    assert weights
+    job = Job(pairings=[Pairing("p", llama_pair.target, None)], widths=[2], max_tokens=16)  # the target alone
+    without = memory.served_budget(job, "off")
+    job.self_draft = True
+    with_arm = memory.served_budget(job, "off")
+    assert "p self-draft server" not in without.parts
+    twice = with_arm.parts["p self-draft server"]
+    assert twice >= memory.RUNTIME_BYTES + 2 * weights
+    assert twice > with_arm.parts["p server"] == without.parts["p server"]
+    assert with_arm.expected == twice + memory.IMPORTING_BYTES + memory.HARNESS_BYTES > without.expected
+    assert with_arm.line().startswith(f"this served job expects about {memory.fmt(with_arm.expected)}")
+    assert "the largest process p self-draft server" in with_arm.line()
+    # a profile that cannot draft with the target plans no such arm, and the budget counts none
+    job.pairings = [Pairing("p", llama_pair.target, llama_pair.draft, profile="mlx-dspark")]  # DSpark drafters only
+    assert "p self-draft server" not in memory.served_budget(job, "off").parts
