@@ -11,7 +11,11 @@ once, into the fixtures home):
 - probe_memory_ratio: ``specparity probe``'s peak RSS / a bare
   ``mlx_lm.load`` of the same checkpoint (both ru_maxrss of a child). Goal <= 1.1.
 - served_overhead_ratio: the served job's wall time / its servers' own time (start-up + generation).
-  Goal <= 1.2 (issue 49).
+  Goal <= 1.2 (issue 49). ``--job small`` (default): three servers (baseline, width 2, baseline) answering
+  one prompt fresh and again, 4 tokens: the classic reference's one load and one decode weigh most here.
+  ``--job default``: the job ``served --model T --draft-model D --widths 2,4`` runs (its six arms and its
+  request sequence, multi-turn and concurrent included) with 4 tokens instead of 32 (about 10 minutes a
+  run at llama-0.5b on two CPU cores).
 - served_time[phase]: where the served job's wall time went (the record's ``time``, harness.timing),
   seconds per phase, median of the runs with its spread: servers' start-up, generation, evidence reads,
   servers' stops, the classic reference's load, decode and cold answers, judging, and the rest.
@@ -39,7 +43,7 @@ on a GPU; on a CPU (no Metal: mlx's quantized matmul there is slow) they are
 float32 unless ``--bits 4`` is given.
 
 Usage: .venv/bin/python -P scripts/bench_sizes.py [--sizes tiny,llama-0.5b] [--runs 2] [--bits 4|none]
-       [--no-time] [--reference-repeat 6] [--grid none|small|large] [--grid-sizes first|all]
+       [--no-time] [--reference-repeat 6] [--grid none|small|large] [--grid-sizes first|all] [--job small|default]
 Prints one figure per line, ``name: value unit``.
 """
 
@@ -63,6 +67,7 @@ GOAL = 1.1
 TIME_GOAL = 1.2
 JOB = {"widths": [2], "max_tokens": 4, "sequence": ["fresh", "repeat"], "concurrency": 0, "self_draft": False,
        "prompts": ["The quick brown fox jumps over the lazy dog."]}
+DEFAULT_JOB_TOKENS = 4  # --job default: the default job's arms and requests, 4 tokens where it has 32
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 CLI = str(Path(sys.executable).parent / "specparity")
@@ -174,6 +179,8 @@ def main() -> None:
     ap.add_argument("--reference-repeat", type=int, default=6, help="bench_reference's paired runs per size")
     ap.add_argument("--grid", choices=("none", "small", "large"), default="small")
     ap.add_argument("--grid-sizes", choices=("first", "all"), default="first")
+    ap.add_argument("--job", choices=("small", "default"), default="small",
+                    help="the served job measured (see the module docstring)")
     args = ap.parse_args()
     from specparity.harness.memory import checkpoint_bytes, fmt
     from specparity.identity import device
@@ -184,6 +191,9 @@ def main() -> None:
     print(f"device: {device()}; sized checkpoints {dtype}, {f'{bits}-bit' if bits else 'not quantized'}")
     work = Path(tempfile.mkdtemp(prefix="specparity-bench-sizes-"))
     (work / "job.yaml").write_text(json.dumps(JOB))
+    job_args = (["--config", str(work / "job.yaml")] if args.job == "small"
+                else ["--widths", "2,4", "--max-tokens", str(DEFAULT_JOB_TOKENS)])
+    print(f"served job: {args.job} ({' '.join(job_args) if args.job == 'default' else json.dumps(JOB)})")
     for size in args.sizes.split(","):
         target, draft = checkpoint(size, dtype, bits)
         print(f"== {size}: {fmt(checkpoint_bytes(target))} target weights, {fmt(checkpoint_bytes(draft))} drafter")
@@ -191,9 +201,8 @@ def main() -> None:
         phases: dict[str, list[float]] = {}
         worst: dict = {}
         for i in range(args.runs):
-            code, _, wall, text = child_peak([CLI, "served", "--config", str(work / "job.yaml"), "--model", target,
-                                              "--draft-model", str(draft), "--json", "-q"],
-                                             None)
+            code, _, wall, text = child_peak([CLI, "served", *job_args, "--model", target, "--draft-model", str(draft),
+                                              "--json", "-q"], None)
             try:
                 report = json.loads(text)
             except ValueError:
