@@ -482,12 +482,12 @@ def served_budget(job: Any, flag: str | None = None) -> Budget:
 
 
 def _self_drafts(job: Any, pairing: Any) -> bool:
-    """Whether the job plans ``pairing``'s self-draft arm (harness.run.self_draft_refusal)."""
+    """Whether the job plans ``pairing``'s self-draft arm (harness.plan.self_draft_refusal)."""
     if not (getattr(job, "self_draft", False) and getattr(job, "widths", None)):
         return False
     from specparity.errors import SpecparityError
     from specparity.harness.profiles import load_profile
-    from specparity.harness.run import self_draft_refusal
+    from specparity.harness.plan import self_draft_refusal
 
     try:
         return self_draft_refusal(load_profile(pairing.profile), pairing.target) is None

@@ -22,10 +22,12 @@ and the printed reproduction: nothing converts rows to a setting again.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specparity.harness.client import Request
@@ -138,6 +140,30 @@ def repeat_arm_name(i: int) -> str:
 def dist_arm_name(rows: int) -> str:
     """The drafted distribution arm at ``rows`` verify rows."""
     return f"dist-{width_arm_name(rows)}"
+
+
+def self_draft_refusal(profile: Profile, target: str, own_code: bool | None = None) -> str | None:
+    """Why the target cannot be its own drafter on ``profile`` ("" where the profile drafts with nothing), or None
+    where it can (:func:`plan_arms` plans the self-draft arm, and its server holds the target twice: harness.memory)."""
+    if not profile.draft_argv:
+        return ""
+    if own_code is None:
+        try:
+            config = json.loads((Path(target) / "config.json").read_text())
+        except (OSError, ValueError):
+            config = {}
+        own_code = isinstance(config, dict) and "model_file" in config
+    if own_code and "draft" not in profile.witness:
+        # the target as its own drafter is loaded unwrapped, and servers load drafters without trust_remote_code
+        return (f"no self-draft arm: {profile.name}'s server loads a drafter without trust_remote_code, and this"
+                " target ships its own model_file")
+    limit = profile.engine_hooks().max_width(target)
+    if limit is not None and limit < 2:
+        # an engine whose drafters are of their own format cannot take the target as one: the default arm is
+        # left out with the reason, never run to be not_run (which would make every such job not_run)
+        return (f"no self-draft arm: {profile.name} cannot draft with the target itself (its engine takes drafters"
+                " of its own format)")
+    return None
 
 
 def plan_arms(job: Job, profile: Profile, drafts: bool, self_drafts: bool) -> tuple[list[ArmPlan], WidthMode]:

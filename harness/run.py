@@ -42,7 +42,16 @@ from specparity.harness.lifecycle import HOST, Server, ServerStartError, scratch
 from specparity.harness.limits import LimitRule, RequestLimits
 from specparity.harness.timing import Clock
 from specparity.harness.oracle import NeedsWorker, Oracle
-from specparity.harness.plan import BASELINE_START, ArmKind, ArmPlan, Drafter, WidthMode, build_sequence, plan_arms
+from specparity.harness.plan import (
+    BASELINE_START,
+    ArmKind,
+    ArmPlan,
+    Drafter,
+    WidthMode,
+    build_sequence,
+    plan_arms,
+    self_draft_refusal,
+)
 from specparity.harness.profiles import NOT_EXERCISED, Profile, load_profile
 from specparity.harness.reproduce import Finding, Sent, ServerHistory, reproduce
 from specparity.harness.results import ArmResult, PairingResult, RequestResult, ServedReport
@@ -110,26 +119,6 @@ def _version(profile: Profile, target: str, python: str, env: dict[str, str] | N
     except (OSError, subprocess.SubprocessError) as err:
         return f"unknown ({err})"
     return (out.stdout.strip() or out.stderr.strip())[:200]
-
-
-def self_draft_refusal(profile: Profile, target: str, own_code: bool | None = None) -> str | None:
-    """Why the target cannot be its own drafter on ``profile`` ("" where the profile drafts with nothing), or None
-    where it can (the self-draft arm is planned, and its server holds the target twice: harness.memory)."""
-    if not profile.draft_argv:
-        return ""
-    if own_code is None:
-        own_code = "model_file" in _config(target)
-    if own_code and "draft" not in profile.witness:
-        # the target as its own drafter is loaded unwrapped, and servers load drafters without trust_remote_code
-        return (f"no self-draft arm: {profile.name}'s server loads a drafter without trust_remote_code, and this"
-                " target ships its own model_file")
-    limit = profile.engine_hooks().max_width(target)
-    if limit is not None and limit < 2:
-        # an engine whose drafters are of their own format cannot take the target as one: the default arm is
-        # left out with the reason, never run to be not_run (which would make every such job not_run)
-        return (f"no self-draft arm: {profile.name} cannot draft with the target itself (its engine takes drafters"
-                " of its own format)")
-    return None
 
 
 class ServedRun:
