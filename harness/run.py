@@ -662,7 +662,8 @@ class PairingRun:
             return {"command": None, "reason": f"could not write the reproduction ({err})"}
 
     def decodes_first(self) -> bool:
-        """Whether classic decode answers the job's requests before the servers do (:meth:`classic_first`).
+        """Whether classic decode answers the job's requests ahead of the servers after the first, once that one is
+        gone (:meth:`classic_first`; its worker imports beside the first server).
 
         Not where the engine tokenizes on its own and the job has a reference (llama.cpp): classic decode starts
         from the prompt tokens the server says it decoded, known only once it has answered, so an answer decoded
