@@ -50,8 +50,9 @@ LIMIT_FLAG = "--memory-limit"
 RUNTIME_BYTES = 250 * 2**20
 # the harness's own process (httpx, click, the record): it never imports mlx
 HARNESS_BYTES = 80 * 2**20
-# the classic reference's worker beside the first server while it only imports mlx-lm, no weights
-# (harness.oracle's ``spawn(load=False)``; measured on Linux, mlx 0.32 and mlx-lm 0.31/0.32: 75-90 MB)
+# the classic reference's worker beside a server, holding no weights: importing mlx-lm beside the first
+# (harness.oracle's ``spawn(load=False)``; measured on Linux, mlx 0.32 and mlx-lm 0.31/0.32: 75-90 MB), or
+# waiting to load again after giving its weights back (65-90 MB; a worker that would hold more ends instead)
 IMPORTING_BYTES = 100 * 2**20
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".npz")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30,
@@ -226,11 +227,25 @@ def peak_rss(pid: int | None, sampler: Sampler | None = None) -> int | None:
 
 
 def own_peak_rss() -> int:
-    """This process's peak resident bytes (``ru_maxrss``: KB on Linux, bytes on macOS)."""
+    """This process's peak resident bytes since it started or since :func:`reset_peak_rss` (Linux: ``VmHWM``;
+    elsewhere ``ru_maxrss``, KB on Linux and bytes on macOS, which no reset moves)."""
     import resource
 
+    hwm = _proc_status(os.getpid()).get("VmHWM")
+    if hwm is not None:
+        return hwm
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def reset_peak_rss() -> bool:
+    """Start this process's peak resident memory anew from what it holds now (Linux's ``clear_refs`` 5:
+    ``VmHWM`` back to ``VmRSS``); False where that cannot be done (macOS: the peak stays the lifetime's)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
 
 SAMPLE_OVERHEAD = 0.02  # the share of one core a Sampler may take: it waits 50 times as long as a sample took

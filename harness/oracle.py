@@ -19,11 +19,12 @@ large model's answer can take minutes before it reads its input again).
 
 The worker holds a copy of the target, so by default the runner keeps it loaded only while
 no server is (harness.run): it imports mlx-lm beside the first server (``spawn(load=False)``, no
-weights held), decodes what it can once that server is gone, and :meth:`Oracle.release` ends it
-before the next server starts; while servers still come, the runner asks
-it :attr:`Oracle.offline` (answers already decoded only, :class:`NeedsWorker` otherwise), and the
-arms that need more get one worker at the end (``spawn(load=False)`` beside the last server: it
-imports mlx-lm there, holding no weights, and loads at its first question, that server gone). The
+weights held), decodes what it can once that server is gone, and :meth:`Oracle.release` has it drop
+the weights before the next server starts (it stays, imports done, where what it then holds fits what
+the job's budget gives a worker importing beside a server; else it ends); while servers still come, the
+runner asks it :attr:`Oracle.offline` (answers already decoded only, :class:`NeedsWorker` otherwise), and
+the arms that need more are judged at the end (the same worker loading again once the last server is
+gone, or a new one imported beside that server: ``spawn(load=False)``). The
 oracle keeps every answer it was given (the same request under the same settings is decoded once
 per job, whichever worker decoded it), what each worker cost, and each worker's peak resident
 memory (``ReferenceStats`` plus ``workers``,
@@ -44,6 +45,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 from specparity.harness.lifecycle import register, spawn_tied, unregister
+from specparity.harness.memory import IMPORTING_BYTES
 from specparity.tied import end_worker, read_json_line
 from specparity.mlx_server import ServerSettings
 from specparity.reference import (
@@ -120,6 +122,8 @@ class Oracle:
         self._hits = 0
         self.worker_peaks: list[int | None] = []  # each ended worker's peak resident bytes
         self.workers = 0  # workers started
+        self.loads = 0  # loads of the target, every worker together
+        self.kept_bytes: list[int] = []  # what a worker that dropped its weights held, each time, waiting to load again
         self.waiting = False  # the live worker was started with --wait-load and has not been told to load
         self.clock: Phases = _Untimed()  # the runner's: waits on the worker counted by phase
         # True: answer only from what earlier workers decoded; a question needing a loaded worker raises
@@ -189,6 +193,7 @@ class Oracle:
             self.close()
             return
         self.load_seconds = float(hello.get("load_seconds") or 0.0)
+        self.loads += 1
 
     def _read(self, timeout: float) -> dict[str, Any] | None:
         """The worker's next JSON line (lines that are not JSON objects are skipped); None: it ended or timed out."""
@@ -308,22 +313,27 @@ class Oracle:
         return total
 
     def cost_dict(self) -> dict[str, Any] | None:
-        """:meth:`cost` as the record keeps it, with ``workers`` (how many workers were started: one per
-        stretch without a server, unless the reference runs beside the servers), ``worker_peaks`` (each
-        worker's peak resident bytes, ``ru_maxrss``) and ``peak_rss_bytes`` (the largest)."""
+        """:meth:`cost` as the record keeps it, with ``workers`` (how many worker processes were started: one
+        unless one that dropped its weights held more than a worker importing beside a server may),
+        ``loads`` (how many times the target was loaded: once per stretch without a server, unless the
+        reference runs beside the servers), ``worker_peaks`` (each load's peak resident bytes: ``VmHWM``,
+        started anew at each load on Linux; the process's ``ru_maxrss`` elsewhere), ``kept_bytes`` (what a
+        worker that dropped its weights held, waiting to load again) and ``peak_rss_bytes`` (the largest)."""
         live = self._worker_cost()
         cost = self.cost()
         if cost is None:
             return None
         peaks = self.worker_peaks + ([live[1]] if live is not None else [])
         known = [p for p in peaks if p is not None]
-        return {**cost.to_dict(), "workers": self.workers, "worker_peaks": peaks,
-                "peak_rss_bytes": max(known) if known else None}
+        return {**cost.to_dict(), "workers": self.workers, "loads": self.loads, "worker_peaks": peaks,
+                "kept_bytes": list(self.kept_bytes), "peak_rss_bytes": max(known) if known else None}
 
     def release(self) -> None:
-        """End the worker now, keeping its answers, its cost and its peak memory (a server is about to
-        start: the two would hold two copies of the target); the next question starts a new worker.
-        A worker still waiting to load holds no weights: it stays."""
+        """Give back the worker's copy of the target now, keeping its answers, its cost and its peak memory (a
+        server is about to start: the two would hold two copies of the target). The worker drops the weights
+        and stays, imports done, waiting to load at the next question, where what it then holds fits the
+        share of the job's budget a worker importing beside a server has (``memory.IMPORTING_BYTES``); else it
+        ends and the next question starts a new one. A worker still waiting to load holds no weights: it stays."""
         if self.waiting and self.proc is not None and self.proc.poll() is None:
             return
         live = self._worker_cost()
@@ -331,9 +341,23 @@ class Oracle:
             for f in fields(ReferenceStats):
                 setattr(self._spent, f.name, getattr(self._spent, f.name) + getattr(live[0], f.name))
             self.worker_peaks.append(live[1])
-        if self.proc is not None:
+        if self.proc is not None and not self._unload():
             self._end(graceful=True)
         self.load_seconds = None
+
+    def _unload(self) -> bool:
+        """Ask the live, loaded worker to drop its weights; True where it did and now holds no more than
+        ``memory.IMPORTING_BYTES`` (it waits for the next load), False where it must end."""
+        if self.proc is None or self.failed is not None or self.load_seconds is None:
+            return False
+        with self.clock.phase("reference_stop"):
+            reply = self._ask({"unload": True})
+        held = (reply or {}).get("rss_bytes")
+        if not (reply or {}).get("unloaded") or not isinstance(held, int) or held > IMPORTING_BYTES:
+            return False
+        self.waiting = True
+        self.kept_bytes.append(held)
+        return True
 
     def close(self) -> None:
         """Close the worker's input and let it exit (killed after CLOSE_TIMEOUT)."""

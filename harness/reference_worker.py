@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from specparity.errors import SpecparityError, UsageError, first_line
-from specparity.harness.memory import own_peak_rss
+from specparity.harness.memory import own_peak_rss, reset_peak_rss, rss
 from specparity.mlx_server import ServerSettings
 from specparity.reference import ClassicReference
 
@@ -32,8 +32,10 @@ def worker(argv: list[str] | None = None) -> int:
     "completion": {...}}`` or ``{"ok": false, "message": "...", "kind": "usage" | "infra"}``;
     ``{"cold": true, "endpoint", "body", "settings"?, "draft_model"?, "prompt_ids"?}`` ->
     ``{"ok": true, "cold": {...ColdAnswer}}``; ``{"cost": true}`` -> ``{"ok": true, "cost":
-    {...}, "peak_rss_bytes": n}`` (its own peak resident memory, ``ru_maxrss``). It exits at end of
-    input (its parent's end). The harness
+    {...}, "peak_rss_bytes": n}`` (its own peak resident memory since it last loaded);
+    ``{"unload": true}`` -> ``{"ok": true, "unloaded": true, "rss_bytes": n}``: the checkpoint dropped and
+    its memory given back (what it then holds, imports only, is ``n``), waiting as ``--wait-load`` does
+    for ``{"load": true}``. It exits at end of input (its parent's end). The harness
     runs it with the servers' interpreter (harness.oracle), so a server in a pinned
     environment (another mlx-lm) is judged by that environment's classic decode.
     """
@@ -50,27 +52,41 @@ def worker(argv: list[str] | None = None) -> int:
         out.write(json.dumps(obj) + "\n")
         out.flush()
 
+    ref: ClassicReference | None = None
+
+    def load() -> bool:
+        nonlocal ref
+        try:
+            ref = ClassicReference(args.checkpoint, trust_remote_code=args.trust_remote_code,
+                                   settings=ServerSettings.from_dict(json.loads(args.settings)),
+                                   batches=not args.sequential)
+        except SpecparityError as err:
+            say({"ready": False, "message": first_line(str(err))})
+            return False
+        say({"ready": True, "load_seconds": ref.cost().load_seconds})
+        return True
+
     if args.wait_load:
         # started beside a server: import what a load needs (most of a worker's start-up), hold no weights,
         # and load only when told (the server is gone by then); end of input before that: exit
         import mlx_lm.utils  # noqa: F401
-
-        line = sys.stdin.readline()
-        if not line:
-            return 0
-    try:
-        ref = ClassicReference(args.checkpoint, trust_remote_code=args.trust_remote_code,
-                               settings=ServerSettings.from_dict(json.loads(args.settings)),
-                               batches=not args.sequential)
-    except SpecparityError as err:
-        say({"ready": False, "message": first_line(str(err))})
+    elif not load():
         return 1
-    say({"ready": True, "load_seconds": ref.cost().load_seconds})
     for line in sys.stdin:
         if not line.strip():
             continue
         try:
             req = json.loads(line)
+            if ref is None or req.get("load"):  # waiting (--wait-load, or unloaded): any line loads
+                if ref is None and not load():
+                    return 1
+                if req.get("load"):
+                    continue
+            assert ref is not None
+            if req.get("unload"):
+                ref = None
+                say({"ok": True, "unloaded": True, "rss_bytes": drop_weights()})
+                continue
             if req.get("cost"):
                 say({"ok": True, "cost": ref.cost().to_dict(), "peak_rss_bytes": own_peak_rss()})
                 continue
@@ -91,6 +107,24 @@ def worker(argv: list[str] | None = None) -> int:
             # AttributeError / ImportError: another mlx-lm (a pinned environment) without a part a loop uses
             say({"ok": False, "message": f"{type(err).__name__}: {first_line(str(err))}", "kind": "usage"})
     return 0
+
+
+def drop_weights() -> int:
+    """Give back what the dropped checkpoint held (MLX's buffer cache, the C heap's free pages) and start
+    this process's peak anew; returns its resident bytes now."""
+    import ctypes
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()
+    (getattr(mx, "clear_cache", None) or mx.metal.clear_cache)()
+    try:  # glibc keeps freed heap pages unless asked: 119 MB instead of 87 after a 0.5B float32 target
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass  # not glibc (macOS's allocator returns large blocks as they are freed)
+    reset_peak_rss()
+    return rss([os.getpid()]).get(os.getpid(), 0)
 
 
 def main() -> None:

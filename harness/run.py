@@ -335,8 +335,8 @@ class PairingRun:
                 self.run_.arm_started(p.name, plan.name)
                 last = i == len(arms) - 1
                 if last and pending and self._oracle is not None and not self.beside:
-                    # a worker for the arms left waiting for one: its imports beside this last server, no
-                    # weights held; it loads once that server is gone
+                    # a worker for the arms left waiting for one (unless the one that gave its weights back
+                    # stays): its imports beside this last server, no weights held; it loads once that server is gone
                     self._oracle.spawn(load=False)
                 keep = any(a.server_key == plan.server_key for a in arms[i + 1:])
                 served = self.serve_arm(plan, stop=not keep)
@@ -347,7 +347,7 @@ class PairingRun:
                     first = False
                     self.classic_first(arms[0])
                 # the reference judges once no server is resident (opted in beside them: at once); until the
-                # last arm, only arms whose every answer it already has: the rest wait for one worker at the end
+                # last arm, only arms whose every answer it already has: the rest wait for the last server to go
                 if self.beside or not self.sessions:
                     self.flush(res, pending, baseline, offline=not (self.beside or last))
             if pending:
@@ -673,9 +673,10 @@ class PairingRun:
     def classic_first(self, plan: ArmPlan) -> None:
         """Classic decode of every request whose text does not depend on a server's answer, once the first
         server is gone (the worker, its imports done beside that server, loaded once; it stays to judge that
-        server's arms and ends before the next server starts: one copy of the target at a time). A second turn
-        carries classic decode's own first-turn answer: a server that answers the first turn as classic decode
-        does sends those very bytes, and its second turn is answered from here too. Each answer's time is what
+        server's arms and gives the weights back before the next server starts: one copy of the target at a
+        time). A second turn carries classic decode's own first-turn answer: a server that answers the first turn
+        as classic decode does sends those very bytes, and its second turn is answered from here too. Each
+        answer's time is what
         the later requests' time limits follow, beside the first server's own (harness.limits)."""
         from specparity.harness.limits import CLASSIC
         from specparity.mlx_server import ServerSettings
