@@ -269,7 +269,8 @@ def memory_lines(mem: dict[str, Any] | None) -> list[str]:
     workers = mem.get("reference_workers_peak_rss_bytes") or []
     if workers:
         where = "beside the servers (opted in)" if mem.get("reference_beside") else "while no server ran"
-        out.append(f"  memory: classic reference {len(workers)} worker(s) {where}, peak RSS"
+        # one peak per load of the target (a worker that gave its weights back and loaded again has two)
+        out.append(f"  memory: classic reference loaded {len(workers)} time(s) {where}, peak RSS"
                    f" {', '.join(_mb(w) for w in workers)}")
     if mem.get("peak_total_bytes"):
         ratio = mem.get("peak_total_over_largest_server")

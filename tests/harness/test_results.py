@@ -17,7 +17,7 @@ from specparity.harness.client import Completion
 from specparity.harness.evidence import Evidence
 from specparity.harness.plan import ArmKind, WidthMode
 from specparity.harness.profiles import Width
-from specparity.harness.results import ArmResult, PairingResult, RequestResult, ServedReport
+from specparity.harness.results import ArmResult, PairingResult, RequestResult, ServedReport, memory_lines
 from specparity.verdicts import Verdict
 
 
@@ -139,3 +139,11 @@ def test_every_field_set_follows_the_published_schemas():
         validate(_json({"pairing": p.name, **a.to_dict()}), "record-served-arm")
         for r in a.requests:
             validate(_json(r.to_dict()), "record-served-request")
+
+
+def test_the_report_counts_the_reference_by_its_loads_not_its_workers():
+    """``reference_workers_peak_rss_bytes`` holds one peak per load of the target: one worker that gave its
+    weights back before a server and loaded again after it has two, and the report says two loads."""
+    mem = {**(_pairing().memory or {}), "reference_workers_peak_rss_bytes": [1_900_000, 1_950_000]}
+    line = next(x for x in memory_lines(mem) if "classic reference" in x)
+    assert "loaded 2 time(s) while no server ran" in line and "worker" not in line, line
