@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -18,6 +17,8 @@ if TYPE_CHECKING:
 
 # A test using one of these fixtures needs what the marker says (pyproject.toml, README): checked
 # at collection, so `-m "not model"` / `-m "not build"` never runs a test that needs one.
+_STARTED = pytest.StashKey[float]()
+
 FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build", "chromium": "build"}
 
 
@@ -110,10 +111,43 @@ LONGEST_FIRST = ("test_serve_exact", "test_diagnose", "test_dflash_mlx_served", 
                  "test_replay_sequence", "test_dflash_mlx_reproduce", "test_records_cli", "test_outputs")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import time
+
+    session.config.stash[_STARTED] = time.time()
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     import forkcli
 
     forkcli.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Name every fixture pair this run built that took long and that scripts/build-test-fixtures does not
+    build (tests/fixture_pairs.py): the list keeping up with the tests."""
+    import fixture_cache
+    import fixture_pairs
+
+    started = config.stash.get(_STARTED, None)
+    if started is None or hasattr(config, "workerinput") or not fixture_cache.enabled():
+        return
+    listed = set(fixture_pairs.PAIRS)
+    slow = []
+    for manifest in fixture_cache.ROOT.glob("*/*/*.manifest.json"):
+        try:
+            if manifest.stat().st_mtime < started:
+                continue
+            seconds = float(json.loads(manifest.read_text()).get("build_seconds", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        name = manifest.name.removesuffix(".manifest.json").rsplit("-", 1)[0]
+        if seconds > fixture_pairs.SLOW_BUILD and name not in listed:
+            slow.append(f"{name} ({manifest.parent.parent.name}): built in the run in {seconds:.0f} s")
+    if slow:
+        terminalreporter.write_sep("=", "fixture pairs to list in tests/fixture_pairs.py", yellow=True)
+        for line in sorted(slow):
+            terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -176,7 +210,7 @@ def fixture_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fixtures")
 
 
-_BUILT: dict[tuple[str, str, str], FixtureInfo] = {}
+_BUILT: dict[tuple[str, str], FixtureInfo] = {}
 
 
 def build(root: Path, name: str, **kwargs: Any) -> FixtureInfo:
@@ -186,14 +220,12 @@ def build(root: Path, name: str, **kwargs: Any) -> FixtureInfo:
     directory: build_pair returns whatever fixture already sits in a directory,
     so a name reused with other arguments must not land in the same one.
     """
-    from fixture_cache import cached
-    from specparity.fixtures import build_pair
+    from fixture_pairs import built_pair
 
-    spec = json.dumps(kwargs, sort_keys=True, default=str)
-    key = (str(root), name, spec)
+    made = built_pair(name, **kwargs)
+    key = (str(root), made.name)
     if key not in _BUILT:
-        digest = hashlib.sha256(spec.encode()).hexdigest()[:8]
-        _BUILT[key] = cached(build_pair, root, f"{name}-{digest}", **kwargs)
+        _BUILT[key] = made.build(root)
     return _BUILT[key]
 
 

@@ -34,14 +34,12 @@ def dflash_info(root: Path, shape: str = "qwen3", block_size: int = 8, dtype: st
     Its directory is named by every argument (``dflash_fixture_name``, as the
     shared cache names it), so a cached pair is never one built with other arguments.
     """
-    from fixture_cache import cached
-    from specparity.fixtures.dflash import build_dflash_pair, dflash_fixture_name
+    from fixture_pairs import dflash
 
-    name = dflash_fixture_name(shape, block_size, dtype, tied, balance)
-    if str(root / name) not in _BUILT:
-        _BUILT[str(root / name)] = cached(build_dflash_pair, root, name, shape=shape, block_size=block_size,
-                                          dtype=dtype, tied=tied, balance=balance)
-    return _BUILT[str(root / name)]
+    made = dflash(shape, block_size, dtype, tied, balance)
+    if str(root / made.name) not in _BUILT:
+        _BUILT[str(root / made.name)] = made.build(root)
+    return _BUILT[str(root / made.name)]
 
 
 def pair_dirs(info: DFlashFixtureInfo) -> dict[str, str]:

@@ -73,6 +73,26 @@ def _siblings(folder: Path) -> list[Path]:
     return [p for p in folder.parent.glob(glob.escape(folder.name) + ".*") if p.is_dir() and not p.is_symlink()]
 
 
+def spec_of(builder: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """What a pair is built from: the builder and its arguments (a folder's manifest stores it)."""
+    return json.dumps({"builder": f"{builder.__module__}.{builder.__qualname__}", "args": args, "kwargs": kwargs},
+                      sort_keys=True, default=str)
+
+
+def _built_before_pytest(name: str, spec: str) -> None:
+    """Under CI, inside a test: a pair scripts/build-test-fixtures builds (tests/fixture_pairs.py) is never built
+    here: the script was not run, or the test changed what it built (its manifest no longer matched)."""
+    if not (os.environ.get("CI") and os.environ.get("PYTEST_CURRENT_TEST")):
+        return
+    from fixture_pairs import listed
+
+    if (name, spec) in listed():
+        import pytest
+
+        pytest.fail(f"fixture pair {name} is not built: scripts/build-test-fixtures builds it before pytest "
+                    f"(or a test changed it after it was built)", pytrace=False)
+
+
 def cached(builder: Callable[..., T], fallback_root: Path, name: str, *args: Any, **kwargs: Any) -> T:
     """``builder(FOLDER, *args, **kwargs)``, FOLDER kept in the cache (above), or ``fallback_root / name``
     when the cache is off. ``builder`` builds into FOLDER, or returns what a build of these arguments left
@@ -80,8 +100,7 @@ def cached(builder: Callable[..., T], fallback_root: Path, name: str, *args: Any
     if not enabled():
         return builder(fallback_root / name, *args, **kwargs)
     code = code_digest(builder.__module__)
-    spec = json.dumps({"builder": f"{builder.__module__}.{builder.__qualname__}", "args": args,
-                       "kwargs": kwargs}, sort_keys=True, default=str)
+    spec = spec_of(builder, args, kwargs)
     code_dir = ROOT / builder.__module__ / code
     folder = code_dir / f"{name}-{hashlib.sha256(spec.encode()).hexdigest()[:10]}"
     code_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +118,7 @@ def cached(builder: Callable[..., T], fallback_root: Path, name: str, *args: Any
                 except (OSError, ValueError, TypeError, KeyError):
                     good = False
                 if not good:  # never built, built in part, or changed since: built again
+                    _built_before_pytest(name, spec)
                     manifest.unlink(missing_ok=True)
                     shutil.rmtree(folder, ignore_errors=True)
                     for aside in _siblings(folder):  # what the builder made beside it goes too

@@ -150,3 +150,36 @@ def test_only_the_two_most_recently_used_code_folders_are_kept(cache_root: Path,
     kept = sorted(p.name for p in folders.iterdir() if p.is_dir())
     assert kept == sorted([code_digest("specparity.fixtures"), "c" * 16, "d" * 16])
     assert (cache_root / "specparity.fixtures.dflash" / ("e" * 16)).is_dir()
+
+
+@pytest.fixture
+def listed_plain(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """tests/fixture_pairs.py listing one cheap pair only (build_plain_constant: a tenth of a second)."""
+    import fixture_pairs
+
+    plain = fixture_pairs.Pair("plain", "specparity.fixtures:build_plain_constant", args=(LIVE,))
+    monkeypatch.setattr(fixture_pairs, "PAIRS", {"plain": plain})
+    return fixture_pairs
+
+
+def test_under_ci_a_test_never_builds_a_listed_pair_and_says_what_builds_it(
+        cache_root: Path, tmp_path: Path, listed_plain: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listed pair is built before pytest (scripts/build-test-fixtures); under CI a test that would build it
+    fails with what to run, and builds nothing. Built (as the script builds it), it is read; a pair not listed is
+    built where it is first used, CI or not; off CI a listed pair missing is built, as before."""
+    monkeypatch.setenv("CI", "1")
+    assert os.environ.get("PYTEST_CURRENT_TEST")  # inside a test, as every test's fixtures are
+    with pytest.raises(pytest.fail.Exception, match="fixture pair plain is not built: scripts/build-test-fixtures"):
+        listed_plain.pair("plain", tmp_path / "session")
+    assert not any(cache_root.rglob("*.safetensors"))
+    other = fixture_cache.cached(build_plain_constant, tmp_path / "session", "plain", (2.0, 0.5))
+    assert weights(other).is_file()  # not listed (other arguments): built here
+    with monkeypatch.context() as outside:  # the script: not inside a test
+        outside.delenv("PYTEST_CURRENT_TEST")
+        built = listed_plain.pair("plain", tmp_path / "session")
+    fixture_cache._CHECKED.clear()  # a later process: the test's own run
+    assert listed_plain.pair("plain", tmp_path / "session") == built
+    monkeypatch.delenv("CI")
+    shutil.rmtree(cache_root)
+    fixture_cache._CHECKED.clear()
+    assert weights(listed_plain.pair("plain", tmp_path / "session")).is_file()

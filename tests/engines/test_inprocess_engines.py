@@ -23,8 +23,8 @@ import pytest
 
 from conftest import run_cli
 from fixture_cache import cached
+from fixture_pairs import pair
 from specparity.fixtures.dspark import build_dspark_pair
-from specparity.engines.dfly_mlx.fixtures import build_dfly_pair
 from specparity.environments import ENV_CACHE_VAR
 from builds import REAL_CACHE, built
 from builds import engine_cli as _dspark_cli
@@ -42,10 +42,9 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def dfly_fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("inprocess-dfly")
-    return {"qwen3": cached(build_dfly_pair, root, "dfly-qwen3").to_dict(),
-            "qwen3_5": cached(build_dfly_pair, root, "dfly-qwen3_5", shape="qwen3_5", tied=True).to_dict(),
-            "qwen3_5-equal-heads": cached(build_dfly_pair, root, "dfly-qwen3_5-equal", shape="qwen3_5-equal-heads",
-                                                   tied=True).to_dict()}
+    return {"qwen3": pair("dfly-qwen3", root).to_dict(),
+            "qwen3_5": pair("dfly-qwen3_5", root).to_dict(),
+            "qwen3_5-equal-heads": pair("dfly-qwen3_5-equal", root).to_dict()}
 
 
 # ------------------------------- dfly-mlx: dflash-mlx's verify and rollback through dfly-mlx's own loader

@@ -28,9 +28,8 @@ import pytest
 
 from builds import REAL_CACHE, built
 from conftest import run_cli
-from fixture_cache import cached
+from fixture_pairs import pair
 from specparity.engine_findings import run_engine
-from specparity.engines.mlx_flash.fixtures import build
 from specparity.environments import ENV_CACHE_VAR
 
 ENV = "mlx-flash"
@@ -43,9 +42,7 @@ NOT_ENGAGED = ("DFlashEngine.generate", "DFlashEngine.generate BlockDiffusionDra
 @pytest.fixture(scope="module")
 def fixture(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The qwen3 float32 DFlash pair (block 8) with mlx-flash's EAGLE head beside it, built once."""
-    made = cached(build, tmp_path_factory.mktemp("mlx-flash"), "mlx-flash-qwen3-b8", shape="qwen3",
-                  dtype="float32", tied=False, block_size=8, seed=0, overwrite=False, note=print)
-    return made.record
+    return pair("mlx-flash-qwen3-b8", tmp_path_factory.mktemp("mlx-flash")).record
 
 
 def findings(info: dict, tokens: int = TOKENS) -> dict[str, dict]:
@@ -146,8 +143,7 @@ def test_on_a_gated_delta_hybrid_layerskip_cannot_trim_and_its_dflash_runner_nee
     on a tied head (``TypeError``) and matches on an untied one; ``EAGLE3Engine`` matches on the tied target and on
     the untied one appends a round past ``max_tokens`` (35 tokens for 32, the first 32 classic decode's)."""
     name = f"mlx-flash-qwen3_5-{'tied' if tied else 'untied'}-b8"
-    info = cached(build, tmp_path_factory.mktemp(name), name, shape="qwen3_5", dtype="float32", tied=tied,
-                  block_size=8, seed=0, overwrite=False, note=print).record
+    info = pair(name, tmp_path_factory.mktemp(name)).record
     got = findings(info, 32)
     layer = got["LayerSkipEngine.generate"]
     assert layer["verdict"] == "error" and not layer["tokens"], layer

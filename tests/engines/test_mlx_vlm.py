@@ -26,7 +26,7 @@ import yaml
 
 from builds import REAL_CACHE, built
 from conftest import run_cli
-from fixture_cache import cached
+from fixture_pairs import pair
 from specparity.environments import ENV_CACHE_VAR
 
 ENV = "mlx-vlm"
@@ -51,9 +51,7 @@ def test_its_record_becomes_rounds_that_commit_each_accepted_draft_and_one_more_
 
 @pytest.fixture(scope="module")
 def fixture(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from specparity.engines.yunshu.fixtures import build_yunshu_fixture
-
-    return cached(build_yunshu_fixture, tmp_path_factory.mktemp("mlx-vlm"), "mlx-vlm-yunshu", block_size=8).to_dict()
+    return pair("yunshu-qwen3_5-b8", tmp_path_factory.mktemp("mlx-vlm")).to_dict()
 
 
 @pytest.mark.slow
@@ -121,9 +119,7 @@ def test_a_fault_in_its_dflash_walk_is_found_at_its_round_and_the_clean_walk_mat
 
 @pytest.fixture(scope="module")
 def served_fixture(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from specparity.engines.mlx_vlm.fixtures import build_mlx_vlm_fixture
-
-    return cached(build_mlx_vlm_fixture, tmp_path_factory.mktemp("mlx-vlm-served"), "mlx-vlm", block_size=8).to_dict()
+    return pair("mlx-vlm", tmp_path_factory.mktemp("mlx-vlm-served")).to_dict()
 
 
 @pytest.mark.slow

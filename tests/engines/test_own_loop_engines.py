@@ -30,8 +30,8 @@ import pytest
 
 from conftest import run_cli
 from fixture_cache import cached
+from fixture_pairs import pair
 from specparity.fixtures.dspark import build_dspark_pair, simulate
-from specparity.engines.dfly_mlx.fixtures import build_dfly_pair
 from specparity.engine_findings import run_engine
 from specparity.environments import ENV_CACHE_VAR
 from specparity.engines.mlx_dspark.loops import FAULT_VAR
@@ -70,8 +70,8 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def dfly_fx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("issue27-dfly")
-    return {"qwen3": cached(build_dfly_pair, root, "dfly-qwen3").to_dict(),
-            "qwen3_5": cached(build_dfly_pair, root, "dfly-qwen3_5", shape="qwen3_5", tied=True).to_dict()}
+    return {"qwen3": pair("dfly-qwen3", root).to_dict(),
+            "qwen3_5": pair("dfly-qwen3_5", root).to_dict()}
 
 
 def findings(engine: str, info: dict | None, prompt: list[int] | None = None, tokens: int = TOKENS,

@@ -20,6 +20,7 @@ from builds import REAL_CACHE, built
 from conftest import build, run_cli
 from dflash_pairs import dflash_info
 from fixture_cache import cached
+from fixture_pairs import pair
 
 from specparity.environments import ENV_CACHE_VAR
 
@@ -52,7 +53,6 @@ def _user_copy(pair: dict[str, Any], dst: Path) -> tuple[Path, Path | None]:
 @pytest.fixture(scope="module")
 def built_pairs(tmp_path_factory: pytest.TempPathFactory, fixture_root: Path) -> dict[str, Any]:
     """Each engine's fixture as its format's builder returns it (a :class:`specparity.fixtures.Fixture`)."""
-    from specparity.engines.dfly_mlx.fixtures import build_dfly_pair
     from specparity.engines.mtplx.fixtures import build_mtp_target
     from specparity.fixtures.dspark import build_dspark_pair
 
@@ -63,7 +63,7 @@ def built_pairs(tmp_path_factory: pytest.TempPathFactory, fixture_root: Path) ->
     return {"mlx-lm": build(fixture_root, "llama-float32", arch="llama"),
             "dflash-mlx": dflash_info(fixture_root, "qwen3", 8),
             "mlx-dspark": dspark, "dspark-mlx": dspark,
-            "dfly-mlx": cached(build_dfly_pair, root, "user-dfly"),
+            "dfly-mlx": pair("dfly-qwen3", root),
             "mtplx": cached(build_mtp_target, root, "user-mtp")}
 
 

@@ -50,9 +50,9 @@ def test_the_evidence_fires_on_accepted_drafts_and_stays_silent_without() -> Non
 
 @pytest.fixture(scope="module")
 def fixture_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from specparity.engines.yunshu.fixtures import build_yunshu_fixture
+    from fixture_pairs import pair
 
-    return Path(build_yunshu_fixture(tmp_path_factory.mktemp("yunshu") / "fx", block_size=8).target).parent
+    return Path(pair("yunshu-qwen3_5-b8", tmp_path_factory.mktemp("yunshu")).target).parent
 
 
 def by_id(arm: dict) -> dict[str, dict]:

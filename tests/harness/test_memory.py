@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from fixture_cache import cached
-from specparity.fixtures import FixtureInfo, build_sized
+from fixture_pairs import pair
+from specparity.fixtures import FixtureInfo
 from specparity.harness import memory
 from specparity.harness.config import Job, Pairing
 from specparity.records.record import read_record
@@ -31,7 +31,7 @@ JOB = {"widths": [2], "max_tokens": 4, "sequence": ["fresh", "repeat"], "concurr
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory: pytest.TempPathFactory) -> FixtureInfo:
     """The weight-dominated pair: 458 MB of float32 weights per checkpoint."""
-    return cached(build_sized, tmp_path_factory.mktemp("wide"), "pair", "llama-wide-vocab", dtype="float32", bits=None)
+    return pair("llama-wide-vocab-float32", tmp_path_factory.mktemp("wide"))
 
 
 def _served(cli_bin: str, tmp: Path, pair: FixtureInfo, *extra: str) -> tuple[dict, dict[str, list[dict]]]:
