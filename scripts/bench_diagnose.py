@@ -17,7 +17,10 @@ the environment cache at an empty folder, so it names the releases as not built.
 At ``--size llama-0.5b`` (a 4-bit bfloat16 checkpoint in a real 0.5B model's dimensions, the same fault) the
 memory figure means what it says; on the tiny fixture the weights are 1.4 MB and the fixed costs dominate it.
 
-Usage: .venv/bin/python -P scripts/bench_diagnose.py [--repeat 3] [--size tiny|llama-0.5b]
+On MLX's CPU backend the 4-bit bfloat16 0.5B takes tens of minutes; ``--dtype float32 --bits none`` is the same
+shape unquantized (2 GB of weights), several times faster there.
+
+Usage: .venv/bin/python -P scripts/bench_diagnose.py [--repeat 3] [--size tiny|llama-0.5b] [--dtype D] [--bits N|none]
 Prints one figure per line, ``name: value unit``.
 """
 
@@ -39,9 +42,10 @@ SIZED_FAULT = {"kind": "tie", "min_rows": 2}
 PROMPT = list(range(20, 52))
 
 
-def faulted(home: Path, size: str) -> Any:
-    """The fault fixture: the tiny llama pair, or a ``build_sized`` checkpoint (4-bit, bfloat16) whose target is
-    wrapped in the fault fixture's model_file (its weights linked, its config naming the fault)."""
+def faulted(home: Path, size: str, dtype: str = "bfloat16", bits: int | None = 4) -> Any:
+    """The fault fixture: the tiny llama pair, or a ``build_sized`` checkpoint (``dtype``, ``bits``: 4-bit
+    bfloat16 by default) whose target is wrapped in the fault fixture's model_file (its weights linked, its config
+    naming the fault)."""
     import json
     import shutil
 
@@ -49,7 +53,7 @@ def faulted(home: Path, size: str) -> Any:
 
     if size == "tiny":
         return build_pair(home / "bench-diagnose", arch="llama", faults=[FAULT])
-    info = build_sized(fixtures_home() / "sized" / f"{size}-bfloat16-4", size, dtype="bfloat16", bits=4)
+    info = build_sized(fixtures_home() / "sized" / f"{size}-{dtype}-{bits or 'none'}", size, dtype=dtype, bits=bits)
     target = home / f"{size}-faulted"
     target.mkdir()
     for f in Path(info.target).iterdir():
@@ -137,7 +141,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--size", default="tiny", help="tiny (the fault fixture) or a build_sized size: llama-0.5b...")
+    ap.add_argument("--dtype", default="bfloat16", help="a sized checkpoint's dtype (float32 runs several times"
+                    " faster than bfloat16 on MLX's CPU backend)")
+    ap.add_argument("--bits", default="4", help="a sized checkpoint's quantization bits, or none")
     args = ap.parse_args()
+    bits = None if args.bits.lower() == "none" else int(args.bits)
     home = Path(os.environ.setdefault("SPECPARITY_HOME", tempfile.mkdtemp(prefix="specparity-bench-")))
     os.environ["SPECPARITY_ENV_CACHE"] = tempfile.mkdtemp(prefix="no-envs-")  # step 8: not built, no processes
 
@@ -147,7 +155,7 @@ def main() -> int:
     from specparity.commands.diagnose import read_reproduction
     from specparity.diagnose.tree import Models, diagnose_finding
 
-    info = faulted(home, args.size)
+    info = faulted(home, args.size, args.dtype, bits)
     finding = finding_of(info, args.size)
     walls, bares, peaks = [], [], []
     diagnosis = None
