@@ -20,7 +20,8 @@ memory figure means what it says; on the tiny fixture the weights are 1.4 MB and
 On MLX's CPU backend the 4-bit bfloat16 0.5B takes tens of minutes; ``--dtype float32 --bits none`` is the same
 shape unquantized (2 GB of weights), several times faster there.
 
-Usage: .venv/bin/python -P scripts/bench_diagnose.py [--repeat 3] [--size tiny|llama-0.5b] [--dtype D] [--bits N|none]
+Usage: .venv/bin/python -P scripts/bench_diagnose.py [--repeat 3] [--warmup 1] [--size tiny|llama-0.5b]
+       [--dtype D] [--bits N|none]
 Prints one figure per line, ``name: value unit``.
 """
 
@@ -140,6 +141,8 @@ def bare(models: list[Any], calls: list[tuple[int, int, int]]) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured runs first (0 at a size where one run is"
+                    " minutes and the first run's one-time costs are small beside it)")
     ap.add_argument("--size", default="tiny", help="tiny (the fault fixture) or a build_sized size: llama-0.5b...")
     ap.add_argument("--dtype", default="bfloat16", help="a sized checkpoint's dtype (float32 runs several times"
                     " faster than bfloat16 on MLX's CPU backend)")
@@ -159,7 +162,7 @@ def main() -> int:
     finding = finding_of(info, args.size)
     walls, bares, peaks = [], [], []
     diagnosis = None
-    for i in range(args.repeat + 1):  # the first is the warm-up
+    for i in range(args.warmup + args.repeat):  # the first --warmup are not measured
         models = Models()
         target = load_checkpoint(info.target, trust_remote_code=True)
         draft = load_checkpoint(info.draft, trust_remote_code=True)
@@ -174,7 +177,7 @@ def main() -> int:
         wall = time.perf_counter() - t0
         peak = mx.get_peak_memory()
         b = bare([target.model, draft.model], rec.calls)
-        if i:
+        if i >= args.warmup:
             walls.append(wall)
             bares.append(b)
             peaks.append(peak)

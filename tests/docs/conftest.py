@@ -34,7 +34,8 @@ from specparity.fixtures import build_cache
 from sybil import Document, Region, Sybil
 from sybil.integration.pytest import SybilFile, SybilItem
 
-pytest.register_assert_rewrite("matrix_night", "openai_served", "yunshu_served")  # AFTER's checks say what differed
+# AFTER's checks say what differed
+pytest.register_assert_rewrite("matrix_night", "openai_served", "yunshu_served", "builtin_served")
 
 # Documented lines whose stated outcome is right and the product's is not: expected failures until it is
 # fixed (strict: a fixed product turns them into failures to remove from here). Keyed by the page and the
@@ -43,6 +44,7 @@ XFAIL: dict[tuple[str, str], str] = {}
 # A documented line whose outcome a test module checks in depth on what the line itself wrote (its folder, its
 # stdout and stderr), so the suite runs it once: (page, command) -> "module:function(folder, stdout, stderr)".
 AFTER: dict[tuple[str, str], str] = {
+    ("README.md", "specparity served --record-dir results"): "builtin_served:check",
     ("docs/nightly.md", "scripts/nightly-parity examples/nightly-matrix.yaml --matrix mlx-lm-0.31.3,mlx-lm-0.32.2"
      " --out matrix"): "matrix_night:check",
     ("docs/engines.md", "specparity served --profile mlx-openai-server --model ./fx/llama/target --draft-model"
