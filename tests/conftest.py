@@ -335,6 +335,20 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def own_tmpdir(folder: Path) -> Path:
+    """``folder`` made a TMPDIR of a run's own (to see what the run leaves there), its ``mlx`` linked to the
+    suite's shared MLX kernel cache: MLX's CPU backend compiles the kernels of compiled functions with a C++
+    compiler at their first use and keeps them in TMPDIR/mlx, and a run in an empty TMPDIR compiled every one anew
+    (seconds of a compiler each: most of the mlx-openai-server tests' time)."""
+    import tempfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shared = Path(tempfile.gettempdir()) / "mlx"
+    shared.mkdir(exist_ok=True)
+    (folder / "mlx").symlink_to(shared, target_is_directory=True)
+    return folder
+
+
 def run_cli(cli_bin: str, *args: str, env: dict | None = None, cwd: str | None = None):
     """Run the real CLI in a subprocess; returns CompletedProcess (text). The commands that import
     mlx-lm run forked from a process that imported it once (tests/forkcli.py says when, and why

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import pytest
 
 from builds import REAL_CACHE, built
-from conftest import run_cli
+from conftest import own_tmpdir, run_cli
 from fixture_cache import cached
 from specparity.environments import ENV_CACHE_VAR
 from specparity.fixtures import build_pair
@@ -99,7 +99,7 @@ def test_env_show_says_what_was_left_out_and_why(cli_bin: str) -> None:
 
 def e2e(cli_bin: str, pair: dict, tokens: int) -> tuple[int, dict[str, dict]]:
     built(ENV)
-    tmp = Path(tempfile.mkdtemp(prefix="openai-e2e-tmp-"))  # its TMPDIR: the run leaves nothing there
+    tmp = own_tmpdir(Path(tempfile.mkdtemp(prefix="openai-e2e-tmp-")))  # its TMPDIR: the run leaves nothing there
     proc = run_cli(cli_bin, "e2e", "--engine", ENV, "--model", pair["target"], "--draft-model", pair["draft"],
                    "--max-tokens", str(tokens), "--json", env={ENV_CACHE_VAR: str(REAL_CACHE), "TMPDIR": str(tmp)})
     assert proc.stdout.strip(), proc.stderr[-2000:]

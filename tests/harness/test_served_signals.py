@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import own_tmpdir
 from fakeserver import MARK_ENV, marked, wait_gone
 from specparity.records.record import read_record
 
@@ -40,7 +41,8 @@ def _served(cli_bin: str, pair: Any, tmp_path: Path, mode: str, *extra: str) -> 
     """`specparity served` on the fake server, in its own TMPDIR, marked."""
     mark = uuid.uuid4().hex
     tmp = tmp_path / "tmpdir"
-    tmp.mkdir(exist_ok=True)
+    if not tmp.exists():
+        own_tmpdir(tmp)
     env = {**os.environ, MARK_ENV: mark, "TMPDIR": str(tmp)}
     proc = subprocess.Popen([cli_bin, "served", "--model", pair.target, "--draft-model", pair.draft,
                              "--profile", str(_profile(tmp_path, mode)), "--widths", "2", "--max-tokens", "4",
