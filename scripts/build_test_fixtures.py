@@ -15,8 +15,10 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 
 def _build(name: str, scratch: str) -> tuple[str, float, str]:
-    """Build (or find) pair ``name``: (name, seconds, "" or the error)."""
-    sys.path.insert(0, str(TESTS))
+    """Build (or find) pair ``name``: (name, seconds, "" or the error). Runs in a pool process (spawned: it
+    imports the tests' modules afresh)."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
     import fixture_pairs
 
     started = time.monotonic()

@@ -15,10 +15,10 @@ if TYPE_CHECKING:
     from specparity.fixtures import FixtureInfo
 
 
+_STARTED = pytest.StashKey[float]()  # when the session started (pytest_terminal_summary's new pairs)
+
 # A test using one of these fixtures needs what the marker says (pyproject.toml, README): checked
 # at collection, so `-m "not model"` / `-m "not build"` never runs a test that needs one.
-_STARTED = pytest.StashKey[float]()
-
 FIXTURE_MARKERS = {"fixture_root": "model", "llama_server_bin": "build", "chromium": "build"}
 
 

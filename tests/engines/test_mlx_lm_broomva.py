@@ -28,7 +28,7 @@ import pytest
 from builds import REAL_CACHE, built
 from conftest import run_cli
 from fixture_cache import cached
-from fixture_pairs import pair
+import fixture_pairs
 from specparity.environments import ENV_CACHE_VAR
 from specparity.fixtures import build_pair
 
@@ -39,7 +39,7 @@ ENTRIES = ("mtp_speculative_generate_step", "stream_generate", "mlx_lm generate 
 @pytest.fixture(scope="module")
 def e2b(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The E2B-shaped pair, float32, tied head (the published shape), built once."""
-    return pair("broomva-e2b-float32", tmp_path_factory.mktemp("broomva")).to_dict()
+    return fixture_pairs.pair("broomva-e2b-float32", tmp_path_factory.mktemp("broomva")).to_dict()
 
 
 def e2e(cli_bin: str, target: str, *extra: str, draft: str | None = None) -> tuple[int, dict]:
@@ -178,7 +178,7 @@ def test_its_step_generator_is_read_to_eos_as_its_callers_read_it(cli_bin: str,
     ``mtp_speculative_generate_step`` (like mlx-lm's ``generate_step``) yields on past eos by design; its callers
     (``stream_generate``, its CLI) stop there. Read to eos as they read it, it matches with drafts accepted; read to
     ``max_tokens`` it was a false \"diverged at token 8\" (the findings table's row before)."""
-    untied = pair("broomva-e2b-float32-untied", tmp_path_factory.mktemp("broomva-untied")).to_dict()
+    untied = fixture_pairs.pair("broomva-e2b-float32-untied", tmp_path_factory.mktemp("broomva-untied")).to_dict()
     code, got = e2e(cli_bin, untied["target"])
     assert code == 0, got
     for entry in ENTRIES:

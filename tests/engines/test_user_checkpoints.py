@@ -20,7 +20,7 @@ from builds import REAL_CACHE, built
 from conftest import build, run_cli
 from dflash_pairs import dflash_info
 from fixture_cache import cached
-from fixture_pairs import pair
+import fixture_pairs
 
 from specparity.environments import ENV_CACHE_VAR
 
@@ -63,7 +63,7 @@ def built_pairs(tmp_path_factory: pytest.TempPathFactory, fixture_root: Path) ->
     return {"mlx-lm": build(fixture_root, "llama-float32", arch="llama"),
             "dflash-mlx": dflash_info(fixture_root, "qwen3", 8),
             "mlx-dspark": dspark, "dspark-mlx": dspark,
-            "dfly-mlx": pair("dfly-qwen3", root),
+            "dfly-mlx": fixture_pairs.pair("dfly-qwen3", root),
             "mtplx": cached(build_mtp_target, root, "user-mtp")}
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from fixture_pairs import pair
+import fixture_pairs
 from specparity.fixtures import FixtureInfo
 from specparity.harness import memory
 from specparity.harness.config import Job, Pairing
@@ -31,7 +31,7 @@ JOB = {"widths": [2], "max_tokens": 4, "sequence": ["fresh", "repeat"], "concurr
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory: pytest.TempPathFactory) -> FixtureInfo:
     """The weight-dominated pair: 458 MB of float32 weights per checkpoint."""
-    return pair("llama-wide-vocab-float32", tmp_path_factory.mktemp("wide"))
+    return fixture_pairs.pair("llama-wide-vocab-float32", tmp_path_factory.mktemp("wide"))
 
 
 def _served(cli_bin: str, tmp: Path, pair: FixtureInfo, *extra: str) -> tuple[dict, dict[str, list[dict]]]:
