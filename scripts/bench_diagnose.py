@@ -11,8 +11,11 @@ comparisons, captures, reports. Step 8 (other releases, separate processes) is l
 the environment cache at an empty folder, so it names the releases as not built.
 
 - diagnose_over_forwards: the diagnosis's wall time / the bare arm's (best of --repeat after a warm-up; goal <= 1.2);
-- diagnose_peak_over_target: mlx's peak memory during the diagnosis / the target's weight bytes (goal <= 1.1);
-  the drafter's weights, which step 1 needs beside the target, are printed apart.
+- diagnose_peak_over_target: mlx's peak memory during the diagnosis / the target's weight bytes (goal <= 1.1).
+  The finding carries its served rounds and tokens (as a served record's witness gives them), so step 1 replays
+  them without the drafter, which is never loaded; ``--no-served-rounds`` drops them (a record without a witness):
+  step 1 then reruns the speculative path with the drafter loaded beside the target, and the figure over target
+  and drafter is the one that means something.
 
 At ``--size llama-0.5b`` (a 4-bit bfloat16 checkpoint in a real 0.5B model's dimensions, the same fault) the
 memory figure means what it says; on the tiny fixture the weights are 1.4 MB and the fixed costs dominate it.
@@ -21,7 +24,7 @@ On MLX's CPU backend the 4-bit bfloat16 0.5B takes tens of minutes; ``--dtype fl
 shape unquantized (2 GB of weights), several times faster there.
 
 Usage: .venv/bin/python -P scripts/bench_diagnose.py [--repeat 3] [--warmup 1] [--size tiny|llama-0.5b]
-       [--dtype D] [--bits N|none]
+       [--dtype D] [--bits N|none] [--no-served-rounds]
 Prints one figure per line, ``name: value unit``.
 """
 
@@ -68,10 +71,12 @@ def faulted(home: Path, size: str, dtype: str = "bfloat16", bits: int | None = 4
     return info
 
 
-def finding_of(info: Any, size: str) -> Any:
+def finding_of(info: Any, size: str, home: Path, served_rounds: bool) -> Any:
     """The finding a served job would record at width 4, made from what its reproduction runs: mlx-lm's own
     speculative path on a fresh cache against classic decode (``replay --draft-model``, the command a served
-    record prints); the servers' own time is the served benches', not this one's."""
+    record prints); the servers' own time is the served benches', not this one's. ``served_rounds``: the
+    finding carries that run's rounds and tokens, as a served record's witness and answer give them (step 1
+    replays them without the drafter); else none (step 1 reruns the drafter's path)."""
     import json
     import shlex
 
@@ -81,14 +86,21 @@ def finding_of(info: Any, size: str) -> Any:
                           info.draft, "--num-draft-tokens", "3", "--max-tokens", "32", "--stop-at-eos",
                           "--prompt-ids", ",".join(map(str, PROMPT))])
     exe = Path(sys.executable).with_name("specparity")
-    proc = subprocess.run([str(exe), *shlex.split(command)[1:], "--json", "--quiet"], capture_output=True, text=True)
+    saved = home / "bench-rounds.jsonl"
+    saved.unlink(missing_ok=True)
+    proc = subprocess.run([str(exe), *shlex.split(command)[1:], "--save-log", str(saved), "--json", "--quiet"],
+                          capture_output=True, text=True)
     at = (json.loads(proc.stdout)["requests"][0] if proc.stdout.strip() else {}).get("served_first_mismatch")
     if at is None:
         raise SystemExit(f"bench_diagnose: the {size} fault fixture's drafted path equals classic decode: nothing to"
                          f" diagnose ({proc.stderr.strip()[-300:]})")
+    rounds = json.loads(saved.read_text().splitlines()[0]) if served_rounds else {}
     return Finding(id="bench/w4/p0", pairing="bench", arm="w4", request="p0", width=4, setting=3,
                    target=info.target, draft=info.draft, token_index=int(at), against="classic decode",
-                   reason="made by scripts/bench_diagnose.py", reproduction=command)
+                   reason="made by scripts/bench_diagnose.py", reproduction=command,
+                   served_accepts=rounds.get("accepts"),
+                   served_widths=rounds.get("widths") or ([4] * len(rounds["accepts"]) if rounds else None),
+                   served_tokens=rounds.get("tokens"))
 
 
 class Recorder:
@@ -121,7 +133,7 @@ def bare(models: list[Any], calls: list[tuple[int, int, int]]) -> float:
     total = 0.0
     for index, model in enumerate(models):
         mine = [(rows, off) for i, rows, off in calls if i == index]
-        if not mine:
+        if not mine or model is None:
             continue
         inner = getattr(model, "inner", model)  # a fault fixture's wrapper: its stock model's own cache
         cache = make_prompt_cache(inner)
@@ -147,6 +159,9 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16", help="a sized checkpoint's dtype (float32 runs several times"
                     " faster than bfloat16 on MLX's CPU backend)")
     ap.add_argument("--bits", default="4", help="a sized checkpoint's quantization bits, or none")
+    ap.add_argument("--no-served-rounds", action="store_true", help="the finding without its served rounds (a"
+                    " record without a witness): step 1 reruns the speculative path with the drafter beside the"
+                    " target")
     args = ap.parse_args()
     bits = None if args.bits.lower() == "none" else int(args.bits)
     home = Path(os.environ.setdefault("SPECPARITY_HOME", tempfile.mkdtemp(prefix="specparity-bench-")))
@@ -159,24 +174,39 @@ def main() -> int:
     from specparity.diagnose.tree import Models, diagnose_finding
 
     info = faulted(home, args.size, args.dtype, bits)
-    finding = finding_of(info, args.size)
+    finding = finding_of(info, args.size, home, not args.no_served_rounds)
     walls, bares, peaks = [], [], []
     diagnosis = None
+    drafter_loaded = False
     for i in range(args.warmup + args.repeat):  # the first --warmup are not measured
-        models = Models()
-        target = load_checkpoint(info.target, trust_remote_code=True)
-        draft = load_checkpoint(info.draft, trust_remote_code=True)
-        models.loaded[(info.target, True)] = target
-        models.loaded[(info.draft, True)] = draft
         rec = Recorder()
+        loads: list[str] = []
+
+        class Counted(Models):
+            """Every checkpoint the diagnosis loads itself (one preloaded here is not loaded again) is wrapped."""
+
+            def load(self, path: str, trust_remote_code: bool) -> Any:
+                if (path, trust_remote_code) not in self.loaded:
+                    loads.append(path)
+                    got = super().load(path, trust_remote_code)
+                    rec.wrap(1, got.model)
+                return super().load(path, trust_remote_code)
+
+        models = Counted()
+        target = load_checkpoint(info.target, trust_remote_code=True)
+        models.loaded[(info.target, True)] = target
         rec.wrap(0, target.model)
-        rec.wrap(1, draft.model)
+        if args.no_served_rounds:  # step 1 needs it: loaded beside the target before the clock, as the target is
+            draft = load_checkpoint(info.draft, trust_remote_code=True)
+            models.loaded[(info.draft, True)] = draft
+            rec.wrap(1, draft.model)
         mx.reset_peak_memory()
         t0 = time.perf_counter()
         diagnosis = diagnose_finding(finding, read_reproduction(finding), models)
         wall = time.perf_counter() - t0
         peak = mx.get_peak_memory()
-        b = bare([target.model, draft.model], rec.calls)
+        drafter_loaded = (info.draft, True) in models.loaded
+        b = bare([target.model, models.loaded[(info.draft, True)].model if drafter_loaded else None], rec.calls)
         if i >= args.warmup:
             walls.append(wall)
             bares.append(b)
@@ -196,8 +226,12 @@ def main() -> int:
           f" {min(walls) / max(bares):.3f}-{max(walls) / min(bares):.3f})")
     tw, dw = weights(info.target), weights(info.draft)
     print(f"target_weights: {tw} bytes; drafter_weights: {dw} bytes")
-    print(f"diagnose_peak_over_target: {max(peaks) / tw:.3f} ratio (goal <= {MEMORY_GOAL}; over target and"
-          f" drafter {max(peaks) / (tw + dw):.3f})")
+    print("diagnose_drafter_loaded: " + ("yes (step 1 reran the speculative path with it)" if drafter_loaded else
+                                          "no (step 1 replayed the served rounds)")
+          + f"; step 1 source: {(diagnosis.step(1).data or {}).get('source')}")
+    print(f"diagnose_peak_over_target: {max(peaks) / tw:.3f} ratio (goal <= {MEMORY_GOAL}; "
+          + (f"over target and drafter {max(peaks) / (tw + dw):.3f})" if drafter_loaded else
+             "the drafter never loaded)"))
     return 0
 
 

@@ -44,6 +44,9 @@ class Finding:
     tie: the judge's exact-tie call (None: none made).
     key: its identity across records (the module's docstring; "" where it was built without its record).
     env_controls: the job's own control arms' environment toggles, (NAME, VALUE) each (identity.json's job).
+    served_accepts / served_widths: the served run's own rounds, as its evidence read them (the witness's verify
+    calls: accepted proposals and rows per round; None: the record has none). served_tokens: the token ids the
+    server answered (None: not in the record). Step 1 replays these before it reruns anything with the drafter.
     """
 
     id: str
@@ -66,6 +69,9 @@ class Finding:
     tie: dict[str, Any] | None = None
     key: str = ""
     env_controls: list[tuple[str, str]] = field(default_factory=list)
+    served_accepts: list[int] | None = None
+    served_widths: list[int] | None = None
+    served_tokens: list[int] | None = None
 
     def replay_argv(self) -> list[str] | None:
         """The reproduction's arguments after ``specparity replay`` (None: it is not a replay command)."""
@@ -185,6 +191,7 @@ def _finding(p: dict[str, Any], pname: str, arm: dict[str, Any], r: dict[str, An
         n = len(comp["token_ids"])
     rep = r.get("reproduction") or ({"command": r["replay"]} if r.get("replay") else {})
     reason = str(r.get("reason") or "")
+    ev: dict[str, Any] = r["evidence"] if isinstance(r.get("evidence"), dict) else {}
     return Finding(id=f"{pname}/{arm['name']}/{r['id']}", pairing=pname, arm=str(arm["name"]), request=str(r["id"]),
                    width=arm.get("width"), setting=arm.get("setting"), target=str(p.get("target")),
                    draft=p.get("draft"), token_index=diff.get("token_index"),
@@ -192,4 +199,12 @@ def _finding(p: dict[str, Any], pname: str, arm: dict[str, Any], r: dict[str, An
                    max_tokens=limit if isinstance(limit, int) else None,
                    completion_tokens=n if isinstance(n, int) else None,
                    reproduction=rep.get("command"), reproduction_reason=rep.get("reason"),
-                   length=LENGTH_WORDS in reason, tie=r.get("tie"))
+                   length=LENGTH_WORDS in reason, tie=r.get("tie"), served_accepts=_ints(ev.get("accepts")),
+                   served_widths=_ints(ev.get("widths")), served_tokens=_ints(comp.get("token_ids")))
+
+
+def _ints(v: Any) -> list[int] | None:
+    """A record's list of ints (None: missing, empty, or anything else)."""
+    if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return list(v)
+    return None

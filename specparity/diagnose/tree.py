@@ -2,9 +2,11 @@
 
 Steps, in the order a reader tries them (issue 48):
 
-1. reproduce: the record's own reproduction (mlx-lm's speculative path rerun on a fresh cache, its
-   tokens and verify rounds replayed against classic decode); a finding that does not come back at
-   its token lives in the server (its prompt cache, batching, processors, loop);
+1. reproduce: the served run's own rounds (the witness's accept vector) replayed without the drafter; where
+   they do not give the server's token back, the record's own reproduction (mlx-lm's speculative path rerun
+   on a fresh cache with the drafter, its tokens and verify rounds replayed against classic decode); a
+   finding that does not come back at its token lives in the server (its prompt cache, batching, processors,
+   loop);
 2. prefill: one-shot vs chunked (at the server's prefill step) vs token-by-token prefill of the prompt;
 3. verify: the block at the served width and the depth of the round where the first difference landed,
    against the chain; where it differs, the smallest width and depth at which it does;
@@ -378,7 +380,12 @@ def _tree(f: Finding, r: ReplayRequest, models: Models) -> Diagnosis:
 
 
 def _reproduce(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models) -> dict[str, Any] | None:
-    """Step 1: mlx-lm's speculative path rerun and replayed, as the record's command does."""
+    """Step 1: the served run's own rounds replayed (no drafter: :func:`_served_rounds`); where they do not give
+    the served token back, mlx-lm's speculative path rerun with the drafter and replayed, as the record's command
+    does."""
+    served, tried = _served_rounds(d, f, r, models)
+    if served is not None:
+        return served
     from specparity.probes.replay.recorder import record_speculative
     from specparity.probes.replay.run import run_replays
 
@@ -407,10 +414,74 @@ def _reproduce(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models) -> di
     if first:
         ev.append(f"the replayed verify rows first disagree with classic decode's chain at round {first['round']},"
                   f" row {first['row']} (emitted index {first['emitted_index']}, position {first['position']})")
-    d.steps.append(Step(1, RAN, Verdict(run.verdict), ev, f.reproduction,
+    d.steps.append(Step(1, RAN, Verdict(run.verdict), tried + ev, f.reproduction,
                         {"served_first_mismatch": at, "served_mismatch_at": res.get("served_mismatch_at"),
-                         "rounds": len(req.accepts), "first": first}))
+                         "rounds": len(req.accepts), "first": first, "source": "drafter",
+                         "drafter_loaded": True}))
     return res
+
+
+def _served_rounds(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models
+                   ) -> tuple[dict[str, Any] | None, list[str]]:
+    """Step 1 from the served run's own rounds, without the drafter: the witness's accept vector up to the round
+    that emitted the first difference, each block carrying classic decode's tokens as its accepted proposals (the
+    server's own tokens up to that difference) and wrong ids in its rejected rows, rolled back as mlx-lm's
+    speculative path does, against classic decode. Reproduced when that round's row gives the server's token at
+    the finding's index where classic decode gives its own: the drafter is then never loaded (the diagnosis
+    holds one copy of the target). Returns (the replay's result, None where it did not settle step 1; the
+    evidence of what was tried, for the drafter's rerun to carry)."""
+    from specparity.probes.replay.algebra import emitted_counts, locate
+    from specparity.probes.replay.logs import AcceptLog
+    from specparity.probes.replay.run import run_replays
+
+    accepts, widths, tokens, index = f.served_accepts, f.served_widths, f.served_tokens, f.token_index
+    width = r.num_draft_tokens + 1
+    if not accepts or not widths or not tokens or index is None or len(accepts) != len(widths) \
+            or index >= len(tokens) or sum(emitted_counts(accepts)) <= index:
+        return None, ["the record holds no served rounds reaching that token (the witness's accept vector and"
+                      " the answer's token ids): the drafter's own run replaces them"]
+    round_, row = locate(emitted_counts(accepts), index)
+    n = round_ + 1
+    if any(w != width or not 0 <= a < w for a, w in zip(accepts[:n], widths[:n])):
+        return None, [f"the served rounds up to round {round_} (widths {_ids(widths[:n])}) are not all {width}-row"
+                      " rounds a replay at the record's width repeats: the drafter's own run replaces them"]
+    engine = models.engine(r.model, r.trust_remote_code, r.opts)
+    req = AcceptLog(accepts=list(accepts[:n]), widths=list(widths[:n]), tokens=list(tokens[:index + 1]),
+                    prompt_ids=list(r.prompt_ids), source="the served rounds")
+    run = run_replays(engine, [req], [], r.prompt_ids, processors=r.processors)
+    res = run.results[0]
+    got, want = list(res.get("target_tokens") or []), list(res.get("classic_tokens") or [])
+    j = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    said = (f"the served run's own rounds replayed without the drafter (rounds 0..{round_} of {len(accepts)}, the"
+            f" witness's accept vector {_ids(accepts[:n])} at {width} rows; accepted rows carry the server's tokens,"
+            " rejected rows wrong ids; each rolled back as mlx-lm's speculative path does)")
+    cmd = shlex.join(["specparity", "replay", *_model_flags(r), "--accepts", _ids(accepts[:n]), "--width", str(width),
+                      "--prompt-ids", _ids(r.prompt_ids), *r.processors.flags()])
+    bracket = res.get("bracket") or {}
+    reproduced = (res.get("served_first_mismatch") == index and j == index and got[index] == tokens[index])
+    if not reproduced and bracket.get("reproducible") is not False:
+        return None, [said + ": " + (f"their rows give classic decode's tokens through index {len(got) - 1}"
+                                      if j is None else f"their rows first leave classic decode at index {j}"
+                                      + (f" with token {got[j]}" if j < len(got) else ""))
+                      + f", not the server's token at {index}: the drafter's own run decides (the witness reads"
+                      " the accept vector from cache offsets, so a rollback that leaves another offset than it says"
+                      " also shifts the vector it reads)"]
+    res["accepts"] = list(accepts[:n])
+    ev = [said + f"; the server's answer first differed at token {index}"]
+    if reproduced:
+        ev.append(f"reproduced: round {round_}, row {row} gives token {got[index]} at index {index}, the server's,"
+                  f" where classic decode gives {want[index]}; the drafter was not needed (the record's"
+                  " command reruns it with the drafter)")
+    first = res.get("first")
+    if first and (first.get("emitted_index") != index):
+        ev.append(f"the replayed verify rows first disagree with classic decode's chain at round {first['round']},"
+                  f" row {first['row']} (emitted index {first['emitted_index']}, position {first['position']};"
+                  " logit bytes before a token)")
+    d.steps.append(Step(1, RAN, Verdict(run.verdict), ev, cmd,
+                        {"served_first_mismatch": res.get("served_first_mismatch"),
+                         "served_mismatch_at": res.get("served_mismatch_at"), "rounds": n, "first": first,
+                         "source": "served rounds", "drafter_loaded": False}))
+    return res, []
 
 
 def _prefill(d: Diagnosis, r: ReplayRequest, engine: Any) -> Verdict:

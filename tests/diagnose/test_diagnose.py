@@ -117,6 +117,9 @@ def test_a_served_record_of_two_faults_is_diagnosed_to_their_width_depth_layer_a
         assert "KV quantization off: not applicable" in " ".join(_step(d, 6)["evidence"])
         assert "no control arm removes it" in d["summary"]
         assert _step(d, 1)["verdict"] == "divergent" and "reproduced" in " ".join(_step(d, 1)["evidence"])
+        # step 1 replayed the served run's own rounds (the witness's accept vector): the drafter was not needed
+        assert (_step(d, 1)["data"]["source"], _step(d, 1)["data"]["drafter_loaded"]) == ("served rounds", False)
+        assert " --accepts " in _step(d, 1)["command"] and "--draft-model" not in _step(d, 1)["command"]
 
     rows = diags["rows/w4/p0"]
     assert rows["phase"] == "verify", rows["summary"]
@@ -158,6 +161,45 @@ def test_a_served_record_of_two_faults_is_diagnosed_to_their_width_depth_layer_a
     assert run_cli(cli_bin, "records", "html", str(md), "--out", str(page)).returncode == 0
     html = page.read_text()
     assert html.count('<div class="diag" id=') == len(written) and "phase <b>verify</b> at width 4" in html
+
+
+@pytest.mark.model
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_finding_with_its_served_rounds_never_loads_the_drafter(
+        served_faults: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """In process, the tree as ``diagnose`` runs it, with checkpoint loading watched: the finding's served rounds
+    reproduce it with the target alone (one copy of it in memory: the drafter is never loaded); the same finding
+    without them loads the drafter for step 1 and comes to the same diagnosis."""
+    from specparity.commands.diagnose import read_reproduction
+    from specparity.diagnose.findings import read_findings
+    from specparity.diagnose.tree import Models, diagnose_finding
+
+    monkeypatch.setenv(ENV_CACHE_VAR, str(tmp_path / "no-envs"))  # step 8: no release built, no processes
+    _, found = read_findings(served_faults, "rows/w4/p0")
+    (f,) = found
+    assert f.served_accepts and f.served_widths and f.served_tokens, f
+
+    class Watched(Models):
+        def __init__(self) -> None:
+            super().__init__()
+            self.paths: list[str] = []
+
+        def load(self, path: str, trust_remote_code: bool) -> Any:
+            self.paths.append(path)
+            return super().load(path, trust_remote_code)
+
+    models = Watched()
+    d = diagnose_finding(f, read_reproduction(f), models)
+    assert f.draft not in models.paths and set(models.paths) == {f.target}, models.paths
+    assert (d.phase, d.location["width"], d.location["layer"], d.location["subop"]) == ("verify", 4, 2, "mlp")
+    assert d.step(1).data["source"] == "served rounds"
+
+    f.served_accepts = None  # a record without a witness: step 1 needs the drafter's own run
+    again = Watched()
+    d2 = diagnose_finding(f, read_reproduction(f), again)
+    assert f.draft in again.paths and d2.step(1).data["source"] == "drafter", again.paths
+    assert (d2.phase, d2.location) == (d.phase, d.location)
 
 
 def test_a_clean_record_has_nothing_to_diagnose_exit_0(cli_bin: str, tmp_path: Path) -> None:
@@ -355,6 +397,11 @@ def test_a_stale_rollback_row_an_exact_bf16_tie_an_unreproducible_forward_and_a_
     assert defect["tensor"] == "offset" and defect["stale_rows"] == 1 and defect["layers"] == list(range(6)), defect
     assert loc["rollback_round"] < loc["round"] and loc["held"] == loc["rollback_position"] + 1, loc
     assert "kept 1 stale row" in stale["summary"]
+    # the witness reads the accept vector from cache offsets, which the stale row shifts: the served rounds,
+    # replayed, give classic decode's token there, so step 1 says so and reruns the drafter's path
+    one = _step(stale, 1)
+    assert (one["data"]["source"], one["data"]["drafter_loaded"]) == ("drafter", True), one
+    assert "the drafter's own run decides" in one["evidence"][0] and "--draft-model" in one["command"], one
 
     # the tie: the first difference is an exact tie in bfloat16 broken the other way by a block of 2+ rows,
     # located past the last layer (the logits), at width 2 from depth 0
@@ -363,6 +410,8 @@ def test_a_stale_rollback_row_an_exact_bf16_tie_an_unreproducible_forward_and_a_
     assert _step(tie, 7)["data"]["call"] == "exact_tie" and "exact tie in bfloat16" in _step(tie, 7)["evidence"][0]
     assert (tie["location"]["width"], tie["location"]["depth"], tie["location"]["layer"]) == (2, 0, "logits"), \
         tie["location"]
+
+    assert _step(tie, 1)["data"]["source"] == "served rounds" == _step(diags["prefill/w4/p0"], 1)["data"]["source"]
 
     # the noise: classic decode's own forward is not reproducible; the later steps are skipped for it and the
     # bisect's repeat names the layer where it enters
