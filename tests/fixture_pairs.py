@@ -77,6 +77,8 @@ PAIRS: dict[str, Pair] = {p.name: p for p in [
     Pair("yunshu-qwen3_5-b8", "specparity.engines.yunshu.fixtures:build_yunshu_fixture",
          kwargs={"block_size": 8}),  # 49 s
     Pair("mlx-vlm", "specparity.engines.mlx_vlm.fixtures:build_mlx_vlm_fixture", kwargs={"block_size": 8}),  # 48 s
+    Pair("mlx-vlm-equal-heads-bfloat16", "specparity.engines.mlx_vlm.fixtures:build_mlx_vlm_fixture",
+         kwargs={"shape": "qwen3_5-equal-heads", "dtype": "bfloat16", "block_size": 8}),  # 26 s
     dflash("qwen3_5-27b", 8, "bfloat16"),  # 21 s
     dflash("qwen3_5-equal-heads", 8),  # 21 s
     Pair("llama-wide-vocab-float32", "specparity.fixtures:build_sized", args=("llama-wide-vocab",),
@@ -86,6 +88,10 @@ PAIRS: dict[str, Pair] = {p.name: p for p in [
          kwargs={"shape": "gemma4-e2b", "dtype": "float32", "tied": False}),  # 15 s
     Pair("broomva-e2b-float32", "specparity.engines.mlx_lm_broomva.fixtures:build_gemma4_pair",
          kwargs={"shape": "gemma4-e2b", "dtype": "float32", "tied": True}),  # 13 s
+    Pair("broomva-e2b-bfloat16", "specparity.engines.mlx_lm_broomva.fixtures:build_gemma4_pair",
+         kwargs={"shape": "gemma4-e2b", "dtype": "bfloat16", "tied": True}),  # 19 s
+    Pair("broomva-31b-float32", "specparity.engines.mlx_lm_broomva.fixtures:build_gemma4_pair",
+         kwargs={"shape": "gemma4-31b", "dtype": "float32", "tied": True}),  # 15 s
     dflash("qwen3_5-equal-heads", 8, tied=True, balance=0.05),  # 10 s: the DFlash default (docs pages)
     built_pair("qwen3_5-float32", arch="qwen3_5"),  # 10 s
     dflash("qwen3_5", 16, tied=True),  # 9 s

@@ -13,6 +13,8 @@ the embedded prompt, 16 tokens):
   at token 19, round 10, after the rollback of round 9 trimmed 0 of 2 rows;
 - within the window (14 tokens) and with the same weights' window past the run (64 tokens): match, drafts
   accepted: the detector is silent where the rollback works, so the window is the cause;
+- the same in bfloat16 (every entry point at token 15) and in the 31B shape (a 64-position window: the library
+  loop at token 49; its CLI's rounds roll nothing back past the window in 64 tokens and match);
 - a plain mlx-lm drafter is refused with its cause (it would take mlx-lm's classic speculative loop).
 """
 
@@ -135,6 +137,40 @@ def test_past_the_sliding_window_its_rollback_trims_nothing_and_every_entry_poin
     assert "token 19: engine 436, classic 353, at round 10, row 0" in lib, lib
     assert "after round 9 its rollback asked cache.trim_prompt_cache for 2 rejected rows and it trimmed 0" in lib
     assert got["stream_generate"]["reason"] == lib  # the same loop, dispatched by stream_generate
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+def test_in_bfloat16_and_in_the_31b_shape_the_window_is_where_each_loop_leaves_classic_decode(
+        cli_bin: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The findings table's other two columns. E2B in bfloat16: every entry point leaves classic decode at token 15,
+    once the target's cache has passed its 32-position window (the rollback of round 7 trimmed nothing), by far
+    more than a tie; the 31B shape (window 64): the library loop at token 49, after round 21's rollback at offset
+    65 trimmed nothing, while its CLI's 3-draft rounds roll nothing back past the window in 64 tokens and match."""
+    root = tmp_path_factory.mktemp("broomva-columns")
+    bf16 = fixture_pairs.pair("broomva-e2b-bfloat16", root / "bf16").to_dict()
+    code, got = e2e(cli_bin, bf16["target"])
+    assert code == 1 and set(got) == set(ENTRIES)
+    for entry, (token, drafts, offset) in {"mtp_speculative_generate_step": (369, 2, 32),
+                                           "stream_generate": (369, 2, 32),
+                                           "mlx_lm generate --draft-model": (464, 3, 33)}.items():
+        reason = got[entry]["reason"]
+        assert got[entry]["verdict"] == "diverged", got[entry]
+        assert f"token 15: engine {token}, classic 511, at round 8, row 0" in reason, reason
+        assert (f"after round 7 its rollback asked cache.trim_prompt_cache for {drafts} rejected rows and it trimmed"
+                f" 0 (cache offsets [{offset}]; not trimmable: RotatingKVCache)") in reason, reason
+        assert "not a tie" in reason and "bfloat16" in reason, reason
+    big = fixture_pairs.pair("broomva-31b-float32", root / "31b").to_dict()
+    code, got = e2e(cli_bin, big["target"])
+    assert code == 1 and set(got) == set(ENTRIES)
+    for entry in ("mtp_speculative_generate_step", "stream_generate"):
+        reason = got[entry]["reason"]
+        assert got[entry]["verdict"] == "diverged" and "token 49: engine 447, classic 308, at round 22" in reason
+        assert ("after round 21 its rollback asked cache.trim_prompt_cache for 1 rejected rows and it trimmed 0"
+                " (cache offsets [65]; not trimmable: RotatingKVCache)") in reason, reason
+    cli = got["mlx_lm generate --draft-model"]
+    assert cli["verdict"] == "match" and cli["drafter"]["drafted"] > 0, cli
 
 
 @pytest.mark.slow

@@ -12,7 +12,9 @@ of the drafter's first fit prompt, mlx-lm 0.32.2 beside it:
 - ``draft_kind=mtp`` (the head split out of the target by its own splitter) drafts and has nothing accepted:
   not engaged, not a pass;
 - ``draft_kind=eagle3``: no EAGLE-3 drafter is built here: not run, with that cause;
-- a fault put into its DFlash walk (every draft accepted) is found: diverged, at its round and row.
+- a fault put into its DFlash walk (every draft accepted) is found: diverged, at its round and row;
+- bfloat16, equal heads, tied (its own format): every loop parts at token 4 at a one-ULP near tie of classic
+  decode's raw logits (the findings table's cell).
 """
 
 from __future__ import annotations
@@ -77,6 +79,30 @@ def test_e2e_its_dflash_loops_match_its_mtp_loop_is_not_engaged_and_eagle3_canno
     assert (public["drafter"]["proposed"], public["drafter"]["drafted"]) == (68, 26), public["drafter"]
     eagle = got["generate_step draft_kind=eagle3"]
     assert eagle["verdict"] == "not_run" and "no fixture in that format" in eagle["drafter"]["error"], eagle
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+def test_in_bfloat16_on_equal_heads_its_verify_row_flips_a_one_ulp_near_tie(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The findings table's equal-heads bfloat16 tied cell (mlx-vlm's own fixture format, 32 tokens of its first
+    fit prompt): the DFlash and MTP loops (and the public stream_generate) part from classic decode at token 4,
+    round 4's first row, where classic decode's raw bfloat16 logit leads by one ULP (3.0 against 2.984375): a
+    near tie, never called an exact one, the same token whichever drafter ran (so the target's verify row)."""
+    from specparity.engine_findings import run_engine
+
+    info = pair("mlx-vlm-equal-heads-bfloat16", tmp_path_factory.mktemp("mlx-vlm-bf16")).to_dict()
+    got = {r["entry"]: r for r in run_engine(ENV, info, 32, env=built(ENV))}
+    for entry in ("generate_step draft_kind=dflash", "generate_step draft_kind=mtp",
+                  "stream_generate draft_kind=dflash"):
+        f = got[entry]
+        assert (f["verdict"], f["index"], f["round"], f["row"]) == ("diverged", 4, 4, 0), (entry, f)
+        assert (f["engine_token"], f["classic_token"]) == (353, 87), (entry, f)
+        assert (f["tie"]["classic_logit"], f["tie"]["engine_logit"]) == (3.0, 2.984375), (entry, f["tie"])
+        assert not f["tie"]["logprob_tie"] and "a near tie, not an exact one" in f["reason"], (entry, f)
+        assert "(1 ULP)" in f["reason"], f["reason"]
+    assert got["generate_step draft_kind=eagle3"]["verdict"] == "error"  # no EAGLE-3 drafter here: never a pass
 
 
 FAULT = """

@@ -16,7 +16,9 @@ round and row. What they pin, MLX's CPU backend, 48 tokens of the embedded promp
   ``KVCache.state`` as two values; 0.32 made it three), the others as on 0.31.3;
 - bfloat16 llama: the verify row's raw-logit argmax at an exact tie of classic decode's bfloat16 logprobs;
 - gemma3_text (sliding-window layers) and qwen3_moe: ``speculative_generate`` equals classic decode;
-  qwen3_5: the engine's own "unsupported model_type" error;
+  qwen3_5: the engine's own "unsupported model_type" error; in bfloat16, gemma3_text: a near tie (one bfloat16
+  step of classic decode's raw logits) flipped at token 11; qwen3_moe: classic decode itself cannot run (MLX's
+  CPU backend has no bfloat16 GatherMM);
 - ``accept_top_k`` > 1: lossy by design, with what it changed (never a pass, never a defect).
 """
 
@@ -169,6 +171,32 @@ def test_sliding_window_and_moe_targets_match_and_a_hybrid_is_its_own_error(pair
         assert f["verdict"] == "match" and f["accepted"] == accepted, (key, f)
     f = findings(pairs["qwen3_5:float32"])["speculative_generate"]
     assert f["verdict"] == "error" and "unsupported model_type 'qwen3_5'" in f["failure"], f
+
+
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.slow
+def test_in_bfloat16_a_sliding_window_target_flips_a_near_tie_and_a_moe_target_cannot_run_classic_decode(
+        pairs) -> None:
+    """gemma3_text in bfloat16: every loop leaves classic decode at token 11, where classic decode's token leads by
+    one bfloat16 step of its raw logits (a near tie, not an exact one), in the round and row its own record
+    places it; qwen3_moe in bfloat16: MLX's CPU backend has no bfloat16 GatherMM, so not even classic decode runs,
+    and the whole run is one error (never a pass, never a finding of nunspark's)."""
+    got = findings(pairs["gemma3_text:bfloat16"])
+    where = {"speculative_generate": (2, 3), "nunspark generate --draft-model": (2, 3),
+             "ngram_speculative_generate": (11, 0), "nunspark generate --ngram-draft": (11, 0),
+             "eagle_speculative_generate": (11, 0)}
+    for entry, (round_, row) in where.items():
+        f = got[entry]
+        assert f["verdict"] == "diverged" and f["index"] == 11, (entry, f)
+        assert (f["engine_token"], f["classic_token"], f["round"], f["row"]) == (333, 258, round_, row), (entry, f)
+        assert "a near tie, not an exact one" in f["reason"] and not f["tie"]["logprob_tie"], (entry, f)
+    # the adaptive loop leaves it earlier, at its own rollback (its float32 finding), with no tie at all
+    f = got["adaptive_speculative_generate"]
+    assert (f["verdict"], f["index"], f["round"], f["row"]) == ("diverged", 10, 4, 0) and "not a tie" in f["reason"]
+    rows = run_engine("nunspark", pairs["qwen3_moe:bfloat16"], TOKENS, env=built(ENV), prompt=PROMPT)
+    assert [r["entry"] for r in rows] == ["*"] and rows[0]["verdict"] == "error", rows
+    assert "GatherMM::eval] Currently only supports float32" in rows[0]["failure"], rows
 
 
 @pytest.mark.model
