@@ -11,6 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# fixture_cache reads the real fixture cache's folder when first imported: here, before any test points
+# $SPECPARITY_HOME at its own folder (a module that reaches it only through fixture_pairs, run alone, built
+# every listed pair anew into that test's folder)
+import fixture_cache  # noqa: F401  (isort: skip)
+
 if TYPE_CHECKING:
     from specparity.fixtures import FixtureInfo
 
