@@ -153,7 +153,7 @@ class ServerTimes:
     """Seconds a server spent, measured by the harness.
 
     start: from spawn to the first 200 on the ready path.
-    stop: from SIGTERM to the process group's exit.
+    stop: from the first signal (SIGTERM, or SIGKILL for a server not stopped gracefully) to the group's exit.
     """
 
     start: float | None = None
@@ -174,6 +174,8 @@ class Server:
     fail_regex: a log pattern that means the server will never be ready although it
       still runs (mlx_lm.server keeps answering 503 after its model failed to load).
     start_timeout / stop_timeout: seconds for readiness and for a graceful stop.
+    graceful: stop with SIGTERM first (False: SIGKILL at once, for a server whose shutdown writes nothing the
+      caller reads).
     name: how logs and errors name it.
     """
 
@@ -185,6 +187,7 @@ class Server:
     fail_regex: str | None = None
     start_timeout: float = DEFAULT_START_TIMEOUT
     stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    graceful: bool = True
     name: str = "server"
     port: int = 0
     proc: subprocess.Popen | None = None
@@ -340,13 +343,14 @@ class Server:
         return f"log {self.log_path}" + (" (removed at exit: --record-dir keeps it)" if scratch else "")
 
     def stop(self) -> int | None:
-        """SIGTERM the group, wait ``stop_timeout``, then SIGKILL it. Returns the exit code."""
+        """SIGTERM the group, wait ``stop_timeout``, then SIGKILL it (``graceful`` False: SIGKILL at once). Returns
+        the exit code."""
         proc = self.proc
         if proc is None:
             return None
         t0 = time.perf_counter()
         try:
-            if proc.poll() is None:
+            if proc.poll() is None and self.graceful:
                 signal_group(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(self.stop_timeout)

@@ -77,6 +77,9 @@ class Profile:
     rows_offset: verify rows = setting + rows_offset (mlx-lm: K drafts verify K + 1 rows).
     per_request: the request field that sets the width per request (None: per process).
     ready_path, fail_regex: readiness (see harness.lifecycle.Server).
+    stop: ``graceful`` (SIGTERM to the server's group, a wait, then SIGKILL) or ``kill`` (SIGKILL at once: for a
+      server whose shutdown writes nothing the job reads, where its graceful shutdown is only the engine's own
+      clean-up; the job's time then holds none of it).
     endpoint: completions or chat (the job may override per request).
     witness: which checkpoints the harness wraps with the witness model_file
       (target, draft): the server must load them with trust_remote_code.
@@ -144,6 +147,7 @@ class Profile:
     exercised: bool = True
     loop: str | None = None
     lossy: str | None = None
+    stop: str = "graceful"
     source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,6 +272,7 @@ _OPT_REGEX = Nullable(Regex())
 # Every key a profile file may hold (profiles/mlx-lm.yaml documents each), checked by type per file
 # before anything is used; ``extends`` merges files already checked. Keys marked "not read yet" are
 # what dflash-mlx's profile proposes (specparity/engines/dflash_mlx/dflash-mlx.yaml): accepted, typed, unused.
+STOPS = ("graceful", "kill")  # how a server is stopped (Profile.stop)
 PROFILE_SCHEMA = Fields({
     "name": Str(nonempty=True),
     "description": Str(),
@@ -308,6 +313,7 @@ PROFILE_SCHEMA = Fields({
     "exercised": Bool(),
     "loop": _OPT_STR,
     "lossy": Nullable(Str("its authors' words for the lossy mode", nonempty=True)),
+    "stop": Enum(STOPS),
 })
 
 
@@ -404,6 +410,7 @@ def load_profile(name_or_path: str) -> Profile:
         exercised=bool(raw.get("exercised", True)),
         loop=raw.get("loop"),
         lossy=raw.get("lossy"),
+        stop=str(raw.get("stop") or "graceful"),
         source=str(path),
     )
     dry_render(profile)

@@ -405,7 +405,8 @@ class PairingRun:
         env: dict[str, str | None] = {**self.server_env, **self.job.env, **plan.env, WITNESS_ENV: str(witness)}
         srv = Server(argv, log_path=self.work / f"server-{plan.server_key}.log", cwd=self.work, env=env,
                      ready_path=profile.ready_path, fail_regex=profile.fail_regex,
-                     start_timeout=self.run_.start_timeout, name=f"{plan.server_key} server")
+                     start_timeout=self.run_.start_timeout, graceful=profile.stop == "graceful",
+                     name=f"{plan.server_key} server")
         info: dict[str, Any] = {"argv": argv, "env": {k: v for k, v in {**self.job.env, **plan.env}.items()},
                                 "log": str(srv.log_path), "witness": str(witness), "profile": profile.name}
         if self.env_identity is not None:

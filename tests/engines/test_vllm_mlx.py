@@ -153,6 +153,10 @@ def test_on_its_only_mlx_lm_its_mtp_never_drafts_and_a_batch_leaves_classic_deco
         assert MTP_OFF in r["evidence"]["lines"][0]
     for r in parted:
         assert "differs from classic decode: first difference at token" in r["reason"], r
+    # its profile's stop: kill: every server ended by SIGKILL at once (its graceful shutdown writes nothing read),
+    # and its stop is no longer a share of the job's time
+    assert {a["server"]["returncode"] for a in pairing["arms"] if a.get("server")} == {-9}, pairing["arms"]
+    assert pairing["time"]["server_stop_s"] < 1.0, pairing["time"]
 
 
 @pytest.mark.slow

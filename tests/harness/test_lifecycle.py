@@ -133,6 +133,42 @@ def test_never_ready_times_out_and_sigkill_takes_the_whole_group(tmp_path):
     assert srv.pgid is not None and not group_alive(srv.pgid)  # the grandchild went with it
 
 
+CLEAN_UP = textwrap.dedent("""
+    import pathlib, signal, subprocess, sys, time
+    def clean_up(*_):
+        time.sleep(0.3)  # an engine's own shutdown work
+        pathlib.Path(sys.argv[1]).write_text("cleaned up")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, clean_up)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("graceful", [True, False])
+def test_a_server_not_stopped_gracefully_gets_sigkill_at_once_with_its_group(tmp_path: Path, graceful: bool) -> None:
+    """A profile's ``stop: kill``: no SIGTERM, so the server's own shutdown handler never runs (its 0.3 s is not
+    waited for) and the group, its child included, is gone; the default runs the handler to its exit code 0."""
+    marker = tmp_path / "marker"
+    srv = Server([sys.executable, "-c", CLEAN_UP, str(marker)], graceful=graceful, name="cleans",
+                 log_path=tmp_path / "s.log")
+    srv.spawn()
+    deadline = time.monotonic() + 30
+    while "ready" not in (tmp_path / "s.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    code = srv.stop()
+    took = time.monotonic() - t0
+    assert srv.pgid is not None and not group_alive(srv.pgid)
+    if graceful:
+        assert code == 0 and marker.read_text() == "cleaned up" and took >= 0.3, (code, took)
+    else:
+        assert code == -signal.SIGKILL and not marker.exists() and took < 0.3 + 2.0, (code, took)
+        assert srv.times.stop is not None and srv.times.stop < 0.3 + 2.0
+
+
 @pytest.mark.server
 def test_stop_all_stops_every_live_server(tmp_path):
     servers = [Server([sys.executable, "-c", "import time; time.sleep(600)"], name=f"s{i}") for i in range(2)]

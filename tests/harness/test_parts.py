@@ -84,6 +84,11 @@ def test_packaged_profiles_load_and_bad_ones_are_usage_errors(tmp_path):
     bad.write_text(yaml.safe_dump({"extends": "mlx-lm", "endpoint": "embeddings"}))
     with pytest.raises(UsageError, match=r"bad.yaml: endpoint: expected one of completions, chat, got 'embeddings'"):
         load_profile(str(bad))
+    assert mlx.stop == "graceful" and load_profile("vllm-mlx").stop == "kill"
+    stop = tmp_path / "stop.yaml"
+    stop.write_text(yaml.safe_dump({"extends": "mlx-lm", "stop": "SIGTERM"}))
+    with pytest.raises(UsageError, match=r"stop.yaml: stop: expected one of graceful, kill, got 'SIGTERM'"):
+        load_profile(str(stop))
     loop = tmp_path / "loop.yaml"
     loop.write_text(yaml.safe_dump({"extends": str(loop)}))
     with pytest.raises(UsageError, match="loop"):
