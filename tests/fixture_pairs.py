@@ -63,9 +63,9 @@ def built_pair(name: str, **kwargs: Any) -> Pair:
     return Pair(f"{name}-{digest}", "specparity.fixtures:build_pair", kwargs=kwargs)
 
 
-def _mlx_flash(name: str, shape: str, tied: bool) -> Pair:
+def _mlx_flash(name: str, shape: str, tied: bool, dtype: str = "float32") -> Pair:
     return Pair(name, "specparity.engines.mlx_flash.fixtures:build",
-                kwargs={"shape": shape, "dtype": "float32", "tied": tied, "block_size": 8, "seed": 0,
+                kwargs={"shape": shape, "dtype": dtype, "tied": tied, "block_size": 8, "seed": 0,
                         "overwrite": False, "note": print})
 
 
@@ -74,6 +74,7 @@ PAIRS: dict[str, Pair] = {p.name: p for p in [
     _mlx_flash("mlx-flash-qwen3_5-tied-b8", "qwen3_5", True),  # 170 s (a 400-step EAGLE-head fit)
     _mlx_flash("mlx-flash-qwen3_5-untied-b8", "qwen3_5", False),  # 163 s
     _mlx_flash("mlx-flash-qwen3-b8", "qwen3", False),  # 144 s
+    _mlx_flash("mlx-flash-qwen3-bfloat16-b8", "qwen3", False, "bfloat16"),
     Pair("yunshu-qwen3_5-b8", "specparity.engines.yunshu.fixtures:build_yunshu_fixture",
          kwargs={"block_size": 8}),  # 49 s
     Pair("mlx-vlm", "specparity.engines.mlx_vlm.fixtures:build_mlx_vlm_fixture", kwargs={"block_size": 8}),  # 48 s

@@ -15,7 +15,8 @@ embedded prompt:
   (no loader, no trained weights) and the untrained EAGLE head its server builds accept nothing: not engaged;
 - its server (``mlx-flash --speculative ...``) cannot start on Linux: ``system_profiler``;
 - on the qwen3_5 hybrid: ``LayerSkipEngine`` cannot trim its linear-attention cache, ``DFlashRunner`` stops on a
-  tied head, ``EAGLE3Engine`` passes ``max_tokens`` on the untied one.
+  tied head, ``EAGLE3Engine`` passes ``max_tokens`` on the untied one;
+- qwen3 in bfloat16: every loop takes the raw-logit argmax at an exact tie of classic decode's logprobs (token 21).
 """
 
 from __future__ import annotations
@@ -89,6 +90,30 @@ def test_its_loops_against_classic_decode_each_with_its_own_record(fixture) -> N
     for entry in SERVER:
         f = got[entry]
         assert f["verdict"] == "cannot_run" and "'system_profiler'" in f["reason"] and not f["tokens"], f
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+def test_in_bfloat16_every_loop_takes_the_other_side_of_an_exact_logprob_tie(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The findings table's qwen3 bfloat16 column (32 tokens of the fixture's first fit prompt): at token 21 classic
+    decode's bfloat16 logprobs tie exactly and it keeps the lower id (15); every loop takes 392, its verify row's
+    raw-logit argmax, in the round and row its own record places it (DFlashEngine's drafter-less single steps
+    too: the greedy rule, not a verify kernel). Its documented lossy mode is reported as such; its server cannot
+    start here."""
+    info = pair("mlx-flash-qwen3-bfloat16-b8", tmp_path_factory.mktemp("mlx-flash-bf16")).record
+    got = findings(info, 32)
+    where = {"LayerSkipEngine.generate": (20, 0), "DFlashRunner.generate": (19, 1), "DFlashEngine.generate": (22, 0),
+             "DFlashEngine.generate BlockDiffusionDrafter": (22, 0), "EAGLE3Engine.generate": (17, 1),
+             "EAGLE3Engine.generate untrained head": (22, 0)}
+    for entry, (round_, row) in where.items():
+        f = got[entry]
+        assert (f["verdict"], f["index"], f["engine_token"], f["classic_token"]) == ("diverged", 21, 392, 15), f
+        assert (f["round"], f["row"]) == (round_, row) and f["tie"]["logprob_tie"], (entry, f)
+        assert "an exact tie in mlx.core.bfloat16" in f["reason"], f["reason"]
+    assert got["DFlashRunner.generate accept_top_k=4"]["verdict"] == "lossy_by_design"
+    assert {got[e]["verdict"] for e in SERVER} == {"cannot_run"}
 
 
 @pytest.mark.slow
