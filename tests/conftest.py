@@ -14,7 +14,7 @@ import pytest
 # fixture_cache reads the real fixture cache's folder when first imported: here, before any test points
 # $SPECPARITY_HOME at its own folder (a module that reaches it only through fixture_pairs, run alone, built
 # every listed pair anew into that test's folder)
-import fixture_cache  # noqa: F401  (isort: skip)
+import fixture_cache  # (isort: skip)
 
 if TYPE_CHECKING:
     from specparity.fixtures import FixtureInfo
@@ -131,7 +131,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """Name every fixture pair this run built that took long and that scripts/build-test-fixtures does not
     build (tests/fixture_pairs.py): the list keeping up with the tests."""
-    import fixture_cache
     import fixture_pairs
 
     started = config.stash.get(_STARTED, None)
