@@ -201,6 +201,24 @@ def _read_slice(path: str | os.PathLike[str] | None, start: int) -> str:
         return f.read().decode("utf-8", "replace")
 
 
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::\s.*)?$")
+
+
+def logged_error(log_path: str | os.PathLike[str] | None, start: int) -> str | None:
+    """The exception line of the last Python traceback the server logged after byte ``start`` (``NAME: message``,
+    at most 300 characters; None: none): what a request that failed without an answer leaves in its log."""
+    found: str | None = None
+    inside = False
+    for line in _read_slice(log_path, start).splitlines():
+        if line.startswith("Traceback (most recent call last)"):
+            inside = True
+        elif inside and line and not line[0].isspace():
+            if _EXC_LINE.match(line.strip()):
+                found = line.strip()[:300]
+            inside = False
+    return found
+
+
 def collect(profile: Profile, witness_file: str | os.PathLike[str], log_path: str | os.PathLike[str] | None,
             completion: Completion, before: Marks, counter_after: float | None) -> Evidence:
     """Every source's evidence over the slices that started at ``before``."""

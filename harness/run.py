@@ -471,6 +471,10 @@ class PairingRun:
         if not comp.ok and not srv.alive():
             code = srv.proc.returncode if srv.proc else None
             comp.error = (comp.error or "") + f" (the server exited with code {code}; log tail: {srv.tail(5)!r})"
+        elif not comp.ok:
+            logged = evidence_mod.logged_error(srv.log_path, before.log)
+            if logged:  # its handler's exception: the cause, where the connection alone says nothing of it
+                comp.error = (comp.error or "") + f" (the server logged: {logged})"
         after = evidence_mod.read_counter(client, srv.url, self.profile, timeout)
         ev = evidence_mod.collect(self.profile, session.witness_file, srv.log_path, comp, before, after)
         found = self.engine.evidence(session, comp, engine_mark)

@@ -15,7 +15,9 @@ the embedded prompt, 16 tokens):
   accepted: the detector is silent where the rollback works, so the window is the cause;
 - the same in bfloat16 (every entry point at token 15) and in the 31B shape (a 64-position window: the library
   loop at token 49; its CLI's rounds roll nothing back past the window in 64 tokens and match);
-- a plain mlx-lm drafter is refused with its cause (it would take mlx-lm's classic speculative loop).
+- a plain mlx-lm drafter is refused with its cause (it would take mlx-lm's classic speculative loop);
+- served (its server is mlx-lm 0.31.3's): the baselines match, every drafted request fails with the server's own
+  error (a gemma4_assistant has no prompt cache of its own).
 """
 
 from __future__ import annotations
@@ -191,6 +193,33 @@ def test_within_the_window_and_with_the_window_past_the_run_it_matches(e2b: dict
                     draft=str(wide / "draft"))
     f = got["mtp_speculative_generate_step"]
     assert code == 0 and f["verdict"] == "match" and f["drafter"]["drafted"] > 0, f
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.server
+def test_its_server_answers_without_a_drafter_and_fails_every_drafted_request_with_its_own_error(
+        e2b: dict, cli_bin: str, tmp_path: Path) -> None:
+    """Served (its profile: mlx-lm 0.31.3's ``mlx_lm server`` in the fork's environment): the drafter-less
+    baselines equal classic decode; every request of the drafted arm fails, the server closing the connection, and
+    the record says why with the server's own error (its handler builds a prompt cache for the drafter, and a
+    gemma4_assistant has none): an error, exit 4, never a pass and never a divergence."""
+    job = {"pairings": [{"name": "e2b", "target": e2b["target"], "draft": e2b["draft"], "profile": ENV}],
+           "widths": [3], "max_tokens": 16, "sequence": ["fresh", "repeat"], "concurrency": 0, "self_draft": False}
+    (tmp_path / "job.yaml").write_text(json.dumps(job))
+    built(ENV)
+    proc = run_cli(cli_bin, "served", "--config", str(tmp_path / "job.yaml"), "--json",
+                   env={ENV_CACHE_VAR: str(REAL_CACHE)})
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
+    arms = {a["name"]: a for a in json.loads(proc.stdout)["pairings"][0]["arms"]}
+    for base in ("baseline-start", "baseline-end"):
+        assert {r["verdict"] for r in arms[base]["requests"]} == {"match"}, arms[base]
+    drafted = arms["w3"]["requests"]
+    assert [r["verdict"] for r in drafted] == ["error", "error"], drafted
+    for r in drafted:
+        assert "Server disconnected without sending a response" in r["reason"], r
+        assert "(the server logged: NotImplementedError: Gemma 4 assistant has no KV cache of its own" in r["reason"]
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -184,3 +185,23 @@ def test_two_entries_of_one_kind_get_distinct_ids_and_a_repeat_names_its_first_a
     assert by["chat-1-2"].repeats == "chat-1"  # the same first turn, answered before on the same server
     assert by["chat-2-2"].body["messages"][1]["content"] == "y"  # each second turn carries its own first turn
     assert [r.turn for r in reqs[3:]] == [1, 2, 1, 2]
+
+
+def test_a_failed_requests_cause_is_the_last_traceback_the_server_logged_after_it_began(tmp_path: Path) -> None:
+    """harness.evidence.logged_error: a request that fails without an answer (the server closed the connection)
+    is told the exception line of the last traceback in its slice of the log; nothing before the slice, and
+    nothing where the slice holds no traceback."""
+    from specparity.harness.evidence import logged_error
+
+    log = tmp_path / "server.log"
+    before = "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nValueError: an earlier request's\n"
+    ours = ("127.0.0.1 - - POST /v1/completions\n"
+            "Traceback (most recent call last):\n  File \"s.py\", line 9, in make_cache\n    raise KeyError(1)\n"
+            "KeyError: 1\n\nDuring handling of the above exception, another exception occurred:\n\n"
+            "Traceback (most recent call last):\n  File \"s.py\", line 12, in make_cache\n"
+            "NotImplementedError: Gemma 4 assistant has no KV cache of its own\n----\n")
+    log.write_text(before + ours)
+    assert logged_error(log, len(before)) == "NotImplementedError: Gemma 4 assistant has no KV cache of its own"
+    assert logged_error(log, 0) == "NotImplementedError: Gemma 4 assistant has no KV cache of its own"
+    log.write_text(before + "127.0.0.1 - - POST /v1/completions 200\n")
+    assert logged_error(log, len(before)) is None and logged_error(None, 0) is None

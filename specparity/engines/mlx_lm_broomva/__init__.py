@@ -68,6 +68,9 @@ ENGINE = EngineSpec(
     # its loops only: its verify and trim live inside mtp_speculative_generate_step
     e2e_entry_points=ENTRY_NAMES,
     loops="specparity.engines.mlx_lm_broomva.loops:loops",
+    # its server is mlx-lm 0.31.3's, run in the fork's environment: every drafted request fails (its drafter has no
+    # cache of its own), which the served job reports with the server's own error
+    profiles=("mlx-lm-broomva",),
     default_checkpoints=default_checkpoints,
     drafter_format=DrafterFormat(FORMAT, "specparity.engines.mlx_lm_broomva.fixtures:gemma4_format",
                                  "a Gemma 4 target with a gemma4_assistant MTP drafter (mlx-lm-broomva's)",
