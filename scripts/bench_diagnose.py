@@ -173,6 +173,21 @@ def main() -> int:
     from specparity.commands.diagnose import read_reproduction
     from specparity.diagnose.tree import Models, diagnose_finding
 
+    class Recorded(Models):
+        """Every checkpoint the diagnosis loads itself (the drafter, where step 1 needs it) has its calls recorded as
+        the drafter's (model index 1); one preloaded into ``loaded`` is not loaded again."""
+
+        def __init__(self, rec: Recorder) -> None:
+            super().__init__()
+            self.rec = rec
+
+        def load(self, path: str, trust_remote_code: bool) -> Any:
+            new = (path, trust_remote_code) not in self.loaded
+            got = super().load(path, trust_remote_code)
+            if new:
+                self.rec.wrap(1, got.model)
+            return got
+
     info = faulted(home, args.size, args.dtype, bits)
     finding = finding_of(info, args.size, home, not args.no_served_rounds)
     walls, bares, peaks = [], [], []
@@ -180,19 +195,7 @@ def main() -> int:
     drafter_loaded = False
     for i in range(args.warmup + args.repeat):  # the first --warmup are not measured
         rec = Recorder()
-        loads: list[str] = []
-
-        class Counted(Models):
-            """Every checkpoint the diagnosis loads itself (one preloaded here is not loaded again) is wrapped."""
-
-            def load(self, path: str, trust_remote_code: bool) -> Any:
-                if (path, trust_remote_code) not in self.loaded:
-                    loads.append(path)
-                    got = super().load(path, trust_remote_code)
-                    rec.wrap(1, got.model)
-                return super().load(path, trust_remote_code)
-
-        models = Counted()
+        models = Recorded(rec)
         target = load_checkpoint(info.target, trust_remote_code=True)
         models.loaded[(info.target, True)] = target
         rec.wrap(0, target.model)

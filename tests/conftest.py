@@ -14,7 +14,7 @@ import pytest
 # fixture_cache reads the real fixture cache's folder when first imported: here, before any test points
 # $SPECPARITY_HOME at its own folder (a module that reaches it only through fixture_pairs, run alone, built
 # every listed pair anew into that test's folder)
-import fixture_cache  # (isort: skip)
+import fixture_cache
 
 if TYPE_CHECKING:
     from specparity.fixtures import FixtureInfo

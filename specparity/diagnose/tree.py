@@ -412,13 +412,17 @@ def _reproduce(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models) -> di
         ev.append(f"reproduced: the same token index, emitted by round {rr}, row {row}")
     first = res.get("first")
     if first:
-        ev.append(f"the replayed verify rows first disagree with classic decode's chain at round {first['round']},"
-                  f" row {first['row']} (emitted index {first['emitted_index']}, position {first['position']})")
+        ev.append(_first_words(first))
     d.steps.append(Step(1, RAN, Verdict(run.verdict), tried + ev, f.reproduction,
                         {"served_first_mismatch": at, "served_mismatch_at": res.get("served_mismatch_at"),
                          "rounds": len(req.accepts), "first": first, "source": "drafter",
                          "drafter_loaded": True}))
     return res
+
+
+def _first_words(first: dict[str, Any]) -> str:
+    return (f"the replayed verify rows first disagree with classic decode's chain at round {first['round']},"
+            f" row {first['row']} (emitted index {first['emitted_index']}, position {first['position']})")
 
 
 def _served_rounds(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models
@@ -474,9 +478,7 @@ def _served_rounds(d: Diagnosis, f: Finding, r: ReplayRequest, models: Models
                   " command reruns it with the drafter)")
     first = res.get("first")
     if first and (first.get("emitted_index") != index):
-        ev.append(f"the replayed verify rows first disagree with classic decode's chain at round {first['round']},"
-                  f" row {first['row']} (emitted index {first['emitted_index']}, position {first['position']};"
-                  " logit bytes before a token)")
+        ev.append(_first_words(first) + ": logit bytes before a token")
     d.steps.append(Step(1, RAN, Verdict(run.verdict), ev, cmd,
                         {"served_first_mismatch": res.get("served_first_mismatch"),
                          "served_mismatch_at": res.get("served_mismatch_at"), "rounds": n, "first": first,
