@@ -27,7 +27,8 @@ the profile's name:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import shlex
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,9 @@ class Finding:
     engine_version: the server's version line. token_index: where the answer left its reference.
     prompt_ids: the prompt as the server tokenized it (None: unknown). declined: the server
     sent the request to its classic path. other_mlx_lm: why a replay in this interpreter is not
-    the server's (it ran another mlx-lm, in a pinned environment), None when it is.
+    the server's (it ran another mlx-lm, in a pinned environment), None when it is. environment: that pinned
+    environment as ``--environment`` takes it (its name, or its YAML file's absolute path): the replay runs
+    there, on the server's own mlx-lm (None: no replay is printed, ``other_mlx_lm`` says why).
     """
 
     engine: str
@@ -77,6 +80,7 @@ class Finding:
     prompt_ids: list[int] | None = None
     declined: bool = False
     other_mlx_lm: str | None = None
+    environment: str | None = None
 
 
 def reproduce(history: ServerHistory, index: int, plan: ArmPlan, finding: Finding, *, model: str,
@@ -95,7 +99,14 @@ def reproduce(history: ServerHistory, index: int, plan: ArmPlan, finding: Findin
     width = plan.width.rows if plan.width else None
     first = index == 0 and not plan.concurrency
     if finding.loop in (LOOP, SPECPARITY_SERVE_LOOP) and finding.other_mlx_lm:
-        return Reproduction(reason=finding.other_mlx_lm).to_dict()
+        if finding.environment is None:
+            return Reproduction(reason=finding.other_mlx_lm).to_dict()
+        # the same replay, run in the server's own environment (its mlx-lm rebuilds its own loop there)
+        got = reproduce(history, index, plan, replace(finding, other_mlx_lm=None, environment=None), model=model,
+                        draft=draft, trust_remote_code=trust_remote_code, folder=folder)
+        if got.get("command"):
+            got["command"] += f" --environment {shlex.quote(finding.environment)}"
+        return got
     if finding.loop == LOOP:
         if first and drafter is not None and finding.prompt_ids is not None:
             return request_command(model, this.body(), finding.prompt_ids, draft_model=drafter, settings=settings,

@@ -645,6 +645,15 @@ class PairingRun:
                 f" in-process replays rebuild mlx_lm.server's loop and speculative path as mlx-lm {ours} runs"
                 " them, not that server's")
 
+    def _replay_environment(self) -> str | None:
+        """The pinned environment the servers ran in, as a printed ``--environment`` takes it from any folder: its
+        name, or its YAML file's absolute path (None: no environment, or one written inline in the job, which no
+        ``--environment`` names: the record then says why it prints no replay)."""
+        if not isinstance(self.environment, str):
+            return None
+        spec = Path(self.environment)
+        return str(spec.resolve()) if spec.is_file() else str(self.environment)
+
     def _original_draft(self, plan: ArmPlan) -> str | None:
         """The drafter checkpoint an arm ran, as the user gave it (no witness wrapper, no export)."""
         if plan.draft == Drafter.TARGET:
@@ -659,7 +668,7 @@ class PairingRun:
         finding = Finding(self.profile.name, self.profile.loop, self.engine, session.info.get("version"),
                           token_index=d.token_index if d is not None else None,
                           prompt_ids=self._prompt_ids.get(r.id), declined=ex.evidence.declined,
-                          other_mlx_lm=self._other_mlx_lm())
+                          other_mlx_lm=self._other_mlx_lm(), environment=self._replay_environment())
         try:
             return reproduce(session.history, index, plan, finding, model=target, draft=self._original_draft(plan),
                              trust_remote_code=trust, folder=folder)

@@ -64,3 +64,47 @@ def check(out: Path, stdout: str, stderr: str) -> None:
     assert d["detokenization"] and w4["reason"].startswith("text only, with the drafter: "), w4["reason"]
     # each server's version command
     assert "mlx-lm server version: mlx-lm 0.31.3 -> mlx-lm 0.32.2" in stdout
+    environments(old, new)
+
+
+def environments(old: Path, new: Path) -> None:
+    """Each night's findings are reproduced and diagnosed on the mlx-lm its servers ran: 0.31.3's in its pinned
+    environment (its replays name it; this interpreter runs 0.32.2), 0.32.2's here; the printed replay of one
+    reproduces it as served (exit 1)."""
+    import json
+    import shlex
+    import subprocess
+    import sys
+
+    from specparity.records.served import read_diagnoses
+
+    for record, env in ((old, "mlx-lm-0.31.3"), (new, None)):
+        _, lines = read_diagnoses(record)
+        got = {line["finding"]: line["diagnosis"] for line in lines}
+        drafted = {f"embedded-llama/{arm}/{rid}" for arm in ("w2", "w3", "w4") for rid in WARM}
+        assert drafted - {"embedded-llama/w4/chat-2"} <= set(got), (record, sorted(got))
+        for fid, d in got.items():
+            step1 = d["steps"][0]
+            command = step1["command"]
+            assert command.startswith("specparity replay --sequence "), (fid, command)
+            assert (shlex.split(command)[-2:] == ["--environment", env]) if env else "--environment" not in command
+            if fid.endswith(("/p0-again", "/p0-prefix")):  # a warm prompt cache one position short, both versions
+                assert d["phase"] == "server cache" and step1["verdict"] == "divergent", (fid, d["summary"])
+            if env:
+                assert step1["evidence"][0] == f"run in environment {env}, on the mlx-lm its servers ran", step1
+    repro = _rows(old, "w2")["p0-again"]["reproduction"]["command"]
+    words = shlex.split(repro)
+    assert words[0] == "specparity"  # run as printed, by this checkout's entry point
+    cli = str(Path(sys.executable).parent / "specparity")
+    proc = subprocess.run([cli, *words[1:]], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "verdict: divergent" in proc.stdout, (repro, proc.stdout[-2000:], proc.stderr)
+    # `diagnose` as a user types it on the older night's record: the same finding, diagnosed in its environment
+    proc = subprocess.run([cli, "diagnose", str(old), "--finding", "w2/p0-again", "--json"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    (d,) = json.loads(proc.stdout)["diagnoses"]
+    assert d["phase"] == "server cache" and d["steps"][0]["command"] == repro, d["summary"]
+    assert d["steps"][0]["evidence"][0] == "run in environment mlx-lm-0.31.3, on the mlx-lm its servers ran"
+    releases = d["steps"][7]["data"]["releases"]
+    assert [(r["environment"], r["verdict"]) for r in releases] == [
+        ("mlx-lm-0.31.3", "divergent"), ("mlx-lm-0.32.2", "divergent")], releases

@@ -394,7 +394,8 @@ class SequenceReport(ReportMixin):
     def lines(self) -> list[str]:
         h = self.header
         version = f" {h.engine_version}" if h.engine_version else ""
-        out = [f"sequence of {len(self.requests)} requests replayed through one prompt cache as {h.engine}{version}'s"
+        who = h.engine_version if (h.engine_version or "").startswith(f"{h.engine} ") else f"{h.engine}{version}"
+        out = [f"sequence of {len(self.requests)} requests replayed through one prompt cache as {who}'s"
                f" server loop: model {h.model}"
                + (f", drafter {h.draft_model}" if h.draft_model else "")]
         first = self.first

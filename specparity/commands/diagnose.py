@@ -17,9 +17,12 @@ if TYPE_CHECKING:
 @click.argument("record", metavar="RECORD|DIR")
 @click.option("--finding", "finding", default=None, metavar="ID",
               help="Diagnose only this finding: its request id, arm, ARM/REQUEST or PAIRING/ARM/REQUEST.")
+# the findings a diagnosis hands to the pinned environment their servers ran in (specparity.diagnose.elsewhere)
+@click.option("--only", "only", multiple=True, hidden=True, metavar="ID")
 @json_option
 @record_option
-def diagnose(record: str, finding: str | None, as_json: bool, record_dir: str | None, quiet: bool) -> int:
+def diagnose(record: str, finding: str | None, only: tuple[str, ...], as_json: bool, record_dir: str | None,
+             quiet: bool) -> int:
     """Take each finding of a served record to its located cause, in process.
 
     RECORD is a served record (its .md, data directory or report.json); a
@@ -50,19 +53,24 @@ def diagnose(record: str, finding: str | None, as_json: bool, record_dir: str | 
         specparity diagnose results --finding w4/p0 --json      # not tested: the same (docs/diagnose.md)
     """
     from specparity.diagnose.command_worker import command_workers
+    from specparity.diagnose.elsewhere import as_diagnosis, diagnose_elsewhere
     from specparity.diagnose.findings import read_findings
     from specparity.diagnose.tree import DiagnoseReport, Models, diagnose_finding
 
     where, found = read_findings(record, finding)
+    if only:
+        found = [f for f in found if f.id in only]
     run = CommandRun("diagnose", f"diagnose: {where.name}", {"record": str(where)}, record_dir, as_json, quiet,
                      slug="diagnose")
     with run:
         report = DiagnoseReport(str(where), finding=finding)
         models = Models()
+        away = diagnose_elsewhere(str(where), found)  # those whose servers ran another mlx-lm: there
         with command_workers():  # step 8's reruns: one interpreter per environment for all the findings
             for f in found:
                 run.observer.note(f"diagnosing {f.id}")
-                d = diagnose_finding(f, read_reproduction(f), models, read_command)
+                d = (as_diagnosis(f, away[f.id]) if f.id in away else
+                     diagnose_finding(f, read_reproduction(f), models, read_command))
                 report.diagnoses.append(d)
                 run.observer.result("diagnoses", d.to_dict())
         return run.finish(report)

@@ -120,6 +120,7 @@ def diagnose_record(path: str | os.PathLike[str], reproduction: Callable[[Findin
     command's own reading); note: progress lines; also: served records elsewhere (last night's, given by the
     nightly job's ``--previous``) whose diagnoses are copied as an earlier record's in the same directory are."""
     from specparity.diagnose.command_worker import command_workers
+    from specparity.diagnose.elsewhere import diagnose_elsewhere, environment_of
     from specparity.diagnose.tree import Models, diagnose_finding
     from specparity.errors import SpecparityError
     from specparity.records.served import append_diagnoses, read_served
@@ -133,6 +134,7 @@ def diagnose_record(path: str | os.PathLike[str], reproduction: Callable[[Findin
         if Path(other).resolve() != Path(rec.path).resolve():
             _add_diagnoses(earlier, Path(other))
     todo: dict[tuple[str, bool], list[tuple[Finding, Any]]] = {}
+    elsewhere: list[Finding] = []
     for f in found:
         if sr.diagnosis(f.pairing, f.arm, f.request) is not None:
             out.held.append(f.id)
@@ -143,8 +145,19 @@ def diagnose_record(path: str | os.PathLike[str], reproduction: Callable[[Findin
             append_diagnoses(rec, [line])
             out.reused.append(line)
             continue
+        if environment_of(f) is not None:  # its servers ran another mlx-lm: diagnosed in their environment
+            elsewhere.append(f)
+            continue
         r = reproduction(f)
         todo.setdefault((r.model, r.trust_remote_code) if r is not None else ("", False), []).append((f, r))
+    for fid, made in diagnose_elsewhere(str(where), elsewhere).items():
+        if isinstance(made, str):
+            out.failed[fid] = made
+            continue
+        f = next(x for x in elsewhere if x.id == fid)
+        line = diagnosis_line(f, made, rec.name)
+        append_diagnoses(rec, [line])
+        out.ran.append(line)
     with command_workers():  # step 8's reruns: one interpreter per environment for all the findings
         for (target, _), group in todo.items():
             models = Models()  # this target's (and its drafters') checkpoints only: let go before the next's

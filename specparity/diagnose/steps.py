@@ -180,7 +180,11 @@ def releases(command: str | None, engine: str = "mlx-lm", timeout: float = 600.0
         if find_environment(env.name) is None:
             unbuilt.append(env.name)
             continue
-        words = [*shlex.split(command), "--environment", env.name]
+        words = shlex.split(command)
+        if "--environment" in words[:-1]:  # a reproduction that runs in the server's environment: in this one
+            at = words.index("--environment")
+            del words[at:at + 2]
+        words += ["--environment", env.name]
         cmd = shlex.join(words)
         answered = run_in_worker(env.name, engine, [*words[1:], "--quiet"], timeout)
         code: int | None

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specparity.diagnose.elsewhere import in_environment_of
 from specparity.diagnose.findings import Finding
 from specparity.diagnose.steps import (
     LENGTH, NOT_IN_THIS_VERSION, NOT_RUN, PREFILL, PROCESSORS, RAN, ROLLBACK, SERVER, SERVER_CACHE, SKIPPED, TIE,
@@ -261,8 +262,9 @@ def _sequence_tree(f: Finding, path: str, models: Models,
     cached = (f"{s.cached} of its {s.prompt_len} prompt tokens taken from the prompt cache"
               + (f", the entry holding {s.held} positions" if s.held is not None else ""))
     ids = entry.prompt_ids or list(reference.prompt(entry.endpoint, entry.body, header.settings()).ids)
-    alone_cmd = request_command(header.model, entry.body, ids, draft_model=header.draft_model,
-                                settings=header.settings(), trust_remote_code=header.trust_remote_code).command
+    alone_cmd = in_environment_of(f, request_command(
+        header.model, entry.body, ids, draft_model=header.draft_model, settings=header.settings(),
+        trust_remote_code=header.trust_remote_code).command)
     d.steps[0].evidence.append(
         f"request {f.request} (request {i + 1} of {len(entries)}) reproduced at token {got.index}, as served, with"
         f" {cached}; alone on a fresh cache it "

@@ -103,17 +103,28 @@ def test_another_engines_loop_says_why_no_replay_rebuilds_it() -> None:
                                               " rebuilds it"}
 
 
-def test_a_server_on_another_mlx_lm_gets_no_replay_by_this_interpreters(tmp_path: Path) -> None:
-    """A pairing in a pinned environment (mlx-lm 0.31.3 servers) would be replayed by this interpreter's
-    mlx-lm: the record says so instead of printing a command that replays another version's loop."""
+def test_a_server_on_another_mlx_lm_is_replayed_in_its_environment_and_never_by_this_interpreters(
+        tmp_path: Path) -> None:
+    """A pairing in a pinned environment (mlx-lm 0.31.3 servers) is replayed there: the command this interpreter
+    would print, with ``--environment`` naming it (a name as it is, a file's path quoted). Where no environment
+    can be named, the record says why instead of printing a command that replays another version's loop."""
+    from dataclasses import replace
+
     profile = load_profile("mlx-lm")
     why = "the server ran mlx-lm 0.31.3 (environment mlx-lm-0.31.3); specparity replay runs ..."
-    finding = Finding(profile.name, profile.loop, profile.engine_hooks(), prompt_ids=IDS, other_mlx_lm=why)
+    finding = Finding(profile.name, profile.loop, profile.engine_hooks(), prompt_ids=IDS)
     for index in (0, 1):
-        got = reproduce(_history(BODY, BODY), index, W4, finding, model="/t", draft="/d", trust_remote_code=False,
-                        folder=tmp_path)
+        here = reproduce(_history(BODY, BODY), index, W4, finding, model="/t", draft="/d", trust_remote_code=False,
+                         folder=tmp_path / "here")
+        for env in ("mlx-lm-0.31.3", "/my envs/old.yaml"):
+            there = reproduce(_history(BODY, BODY), index, W4, replace(finding, other_mlx_lm=why, environment=env),
+                              model="/t", draft="/d", trust_remote_code=False, folder=tmp_path / "here")
+            assert there["command"] == here["command"] + " --environment " + shlex.quote(env), there
+            assert shlex.split(there["command"])[-2:] == ["--environment", env]
+        got = reproduce(_history(BODY, BODY), index, W4, replace(finding, other_mlx_lm=why), model="/t", draft="/d",
+                        trust_remote_code=False, folder=tmp_path / "none")
         assert got == {"command": None, "reason": why}
-    assert not list(tmp_path.iterdir())
+    assert "--sequence" in there["command"] and not (tmp_path / "none").exists()
 
 
 def test_every_replay_command_is_one_quoted_line_with_every_request_parameter() -> None:
