@@ -105,6 +105,43 @@ def test_in_bfloat16_on_equal_heads_its_verify_row_flips_a_one_ulp_near_tie(
     assert got["generate_step draft_kind=eagle3"]["verdict"] == "error"  # no EAGLE-3 drafter here: never a pass
 
 
+# the findings table's untied bfloat16 cells: (first differing token, its round for the DFlash loops, for the MTP
+# loop), the engine's token and classic decode's, their shared bfloat16 logprob, the raw logits classic decode's
+# lower id loses on
+UNTIED_BF16 = {"mlx-vlm-bfloat16-untied": (5, 5, 5, 470, 41, -4.8125, (1.609375, 1.6015625)),
+               "mlx-vlm-equal-heads-bfloat16-untied": (26, 13, 26, 271, 225, -4.625, (1.796875, 1.765625))}
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.parametrize("name", sorted(UNTIED_BF16))
+def test_in_bfloat16_with_an_untied_head_every_loop_takes_the_other_side_of_an_exact_logprob_tie(
+        name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The findings table's qwen3_5 and equal-heads bfloat16 untied cells (its own fixture format, 32 tokens of the
+    first fit prompt): the DFlash loops (generate_step, the public stream_generate) and the MTP loop all part from
+    classic decode at the same token, each at the first row of a round that accepted nothing (the target's verify
+    row, whichever drafter ran), where classic decode's bfloat16 logprobs tie exactly and it keeps the lower id:
+    an exact tie broken the other way (the loop takes the larger raw logit), never a near tie and never a pass."""
+    from specparity.engine_findings import run_engine
+
+    index, dflash_round, mtp_round, engine, classic, logprob, logits = UNTIED_BF16[name]
+    info = pair(name, tmp_path_factory.mktemp(name)).to_dict()
+    got = {r["entry"]: r for r in run_engine(ENV, info, 32, env=built(ENV))}
+    for entry, rnd in (("generate_step draft_kind=dflash", dflash_round), ("stream_generate draft_kind=dflash",
+                                                                           dflash_round),
+                       ("generate_step draft_kind=mtp", mtp_round)):
+        f = got[entry]
+        assert (f["verdict"], f["index"], f["round"], f["row"]) == ("diverged", index, rnd, 0), (entry, f)
+        assert (f["engine_token"], f["classic_token"]) == (engine, classic), (entry, f)
+        tie = f["tie"]
+        assert tie["logprob_tie"] and tie["engine_logprob"] == tie["classic_logprob"] == logprob, (entry, tie)
+        assert (tie["engine_logit"], tie["classic_logit"]) == logits and engine > classic, (entry, tie)
+        assert "an exact tie in mlx.core.bfloat16 logprobs" in f["reason"], f["reason"]
+    eagle = got["generate_step draft_kind=eagle3"]
+    assert eagle["verdict"] == "error" and "not run, not a pass" in eagle["reason"], eagle
+
+
 FAULT = """
 import json, sys
 import mlx_vlm.speculative.dflash as d

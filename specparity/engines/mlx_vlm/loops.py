@@ -121,7 +121,7 @@ def run_entry(entry: str, target: Callable[[], dict[str, Any]], target_dir: str,
     except Exception as err:  # noqa: BLE001  (the engine's own error is the finding)
         failed(f, err)
         if "no fixture" in str(err):
-            f.reason = f"no {_SOURCE[entry]} here: not run, not a pass"
+            f.reason = f"{_SOURCE[entry]}: none is built here (no fixture in its format): not run, not a pass"
     f.seconds = time.perf_counter() - t0
     return f
 
