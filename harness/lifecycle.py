@@ -101,6 +101,23 @@ def last_error_line(text: str) -> str | None:
     return line if len(line) <= 300 else line[:300] + " ..."
 
 
+# what Python's socketserver (http.server, mlx_lm.server) prints before the traceback of one request that failed;
+# the server goes on serving: a health poll that gave up early (a loaded machine) leaves one in the log
+REQUEST_ERROR = "Exception occurred during processing of request from"
+
+
+def start_failures(regex: str, text: str) -> list[re.Match[str]]:
+    """The matches of a profile's ``fail_regex`` in a starting server's log that say it will never be ready:
+    every one but those that open the traceback of a single request the server failed to answer (socketserver's
+    ``Exception occurred during processing of request from ...`` line right before it), which it survives."""
+    found = []
+    for m in re.finditer(regex, text, re.MULTILINE):
+        before = text[:m.start()].rstrip("\n").rpartition("\n")[2]
+        if not before.startswith(REQUEST_ERROR):
+            found.append(m)
+    return found
+
+
 class ServerStartError(InfrastructureError):
     """A server exited before it was ready, or was not ready by the deadline.
 
@@ -298,7 +315,7 @@ class Server:
                     raise ServerStartError(
                         f"{self.name} exited with code {rc} before it was ready"
                         f"{': ' + cause if cause else ''}; {self._log_note()}", self.tail(), rc)
-                if self.fail_regex and re.search(self.fail_regex, self.tail(200), re.MULTILINE):
+                if self.fail_regex and start_failures(self.fail_regex, self.tail(200)):
                     cause = self._failure_line()
                     said = f": {cause}" if cause else f" (its log matches {self.fail_regex!r})"
                     raise ServerStartError(f"{self.name} failed while starting{said}; {self._log_note()}",
@@ -327,7 +344,7 @@ class Server:
         until = time.perf_counter() + FAILURE_LINE_WAIT
         while True:
             text = self.tail(200)
-            matches = list(re.finditer(self.fail_regex, text, re.MULTILINE))
+            matches = start_failures(self.fail_regex, text)
             cause = last_error_line(text[matches[-1].end():] if matches else text)
             if cause or time.perf_counter() > until:
                 return cause
