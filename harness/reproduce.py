@@ -27,7 +27,6 @@ the profile's name:
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -91,6 +90,7 @@ def reproduce(history: ServerHistory, index: int, plan: ArmPlan, finding: Findin
     file may be written (None: the run keeps no files, so a sequence cannot be replayed later).
     """
     from specparity.mlx_server import ServerSettings
+    from specparity.engine_env import with_environment
     from specparity.probes.replay.sequence import LOOP, Reproduction, request_command
 
     settings = ServerSettings.from_argv([str(a) for a in history.argv])
@@ -105,7 +105,7 @@ def reproduce(history: ServerHistory, index: int, plan: ArmPlan, finding: Findin
         got = reproduce(history, index, plan, replace(finding, other_mlx_lm=None, environment=None), model=model,
                         draft=draft, trust_remote_code=trust_remote_code, folder=folder)
         if got.get("command"):
-            got["command"] += f" --environment {shlex.quote(finding.environment)}"
+            got["command"] = with_environment(got["command"], finding.environment)
         return got
     if finding.loop == LOOP:
         if first and drafter is not None and finding.prompt_ids is not None:

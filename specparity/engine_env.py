@@ -113,6 +113,16 @@ def engine_python(engine: EngineRef) -> str:
     return engine_environment(engine)[0]
 
 
+def with_environment(command: str, environment: str) -> str:
+    """A printed ``specparity`` command line run in ``environment``: ``--environment`` appended, shell-quoted; a
+    line that already names an environment is left as it is."""
+    import shlex
+
+    if "--environment" in shlex.split(command):
+        return command
+    return f"{command} --environment {shlex.quote(environment)}"
+
+
 def rerun_argv(python: str, argv: list[str]) -> list[str]:
     """The command line that re-runs ``specparity argv`` under ``python``."""
     return [python, "-P", "-m", "specparity.cli", *argv]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from typing import Any
 
 from specparity.diagnose.findings import Finding
@@ -38,10 +37,10 @@ def environment_of(f: Finding) -> str | None:
 
 def in_environment_of(f: Finding, command: str | None) -> str | None:
     """A ``specparity`` command the tree prints for ``f``, run where ``f``'s reproduction runs."""
+    from specparity.engine_env import with_environment
+
     env = named_environment(f)
-    if command is None or env is None or "--environment" in shlex.split(command):
-        return command
-    return f"{command} --environment {shlex.quote(env)}"
+    return command if command is None or env is None else with_environment(command, env)
 
 
 def diagnose_elsewhere(record: str, findings: list[Finding]) -> dict[str, dict[str, Any] | str]:
@@ -85,11 +84,13 @@ def diagnose_elsewhere(record: str, findings: list[Finding]) -> dict[str, dict[s
 def _commands_in(d: dict[str, Any], env: str) -> dict[str, Any]:
     """``d`` with ``--environment env`` added to each step's ``specparity`` command that names none, and step 1
     saying where it ran."""
-    for step in d.get("steps") or []:
-        command = step.get("command")
-        if command and command.startswith("specparity ") and "--environment" not in shlex.split(command):
-            step["command"] = f"{command} --environment {shlex.quote(env)}"
+    from specparity.engine_env import with_environment
+
     steps = d.get("steps") or []
+    for step in steps:
+        command = step.get("command")
+        if command and command.startswith("specparity "):
+            step["command"] = with_environment(command, env)
     if steps and isinstance(steps[0].get("evidence"), list):
         steps[0]["evidence"].insert(0, f"run in environment {env}, on the mlx-lm its servers ran")
     return d
