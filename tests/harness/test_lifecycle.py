@@ -120,6 +120,14 @@ def test_a_health_poll_that_gave_up_early_is_not_a_failed_start(tmp_path):
     assert start_failures(r"^Traceback", text) == []
     own = text + "Traceback (most recent call last):\nValueError: no such model\n"
     assert [m.group() for m in start_failures(r"^Traceback", own)] == ["Traceback"]
+    # the request's thread and the next poll's write to the log at once: a line may fall between the two (as
+    # it did here under SCHED_BATCH); each request line still excuses one traceback, never more
+    poll = '127.0.0.1 - - [07/Dec/2026 02:30:31] "GET /health HTTP/1.1" 503 -\n'
+    block = ("-" * 40 + "\nException occurred during processing of request from ('127.0.0.1', 48788)\n" + poll
+             + "Traceback (most recent call last):\nBrokenPipeError: [Errno 32] Broken pipe\n" + "-" * 40 + "\n")
+    assert start_failures(r"^Traceback", poll + block + poll) == []
+    assert len(start_failures(r"^Traceback", block + "Traceback (most recent call last):\nOSError: x\n")) == 1
+    assert len(start_failures(r"^Traceback", "Traceback (most recent call last):\nOSError: x\n" + block)) == 1
 
 
 @pytest.mark.server
