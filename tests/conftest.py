@@ -60,7 +60,14 @@ def pin_worker(workerinput: dict[str, Any]) -> None:
     waits; on one core that hand-off is cheap, across two a wake-up on the other core each time (the embedded
     probe alone: 2.9-3.0 CPU s pinned, 3.2-4.1 free). A test's processes mostly take turns (a harness waits on
     its server), so one core each loses little, and the suite is CPU-bound. Fewer workers than cores: left
-    free. Affinity moves no result: a process computes the same on any core."""
+    free. Affinity moves no result: a process computes the same on any core.
+
+    Each is also SCHED_BATCH (inherited the same way): a thread woken on its core no longer preempts the one
+    that woke it. Without it, every op MLX's Python thread hands over wakes the stream thread at once, two
+    context switches an op; with it the stream thread runs when the Python thread waits, the ops queued by
+    then in one go. The embedded probe on one core: 2.4-2.7 s wall, 108k voluntary switches -> 1.9-2.0 s,
+    13k; the default served job: 15.5 -> 12.0 CPU s. Same priority, same share of the core: only when a
+    woken thread runs changes, never what anything computes."""
     if not hasattr(os, "sched_setaffinity"):  # macOS: no affinity call
         return
     cores = sorted(os.sched_getaffinity(0))
@@ -69,8 +76,11 @@ def pin_worker(workerinput: dict[str, Any]) -> None:
     if len(cores) < 2 or workers < len(cores) or not index.startswith("gw"):
         return
     core = {cores[int(index[2:]) % len(cores)]}
+    batch = getattr(os, "SCHED_BATCH", None)
     for thread in os.listdir("/proc/self/task"):  # each thread already started too (0 is the calling one only)
         os.sched_setaffinity(int(thread), core)
+        if batch is not None:
+            os.sched_setscheduler(int(thread), batch, os.sched_param(0))
 
 
 # How many inputs each property test (tests/core/test_input_properties.py) tries: the whole suite
