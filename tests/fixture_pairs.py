@@ -84,6 +84,14 @@ PAIRS: dict[str, Pair] = {p.name: p for p in [
          kwargs={"shape": "qwen3_5", "dtype": "bfloat16", "tied": False, "block_size": 8}),
     Pair("mlx-vlm-equal-heads-bfloat16-untied", "specparity.engines.mlx_vlm.fixtures:build_mlx_vlm_fixture",
          kwargs={"shape": "qwen3_5-equal-heads", "dtype": "bfloat16", "tied": False, "block_size": 8}),
+    Pair("mlx-vlm-bfloat16", "specparity.engines.mlx_vlm.fixtures:build_mlx_vlm_fixture",
+         kwargs={"shape": "qwen3_5", "dtype": "bfloat16", "block_size": 8}),
+    Pair("mlx-vlm-untied", "specparity.engines.mlx_vlm.fixtures:build_mlx_vlm_fixture",
+         kwargs={"shape": "qwen3_5", "tied": False, "block_size": 8}),
+    Pair("mlx-vlm-equal-heads", "specparity.engines.mlx_vlm.fixtures:build_mlx_vlm_fixture",
+         kwargs={"shape": "qwen3_5-equal-heads", "block_size": 8}),
+    Pair("mlx-vlm-equal-heads-untied", "specparity.engines.mlx_vlm.fixtures:build_mlx_vlm_fixture",
+         kwargs={"shape": "qwen3_5-equal-heads", "tied": False, "block_size": 8}),
     dflash("qwen3_5-27b", 8, "bfloat16"),  # 21 s
     dflash("qwen3_5-equal-heads", 8),  # 21 s
     Pair("llama-wide-vocab-float32", "specparity.fixtures:build_sized", args=("llama-wide-vocab",),

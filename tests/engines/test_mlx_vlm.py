@@ -142,6 +142,34 @@ def test_in_bfloat16_with_an_untied_head_every_loop_takes_the_other_side_of_an_e
     assert eagle["verdict"] == "error" and "not run, not a pass" in eagle["reason"], eagle
 
 
+# the findings table's matches but the float32 tied qwen3_5 one (its e2e test, at 48 tokens): pair -> the DFlash
+# loops' accepted drafts and drafted tokens over 32 tokens of the first fit prompt
+MATCHES = {"mlx-vlm-bfloat16": (17, 48), "mlx-vlm-untied": (16, 49), "mlx-vlm-equal-heads": (16, 49),
+           "mlx-vlm-equal-heads-untied": (15, 53)}
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.parametrize("name", sorted(MATCHES))
+def test_its_dflash_loops_match_where_the_table_says_match_and_its_random_mtp_head_is_never_a_pass(
+        name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The findings table's other match cells (qwen3_5 bfloat16 tied, qwen3_5 float32 untied, equal heads float32
+    tied and untied): generate_step and the public stream_generate with its DFlash drafter equal classic decode
+    over all 32 tokens, with the drafts accepted the table gives (so it drafted: a match with no accepted draft is
+    not one); its MTP loop on the checkpoint's random head accepts nothing (not engaged, never a pass)."""
+    from specparity.engine_findings import run_engine
+
+    accepted, drafted = MATCHES[name]
+    info = pair(name, tmp_path_factory.mktemp(name)).to_dict()
+    got = {r["entry"]: r for r in run_engine(ENV, info, 32, env=built(ENV))}
+    for entry in ("generate_step draft_kind=dflash", "stream_generate draft_kind=dflash"):
+        f = got[entry]
+        assert (f["verdict"], f["accepted"], f["drafted"]) == ("match", accepted, drafted), (entry, f)
+    assert got["generate_step draft_kind=mtp"]["verdict"] == "not_engaged", got["generate_step draft_kind=mtp"]
+    assert got["generate_step draft_kind=eagle3"]["verdict"] == "error"  # no EAGLE-3 drafter here: never a pass
+
+
 FAULT = """
 import json, sys
 import mlx_vlm.speculative.dflash as d
