@@ -105,6 +105,14 @@ PAIRS: dict[str, Pair] = {p.name: p for p in [
          kwargs={"shape": "gemma4-e2b", "dtype": "bfloat16", "tied": True}),  # 19 s
     Pair("broomva-31b-float32", "specparity.engines.mlx_lm_broomva.fixtures:build_gemma4_pair",
          kwargs={"shape": "gemma4-31b", "dtype": "float32", "tied": True}),  # 15 s
+    Pair("broomva-e2b-bfloat16-untied", "specparity.engines.mlx_lm_broomva.fixtures:build_gemma4_pair",
+         kwargs={"shape": "gemma4-e2b", "dtype": "bfloat16", "tied": False}),
+    Pair("broomva-31b-bfloat16", "specparity.engines.mlx_lm_broomva.fixtures:build_gemma4_pair",
+         kwargs={"shape": "gemma4-31b", "dtype": "bfloat16", "tied": True}),
+    Pair("broomva-31b-float32-untied", "specparity.engines.mlx_lm_broomva.fixtures:build_gemma4_pair",
+         kwargs={"shape": "gemma4-31b", "dtype": "float32", "tied": False}),
+    Pair("broomva-31b-bfloat16-untied", "specparity.engines.mlx_lm_broomva.fixtures:build_gemma4_pair",
+         kwargs={"shape": "gemma4-31b", "dtype": "bfloat16", "tied": False}),
     dflash("qwen3_5-equal-heads", 8, tied=True, balance=0.05),  # 10 s: the DFlash default (docs pages)
     built_pair("qwen3_5-float32", arch="qwen3_5"),  # 10 s
     dflash("qwen3_5", 16, tied=True),  # 9 s

@@ -175,6 +175,49 @@ def test_in_bfloat16_and_in_the_31b_shape_the_window_is_where_each_loop_leaves_c
     assert cli["verdict"] == "match" and cli["drafter"]["drafted"] > 0, cli
 
 
+# the findings table's columns the tests above leave (32 tokens of each pair's first fit prompt, as the table runs
+# them): pair -> per entry point its accepted and proposed drafts where it matches, or (token index, round, engine
+# token, classic token, rows the rollback before it asked to trim) where it leaves classic decode
+TABLE_COLUMNS = {
+    "broomva-e2b-bfloat16-untied": {"mtp_speculative_generate_step": (15, 15, 355, 82, 2),
+                                    "stream_generate": (15, 15, 355, 82, 2),
+                                    "mlx_lm generate --draft-model": (14, 14, 102, 326, 3)},
+    "broomva-31b-bfloat16": {"mtp_speculative_generate_step": (18, 26), "stream_generate": (18, 26),
+                             "mlx_lm generate --draft-model": (20, 36)},
+    "broomva-31b-float32-untied": {"mtp_speculative_generate_step": (15, 33), "stream_generate": (15, 33),
+                                   "mlx_lm generate --draft-model": (17, 43)},
+    "broomva-31b-bfloat16-untied": {"mtp_speculative_generate_step": (4, 54), "stream_generate": (4, 54),
+                                    "mlx_lm generate --draft-model": (4, 80)},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.parametrize("name", sorted(TABLE_COLUMNS))
+def test_the_findings_tables_other_columns_past_the_window_diverged_within_it_matched(
+        name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """E2B untied in bfloat16 passes its 32-position window within the run: every entry point leaves classic decode
+    the round after a rollback that trimmed nothing (far from a tie); the 31B shape (window 64) is not passed in
+    16 + 32 positions, tied or untied, float32 or bfloat16: every entry point matches with drafts accepted."""
+    from specparity.engine_findings import run_engine
+
+    info = fixture_pairs.pair(name, tmp_path_factory.mktemp(name)).to_dict()
+    got = {r["entry"]: r for r in run_engine(ENV, info, 32, env=built(ENV))}
+    assert set(got) == set(ENTRIES), got
+    for entry, want in TABLE_COLUMNS[name].items():
+        f = got[entry]
+        if len(want) == 2:
+            assert (f["verdict"], f["accepted"], f["drafted"]) == ("match", *want), (entry, f)
+            continue
+        index, rnd, engine, classic, rows = want
+        assert (f["verdict"], f["index"], f["round"], f["row"]) == ("diverged", index, rnd, 0), (entry, f)
+        assert (f["engine_token"], f["classic_token"]) == (engine, classic), (entry, f)
+        assert (f"after round {rnd - 1} its rollback asked cache.trim_prompt_cache for {rows} rejected rows and it"
+                " trimmed 0 (cache offsets [32]; not trimmable: RotatingKVCache)") in f["reason"], f["reason"]
+        assert "not a tie" in f["reason"], f["reason"]
+
+
 @pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.build
