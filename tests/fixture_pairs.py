@@ -75,6 +75,10 @@ PAIRS: dict[str, Pair] = {p.name: p for p in [
     _mlx_flash("mlx-flash-qwen3_5-untied-b8", "qwen3_5", False),  # 163 s
     _mlx_flash("mlx-flash-qwen3-b8", "qwen3", False),  # 144 s
     _mlx_flash("mlx-flash-qwen3-bfloat16-b8", "qwen3", False, "bfloat16"),
+    _mlx_flash("mlx-flash-qwen3_5-bfloat16-tied-b8", "qwen3_5", True, "bfloat16"),
+    _mlx_flash("mlx-flash-qwen3_5-bfloat16-untied-b8", "qwen3_5", False, "bfloat16"),
+    _mlx_flash("mlx-flash-qwen3_5-equal-heads-tied-b8", "qwen3_5-equal-heads", True),
+    _mlx_flash("mlx-flash-qwen3_5-equal-heads-bfloat16-tied-b8", "qwen3_5-equal-heads", True, "bfloat16"),
     Pair("yunshu-qwen3_5-b8", "specparity.engines.yunshu.fixtures:build_yunshu_fixture",
          kwargs={"block_size": 8}),  # 49 s
     Pair("mlx-vlm", "specparity.engines.mlx_vlm.fixtures:build_mlx_vlm_fixture", kwargs={"block_size": 8}),  # 48 s

@@ -182,3 +182,70 @@ def test_on_a_gated_delta_hybrid_layerskip_cannot_trim_and_its_dflash_runner_nee
     assert eagle["verdict"] == "diverged" and eagle["index"] == 32 and eagle["classic_token"] is None, eagle
     assert len(eagle["tokens"]) > 32 and eagle["tokens"][:32] == eagle["classic"], eagle
     assert "classic stopped at max_tokens=32" in eagle["reason"] and eagle["accepted"] > 0, eagle
+
+
+# the findings table's other columns (32 tokens of each pair's first fit prompt): per pair, per entry point, what
+# it finds. ("error", the engine's own error); ("not_engaged",); ("match", accepted, drafted); ("tie", index,
+# round): it leaves classic decode at an exact bfloat16 logprob tie, engine 470 where classic decode keeps 41, at
+# the first row of the round; ("past", tokens emitted, round, row): a round appended past max_tokens=32, its first
+# 32 tokens classic decode's; ("lossy",): accept_top_k=4, its documented lossy mode
+TRIM = ("error", "AttributeError: 'ArraysCache' object has no attribute 'trim'")
+TIED_HEAD = ("error", "TypeError: 'NoneType' object is not callable")
+TABLE_COLUMNS = {
+    "mlx-flash-qwen3_5-bfloat16-tied-b8": {
+        "LayerSkipEngine.generate": TRIM, "DFlashRunner.generate": TIED_HEAD,
+        "DFlashRunner.generate accept_top_k=4": TIED_HEAD, "DFlashEngine.generate": ("not_engaged",),
+        "DFlashEngine.generate BlockDiffusionDrafter": ("match", 1, 465), "EAGLE3Engine.generate": ("past", 35, 7, 3),
+        "EAGLE3Engine.generate untrained head": ("not_engaged",)},
+    "mlx-flash-qwen3_5-bfloat16-untied-b8": {
+        "LayerSkipEngine.generate": TRIM, "DFlashRunner.generate": ("tie", 5, 6),
+        "DFlashRunner.generate accept_top_k=4": ("lossy",), "DFlashEngine.generate": ("tie", 5, 6),
+        "DFlashEngine.generate BlockDiffusionDrafter": ("tie", 5, 6), "EAGLE3Engine.generate": ("tie", 5, 2),
+        "EAGLE3Engine.generate untrained head": ("tie", 5, 6)},
+    "mlx-flash-qwen3_5-equal-heads-tied-b8": {
+        "LayerSkipEngine.generate": TRIM, "DFlashRunner.generate": TIED_HEAD,
+        "DFlashRunner.generate accept_top_k=4": TIED_HEAD, "DFlashEngine.generate": ("not_engaged",),
+        "DFlashEngine.generate BlockDiffusionDrafter": ("not_engaged",), "EAGLE3Engine.generate": ("match", 29, 36),
+        "EAGLE3Engine.generate untrained head": ("match", 1, 186)},
+    "mlx-flash-qwen3_5-equal-heads-bfloat16-tied-b8": {
+        "LayerSkipEngine.generate": TRIM, "DFlashRunner.generate": TIED_HEAD,
+        "DFlashRunner.generate accept_top_k=4": TIED_HEAD, "DFlashEngine.generate": ("not_engaged",),
+        "DFlashEngine.generate BlockDiffusionDrafter": ("not_engaged",), "EAGLE3Engine.generate": ("past", 36, 6, 2),
+        "EAGLE3Engine.generate untrained head": ("not_engaged",)},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.parametrize("name", sorted(TABLE_COLUMNS))
+def test_the_findings_tables_hybrid_columns_in_bfloat16_and_on_equal_heads(
+        name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The qwen3_5 bfloat16 columns (tied and untied) and the equal-heads ones (float32 and bfloat16, tied), each
+    cell as the findings table gives it: LayerSkip cannot trim a hybrid's cache, DFlashRunner stops on a tied head,
+    on the untied bfloat16 target every loop breaks an exact logprob tie the other way at token 5, EAGLE3Engine
+    appends a round past max_tokens where its head drafts well, and a loop that accepted nothing is never a
+    pass. Its CLI cannot start on Linux in any column (its server calls system_profiler)."""
+    info = pair(name, tmp_path_factory.mktemp(name)).record
+    got = findings(info, 32)
+    for entry, want in TABLE_COLUMNS[name].items():
+        f, kind = got[entry], want[0]
+        if kind == "error":
+            assert f["verdict"] == "error" and want[1] in f["failure"], (entry, f)
+        elif kind in ("not_engaged", "lossy"):
+            assert f["verdict"] == {"lossy": "lossy_by_design"}.get(kind, kind), (entry, f)
+            assert kind == "lossy" or (f["accepted"] == 0 and f["tokens"] == f["classic"]), (entry, f)
+        elif kind == "match":
+            assert (f["verdict"], f["accepted"], f["drafted"]) == ("match", *want[1:]), (entry, f)
+        elif kind == "tie":
+            assert (f["verdict"], f["index"], f["round"], f["row"]) == ("diverged", want[1], want[2], 0), (entry, f)
+            assert (f["engine_token"], f["classic_token"], f["tie"]["logprob_tie"]) == (470, 41, True), (entry, f)
+        else:
+            emitted, rnd, row = want[1:]
+            assert (f["verdict"], f["index"], f["round"], f["row"]) == ("diverged", 32, rnd, row), (entry, f)
+            assert len(f["tokens"]) == emitted and f["tokens"][:32] == f["classic"], (entry, f)
+            assert "classic stopped at max_tokens=32" in f["reason"], (entry, f)
+    for mode in ("layerskip", "eagle3", "dflash"):
+        cli = got[f"mlx-flash --speculative {mode}"]
+        assert cli["verdict"] == "cannot_run" and "system_profiler" in cli["reason"], cli
+
