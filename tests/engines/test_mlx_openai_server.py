@@ -30,6 +30,7 @@ import pytest
 from builds import REAL_CACHE, built
 from conftest import own_tmpdir, run_cli
 from fixture_cache import cached
+from plain_columns import check_column
 from specparity.environments import ENV_CACHE_VAR
 from specparity.fixtures import build_pair
 
@@ -146,3 +147,28 @@ def test_a_hybrid_target_is_refused_by_mlx_lms_own_check_not_by_the_adapter(cli_
         assert found[entry]["verdict"] == "not_run", found[entry]
         assert "Speculative decoding requires a trimmable prompt cache (got {'ArraysCache'})" in found[entry][
             "reason"], found[entry]
+
+
+# the findings table's plain columns (docs/engines.md): (architecture, dtype) -> entry point -> what it finds
+COLUMNS = {
+    ("llama", "bfloat16"): {"MLX_LM": ("match", 17, 32), "MLX_LM, the same request again": ("match", 18, 30)},
+    ("gemma3_text", "float32"): {"MLX_LM": ("diverged", 20, 8, 0, 285, 505),
+                                 "MLX_LM, the same request again": ("diverged", 20, 8, 0, 285, 505)},
+    ("gemma3_text", "bfloat16"): {"MLX_LM": ("diverged", 17, 8, 0, 428, 451),
+                                  "MLX_LM, the same request again": ("diverged", 17, 8, 0, 428, 451)},
+    ("qwen3_moe", "float32"): {"MLX_LM": ("match", 15, 34),
+                               "MLX_LM, the same request again": ("diverged", 5, 3, 2, 233, 271)},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.build
+@pytest.mark.parametrize("column", sorted(COLUMNS), ids=lambda c: ":".join(c))
+def test_the_findings_tables_plain_columns(column: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The findings table's other plain columns (the float32 llama one and the hybrid's refusal: the tests above): in
+    bfloat16 on llama both requests match (the repeat's cache at offset 15); gemma3_text leaves classic decode where
+    mlx-lm's own speculative loop does (its sliding window), float32 and bfloat16; on qwen3_moe the first request
+    matches and the repeat, decoded from a cache one token short, leaves at token 5. The qwen3_5 bfloat16 cell is
+    the float32 one's refusal, the qwen3_moe bfloat16 one MLX's missing bfloat16 GatherMM (test_nunspark pins it)."""
+    check_column(ENV, *column, tmp_path_factory.mktemp("columns"), COLUMNS[column])
