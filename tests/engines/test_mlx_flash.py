@@ -25,6 +25,8 @@ import json
 import subprocess
 from pathlib import Path
 
+from typing import Any
+
 import pytest
 
 from builds import REAL_CACHE, built
@@ -191,7 +193,7 @@ def test_on_a_gated_delta_hybrid_layerskip_cannot_trim_and_its_dflash_runner_nee
 # 32 tokens classic decode's; ("lossy",): accept_top_k=4, its documented lossy mode
 TRIM = ("error", "AttributeError: 'ArraysCache' object has no attribute 'trim'")
 TIED_HEAD = ("error", "TypeError: 'NoneType' object is not callable")
-TABLE_COLUMNS = {
+TABLE_COLUMNS: dict[str, dict[str, tuple[Any, ...]]] = {
     "mlx-flash-qwen3_5-bfloat16-tied-b8": {
         "LayerSkipEngine.generate": TRIM, "DFlashRunner.generate": TIED_HEAD,
         "DFlashRunner.generate accept_top_k=4": TIED_HEAD, "DFlashEngine.generate": ("not_engaged",),

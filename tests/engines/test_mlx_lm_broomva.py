@@ -178,7 +178,7 @@ def test_in_bfloat16_and_in_the_31b_shape_the_window_is_where_each_loop_leaves_c
 # the findings table's columns the tests above leave (32 tokens of each pair's first fit prompt, as the table runs
 # them): pair -> per entry point its accepted and proposed drafts where it matches, or (token index, round, engine
 # token, classic token, rows the rollback before it asked to trim) where it leaves classic decode
-TABLE_COLUMNS = {
+TABLE_COLUMNS: dict[str, dict[str, tuple[int, ...]]] = {
     "broomva-e2b-bfloat16-untied": {"mtp_speculative_generate_step": (15, 15, 355, 82, 2),
                                     "stream_generate": (15, 15, 355, 82, 2),
                                     "mlx_lm generate --draft-model": (14, 14, 102, 326, 3)},

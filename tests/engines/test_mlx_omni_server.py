@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+from typing import Any
+
 import pytest
 
 from builds import REAL_CACHE, built
@@ -109,7 +111,7 @@ def test_served_is_an_error_with_both_causes(cli_bin: str, pair: dict, tmp_path)
 
 
 # the findings table's plain columns (docs/engines.md): (architecture, dtype) -> entry point -> what it finds
-COLUMNS = {
+COLUMNS: dict[tuple[str, str], dict[str, tuple[Any, ...]]] = {
     ("llama", "bfloat16"): {"ChatGenerator.generate_stream": ("error", "stopped after 31 of 32 tokens without eos"),
                             "ChatGenerator.generate_stream, the same request again":
                                 ("error", "stopped after 31 of 32 tokens without eos")},

@@ -25,6 +25,8 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+from typing import Any
+
 import pytest
 
 from builds import REAL_CACHE, built
@@ -150,7 +152,7 @@ def test_a_hybrid_target_is_refused_by_mlx_lms_own_check_not_by_the_adapter(cli_
 
 
 # the findings table's plain columns (docs/engines.md): (architecture, dtype) -> entry point -> what it finds
-COLUMNS = {
+COLUMNS: dict[tuple[str, str], dict[str, tuple[Any, ...]]] = {
     ("llama", "bfloat16"): {"MLX_LM": ("match", 17, 32), "MLX_LM, the same request again": ("match", 18, 30)},
     ("gemma3_text", "float32"): {"MLX_LM": ("diverged", 20, 8, 0, 285, 505),
                                  "MLX_LM, the same request again": ("diverged", 20, 8, 0, 285, 505)},
