@@ -166,9 +166,22 @@ def test_in_bfloat16_it_takes_the_raw_logit_argmax_at_an_exact_logprob_tie(pairs
 @pytest.mark.build
 @pytest.mark.slow
 def test_sliding_window_and_moe_targets_match_and_a_hybrid_is_its_own_error(pairs) -> None:
-    for key, accepted in (("gemma3_text:float32", 9), ("qwen3_moe:float32", 28)):
-        f = findings(pairs[key])["speculative_generate"]
-        assert f["verdict"] == "match" and f["accepted"] == accepted, (key, f)
+    """The findings table's gemma3_text and qwen3_moe float32 columns, every entry point: its draft-model loops
+    (library and CLI) match with drafts accepted, its n-gram and untrained EAGLE drafters accept nothing (not
+    engaged, never a pass), its adaptive loop leaves classic decode at its first change of K, far from a tie."""
+    for key, accepted, adaptive in (("gemma3_text:float32", 9, (8, 4, 0, 253, 337)),
+                                    ("qwen3_moe:float32", 28, (7, 5, 0, 15, 62))):
+        got = findings(pairs[key])
+        for entry in ("speculative_generate", "nunspark generate --draft-model"):
+            f = got[entry]
+            assert f["verdict"] == "match" and f["accepted"] == accepted, (key, entry, f)
+        for entry in ("ngram_speculative_generate", "nunspark generate --ngram-draft", "eagle_speculative_generate"):
+            f = got[entry]
+            assert f["verdict"] == "not_engaged" and f["accepted"] == 0 and f["tokens"] == f["classic"], (key, f)
+        f = got["adaptive_speculative_generate"]
+        assert (f["index"], f["round"], f["row"], f["engine_token"], f["classic_token"]) == adaptive, (key, f)
+        assert f["verdict"] == "diverged" and "not a tie" in f["reason"], (key, f)
+        assert got["speculative_generate accept_top_k=4"]["verdict"] == "lossy_by_design", (key, got)
     f = findings(pairs["qwen3_5:float32"])["speculative_generate"]
     assert f["verdict"] == "error" and "unsupported model_type 'qwen3_5'" in f["failure"], f
 
