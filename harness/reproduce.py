@@ -89,8 +89,8 @@ def reproduce(history: ServerHistory, index: int, plan: ArmPlan, finding: Findin
     model / draft: the original checkpoints (no witness wrapper). folder: where a sequence
     file may be written (None: the run keeps no files, so a sequence cannot be replayed later).
     """
-    from specparity.mlx_server import ServerSettings
     from specparity.engine_env import with_environment
+    from specparity.mlx_server import ServerSettings
     from specparity.probes.replay.sequence import LOOP, Reproduction, request_command
 
     settings = ServerSettings.from_argv([str(a) for a in history.argv])

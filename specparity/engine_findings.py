@@ -77,15 +77,21 @@ def fixture(kind: str, shape: str, dtype: str, tied: bool, root: Path) -> dict[s
 
 def plain_fixture(arch: str, dtype: str, root: Path) -> dict[str, Any]:
     """A plain mlx-lm pair of ``arch`` under ``root`` (built on first use), with the built-in prompts as its
-    tokenizer's ids (``fit_prompts``, as a drafter format's record has them)."""
+    tokenizer's ids (:func:`with_fit_prompts`)."""
+    from specparity.fixtures import build_pair
+
+    return with_fit_prompts(build_pair(root / f"plain-{arch}-{dtype}", arch=arch, dtype=dtype).to_dict())
+
+
+def with_fit_prompts(info: dict[str, Any]) -> dict[str, Any]:
+    """A plain pair's record with the built-in prompts as its target tokenizer's ids (``fit_prompts``, as a drafter
+    format's record has them: what :func:`run_engine` prompts with)."""
     from tokenizers import Tokenizer
 
-    from specparity.fixtures import build_pair
     from specparity.prompts import DEFAULT_PROMPTS
 
-    info = build_pair(root / f"plain-{arch}-{dtype}", arch=arch, dtype=dtype)
-    tok = Tokenizer.from_file(str(Path(info.target) / "tokenizer.json"))
-    return {**info.to_dict(), "fit_prompts": [tok.encode(t).ids for t in DEFAULT_PROMPTS]}
+    tok = Tokenizer.from_file(str(Path(info["target"]) / "tokenizer.json"))
+    return {**info, "fit_prompts": [tok.encode(t).ids for t in DEFAULT_PROMPTS]}
 
 
 def run_engine(engine: str, info: dict[str, Any] | None, max_tokens: int, env: Any = None,

@@ -15,14 +15,10 @@ from specparity.fixtures import build_pair
 def check_column(engine: str, arch: str, dtype: str, root: Path, cells: dict[str, tuple[Any, ...]]) -> None:
     """Each of ``cells`` (entry point -> what it finds): ("match", accepted, drafted); ("diverged", token index,
     round, row, engine token, classic token): not a tie; ("error", a part of the engine's own error)."""
-    from tokenizers import Tokenizer
+    from specparity.engine_findings import run_engine, with_fit_prompts
 
-    from specparity.engine_findings import run_engine
-    from specparity.prompts import DEFAULT_PROMPTS
-
-    info = cached(build_pair, root, f"plain-{arch}-{dtype}", arch=arch, dtype=dtype).to_dict()
-    prompt = Tokenizer.from_file(str(Path(info["target"]) / "tokenizer.json")).encode(DEFAULT_PROMPTS[0]).ids
-    got = {r["entry"]: r for r in run_engine(engine, info, 32, env=built(engine), prompt=prompt)}
+    info = with_fit_prompts(cached(build_pair, root, f"plain-{arch}-{dtype}", arch=arch, dtype=dtype).to_dict())
+    got = {r["entry"]: r for r in run_engine(engine, info, 32, env=built(engine))}
     assert set(got) == set(cells), got
     for entry, want in cells.items():
         f = got[entry]

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-
 from typing import Any
 
 import pytest

@@ -24,7 +24,6 @@ import shutil
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
-
 from typing import Any
 
 import pytest

@@ -106,7 +106,6 @@ SLOW_FIRST_HEALTH = textwrap.dedent("""
 """)
 
 
-
 @pytest.mark.server
 def test_a_health_poll_that_gave_up_early_is_not_a_failed_start(tmp_path):
     """A /health poll cut off at its READY_POLL seconds (the nightly matrix's w3 server under a loaded CI run)
